@@ -1,0 +1,151 @@
+"""Validity checks: named, pass/fail, each with a reason a person can act on."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from experiments.outcomes import ExperimentOutcomes, WorldStatus
+from experiments.spec import Direction, ExperimentSpec, Role
+
+
+class Check(BaseModel):
+    name: str
+    passed: bool
+    reason: str
+
+
+def completion(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check:
+    n = len(out.episodes)
+    short = [
+        f"{w.name} ({w.status.value}{': ' + w.error if w.error else ''}; {len(w.outcomes)}/{n})"
+        for w in out.worlds
+        if w.status is not WorldStatus.completed or len(w.outcomes) != n
+    ]
+    if n != spec.episodes:
+        short.insert(0, f"{n} of {spec.episodes} episodes were run")
+    if short:
+        return Check(name="completion", passed=False, reason="incomplete: " + "; ".join(short))
+    return Check(
+        name="completion",
+        passed=True,
+        reason=f"all {len(out.worlds)} worlds completed all {n} episodes",
+    )
+
+
+def _completed(out: ExperimentOutcomes) -> list[str]:
+    return [w.name for w in out.worlds if w.status is WorldStatus.completed]
+
+
+def common_checkpoints(out: ExperimentOutcomes) -> Check:
+    bad = [
+        w.name
+        for w in out.worlds
+        if w.status is WorldStatus.completed and w.inherited != out.checkpoints
+    ]
+    if bad:
+        return Check(
+            name="common_checkpoints",
+            passed=False,
+            reason=f"worlds did not inherit the recorded checkpoints: {', '.join(bad)}",
+        )
+    boundary_miss = sum(r != q for r, q in zip(out.requested, out.resolved, strict=True))
+    if boundary_miss:
+        return Check(
+            name="common_checkpoints",
+            passed=False,
+            reason=f"{boundary_miss} episodes resolved a boundary other than the requested one",
+        )
+    return Check(
+        name="common_checkpoints",
+        passed=True,
+        reason=f"every world forked from the same {len(out.checkpoints)} checkpoint digests "
+        "at the requested boundary",
+    )
+
+
+def common_random_numbers(out: ExperimentOutcomes) -> Check:
+    names = _completed(out)
+    if not names:
+        return Check(name="common_random_numbers", passed=False, reason="no world completed")
+    ref = out.world(names[0]).shocks
+    bad = [n for n in names[1:] if out.world(n).shocks != ref]
+    if bad:
+        return Check(
+            name="common_random_numbers",
+            passed=False,
+            reason=f"shock fingerprints differ from {names[0]} in: {', '.join(bad)}",
+        )
+    return Check(
+        name="common_random_numbers",
+        passed=True,
+        reason=f"per-episode shock fingerprints identical across {len(names)} worlds",
+    )
+
+
+def placebo_fidelity(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check | None:
+    placebos = [w.name for w in spec.worlds if w.role is Role.placebo]
+    if not placebos:
+        return None
+    base = out.world(spec.baseline.name)
+    if base.status is not WorldStatus.completed:
+        return Check(name="placebo_fidelity", passed=False, reason="the baseline did not complete")
+    diffs = []
+    for name in placebos:
+        world = out.world(name)
+        if world.status is not WorldStatus.completed:
+            diffs.append(f"{name} did not complete")
+            continue
+        n = sum(a != b for a, b in zip(world.outcomes, base.outcomes, strict=True))
+        if n:
+            diffs.append(f"{name} differs from the baseline in {n} episodes")
+    if diffs:
+        return Check(name="placebo_fidelity", passed=False, reason="; ".join(diffs))
+    return Check(
+        name="placebo_fidelity",
+        passed=True,
+        reason=f"{', '.join(placebos)} reproduced the baseline episode for episode",
+    )
+
+
+def failure_rate(outcomes: list[bool]) -> float:
+    return (len(outcomes) - sum(outcomes)) / len(outcomes) if outcomes else 0.0
+
+
+def positive_control(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check | None:
+    controls = [w.name for w in spec.worlds if w.role is Role.positive_control]
+    if not controls:
+        return None
+    base = out.world(spec.baseline.name)
+    if base.status is not WorldStatus.completed:
+        return Check(name="positive_control", passed=False, reason="the baseline did not complete")
+    base_rate = failure_rate(base.outcomes)
+    problems: list[str] = []
+    seen: list[str] = []
+    for name in controls:
+        expected = spec.hypothesis.expected.get(name, Direction.increase)
+        if out.world(name).status is not WorldStatus.completed:
+            problems.append(f"{name} did not complete")
+            continue
+        rate = failure_rate(out.world(name).outcomes)
+        ok = rate > base_rate if expected is Direction.increase else rate < base_rate
+        if expected is Direction.none:
+            ok = rate == base_rate
+        text = (
+            f"{name} failure rate {rate:.1%} vs baseline {base_rate:.1%} "
+            f"(expected {expected.value})"
+        )
+        (seen if ok else problems).append(text)
+    if problems:
+        return Check(name="positive_control", passed=False, reason="; ".join(problems))
+    return Check(name="positive_control", passed=True, reason="; ".join(seen))
+
+
+def basic_checks(spec: ExperimentSpec, out: ExperimentOutcomes) -> list[Check]:
+    found = [
+        completion(spec, out),
+        common_checkpoints(out),
+        common_random_numbers(out),
+        placebo_fidelity(spec, out),
+        positive_control(spec, out),
+    ]
+    return [c for c in found if c is not None]

@@ -1,0 +1,109 @@
+"""The local twin: runs a whole experiment in-process, on one core or several.
+
+The work is split into contiguous chunks of episodes; each chunk runs the stdlib
+runner's ``run_batch`` and the chunks are concatenated in episode order, so the
+result is identical whatever the number of processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from experiments.runtime.runner import Batch, WorldPlan, run_batch, workload_class
+from experiments.spec import ExperimentSpec, World, resolve_workload
+
+#: Below this many world-episodes, starting processes costs more than it saves.
+PARALLEL_THRESHOLD = 40_000
+
+
+def world_plan(
+    world: World, forks: int = 1, guard: dict[str, Any] | None = None, name: str | None = None
+) -> WorldPlan:
+    iv = world.intervention
+    return {
+        "name": name or world.name,
+        "intervention": iv.name if iv else None,
+        "params": dict(iv.params) if iv else {},
+        "guard": guard,
+        "forks": forks,
+    }
+
+
+def spec_world_plans(spec: ExperimentSpec) -> list[WorldPlan]:
+    forks = spec.analysis.forks_per_checkpoint
+    return [world_plan(w, forks) for w in spec.worlds]
+
+
+@dataclass(frozen=True)
+class TwinRun:
+    batch: Batch
+    seconds: float
+    processes: int
+
+
+def _run_chunk(args: tuple[str, dict[str, Any], int, list[int], list[WorldPlan]]) -> Batch:
+    ref, params, seed, episodes, worlds = args
+    return run_batch(workload_class(ref)(params), seed, episodes, worlds)
+
+
+def merge_batches(parts: Sequence[Batch]) -> Batch:
+    first = parts[0]
+    merged: Batch = {
+        "episodes": [],
+        "requested": [],
+        "resolved": [],
+        "checkpoints": [],
+        "features": [],
+        "worlds": {name: {k: [] for k in cols} for name, cols in first["worlds"].items()},  # type: ignore[misc]
+    }
+    for part in parts:
+        merged["episodes"].extend(part["episodes"])
+        merged["requested"].extend(part["requested"])
+        merged["resolved"].extend(part["resolved"])
+        merged["checkpoints"].extend(part["checkpoints"])
+        merged["features"].extend(part["features"])
+        for name, cols in part["worlds"].items():
+            for key, values in cols.items():
+                merged["worlds"][name][key].extend(values)  # type: ignore[literal-required]
+    return merged
+
+
+def default_processes() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def run_twin(
+    spec: ExperimentSpec,
+    episodes: Sequence[int] | None = None,
+    worlds: Sequence[WorldPlan] | None = None,
+    processes: int | None = None,
+) -> TwinRun:
+    """Run ``episodes`` (default: the spec's) of ``worlds`` (default: the spec's)."""
+    workload = resolve_workload(spec)
+    eps = list(range(spec.episodes)) if episodes is None else list(episodes)
+    plans = spec_world_plans(spec) if worlds is None else list(worlds)
+    if processes is None:
+        big = len(eps) * len(plans) >= PARALLEL_THRESHOLD
+        processes = default_processes() if big else 1
+    start = time.perf_counter()
+    if processes <= 1 or len(eps) < 2 * processes:
+        batch = run_batch(workload, spec.seed, eps, plans)
+        processes = 1
+    else:
+        # Four chunks per process keep both cores busy when chunks differ in cost.
+        n_chunks = processes * 4
+        size = -(-len(eps) // n_chunks)
+        chunks = [eps[i : i + size] for i in range(0, len(eps), size)]
+        args = [
+            (spec.workload.name, dict(workload.params), spec.seed, chunk, plans) for chunk in chunks
+        ]
+        ctx = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
+        with ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
+            batch = merge_batches(list(pool.map(_run_chunk, args)))
+    return TwinRun(batch=batch, seconds=time.perf_counter() - start, processes=processes)

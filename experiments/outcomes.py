@@ -1,0 +1,85 @@
+"""Per-episode outcomes of an experiment, wherever they were produced.
+
+The local twin and the durable path (sandboxes) both reduce to these models, so the
+analysis and the report cannot tell — and need not care — where the worlds ran.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from experiments.runtime.canon import digest
+from experiments.runtime.runner import Batch
+from experiments.runtime.workload import Feature
+
+
+class WorldStatus(StrEnum):
+    completed = "completed"
+    failed = "failed"
+    skipped = "skipped"
+
+
+class WorldOutcomes(BaseModel):
+    """One world's columns, in episode order (empty when the world did not complete)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    status: WorldStatus = WorldStatus.completed
+    error: str | None = None
+    outcomes: list[bool] = []
+    intervened: list[bool] = []
+    shocks: list[str] = []
+    inherited: list[str] = []
+    code_digest: str = ""
+    snapshot: str = ""
+    world_seconds: float = 0.0
+
+
+class ExperimentOutcomes(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    episodes: list[int]
+    requested: list[int]
+    resolved: list[int]
+    checkpoints: list[str]
+    features: list[dict[str, Feature]]
+    worlds: list[WorldOutcomes]
+
+    def world(self, name: str) -> WorldOutcomes:
+        for w in self.worlds:
+            if w.name == name:
+                return w
+        raise KeyError(name)
+
+
+def from_batch(batch: Batch, code_digest: str, snapshot: str, seconds: float) -> ExperimentOutcomes:
+    """Wrap a local-twin batch; compute time is shared out by world count."""
+    per_world = seconds / max(1, len(batch["worlds"]))
+    return ExperimentOutcomes(
+        episodes=batch["episodes"],
+        requested=batch["requested"],
+        resolved=batch["resolved"],
+        checkpoints=batch["checkpoints"],
+        features=batch["features"],
+        worlds=[
+            WorldOutcomes(
+                name=name,
+                outcomes=cols["outcomes"],
+                intervened=cols["intervened"],
+                shocks=cols["shocks"],
+                inherited=cols["inherited"],
+                code_digest=code_digest,
+                snapshot=snapshot,
+                world_seconds=per_world,
+            )
+            for name, cols in batch["worlds"].items()
+        ],
+    )
+
+
+def outcomes_digest(outcomes: ExperimentOutcomes, world_names: list[str]) -> str:
+    """sha256 over the ordered per-episode outcomes of the named worlds, in that order."""
+    return digest([[name, [int(o) for o in outcomes.world(name).outcomes]] for name in world_names])

@@ -1,0 +1,35 @@
+"""Rehearsal: the whole experiment on the local twin, for free, into a report."""
+
+from __future__ import annotations
+
+from experiments.bundle import bundle_files, code_digest
+from experiments.engine import run_twin
+from experiments.outcomes import ExperimentOutcomes, from_batch
+from experiments.report import Report, build_report
+from experiments.spec import ExperimentSpec
+
+#: The snapshot name recorded for worlds that ran in the local twin.
+TWIN_SNAPSHOT = "local-twin"
+
+
+def workload_code_digest(spec: ExperimentSpec) -> str:
+    return code_digest(bundle_files(spec.workload.name))
+
+
+def rehearse_outcomes(
+    spec: ExperimentSpec, processes: int | None = None
+) -> tuple[ExperimentOutcomes, float]:
+    """Run every world of the spec on the twin; returns outcomes and wall seconds."""
+    digest = workload_code_digest(spec)
+    run = run_twin(spec, processes=processes)
+    return from_batch(run.batch, digest, TWIN_SNAPSHOT, run.seconds), run.seconds
+
+
+def analyse(spec: ExperimentSpec, outcomes: ExperimentOutcomes, code_digest: str) -> Report:
+    """The analysis shared by the twin and the durable path."""
+    return build_report(spec, outcomes, code_digest)
+
+
+def rehearse(spec: ExperimentSpec, processes: int | None = None) -> Report:
+    outcomes, _ = rehearse_outcomes(spec, processes)
+    return analyse(spec, outcomes, workload_code_digest(spec))

@@ -1,0 +1,23 @@
+"""Canonical JSON and digests: the one way ForkLab turns values into bytes it hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def canonical_json(value: Any) -> str:
+    """Serialise ``value`` deterministically: sorted keys, no whitespace, no NaN."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def sha256_hex(data: str | bytes) -> str:
+    if isinstance(data, str):
+        data = data.encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def digest(value: Any) -> str:
+    """sha256 of the canonical JSON of ``value``."""
+    return sha256_hex(canonical_json(value))

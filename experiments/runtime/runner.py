@@ -1,0 +1,253 @@
+"""The runner: runs prefixes once, forks checkpoints into worlds and continues them.
+
+This one file is what the local twin calls in-process and what a sandbox executes as
+``python -m experiments.runtime.runner``; standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypedDict
+
+from experiments.runtime.canon import canonical_json, sha256_hex
+from experiments.runtime.crn import Shocks
+from experiments.runtime.workload import Feature, Workload, WorkloadError
+
+BUILTIN_WORKLOADS = {
+    "counter-recovery": "experiments.workloads.counter_recovery:CounterRecovery",
+    "retry-cascade": "experiments.workloads.retry_cascade:RetryCascade",
+}
+
+
+class BoundaryMissingError(RuntimeError):
+    """The episode never stood exactly at the requested boundary: no silent substitute."""
+
+
+class StuckWorldError(RuntimeError):
+    """A world kept stepping past the workload's ``max_steps``."""
+
+
+class WorldPlan(TypedDict):
+    """One continuation policy, as the runner needs it (plain JSON)."""
+
+    name: str
+    intervention: str | None
+    params: dict[str, Any]
+    guard: dict[str, Any] | None
+    forks: int
+
+
+class Checkpoint(TypedDict):
+    episode: int
+    requested: int
+    resolved: int
+    sha256: str
+    state: str
+    features: dict[str, Feature]
+
+
+class WorldColumns(TypedDict):
+    outcomes: list[bool]
+    intervened: list[bool]
+    shocks: list[str]
+    inherited: list[str]
+
+
+def workload_class(ref: str) -> type[Workload]:
+    """Resolve a built-in name or a ``module:attribute`` import path to a workload class."""
+    path = BUILTIN_WORKLOADS.get(ref, ref)
+    if ":" not in path:
+        known = ", ".join(sorted(BUILTIN_WORKLOADS))
+        raise WorkloadError(
+            "workload.name",
+            f"unknown workload {ref!r}; use one of {known} or an import path 'module:attribute'",
+        )
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise WorkloadError(
+            "workload.name", f"cannot import module {module_name!r} ({exc}); check PYTHONPATH"
+        ) from exc
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, Workload)):
+        raise WorkloadError(
+            "workload.name", f"{path!r} is not a subclass of experiments.runtime.workload.Workload"
+        )
+    return cls
+
+
+def rule_fires(rule: Mapping[str, Any], features: Mapping[str, Feature]) -> bool:
+    """A guard rule is ``{"any": [clause, ...]}``; a clause maps feature → matcher and
+    matches when every matcher does (``{"eq": v}`` or ``{"ge": lo, "lt": hi}``)."""
+    for clause in rule["any"]:
+        for feature, matcher in clause.items():
+            value = features[feature]
+            if "eq" in matcher:
+                if value != matcher["eq"]:
+                    break
+            elif not (matcher.get("ge", float("-inf")) <= value < matcher.get("lt", float("inf"))):
+                break
+        else:
+            return True
+    return False
+
+
+def run_prefix(workload: Workload, seed: int, episode: int) -> Checkpoint:
+    """Run one episode to its boundary, once, and take the checkpoint."""
+    shocks = Shocks(seed, episode)
+    state = workload.initial_state(seed + episode, shocks)
+    requested = workload.boundary(state)
+    while workload.cursor(state) < requested and not workload.done(state):
+        workload.step(state, shocks)
+    resolved = workload.cursor(state)
+    if resolved != requested:
+        raise BoundaryMissingError(
+            f"episode {episode}: requested boundary {requested} but the run "
+            f"{'ended' if workload.done(state) else 'jumped'} at {resolved}"
+        )
+    text = canonical_json(state)
+    return {
+        "episode": episode,
+        "requested": requested,
+        "resolved": resolved,
+        "sha256": sha256_hex(text),
+        "state": text,
+        "features": workload.features(state),
+    }
+
+
+def continue_world(
+    workload: Workload, checkpoint: str, seed: int, episode: int, world: WorldPlan
+) -> tuple[bool, bool, str]:
+    """Fork ``checkpoint`` into ``world`` and finish it.
+
+    Returns (success, intervened, shock fingerprint). With ``forks`` > 1 the world runs
+    that many replicates from the same checkpoint (distinct agent streams) and the
+    outcome is their majority vote.
+    """
+    votes = 0
+    intervened = False
+    fingerprint = ""
+    name = world["intervention"]
+    limit = workload.max_steps
+    for replicate in range(world["forks"]):
+        state = json.loads(checkpoint)
+        shocks = Shocks(seed, episode, replicate)
+        if name is not None and (
+            world["guard"] is None or rule_fires(world["guard"], workload.features(state))
+        ):
+            workload.intervene(state, name, world["params"], shocks)
+            intervened = True
+        steps = 0
+        while not workload.done(state):
+            workload.step(state, shocks)
+            steps += 1
+            if steps > limit:
+                raise StuckWorldError(
+                    f"episode {episode}, world {world['name']}: not done after {limit} steps"
+                )
+        votes += workload.outcome(state)
+        fingerprint = shocks.fingerprint()
+    return votes * 2 > world["forks"], intervened, fingerprint
+
+
+def empty_columns() -> WorldColumns:
+    return {"outcomes": [], "intervened": [], "shocks": [], "inherited": []}
+
+
+def continue_checkpoints(
+    workload: Workload, seed: int, checkpoints: Iterable[Checkpoint], world: WorldPlan
+) -> WorldColumns:
+    """Continue one world from many checkpoints (the sandbox's job).
+
+    ``inherited`` is recomputed from the checkpoint text this world actually received.
+    """
+    cols = empty_columns()
+    for cp in checkpoints:
+        ok, did, fp = continue_world(workload, cp["state"], seed, cp["episode"], world)
+        cols["outcomes"].append(ok)
+        cols["intervened"].append(did)
+        cols["shocks"].append(fp)
+        cols["inherited"].append(sha256_hex(cp["state"]))
+    return cols
+
+
+class Batch(TypedDict):
+    """Columnar results for a run of episodes (lists are in episode order)."""
+
+    episodes: list[int]
+    requested: list[int]
+    resolved: list[int]
+    checkpoints: list[str]
+    features: list[dict[str, Feature]]
+    worlds: dict[str, WorldColumns]
+
+
+def run_batch(
+    workload: Workload, seed: int, episodes: Sequence[int], worlds: Sequence[WorldPlan]
+) -> Batch:
+    """The local twin's inner loop: each prefix once, then every world from it."""
+    batch: Batch = {
+        "episodes": list(episodes),
+        "requested": [],
+        "resolved": [],
+        "checkpoints": [],
+        "features": [],
+        "worlds": {w["name"]: empty_columns() for w in worlds},
+    }
+    columns = [(w, batch["worlds"][w["name"]]) for w in worlds]
+    for episode in episodes:
+        cp = run_prefix(workload, seed, episode)
+        batch["requested"].append(cp["requested"])
+        batch["resolved"].append(cp["resolved"])
+        batch["checkpoints"].append(cp["sha256"])
+        batch["features"].append(cp["features"])
+        for world, cols in columns:
+            ok, did, fp = continue_world(workload, cp["state"], seed, episode, world)
+            cols["outcomes"].append(ok)
+            cols["intervened"].append(did)
+            cols["shocks"].append(fp)
+            cols["inherited"].append(cp["sha256"])
+    return batch
+
+
+# --- the sandbox entry point ----------------------------------------------------------
+def _read_jsonl(path: str) -> list[Any]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``prefix``: request → checkpoints (JSON lines). ``continue``: request + checkpoints
+    → one world's columns. The request is JSON: workload, params, seed, episodes | world."""
+    parser = argparse.ArgumentParser(prog="forklab-runner")
+    parser.add_argument("mode", choices=["prefix", "continue"])
+    parser.add_argument("--request", required=True)
+    parser.add_argument("--checkpoints", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    with open(args.request, encoding="utf-8") as fh:
+        request = json.load(fh)
+    workload = workload_class(request["workload"])(request["params"])
+    seed = int(request["seed"])
+    if args.mode == "prefix":
+        with open(args.checkpoints, "w", encoding="utf-8") as fh:
+            for episode in request["episodes"]:
+                fh.write(canonical_json(run_prefix(workload, seed, episode)) + "\n")
+        result: Any = {"episodes": len(request["episodes"])}
+    else:
+        result = continue_checkpoints(
+            workload, seed, _read_jsonl(args.checkpoints), request["world"]
+        )
+    with open(args.out, "w", encoding="utf-8") as fh:
+        fh.write(canonical_json(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

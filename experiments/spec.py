@@ -1,0 +1,225 @@
+"""The pre-registered experiment spec (pydantic), parsed from YAML or JSON text."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from experiments.runtime.canon import digest
+from experiments.runtime.runner import workload_class
+from experiments.runtime.workload import Workload, WorkloadError
+
+
+class SpecError(ValueError):
+    """A spec that cannot be run. The message names the file, the field and the fix."""
+
+
+class Role(StrEnum):
+    baseline = "baseline"
+    treatment = "treatment"
+    placebo = "placebo"
+    positive_control = "positive_control"
+
+
+class Direction(StrEnum):
+    """Expected change of a world's failure rate against the baseline."""
+
+    decrease = "decrease"
+    increase = "increase"
+    none = "none"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Hypothesis(Strict):
+    text: str = Field(min_length=1)
+    expected: dict[str, Direction] = Field(
+        default_factory=dict,
+        description="Per world name: the expected direction of its failure rate vs baseline.",
+    )
+
+
+class WorkloadRef(Strict):
+    name: str = Field(
+        min_length=1, description="A built-in workload name or an import path 'module:attribute'."
+    )
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Intervention(Strict):
+    name: str = Field(min_length=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class World(Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    role: Role
+    intervention: Intervention | None = None
+
+    @model_validator(mode="after")
+    def _intervention_matches_role(self) -> Self:
+        if self.role is Role.baseline and self.intervention is not None:
+            raise ValueError("the baseline world takes no intervention; remove 'intervention'")
+        if self.role is not Role.baseline and self.intervention is None:
+            raise ValueError(f"a {self.role.value} world needs an 'intervention'")
+        return self
+
+
+class Budget(Strict):
+    max_world_seconds: float = Field(
+        default=3600.0, gt=0, description="Hard cap on sandbox compute, in world-seconds."
+    )
+    max_concurrent_sandboxes: int = Field(default=4, ge=1)
+    safety_factor: float = Field(
+        default=3.0, ge=1.0, description="Rehearsed world-seconds are multiplied by this."
+    )
+
+
+class Approval(Strict):
+    required: bool = True
+    expiry_minutes: float = Field(default=60.0, gt=0)
+
+
+class Comparison(Strict):
+    world: str
+    vs: str
+
+
+class Guard(Strict):
+    """How the guard policy is learned and validated (see docs/analysis.md)."""
+
+    world: str | None = Field(
+        default=None, description="The treatment the guard gates (default: the first treatment)."
+    )
+    harm_cap: int | None = Field(
+        default=None,
+        ge=0,
+        description="Max harms on the training set in the slices the rule fires on; "
+        "null means no slice may have more harms than rescues.",
+    )
+    holdout_episodes: int = Field(default=0, ge=0, description="Fresh episodes for validation.")
+
+
+class Analysis(Strict):
+    comparisons: list[Comparison] = Field(
+        default_factory=list, description="Extra pairs beyond each world against the baseline."
+    )
+    quantile_bins: int = Field(default=4, ge=2, le=20)
+    interactions: list[tuple[str, str]] = Field(default_factory=list)
+    forks_per_checkpoint: int = Field(default=1, ge=1)
+    alpha: float = Field(default=0.05, gt=0, lt=1)
+    power: float = Field(default=0.8, gt=0, lt=1)
+    guard: Guard = Field(default_factory=Guard)
+
+    @model_validator(mode="after")
+    def _odd_forks(self) -> Self:
+        if self.forks_per_checkpoint % 2 == 0:
+            raise ValueError("forks_per_checkpoint must be odd so a majority vote cannot tie")
+        return self
+
+
+class ExperimentSpec(Strict):
+    id: str = Field(min_length=1, max_length=80, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    hypothesis: Hypothesis
+    seed: int = Field(ge=0, description="Episode i uses the integer seed `seed + i`.")
+    episodes: int = Field(ge=1, le=10_000_000)
+    workload: WorkloadRef
+    worlds: list[World] = Field(min_length=2)
+    budget: Budget = Field(default_factory=Budget)
+    approval: Approval = Field(default_factory=Approval)
+    analysis: Analysis = Field(default_factory=Analysis)
+
+    @model_validator(mode="after")
+    def _worlds_consistent(self) -> Self:
+        baselines = [w.name for w in self.worlds if w.role is Role.baseline]
+        if len(baselines) != 1:
+            raise ValueError(
+                f"exactly one world must have role 'baseline' (found {len(baselines)}: "
+                f"{', '.join(baselines) or 'none'})"
+            )
+        names = [w.name for w in self.worlds]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"world names must be unique; repeated: {', '.join(dupes)}")
+        known = set(names)
+        for name in self.hypothesis.expected:
+            if name not in known:
+                raise ValueError(f"hypothesis.expected names unknown world {name!r}")
+        for comp in self.analysis.comparisons:
+            for name in (comp.world, comp.vs):
+                if name not in known:
+                    raise ValueError(f"analysis.comparisons names unknown world {name!r}")
+        guard_world = self.analysis.guard.world
+        if guard_world is not None and guard_world not in known:
+            raise ValueError(f"analysis.guard.world names unknown world {guard_world!r}")
+        return self
+
+    @property
+    def baseline(self) -> World:
+        return next(w for w in self.worlds if w.role is Role.baseline)
+
+    def canonical(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def digest(self) -> str:
+        return digest(self.canonical())
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out or "(top level)"
+
+
+def parse_spec(text: str, source: str) -> ExperimentSpec:
+    """Parse YAML or JSON text into a validated spec; raise ``SpecError`` with one clear line."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid syntax"
+        raise SpecError(
+            f"{source}: YAML/JSON syntax error{where}: {problem}; fix the file's syntax"
+        ) from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{source}: expected a mapping of spec fields at the top level")
+    try:
+        spec = ExperimentSpec.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = _field_path(tuple(p for p in err["loc"] if not str(p).startswith("function-")))
+        msg = err["msg"].removeprefix("Value error, ")
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise SpecError(f"{source}: field {field}: {msg}{more}") from None
+    resolve_workload(spec, source)
+    return spec
+
+
+def resolve_workload(spec: ExperimentSpec, source: str = "spec") -> Workload:
+    """Instantiate the spec's workload and check every world's intervention against it."""
+    try:
+        workload = workload_class(spec.workload.name)(spec.workload.params)
+        for i, world in enumerate(spec.worlds):
+            if world.intervention is None:
+                continue
+            try:
+                workload.intervention_params(world.intervention.name, world.intervention.params)
+            except WorkloadError as exc:
+                raise WorkloadError(f"worlds[{i}].{exc.field}", exc.message) from None
+    except WorkloadError as exc:
+        raise SpecError(f"{source}: field {exc.field}: {exc.message}") from None
+    return workload
+
+
+def json_schema() -> dict[str, Any]:
+    return ExperimentSpec.model_json_schema()

@@ -1,0 +1,1 @@
+"""Workloads that ship with ForkLab (standard library only: they run inside sandboxes)."""

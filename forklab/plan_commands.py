@@ -1,0 +1,45 @@
+"""``forklab schema`` and ``forklab plan``: free, local, no Temporal needed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from experiments.plan import rehearse
+from experiments.report import render_text
+from experiments.runtime.runner import BoundaryMissingError, StuckWorldError
+from experiments.spec import json_schema
+from forklab.errors import CliError
+from forklab.specfile import SPEC_EXIT, load_spec
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    try:
+        report = rehearse(spec, processes=args.processes)
+    except (BoundaryMissingError, StuckWorldError) as exc:
+        raise CliError(
+            f"{args.spec}: the rehearsal cannot run this spec: {exc}", SPEC_EXIT
+        ) from None
+    if args.json:
+        print(report.model_dump_json(indent=2))
+    else:
+        print(render_text(report))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("schema", help="print the JSON Schema of an experiment spec")
+    p.set_defaults(func=cmd_schema)
+    p = sub.add_parser("plan", help="rehearse a spec on the local twin (free) and print the report")
+    p.add_argument("spec", help="path to the experiment spec (.yaml or .json)")
+    p.add_argument("--json", action="store_true", help="print the machine-readable report")
+    p.add_argument(
+        "--processes", type=int, default=None, help="worker processes (default: 2 when large)"
+    )
+    p.set_defaults(func=cmd_plan)
