@@ -55,6 +55,22 @@ class ExperimentOutcomes(BaseModel):
         raise KeyError(name)
 
 
+class InfraUsage(BaseModel):
+    """What the infrastructure actually spent, for the infrastructure-fit check.
+
+    The durable path fills it in from its batches; the twin has none (``None``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    world_seconds_budget: float
+    world_seconds_spent: float
+    max_concurrent_sandboxes: int
+    peak_concurrent_sandboxes: int
+    skipped_batches: int = 0
+    sandboxes_left: int = 0
+
+
 def from_batch(batch: Batch, code_digest: str, snapshot: str, seconds: float) -> ExperimentOutcomes:
     """Wrap a local-twin batch; compute time is shared out by world count."""
     per_world = seconds / max(1, len(batch["worlds"]))

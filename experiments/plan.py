@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from experiments.bundle import bundle_files, code_digest
 from experiments.engine import run_twin
-from experiments.outcomes import ExperimentOutcomes, from_batch
+from experiments.outcomes import ExperimentOutcomes, InfraUsage, from_batch
 from experiments.report import Report, build_report
 from experiments.spec import ExperimentSpec
 
@@ -25,8 +25,14 @@ def rehearse_outcomes(
     return from_batch(run.batch, digest, TWIN_SNAPSHOT, run.seconds), run.seconds
 
 
-def analyse(spec: ExperimentSpec, outcomes: ExperimentOutcomes, code_digest: str) -> Report:
-    """The analysis shared by the twin and the durable path."""
+def analyse(
+    spec: ExperimentSpec,
+    outcomes: ExperimentOutcomes,
+    code_digest: str,
+    infra: InfraUsage | None = None,
+) -> Report:
+    """The analysis shared by the twin and the durable path (``infra`` only there)."""
+    del infra  # consumed by the infrastructure-fit check (issue 4)
     return build_report(spec, outcomes, code_digest)
 
 
