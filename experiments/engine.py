@@ -96,8 +96,8 @@ def run_twin(
         batch = run_batch(workload, spec.seed, eps, plans)
         processes = 1
     else:
-        # Four chunks per process keep both cores busy when chunks differ in cost.
-        n_chunks = processes * 4
+        # Two chunks per process keep both cores busy when chunks differ in cost.
+        n_chunks = processes * 2
         size = -(-len(eps) // n_chunks)
         chunks = [eps[i : i + size] for i in range(0, len(eps), size)]
         args = [

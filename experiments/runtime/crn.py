@@ -33,13 +33,14 @@ class Shocks:
     majority vote gets its own stream.
     """
 
-    __slots__ = ("_seen", "episode", "replicate", "seed")
+    __slots__ = ("_agent_drawn", "_seen", "episode", "replicate", "seed")
 
     def __init__(self, seed: int, episode: int, replicate: int = 0) -> None:
         self.seed = seed
         self.episode = episode
         self.replicate = replicate
         self._seen: dict[tuple[int, int, str], float] = {}
+        self._agent_drawn = False
 
     def exogenous(self, entity: int, tick: int, stream: str) -> float:
         coord = (entity, tick, stream)
@@ -50,9 +51,22 @@ class Shocks:
         return value
 
     def agent(self, entity: int, tick: int, stream: str) -> float:
+        self._agent_drawn = True
         return uniform(self.seed, self.episode, entity, tick, f"{stream}#r{self.replicate}")
+
+    @property
+    def drawn(self) -> bool:
+        """Whether anything was drawn: a run that drew nothing is a pure function of its
+        starting state, which lets the engine reuse its result for an identical state."""
+        return self._agent_drawn or bool(self._seen)
 
     def fingerprint(self) -> str:
         """sha256 over every exogenous (coordinate, value) this world drew, order-free."""
+        if not self._seen:
+            return NO_SHOCKS
         items: list[Any] = sorted(self._seen.items())
         return sha256_hex(repr(items))
+
+
+#: The fingerprint of a run that drew no exogenous shock.
+NO_SHOCKS = sha256_hex(repr([]))

@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 
 from experiments.runtime.canon import canonical_json, sha256_hex
 from experiments.runtime.crn import Shocks
-from experiments.runtime.workload import Feature, Workload, WorkloadError
+from experiments.runtime.workload import Feature, State, Workload, WorkloadError
 
 BUILTIN_WORKLOADS = {
     "counter-recovery": "experiments.workloads.counter_recovery:CounterRecovery",
@@ -99,8 +99,18 @@ def rule_fires(rule: Mapping[str, Any], features: Mapping[str, Feature]) -> bool
 
 def run_prefix(workload: Workload, seed: int, episode: int) -> Checkpoint:
     """Run one episode to its boundary, once, and take the checkpoint."""
+    return _prefix_from(workload, seed, episode, *_start(workload, seed, episode))[0]
+
+
+def _start(workload: Workload, seed: int, episode: int) -> tuple[State, Shocks]:
     shocks = Shocks(seed, episode)
-    state = workload.initial_state(seed + episode, shocks)
+    return workload.initial_state(seed + episode, shocks), shocks
+
+
+def _prefix_from(
+    workload: Workload, seed: int, episode: int, state: State, shocks: Shocks
+) -> tuple[Checkpoint, bool]:
+    """Step ``state`` to its boundary; also says whether the prefix drew randomness."""
     requested = workload.boundary(state)
     while workload.cursor(state) < requested and not workload.done(state):
         workload.step(state, shocks)
@@ -111,7 +121,7 @@ def run_prefix(workload: Workload, seed: int, episode: int) -> Checkpoint:
             f"{'ended' if workload.done(state) else 'jumped'} at {resolved}"
         )
     text = canonical_json(state)
-    return {
+    checkpoint: Checkpoint = {
         "episode": episode,
         "requested": requested,
         "resolved": resolved,
@@ -119,25 +129,27 @@ def run_prefix(workload: Workload, seed: int, episode: int) -> Checkpoint:
         "state": text,
         "features": workload.features(state),
     }
+    return checkpoint, shocks.drawn
 
 
 def continue_world(
     workload: Workload, checkpoint: str, seed: int, episode: int, world: WorldPlan
-) -> tuple[bool, bool, str]:
+) -> tuple[bool, bool, str, bool]:
     """Fork ``checkpoint`` into ``world`` and finish it.
 
-    Returns (success, intervened, shock fingerprint). With ``forks`` > 1 the world runs
-    that many replicates from the same checkpoint (distinct agent streams) and the
-    outcome is their majority vote.
+    Returns (success, intervened, shock fingerprint, drew randomness). With ``forks``
+    > 1 the world runs that many replicates from the same checkpoint (distinct agent
+    streams) and the outcome is their majority vote.
     """
     votes = 0
-    intervened = False
+    intervened = drawn = False
     fingerprint = ""
     name = world["intervention"]
     limit = workload.max_steps
     for replicate in range(world["forks"]):
         state = json.loads(checkpoint)
         shocks = Shocks(seed, episode, replicate)
+        workload.schedule_shocks(state, shocks)
         if name is not None and (
             world["guard"] is None or rule_fires(world["guard"], workload.features(state))
         ):
@@ -153,7 +165,8 @@ def continue_world(
                 )
         votes += workload.outcome(state)
         fingerprint = shocks.fingerprint()
-    return votes * 2 > world["forks"], intervened, fingerprint
+        drawn = drawn or shocks.drawn
+    return votes * 2 > world["forks"], intervened, fingerprint, drawn
 
 
 def empty_columns() -> WorldColumns:
@@ -169,7 +182,7 @@ def continue_checkpoints(
     """
     cols = empty_columns()
     for cp in checkpoints:
-        ok, did, fp = continue_world(workload, cp["state"], seed, cp["episode"], world)
+        ok, did, fp, _ = continue_world(workload, cp["state"], seed, cp["episode"], world)
         cols["outcomes"].append(ok)
         cols["intervened"].append(did)
         cols["shocks"].append(fp)
@@ -191,7 +204,13 @@ class Batch(TypedDict):
 def run_batch(
     workload: Workload, seed: int, episodes: Sequence[int], worlds: Sequence[WorldPlan]
 ) -> Batch:
-    """The local twin's inner loop: each prefix once, then every world from it."""
+    """The local twin's inner loop: each prefix once, then every world from it.
+
+    A prefix or continuation that drew no randomness is a pure function of the state it
+    started from (the workload contract: state, params and shock draws decide
+    everything), so its result is reused for every episode that reaches an identical
+    state. Continuations that drew anything are always run.
+    """
     batch: Batch = {
         "episodes": list(episodes),
         "requested": [],
@@ -200,19 +219,33 @@ def run_batch(
         "features": [],
         "worlds": {w["name"]: empty_columns() for w in worlds},
     }
-    columns = [(w, batch["worlds"][w["name"]]) for w in worlds]
+    columns = [(i, w, batch["worlds"][w["name"]]) for i, w in enumerate(worlds)]
+    prefixes: dict[str, Checkpoint] = {}
+    continuations: dict[tuple[str, int], tuple[bool, bool, str]] = {}
     for episode in episodes:
-        cp = run_prefix(workload, seed, episode)
+        state, shocks = _start(workload, seed, episode)
+        key = repr(state)  # exact for JSON values; only needs to be stable in-process
+        cp = prefixes.get(key)
+        if cp is None:
+            cp, drawn = _prefix_from(workload, seed, episode, state, shocks)
+            if not drawn:
+                prefixes[key] = cp
+        sha = cp["sha256"]
         batch["requested"].append(cp["requested"])
         batch["resolved"].append(cp["resolved"])
-        batch["checkpoints"].append(cp["sha256"])
+        batch["checkpoints"].append(sha)
         batch["features"].append(cp["features"])
-        for world, cols in columns:
-            ok, did, fp = continue_world(workload, cp["state"], seed, episode, world)
-            cols["outcomes"].append(ok)
-            cols["intervened"].append(did)
-            cols["shocks"].append(fp)
-            cols["inherited"].append(cp["sha256"])
+        for index, world, cols in columns:
+            result = continuations.get((sha, index))
+            if result is None:
+                ok, did, fp, drawn = continue_world(workload, cp["state"], seed, episode, world)
+                result = (ok, did, fp)
+                if not drawn:
+                    continuations[(sha, index)] = result
+            cols["outcomes"].append(result[0])
+            cols["intervened"].append(result[1])
+            cols["shocks"].append(result[2])
+            cols["inherited"].append(sha)
     return batch
 
 

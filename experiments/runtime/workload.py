@@ -96,6 +96,17 @@ class Workload:
     def outcome(self, state: State) -> bool:
         raise NotImplementedError
 
+    def schedule_shocks(self, state: State, shocks: Shocks) -> None:
+        """Draw the episode's exogenous shocks that lie after the boundary (optional).
+
+        Called in every world on the checkpoint, before any intervention. Each world
+        reports a fingerprint of every exogenous draw it made; a world that ends
+        earlier than another would otherwise have drawn fewer shocks. Drawing the
+        whole schedule here makes the fingerprints comparable (the values are memoised,
+        so ``step`` sees the very same numbers). Workloads that draw every shock of
+        every tick unconditionally need not override this.
+        """
+
     def features(self, state: State) -> dict[str, Feature]:
         """Pre-decision features, read at the boundary before any intervention."""
         return {}
