@@ -18,11 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.engine import run_twin  # noqa: E402
-from experiments.pairing import pair_counts  # noqa: E402
-from experiments.runtime.crn import Shocks  # noqa: E402
-from experiments.spec import ExperimentSpec  # noqa: E402
-from experiments.workloads.counter_recovery import CounterRecovery  # noqa: E402
+from experiments.engine import run_twin
+from experiments.pairing import pair_counts
+from experiments.runtime.crn import Shocks
+from experiments.spec import ExperimentSpec
+from experiments.workloads.counter_recovery import CounterRecovery
 
 
 def naive(episodes: int) -> tuple[int, int, int]:

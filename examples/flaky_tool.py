@@ -6,7 +6,8 @@ step budget is small. ``switch-to-backup`` moves to a more reliable tool, but th
 switch costs one step.
 """
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from experiments.runtime.crn import Shocks
 from experiments.runtime.workload import Feature, State, Workload, WorkloadError
@@ -14,8 +15,14 @@ from experiments.runtime.workload import Feature, State, Workload, WorkloadError
 
 class FlakyTool(Workload):
     name = "flaky-tool"
-    default_params = {"items": 4, "budget": 7, "fork_at": 2, "p_fail": 0.35, "p_fail_backup": 0.1}
-    interventions = {"switch-to-backup": {}}
+    default_params: ClassVar[Mapping[str, Any]] = {
+        "items": 4,
+        "budget": 7,
+        "fork_at": 2,
+        "p_fail": 0.35,
+        "p_fail_backup": 0.1,
+    }
+    interventions: ClassVar[Mapping[str, Mapping[str, Any]]] = {"switch-to-backup": {}}
 
     def check_params(self) -> None:
         for key in ("p_fail", "p_fail_backup"):
@@ -58,6 +65,6 @@ class FlakyTool(Workload):
     def features(self, state: State) -> dict[str, Feature]:
         return {"failed_last": state["failed_last"], "items_done": state["items_done"]}
 
-    def intervene(self, state: State, name: str, params: dict[str, Any], shocks: Shocks) -> None:
+    def intervene(self, state: State, name: str, params: Mapping[str, Any], shocks: Shocks) -> None:
         state["tool"] = "backup"
         state["step"] += 1  # switching costs one step of the budget

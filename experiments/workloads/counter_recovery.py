@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from experiments.runtime.crn import Shocks
 from experiments.runtime.workload import Feature, State, Workload, WorkloadError
@@ -20,7 +20,7 @@ from experiments.runtime.workload import Feature, State, Workload, WorkloadError
 
 class CounterRecovery(Workload):
     name = "counter-recovery"
-    default_params = {
+    default_params: ClassVar[Mapping[str, Any]] = {
         "target": 6,
         "fork_step": 3,
         "budget_base": 7,
@@ -28,7 +28,7 @@ class CounterRecovery(Workload):
         "freeze_choices": [None, None, 1, 2],
         "noise": 0.0,
     }
-    interventions = {"refresh": {}, "null-refresh": {}}
+    interventions: ClassVar[Mapping[str, Mapping[str, Any]]] = {"refresh": {}, "null-refresh": {}}
     max_steps = 10_000
 
     def check_params(self) -> None:
