@@ -6,7 +6,14 @@ from enum import StrEnum
 from typing import Any, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from experiments.runtime.canon import digest
 from experiments.runtime.runner import workload_class
@@ -134,29 +141,35 @@ class ExperimentSpec(Strict):
     approval: Approval = Field(default_factory=Approval)
     analysis: Analysis = Field(default_factory=Analysis)
 
-    @model_validator(mode="after")
-    def _worlds_consistent(self) -> Self:
-        baselines = [w.name for w in self.worlds if w.role is Role.baseline]
+    @field_validator("worlds")
+    @classmethod
+    def _one_baseline_unique_names(cls, worlds: list[World]) -> list[World]:
+        baselines = [w.name for w in worlds if w.role is Role.baseline]
         if len(baselines) != 1:
             raise ValueError(
                 f"exactly one world must have role 'baseline' (found {len(baselines)}: "
                 f"{', '.join(baselines) or 'none'})"
             )
-        names = [w.name for w in self.worlds]
+        names = [w.name for w in worlds]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"world names must be unique; repeated: {', '.join(dupes)}")
-        known = set(names)
+        return worlds
+
+    @model_validator(mode="after")
+    def _references_known_worlds(self) -> Self:
+        # Messages start with the field they concern; parse_spec reports it as the field.
+        known = {w.name for w in self.worlds}
         for name in self.hypothesis.expected:
             if name not in known:
-                raise ValueError(f"hypothesis.expected names unknown world {name!r}")
+                raise ValueError(f"hypothesis.expected: names unknown world {name!r}")
         for comp in self.analysis.comparisons:
             for name in (comp.world, comp.vs):
                 if name not in known:
-                    raise ValueError(f"analysis.comparisons names unknown world {name!r}")
+                    raise ValueError(f"analysis.comparisons: names unknown world {name!r}")
         guard_world = self.analysis.guard.world
         if guard_world is not None and guard_world not in known:
-            raise ValueError(f"analysis.guard.world names unknown world {guard_world!r}")
+            raise ValueError(f"analysis.guard.world: names unknown world {guard_world!r}")
         return self
 
     @property
@@ -199,6 +212,9 @@ def parse_spec(text: str, source: str) -> ExperimentSpec:
         err = exc.errors()[0]
         field = _field_path(tuple(p for p in err["loc"] if not str(p).startswith("function-")))
         msg = err["msg"].removeprefix("Value error, ")
+        head, sep, rest = msg.partition(": ")
+        if not err["loc"] and sep and " " not in head:
+            field, msg = head, rest
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise SpecError(f"{source}: field {field}: {msg}{more}") from None
     resolve_workload(spec, source)

@@ -1,0 +1,26 @@
+"""Small helpers shared by tests (no fixtures with side effects here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from forklab.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], spec: Path) -> dict[str, Any]:
+    code, out, err = run_cli(capsys, "plan", str(spec), "--json")
+    assert code == 0, err
+    result: dict[str, Any] = json.loads(out)
+    return result
