@@ -1,7 +1,8 @@
 """``counter-recovery``: an agent counts to a target through a sensor that may stick.
 
 The agent reads an observation, increments a counter and declares done when the
-observation says ``target``. Some runs have budget slack; in some the sensor sticks
+observation says ``target``. With ``noise`` > 0 the agent misreads the observation by
+one with that probability (an agent draw of the common random numbers). Some runs have budget slack; in some the sensor sticks
 at a value, so the agent overshoots, which cannot be undone. Success: the agent
 declared done with the true value at ``target``. ``refresh`` costs one action,
 un-sticks the sensor and re-reads the true value; ``null-refresh`` costs the action
@@ -79,10 +80,11 @@ class CounterRecovery(Workload):
             state["done"] = True
             return
         state["steps"] += 1
-        sees_target = state["obs"] >= self._target
+        seen = state["obs"]
         if self._noise and shocks.agent(0, state["steps"], "misread") < self._noise:
-            sees_target = not sees_target  # the noisy agent misjudges the observation
-        if sees_target:
+            # The noisy agent misreads the observation by one, either way.
+            seen += 1 if shocks.agent(0, state["steps"], "misread-sign") < 0.5 else -1
+        if seen >= self._target:
             state["done"] = state["declared"] = True
             return
         state["v"] += 1

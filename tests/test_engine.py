@@ -1,0 +1,272 @@
+"""The fork engine (local twin): the seed's numbers, an independent implementation,
+forks that never re-run the prefix, memoisation and parallelism that change nothing."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from experiments.engine import run_twin, spec_world_plans
+from experiments.runtime.crn import Shocks, uniform
+from experiments.runtime.runner import continue_world, run_batch, run_prefix
+from experiments.spec import ExperimentSpec
+from experiments.workloads.counter_recovery import CounterRecovery
+from tests.helpers import ROOT, plan_json
+
+
+def test_recovery_counter_reproduces_the_seed_table(capsys: pytest.CaptureFixture[str]) -> None:
+    report = plan_json(capsys, ROOT / "experiments" / "recovery-counter.yaml")
+    comp = next(
+        c for c in report["comparisons"] if (c["world"], c["vs"]) == ("refresh", "baseline")
+    )
+    assert (comp["rescue"], comp["harm"], comp["unchanged"], comp["net"]) == (75, 83, 142, -8)
+    slices = {
+        s["value"]: (s["rescue"], s["harm"], s["unchanged"])
+        for s in comp["slices"]
+        if s["feature"] == "obs_repeated"
+    }
+    assert slices == {False: (0, 83, 72), True: (75, 0, 70)}
+    assert report["experiment"]["id"] == "recovery-counter"
+    assert len(report["experiment"]["fingerprint"]) == 64
+    assert len(report["outcomes_digest"]) == 64
+    names = [w["name"] for w in report["worlds"]]
+    assert names == ["baseline", "refresh", "null-refresh"]
+    for world in report["worlds"]:
+        assert world["episodes"] == 300
+        assert world["failure_rate"] == pytest.approx(world["failures"] / 300)
+
+
+def independent_pair(seed: int, p: dict[str, Any]) -> tuple[bool, str]:
+    """The seed's toy world, written again from its description, with free params."""
+    rng = random.Random(seed)
+    budget = p["budget_base"] + rng.choice(p["slack_choices"])
+    freeze_at = rng.choice(p["freeze_choices"])
+
+    def run(steps: int, v: int, obs: int, frozen: bool, *, until: int | None) -> Any:
+        declared = False
+        same = False
+        while True:
+            if until is not None and steps >= until:
+                return steps, v, obs, frozen, same
+            if steps >= budget:
+                return declared and v == p["target"]
+            steps += 1
+            if obs >= p["target"]:
+                declared = True
+                return v == p["target"]
+            v += 1
+            frozen = frozen or freeze_at == v
+            before = obs
+            obs = obs if frozen else v
+            same = obs == before
+
+    steps, v, obs, frozen, same = run(0, 0, 0, False, until=p["fork_step"])
+    off = run(steps, v, obs, frozen, until=None)
+    on = run(steps + 1, v, v, False, until=None)  # refresh: one action, true reading
+    label = "rescue" if on and not off else "harm" if off and not on else "unchanged"
+    return same, label
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {
+            "target": 6,
+            "fork_step": 3,
+            "budget_base": 7,
+            "slack_choices": [0, 0, 1, 2],
+            "freeze_choices": [None, None, 1, 2],
+        },
+        {
+            "target": 5,
+            "fork_step": 2,
+            "budget_base": 6,
+            "slack_choices": [0, 1, 3],
+            "freeze_choices": [None, 1, 3, 4],
+        },
+        {
+            "target": 9,
+            "fork_step": 4,
+            "budget_base": 10,
+            "slack_choices": [0, 2],
+            "freeze_choices": [None, 2, 3, 5, 7],
+        },
+    ],
+)
+def test_counter_recovery_matches_an_independent_implementation(params: dict[str, Any]) -> None:
+    spec = ExperimentSpec.model_validate(
+        {
+            "id": "indep",
+            "hypothesis": {"text": "h"},
+            "seed": 11,
+            "episodes": 400,
+            "workload": {"name": "counter-recovery", "params": params},
+            "worlds": [
+                {"name": "baseline", "role": "baseline"},
+                {"name": "refresh", "role": "treatment", "intervention": {"name": "refresh"}},
+            ],
+        }
+    )
+    batch = run_twin(spec, processes=1).batch
+    base, ref = batch["worlds"]["baseline"]["outcomes"], batch["worlds"]["refresh"]["outcomes"]
+    ours = [
+        (f["obs_repeated"], "rescue" if r and not b else "harm" if b and not r else "unchanged")
+        for f, b, r in zip(batch["features"], base, ref, strict=True)
+    ]
+    theirs = [independent_pair(11 + i, params) for i in range(400)]
+    assert ours == theirs
+    assert len(Counter(label for _, label in ours)) == 3  # the params exercise every label
+
+
+class CountingNoisyCounter(CounterRecovery):
+    """counter-recovery with noise (so nothing is memoised) counting calls."""
+
+    initial_states = 0
+    prefix_steps = 0
+
+    def initial_state(self, episode_seed: int, shocks: Shocks) -> dict[str, Any]:
+        type(self).initial_states += 1
+        return super().initial_state(episode_seed, shocks)
+
+    def step(self, state: dict[str, Any], shocks: Shocks) -> None:
+        if state.get("forked") is None:
+            type(self).prefix_steps += 1
+        super().step(state, shocks)
+
+    def intervene(self, state: dict[str, Any], name: str, params: Any, shocks: Shocks) -> None:
+        super().intervene(state, name, params, shocks)
+
+
+WORLDS: list[Any] = [
+    {"name": "baseline", "intervention": None, "params": {}, "guard": None, "forks": 1},
+    {"name": "refresh", "intervention": "refresh", "params": {}, "guard": None, "forks": 1},
+    {"name": "null", "intervention": "null-refresh", "params": {}, "guard": None, "forks": 1},
+]
+
+
+def test_a_fork_never_reruns_the_prefix() -> None:
+    wl = CountingNoisyCounter({"noise": 0.2})
+    batch = run_batch(wl, 5, range(200), WORLDS)
+    assert CountingNoisyCounter.initial_states == 200  # once per episode, not per world
+    # Continuations start from the checkpoint: every world inherited each episode's digest.
+    for cols in batch["worlds"].values():
+        assert cols["inherited"] == batch["checkpoints"]
+    assert batch["resolved"] == batch["requested"] == [3] * 200
+
+
+def test_memoisation_changes_no_result() -> None:
+    """run_batch reuses randomness-free prefixes/continuations; compare with the plain loop."""
+    for params in ({}, {"noise": 0.15}):
+        wl = CounterRecovery(params)
+        batch = run_batch(wl, 3, range(300), WORLDS)
+        for i, episode in enumerate(range(300)):
+            cp = run_prefix(wl, 3, episode)
+            assert batch["checkpoints"][i] == cp["sha256"]
+            assert batch["features"][i] == cp["features"]
+            for world in WORLDS:
+                ok, did, fp, _ = continue_world(wl, cp["state"], 3, episode, world)
+                cols = batch["worlds"][world["name"]]
+                assert (cols["outcomes"][i], cols["intervened"][i], cols["shocks"][i]) == (
+                    ok,
+                    did,
+                    fp,
+                )
+
+
+def spec_for(episodes: int, **params: Any) -> ExperimentSpec:
+    return ExperimentSpec.model_validate(
+        {
+            "id": "par",
+            "hypothesis": {"text": "h"},
+            "seed": 2,
+            "episodes": episodes,
+            "workload": {"name": "counter-recovery", "params": params},
+            "worlds": [
+                {"name": "baseline", "role": "baseline"},
+                {"name": "refresh", "role": "treatment", "intervention": {"name": "refresh"}},
+            ],
+        }
+    )
+
+
+@pytest.mark.parametrize("params", [{}, {"noise": 0.1}])
+def test_two_processes_give_identical_results(params: dict[str, Any]) -> None:
+    spec = spec_for(3001, **params)
+    one = run_twin(spec, processes=1)
+    two = run_twin(spec, processes=2)
+    assert two.processes == 2
+    assert one.batch == two.batch
+
+
+def test_majority_vote_over_replicates() -> None:
+    wl = CounterRecovery({"noise": 0.25})
+    world: Any = {**WORLDS[0], "forks": 3}
+    single: Any = {**WORLDS[0], "forks": 1}
+    differs = 0
+    for episode in range(200):
+        cp = run_prefix(wl, 9, episode)
+        voted, *_ = continue_world(wl, cp["state"], 9, episode, world)
+        # Replicate r draws the agent stream "#r{r}"; recompute each vote by hand.
+        votes = []
+        for r in range(3):
+            import json
+
+            state = json.loads(cp["state"])
+            shocks = Shocks(9, episode, r)
+            while not wl.done(state):
+                wl.step(state, shocks)
+            votes.append(wl.outcome(state))
+        assert voted == (sum(votes) >= 2)
+        first, *_ = continue_world(wl, cp["state"], 9, episode, single)
+        assert first == votes[0]
+        differs += voted != first
+    assert differs > 0  # the vote actually changes some outcomes at this noise level
+
+
+def test_crn_draws_are_pure_functions_of_coordinates() -> None:
+    a = uniform(1, 2, 3, 4, "s")
+    assert a == uniform(1, 2, 3, 4, "s")
+    assert 0.0 <= a < 1.0
+    assert len({uniform(1, 2, 3, t, "s") for t in range(1000)}) == 1000
+    assert uniform(1, 2, 3, 4, "s") != uniform(1, 2, 3, 4, "t")
+    one, two = Shocks(1, 2), Shocks(1, 2)
+    for t in range(50):  # draw in opposite orders, with an extra agent draw in between
+        one.exogenous(0, t, "x")
+        two.exogenous(0, 49 - t, "x")
+        two.agent(0, t, "noise")
+    assert one.fingerprint() == two.fingerprint()
+    assert Shocks(1, 2, replicate=1).agent(0, 0, "n") != Shocks(1, 2).agent(0, 0, "n")
+
+
+def test_external_workload_runs_through_plan(tmp_path: Path) -> None:
+    """The example workload lives outside the package and is loaded by import path."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "examples")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "forklab.cli", "plan", "examples/flaky-tool.yaml", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["experiment"]["workload"] == "flaky_tool:FlakyTool"
+    assert [c["name"] for c in report["checks"] if not c["passed"]] == []
+    (comp,) = [c for c in report["comparisons"] if c["vs"] == "baseline"]
+    assert comp["rescue"] + comp["harm"] + comp["unchanged"] == 500
+
+
+def test_docs_show_the_example_workload_verbatim() -> None:
+    doc = (ROOT / "docs" / "workloads.md").read_text()
+    source = (ROOT / "examples" / "flaky_tool.py").read_text()
+    assert source in doc
