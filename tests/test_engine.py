@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from experiments.engine import run_twin, spec_world_plans
+from experiments.engine import run_twin
 from experiments.runtime.crn import Shocks, uniform
 from experiments.runtime.runner import continue_world, run_batch, run_prefix
 from experiments.spec import ExperimentSpec
