@@ -1,0 +1,89 @@
+"""The sandbox interface every backend implements (local processes now, Daytona later).
+
+The orchestrator codes against :class:`SandboxBackend` only: it prepares one snapshot per
+experiment, creates a labelled sandbox per world batch, uploads the inputs, runs the
+runner, downloads the result, and deletes — then lists by label until nothing is left.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from experiments.bundle import BundleFile
+
+
+class SandboxError(RuntimeError):
+    """A sandbox operation failed; the message says what and how to fix it."""
+
+
+class SandboxNotFoundError(SandboxError):
+    """The sandbox id is unknown to the backend (never created, or already deleted)."""
+
+
+class Limits(BaseModel):
+    """Per-sandbox resource limits, applied to every process the sandbox runs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    memory_mb: int = Field(512, ge=16)
+    cpu_seconds: int = Field(600, ge=1)
+    open_files: int = Field(256, ge=8)
+    wall_seconds: float = Field(900.0, gt=0)
+
+
+class SnapshotInfo(BaseModel):
+    """The image worlds start from; for local sandboxes ``id`` is ``"local:" + code_digest``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    backend: str
+    code_digest: str
+    files: int
+
+
+class ExecResult(BaseModel):
+    """What one command did inside a sandbox. ``stdout``/``stderr`` are bounded: when a
+    stream was longer, its head and tail are kept around a marker saying how much was cut."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exit_code: int  # negative: killed by that signal (as in ``subprocess``)
+    stdout: str
+    stderr: str
+    timed_out: bool
+    network_isolated: bool  # False when the private network namespace was not permitted
+    note: str | None = None  # e.g. why network isolation fell back
+    seconds: float  # wall-clock seconds the command ran
+
+
+class SandboxBackend(Protocol):
+    name: str
+
+    def prepare_snapshot(self, files: list[BundleFile]) -> SnapshotInfo:
+        """Make ``files`` available as a snapshot; idempotent (same files → same id)."""
+        ...
+
+    def create(self, snapshot_id: str, labels: dict[str, str], limits: Limits) -> str:
+        """A fresh sandbox whose working folder holds the snapshot's files; returns its id."""
+        ...
+
+    def upload(self, sandbox_id: str, relpath: str, data: bytes) -> None: ...
+
+    def exec(self, sandbox_id: str, argv: list[str], timeout: float) -> ExecResult:
+        """Run ``argv`` in the sandbox folder; ``argv[0] == "python"`` means the backend's
+        isolated interpreter."""
+        ...
+
+    def download(self, sandbox_id: str, relpath: str) -> bytes: ...
+
+    def delete(self, sandbox_id: str) -> None:
+        """Kill anything still running in the sandbox and remove it; idempotent."""
+        ...
+
+    def list(self, labels: dict[str, str]) -> list[str]:
+        """Ids whose labels include every given pair, reconciled with what actually exists,
+        so that leftovers of a crash are listed (and can be deleted) too."""
+        ...

@@ -1,0 +1,57 @@
+"""The first program a local sandbox runs: it confines itself, then becomes the command.
+
+Run by path as ``python -I -S launch.py CONFIG STATUS_FD COMMAND...``. It applies the
+resource limits, tries to enter a private network namespace, reports on ``STATUS_FD``
+whether that worked, and replaces itself with ``COMMAND`` (same pid, same process
+group). Doing this in a separate program rather than in ``subprocess``'s ``preexec_fn``
+keeps the parent safe: ``preexec_fn`` may deadlock when the parent has threads, and
+activity workers do. Standard library only; it must not import ForkLab.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import sys
+
+CLONE_NEWNET = 0x40000000
+EXIT_NOT_STARTED = 127  # the command could not be started (as in a shell)
+
+
+def private_network() -> str | None:
+    """Enter a new, empty network namespace; None on success, else why not."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNET) == 0:
+        return None
+    err = ctypes.get_errno()
+    return f"unshare(CLONE_NEWNET) failed: {os.strerror(err)}"
+
+
+def apply_limits(memory_mb: int, cpu_seconds: int, open_files: int) -> None:
+    address_space = memory_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+    # SIGXCPU at the soft limit; the kernel sends SIGKILL at the hard one.
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def main(argv: list[str]) -> int:
+    config = json.loads(argv[1])
+    status_fd = int(argv[2])
+    command = argv[3:]
+    why_not = private_network()
+    apply_limits(config["memory_mb"], config["cpu_seconds"], config["open_files"])
+    os.write(status_fd, json.dumps({"network_isolated": why_not is None, "note": why_not}).encode())
+    os.close(status_fd)
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        print(f"sandbox: cannot start {command[0]!r}: {exc.strerror}", file=sys.stderr)
+    return EXIT_NOT_STARTED
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
