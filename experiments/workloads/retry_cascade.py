@@ -2,22 +2,23 @@
 
 Each tick every agent may receive one unit of work and calls the upstream for it. A call
 that fails is retried by the same agent after a capped exponential backoff, and nobody
-else hears about it. The upstream serves a noisy number of calls per tick (with rare
-brown-outs before the outage, so the fleet enters the outage in different shapes); when
-the offered load exceeds what it can serve it thrashes, and its goodput falls as the
-overload grows. After an outage the synchronised retries can keep it overloaded: the
-retry storm sustains itself until requests run out of attempts and are dropped.
+else hears about it. The upstream serves a noisy number of calls per tick, loses a few
+calls to background errors and has the odd one-tick brown-out, so the fleet reaches the
+outage in different shapes. When the offered load exceeds what it can serve it thrashes:
+its goodput falls as the overload grows. After the outage the synchronised backlog of
+retries can keep it overloaded, and the storm sustains itself until requests run out of
+attempts or retry-queue room and are dropped.
 
-The fork boundary is the outage onset. Success: the fleet met its SLO, i.e. no more than
-``slo_lost`` requests were lost, where a request is lost when it is dropped (out of
-attempts, or its agent's retry queue was full) or is still waiting in a retry queue at
-the horizon. See ``docs/retry-cascade.md``.
+The fork boundary is the outage onset. Success: the fleet met its SLO, i.e. at most
+``slo_lost`` requests were lost over the episode, where a request is lost when it is
+dropped or is still waiting in a retry queue at the horizon. The model, every
+intervention and the exact failure definition are in ``docs/retry-cascade.md``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from experiments.runtime.crn import Shocks
 from experiments.runtime.workload import Feature, State, Workload, WorkloadError
@@ -35,7 +36,19 @@ _INTS = {
     "queue_cap": (0, 10_000),
     "slo_lost": (0, 1_000_000),
 }
-_FRACTIONS = ("arrival_rate", "capacity_noise", "dip_prob", "dip_factor", "outage_capacity")
+_UPSTREAM = -1  # the entity of the shared upstream's shocks; agents are 0..agents-1
+_LANE_BITS = 6
+_LANE_MASK = (1 << _LANE_BITS) - 1
+_LANES = 8  # 8 lanes x 6 bits fit in the 53 bits of one uniform draw
+_WORD = float(1 << 53)
+_FRACTIONS = (
+    "arrival_rate",
+    "error_rate",
+    "capacity_noise",
+    "dip_prob",
+    "dip_factor",
+    "outage_capacity",
+)
 
 
 def _is_int(value: Any) -> bool:
@@ -48,32 +61,33 @@ def _is_number(value: Any) -> bool:
 
 class RetryCascade(Workload):
     name = "retry-cascade"
-    default_params: Mapping[str, Any] = {
+    default_params: ClassVar[Mapping[str, Any]] = {
         "agents": 8,
         "horizon": 90,
         "onset_min": 20,
         "onset_max": 40,
-        "outage_min": 3,
-        "outage_max": 14,
-        "arrival_rate": 0.7,
+        "outage_min": 1,
+        "outage_max": 6,
+        "arrival_rate": 0.5,
         "capacity": 9.0,
         "capacity_noise": 0.15,
+        "error_rate": 0.05,
         "dip_prob": 0.06,
         "dip_factor": 0.4,
         "outage_capacity": 0.0,
-        "thrash": 0.3,
+        "thrash": 1.0,
         "max_attempts": 5,
         "backoff_base": 1,
         "backoff_cap": 8,
-        "queue_cap": 12,
-        "slo_lost": 20,
+        "queue_cap": 6,
+        "slo_lost": 40,
     }
-    interventions: Mapping[str, Mapping[str, Any]] = {
+    interventions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "jitter": {"spread": 1.0},
-        "broadcast": {"cooldown": 2, "pace": 1},
+        "broadcast": {"cooldown": 2, "pace": 1, "trip": 0.5},
         "queue-memory": {"factor": 2},
-        "latency": {"extra": 0.3},
-        "broadcast-jitter": {"cooldown": 2, "pace": 1, "spread": 1.0},
+        "latency": {"extra": 0.06},
+        "broadcast-jitter": {"cooldown": 2, "pace": 1, "trip": 0.5, "spread": 1.0},
         "restart": {"downtime": 2},
         "placebo": {},
     }
@@ -104,13 +118,15 @@ class RetryCascade(Workload):
             raise WorkloadError("workload.params.backoff_cap", "must be ≥ backoff_base")
         self._n: int = p["agents"]
         self._horizon: int = p["horizon"]
-        self._rate = float(p["arrival_rate"])
+        # An agent gets work when its 6-bit lane is below this, so P = ceil(64 rate) / 64.
+        self._arrival_lane = float(p["arrival_rate"]) * (1 << _LANE_BITS)
         self._capacity = float(p["capacity"])
         self._noise = float(p["capacity_noise"])
         self._dip_prob = float(p["dip_prob"])
         self._dip_factor = float(p["dip_factor"])
         self._outage_capacity = float(p["outage_capacity"])
         self._thrash = float(p["thrash"])
+        self._healthy = 1.0 - float(p["error_rate"])
         self._max_attempts: int = p["max_attempts"]
         # backoff after the k-th failed attempt (k = 1..max_attempts-1), in ticks
         self._backoff = [
@@ -128,7 +144,7 @@ class RetryCascade(Workload):
             elif key in ("pace", "factor"):
                 if not _is_int(value) or not 1 <= value <= 1_000:
                     raise WorkloadError(field, "must be an integer in [1, 1000]")
-            elif key == "spread":
+            elif key in ("spread", "trip"):
                 if not _is_number(value) or not 0.0 <= value <= 1.0:
                     raise WorkloadError(field, "must be a number in [0, 1]")
             elif key == "extra" and (not _is_number(value) or not 0.0 <= value <= 100.0):
@@ -138,11 +154,11 @@ class RetryCascade(Workload):
     # --- episode -----------------------------------------------------------------------
     def initial_state(self, episode_seed: int, shocks: Shocks) -> State:
         p = self.params
-        # The outage is a property of the upstream (entity = agents), drawn at tick 0.
+        # The outage belongs to the upstream (entity _UPSTREAM); both draws are at tick 0.
         span = p["onset_max"] - p["onset_min"] + 1
-        onset = p["onset_min"] + int(shocks.exogenous(self._n, 0, "onset") * span)
+        onset = p["onset_min"] + int(shocks.exogenous(_UPSTREAM, 0, "onset") * span)
         span = p["outage_max"] - p["outage_min"] + 1
-        duration = p["outage_min"] + int(shocks.exogenous(self._n, 0, "duration") * span)
+        duration = p["outage_min"] + int(shocks.exogenous(_UPSTREAM, 0, "duration") * span)
         return {
             "tick": 0,
             "onset": onset,
@@ -174,7 +190,7 @@ class RetryCascade(Workload):
         return int(state["dropped"]) + sum(len(q) for q in state["queues"])
 
     def outcome(self, state: State) -> bool:
-        return self.lost(state) <= self.params["slo_lost"]
+        return self.lost(state) <= int(self.params["slo_lost"])
 
     def features(self, state: State) -> dict[str, Feature]:
         queues = state["queues"]
@@ -191,7 +207,11 @@ class RetryCascade(Workload):
         if name in ("jitter", "broadcast-jitter"):
             state["jitter"] = {"spread": float(p["spread"])}
         if name in ("broadcast", "broadcast-jitter"):
-            state["broadcast"] = {"cooldown": int(p["cooldown"]), "pace": int(p["pace"])}
+            state["broadcast"] = {
+                "cooldown": int(p["cooldown"]),
+                "pace": int(p["pace"]),
+                "trip": float(p["trip"]),
+            }
         if name == "queue-memory":
             state["queue_cap"] = int(state["queue_cap"]) * int(p["factor"])
         elif name == "latency":
@@ -204,93 +224,102 @@ class RetryCascade(Workload):
         elif name == "placebo":
             # Randomised but inert: a draw from the placebo's own agent stream (so the
             # exogenous fingerprint is untouched), stored where nothing reads it.
-            state["placebo_token"] = shocks.agent(self._n, tick, "placebo")
+            state["placebo_token"] = shocks.agent(_UPSTREAM, tick, "placebo")
 
     def step(self, state: State, shocks: Shocks) -> None:
         t = int(state["tick"])
         if t >= self._horizon:
             return
         n = self._n
-        # Exogenous shocks first, for every tick and agent, whatever the fleet does.
-        u_cap = shocks.exogenous(n, t, "capacity")
-        u_work = [shocks.exogenous(i, t, "work") for i in range(n)]
+        # Exogenous shocks first: every tick and every agent, whatever the fleet does.
+        exogenous = shocks.exogenous
+        u_cap = exogenous(_UPSTREAM, t, "capacity")
+        u_serve = exogenous(_UPSTREAM, t, "serve")
+        # Arrivals: one draw per group of eight agents, split into 6-bit lanes.
+        arrivals: list[bool] = []
+        threshold = self._arrival_lane
+        for group in range((n + _LANES - 1) // _LANES):
+            word = int(exogenous(group, t, "work") * _WORD)
+            for _ in range(min(_LANES, n - group * _LANES)):
+                arrivals.append((word & _LANE_MASK) < threshold)
+                word >>= _LANE_BITS
 
         if state["onset"] <= t < state["outage_end"]:
             cap = self._capacity * self._outage_capacity
         elif u_cap < self._dip_prob:
             cap = self._capacity * self._dip_factor  # a background brown-out
         else:
-            rescaled = (u_cap - self._dip_prob) / (1.0 - self._dip_prob)
-            cap = self._capacity * (1.0 - self._noise * rescaled)
+            cap = self._capacity * (
+                1.0 - self._noise * (u_cap - self._dip_prob) / (1.0 - self._dip_prob)
+            )
 
+        # What each agent would send now: its due retries (oldest first), then new work.
         queues: list[list[list[int]]] = state["queues"]
-        queue_cap = int(state["queue_cap"])
-        bc = state["broadcast"]
-        down = t < state["down_until"]
-        circuit_open = bc is not None and t < state["circuit_until"]
-        probe = t % n
-        dropped = 0
-
-        # What each agent sends this tick: a list of attempt counts; held work waits.
         sends: list[list[int]] = []
-        serve_u: list[float] = []
         for i in range(n):
-            u = u_work[i]
-            # One draw decides both arrival and the serving tie-break, independently.
-            if u < self._rate:
-                arrived = True
-                serve_u.append(u / self._rate)
-            else:
-                arrived = False
-                serve_u.append((u - self._rate) / (1.0 - self._rate))
             queue = queues[i]
-            due = [e for e in queue if e[0] <= t]
-            if due:
-                queue = [e for e in queue if e[0] > t]
-            calls = [e[1] for e in due]
-            if arrived:
+            calls = [e[1] for e in queue if e[0] <= t] if queue else []
+            if calls:
+                queues[i] = [e for e in queue if e[0] > t]
+            if arrivals[i]:
                 calls.append(0)
-            if down:
-                limit = 0
-            elif circuit_open:
-                limit = 1 if i == probe else 0
-            elif bc is not None:
-                limit = bc["pace"]
-            else:
-                limit = len(calls)
-            if limit < len(calls):
-                for attempts in calls[limit:]:
-                    if len(queue) < queue_cap:
-                        queue.append([t + 1, attempts])
-                    else:
-                        dropped += 1
-                calls = calls[:limit]
-            queues[i] = queue
             sends.append(calls)
 
-        offered = sum(len(c) for c in sends)
-        if offered:
-            cost = 1.0 + state["latency"]
-            load = offered * cost
-            if load <= cap:
-                ratio = 1.0
+        # Who may send: everyone, unless restarting or held back by the shared circuit.
+        queue_cap = int(state["queue_cap"])
+        bc = state["broadcast"]
+        dropped = 0
+        limits: list[int] | None = None
+        if t < state["down_until"]:
+            limits = [0] * n
+        elif bc is not None:
+            if t < state["circuit_until"]:
+                # Open circuit: one agent with work (round robin) probes the upstream.
+                limits = [0] * n
+                for k in range(n):
+                    j = (t + k) % n
+                    if sends[j]:
+                        limits[j] = 1
+                        break
             else:
-                goodput = max(0.0, cap - self._thrash * (load - cap))
-                ratio = goodput / load
-        else:
-            ratio = 1.0
+                limits = [bc["pace"]] * n
+        if limits is not None:
+            for i in range(n):
+                calls = sends[i]
+                if len(calls) > limits[i]:
+                    queue = queues[i]
+                    for attempts in calls[limits[i] :]:
+                        if len(queue) < queue_cap:
+                            queue.append([t + 1, attempts])  # held: no attempt used
+                        else:
+                            dropped += 1
+                    sends[i] = calls[: limits[i]]
+
+        offered = sum(len(c) for c in sends)
+        ratio = self._healthy  # background errors: a small share of calls fails anyway
+        if offered:
+            load = offered * (1.0 + state["latency"])
+            if load > cap:
+                # Thrashing: every unit of excess load costs the upstream goodput.
+                ratio *= max(0.0, cap - self._thrash * (load - cap)) / load
 
         jitter = state["jitter"]
+        backoff = self._backoff
+        max_attempts = self._max_attempts
         failures = 0
         served = 0
+        # Systematic rounding: agent i is served floor(C_i + u) - floor(C_{i-1} + u) calls,
+        # where C_i is the running sum of the fleet's fair shares, len(calls) * ratio.
+        cumulative = u_serve
+        below = 0
         for i in range(n):
             calls = sends[i]
             if not calls:
                 continue
-            share = len(calls) * ratio
-            ok = int(share)
-            if serve_u[i] < share - ok:
-                ok += 1
+            cumulative += len(calls) * ratio
+            upto = int(cumulative)
+            ok = min(upto - below, len(calls))
+            below = upto
             served += ok
             if ok >= len(calls):
                 continue
@@ -298,13 +327,13 @@ class RetryCascade(Workload):
             for j, attempts in enumerate(calls[ok:]):
                 failures += 1
                 made = attempts + 1
-                if made >= self._max_attempts:
+                if made >= max_attempts:
                     dropped += 1
                     continue
-                wait = self._backoff[made]
+                wait = backoff[made]
                 if jitter is not None:
-                    u = shocks.agent(i, t, f"jitter{j}")
-                    wait = max(1, round(wait * (1.0 - jitter["spread"] * u)))
+                    spread = jitter["spread"] * (shocks.agent(i, t, f"jitter{j}") - 0.5)
+                    wait = max(1, round(wait * (1.0 + spread)))
                 if len(queue) < queue_cap:
                     queue.append([t + wait, made])
                 else:
@@ -315,6 +344,9 @@ class RetryCascade(Workload):
         state["dropped"] += dropped
         if failures:
             state["last_failure"] = t
-            if bc is not None:
+            # The fleet shares what it sees: a failed probe, or a tick in which at least a
+            # ``trip`` share of the calls failed (more than background noise), opens the
+            # circuit for everyone.
+            if bc is not None and (t < state["circuit_until"] or failures >= bc["trip"] * offered):
                 state["circuit_until"] = t + 1 + bc["cooldown"]
         state["tick"] = t + 1
