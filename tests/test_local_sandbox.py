@@ -1,0 +1,441 @@
+"""The local sandbox backend, exercised with real processes: life cycle, labels, crash
+recovery, network isolation, resource limits, timeouts, and runner parity with the twin."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from activities.sandbox import (
+    ExecResult,
+    Limits,
+    LocalSandboxBackend,
+    SandboxError,
+    SandboxNotFoundError,
+    SnapshotInfo,
+)
+from experiments.bundle import bundle_files, code_digest
+from experiments.engine import spec_world_plans
+from experiments.runtime.canon import canonical_json
+from experiments.runtime.runner import continue_checkpoints, run_prefix
+from experiments.spec import parse_spec, resolve_workload
+from tests.helpers import ROOT
+
+LABELS = {"forklab.experiment": "exp-1", "forklab.world": "baseline", "forklab.batch": "0"}
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> LocalSandboxBackend:
+    return LocalSandboxBackend(tmp_path / "sandboxes")
+
+
+@pytest.fixture
+def snapshot(backend: LocalSandboxBackend) -> SnapshotInfo:
+    return backend.prepare_snapshot(bundle_files("counter-recovery"))
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    """A TCP server listening on 127.0.0.1 in the test's (the host's) network namespace."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        yield server.getsockname()[1]
+
+
+def run_python(
+    backend: LocalSandboxBackend, box: str, code: str, timeout: float = 30
+) -> ExecResult:
+    return backend.exec(box, ["python", "-c", textwrap.dedent(code)], timeout)
+
+
+def process_gone(pid: int) -> bool:
+    """No such process, or only its zombie (reaping orphans is init's job, not ours)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def wait_for(predicate: Callable[[], object], seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not reached in time")
+
+
+def connect_snippet(port: int) -> str:
+    return f"""
+        import socket, sys
+        try:
+            socket.create_connection(("127.0.0.1", {port}), timeout=3).close()
+        except OSError as exc:
+            print("connect failed:", exc)
+            sys.exit(3)
+        print("connected")
+    """
+
+
+# --- life cycle ---------------------------------------------------------------------------
+def test_snapshot_is_prepared_once_and_named_by_the_code_digest(
+    backend: LocalSandboxBackend,
+) -> None:
+    files = bundle_files("counter-recovery")
+    first = backend.prepare_snapshot(files)
+    again = backend.prepare_snapshot(files)
+    assert first == again
+    assert first.id == "local:" + code_digest(files) == "local:" + first.code_digest
+    assert (first.backend, first.files) == ("local", len(files))
+    folder = backend.root / "snapshots" / first.code_digest
+    stored = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    assert stored == sorted(f.relpath for f in files)
+    assert not [p for p in (backend.root / "snapshots").iterdir() if p.name.startswith(".")]
+
+
+def test_create_upload_exec_download_delete(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    box = backend.create(snapshot.id, LABELS, Limits())
+    folder = backend.root / "boxes" / box
+    assert (folder / "experiments" / "runtime" / "runner.py").is_file()
+
+    backend.upload(box, "inputs/words.txt", b"fork the world")
+    result = run_python(
+        backend,
+        box,
+        """
+        import pathlib
+        text = pathlib.Path("inputs/words.txt").read_text()
+        pathlib.Path("out.txt").write_text(text.upper())
+        print("wrote", len(text))
+        """,
+    )
+    assert (result.exit_code, result.timed_out, result.stdout) == (0, False, "wrote 14\n")
+    assert 0 < result.seconds < 30
+    assert backend.download(box, "out.txt") == b"FORK THE WORLD"
+
+    backend.delete(box)
+    assert not folder.exists()
+    assert not (backend.root / "registry" / f"{box}.json").exists()
+    with pytest.raises(SandboxNotFoundError):
+        backend.download(box, "out.txt")
+    with pytest.raises(SandboxNotFoundError):
+        backend.exec(box, ["python", "-c", "pass"], 5)
+
+
+def test_each_sandbox_gets_a_fresh_folder(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    first = backend.create(snapshot.id, LABELS, Limits())
+    backend.upload(first, "experiments/runtime/runner.py", b"# overwritten by a world")
+    second = backend.create(snapshot.id, LABELS, Limits())
+    assert (
+        backend.download(second, "experiments/runtime/runner.py")
+        == (ROOT / "experiments" / "runtime" / "runner.py").read_bytes()
+    )
+
+
+def test_bad_requests_say_what_is_wrong(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    with pytest.raises(SandboxError, match="call prepare_snapshot"):
+        backend.create("local:" + "0" * 64, LABELS, Limits())
+    with pytest.raises(SandboxError, match="not a local snapshot"):
+        backend.create("daytona:abc", LABELS, Limits())
+    box = backend.create(snapshot.id, LABELS, Limits())
+    with pytest.raises(SandboxError, match=r"without '\.\.'"):
+        backend.upload(box, "../escape.txt", b"x")
+    with pytest.raises(SandboxError, match=r"has no file 'missing\.json'"):
+        backend.download(box, "missing.json")
+    with pytest.raises(SandboxError, match="argv is empty"):
+        backend.exec(box, [], 5)
+    missing = backend.exec(box, ["no-such-program-here"], 5)
+    assert missing.exit_code == 127 and "cannot start" in missing.stderr
+
+
+# --- labels, deletion, crash recovery ------------------------------------------------------
+def test_list_by_labels(backend: LocalSandboxBackend, snapshot: SnapshotInfo) -> None:
+    a0 = backend.create(snapshot.id, LABELS, Limits())
+    a1 = backend.create(snapshot.id, {**LABELS, "forklab.world": "jitter"}, Limits())
+    b0 = backend.create(snapshot.id, {**LABELS, "forklab.experiment": "exp-2"}, Limits())
+    assert backend.list({"forklab.experiment": "exp-1"}) == sorted([a0, a1])
+    assert backend.list({"forklab.experiment": "exp-1", "forklab.world": "jitter"}) == [a1]
+    assert backend.list({"forklab.experiment": "exp-2"}) == [b0]
+    assert backend.list({"forklab.experiment": "exp-3"}) == []
+    assert backend.list({}) == sorted([a0, a1, b0])
+
+
+def test_delete_is_idempotent(backend: LocalSandboxBackend, snapshot: SnapshotInfo) -> None:
+    box = backend.create(snapshot.id, LABELS, Limits())
+    backend.delete(box)
+    backend.delete(box)
+    backend.delete("lsb-0123456789abcdef")  # never existed
+    assert backend.list({}) == []
+
+
+def test_leftovers_the_registry_cannot_vouch_for_are_listed_and_removed(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    # A folder without a registry entry, and an entry without its folder.
+    stray = backend.root / "boxes" / "lsb-00000000000000aa"
+    (stray / "experiments").mkdir(parents=True)
+    half = backend.create(snapshot.id, LABELS, Limits())
+    shutil.rmtree(backend.root / "boxes" / half)
+    assert backend.list({"forklab.experiment": "exp-1"}) == sorted([stray.name, half])
+    for box in backend.list({"forklab.experiment": "exp-1"}):
+        backend.delete(box)
+    assert backend.list({}) == []
+    assert not stray.exists()
+
+
+HOST = """
+import sys
+from pathlib import Path
+from activities.sandbox import Limits, LocalSandboxBackend
+backend = LocalSandboxBackend(Path(sys.argv[1]))
+snapshot_id = sys.argv[2]
+box = backend.create(snapshot_id, {"forklab.experiment": "crash"}, Limits())
+print(box, flush=True)
+code = "import os, time; open('pid', 'w').write(str(os.getpid())); time.sleep(300)"
+backend.exec(box, ["python", "-c", code], 600)
+"""
+
+
+def test_crash_recovery_finds_and_kills_what_a_dead_worker_left_running(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    host = subprocess.Popen(
+        [sys.executable, "-c", HOST, str(backend.root), snapshot.id],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert host.stdout is not None
+        box = host.stdout.readline().strip()
+        pid_file = backend.root / "boxes" / box / "pid"
+        wait_for(lambda: pid_file.exists() and pid_file.read_text())
+        entry = json.loads((backend.root / "registry" / f"{box}.json").read_text())
+        pid = int(pid_file.read_text())
+        assert entry["pid"] == pid
+    finally:
+        host.send_signal(signal.SIGKILL)
+        host.wait()
+    assert not process_gone(pid), "the sandbox process should outlive its dead worker"
+
+    recovered = LocalSandboxBackend(backend.root)
+    assert recovered.list({"forklab.experiment": "crash"}) == [box]
+    recovered.delete(box)
+    wait_for(lambda: process_gone(pid), 5)
+    assert recovered.list({}) == []
+    assert list((backend.root / "boxes").iterdir()) == []
+    assert list((backend.root / "registry").iterdir()) == []
+
+
+def test_delete_during_exec_kills_the_command_and_leaves_nothing(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    box = backend.create(snapshot.id, LABELS, Limits())
+    results: list[ExecResult] = []
+    worker = threading.Thread(
+        target=lambda: results.append(
+            run_python(backend, box, "import time; open('up', 'w'); time.sleep(300)", 120)
+        )
+    )
+    worker.start()
+    wait_for(lambda: (backend.root / "boxes" / box / "up").exists())
+    backend.delete(box)
+    worker.join(10)
+    assert not worker.is_alive()
+    assert results[0].exit_code == -signal.SIGKILL and not results[0].timed_out
+    assert backend.list({}) == []
+
+
+# --- confinement ----------------------------------------------------------------------------
+def test_python_sees_only_the_bundle_and_a_clean_environment(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FORKLAB_TEST_SECRET", "do-not-leak")
+    box = backend.create(snapshot.id, LABELS, Limits())
+    folder = (backend.root / "boxes" / box).resolve()
+    result = run_python(
+        backend,
+        box,
+        """
+        import json, os
+        import experiments.runtime.runner as runner
+        try:
+            import pydantic
+            pydantic_found = True
+        except ImportError:
+            pydantic_found = False
+        print(json.dumps({"file": runner.__file__, "env": dict(os.environ),
+                          "pydantic": pydantic_found}))
+        """,
+    )
+    assert result.exit_code == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert Path(seen["file"]).resolve() == folder / "experiments" / "runtime" / "runner.py"
+    assert seen["pydantic"] is False, "site-packages must not be importable in a sandbox"
+    assert "FORKLAB_TEST_SECRET" not in seen["env"]
+    assert seen["env"]["PYTHONPATH"] == str(backend.root / "boxes" / box)
+
+
+def test_no_network_inside_the_sandbox(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo, listener: int
+) -> None:
+    # The same connection succeeds from an unconfined process: the listener is reachable.
+    outside = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(connect_snippet(listener))],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert outside.returncode == 0, outside.stdout
+    box = backend.create(snapshot.id, LABELS, Limits())
+    result = run_python(backend, box, connect_snippet(listener))
+    if not result.network_isolated:
+        pytest.skip(f"private network namespaces are not permitted here: {result.note}")
+    assert result.note is None
+    assert result.exit_code == 3, result.stdout + result.stderr
+    assert "connect failed" in result.stdout
+
+
+FALLBACK_HOST = """
+import sys, textwrap
+from pathlib import Path
+from activities.sandbox import Limits, LocalSandboxBackend
+backend = LocalSandboxBackend(Path(sys.argv[1]))
+box = backend.create(sys.argv[2], {}, Limits())
+result = backend.exec(box, ["python", "-c", textwrap.dedent(sys.argv[3])], 30)
+print(result.model_dump_json())
+"""
+
+
+def test_without_permission_for_a_network_namespace_it_falls_back_and_says_so(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo, listener: int
+) -> None:
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is needed to take CAP_SYS_ADMIN away")
+    host = subprocess.run(
+        [
+            *(setpriv, "--bounding-set=-sys_admin", "--", sys.executable, "-c", FALLBACK_HOST),
+            *(str(backend.root), snapshot.id, connect_snippet(listener)),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert host.returncode == 0, host.stderr
+    result = ExecResult.model_validate_json(host.stdout)
+    assert result.network_isolated is False
+    assert result.note is not None and "not permitted" in result.note
+    assert (result.exit_code, result.stdout) == (0, "connected\n")
+
+
+def test_memory_limit(backend: LocalSandboxBackend, snapshot: SnapshotInfo) -> None:
+    box = backend.create(snapshot.id, LABELS, Limits(memory_mb=256))
+    small = run_python(backend, box, "b = bytearray(64 * 1024 * 1024); print(len(b))")
+    assert small.exit_code == 0, small.stderr
+    big = run_python(backend, box, "b = bytearray(512 * 1024 * 1024); print(len(b))")
+    assert big.exit_code != 0
+    assert "MemoryError" in big.stderr
+
+
+def test_cpu_time_and_open_file_limits(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    box = backend.create(snapshot.id, LABELS, Limits(cpu_seconds=1, open_files=16))
+    files = run_python(backend, box, "handles = [open('f%d' % i, 'w') for i in range(64)]")
+    assert files.exit_code != 0 and "Too many open files" in files.stderr
+    spin = run_python(backend, box, "while True: pass", timeout=30)
+    assert spin.exit_code in (-signal.SIGXCPU, -signal.SIGKILL)
+    assert not spin.timed_out and spin.seconds < 15
+
+
+def test_wall_timeout_kills_the_whole_process_group(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    box = backend.create(snapshot.id, LABELS, Limits())
+    result = run_python(
+        backend,
+        box,
+        """
+        import subprocess, time
+        child = subprocess.Popen(["sleep", "300"])
+        open("child", "w").write(str(child.pid))
+        while True:
+            time.sleep(0.05)
+        """,
+        timeout=1.0,
+    )
+    assert result.timed_out and result.exit_code == -signal.SIGKILL
+    assert 1.0 <= result.seconds < 10
+    child = int(backend.download(box, "child"))
+    wait_for(lambda: process_gone(child), 5)
+
+
+def test_wall_limit_of_the_sandbox_caps_the_timeout(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    box = backend.create(snapshot.id, LABELS, Limits(wall_seconds=0.5))
+    result = run_python(backend, box, "import time; time.sleep(60)", timeout=60)
+    assert result.timed_out and result.seconds < 10
+
+
+def test_output_is_bounded_keeping_head_and_tail(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    box = backend.create(snapshot.id, LABELS, Limits())
+    result = run_python(
+        backend, box, "import sys; sys.stdout.write('HEAD' + 'x' * 300_000 + 'TAIL')"
+    )
+    assert result.exit_code == 0
+    assert len(result.stdout) < 64 * 1024 + 100
+    assert result.stdout.startswith("HEAD") and result.stdout.endswith("TAIL")
+    assert "bytes cut" in result.stdout
+
+
+# --- the runner, in a sandbox and in-process -------------------------------------------------
+def test_runner_in_a_sandbox_matches_the_in_process_runner(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    spec_path = ROOT / "experiments" / "recovery-counter.yaml"
+    spec = parse_spec(spec_path.read_text(), str(spec_path))
+    workload = resolve_workload(spec)
+    checkpoints = [run_prefix(workload, spec.seed, episode) for episode in range(120)]
+    checkpoint_lines = "".join(canonical_json(cp) + "\n" for cp in checkpoints)
+    for world in spec_world_plans(spec):
+        request = {
+            "workload": spec.workload.name,
+            "params": spec.workload.params,
+            "seed": spec.seed,
+            "world": world,
+        }
+        box = backend.create(snapshot.id, {**LABELS, "forklab.world": world["name"]}, Limits())
+        backend.upload(box, "request.json", canonical_json(request).encode())
+        backend.upload(box, "checkpoints.jsonl", checkpoint_lines.encode())
+        runner = ["python", "-m", "experiments.runtime.runner", "continue"]
+        files = ["--request", "request.json", "--checkpoints", "checkpoints.jsonl"]
+        result = backend.exec(box, [*runner, *files, "--out", "out.json"], 60)
+        assert result.exit_code == 0, result.stderr
+        in_sandbox = json.loads(backend.download(box, "out.json"))
+        in_process = continue_checkpoints(workload, spec.seed, checkpoints, world)
+        assert canonical_json(in_sandbox) == canonical_json(in_process)
+        assert len(in_sandbox["outcomes"]) == 120
+        backend.delete(box)
+    assert backend.list({}) == []
