@@ -1,0 +1,218 @@
+"""The typed inputs and outputs of ForkLab's activities.
+
+Everything here is small: checkpoints and per-episode columns live in the artifact store
+and appear only as sha256 digests, so workflow history stays a few hundred bytes per batch.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from experiments.checks import Check
+from experiments.outcomes import InfraUsage, WorldStatus
+from experiments.spec import ExperimentSpec, Role
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- planning ---------------------------------------------------------------------------
+class RehearseInput(Model):
+    spec: ExperimentSpec
+    sample_episodes: int = Field(ge=0, description="Episodes rehearsed; 0 means all of them.")
+
+
+class SampleWorld(Model):
+    name: str
+    failure_rate: float
+
+
+class Rehearsal(Model):
+    """The twin's timing of the sandbox code path on a sample, and what it saw."""
+
+    code_digest: str
+    episodes: int
+    prefix_seconds_per_episode: float
+    world_seconds_per_episode: dict[str, float]
+    worlds: list[SampleWorld]
+
+
+class SnapshotInput(Model):
+    spec: ExperimentSpec
+
+
+class PlanSnapshot(Model):
+    """The snapshot every world starts from, and the plan fingerprint it completes."""
+
+    snapshot_id: str
+    backend: str
+    code_digest: str
+    files: int
+    fingerprint: str
+
+
+class EpisodeChunk(Model):
+    """Episodes ``first`` .. ``stop - 1``: the unit of a prefix run and of a world batch."""
+
+    index: int
+    first: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.first
+
+
+class CapacityInput(Model):
+    spec: ExperimentSpec
+    rehearsal: Rehearsal
+    batch_episodes: int = Field(ge=1)
+
+
+class CapacityVerdict(Model):
+    ok: bool
+    reason: str
+    estimated_world_seconds: float
+    chunks: list[EpisodeChunk]
+    batches: int
+
+
+class TokenInput(Model):
+    experiment_id: str
+
+
+class TokenIssued(Model):
+    sha256: str
+    location: str = Field(description="Host and path of the owner-only token file.")
+
+
+# --- sandboxes --------------------------------------------------------------------------
+class RunnerJob(Model):
+    """What the runner needs besides checkpoints: the workload and how to seed it."""
+
+    workload: str
+    params: dict[str, Any]
+    seed: int
+
+
+class WorldJob(Model):
+    """One world's continuation policy, as the runner's ``WorldPlan`` spells it."""
+
+    name: str
+    intervention: str | None
+    params: dict[str, Any]
+    guard: dict[str, Any] | None
+    forks: int = Field(ge=1)
+
+
+class PrefixInput(Model):
+    experiment_id: str
+    job: RunnerJob
+    snapshot_id: str
+    chunk: EpisodeChunk
+    reservation_seconds: float = Field(gt=0)
+
+
+class PrefixResult(Model):
+    chunk: EpisodeChunk
+    checkpoints_digest: str
+    seconds: float
+
+
+class BatchInput(Model):
+    experiment_id: str
+    job: RunnerJob
+    world: WorldJob
+    snapshot_id: str
+    chunk: EpisodeChunk
+    checkpoints_digest: str
+    reservation_seconds: float = Field(gt=0)
+
+
+class BatchStatus(StrEnum):
+    completed = "completed"
+    failed = "failed"
+    skipped = "skipped"
+
+
+class BatchOutcome(Model):
+    """One world over one chunk: the columns' digest, or why there are none."""
+
+    world: str
+    chunk: EpisodeChunk
+    status: BatchStatus
+    error: str | None = None
+    columns_digest: str | None = None
+    seconds: float = 0.0
+    failures: int = 0
+    attempts: int = 0
+
+
+class CleanupInput(Model):
+    experiment_id: str
+
+
+class CleanupResult(Model):
+    found: int
+    removed: int
+    rounds: int
+    left: int
+
+
+# --- records ----------------------------------------------------------------------------
+class Progress(Model):
+    """Everything the analysis needs from the run, stored as one artifact."""
+
+    chunks: int
+    prefixes: list[PrefixResult]
+    batches: list[BatchOutcome]
+
+
+class AnalyseInput(Model):
+    spec: ExperimentSpec
+    code_digest: str
+    snapshot_id: str
+    progress_digest: str
+    infra: InfraUsage
+    provenance: dict[str, str] = Field(
+        description="Plan fingerprint, approval and cleanup lines for the Markdown report."
+    )
+
+
+class WorldSummary(Model):
+    name: str
+    role: Role
+    status: WorldStatus
+    error: str | None
+    episodes: int
+    failures: int
+    world_seconds: float
+    outcomes_digest: str
+    checks: list[Check]
+
+
+class AnalysisResult(Model):
+    report_digest: str
+    markdown_digest: str
+    outcomes_digest: str
+    valid: bool
+    worlds: list[WorldSummary]
+
+
+class LedgerInput(Model):
+    experiment_id: str
+    run_id: str
+    status: str
+    spec: ExperimentSpec
+    plan_fingerprint: str
+    budget: dict[str, Any]
+    approval: dict[str, Any]
+    report_digest: str | None
+    error: str | None
+    worlds: list[WorldSummary]
+    snapshot_id: str
+    code_digest: str

@@ -1,0 +1,206 @@
+"""Record activities: progress artifacts, the analysis and report, and the ledger rows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from temporalio import activity
+
+from activities.artifacts import ArtifactStore
+from activities.ledger import ExperimentRecord, Ledger, WorldRecord
+from activities.models import (
+    AnalyseInput,
+    AnalysisResult,
+    BatchOutcome,
+    BatchStatus,
+    LedgerInput,
+    Progress,
+    WorldSummary,
+)
+from activities.report_markdown import render_markdown
+from experiments.checks import Check
+from experiments.outcomes import (
+    ExperimentOutcomes,
+    WorldOutcomes,
+    WorldStatus,
+    outcomes_digest,
+)
+from experiments.plan import analyse
+from experiments.runtime.canon import canonical_json
+from experiments.spec import ExperimentSpec, Role
+
+
+def _world_outcomes(
+    name: str, batches: list[BatchOutcome], chunks: int, store: ArtifactStore, inp: AnalyseInput
+) -> WorldOutcomes:
+    """Concatenate one world's batches in chunk order; a world missing any batch is not
+    completed, and says why."""
+    seconds = sum(b.seconds for b in batches)
+    base = {"name": name, "code_digest": inp.code_digest, "snapshot": inp.snapshot_id}
+    failed = [b for b in batches if b.status is BatchStatus.failed]
+    if failed:
+        first = failed[0]
+        error = f"episodes {first.chunk.first}..{first.chunk.stop - 1}: {first.error}"
+        return WorldOutcomes(**base, status=WorldStatus.failed, error=error, world_seconds=seconds)
+    done = [b for b in batches if b.status is BatchStatus.completed]
+    if len(done) != chunks:
+        skipped = [b for b in batches if b.status is BatchStatus.skipped]
+        why = skipped[0].error if skipped else "not run"
+        error = f"{chunks - len(done)} of {chunks} batches skipped ({why})"
+        return WorldOutcomes(**base, status=WorldStatus.skipped, error=error, world_seconds=seconds)
+    out = WorldOutcomes(**base, world_seconds=seconds)
+    for batch in sorted(done, key=lambda b: b.chunk.index):
+        cols = store.get_json(batch.columns_digest or "")
+        out.outcomes.extend(cols["outcomes"])
+        out.intervened.extend(cols["intervened"])
+        out.shocks.extend(cols["shocks"])
+        out.inherited.extend(cols["inherited"])
+    return out
+
+
+def assemble_outcomes(inp: AnalyseInput, store: ArtifactStore) -> ExperimentOutcomes:
+    """The durable run as the same ``ExperimentOutcomes`` the local twin produces."""
+    progress = Progress.model_validate(store.get_json(inp.progress_digest))
+    prefixes = sorted(progress.prefixes, key=lambda p: p.chunk.index)
+    outcomes = ExperimentOutcomes(
+        episodes=[], requested=[], resolved=[], checkpoints=[], features=[], worlds=[]
+    )
+    for prefix in prefixes:
+        for line in store.get_bytes(prefix.checkpoints_digest).decode().splitlines():
+            cp = json.loads(line)
+            outcomes.episodes.append(cp["episode"])
+            outcomes.requested.append(cp["requested"])
+            outcomes.resolved.append(cp["resolved"])
+            outcomes.checkpoints.append(cp["sha256"])
+            outcomes.features.append(cp["features"])
+    for world in inp.spec.worlds:
+        batches = [b for b in progress.batches if b.world == world.name]
+        outcomes.worlds.append(_world_outcomes(world.name, batches, progress.chunks, store, inp))
+    return outcomes
+
+
+def _world_checks(world: WorldOutcomes, inp: AnalyseInput, episodes: int) -> list[Check]:
+    """The provenance a world's ledger row carries: what ran, from where, how much."""
+    return [
+        Check(
+            name="completed",
+            passed=world.status is WorldStatus.completed and len(world.outcomes) == episodes,
+            reason=world.error or f"{len(world.outcomes)} of {episodes} episodes",
+        ),
+        Check(
+            name="workload_identity",
+            passed=world.code_digest == inp.code_digest,
+            reason=f"code {world.code_digest[:12]}",
+        ),
+        Check(
+            name="common_snapshot",
+            passed=world.snapshot == inp.snapshot_id,
+            reason=f"snapshot {world.snapshot}",
+        ),
+    ]
+
+
+def analyse_run(inp: AnalyseInput, store: ArtifactStore) -> AnalysisResult:
+    outcomes = assemble_outcomes(inp, store)
+    report = analyse(inp.spec, outcomes, inp.code_digest, inp.infra)
+    report_digest = store.put_json(report.model_dump(mode="json"))
+    markdown = render_markdown(report, inp.provenance)
+    markdown_digest = store.put_bytes(markdown.encode())
+    roles = {w.name: w.role for w in inp.spec.worlds}
+    worlds = [
+        WorldSummary(
+            name=w.name,
+            role=roles[w.name],
+            status=w.status,
+            error=w.error,
+            episodes=len(w.outcomes),
+            failures=len(w.outcomes) - sum(w.outcomes),
+            world_seconds=round(w.world_seconds, 6),
+            outcomes_digest=outcomes_digest(outcomes, [w.name]),
+            checks=_world_checks(w, inp, inp.spec.episodes),
+        )
+        for w in outcomes.worlds
+    ]
+    return AnalysisResult(
+        report_digest=report_digest,
+        markdown_digest=markdown_digest,
+        outcomes_digest=report.outcomes_digest,
+        valid=report.valid,
+        worlds=worlds,
+    )
+
+
+def _json(value: Any) -> str:
+    return canonical_json(value)
+
+
+def ledger_rows(inp: LedgerInput, now: datetime) -> tuple[ExperimentRecord, list[WorldRecord]]:
+    spec: ExperimentSpec = inp.spec
+    root = ExperimentRecord(
+        experiment_id=inp.experiment_id,
+        run_id=inp.run_id,
+        status=inp.status,
+        hypothesis=spec.hypothesis.text,
+        plan_fingerprint=inp.plan_fingerprint,
+        spec_json=_json(spec.canonical()),
+        budget_json=_json(inp.budget),
+        approval_json=_json(inp.approval),
+        report_digest=inp.report_digest,
+        error=inp.error,
+        created_at=now,
+        updated_at=now,
+    )
+    worlds = [
+        WorldRecord(
+            experiment_id=inp.experiment_id,
+            run_id=inp.run_id,
+            world=w.name,
+            role=Role(w.role).value,
+            status=w.status.value,
+            error=w.error,
+            snapshot_id=inp.snapshot_id,
+            code_digest=inp.code_digest,
+            world_seconds=w.world_seconds,
+            episodes=w.episodes,
+            failures=w.failures,
+            outcomes_digest=w.outcomes_digest,
+            checks_json=_json([c.model_dump(mode="json") for c in w.checks]),
+            created_at=now,
+        )
+        for w in inp.worlds
+    ]
+    return root, worlds
+
+
+class RecordActivities:
+    """Writes to the artifact store and the ledger; every write is idempotent."""
+
+    def __init__(self, store: ArtifactStore, ledger: Ledger) -> None:
+        self._store = store
+        self._ledger = ledger
+
+    @activity.defn(name="save_progress")
+    async def save_progress(self, progress: Progress) -> str:
+        return await asyncio.to_thread(self._store.put_json, progress.model_dump(mode="json"))
+
+    @activity.defn(name="load_progress")
+    async def load_progress(self, digest: str) -> Progress:
+        return Progress.model_validate(await asyncio.to_thread(self._store.get_json, digest))
+
+    @activity.defn(name="analyse")
+    async def analyse(self, inp: AnalyseInput) -> AnalysisResult:
+        return await asyncio.to_thread(analyse_run, inp, self._store)
+
+    @activity.defn(name="record_ledger")
+    async def record_ledger(self, inp: LedgerInput) -> None:
+        root, worlds = ledger_rows(inp, datetime.now(UTC))
+
+        def write() -> None:
+            self._ledger.record_experiment(root)
+            for row in worlds:
+                self._ledger.record_world(row)
+
+        await asyncio.to_thread(write)

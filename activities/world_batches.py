@@ -1,0 +1,294 @@
+"""Sandbox activities: run prefixes once, run world batches, and clean up by label.
+
+Each activity owns the sandbox it creates and deletes it on the way out (success, error
+or cancellation); ``cleanup`` then reconciles by label, so a worker killed mid-batch
+leaves nothing behind for long. Inputs and outputs travel as artifact digests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.artifacts import ArtifactStore
+from activities.models import (
+    BatchInput,
+    BatchOutcome,
+    BatchStatus,
+    CleanupInput,
+    CleanupResult,
+    EpisodeChunk,
+    PrefixInput,
+    PrefixResult,
+)
+from activities.sandbox.base import ExecResult, Limits, SandboxBackend, SandboxError
+from experiments.runtime.canon import canonical_json, sha256_hex
+from experiments.runtime.runner import WorldColumns
+
+#: How often a running batch heartbeats (well inside ``BATCH_HEARTBEAT_TIMEOUT``).
+HEARTBEAT_SECONDS = 2.0
+#: Rounds of list-and-delete before cleanup reports what is still left.
+CLEANUP_ROUNDS = 5
+#: A retried attempt needs at least this much of its reservation left to be worth starting.
+MIN_ATTEMPT_SECONDS = 1.0
+
+EXPERIMENT_LABEL = "forklab.experiment"
+WORLD_LABEL = "forklab.world"
+BATCH_LABEL = "forklab.batch"
+#: The label value of the sandbox that runs the prefixes (it is no world).
+PREFIX_WORLD = "prefix"
+
+_RUNNER = ["python", "-m", "experiments.runtime.runner"]
+_FILES = ["--request", "request.json", "--checkpoints", "checkpoints.jsonl", "--out", "out.json"]
+_T = TypeVar("_T")
+
+
+class RunnerOutputError(ValueError):
+    """The runner exited cleanly but its output is not what it must write."""
+
+
+def _limits(seconds: float) -> Limits:
+    return Limits(cpu_seconds=max(1, math.ceil(seconds)) + 1, wall_seconds=seconds)
+
+
+def _charged_before() -> float:
+    """Seconds earlier attempts of this activity spent, from their last heartbeat (plus one
+    heartbeat interval, since an attempt may have run that long after its last beat)."""
+    details = activity.info().heartbeat_details
+    if not details or not isinstance(details[0], dict):
+        return 0.0
+    return float(details[0].get("charged", 0.0)) + HEARTBEAT_SECONDS
+
+
+def _tail(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def parse_columns(data: bytes, episodes: int) -> WorldColumns:
+    """Validate the runner's ``continue`` output: four columns of ``episodes`` entries."""
+    try:
+        value = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunnerOutputError(f"output is not JSON ({exc.__class__.__name__}: {exc})") from None
+    keys = ("outcomes", "intervened", "shocks", "inherited")
+    if not isinstance(value, dict) or sorted(value) != sorted(keys):
+        raise RunnerOutputError("output is not an object with outcomes/intervened/shocks/inherited")
+    for key, kind in zip(keys, (bool, bool, str, str), strict=True):
+        col = value[key]
+        if not isinstance(col, list) or len(col) != episodes:
+            raise RunnerOutputError(f"column {key!r} does not hold {episodes} entries")
+        if not all(isinstance(v, kind) for v in col):
+            raise RunnerOutputError(f"column {key!r} holds values that are not {kind.__name__}")
+    columns: WorldColumns = {
+        "outcomes": value["outcomes"],
+        "intervened": value["intervened"],
+        "shocks": value["shocks"],
+        "inherited": value["inherited"],
+    }
+    return columns
+
+
+def check_checkpoints(data: bytes, chunk: EpisodeChunk) -> None:
+    """The prefix output must hold one intact checkpoint per episode of the chunk, in order."""
+    lines = [line for line in data.decode("utf-8", errors="replace").splitlines() if line]
+    if len(lines) != chunk.size:
+        raise RunnerOutputError(f"expected {chunk.size} checkpoints, found {len(lines)} lines")
+    for expected, line in enumerate(lines, start=chunk.first):
+        try:
+            cp = json.loads(line)
+        except json.JSONDecodeError:
+            raise RunnerOutputError(f"checkpoint of episode {expected} is not JSON") from None
+        if not isinstance(cp, dict) or cp.get("episode") != expected:
+            raise RunnerOutputError(f"checkpoint line for episode {expected} is out of order")
+        if sha256_hex(str(cp.get("state", ""))) != cp.get("sha256"):
+            raise RunnerOutputError(f"checkpoint of episode {expected} fails its sha256")
+
+
+class SandboxActivities:
+    """Activities that create sandboxes. Constructed by the worker with its backend and store."""
+
+    def __init__(self, backend: SandboxBackend, store: ArtifactStore) -> None:
+        self._backend = backend
+        self._store = store
+
+    async def _blocking(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return await asyncio.to_thread(fn, *args)
+
+    async def _exec(
+        self, sandbox_id: str, argv: list[str], timeout: float, before: float
+    ) -> ExecResult:
+        """Run ``argv`` in a thread while heartbeating the seconds charged so far."""
+        start = time.monotonic()
+        job = asyncio.ensure_future(
+            asyncio.to_thread(self._backend.exec, sandbox_id, argv, timeout)
+        )
+        while True:
+            activity.heartbeat({"charged": before + time.monotonic() - start})
+            done, _ = await asyncio.wait({job}, timeout=HEARTBEAT_SECONDS)
+            if done:
+                return job.result()
+
+    async def _in_sandbox(
+        self,
+        labels: dict[str, str],
+        snapshot_id: str,
+        inputs: dict[str, bytes],
+        mode: str,
+        allowance: float,
+        before: float,
+    ) -> tuple[ExecResult, bytes | None]:
+        """Create a sandbox, upload ``inputs``, run the runner, fetch its output, delete.
+
+        Returns the exec result and the output file (``checkpoints.jsonl`` for ``prefix``,
+        ``out.json`` for ``continue``), or ``None`` when the runner did not succeed.
+        """
+        sandbox_id = await self._blocking(
+            self._backend.create, snapshot_id, labels, _limits(allowance)
+        )
+        try:
+            for relpath, data in inputs.items():
+                await self._blocking(self._backend.upload, sandbox_id, relpath, data)
+            result = await self._exec(sandbox_id, [*_RUNNER, mode, *_FILES], allowance, before)
+            if result.timed_out or result.exit_code != 0:
+                return result, None
+            wanted = "checkpoints.jsonl" if mode == "prefix" else "out.json"
+            try:
+                data = await self._blocking(self._backend.download, sandbox_id, wanted)
+            except SandboxError:
+                return result, None  # the runner exited cleanly without writing its output
+            return result, data
+        finally:
+            await self._blocking(self._backend.delete, sandbox_id)
+
+    @activity.defn(name="run_prefixes")
+    async def run_prefixes(self, inp: PrefixInput) -> PrefixResult:
+        """Run the prefix of every episode of one chunk, once, in a sandbox."""
+        before = _charged_before()
+        allowance = inp.reservation_seconds - before
+        if allowance < MIN_ATTEMPT_SECONDS:
+            raise ApplicationError(
+                f"prefix chunk {inp.chunk.index}: earlier attempts used its whole reservation",
+                type="BudgetExhausted",
+                non_retryable=True,
+            )
+        request = {**inp.job.model_dump(), "episodes": list(range(inp.chunk.first, inp.chunk.stop))}
+        labels = {
+            EXPERIMENT_LABEL: inp.experiment_id,
+            WORLD_LABEL: PREFIX_WORLD,
+            BATCH_LABEL: str(inp.chunk.index),
+        }
+        inputs = {"request.json": canonical_json(request).encode(), "checkpoints.jsonl": b""}
+        result, data = await self._in_sandbox(
+            labels, inp.snapshot_id, inputs, "prefix", allowance, before
+        )
+        why = _failure(result, allowance) or "the runner wrote no checkpoints"
+        if data is None or _failure(result, allowance):
+            raise ApplicationError(
+                f"the prefix of episodes {inp.chunk.first}..{inp.chunk.stop - 1} failed: {why}",
+                type="PrefixFailed",
+                non_retryable=True,
+            )
+        try:
+            check_checkpoints(data, inp.chunk)
+        except RunnerOutputError as exc:
+            raise ApplicationError(
+                f"the prefix runner printed invalid checkpoints: {exc}",
+                type="PrefixFailed",
+                non_retryable=True,
+            ) from None
+        digest = await self._blocking(self._store.put_bytes, data)
+        return PrefixResult(
+            chunk=inp.chunk, checkpoints_digest=digest, seconds=before + result.seconds
+        )
+
+    @activity.defn(name="run_world_batch")
+    async def run_world_batch(self, inp: BatchInput) -> BatchOutcome:
+        """Continue one world from one chunk's checkpoints in a fresh sandbox.
+
+        A runner that crashes, times out or writes garbage fails this world (returned, not
+        raised: it is deterministic and retrying would only spend budget again); a fault of
+        the infrastructure raises and is retried.
+        """
+        name = inp.world.name
+        before = _charged_before()
+        attempts = activity.info().attempt
+
+        def failed(error: str, seconds: float) -> BatchOutcome:
+            return BatchOutcome(
+                world=name,
+                chunk=inp.chunk,
+                status=BatchStatus.failed,
+                error=error,
+                seconds=seconds,
+                attempts=attempts,
+            )
+
+        allowance = inp.reservation_seconds - before
+        if allowance < MIN_ATTEMPT_SECONDS:
+            return failed("earlier attempts used the batch's whole reservation", before)
+        checkpoints = await self._blocking(self._store.get_bytes, inp.checkpoints_digest)
+        request = {**inp.job.model_dump(), "world": inp.world.model_dump()}
+        labels = {
+            EXPERIMENT_LABEL: inp.experiment_id,
+            WORLD_LABEL: name,
+            BATCH_LABEL: str(inp.chunk.index),
+        }
+        inputs = {
+            "request.json": canonical_json(request).encode(),
+            "checkpoints.jsonl": checkpoints,
+        }
+        result, data = await self._in_sandbox(
+            labels, inp.snapshot_id, inputs, "continue", allowance, before
+        )
+        spent = before + result.seconds
+        why = _failure(result, allowance)
+        if data is None or why:
+            return failed(why or "the runner wrote no output file", spent)
+        try:
+            columns = parse_columns(data, inp.chunk.size)
+        except RunnerOutputError as exc:
+            return failed(f"the runner printed garbage: {exc}", spent)
+        digest = await self._blocking(self._store.put_json, columns)
+        return BatchOutcome(
+            world=name,
+            chunk=inp.chunk,
+            status=BatchStatus.completed,
+            columns_digest=digest,
+            seconds=spent,
+            failures=inp.chunk.size - sum(columns["outcomes"]),
+            attempts=attempts,
+        )
+
+    @activity.defn(name="cleanup_sandboxes")
+    async def cleanup_sandboxes(self, inp: CleanupInput) -> CleanupResult:
+        """Delete every sandbox labelled with the experiment; list again until none is left."""
+        labels = {EXPERIMENT_LABEL: inp.experiment_id}
+        found: set[str] = set()
+        removed = rounds = 0
+        for rounds in range(1, CLEANUP_ROUNDS + 1):
+            ids = await self._blocking(self._backend.list, labels)
+            activity.heartbeat({"round": rounds})
+            if not ids:
+                break
+            found.update(ids)
+            for sandbox_id in ids:
+                await self._blocking(self._backend.delete, sandbox_id)
+                removed += 1
+        left = len(await self._blocking(self._backend.list, labels))
+        return CleanupResult(found=len(found), removed=removed, rounds=rounds, left=left)
+
+
+def _failure(result: ExecResult, allowance: float) -> str:
+    if result.timed_out:
+        return f"the runner exceeded its budget reservation of {allowance:.1f} s and was killed"
+    if result.exit_code != 0:
+        return f"the runner exited with code {result.exit_code}: {_tail(result.stderr)}"
+    return ""

@@ -1,0 +1,82 @@
+"""Workloads for the orchestration tests, loaded by import path (``orchestration_workloads:Toy``).
+
+Self-contained (standard library + the runtime) because a sandbox gets only this file and
+the runner bundle. Inside a sandbox — recognised by the runner being the main program —
+some interventions misbehave on purpose; in the local twin they behave like ``noop``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from experiments.runtime.crn import Shocks
+from experiments.runtime.workload import Feature, State, Workload
+
+
+def in_sandbox() -> bool:
+    return os.path.basename(sys.argv[0]) == "runner.py"
+
+
+def _out_path() -> str:
+    return sys.argv[sys.argv.index("--out") + 1]
+
+
+class Toy(Workload):
+    """Score a point per tick when the shock is kind; ``boost`` adds one more per tick."""
+
+    name = "toy"
+    default_params: ClassVar[Mapping[str, Any]] = {
+        "ticks": 8,
+        "fork_tick": 3,
+        "goal": 5,
+        "twin_sleep": 0.0,
+        "sandbox_sleep": 0.0,
+    }
+    interventions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "boost": {},
+        "noop": {},
+        "crash": {},
+        "garbage": {},
+    }
+
+    def initial_state(self, episode_seed: int, shocks: Shocks) -> State:
+        return {"t": 0, "score": 0, "boost": False}
+
+    def boundary(self, state: State) -> int:
+        return int(self.params["fork_tick"])
+
+    def cursor(self, state: State) -> int:
+        return int(state["t"])
+
+    def step(self, state: State, shocks: Shocks) -> None:
+        state["t"] += 1
+        if shocks.exogenous(0, state["t"], "kind") < 0.5:
+            state["score"] += 1
+        if state["boost"]:
+            state["score"] += 1
+
+    def done(self, state: State) -> bool:
+        return bool(state["t"] >= self.params["ticks"])
+
+    def outcome(self, state: State) -> bool:
+        pause = self.params["sandbox_sleep"] if in_sandbox() else self.params["twin_sleep"]
+        if pause:
+            time.sleep(pause)
+        return bool(state["score"] >= self.params["goal"])
+
+    def features(self, state: State) -> dict[str, Feature]:
+        return {"ahead": state["score"] >= state["t"] // 2}
+
+    def intervene(self, state: State, name: str, params: Mapping[str, Any], shocks: Shocks) -> None:
+        if name == "boost":
+            state["boost"] = True
+        elif name == "crash" and in_sandbox():
+            os._exit(3)
+        elif name == "garbage" and in_sandbox():
+            with open(_out_path(), "w", encoding="utf-8") as fh:
+                fh.write("this is not JSON {")
+            os._exit(0)

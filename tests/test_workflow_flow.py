@@ -1,0 +1,49 @@
+"""The durable path end to end: start → approve → worlds in sandboxes → report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import Lab, make_spec
+
+from experiments.plan import rehearse
+from forklab.specfile import load_spec
+from workflows.messages import Stage, Status
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def test_full_flow_matches_the_local_twin(lab: Lab) -> None:
+    spec = load_spec(str(ROOT / "experiments" / "recovery-counter.yaml"))
+    spec = spec.model_copy(update={"id": "flow-recovery", "episodes": 60})
+    handle, token = await lab.start(spec, batch_episodes=25, rehearsal_episodes=20)
+    view = await lab.wait_for(handle, Stage.awaiting_approval)
+    assert view.plan is not None and view.plan.capacity.ok
+    assert lab.sandbox_folders() == []  # no sandbox before approval
+    await lab.approve(handle, token, approver="alice")
+    result = await handle.result()
+
+    assert result.status is Status.completed, result.error
+    twin = rehearse(spec)
+    assert result.analysis is not None
+    assert result.analysis.outcomes_digest == twin.outcomes_digest
+    report = lab.store.get_json(result.analysis.report_digest)
+    assert report["outcomes_digest"] == twin.outcomes_digest
+    assert report["comparisons"] == json.loads(twin.model_dump_json())["comparisons"]
+    markdown = lab.store.get_bytes(result.analysis.markdown_digest).decode()
+    assert "recovery" in markdown and result.snapshot_id and result.snapshot_id in markdown
+    # every world from one snapshot, every batch once, nothing left behind
+    assert result.cleanup is not None and result.cleanup.left == 0
+    assert lab.sandboxes(spec.id) == [] and lab.sandbox_folders() == []
+    assert result.budget.spent_world_seconds <= spec.budget.max_world_seconds
+    assert result.budget.peak_concurrent_sandboxes <= spec.budget.max_concurrent_sandboxes
+    assert result.approval.decided_by == "alice"
+    # the ledger: one root row and one row per world
+    root = lab.ledger.experiment(spec.id)
+    assert root is not None and root.status == "completed"
+    assert root.plan_fingerprint == result.plan_fingerprint
+    assert root.report_digest == result.analysis.report_digest
+    worlds = lab.ledger.worlds(spec.id)
+    assert sorted(w.world for w in worlds) == sorted(w.name for w in spec.worlds)
+    assert all(w.episodes == 60 and w.snapshot_id == result.snapshot_id for w in worlds)

@@ -1,0 +1,109 @@
+"""ForkLab's connection and folder settings: flags first, then ``FORKLAB_*``, then defaults.
+
+This module and the CLI are the only places that read the environment; everything else
+receives a ``Settings`` (or the clients built from it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names it and says how to fix it."""
+
+
+#: Field → environment variable.
+ENV = {
+    "address": "FORKLAB_ADDRESS",
+    "namespace": "FORKLAB_NAMESPACE",
+    "task_queue": "FORKLAB_TASK_QUEUE",
+    "home": "FORKLAB_HOME",
+    "ui_port": "FORKLAB_UI_PORT",
+    "max_sandboxes": "FORKLAB_MAX_SANDBOXES",
+}
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str = Field(default="localhost:7233", description="Temporal frontend host:port.")
+    namespace: str = "default"
+    task_queue: str = "forklab"
+    home: Path = Field(default=Path("~/.forklab"), description="Where ForkLab keeps its files.")
+    ui_port: int = Field(default=8233, ge=1, le=65535)
+    max_sandboxes: int = Field(default=8, ge=1, description="Sandboxes one worker runs at once.")
+
+    @classmethod
+    def load(
+        cls, flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Settings from ``flags`` (None values ignored), then ``env``, then the defaults."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for field, var in ENV.items():
+            if env.get(var):
+                values[field] = env[var]
+        values.update({k: v for k, v in (flags or {}).items() if v is not None})
+        try:
+            settings = cls.model_validate(values)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = str(err["loc"][0])
+            raise ConfigError(
+                f"setting {field} (flag --{field.replace('_', '-')} or {ENV[field]}) "
+                f"is invalid: {err['msg']}; fix its value"
+            ) from None
+        host, _, port = settings.address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(
+                f"setting address ({ENV['address']}) is {settings.address!r}; use host:port"
+            )
+        return settings.model_copy(update={"home": settings.home.expanduser().resolve()})
+
+    @property
+    def host(self) -> str:
+        return self.address.rpartition(":")[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rpartition(":")[2])
+
+    @property
+    def ui_url(self) -> str:
+        host = "localhost" if self.host in ("0.0.0.0", "127.0.0.1") else self.host
+        return f"http://{host}:{self.ui_port}"
+
+    def experiment_url(self, workflow_id: str) -> str:
+        return f"{self.ui_url}/namespaces/{self.namespace}/workflows/{workflow_id}"
+
+    # --- folders under home ------------------------------------------------------------
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.home / "sandboxes"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.home / "artifacts"
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.home / "ledger.sqlite"
+
+    @property
+    def temporal_db(self) -> Path:
+        return self.home / "temporal.db"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        """Pidfiles of the server and worker that ``forklab up`` started."""
+        return self.home / "run"

@@ -1,0 +1,76 @@
+"""The ForkLab worker: builds the backend, stores and activity classes, then runs."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from activities.artifacts import ArtifactStore
+from activities.ledger import Ledger
+from activities.planning import PlanningActivities
+from activities.records import RecordActivities
+from activities.sandbox.local import LocalSandboxBackend
+from activities.world_batches import SandboxActivities
+from workers.config import Settings
+from workflows.experiment import ExperimentWorkflow
+
+WORKFLOWS: list[type] = [ExperimentWorkflow]
+#: Activities beyond the sandboxes themselves (planning, records, cleanup) a worker runs.
+_SPARE_ACTIVITY_SLOTS = 4
+
+
+async def connect(settings: Settings) -> Client:
+    return await Client.connect(
+        settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
+    )
+
+
+def build_activities(settings: Settings) -> list[Callable[..., Any]]:
+    """Every activity of the experiment workflow, bound to this worker's clients."""
+    backend = LocalSandboxBackend(settings.sandboxes_dir)
+    store = ArtifactStore(settings.artifacts_dir)
+    ledger = Ledger(settings.ledger_path)
+    planning = PlanningActivities(backend, settings.home, settings.max_sandboxes)
+    sandboxes = SandboxActivities(backend, store)
+    records = RecordActivities(store, ledger)
+    return [
+        planning.rehearse,
+        planning.resolve_snapshot,
+        planning.check_capacity,
+        planning.issue_approval_token,
+        sandboxes.run_prefixes,
+        sandboxes.run_world_batch,
+        sandboxes.cleanup_sandboxes,
+        records.save_progress,
+        records.load_progress,
+        records.analyse,
+        records.record_ledger,
+    ]
+
+
+def build_worker(client: Client, settings: Settings) -> Worker:
+    return Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=WORKFLOWS,
+        activities=build_activities(settings),
+        max_concurrent_activities=settings.max_sandboxes + _SPARE_ACTIVITY_SLOTS,
+    )
+
+
+async def run_worker(settings: Settings) -> None:
+    """Run until SIGINT or SIGTERM, then finish gracefully."""
+    client = await connect(settings)
+    worker = build_worker(client, settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with worker:
+        await stop.wait()

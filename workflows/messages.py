@@ -1,0 +1,183 @@
+"""The experiment workflow's typed messages: its input and result, signals and query."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from activities.models import (
+    AnalysisResult,
+    CapacityVerdict,
+    CleanupResult,
+    PlanSnapshot,
+    Rehearsal,
+    WorldSummary,
+)
+from experiments.spec import ExperimentSpec
+
+#: Workflow type name, as the CLI, the docs and ``temporal workflow start`` spell it.
+WORKFLOW_TYPE = "ForkLabExperiment"
+#: Default episodes per batch: one sandbox runs one world over this many episodes.
+DEFAULT_BATCH_EPISODES = 500
+#: Default episodes the rehearsal times (0 would rehearse them all).
+DEFAULT_REHEARSAL_EPISODES = 200
+
+
+def workflow_id(experiment_id: str) -> str:
+    """One workflow per experiment id, so the same spec cannot run twice at once."""
+    return f"forklab-{experiment_id}"
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Stage(StrEnum):
+    starting = "starting"
+    rehearsing = "rehearsing"
+    resolving_snapshot = "resolving_snapshot"
+    checking_capacity = "checking_capacity"
+    awaiting_approval = "awaiting_approval"
+    running_prefixes = "running_prefixes"
+    running_worlds = "running_worlds"
+    cleaning_up = "cleaning_up"
+    analysing = "analysing"
+    recording = "recording"
+    done = "done"
+
+
+class Status(StrEnum):
+    running = "running"
+    completed = "completed"
+    refused = "refused"  # the capacity check said the plan cannot fit
+    rejected = "rejected"
+    expired = "expired"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class ApprovalStatus(StrEnum):
+    pending = "pending"
+    approved = "approved"
+    rejected = "rejected"
+    expired = "expired"
+    not_required = "not_required"
+
+
+class ApproveSignal(Model):
+    token: str
+    fingerprint: str
+    approver: str = Field(min_length=1)
+
+
+class RejectSignal(Model):
+    by: str = "operator"
+    reason: str = ""
+
+
+class ApprovalAttempt(Model):
+    at: datetime
+    approver: str
+    accepted: bool
+    reason: str
+
+
+class ApprovalState(Model):
+    status: ApprovalStatus
+    token_sha256: str = ""
+    token_location: str = ""
+    expires_at: datetime | None = None
+    decided_by: str | None = None
+    decided_at: datetime | None = None
+    attempts: list[ApprovalAttempt] = []
+
+
+class Plan(Model):
+    """What the approver signs: the rehearsal, the snapshot and the capacity verdict."""
+
+    rehearsal: Rehearsal
+    snapshot: PlanSnapshot
+    capacity: CapacityVerdict
+
+    @property
+    def fingerprint(self) -> str:
+        return self.snapshot.fingerprint
+
+
+class BudgetUse(Model):
+    max_world_seconds: float
+    estimated_world_seconds: float = 0.0
+    spent_world_seconds: float = 0.0
+    reserved_world_seconds: float = 0.0
+    max_concurrent_sandboxes: int
+    peak_concurrent_sandboxes: int = 0
+    skipped_batches: int = 0
+
+
+class RunProgress(Model):
+    prefix_chunks: int = 0
+    prefixes_done: int = 0
+    batches: int = 0
+    batches_completed: int = 0
+    batches_failed: int = 0
+    batches_skipped: int = 0
+    running: int = 0
+
+
+class Carry(Model):
+    """What a continued run inherits: small aggregates and one digest, never big lists."""
+
+    origin_run_id: str
+    runs: int
+    plan: Plan
+    approval: ApprovalState
+    budget: BudgetUse
+    slowdown: dict[str, float]
+    progress_digest: str
+
+
+class ExperimentInput(Model):
+    spec: ExperimentSpec
+    token_sha256: str | None = Field(
+        default=None, description="sha256 of the approval token; None: a worker issues one."
+    )
+    token_location: str = ""
+    requested_by: str = ""
+    batch_episodes: int = Field(default=DEFAULT_BATCH_EPISODES, ge=1)
+    rehearsal_episodes: int = Field(default=DEFAULT_REHEARSAL_EPISODES, ge=0)
+    carry: Carry | None = None
+
+
+class StatusView(Model):
+    experiment_id: str
+    status: Status
+    stage: Stage
+    message: str
+    error: str | None
+    plan: Plan | None
+    approval: ApprovalState
+    budget: BudgetUse
+    progress: RunProgress
+    cleanup: CleanupResult | None
+
+
+class ExperimentResult(Model):
+    """The workflow's result: a record with a status and an error, never lost on failure."""
+
+    experiment_id: str
+    status: Status
+    error: str | None
+    plan_fingerprint: str | None
+    snapshot_id: str | None
+    approval: ApprovalState
+    budget: BudgetUse
+    cleanup: CleanupResult | None
+    analysis: AnalysisResult | None
+    skipped: list[str]
+    runs: int = Field(description="Workflow runs in the continue-as-new chain.")
+
+    @property
+    def worlds(self) -> list[WorldSummary]:
+        return self.analysis.worlds if self.analysis else []

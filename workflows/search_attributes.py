@@ -1,0 +1,11 @@
+"""The search attributes ForkLab registers and sets, for finding experiments in the Web UI."""
+
+from __future__ import annotations
+
+from temporalio.common import SearchAttributeKey
+
+EXPERIMENT = SearchAttributeKey.for_keyword("ForkLabExperiment")
+STAGE = SearchAttributeKey.for_keyword("ForkLabStage")
+
+#: ``name=Type`` pairs, as ``temporal server start-dev --search-attribute`` takes them.
+DEV_SERVER_FLAGS = [f"{key.name}=Keyword" for key in (EXPERIMENT, STAGE)]

@@ -1,0 +1,43 @@
+"""Every timeout and retry policy the experiment workflow uses, named in one place."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio.common import RetryPolicy
+
+#: Planning activities run the local twin in the worker; a rehearsal is bounded by its sample.
+REHEARSE_TIMEOUT = timedelta(minutes=10)
+#: Short activities: snapshot, capacity, token, ledger, progress records.
+SHORT_TIMEOUT = timedelta(minutes=2)
+#: Analysis reads every batch's columns back from the artifact store.
+ANALYSE_TIMEOUT = timedelta(minutes=10)
+#: One sandbox batch (prefix or world); the budget reservation caps the exec inside it.
+BATCH_START_TO_CLOSE = timedelta(hours=1)
+#: Sandbox activities heartbeat every ``activities.world_batches.HEARTBEAT_SECONDS``; a worker
+#: silent for longer than this is presumed dead and the batch moves to another attempt.
+BATCH_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+#: Cleanup must finish even when everything else went wrong.
+CLEANUP_TIMEOUT = timedelta(minutes=5)
+
+#: Transient faults (a worker died, a sandbox could not be created) are retried.
+TRANSIENT_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=20),
+    maximum_attempts=5,
+)
+#: A batch spends budget, so it gets fewer attempts; each one is charged (see activities).
+BATCH_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=3,
+)
+#: Cleanup keeps trying: leaving sandboxes behind is the one outcome it must not have.
+CLEANUP_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=15),
+    maximum_attempts=10,
+)
