@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict
 from activities.sandbox.base import (
     ExecResult,
     Limits,
+    SandboxBackend,
     SandboxError,
     SandboxNotFoundError,
     SnapshotInfo,
@@ -144,7 +145,7 @@ def _check_relpath(relpath: str, what: str) -> None:
         )
 
 
-class LocalSandboxBackend:
+class LocalSandboxBackend(SandboxBackend):
     """Sandboxes as confined local processes; see the module docstring."""
 
     name = "local"
@@ -258,7 +259,11 @@ class LocalSandboxBackend:
         # Registered first: a crash from here on leaves a listed, deletable sandbox.
         with self._locked():
             self._write(entry)
-        shutil.copytree(snapshot, self._boxes / sandbox_id)
+        try:
+            shutil.copytree(snapshot, self._boxes / sandbox_id)
+        except BaseException:
+            self.delete(sandbox_id)
+            raise
         return sandbox_id
 
     def upload(self, sandbox_id: str, relpath: str, data: bytes) -> None:
@@ -297,8 +302,8 @@ class LocalSandboxBackend:
                 "open_files": limits.open_files,
             }
         )
-        status_r, status_w = os.pipe()
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            status_r, status_w = os.pipe()  # the launcher reports its confinement here
             started = time.monotonic()
             try:
                 proc = subprocess.Popen(
@@ -311,6 +316,11 @@ class LocalSandboxBackend:
                     pass_fds=(status_w,),
                     start_new_session=True,  # its own process group: killable as a whole
                 )
+            except OSError:
+                os.close(status_r)
+                if not box.is_dir():  # deleted between the check above and now
+                    raise SandboxNotFoundError(f"sandbox {sandbox_id} was deleted") from None
+                raise
             finally:
                 os.close(status_w)
             try:
