@@ -20,6 +20,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: lint
+	@bash scripts/ensure-chromium.sh
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)

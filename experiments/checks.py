@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import BaseModel
 
-from experiments.outcomes import ExperimentOutcomes, WorldStatus
+from experiments.outcomes import ExperimentOutcomes, InfraUsage, WorldStatus
 from experiments.spec import Direction, ExperimentSpec, Role
+
+
+class CheckKind(StrEnum):
+    """``validity`` checks decide whether the experiment counts at all; an ``effect``
+    check reports how the effects compare with the hypothesis (a verdict input)."""
+
+    validity = "validity"
+    effect = "effect"
 
 
 class Check(BaseModel):
     name: str
     passed: bool
     reason: str
+    kind: CheckKind = CheckKind.validity
 
 
 def completion(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check:
@@ -140,6 +151,72 @@ def positive_control(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check | N
     return Check(name="positive_control", passed=True, reason="; ".join(seen))
 
 
+def workload_identity(out: ExperimentOutcomes, code_digest: str) -> Check:
+    """Every world ran the very workload code the plan was fingerprinted with."""
+    bad = [
+        f"{w.name} ({w.code_digest[:12] or 'none'})"
+        for w in out.worlds
+        if w.status is WorldStatus.completed and w.code_digest != code_digest
+    ]
+    if bad:
+        return Check(
+            name="workload_identity",
+            passed=False,
+            reason=f"code digest differs from the plan's {code_digest[:12]} in: {', '.join(bad)}",
+        )
+    return Check(
+        name="workload_identity",
+        passed=True,
+        reason=f"every world ran workload code {code_digest[:12]}",
+    )
+
+
+def common_snapshot(out: ExperimentOutcomes) -> Check:
+    """Every world started from the same (named) snapshot: the provenance they share."""
+    snapshots = {w.snapshot for w in out.worlds if w.status is WorldStatus.completed}
+    if len(snapshots) != 1 or "" in snapshots:
+        shown = ", ".join(sorted(s or "(none)" for s in snapshots)) or "(no world completed)"
+        return Check(
+            name="common_snapshot",
+            passed=False,
+            reason=f"worlds must start from one recorded snapshot; found: {shown}",
+        )
+    return Check(
+        name="common_snapshot",
+        passed=True,
+        reason=f"every world started from snapshot {next(iter(snapshots))[:24]}",
+    )
+
+
+def infrastructure_fit(infra: InfraUsage | None) -> Check:
+    """Budget and concurrency respected, and nothing left running afterwards."""
+    if infra is None:
+        return Check(name="infrastructure_fit", passed=True, reason="not applicable (local twin)")
+    problems = []
+    if infra.world_seconds_spent > infra.world_seconds_budget:
+        problems.append(
+            f"spent {infra.world_seconds_spent:.1f} of a {infra.world_seconds_budget:.1f} "
+            "world-second budget"
+        )
+    if infra.peak_concurrent_sandboxes > infra.max_concurrent_sandboxes:
+        problems.append(
+            f"peak {infra.peak_concurrent_sandboxes} sandboxes above the limit of "
+            f"{infra.max_concurrent_sandboxes}"
+        )
+    if infra.sandboxes_left:
+        problems.append(f"{infra.sandboxes_left} sandboxes left after cleanup")
+    if problems:
+        return Check(name="infrastructure_fit", passed=False, reason="; ".join(problems))
+    skipped = f"; {infra.skipped_batches} batches skipped" if infra.skipped_batches else ""
+    return Check(
+        name="infrastructure_fit",
+        passed=True,
+        reason=f"spent {infra.world_seconds_spent:.1f} of {infra.world_seconds_budget:.1f} "
+        f"world-seconds, peak {infra.peak_concurrent_sandboxes} of "
+        f"{infra.max_concurrent_sandboxes} sandboxes, 0 left{skipped}",
+    )
+
+
 def basic_checks(spec: ExperimentSpec, out: ExperimentOutcomes) -> list[Check]:
     found = [
         completion(spec, out),
@@ -149,3 +226,15 @@ def basic_checks(spec: ExperimentSpec, out: ExperimentOutcomes) -> list[Check]:
         positive_control(spec, out),
     ]
     return [c for c in found if c is not None]
+
+
+def validity_checks(
+    spec: ExperimentSpec, out: ExperimentOutcomes, code_digest: str, infra: InfraUsage | None
+) -> list[Check]:
+    """Every validity check; one failure makes the experiment invalid, whatever the effects."""
+    return [
+        *basic_checks(spec, out),
+        workload_identity(out, code_digest),
+        common_snapshot(out),
+        infrastructure_fit(infra),
+    ]

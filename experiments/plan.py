@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from experiments.analysis import build_report
 from experiments.bundle import bundle_files, code_digest
 from experiments.engine import run_twin
 from experiments.outcomes import ExperimentOutcomes, InfraUsage, from_batch
-from experiments.report import Report, build_report
+from experiments.report import Report
 from experiments.spec import ExperimentSpec
 
 #: The snapshot name recorded for worlds that ran in the local twin.
@@ -32,8 +33,7 @@ def analyse(
     infra: InfraUsage | None = None,
 ) -> Report:
     """The analysis shared by the twin and the durable path (``infra`` only there)."""
-    del infra  # consumed by the infrastructure-fit check (issue 4)
-    return build_report(spec, outcomes, code_digest)
+    return build_report(spec, outcomes, code_digest, infra)
 
 
 def rehearse(spec: ExperimentSpec, processes: int | None = None) -> Report:

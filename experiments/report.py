@@ -1,16 +1,26 @@
-"""The experiment report: one pydantic model, rendered as a terminal table or JSON."""
+"""The experiment report: one pydantic model, rendered as a terminal table or JSON.
+
+``experiments.analysis`` builds it; Markdown and HTML renderings live in
+``render_markdown`` and ``render_html``.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel
 
-from experiments.checks import Check, basic_checks, failure_rate
-from experiments.outcomes import ExperimentOutcomes, WorldStatus, outcomes_digest
-from experiments.pairing import SliceCounts, pair_counts, slice_counts
+from experiments.checks import Check, CheckKind
+from experiments.evidence import EvidenceRow
+from experiments.guard import GuardEvaluation, GuardPolicy
+from experiments.outcomes import InfraUsage, WorldStatus
+from experiments.pairing import SliceCounts
+from experiments.power import PowerAnalysis
 from experiments.runtime.canon import digest
+from experiments.slices import SliceEffect, feature_text
 from experiments.spec import ExperimentSpec, Role
+from experiments.verdicts import WorldVerdict
 
 
 class ExperimentInfo(BaseModel):
@@ -34,9 +44,16 @@ class WorldRow(BaseModel):
     failures: int
     failure_rate: float
     world_seconds: float
+    failure_ci_low: float
+    failure_ci_high: float
 
 
 class ComparisonRow(BaseModel):
+    """``world`` against ``vs``; ``difference`` is the world's success rate minus the
+    reference's, with a Newcombe interval, the exact McNemar p and its Holm adjustment
+    across all comparisons. ``slices`` are the raw counts per recorded feature value;
+    ``slice_effects`` bin numeric features into quantiles and add intervals."""
+
     world: str
     vs: str
     rescue: int
@@ -44,6 +61,23 @@ class ComparisonRow(BaseModel):
     unchanged: int
     net: int
     slices: list[SliceCounts]
+    n: int
+    difference: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    mcnemar_p: float
+    holm_p: float
+    slice_effects: list[SliceEffect]
+    interaction_effects: list[SliceEffect]
+
+
+class AnalysisSettings(BaseModel):
+    confidence: float
+    alpha: float
+    power: float
+    quantile_bins: int
+    forks_per_checkpoint: int
 
 
 class Report(BaseModel):
@@ -53,6 +87,12 @@ class Report(BaseModel):
     outcomes_digest: str
     checks: list[Check]
     valid: bool
+    settings: AnalysisSettings
+    verdicts: list[WorldVerdict]
+    evidence: list[EvidenceRow]
+    power: PowerAnalysis
+    guard: GuardPolicy | None
+    infra: InfraUsage | None
 
 
 def experiment_fingerprint(spec: ExperimentSpec, code_digest: str) -> str:
@@ -68,59 +108,20 @@ def comparison_pairs(spec: ExperimentSpec) -> list[tuple[str, str]]:
     return pairs
 
 
-def build_report(spec: ExperimentSpec, out: ExperimentOutcomes, code_digest: str) -> Report:
-    roles = {w.name: w.role for w in spec.worlds}
-    rows = []
-    for w in out.worlds:
-        n = len(w.outcomes)
-        rows.append(
-            WorldRow(
-                name=w.name,
-                role=roles[w.name],
-                status=w.status,
-                error=w.error,
-                episodes=n,
-                failures=n - sum(w.outcomes),
-                failure_rate=failure_rate(w.outcomes),
-                world_seconds=round(w.world_seconds, 6),
-            )
-        )
-    comparisons = []
-    for world, vs in comparison_pairs(spec):
-        a, b = out.world(vs), out.world(world)
-        if a.status is not WorldStatus.completed or b.status is not WorldStatus.completed:
-            continue
-        counts = pair_counts(a.outcomes, b.outcomes)
-        comparisons.append(
-            ComparisonRow(
-                world=world,
-                vs=vs,
-                rescue=counts.rescue,
-                harm=counts.harm,
-                unchanged=counts.unchanged,
-                net=counts.net,
-                slices=slice_counts(a.outcomes, b.outcomes, out.features),
-            )
-        )
-    checks = basic_checks(spec, out)
-    return Report(
-        experiment=ExperimentInfo(
-            id=spec.id,
-            hypothesis=spec.hypothesis.text,
-            fingerprint=experiment_fingerprint(spec, code_digest),
-            spec_digest=spec.digest(),
-            code_digest=code_digest,
-            seed=spec.seed,
-            episodes=spec.episodes,
-            workload=spec.workload.name,
-            params=dict(sorted(spec.workload.params.items())),
-        ),
-        worlds=rows,
-        comparisons=comparisons,
-        outcomes_digest=outcomes_digest(out, [w.name for w in spec.worlds]),
-        checks=checks,
-        valid=all(c.passed for c in checks),
-    )
+def pvalue_text(p: float) -> str:
+    return "<1e-12" if p < 1e-12 else f"{p:.3g}"
+
+
+def interval_text(low: float, high: float) -> str:
+    return f"[{low:+.3f}, {high:+.3f}]"
+
+
+def guard_counts_text(e: GuardEvaluation) -> list[str]:
+    return [
+        f"{label}: rescue {c.rescue}, harm {c.harm}, net {c.net:+d}, "
+        f"intervened in {c.intervened} of {c.episodes}"
+        for label, c in (("always", e.before), ("guarded", e.after))
+    ]
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -141,6 +142,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 def render_text(report: Report) -> str:
     e = report.experiment
+    pct = f"{round(report.settings.confidence * 100)}%"
     lines = [
         f"experiment {e.id}  ({e.workload}, seed {e.seed}, {e.episodes} episodes per world)",
         f"hypothesis  {e.hypothesis}",
@@ -148,33 +150,107 @@ def render_text(report: Report) -> str:
         "",
     ]
     lines += _table(
-        ["world", "role", "episodes", "failures", "failure rate"],
+        ["world", "role", "episodes", "failures", "failure rate", f"{pct} Wilson"],
         [
-            [w.name, w.role.value, str(w.episodes), str(w.failures), f"{w.failure_rate:.1%}"]
+            [
+                w.name,
+                w.role.value,
+                str(w.episodes),
+                str(w.failures),
+                f"{w.failure_rate:.1%}",
+                f"[{w.failure_ci_low:.1%}, {w.failure_ci_high:.1%}]",
+            ]
             for w in report.worlds
         ],
     )
     lines.append("")
     lines += _table(
-        ["world", "vs", "rescue", "harm", "unchanged", "net"],
         [
-            [c.world, c.vs, str(c.rescue), str(c.harm), str(c.unchanged), f"{c.net:+d}"]
+            "world",
+            "vs",
+            "rescue",
+            "harm",
+            "unchanged",
+            "net",
+            "success diff",
+            f"{pct} CI",
+            "McNemar p",
+            "Holm p",
+        ],
+        [
+            [
+                c.world,
+                c.vs,
+                str(c.rescue),
+                str(c.harm),
+                str(c.unchanged),
+                f"{c.net:+d}",
+                f"{c.difference:+.3f}",
+                interval_text(c.ci_low, c.ci_high),
+                pvalue_text(c.mcnemar_p),
+                pvalue_text(c.holm_p),
+            ]
             for c in report.comparisons
         ],
     )
     for c in report.comparisons:
-        if not c.slices:
+        effects = c.slice_effects + c.interaction_effects
+        if not effects:
             continue
         lines += ["", f"slices: {c.world} vs {c.vs}"]
         lines += _table(
-            ["feature", "value", "rescue", "harm", "unchanged"],
+            ["feature", "value", "n", "rescue", "harm", "net", f"{pct} CI"],
             [
-                [s.feature, str(s.value).lower(), str(s.rescue), str(s.harm), str(s.unchanged)]
-                for s in c.slices
+                [
+                    s.feature,
+                    feature_text(s.value),
+                    str(s.n),
+                    str(s.rescue),
+                    str(s.harm),
+                    f"{s.net:+d}",
+                    interval_text(s.ci_low, s.ci_high),
+                ]
+                for s in effects
             ],
         )
     lines += ["", "validity checks"]
-    lines += [f"  [{'PASS' if c.passed else 'FAIL'}] {c.name}: {c.reason}" for c in report.checks]
+    lines += [
+        f"  [{'PASS' if c.passed else 'FAIL'}] {c.name}: {c.reason}"
+        for c in report.checks
+        if c.kind is CheckKind.validity
+    ]
+    lines += ["", "verdicts"]
+    lines += [f"  {v.world}: {v.verdict.value.upper()} ({v.reason})" for v in report.verdicts]
+    lines += [
+        f"  [{'PASS' if c.passed else 'FAIL'}] {c.name}: {c.reason}"
+        for c in report.checks
+        if c.kind is CheckKind.effect
+    ]
+    if report.evidence:
+        lines += ["", "evidence per world-second (−log10 McNemar p per world-second)"]
+        lines += [
+            f"  {r.rank}. {r.world}: {r.information:.2f} in {r.world_seconds:.3f} s"
+            + (f" = {r.information_per_second:.2f}/s" if r.information_per_second else "")
+            for r in report.evidence
+        ]
+    p = report.power
+    lines += ["", f"power (α {p.alpha:g}, power {p.power:g}, from the rehearsal's discordance)"]
+    lines += [f"  {r.world}: {r.note}" for r in p.rows]
+    lines += [f"  WARNING: {w}" for w in p.warnings]
+    if report.guard is not None:
+        g = report.guard
+        cap = "harms ≤ rescues per slice" if g.harm_cap is None else f"harm cap {g.harm_cap}"
+        lines += ["", f"guard policy for {g.world} (learned on {g.basis}, {cap})"]
+        lines += [f"  {g.words}", f"  rule {_rule_json(g.rule)}"]
+        lines += [f"  training episodes {g.training.first_episode}..{g.training.last_episode}:"]
+        lines += [f"    {t}" for t in guard_counts_text(g.training)]
+        h = g.held_out
+        lines += [f"  held-out episodes {h.first_episode}..{h.last_episode}:"]
+        lines += [f"    {t}" for t in guard_counts_text(h)]
     lines += ["", f"outcomes digest {report.outcomes_digest}"]
     lines.append("VALID" if report.valid else "INVALID: a validity check failed")
     return "\n".join(lines)
+
+
+def _rule_json(rule: dict[str, Any]) -> str:
+    return json.dumps(rule, separators=(", ", ": "))

@@ -116,11 +116,17 @@ class Analysis(Strict):
     comparisons: list[Comparison] = Field(
         default_factory=list, description="Extra pairs beyond each world against the baseline."
     )
-    quantile_bins: int = Field(default=4, ge=2, le=20)
-    interactions: list[tuple[str, str]] = Field(default_factory=list)
-    forks_per_checkpoint: int = Field(default=1, ge=1)
-    alpha: float = Field(default=0.05, gt=0, lt=1)
-    power: float = Field(default=0.8, gt=0, lt=1)
+    quantile_bins: int = Field(
+        default=4, ge=2, le=20, description="Numeric features are sliced into this many quantiles."
+    )
+    interactions: list[tuple[str, str]] = Field(
+        default_factory=list, description="Pairs of features to slice jointly."
+    )
+    forks_per_checkpoint: int = Field(
+        default=1, ge=1, description="Replicates per checkpoint and world; odd (majority vote)."
+    )
+    alpha: float = Field(default=0.05, gt=0, lt=1, description="Significance level.")
+    power: float = Field(default=0.8, gt=0, lt=1, description="Power for the episode count.")
     guard: Guard = Field(default_factory=Guard)
 
     @model_validator(mode="after")
@@ -128,6 +134,14 @@ class Analysis(Strict):
         if self.forks_per_checkpoint % 2 == 0:
             raise ValueError("forks_per_checkpoint must be odd so a majority vote cannot tie")
         return self
+
+    @field_validator("interactions")
+    @classmethod
+    def _two_features(cls, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        for a, b in pairs:
+            if a == b:
+                raise ValueError(f"the pair ({a}, {b}) must name two different features")
+        return pairs
 
 
 class ExperimentSpec(Strict):
@@ -170,6 +184,10 @@ class ExperimentSpec(Strict):
         guard_world = self.analysis.guard.world
         if guard_world is not None and guard_world not in known:
             raise ValueError(f"analysis.guard.world: names unknown world {guard_world!r}")
+        if guard_world is not None and guard_world == self.baseline.name:
+            raise ValueError(
+                "analysis.guard.world: the guard gates an intervention; name a non-baseline world"
+            )
         return self
 
     @property

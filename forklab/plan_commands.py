@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from experiments.plan import rehearse
-from experiments.report import render_text
+from experiments.render_html import render_html
+from experiments.render_markdown import render_markdown
+from experiments.report import Report, render_text
 from experiments.runtime.runner import BoundaryMissingError, StuckWorldError
-from experiments.spec import json_schema
+from experiments.spec import SpecError, json_schema
 from forklab.errors import CliError
 from forklab.specfile import SPEC_EXIT, load_spec
 
@@ -26,11 +29,40 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise CliError(
             f"{args.spec}: the rehearsal cannot run this spec: {exc}", SPEC_EXIT
         ) from None
+    except SpecError as exc:
+        raise CliError(f"{args.spec}: {exc}", SPEC_EXIT) from None
+    if args.out is not None:
+        write_report(report, Path(args.out))
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
         print(render_text(report))
+        if args.out is not None:
+            print(f"\nwrote report.md, report.json and report.html to {args.out}")
     return 0
+
+
+REPORT_FILES = ("report.md", "report.json", "report.html")
+
+
+def write_report(report: Report, folder: Path) -> None:
+    """Write the three renderings; each file appears whole or not at all."""
+    texts = {
+        "report.md": render_markdown(report),
+        "report.json": report.model_dump_json(indent=2) + "\n",
+        "report.html": render_html(report),
+    }
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
+            tmp = folder / f".{name}.tmp"
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(folder / name)
+    except OSError as exc:
+        raise CliError(
+            f"{folder}: cannot write the report ({exc.strerror or exc}); pass a writable "
+            "folder to --out"
+        ) from None
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,6 +71,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("plan", help="rehearse a spec on the local twin (free) and print the report")
     p.add_argument("spec", help="path to the experiment spec (.yaml or .json)")
     p.add_argument("--json", action="store_true", help="print the machine-readable report")
+    p.add_argument(
+        "--out", metavar="DIR", default=None, help="also write report.md, .json and .html here"
+    )
     p.add_argument(
         "--processes", type=int, default=None, help="worker processes (default: 2 when large)"
     )

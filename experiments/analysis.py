@@ -1,0 +1,208 @@
+"""The analysis: per-episode outcomes in, the full report out (twin and durable path alike).
+
+Order matters only in one place: the Holm adjustment needs every comparison's p before
+any verdict can be given, and verdicts need the validity checks before they can say
+anything at all.
+"""
+
+from __future__ import annotations
+
+from experiments.checks import validity_checks
+from experiments.comparisons import CONFIDENCE, holm, paired_effect, paired_table
+from experiments.evidence import rank_evidence
+from experiments.guard import guard_policy, guard_world
+from experiments.outcomes import ExperimentOutcomes, InfraUsage, WorldStatus, outcomes_digest
+from experiments.pairing import slice_counts
+from experiments.power import PowerAnalysis, power_row, power_warnings
+from experiments.report import (
+    AnalysisSettings,
+    ComparisonRow,
+    ExperimentInfo,
+    Report,
+    WorldRow,
+    comparison_pairs,
+    experiment_fingerprint,
+)
+from experiments.slices import Dimension, SliceEffect, dimensions, slice_effects
+from experiments.spec import Direction, ExperimentSpec, Role, SpecError
+from experiments.stats import wilson_interval
+from experiments.verdicts import effect_check, expected_direction, world_verdict
+
+
+def _world_rows(spec: ExperimentSpec, out: ExperimentOutcomes) -> list[WorldRow]:
+    roles = {w.name: w.role for w in spec.worlds}
+    rows = []
+    for w in out.worlds:
+        n = len(w.outcomes)
+        failures = n - sum(w.outcomes)
+        low, high = wilson_interval(failures, n, CONFIDENCE) if n else (0.0, 1.0)
+        rows.append(
+            WorldRow(
+                name=w.name,
+                role=roles[w.name],
+                status=w.status,
+                error=w.error,
+                episodes=n,
+                failures=failures,
+                failure_rate=failures / n if n else 0.0,
+                world_seconds=round(w.world_seconds, 6),
+                failure_ci_low=low,
+                failure_ci_high=high,
+            )
+        )
+    return rows
+
+
+def _interaction_dims(
+    spec: ExperimentSpec, dims: dict[str, Dimension]
+) -> list[tuple[Dimension, Dimension]]:
+    pairs = []
+    for i, (a, b) in enumerate(spec.analysis.interactions):
+        for name in (a, b):
+            if name not in dims:
+                known = ", ".join(dims) or "none"
+                raise SpecError(
+                    f"field analysis.interactions[{i}]: the workload records no feature "
+                    f"{name!r}; use two of: {known}"
+                )
+        pairs.append((dims[a], dims[b]))
+    return pairs
+
+
+def comparison_rows(
+    spec: ExperimentSpec, out: ExperimentOutcomes, dims: dict[str, Dimension]
+) -> list[ComparisonRow]:
+    """Every comparison with its paired statistics and slices; Holm across all of them."""
+    interactions = _interaction_dims(spec, dims)
+    rows: list[ComparisonRow] = []
+    for world, vs in comparison_pairs(spec):
+        a, b = out.world(vs), out.world(world)
+        if a.status is not WorldStatus.completed or b.status is not WorldStatus.completed:
+            continue
+        effect = paired_effect(paired_table(a.outcomes, b.outcomes), CONFIDENCE)
+        singles: list[SliceEffect] = []
+        for dim in dims.values():
+            singles += slice_effects(a.outcomes, b.outcomes, out.features, [dim], CONFIDENCE)
+        crossed: list[SliceEffect] = []
+        for pair in interactions:
+            crossed += slice_effects(a.outcomes, b.outcomes, out.features, list(pair), CONFIDENCE)
+        rows.append(
+            ComparisonRow(
+                world=world,
+                vs=vs,
+                rescue=effect.rescue,
+                harm=effect.harm,
+                unchanged=effect.n - effect.rescue - effect.harm,
+                net=effect.net,
+                slices=slice_counts(a.outcomes, b.outcomes, out.features),
+                n=effect.n,
+                difference=effect.difference,
+                ci_low=effect.ci_low,
+                ci_high=effect.ci_high,
+                confidence=CONFIDENCE,
+                mcnemar_p=effect.mcnemar_p,
+                holm_p=1.0,
+                slice_effects=singles,
+                interaction_effects=crossed,
+            )
+        )
+    adjusted = holm([c.mcnemar_p for c in rows])
+    return [c.model_copy(update={"holm_p": p}) for c, p in zip(rows, adjusted, strict=True)]
+
+
+def build_report(
+    spec: ExperimentSpec,
+    out: ExperimentOutcomes,
+    code_digest: str,
+    infra: InfraUsage | None = None,
+) -> Report:
+    settings = AnalysisSettings(
+        confidence=CONFIDENCE,
+        alpha=spec.analysis.alpha,
+        power=spec.analysis.power,
+        quantile_bins=spec.analysis.quantile_bins,
+        forks_per_checkpoint=spec.analysis.forks_per_checkpoint,
+    )
+    dims = dimensions(out.features, spec.analysis.quantile_bins)
+    comparisons = comparison_rows(spec, out, dims)
+    checks = validity_checks(spec, out, code_digest, infra)
+    failed = [c.name for c in checks if not c.passed]
+    base = spec.baseline.name
+    vs_base = {c.world: c for c in comparisons if c.vs == base}
+    verdicts = []
+    power_rows = []
+    for w in spec.worlds:
+        row = vs_base.get(w.name)
+        if w.role is Role.baseline or row is None:
+            continue
+        expected = expected_direction(spec, w.name, w.role)
+        effect = paired_effect(
+            paired_table(out.world(base).outcomes, out.world(w.name).outcomes), CONFIDENCE
+        )
+        verdicts.append(
+            world_verdict(w.name, w.role, expected, effect, row.holm_p, settings.alpha, failed)
+        )
+        if expected is not Direction.none and row.n:
+            power_rows.append(
+                power_row(
+                    w.name,
+                    base,
+                    expected,
+                    row.harm,
+                    row.rescue,
+                    row.n,
+                    settings.alpha,
+                    settings.power,
+                )
+            )
+    checks.append(effect_check(verdicts))
+    seconds = {w.name: w.world_seconds for w in out.worlds}
+    evidence = rank_evidence(
+        [(c.world, c.vs, c.mcnemar_p, seconds[c.world]) for c in vs_base.values()]
+    )
+    gated = guard_world(spec)
+    guard = None
+    if gated is not None and gated.name in vs_base:
+        training = vs_base[gated.name]
+        partitions = [[s for s in training.slice_effects if s.feature == name] for name in dims]
+        partitions += _split_by_feature(training.interaction_effects)
+        world_out = out.world(gated.name)
+        guard = guard_policy(
+            spec, partitions, out.world(base).outcomes, world_out.outcomes, world_out.intervened
+        )
+    return Report(
+        experiment=ExperimentInfo(
+            id=spec.id,
+            hypothesis=spec.hypothesis.text,
+            fingerprint=experiment_fingerprint(spec, code_digest),
+            spec_digest=spec.digest(),
+            code_digest=code_digest,
+            seed=spec.seed,
+            episodes=spec.episodes,
+            workload=spec.workload.name,
+            params=dict(sorted(spec.workload.params.items())),
+        ),
+        worlds=_world_rows(spec, out),
+        comparisons=comparisons,
+        outcomes_digest=outcomes_digest(out, [w.name for w in spec.worlds]),
+        checks=checks,
+        valid=not failed,
+        settings=settings,
+        verdicts=verdicts,
+        evidence=evidence,
+        power=PowerAnalysis(
+            alpha=settings.alpha,
+            power=settings.power,
+            rows=power_rows,
+            warnings=power_warnings(power_rows, settings.alpha, settings.power),
+        ),
+        guard=guard,
+        infra=infra,
+    )
+
+
+def _split_by_feature(effects: list[SliceEffect]) -> list[list[SliceEffect]]:
+    groups: dict[str, list[SliceEffect]] = {}
+    for s in effects:
+        groups.setdefault(s.feature, []).append(s)
+    return list(groups.values())

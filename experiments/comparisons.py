@@ -1,0 +1,101 @@
+"""Paired statistics of one world against a reference world, episode by episode.
+
+The 2×2 table counts each episode by (reference succeeded?, world succeeded?):
+``n10`` is a harm (the reference succeeded, the world failed) and ``n01`` a rescue.
+Only the discordant pairs carry information about the difference, which is why the
+test is McNemar's (exact, two-sided) and the interval is Newcombe's for paired data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+
+from experiments.stats import holm_adjust, mcnemar_exact_p, paired_difference_ci
+
+#: Confidence level of every interval in the report.
+CONFIDENCE = 0.95
+
+
+class PairedTable(BaseModel):
+    """Episodes by (reference outcome, world outcome); 1 = success."""
+
+    n11: int
+    n10: int
+    n01: int
+    n00: int
+
+    @property
+    def n(self) -> int:
+        return self.n11 + self.n10 + self.n01 + self.n00
+
+    @property
+    def rescue(self) -> int:
+        return self.n01
+
+    @property
+    def harm(self) -> int:
+        return self.n10
+
+
+def paired_table(reference: Sequence[bool], world: Sequence[bool]) -> PairedTable:
+    counts = [0, 0, 0, 0]  # n11, n10, n01, n00
+    for ref, w in zip(reference, world, strict=True):
+        counts[(0 if ref else 2) + (0 if w else 1)] += 1
+    return PairedTable(n11=counts[0], n10=counts[1], n01=counts[2], n00=counts[3])
+
+
+class PairedEffect(BaseModel):
+    """What a world changed against its reference, with the uncertainty of it.
+
+    ``difference`` is the world's success rate minus the reference's, i.e.
+    (rescues − harms) / n; a positive difference means fewer failures.
+    """
+
+    n: int
+    rescue: int
+    harm: int
+    net: int
+    difference: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    mcnemar_p: float
+
+
+def paired_effect(table: PairedTable, confidence: float = CONFIDENCE) -> PairedEffect:
+    if table.n == 0:
+        return PairedEffect(
+            n=0,
+            rescue=0,
+            harm=0,
+            net=0,
+            difference=0.0,
+            ci_low=-1.0,
+            ci_high=1.0,
+            confidence=confidence,
+            mcnemar_p=1.0,
+        )
+    est, low, high = paired_difference_ci(table.n11, table.n10, table.n01, table.n00, confidence)
+    return PairedEffect(
+        n=table.n,
+        rescue=table.rescue,
+        harm=table.harm,
+        net=table.rescue - table.harm,
+        difference=est,
+        ci_low=low,
+        ci_high=high,
+        confidence=confidence,
+        mcnemar_p=mcnemar_exact_p(table.harm, table.rescue),
+    )
+
+
+def crosses_zero(effect: PairedEffect) -> bool:
+    """True when the interval admits no change at all: such an effect is never a win."""
+    return effect.ci_low <= 0.0 <= effect.ci_high
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm step-down adjustment across the experiment's comparisons (family-wise)."""
+    return list(holm_adjust(list(pvalues))) if pvalues else []

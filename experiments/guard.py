@@ -1,0 +1,216 @@
+"""Guard policies: intervene only where the slices say the intervention pays.
+
+Learning (on the spec's episodes, the training set): every single feature, and every
+interaction the spec requests, partitions the episodes into slices. Within one
+partition the rule picks the slices that maximise rescues subject to the harm cap:
+
+- ``harm_cap: null`` (default): any slice whose harms do not exceed its rescues;
+- ``harm_cap: k``: the subset whose harms add up to at most ``k`` (an exact knapsack
+  over the slices), so ``harm_cap: 0`` admits only slices with no harm at all.
+
+The partition with the most rescues wins (ties: fewer harms, then one feature before
+an interaction, then fewer clauses). The rule is the runner's JSON, so the guarded
+world runs exactly what was learned.
+
+Validation (on held-out episodes: fresh seeds after the training ones): the baseline,
+the treatment and a ``guarded`` world that intervenes only when the rule fires, all
+from the same checkpoints, on the local twin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from experiments.engine import run_twin, world_plan
+from experiments.pairing import pair_counts
+from experiments.slices import Clause, SliceEffect, feature_text
+from experiments.spec import ExperimentSpec, Role, World
+
+
+class GuardCounts(BaseModel):
+    episodes: int
+    intervened: int
+    rescue: int
+    harm: int
+    net: int
+
+
+class GuardEvaluation(BaseModel):
+    """Pairs against the baseline on a range of episodes: ``before`` with the treatment
+    always applied, ``after`` with it applied only where the rule fires."""
+
+    first_episode: int
+    last_episode: int
+    before: GuardCounts
+    after: GuardCounts
+
+
+class GuardPolicy(BaseModel):
+    world: str
+    intervention: str
+    harm_cap: int | None
+    basis: str
+    rule: dict[str, list[Clause]]
+    words: str
+    training: GuardEvaluation
+    held_out: GuardEvaluation
+
+
+def guard_world(spec: ExperimentSpec) -> World | None:
+    """The treatment the guard gates: the spec's choice, else the first treatment."""
+    name = spec.analysis.guard.world
+    if name is not None:
+        return next(w for w in spec.worlds if w.name == name)
+    return next((w for w in spec.worlds if w.role is Role.treatment), None)
+
+
+def _best_subset(slices: Sequence[SliceEffect], harm_cap: int | None) -> list[SliceEffect]:
+    useful = [s for s in slices if s.rescue > 0]
+    if harm_cap is None:
+        return [s for s in useful if s.harm <= s.rescue]
+    cap = min(harm_cap, sum(s.harm for s in useful))
+    # best[h] = (rescues, chosen indices) using at most h harms.
+    best: list[tuple[int, tuple[int, ...]]] = [(0, ())] * (cap + 1)
+    for i, s in enumerate(useful):
+        for h in range(cap, s.harm - 1, -1):
+            prev_rescue, prev_set = best[h - s.harm]
+            if prev_rescue + s.rescue > best[h][0]:
+                best[h] = (prev_rescue + s.rescue, (*prev_set, i))
+    return [useful[i] for i in sorted(best[cap][1])]
+
+
+def _merge_ranges(chosen: list[SliceEffect]) -> list[Clause]:
+    """Adjacent chosen bins of one numeric feature become one range clause."""
+    clauses: list[Clause] = []
+    for s in chosen:
+        clause = {k: dict(v) for k, v in s.clause.items()}
+        if clauses and len(clause) == 1 and len(clauses[-1]) == 1:
+            (name, m), (pname, pm) = next(iter(clause.items())), next(iter(clauses[-1].items()))
+            if name == pname and "eq" not in m and "eq" not in pm and pm.get("lt") == m.get("ge"):
+                merged = {k: v for k, v in pm.items() if k == "ge"}
+                merged.update({k: v for k, v in m.items() if k == "lt"})
+                clauses[-1] = {name: merged}
+                continue
+        clauses.append(clause)
+    return clauses
+
+
+def learn_rule(
+    partitions: Sequence[Sequence[SliceEffect]], harm_cap: int | None
+) -> tuple[str, list[Clause], list[SliceEffect]]:
+    """(basis, clauses, chosen slices) of the best rule over all partitions."""
+    best: tuple[Any, ...] | None = None
+    for slices in partitions:
+        if not slices:
+            continue
+        chosen = _best_subset(slices, harm_cap)
+        if not chosen:
+            continue
+        clauses = (
+            [{}] if len(chosen) == len(slices) else _merge_ranges(chosen)
+        )  # every slice chosen: the rule always fires, unseen values included
+        basis = slices[0].feature
+        rescue, harm = sum(s.rescue for s in chosen), sum(s.harm for s in chosen)
+        key = (rescue, -harm, -len(slices[0].clause), -len(clauses), basis)
+        if best is None or key > best[0]:
+            best = (key, basis, clauses, chosen)
+    if best is None:
+        return "", [], []
+    return best[1], best[2], best[3]
+
+
+def _matcher_words(feature: str, matcher: dict[str, Any]) -> str:
+    if "eq" in matcher:
+        return f"{feature} is {feature_text(matcher['eq'])}"
+    lo, hi = matcher.get("ge"), matcher.get("lt")
+    if lo is not None and hi is not None:
+        return f"{lo:g} ≤ {feature} < {hi:g}"
+    if lo is not None:
+        return f"{feature} ≥ {lo:g}"
+    if hi is not None:
+        return f"{feature} < {hi:g}"
+    return f"{feature} has any value"
+
+
+def rule_words(intervention: str, clauses: list[Clause], harm_cap: int | None) -> str:
+    if not clauses:
+        cap = "no more harms than rescues" if harm_cap is None else f"at most {harm_cap} harms"
+        return f"never apply {intervention}: no slice rescued any run with {cap}"
+    if clauses == [{}]:
+        return f"always apply {intervention}: every slice pays"
+    parts = [" and ".join(_matcher_words(f, m) for f, m in c.items()) for c in clauses]
+    return f"apply {intervention} only when " + " or ".join(parts)
+
+
+def _counts(reference: Sequence[bool], world: Sequence[bool], fired: Sequence[bool]) -> GuardCounts:
+    c = pair_counts(reference, world)
+    return GuardCounts(
+        episodes=len(reference), intervened=sum(fired), rescue=c.rescue, harm=c.harm, net=c.net
+    )
+
+
+def validate_guard(
+    spec: ExperimentSpec, treatment: World, rule: dict[str, Any], holdout: int
+) -> GuardEvaluation:
+    """Baseline, treatment and guarded on ``holdout`` fresh episodes after the spec's."""
+    forks = spec.analysis.forks_per_checkpoint
+    guarded = "guarded" if treatment.name != "guarded" else "guarded-policy"
+    plans = [
+        world_plan(spec.baseline, forks),
+        world_plan(treatment, forks),
+        world_plan(treatment, forks, guard=rule, name=guarded),
+    ]
+    episodes = range(spec.episodes, spec.episodes + holdout)
+    cols = run_twin(spec, episodes=episodes, worlds=plans).batch["worlds"]
+    base = cols[spec.baseline.name]["outcomes"]
+    before, after = cols[treatment.name], cols[guarded]
+    return GuardEvaluation(
+        first_episode=episodes.start,
+        last_episode=episodes.stop - 1,
+        before=_counts(base, before["outcomes"], before["intervened"]),
+        after=_counts(base, after["outcomes"], after["intervened"]),
+    )
+
+
+def guard_policy(
+    spec: ExperimentSpec,
+    partitions: Sequence[Sequence[SliceEffect]],
+    reference: Sequence[bool],
+    treated: Sequence[bool],
+    intervened: Sequence[bool],
+) -> GuardPolicy | None:
+    """Learn the guard from ``partitions`` (the gated world's slices against the baseline
+    on the training episodes, whose outcomes are ``reference`` and ``treated``) and
+    validate it on held-out episodes."""
+    world = guard_world(spec)
+    if world is None or world.intervention is None:
+        return None
+    cap = spec.analysis.guard.harm_cap
+    basis, clauses, chosen = learn_rule(partitions, cap)
+    rule: dict[str, list[Clause]] = {"any": clauses}
+    holdout = spec.analysis.guard.holdout_episodes or spec.episodes
+    training = GuardEvaluation(
+        first_episode=0,
+        last_episode=spec.episodes - 1,
+        before=_counts(reference, treated, intervened),
+        after=GuardCounts(
+            episodes=len(reference),
+            intervened=sum(s.n for s in chosen),
+            rescue=sum(s.rescue for s in chosen),
+            harm=sum(s.harm for s in chosen),
+            net=sum(s.net for s in chosen),
+        ),
+    )
+    return GuardPolicy(
+        world=world.name,
+        intervention=world.intervention.name,
+        harm_cap=cap,
+        basis=basis or "(none)",
+        rule=rule,
+        words=rule_words(world.intervention.name, clauses, cap),
+        training=training,
+        held_out=validate_guard(spec, world, rule, holdout),
+    )

@@ -1,0 +1,260 @@
+"""The report as one self-contained HTML page: inline CSS and inline SVG charts.
+
+Nothing is fetched when the page is viewed (no scripts, fonts, images or styles from
+elsewhere), so it opens the same from an artifact store, an e-mail or a closed network.
+"""
+
+from __future__ import annotations
+
+import json
+from html import escape
+
+from experiments.charts import failure_rate_chart, rescue_harm_chart
+from experiments.report import Report, interval_text, pvalue_text
+from experiments.slices import feature_text
+from experiments.verdicts import Verdict
+
+_CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;max-width:1100px;
+color:#111827;background:#f9fafb;padding:0 1rem}
+h1{margin-bottom:.2rem}h2{margin-top:2rem;border-bottom:2px solid #e5e7eb;padding-bottom:.2rem}
+.meta{color:#4b5563;font-size:.9rem}code{font-size:.85rem}
+table{border-collapse:collapse;margin:.6rem 0;background:#fff;font-size:.9rem}
+th,td{border:1px solid #e5e7eb;padding:.3rem .6rem;text-align:left}
+th{background:#f3f4f6}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.badge{display:inline-block;padding:.1rem .5rem;border-radius:.8rem;color:#fff;font-weight:600}
+.supported,.pass{background:#16a34a}.refuted,.fail{background:#dc2626}
+.inconclusive{background:#ca8a04}.invalid{background:#7f1d1d}
+.banner{padding:.7rem 1rem;border-radius:.4rem;color:#fff;font-weight:600}
+.warn{background:#fef3c7;border-left:4px solid #d97706;padding:.4rem .8rem;margin:.4rem 0}
+.chart{background:#fff;border:1px solid #e5e7eb;margin:.6rem 0;padding:.4rem}
+.chart svg{max-width:100%;height:auto}
+pre{background:#111827;color:#f9fafb;padding:.7rem;border-radius:.4rem;overflow:auto}
+"""
+
+
+def _num(text: str) -> str:
+    return f'<td class="num">{escape(text)}</td>'
+
+
+def _table(headers: list[str], rows: list[list[str]], numeric: set[int]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>"
+        + "".join(_num(c) if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _badge(text: str, css: str) -> str:
+    return f'<span class="badge {css}">{escape(text)}</span>'
+
+
+def render_html(report: Report) -> str:
+    e = report.experiment
+    pct = f"{round(report.settings.confidence * 100)}%"
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>ForkLab report: {escape(e.id)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>Experiment <code>{escape(e.id)}</code></h1>",
+        f'<p class="meta">{escape(e.hypothesis)}</p>',
+        f'<p class="meta">workload <code>{escape(e.workload)}</code>, seed {e.seed}, '
+        f"{e.episodes} episodes per world · fingerprint <code>{escape(e.fingerprint)}</code>"
+        f" · outcomes digest <code>{escape(report.outcomes_digest)}</code></p>",
+    ]
+    if report.valid:
+        parts.append('<p class="banner pass">Valid: every validity check passed.</p>')
+    else:
+        parts.append(
+            '<p class="banner fail">Invalid: a validity check failed; the effects below are '
+            "not evidence.</p>"
+        )
+    parts.append("<h2>Verdicts</h2>")
+    parts.append(
+        _table(
+            ["world", "role", "expected", "verdict", "why"],
+            [
+                [
+                    escape(v.world),
+                    v.role.value,
+                    v.expected.value,
+                    _badge(v.verdict.value, v.verdict.value),
+                    escape(v.reason),
+                ]
+                for v in report.verdicts
+            ],
+            set(),
+        )
+    )
+    parts += [
+        "<h2>Failure rate per world</h2>",
+        f'<div class="chart">{failure_rate_chart(report.worlds)}</div>',
+    ]
+    parts.append(
+        _table(
+            ["world", "role", "episodes", "failures", "failure rate", f"{pct} Wilson"],
+            [
+                [
+                    escape(w.name),
+                    w.role.value,
+                    str(w.episodes),
+                    str(w.failures),
+                    f"{w.failure_rate:.1%}",
+                    f"[{w.failure_ci_low:.1%}, {w.failure_ci_high:.1%}]",
+                ]
+                for w in report.worlds
+            ],
+            {2, 3, 4, 5},
+        )
+    )
+    parts += [
+        "<h2>Rescues and harms per comparison</h2>",
+        f'<div class="chart">{rescue_harm_chart(report.comparisons)}</div>',
+    ]
+    parts.append(
+        _table(
+            [
+                "world",
+                "vs",
+                "rescue",
+                "harm",
+                "unchanged",
+                "net",
+                "success diff",
+                f"{pct} CI",
+                "McNemar p",
+                "Holm p",
+            ],
+            [
+                [
+                    escape(c.world),
+                    escape(c.vs),
+                    str(c.rescue),
+                    str(c.harm),
+                    str(c.unchanged),
+                    f"{c.net:+d}",
+                    f"{c.difference:+.3f}",
+                    interval_text(c.ci_low, c.ci_high),
+                    pvalue_text(c.mcnemar_p),
+                    pvalue_text(c.holm_p),
+                ]
+                for c in report.comparisons
+            ],
+            set(range(2, 10)),
+        )
+    )
+    parts.append("<h2>Slices</h2>")
+    for c in report.comparisons:
+        effects = c.slice_effects + c.interaction_effects
+        if not effects:
+            continue
+        parts.append(f"<h3>{escape(c.world)} vs {escape(c.vs)}</h3>")
+        parts.append(
+            _table(
+                ["feature", "value", "n", "rescue", "harm", "net", f"{pct} CI"],
+                [
+                    [
+                        escape(s.feature),
+                        escape(feature_text(s.value)),
+                        str(s.n),
+                        str(s.rescue),
+                        str(s.harm),
+                        f"{s.net:+d}",
+                        interval_text(s.ci_low, s.ci_high),
+                    ]
+                    for s in effects
+                ],
+                {2, 3, 4, 5, 6},
+            )
+        )
+    parts.append("<h2>Checks</h2>")
+    parts.append(
+        _table(
+            ["check", "kind", "result", "reason"],
+            [
+                [
+                    escape(c.name),
+                    c.kind.value,
+                    _badge("pass", "pass") if c.passed else _badge("fail", "fail"),
+                    escape(c.reason),
+                ]
+                for c in report.checks
+            ],
+            set(),
+        )
+    )
+    parts.append("<h2>Evidence per world-second</h2>")
+    parts.append(
+        '<p class="meta">Information is −log10 of the exact McNemar p against the baseline; '
+        "the rate divides it by the world-seconds the world consumed.</p>"
+    )
+    parts.append(
+        _table(
+            ["rank", "world", "−log10 p", "world-seconds", "per world-second"],
+            [
+                [
+                    str(r.rank),
+                    escape(r.world),
+                    f"{r.information:.2f}",
+                    f"{r.world_seconds:.3f}",
+                    "n/a"
+                    if r.information_per_second is None
+                    else f"{r.information_per_second:.2f}",
+                ]
+                for r in report.evidence
+            ],
+            {0, 2, 3, 4},
+        )
+    )
+    p = report.power
+    parts.append(f"<h2>Power (α {p.alpha:g}, power {p.power:g})</h2>")
+    parts += [f'<p class="warn">{escape(w)}</p>' for w in p.warnings]
+    parts.append(
+        _table(
+            ["world", "episodes", "needed", "note"],
+            [
+                [escape(r.world), str(r.episodes), str(r.needed or "—"), escape(r.note)]
+                for r in p.rows
+            ],
+            {1, 2},
+        )
+    )
+    if report.guard is not None:
+        g = report.guard
+        parts += [
+            f"<h2>Guard policy for <code>{escape(g.world)}</code></h2>",
+            f"<p><strong>{escape(g.words)}</strong> (learned on {escape(g.basis)})</p>",
+            f"<pre>{escape(json.dumps(g.rule, indent=2))}</pre>",
+        ]
+        rows = []
+        for label, ev in (("training", g.training), ("held-out", g.held_out)):
+            for mode, k in (("always", ev.before), ("guarded", ev.after)):
+                rows.append(
+                    [
+                        f"{label} {ev.first_episode}..{ev.last_episode}",
+                        mode,
+                        str(k.intervened),
+                        str(k.rescue),
+                        str(k.harm),
+                        f"{k.net:+d}",
+                    ]
+                )
+        parts.append(
+            _table(
+                ["episodes", "policy", "intervened", "rescue", "harm", "net"], rows, {2, 3, 4, 5}
+            )
+        )
+    parts.append(
+        f"<h2>Verdict legend</h2><p>{_badge('supported', Verdict.supported.value)} interval "
+        "and Holm p on the expected side · "
+        f"{_badge('refuted', Verdict.refuted.value)} the same on the other side · "
+        f"{_badge('inconclusive', Verdict.inconclusive.value)} the interval crosses zero or "
+        f"p is not small enough · {_badge('invalid', Verdict.invalid.value)} a validity "
+        "check failed</p>"
+    )
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"

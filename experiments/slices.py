@@ -1,0 +1,139 @@
+"""Slices: the paired effect within groups of episodes that share a pre-decision feature.
+
+Categorical features (booleans, strings) slice by value. Numeric features are binned
+into quantiles of the values seen at the boundary, and each bin is a half-open range
+``[lo, hi)`` whose outer ends are open, so that a value never seen in training still
+falls into a bin. Every slice carries the guard-rule clause that selects exactly its
+episodes (the runner's ``{"eq": v}`` / ``{"ge": lo, "lt": hi}`` matchers), so a guard
+policy learned from slices is the same object the runner executes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from experiments.comparisons import CONFIDENCE, PairedTable, paired_effect
+from experiments.runtime.workload import Feature
+from experiments.stats import bin_bounds, bin_label, quantile_edges
+
+#: A clause of the runner's guard rule: feature → matcher; all matchers must hold.
+Clause = dict[str, dict[str, Feature]]
+
+
+class SliceEffect(BaseModel):
+    feature: str
+    value: Feature
+    rescue: int
+    harm: int
+    unchanged: int
+    net: int
+    n: int
+    difference: float
+    ci_low: float
+    ci_high: float
+    clause: Clause
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """How one feature is sliced: by value, or by quantile bin edges."""
+
+    name: str
+    edges: tuple[float, ...] | None = None
+
+    def cell(self, value: Feature) -> tuple[tuple[int, float, str], Feature, dict[str, Any]]:
+        """(sort key, shown value, matcher) of the slice that holds ``value``."""
+        if self.edges is None:
+            return _order(value), value, {"eq": value}
+        lo, hi = bin_bounds(float(value), self.edges)
+        matcher: dict[str, Any] = {}
+        if math.isfinite(lo):
+            matcher["ge"] = lo
+        if math.isfinite(hi):
+            matcher["lt"] = hi
+        key = (0, lo, "")
+        return key, bin_label(float(value), self.edges), matcher
+
+
+def _order(value: Feature) -> tuple[int, float, str]:
+    """Numbers (and booleans) in numeric order before strings in text order."""
+    if isinstance(value, str):
+        return (1, 0.0, value)
+    return (0, float(value), "")
+
+
+def _numeric(values: Sequence[Feature]) -> bool:
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+
+
+def dimensions(features: Sequence[dict[str, Feature]], bins: int) -> dict[str, Dimension]:
+    """One dimension per recorded feature; numeric ones binned into ``bins`` quantiles."""
+    names = sorted({name for feats in features for name in feats})
+    dims: dict[str, Dimension] = {}
+    for name in names:
+        values = [feats[name] for feats in features if name in feats]
+        if _numeric(values):
+            edges = quantile_edges([float(v) for v in values], bins)
+            dims[name] = Dimension(name, tuple(edges))
+        else:
+            dims[name] = Dimension(name)
+    return dims
+
+
+def slice_effects(
+    reference: Sequence[bool],
+    world: Sequence[bool],
+    features: Sequence[dict[str, Feature]],
+    dims: Sequence[Dimension],
+    confidence: float = CONFIDENCE,
+) -> list[SliceEffect]:
+    """Slices over the cells of ``dims`` jointly: one dimension gives the plain slices,
+    two give their interaction. Sorted by cell; empty cells are left out."""
+    label = " × ".join(d.name for d in dims)
+    cells: dict[tuple[Any, ...], tuple[Feature, Clause, list[int]]] = {}
+    for ref, w, feats in zip(reference, world, features, strict=True):
+        order: list[Any] = []
+        shown: list[Feature] = []
+        clause: Clause = {}
+        for dim in dims:
+            rank, value, matcher = dim.cell(feats[dim.name])
+            order.append(rank)
+            shown.append(value)
+            clause[dim.name] = matcher
+        slot = cells.get(tuple(order))
+        if slot is None:
+            value_out: Feature = (
+                shown[0] if len(shown) == 1 else " × ".join(map(feature_text, shown))
+            )
+            slot = cells[tuple(order)] = (value_out, clause, [0, 0, 0, 0])
+        slot[2][(0 if ref else 2) + (0 if w else 1)] += 1
+    out = []
+    for key in sorted(cells):
+        value_out, clause, c = cells[key]
+        effect = paired_effect(PairedTable(n11=c[0], n10=c[1], n01=c[2], n00=c[3]), confidence)
+        out.append(
+            SliceEffect(
+                feature=label,
+                value=value_out,
+                rescue=effect.rescue,
+                harm=effect.harm,
+                unchanged=effect.n - effect.rescue - effect.harm,
+                net=effect.net,
+                n=effect.n,
+                difference=effect.difference,
+                ci_low=effect.ci_low,
+                ci_high=effect.ci_high,
+                clause=clause,
+            )
+        )
+    return out
+
+
+def feature_text(value: Feature) -> str:
+    """A feature value as the report shows it (``true``, not ``True``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -1,0 +1,85 @@
+"""Guard policies: learned from slices within the harm cap, run by the real runner."""
+
+from __future__ import annotations
+
+from experiments.guard import learn_rule, rule_words
+from experiments.plan import rehearse
+from experiments.runtime.runner import rule_fires
+from experiments.slices import Dimension, SliceEffect, dimensions, slice_effects
+from experiments.spec import parse_spec
+from tests.helpers import ROOT
+
+RECOVERY = ROOT / "experiments" / "recovery-counter.yaml"
+
+
+def _slice(value: str, rescue: int, harm: int) -> SliceEffect:
+    return SliceEffect(
+        feature="kind",
+        value=value,
+        rescue=rescue,
+        harm=harm,
+        unchanged=10,
+        net=rescue - harm,
+        n=rescue + harm + 10,
+        difference=0.0,
+        ci_low=-1.0,
+        ci_high=1.0,
+        clause={"kind": {"eq": value}},
+    )
+
+
+SLICES = [_slice("a", 9, 4), _slice("b", 5, 0), _slice("c", 3, 3), _slice("d", 2, 6)]
+
+
+def test_default_cap_takes_every_slice_without_more_harms_than_rescues() -> None:
+    basis, clauses, chosen = learn_rule([SLICES], None)
+    assert basis == "kind"
+    assert [s.value for s in chosen] == ["a", "b", "c"]
+    assert clauses == [{"kind": {"eq": v}} for v in "abc"]
+
+
+def test_harm_cap_is_an_exact_knapsack() -> None:
+    assert [s.value for s in learn_rule([SLICES], 0)[2]] == ["b"]
+    assert [s.value for s in learn_rule([SLICES], 3)[2]] == ["b", "c"]
+    assert [s.value for s in learn_rule([SLICES], 4)[2]] == ["a", "b"]
+    assert [s.value for s in learn_rule([SLICES], 7)[2]] == ["a", "b", "c"]
+
+
+def test_no_paying_slice_means_never_intervene() -> None:
+    basis, clauses, chosen = learn_rule([[_slice("d", 0, 6)]], None)
+    assert (basis, clauses, chosen) == ("", [], [])
+    assert rule_fires({"any": clauses}, {"kind": "d"}) is False
+    assert rule_words("refresh", clauses, None).startswith("never apply refresh")
+
+
+def test_adjacent_numeric_bins_merge_into_one_range_the_runner_understands() -> None:
+    values = list(range(20))
+    features = [{"depth": v} for v in values]
+    dim = dimensions(features, 4)["depth"]
+    assert isinstance(dim, Dimension) and dim.edges == (5.0, 10.0, 15.0)
+    # the world rescues every episode with depth ≥ 5 and harms the shallow ones
+    reference = [v < 5 for v in values]
+    world = [v >= 5 for v in values]
+    slices = slice_effects(reference, world, features, [dim])
+    assert [s.value for s in slices] == ["(-inf, 5)", "[5, 10)", "[10, 15)", "[15, inf)"]
+    _, clauses, _ = learn_rule([slices], 0)
+    assert clauses == [{"depth": {"ge": 5.0}}]
+    rule = {"any": clauses}
+    assert [rule_fires(rule, f) for f in features] == world
+    assert rule_fires(rule, {"depth": 1e9})  # values never seen in training still fall in a bin
+    assert rule_words("broadcast", clauses, 0) == "apply broadcast only when depth ≥ 5"
+
+
+def test_counter_recovery_rule_removes_held_out_harms_with_harm_cap_zero() -> None:
+    text = RECOVERY.read_text() + "  guard: {harm_cap: 0, holdout_episodes: 200}\n"
+    report = rehearse(parse_spec(text, "capped"))
+    guard = report.guard
+    assert guard is not None
+    assert guard.rule == {"any": [{"obs_repeated": {"eq": True}}]}
+    assert guard.words == "apply refresh only when obs_repeated is true"
+    assert guard.training.after.harm == 0
+    held = guard.held_out
+    assert (held.first_episode, held.last_episode) == (300, 499)
+    assert held.before.harm > 0 and held.after.harm == 0
+    assert held.after.rescue == held.before.rescue
+    assert held.after.intervened < held.before.intervened == 200
