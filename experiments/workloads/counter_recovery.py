@@ -1,12 +1,13 @@
 """``counter-recovery``: an agent counts to a target through a sensor that may stick.
 
 The agent reads an observation, increments a counter and declares done when the
-observation says ``target``. With ``noise`` > 0 the agent misreads the observation by
-one with that probability (an agent draw of the common random numbers). Some runs have budget slack; in some the sensor sticks
+observation says ``target``. Some runs have budget slack; in some the sensor sticks
 at a value, so the agent overshoots, which cannot be undone. Success: the agent
 declared done with the true value at ``target``. ``refresh`` costs one action,
 un-sticks the sensor and re-reads the true value; ``null-refresh`` costs the action
-and does nothing else (the mechanism control).
+and does nothing else (the mechanism control). With ``noise`` > 0 the agent misreads
+the observation by one with that probability (an agent draw of the common random
+numbers, so every world shares the same misreads).
 """
 
 from __future__ import annotations
