@@ -28,7 +28,7 @@ th{background:#f3f4f6}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .banner{padding:.7rem 1rem;border-radius:.4rem;color:#fff;font-weight:600}
 .warn{background:#fef3c7;border-left:4px solid #d97706;padding:.4rem .8rem;margin:.4rem 0}
 .chart{background:#fff;border:1px solid #e5e7eb;margin:.6rem 0;padding:.4rem}
-.chart svg{max-width:100%;height:auto}
+.chart svg{width:100%;height:auto}
 pre{background:#111827;color:#f9fafb;padding:.7rem;border-radius:.4rem;overflow:auto}
 """
 
