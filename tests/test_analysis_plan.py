@@ -129,7 +129,6 @@ def test_interaction_with_an_unknown_feature_names_the_field(
     assert "analysis.interactions[0]" in err and "'nope'" in err and "obs_repeated" in err
 
 
-@pytest.mark.skipif(not RETRY.exists(), reason="experiments/retry-cascade.yaml not added yet")
 def test_retry_cascade_verdicts_with_placebo_and_positive_control(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
