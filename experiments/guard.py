@@ -8,8 +8,8 @@ partition the rule picks the slices that maximise rescues subject to the harm ca
 - ``harm_cap: k``: the subset whose harms add up to at most ``k`` (an exact knapsack
   over the slices), so ``harm_cap: 0`` admits only slices with no harm at all.
 
-The partition with the most rescues wins (ties: fewer harms, then one feature before
-an interaction, then fewer clauses). The rule is the runner's JSON, so the guarded
+The partition with the most rescues wins (ties: fewer harms, then fewer interventions,
+since each one costs, then one feature before an interaction, then fewer clauses). The rule is the runner's JSON, so the guarded
 world runs exactly what was learned.
 
 Validation (on held-out episodes: fresh seeds after the training ones): the baseline,
@@ -114,7 +114,8 @@ def learn_rule(
         )  # every slice chosen: the rule always fires, unseen values included
         basis = slices[0].feature
         rescue, harm = sum(s.rescue for s in chosen), sum(s.harm for s in chosen)
-        key = (rescue, -harm, -len(slices[0].clause), -len(clauses), basis)
+        fired = sum(s.n for s in chosen)
+        key = (rescue, -harm, -fired, -len(slices[0].clause), -len(clauses), basis)
         if best is None or key > best[0]:
             best = (key, basis, clauses, chosen)
     if best is None:

@@ -83,3 +83,11 @@ def test_counter_recovery_rule_removes_held_out_harms_with_harm_cap_zero() -> No
     assert held.before.harm > 0 and held.after.harm == 0
     assert held.after.rescue == held.before.rescue
     assert held.after.intervened < held.before.intervened == 200
+
+
+def test_equal_rescues_prefer_the_rule_that_intervenes_less() -> None:
+    wide = [_slice("a", 4, 0).model_copy(update={"feature": "wide", "n": 90})]
+    narrow = [_slice("a", 4, 0).model_copy(update={"feature": "narrow", "n": 20})]
+    narrow.append(_slice("b", 0, 2).model_copy(update={"feature": "narrow", "n": 70}))
+    basis, _, chosen = learn_rule([wide, narrow], None)
+    assert basis == "narrow" and sum(s.n for s in chosen) == 20
