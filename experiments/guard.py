@@ -9,8 +9,8 @@ partition the rule picks the slices that maximise rescues subject to the harm ca
   over the slices), so ``harm_cap: 0`` admits only slices with no harm at all.
 
 The partition with the most rescues wins (ties: fewer harms, then fewer interventions,
-since each one costs, then one feature before an interaction, then fewer clauses). The rule is the runner's JSON, so the guarded
-world runs exactly what was learned.
+since each one costs, then one feature before an interaction, then fewer clauses). The
+rule is the runner's JSON, so the guarded world runs exactly what was learned.
 
 Validation (on held-out episodes: fresh seeds after the training ones): the baseline,
 the treatment and a ``guarded`` world that intervenes only when the rule fires, all
