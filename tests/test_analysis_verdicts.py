@@ -7,6 +7,9 @@ import pytest
 from experiments.comparisons import paired_effect, paired_table
 from experiments.outcomes import InfraUsage
 from experiments.plan import analyse, rehearse_outcomes, workload_code_digest
+from experiments.render_html import render_html
+from experiments.render_markdown import render_markdown
+from experiments.report import render_text
 from experiments.spec import Direction, ExperimentSpec, parse_spec
 from experiments.verdicts import Verdict, judge
 from tests.helpers import ROOT
@@ -68,6 +71,9 @@ def test_a_failed_validity_check_makes_every_verdict_invalid() -> None:
     assert not identity.passed and "refresh" in identity.reason
     assert report.valid is False
     assert {v.verdict for v in report.verdicts} == {Verdict.invalid}
+    assert render_text(report).endswith("INVALID: a validity check failed")
+    assert "The verdicts above are void" in render_markdown(report)
+    assert "Invalid: a validity check failed" in render_html(report)
     # the untampered outcomes give real verdicts
     clean = analyse(spec, outcomes, digest)
     assert clean.valid and Verdict.invalid not in {v.verdict for v in clean.verdicts}
