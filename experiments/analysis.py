@@ -11,7 +11,13 @@ from experiments.checks import validity_checks
 from experiments.comparisons import CONFIDENCE, holm, paired_effect, paired_table
 from experiments.evidence import rank_evidence
 from experiments.guard import guard_policy, guard_world
-from experiments.outcomes import ExperimentOutcomes, InfraUsage, WorldStatus, outcomes_digest
+from experiments.outcomes import (
+    ExperimentOutcomes,
+    InfraUsage,
+    WorldOutcomes,
+    WorldStatus,
+    outcomes_digest,
+)
 from experiments.pairing import slice_counts
 from experiments.power import PowerAnalysis, power_row, power_warnings
 from experiments.report import (
@@ -53,6 +59,10 @@ def _world_rows(spec: ExperimentSpec, out: ExperimentOutcomes) -> list[WorldRow]
     return rows
 
 
+def _whole(world: WorldOutcomes, out: ExperimentOutcomes) -> bool:
+    return world.status is WorldStatus.completed and len(world.outcomes) == len(out.episodes)
+
+
 def _interaction_dims(
     spec: ExperimentSpec, dims: dict[str, Dimension]
 ) -> list[tuple[Dimension, Dimension]]:
@@ -77,8 +87,8 @@ def comparison_rows(
     rows: list[ComparisonRow] = []
     for world, vs in comparison_pairs(spec):
         a, b = out.world(vs), out.world(world)
-        if a.status is not WorldStatus.completed or b.status is not WorldStatus.completed:
-            continue
+        if not (_whole(a, out) and _whole(b, out)):
+            continue  # the completion check reports it; pairs need both worlds whole
         effect = paired_effect(paired_table(a.outcomes, b.outcomes), CONFIDENCE)
         singles: list[SliceEffect] = []
         for dim in dims.values():

@@ -106,6 +106,9 @@ def placebo_fidelity(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check | N
         if world.status is not WorldStatus.completed:
             diffs.append(f"{name} did not complete")
             continue
+        if len(world.outcomes) != len(base.outcomes):
+            diffs.append(f"{name} ran {len(world.outcomes)} of {len(base.outcomes)} episodes")
+            continue
         n = sum(a != b for a, b in zip(world.outcomes, base.outcomes, strict=True))
         if n:
             diffs.append(f"{name} differs from the baseline in {n} episodes")

@@ -108,3 +108,23 @@ def test_snapshot_provenance_must_be_common() -> None:
     report = analyse(spec, mixed, workload_code_digest(spec))
     check = next(c for c in report.checks if c.name == "common_snapshot")
     assert not check.passed and "another-image" in check.reason
+
+
+def test_a_partial_world_is_reported_not_crashed_on() -> None:
+    spec = _spec()
+    outcomes, _ = rehearse_outcomes(spec)
+    partial = outcomes.model_copy(deep=True)
+    w = partial.worlds[1]
+    w.outcomes, w.intervened, w.shocks, w.inherited = (
+        w.outcomes[:200],
+        w.intervened[:200],
+        w.shocks[:200],
+        w.inherited[:200],
+    )
+    report = analyse(spec, partial, workload_code_digest(spec))
+    completion = next(c for c in report.checks if c.name == "completion")
+    assert (
+        not completion.passed and "refresh" in completion.reason and "200/300" in completion.reason
+    )
+    assert [c.world for c in report.comparisons] == ["null-refresh"]
+    assert report.valid is False and report.guard is None
