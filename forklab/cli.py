@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from forklab import plan_commands
+from forklab import ops_commands, plan_commands
 from forklab.errors import CliError
 
 
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan_commands.register(sub)
+    ops_commands.register(sub)
     return parser
 
 

@@ -7,6 +7,11 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
@@ -19,6 +24,7 @@ from activities.sandbox.local import LocalSandboxBackend
 from activities.world_batches import SandboxActivities
 from workers.config import Settings
 from workflows.experiment import ExperimentWorkflow
+from workflows.search_attributes import EXPERIMENT, STAGE
 
 WORKFLOWS: list[type] = [ExperimentWorkflow]
 #: Activities beyond the sandboxes themselves (planning, records, cleanup) a worker runs.
@@ -29,6 +35,23 @@ async def connect(settings: Settings) -> Client:
     return await Client.connect(
         settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
     )
+
+
+async def ensure_search_attributes(client: Client, namespace: str) -> None:
+    """Register ForkLab's search attributes when the server lacks them (the embedded dev
+    server has them from its flags; another cluster may not)."""
+    known = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace)
+    )
+    missing = {
+        key.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
+        for key in (EXPERIMENT, STAGE)
+        if key.name not in known.custom_attributes
+    }
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+        )
 
 
 def build_activities(settings: Settings) -> list[Callable[..., Any]]:
@@ -67,6 +90,7 @@ def build_worker(client: Client, settings: Settings) -> Worker:
 async def run_worker(settings: Settings) -> None:
     """Run until SIGINT or SIGTERM, then finish gracefully."""
     client = await connect(settings)
+    await ensure_search_attributes(client, settings.namespace)
     worker = build_worker(client, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,0 +1,370 @@
+"""The experiment commands: start, approve, reject, status, cancel, report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import socket
+from pathlib import Path
+
+from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
+
+from activities.approval_token import new_token, token_sha256, write_token_file
+from activities.artifacts import ArtifactError, ArtifactStore
+from experiments.spec import ExperimentSpec
+from forklab.errors import CliError
+from forklab.ops_common import (
+    add_connection_flags,
+    experiment_handle,
+    open_client,
+    query_status,
+    run,
+    settings_from,
+)
+from forklab.specfile import load_spec
+from workers.config import Settings
+from workflows.experiment import ExperimentWorkflow
+from workflows.messages import (
+    DEFAULT_BATCH_EPISODES,
+    DEFAULT_REHEARSAL_EPISODES,
+    ApproveSignal,
+    ExperimentInput,
+    ExperimentResult,
+    RejectSignal,
+    Stage,
+    StatusView,
+    workflow_id,
+)
+from workflows.search_attributes import EXPERIMENT, STAGE
+
+#: Seconds ``approve`` waits for the workflow to record the attempt.
+CONFIRM_SECONDS = 15.0
+
+
+# --- start ----------------------------------------------------------------------------
+def static_details(spec: ExperimentSpec, requested_by: str, token_file: str) -> str:
+    worlds = ", ".join(f"{w.name} ({w.role.value})" for w in spec.worlds)
+    return "\n".join(
+        [
+            f"**Hypothesis** {spec.hypothesis.text}",
+            "",
+            f"- workload: `{spec.workload.name}` · seed {spec.seed} · {spec.episodes} episodes",
+            f"- worlds: {worlds}",
+            f"- budget: {spec.budget.max_world_seconds:g} world-seconds, "
+            f"{spec.budget.max_concurrent_sandboxes} sandboxes at once",
+            f"- approval: {'required' if spec.approval.required else 'not required'}, "
+            f"expires after {spec.approval.expiry_minutes:g} min",
+            f"- requested by {requested_by}; token file {token_file}",
+        ]
+    )
+
+
+async def start_experiment(
+    settings: Settings,
+    spec: ExperimentSpec,
+    batch_episodes: int = DEFAULT_BATCH_EPISODES,
+    rehearsal_episodes: int = DEFAULT_REHEARSAL_EPISODES,
+) -> tuple[str, Path]:
+    """Start the experiment's workflow; returns the token (shown once) and its file."""
+    client = await open_client(settings)
+    token = new_token()
+    requested_by = f"{getpass.getuser()}@{socket.gethostname()}"
+    wid = workflow_id(spec.id)
+    try:
+        await client.start_workflow(
+            ExperimentWorkflow.run,
+            ExperimentInput(
+                spec=spec,
+                token_sha256=token_sha256(token),
+                token_location=f"{socket.gethostname()}:{settings.home / 'tokens'}",
+                requested_by=requested_by,
+                batch_episodes=batch_episodes,
+                rehearsal_episodes=rehearsal_episodes,
+            ),
+            id=wid,
+            task_queue=settings.task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(EXPERIMENT, spec.id),
+                    SearchAttributePair(STAGE, Stage.starting.value),
+                ]
+            ),
+            static_summary=f"ForkLab {spec.id}: {spec.hypothesis.text[:140]}",
+            static_details=static_details(spec, requested_by, str(settings.home / "tokens")),
+        )
+    except WorkflowAlreadyStartedError:
+        raise CliError(
+            f"experiment {spec.id!r} was already started (workflow {wid}); an experiment runs "
+            "once: see `forklab status`, or give the spec a new id to run it again"
+        ) from None
+    except RPCError as exc:
+        raise CliError(f"Temporal refused to start experiment {spec.id!r}: {exc.message}") from None
+    # The token is written only once the workflow exists, so a refused start leaves no file.
+    return token, write_token_file(settings.home, spec.id, token)
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    settings = settings_from(args)
+    token, path = run(
+        lambda: start_experiment(settings, spec, args.batch_episodes, args.rehearsal_episodes)
+    )
+    print(f"started experiment {spec.id} (workflow {workflow_id(spec.id)})")
+    print(f"approval token (shown once; also in {path}, readable only by you):")
+    print(f"  {token}")
+    print(f"watch it: {settings.experiment_url(workflow_id(spec.id))}")
+    print(f"next: forklab status {spec.id}   then   forklab approve {spec.id} --token @{path}")
+    return 0
+
+
+# --- approve / reject -----------------------------------------------------------------
+def read_token(value: str) -> str:
+    """``--token`` takes the token itself or ``@FILE``."""
+    if not value.startswith("@"):
+        return value.strip()
+    try:
+        return Path(value[1:]).expanduser().read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise CliError(f"cannot read the token file {value[1:]} ({exc.strerror})") from None
+
+
+async def approve(
+    settings: Settings, experiment: str, token: str, approver: str, fingerprint: str | None
+) -> tuple[bool, str, StatusView]:
+    """Send the signal, then read back through the query whether it counted and why not."""
+    handle = await experiment_handle(settings, experiment)
+    before = await query_status(handle)
+    if fingerprint is None:
+        if before.plan is None:
+            raise CliError(
+                f"experiment {experiment} has no plan yet (stage {before.stage.value}); "
+                "wait for stage awaiting_approval (`forklab status`)"
+            )
+        fingerprint = before.plan.fingerprint
+    try:
+        await handle.signal(
+            ExperimentWorkflow.approve,
+            ApproveSignal(token=token, fingerprint=fingerprint, approver=approver),
+        )
+    except RPCError as exc:
+        raise CliError(
+            f"experiment {experiment} no longer takes approvals ({exc.message})"
+        ) from None
+    seen = len(before.approval.attempts)
+    for _ in range(int(CONFIRM_SECONDS / 0.2)):
+        view = await query_status(handle)
+        if len(view.approval.attempts) > seen:
+            attempt = view.approval.attempts[seen]
+            return attempt.accepted, attempt.reason, view
+        await asyncio.sleep(0.2)
+    raise CliError(
+        f"experiment {experiment} did not record the approval within {CONFIRM_SECONDS:g} s; "
+        "is a ForkLab worker running?"
+    )
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    token = read_token(args.token)
+    accepted, reason, view = run(
+        lambda: approve(settings, args.experiment, token, args.approver, args.fingerprint)
+    )
+    if not accepted:
+        raise CliError(f"approval of {args.experiment} was not accepted: {reason}")
+    assert view.plan is not None
+    print(
+        f"approved: experiment {args.experiment}, plan {view.plan.fingerprint}, by {args.approver}"
+    )
+    return 0
+
+
+def cmd_reject(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+
+    async def go() -> None:
+        handle = await experiment_handle(settings, args.experiment)
+        try:
+            await handle.signal(
+                ExperimentWorkflow.reject, RejectSignal(by=args.by, reason=args.reason)
+            )
+        except RPCError as exc:
+            raise CliError(
+                f"experiment {args.experiment} has already ended ({exc.message})"
+            ) from None
+
+    run(go)
+    print(f"rejection sent to {args.experiment}; `forklab status {args.experiment}` shows the end")
+    return 0
+
+
+# --- status / cancel / report ---------------------------------------------------------
+def render_status(view: StatusView) -> str:
+    p, b, a = view.progress, view.budget, view.approval
+    lines = [
+        f"experiment {view.experiment_id}: {view.status.value}, stage {view.stage.value}",
+        f"  {view.message}",
+    ]
+    if view.error:
+        lines.append(f"  error: {view.error}")
+    if view.plan:
+        lines.append(f"  plan fingerprint {view.plan.fingerprint}")
+        lines.append(f"  snapshot {view.plan.snapshot.snapshot_id}")
+        lines.append(f"  capacity: {view.plan.capacity.reason}")
+    expiry = f", expires {a.expires_at:%Y-%m-%d %H:%M:%S} UTC" if a.expires_at else ""
+    lines.append(f"  approval: {a.status.value}{expiry}")
+    lines += [
+        f"    {'accepted' if t.accepted else 'refused'} {t.approver} at {t.at:%H:%M:%S}: {t.reason}"
+        for t in a.attempts
+    ]
+    lines.append(
+        f"  progress: prefixes {p.prefixes_done}/{p.prefix_chunks}, world batches "
+        f"{p.batches_completed}/{p.batches} done, {p.batches_failed} failed, "
+        f"{p.batches_skipped} skipped, {p.running} running"
+    )
+    lines.append(
+        f"  budget: {b.spent_world_seconds:.1f} of {b.max_world_seconds:g} world-seconds spent "
+        f"(estimated {b.estimated_world_seconds:.1f}), peak {b.peak_concurrent_sandboxes} "
+        f"of {b.max_concurrent_sandboxes} sandboxes"
+    )
+    if view.cleanup:
+        c = view.cleanup
+        lines.append(f"  cleanup: {c.found} found, {c.removed} removed, {c.left} left")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+
+    async def go() -> StatusView:
+        return await query_status(await experiment_handle(settings, args.experiment))
+
+    view = run(go)
+    print(view.model_dump_json(indent=2) if args.json else render_status(view))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+
+    async def go() -> None:
+        handle = await experiment_handle(settings, args.experiment)
+        desc = await handle.describe()
+        if desc.raw_description.workflow_execution_info.status != (
+            WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+        ):
+            raise CliError(f"experiment {args.experiment} is not running; nothing to cancel")
+        await handle.cancel()
+
+    run(go)
+    print(f"cancellation requested for {args.experiment}; its cleanup deletes every sandbox")
+    return 0
+
+
+async def fetch_result(settings: Settings, experiment: str) -> ExperimentResult:
+    handle = await experiment_handle(settings, experiment)
+    desc = await handle.describe()
+    if desc.raw_description.workflow_execution_info.status == (
+        WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+    ):
+        view = await query_status(handle)
+        raise CliError(
+            f"experiment {experiment} is still running (stage {view.stage.value}); "
+            "wait for it, or watch `forklab status`"
+        )
+    view = await query_status(handle)
+    try:
+        return await handle.result()
+    except Exception:  # cancelled or terminated: the status query still has the story
+        raise CliError(
+            f"experiment {experiment} ended {view.status.value} without a report"
+            f"{': ' + view.error if view.error else ''}"
+        ) from None
+
+
+def report_text(settings: Settings, result: ExperimentResult, as_json: bool) -> str:
+    if result.analysis is None:
+        raise CliError(
+            f"experiment {result.experiment_id} ended {result.status.value} without a report"
+            f"{': ' + result.error if result.error else ''}"
+        )
+    store = ArtifactStore(settings.artifacts_dir)
+    digest = result.analysis.report_digest if as_json else result.analysis.markdown_digest
+    try:
+        data = store.get_bytes(digest)
+    except ArtifactError as exc:
+        raise CliError(str(exc)) from None
+    if as_json:
+        return json.dumps(json.loads(data), indent=2)
+    return data.decode()
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    result = run(lambda: fetch_result(settings, args.experiment))
+    print(report_text(settings, result, args.json))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("start", help="start an experiment's durable workflow (prints the token)")
+    p.add_argument("spec", help="path to the experiment spec (.yaml or .json)")
+    p.add_argument(
+        "--batch-episodes",
+        type=int,
+        default=DEFAULT_BATCH_EPISODES,
+        help="episodes per world batch (one sandbox each)",
+    )
+    p.add_argument(
+        "--rehearsal-episodes",
+        type=int,
+        default=DEFAULT_REHEARSAL_EPISODES,
+        help="episodes the rehearsal times for the estimate (0: all)",
+    )
+    add_connection_flags(p, ui=True)
+    p.set_defaults(func=cmd_start)
+
+    p = sub.add_parser("approve", help="approve an experiment's plan with its one-time token")
+    p.add_argument("experiment", help="experiment id")
+    p.add_argument("--token", required=True, help="the token, or @FILE to read it from a file")
+    p.add_argument("--approver", default=getpass.getuser(), help="who approves (default: you)")
+    p.add_argument(
+        "--fingerprint", help="the plan fingerprint you reviewed (default: the current plan's)"
+    )
+    add_connection_flags(p)
+    p.set_defaults(func=cmd_approve)
+
+    p = sub.add_parser("reject", help="reject an experiment's plan; it ends without compute")
+    p.add_argument("experiment", help="experiment id")
+    p.add_argument("--reason", default="", help="why (recorded)")
+    p.add_argument("--by", default=getpass.getuser(), help="who rejects (default: you)")
+    add_connection_flags(p)
+    p.set_defaults(func=cmd_reject)
+
+    p = sub.add_parser("status", help="stage, plan, approval attempts, progress and budget")
+    p.add_argument("experiment", help="experiment id")
+    p.add_argument("--json", action="store_true", help="machine-readable")
+    add_connection_flags(p, ui=True)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("cancel", help="cancel a running experiment (cleanup still runs)")
+    p.add_argument("experiment", help="experiment id")
+    add_connection_flags(p)
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("report", help="print a finished experiment's report (Markdown)")
+    p.add_argument("experiment", help="experiment id")
+    p.add_argument("--json", action="store_true", help="the JSON report instead")
+    add_connection_flags(p)
+    p.set_defaults(func=cmd_report)

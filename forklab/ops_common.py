@@ -1,0 +1,85 @@
+"""What every operator command shares: settings from flags/env, the client, the handle."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
+
+from forklab.errors import CliError
+from workers.config import ConfigError, Settings
+from workers.worker import connect
+from workflows.experiment import ExperimentWorkflow
+from workflows.messages import ExperimentResult, StatusView, workflow_id
+
+_T = TypeVar("_T")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    flags = {
+        name: getattr(args, name, None)
+        for name in ("address", "namespace", "task_queue", "home", "ui_port")
+    }
+    try:
+        return Settings.load(flags)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def add_connection_flags(p: argparse.ArgumentParser, ui: bool = False) -> None:
+    g = p.add_argument_group("connection (default: FORKLAB_* environment, then built-ins)")
+    g.add_argument("--address", help="Temporal frontend host:port (FORKLAB_ADDRESS)")
+    g.add_argument("--namespace", help="Temporal namespace (FORKLAB_NAMESPACE)")
+    g.add_argument("--task-queue", dest="task_queue", help="task queue (FORKLAB_TASK_QUEUE)")
+    g.add_argument("--home", type=Path, help="ForkLab home folder (FORKLAB_HOME, ~/.forklab)")
+    if ui:
+        g.add_argument("--ui-port", dest="ui_port", type=int, help="Web UI port (8233)")
+
+
+def run(coro_fn: Callable[[], Awaitable[_T]]) -> _T:
+    async def main() -> _T:
+        return await coro_fn()
+
+    return asyncio.run(main())
+
+
+async def open_client(settings: Settings) -> Client:
+    try:
+        return await connect(settings)
+    except RuntimeError as exc:
+        raise CliError(
+            f"cannot reach Temporal at {settings.address} ({str(exc).splitlines()[0]}); "
+            "start it with `forklab up` or point FORKLAB_ADDRESS at your server"
+        ) from None
+
+
+async def experiment_handle(
+    settings: Settings, experiment: str
+) -> WorkflowHandle[ExperimentWorkflow, ExperimentResult]:
+    client = await open_client(settings)
+    handle = client.get_workflow_handle_for(ExperimentWorkflow.run, workflow_id(experiment))
+    try:
+        await handle.describe()
+    except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:
+            raise CliError(
+                f"no experiment {experiment!r} (workflow {workflow_id(experiment)}) in namespace "
+                f"{settings.namespace}; check the id with `temporal workflow list`"
+            ) from None
+        raise CliError(f"cannot look up experiment {experiment!r}: {exc.message}") from None
+    return handle
+
+
+async def query_status(handle: WorkflowHandle[Any, Any]) -> StatusView:
+    try:
+        return await handle.query(ExperimentWorkflow.status)
+    except RPCError as exc:
+        raise CliError(
+            f"the experiment did not answer its status query ({exc.message}); "
+            "is a ForkLab worker running (`forklab up`)?"
+        ) from None
