@@ -17,6 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from experiments.report import ComparisonRow, WorldRow
+from experiments.slices import SliceEffect, feature_text
 from experiments.spec import Role
 
 ROLE_COLOURS = {
@@ -94,4 +95,28 @@ def rescue_harm_chart(comparisons: list[ComparisonRow]) -> str:
         ax.set_yticks(ys, labels)
         ax.set_xlabel("episodes (harms left, rescues right)")
         ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False)
+        return _svg(fig)
+
+
+def slice_forest_chart(title: str, slices: list[SliceEffect]) -> str:
+    """Each slice's paired difference with its interval: which slices pay, which harm,
+    and which cannot tell (an interval across the zero line)."""
+    with _figure(0.35 * max(1, len(slices)) + 1.3) as (fig, ax):
+        ys = list(range(len(slices)))[::-1]
+        for y, s in zip(ys, slices, strict=True):
+            colour = RESCUE_COLOUR if s.ci_low > 0 else HARM_COLOUR if s.ci_high < 0 else "#6b7280"
+            ax.errorbar(
+                [s.difference],
+                [y],
+                xerr=[[s.difference - s.ci_low], [s.ci_high - s.difference]],
+                fmt="o",
+                color=colour,
+                capsize=3,
+                lw=1.5,
+            )
+        ax.axvline(0, color="#111827", lw=1)
+        ax.set_yticks(ys, [f"{s.feature} = {feature_text(s.value)} (n {s.n})" for s in slices])
+        ax.set_xlim(-1, 1)
+        ax.set_xlabel("success-rate difference in the slice (95% Newcombe interval)")
+        ax.set_title(title, fontsize=10, loc="left")
         return _svg(fig)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 from html import escape
 
-from experiments.charts import failure_rate_chart, rescue_harm_chart
+from experiments.charts import failure_rate_chart, rescue_harm_chart, slice_forest_chart
 from experiments.report import Report, interval_text, pvalue_text
 from experiments.slices import feature_text
+from experiments.spec import Role
 from experiments.verdicts import Verdict
 
 _CSS = """
@@ -28,7 +29,7 @@ th{background:#f3f4f6}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .banner{padding:.7rem 1rem;border-radius:.4rem;color:#fff;font-weight:600}
 .warn{background:#fef3c7;border-left:4px solid #d97706;padding:.4rem .8rem;margin:.4rem 0}
 .chart{background:#fff;border:1px solid #e5e7eb;margin:.6rem 0;padding:.4rem}
-.chart svg{width:100%;height:auto}
+.chart svg{width:100%;max-width:820px;height:auto}
 pre{background:#111827;color:#f9fafb;padding:.7rem;border-radius:.4rem;overflow:auto}
 """
 
@@ -148,11 +149,17 @@ def render_html(report: Report) -> str:
         )
     )
     parts.append("<h2>Slices</h2>")
+    guard_vs = next((w.name for w in report.worlds if w.role is Role.baseline), "")
     for c in report.comparisons:
         effects = c.slice_effects + c.interaction_effects
         if not effects:
             continue
         parts.append(f"<h3>{escape(c.world)} vs {escape(c.vs)}</h3>")
+        if report.guard is not None and (c.world, c.vs) == (report.guard.world, guard_vs):
+            chart = slice_forest_chart(
+                f"{c.world} vs {c.vs}: the slices the guard learns from", effects
+            )
+            parts.append(f'<div class="chart">{chart}</div>')
         parts.append(
             _table(
                 ["feature", "value", "n", "rescue", "harm", "net", f"{pct} CI"],
