@@ -17,7 +17,13 @@ from pathlib import Path
 import experiments
 from forklab.errors import CliError
 from forklab.experiment_commands import approve, report_text, start_experiment
-from forklab.ops_common import add_connection_flags, experiment_handle, query_status, settings_from
+from forklab.ops_common import (
+    add_connection_flags,
+    experiment_handle,
+    query_status,
+    run,
+    settings_from,
+)
 from forklab.service_commands import ensure_server, ensure_worker, stop_services
 from forklab.specfile import load_spec
 from workers.config import Settings
@@ -142,7 +148,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if started:
         print(f"started in the background: {' and '.join(started)} (logs {settings.logs_dir})")
     try:
-        return asyncio.run(demo_flow(settings, spec_path, args.yes))
+        return run(lambda: demo_flow(settings, spec_path, args.yes))
     finally:
         if args.keep:
             print(f"kept running; Web UI {settings.ui_url}; stop with `forklab down`")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 from types import FrameType
 
 from forklab.errors import CliError
-from forklab.ops_common import add_connection_flags, settings_from
+from forklab.ops_common import add_connection_flags, command_runtime, run, settings_from
 from workers import processes
 from workers.config import ENV, Settings
 from workers.server import reachable, server_argv, wait_reachable
@@ -114,7 +113,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        asyncio.run(run_worker(settings))
+        run(lambda: run_worker(settings, command_runtime()))
     except RuntimeError as exc:
         raise CliError(
             f"the worker cannot connect to Temporal at {settings.address} "

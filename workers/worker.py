@@ -14,6 +14,7 @@ from temporalio.api.operatorservice.v1 import (
 )
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from activities.artifacts import ArtifactStore
@@ -31,9 +32,12 @@ WORKFLOWS: list[type] = [ExperimentWorkflow]
 _SPARE_ACTIVITY_SLOTS = 4
 
 
-async def connect(settings: Settings) -> Client:
+async def connect(settings: Settings, runtime: Runtime | None = None) -> Client:
     return await Client.connect(
-        settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
+        settings.address,
+        namespace=settings.namespace,
+        data_converter=pydantic_data_converter,
+        runtime=runtime,
     )
 
 
@@ -87,9 +91,9 @@ def build_worker(client: Client, settings: Settings) -> Worker:
     )
 
 
-async def run_worker(settings: Settings) -> None:
+async def run_worker(settings: Settings, runtime: Runtime | None = None) -> None:
     """Run until SIGINT or SIGTERM, then finish gracefully."""
-    client = await connect(settings)
+    client = await connect(settings, runtime)
     await ensure_search_attributes(client, settings.namespace)
     worker = build_worker(client, settings)
     stop = asyncio.Event()

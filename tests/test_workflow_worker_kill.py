@@ -1,0 +1,148 @@
+"""A worker killed with SIGKILL mid-world: the experiment still completes, exactly once.
+
+The worker is a real ``forklab worker`` process and the operator uses the real CLI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from orchestration_lab import TESTS, Lab, lab_settings, make_spec
+from temporalio.testing import WorkflowEnvironment
+
+from experiments.plan import rehearse
+from workers.config import ENV, Settings
+from workflows.messages import ExperimentResult, Stage, Status, workflow_id
+
+FORKLAB = str(Path(sys.executable).parent / "forklab")
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    for field in ("address", "namespace", "task_queue", "home"):
+        env[ENV[field]] = str(getattr(settings, field))
+    return env
+
+
+def forklab(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [FORKLAB, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.fixture
+def workers() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [FORKLAB, "worker"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+async def test_sigkilled_worker_is_replaced_and_nothing_counts_twice(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, workers: list[subprocess.Popen[bytes]]
+) -> None:
+    settings = lab_settings(temporal_env, tmp_path / "home")
+    env = _env(settings)
+    lab = Lab(client=temporal_env.client, settings=settings)
+    # about 2 s per world batch; the rehearsal sees the same pace, so a retried batch
+    # still fits in its reservation
+    spec = make_spec(params={"sandbox_sleep": 0.15, "twin_sleep": 0.15})
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(spec.model_dump_json())
+    log = tmp_path / "worker.log"
+    workers.append(start_worker(env, log))
+
+    started = await asyncio.to_thread(
+        forklab,
+        env,
+        "start",
+        str(spec_file),
+        "--batch-episodes",
+        "12",
+        "--rehearsal-episodes",
+        "4",
+    )
+    assert started.returncode == 0, started.stderr
+    assert f"started experiment {spec.id}" in started.stdout
+    token_file = settings.home / "tokens" / f"{spec.id}.token"
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert token_file.read_text().strip() in started.stdout  # printed once, and filed
+
+    handle = temporal_env.client.get_workflow_handle(
+        workflow_id(spec.id), result_type=ExperimentResult
+    )
+    await lab.wait_for(handle, Stage.awaiting_approval)
+    approved = await asyncio.to_thread(
+        forklab, env, "approve", spec.id, "--token", f"@{token_file}", "--approver", "kim"
+    )
+    assert approved.returncode == 0, approved.stderr
+    assert approved.stdout.startswith(f"approved: experiment {spec.id}")
+
+    labels = {"forklab.experiment": spec.id, "forklab.world": "baseline"}
+    for _ in range(600):
+        if lab.backend.list(labels):
+            break
+        await asyncio.sleep(0.05)
+    assert lab.backend.list(labels), "the baseline world should be running"
+    os.killpg(workers[0].pid, signal.SIGKILL)  # mid-world: its sandbox is still running
+    workers[0].wait()
+    workers.append(start_worker(env, log))
+
+    result = await asyncio.wait_for(handle.result(), timeout=120)
+    assert result.status is Status.completed, result.error
+    history = await handle.fetch_history()
+    attempts = [
+        e.activity_task_started_event_attributes.attempt
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert max(attempts) >= 2  # the killed batch really ran again on the new worker
+
+    status = await asyncio.to_thread(forklab, env, "status", spec.id)
+    assert status.returncode == 0 and "completed" in status.stdout
+    assert [(w.name, w.status, w.episodes) for w in result.worlds] == [
+        (name, "completed", 24) for name in ("baseline", "boost", "placebo")
+    ]  # every world complete, none counted twice
+    report = await asyncio.to_thread(forklab, env, "report", spec.id, "--json")
+    assert report.returncode == 0, report.stderr
+    twin = rehearse(make_spec(id=spec.id, params={}))  # the same worlds, without the pauses
+    assert json.loads(report.stdout)["outcomes_digest"] == twin.outcomes_digest
+    assert sorted(r.world for r in lab.ledger.worlds(spec.id)) == ["baseline", "boost", "placebo"]
+    assert lab.sandboxes(spec.id) == [] and lab.sandbox_folders() == []
+
+
+async def test_cli_errors_are_one_sentence(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    env = _env(lab_settings(temporal_env, tmp_path / "home"))
+    missing = await asyncio.to_thread(forklab, env, "status", "no-such-experiment")
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("forklab: error: no experiment 'no-such-experiment'")
+    assert len(missing.stderr.strip().splitlines()) == 1
+    env["FORKLAB_ADDRESS"] = "127.0.0.1:1"
+    down = await asyncio.to_thread(forklab, env, "report", "x")
+    assert down.returncode == 1 and "cannot reach Temporal at 127.0.0.1:1" in down.stderr
+    env["FORKLAB_ADDRESS"] = "nonsense"
+    bad = await asyncio.to_thread(forklab, env, "status", "x")
+    assert bad.returncode == 1 and "FORKLAB_ADDRESS" in bad.stderr
