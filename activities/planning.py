@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from concurrent.futures import Executor
 from pathlib import Path
 
 from temporalio import activity
@@ -83,6 +84,15 @@ def rehearse_sample(spec: ExperimentSpec, sample_episodes: int) -> Rehearsal:
     )
 
 
+def rehearsal_or_error(spec: ExperimentSpec, sample_episodes: int) -> Rehearsal | str:
+    """``rehearse_sample`` for a worker's process pool: a spec that cannot run comes back
+    as its message (workload exceptions need not survive pickling)."""
+    try:
+        return rehearse_sample(spec, sample_episodes)
+    except (SpecError, WorkloadError, BoundaryMissingError, StuckWorldError) as exc:
+        return str(exc)
+
+
 def capacity_verdict(
     spec: ExperimentSpec, rehearsal: Rehearsal, batch_episodes: int, host_sandboxes: int
 ) -> CapacityVerdict:
@@ -123,21 +133,29 @@ def capacity_verdict(
 class PlanningActivities:
     """Rehearsal, snapshot, capacity and token: free, and safe to retry."""
 
-    def __init__(self, backend: SandboxBackend, home: Path, max_sandboxes: int) -> None:
+    def __init__(
+        self, backend: SandboxBackend, home: Path, max_sandboxes: int, cpu: Executor
+    ) -> None:
+        """``cpu`` runs the rehearsal in another process, so that it cannot hold the GIL
+        against the worker's workflow tasks."""
         self._backend = backend
         self._home = home
         self._max_sandboxes = max_sandboxes
+        self._cpu = cpu
 
     @activity.defn(name="rehearse")
     async def rehearse(self, inp: RehearseInput) -> Rehearsal:
-        try:
-            return await asyncio.to_thread(rehearse_sample, inp.spec, inp.sample_episodes)
-        except (SpecError, WorkloadError, BoundaryMissingError, StuckWorldError) as exc:
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(
+            self._cpu, rehearsal_or_error, inp.spec, inp.sample_episodes
+        )
+        if isinstance(result, str):
             raise ApplicationError(
-                f"the rehearsal cannot run spec {inp.spec.id!r}: {exc}; fix the spec",
+                f"the rehearsal cannot run spec {inp.spec.id!r}: {result}; fix the spec",
                 type="BadSpec",
                 non_retryable=True,
-            ) from None
+            )
+        return result
 
     @activity.defn(name="resolve_snapshot")
     async def resolve_snapshot(self, inp: SnapshotInput) -> PlanSnapshot:

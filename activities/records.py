@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import Executor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -178,9 +179,11 @@ def ledger_rows(inp: LedgerInput, now: datetime) -> tuple[ExperimentRecord, list
 class RecordActivities:
     """Writes to the artifact store and the ledger; every write is idempotent."""
 
-    def __init__(self, store: ArtifactStore, ledger: Ledger) -> None:
+    def __init__(self, store: ArtifactStore, ledger: Ledger, cpu: Executor) -> None:
+        """``cpu`` runs the analysis in another process, away from the workflow tasks."""
         self._store = store
         self._ledger = ledger
+        self._cpu = cpu
 
     @activity.defn(name="save_progress")
     async def save_progress(self, progress: Progress) -> str:
@@ -192,7 +195,8 @@ class RecordActivities:
 
     @activity.defn(name="analyse")
     async def analyse(self, inp: AnalyseInput) -> AnalysisResult:
-        return await asyncio.to_thread(analyse_run, inp, self._store)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._cpu, analyse_run, inp, self._store)
 
     @activity.defn(name="record_ledger")
     async def record_ledger(self, inp: LedgerInput) -> None:

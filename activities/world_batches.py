@@ -197,7 +197,7 @@ class SandboxActivities:
                 non_retryable=True,
             )
         try:
-            check_checkpoints(data, inp.chunk)
+            await self._blocking(check_checkpoints, data, inp.chunk)
         except RunnerOutputError as exc:
             raise ApplicationError(
                 f"the prefix runner printed invalid checkpoints: {exc}",

@@ -8,7 +8,8 @@ activities) runs in the test's event loop.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Executor
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ if str(TESTS) not in sys.path:  # test workloads load by import path from this f
 
 from orchestration_lab import Lab, lab_settings, start_dev_server  # noqa: E402
 
-from workers.worker import build_worker  # noqa: E402
+from workers.worker import build_worker, cpu_pool  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -30,8 +31,17 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     await env.shutdown()
 
 
+@pytest.fixture(scope="session")
+def cpu() -> Iterator[Executor]:
+    """The worker's process pool for rehearsals and analyses, shared by the tests."""
+    with cpu_pool() as pool:
+        yield pool
+
+
 @pytest.fixture
-async def lab(temporal_env: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Lab]:
+async def lab(
+    temporal_env: WorkflowEnvironment, cpu: Executor, tmp_path: Path
+) -> AsyncIterator[Lab]:
     settings = lab_settings(temporal_env, tmp_path / "home")
-    async with build_worker(temporal_env.client, settings):
+    async with build_worker(temporal_env.client, settings, cpu):
         yield Lab(client=temporal_env.client, settings=settings)

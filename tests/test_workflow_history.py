@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from concurrent.futures import Executor
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ async def eager_env() -> AsyncIterator[WorkflowEnvironment]:
 
 
 async def test_continue_as_new_gives_the_identical_report(
-    lab: Lab, eager_env: WorkflowEnvironment, tmp_path: Path
+    lab: Lab, eager_env: WorkflowEnvironment, cpu: Executor, tmp_path: Path
 ) -> None:
     spec = make_spec(episodes=36)
     handle, token = await lab.start(spec, batch_episodes=6)
@@ -43,7 +44,7 @@ async def test_continue_as_new_gives_the_identical_report(
     assert plain.status is Status.completed and plain.runs == 1
 
     eager = Lab(client=eager_env.client, settings=lab_settings(eager_env, tmp_path / "eager"))
-    async with build_worker(eager.client, eager.settings):
+    async with build_worker(eager.client, eager.settings, cpu):
         handle, token = await eager.start(spec, batch_episodes=6)
         await eager.approve(handle, token)
         chained = await handle.result()

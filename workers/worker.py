@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor
+from multiprocessing import get_context
 from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -30,6 +32,8 @@ from workflows.search_attributes import EXPERIMENT, STAGE
 WORKFLOWS: list[type] = [ExperimentWorkflow]
 #: Activities beyond the sandboxes themselves (planning, records, cleanup) a worker runs.
 _SPARE_ACTIVITY_SLOTS = 4
+#: Processes for rehearsals and analyses (each uses one core while it runs).
+CPU_PROCESSES = 2
 
 
 async def connect(settings: Settings, runtime: Runtime | None = None) -> Client:
@@ -58,14 +62,21 @@ async def ensure_search_attributes(client: Client, namespace: str) -> None:
         )
 
 
-def build_activities(settings: Settings) -> list[Callable[..., Any]]:
+def cpu_pool() -> ProcessPoolExecutor:
+    """Processes for the CPU-bound activities (rehearsal, analysis): in a thread they would
+    hold the GIL long enough to stall the worker's workflow tasks. Spawned, not forked:
+    the worker process runs threads of its own."""
+    return ProcessPoolExecutor(max_workers=CPU_PROCESSES, mp_context=get_context("spawn"))
+
+
+def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., Any]]:
     """Every activity of the experiment workflow, bound to this worker's clients."""
     backend = LocalSandboxBackend(settings.sandboxes_dir)
     store = ArtifactStore(settings.artifacts_dir)
     ledger = Ledger(settings.ledger_path)
-    planning = PlanningActivities(backend, settings.home, settings.max_sandboxes)
+    planning = PlanningActivities(backend, settings.home, settings.max_sandboxes, cpu)
     sandboxes = SandboxActivities(backend, store)
-    records = RecordActivities(store, ledger)
+    records = RecordActivities(store, ledger, cpu)
     return [
         planning.rehearse,
         planning.resolve_snapshot,
@@ -81,12 +92,12 @@ def build_activities(settings: Settings) -> list[Callable[..., Any]]:
     ]
 
 
-def build_worker(client: Client, settings: Settings) -> Worker:
+def build_worker(client: Client, settings: Settings, cpu: Executor) -> Worker:
     return Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
-        activities=build_activities(settings),
+        activities=build_activities(settings, cpu),
         max_concurrent_activities=settings.max_sandboxes + _SPARE_ACTIVITY_SLOTS,
     )
 
@@ -95,10 +106,10 @@ async def run_worker(settings: Settings, runtime: Runtime | None = None) -> None
     """Run until SIGINT or SIGTERM, then finish gracefully."""
     client = await connect(settings, runtime)
     await ensure_search_attributes(client, settings.namespace)
-    worker = build_worker(client, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with worker:
-        await stop.wait()
+    with cpu_pool() as cpu:
+        async with build_worker(client, settings, cpu):
+            await stop.wait()

@@ -20,9 +20,9 @@ from experiments.spec import ExperimentSpec
 #: Workflow type name, as the CLI, the docs and ``temporal workflow start`` spell it.
 WORKFLOW_TYPE = "ForkLabExperiment"
 #: Default episodes per batch: one sandbox runs one world over this many episodes.
-DEFAULT_BATCH_EPISODES = 500
+DEFAULT_BATCH_EPISODES = 1000
 #: Default episodes the rehearsal times (0 would rehearse them all).
-DEFAULT_REHEARSAL_EPISODES = 200
+DEFAULT_REHEARSAL_EPISODES = 100
 
 
 def workflow_id(experiment_id: str) -> str:
