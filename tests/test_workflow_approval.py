@@ -7,14 +7,17 @@ from orchestration_lab import SANDBOX_ACTIVITIES, Lab, make_spec
 from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 
+from activities.approval_token import token_sha256
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
     ApprovalStatus,
     ApproveSignal,
+    ExperimentInput,
     RejectSignal,
     Stage,
     Status,
     StatusView,
+    workflow_id,
 )
 
 
@@ -121,3 +124,23 @@ async def test_approval_before_the_plan_is_ready_is_refused(lab: Lab) -> None:
     await lab.wait_for(handle, Stage.awaiting_approval)
     await handle.signal(ExperimentWorkflow.reject, RejectSignal())
     assert (await handle.result()).status is Status.rejected
+
+
+async def test_without_a_token_hash_a_worker_issues_one(lab: Lab) -> None:
+    """Started without a hash (as by ``temporal workflow start``), the worker's activity
+    writes an owner-only token file and the workflow keeps only its hash."""
+    spec = make_spec(episodes=12)
+    handle = await lab.client.start_workflow(
+        ExperimentWorkflow.run,
+        ExperimentInput(spec=spec, batch_episodes=12, rehearsal_episodes=0),
+        id=workflow_id(spec.id),
+        task_queue=lab.settings.task_queue,
+    )
+    view = await lab.wait_for(handle, Stage.awaiting_approval)
+    path = lab.settings.home / "tokens" / f"{spec.id}.token"
+    assert view.approval.token_location.endswith(str(path))
+    assert path.stat().st_mode & 0o777 == 0o600
+    token = path.read_text().strip()
+    assert view.approval.token_sha256 == token_sha256(token) != token
+    await lab.approve(handle, token)
+    assert (await handle.result()).status is Status.completed
