@@ -33,6 +33,7 @@ from forklab.ops_common import (
 )
 from forklab.specfile import load_spec
 from workers.config import Settings
+from workers.worker import ensure_search_attributes
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
     DEFAULT_BATCH_EPISODES,
@@ -77,6 +78,13 @@ async def start_experiment(
 ) -> tuple[str, Path]:
     """Start the experiment's workflow; returns the token (shown once) and its file."""
     client = await open_client(settings)
+    try:
+        await ensure_search_attributes(client, settings.namespace)
+    except RPCError as exc:
+        raise CliError(
+            f"cannot register ForkLab's search attributes in namespace {settings.namespace} "
+            f"({exc.message}); register ForkLabExperiment and ForkLabStage (Keyword) yourself"
+        ) from None
     token = new_token()
     requested_by = f"{getpass.getuser()}@{socket.gethostname()}"
     wid = workflow_id(spec.id)

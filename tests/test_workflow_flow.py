@@ -10,6 +10,7 @@ from orchestration_lab import Lab
 from experiments.plan import rehearse
 from forklab.specfile import load_spec
 from workflows.messages import Stage, Status
+from workflows.search_attributes import EXPERIMENT, STAGE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,6 +40,22 @@ async def test_full_flow_matches_the_local_twin(lab: Lab) -> None:
     assert result.budget.spent_world_seconds <= spec.budget.max_world_seconds
     assert result.budget.peak_concurrent_sandboxes <= spec.budget.max_concurrent_sandboxes
     assert result.approval.decided_by == "alice"
+    # what the Web UI shows: search attributes and a summary on every sandbox activity
+    desc = await handle.describe()
+    assert desc.typed_search_attributes.get(EXPERIMENT) == spec.id
+    assert desc.typed_search_attributes.get(STAGE) == "done"
+    history = await handle.fetch_history()
+    summaries = [
+        json.loads(e.user_metadata.summary.data)
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "run_world_batch"
+    ]
+    assert sorted(summaries) == sorted(
+        f"{w.name} · episodes {first}..{min(first + 25, 60) - 1}"
+        for w in spec.worlds
+        for first in (0, 25, 50)
+    )
     # the ledger: one root row and one row per world
     root = lab.ledger.experiment(spec.id)
     assert root is not None and root.status == "completed"
