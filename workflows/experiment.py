@@ -206,9 +206,9 @@ class ExperimentWorkflow:
         if state.status is ApprovalStatus.approved:
             return "already approved: an approval token counts once"
         if state.status is ApprovalStatus.rejected:
-            return "the experiment was rejected; start it again to approve a new plan"
+            return "the experiment was rejected; start it again under a new spec id"
         if state.status is ApprovalStatus.expired:
-            return "the approval window has expired; start the experiment again"
+            return "the approval window has expired; start it again under a new spec id"
         if state.status is ApprovalStatus.not_required:
             return "this experiment's spec does not require approval"
         if self._status is not Status.running:
@@ -223,7 +223,7 @@ class ExperimentWorkflow:
                 f"is {self._plan.fingerprint}; review that plan and approve it"
             )
         if state.expires_at is not None and workflow.now() >= state.expires_at:
-            return "the approval window has expired; start the experiment again"
+            return "the approval window has expired; start it again under a new spec id"
         return None
 
     # --- the run ----------------------------------------------------------------------
