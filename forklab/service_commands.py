@@ -3,67 +3,49 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import FrameType
 
 from forklab.errors import CliError
 from forklab.ops_common import add_connection_flags, command_runtime, run, settings_from
 from workers import processes
-from workers.config import ENV, Settings
-from workers.server import reachable, server_argv, wait_reachable
+from workers.config import Settings
+from workers.server import (
+    ServerError,
+    child_env,
+    pidfile,
+    reachable,
+    server_argv,
+    start_server,
+    stop_server,
+)
 from workers.worker import run_worker
 
-#: Seconds ``up`` waits for the dev server to accept connections.
-SERVER_START_SECONDS = 60.0
 #: Seconds a freshly started background worker must stay alive to count as started.
 WORKER_SETTLE_SECONDS = 2.0
 
 
-def _pidfile(settings: Settings, name: str) -> Path:
-    return settings.run_dir / f"{name}.pid"
-
-
-def _child_env(settings: Settings) -> dict[str, str]:
-    """The environment of background processes: this one's, plus the resolved settings."""
-    env = dict(os.environ)
-    for field, var in ENV.items():
-        env[var] = str(getattr(settings, field))
-    return env
-
-
 def ensure_server(settings: Settings) -> bool:
     """Start the dev server in the background unless one answers; True if it was started."""
-    if reachable(settings.host, settings.port):
-        return False
-    settings.home.mkdir(parents=True, exist_ok=True)
-    log = settings.logs_dir / "server.log"
-    processes.start_background(
-        server_argv(settings), _pidfile(settings, "server"), log, _child_env(settings)
-    )
-    if not wait_reachable(settings.host, settings.port, SERVER_START_SECONDS):
-        processes.stop(_pidfile(settings, "server"))
-        raise CliError(
-            f"the Temporal dev server did not accept connections on {settings.address} within "
-            f"{SERVER_START_SECONDS:g} s; see {log}"
-        )
-    return True
+    try:
+        return start_server(settings)
+    except ServerError as exc:
+        raise CliError(str(exc)) from None
 
 
 def ensure_worker(settings: Settings) -> bool:
     """Start a background worker unless ``forklab up`` already runs one; True if started."""
-    pidfile = _pidfile(settings, "worker")
-    if processes.running(pidfile):
+    record = pidfile(settings, "worker")
+    if processes.running(record):
         return False
     log = settings.logs_dir / "worker.log"
     argv = [sys.executable, "-m", "forklab.cli", "worker"]
-    processes.start_background(argv, pidfile, log, _child_env(settings))
+    processes.start_background(argv, record, log, child_env(settings))
     time.sleep(WORKER_SETTLE_SECONDS)
-    if not processes.running(pidfile):
+    if not processes.running(record):
         raise CliError(f"the ForkLab worker exited right after starting; see {log}")
     return True
 
@@ -71,9 +53,9 @@ def ensure_worker(settings: Settings) -> bool:
 def stop_services(settings: Settings, worker: bool = True, server: bool = True) -> list[str]:
     """Stop what ``up`` started (worker first, so it can finish its current step)."""
     stopped = []
-    if worker and processes.stop(_pidfile(settings, "worker")):
+    if worker and processes.stop(pidfile(settings, "worker")):
         stopped.append("worker")
-    if server and processes.stop(_pidfile(settings, "server")):
+    if server and stop_server(settings):
         stopped.append("server")
     return stopped
 

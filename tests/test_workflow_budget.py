@@ -36,7 +36,7 @@ async def test_tight_budget_skips_work_instead_of_overspending(lab: Lab) -> None
             {"name": "baseline", "role": "baseline"},
             {"name": "boost", "role": "treatment", "intervention": {"name": "boost"}},
         ],
-        budget={"max_world_seconds": 10.5, "max_concurrent_sandboxes": 1, "safety_factor": 6},
+        budget={"max_world_seconds": 11.0, "max_concurrent_sandboxes": 1, "safety_factor": 6},
     )
     handle, token = await lab.start(spec, batch_episodes=10)
     view = await lab.approve(handle, token)

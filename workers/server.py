@@ -6,14 +6,23 @@ resume), serves the Web UI on ``ui_port`` and registers ForkLab's search attribu
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import sys
 import time
 from pathlib import Path
 
-from workers.config import ConfigError, Settings
+from workers import processes
+from workers.config import ENV, ConfigError, Settings
 from workflows.search_attributes import DEV_SERVER_FLAGS
+
+#: Seconds ``start_server`` waits for the dev server to accept connections.
+START_SECONDS = 60.0
+
+
+class ServerError(RuntimeError):
+    """The dev server could not be started; the message says where its log is."""
 
 
 def temporal_binary() -> Path:
@@ -68,3 +77,40 @@ def wait_reachable(host: str, port: int, seconds: float) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+def pidfile(settings: Settings, name: str) -> Path:
+    """Where ``forklab up`` records the background process ``name`` (server or worker)."""
+    return settings.run_dir / f"{name}.pid"
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """The environment of background processes: this one's, plus the resolved settings."""
+    env = dict(os.environ)
+    for field, var in ENV.items():
+        env[var] = str(getattr(settings, field))
+    return env
+
+
+def start_server(settings: Settings) -> bool:
+    """Start the dev server in the background (pidfile and log under home) unless one
+    already answers on the address; True when it was started here."""
+    if reachable(settings.host, settings.port):
+        return False
+    settings.home.mkdir(parents=True, exist_ok=True)
+    log = settings.logs_dir / "server.log"
+    processes.start_background(
+        server_argv(settings), pidfile(settings, "server"), log, child_env(settings)
+    )
+    if not wait_reachable(settings.host, settings.port, START_SECONDS):
+        processes.stop(pidfile(settings, "server"))
+        raise ServerError(
+            f"the Temporal dev server did not accept connections on {settings.address} within "
+            f"{START_SECONDS:g} s; see {log}"
+        )
+    return True
+
+
+def stop_server(settings: Settings) -> bool:
+    """Stop the dev server ``start_server`` started (SIGTERM, then SIGKILL); True if it ran."""
+    return processes.stop(pidfile(settings, "server"))
