@@ -121,6 +121,8 @@ class PrefixResult(Model):
     chunk: EpisodeChunk
     checkpoints_digest: str
     seconds: float
+    network_isolated: bool = True
+    note: str | None = None
 
 
 class BatchInput(Model):
@@ -150,6 +152,8 @@ class BatchOutcome(Model):
     seconds: float = 0.0
     failures: int = 0
     attempts: int = 0
+    network_isolated: bool = True
+    note: str | None = Field(default=None, description="e.g. why network isolation fell back")
 
 
 class CleanupInput(Model):

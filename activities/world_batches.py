@@ -206,7 +206,11 @@ class SandboxActivities:
             ) from None
         digest = await self._blocking(self._store.put_bytes, data)
         return PrefixResult(
-            chunk=inp.chunk, checkpoints_digest=digest, seconds=before + result.seconds
+            chunk=inp.chunk,
+            checkpoints_digest=digest,
+            seconds=before + result.seconds,
+            network_isolated=result.network_isolated,
+            note=result.note,
         )
 
     @activity.defn(name="run_world_batch")
@@ -221,7 +225,7 @@ class SandboxActivities:
         before = _charged_before()
         attempts = activity.info().attempt
 
-        def failed(error: str, seconds: float) -> BatchOutcome:
+        def failed(error: str, seconds: float, ran: ExecResult | None = None) -> BatchOutcome:
             return BatchOutcome(
                 world=name,
                 chunk=inp.chunk,
@@ -229,6 +233,8 @@ class SandboxActivities:
                 error=error,
                 seconds=seconds,
                 attempts=attempts,
+                network_isolated=ran.network_isolated if ran else True,
+                note=ran.note if ran else None,
             )
 
         allowance = inp.reservation_seconds - before
@@ -251,11 +257,11 @@ class SandboxActivities:
         spent = before + result.seconds
         why = _failure(result, allowance)
         if data is None or why:
-            return failed(why or "the runner wrote no output file", spent)
+            return failed(why or "the runner wrote no output file", spent, result)
         try:
             columns = parse_columns(data, inp.chunk.size)
         except RunnerOutputError as exc:
-            return failed(f"the runner printed garbage: {exc}", spent)
+            return failed(f"the runner printed garbage: {exc}", spent, result)
         digest = await self._blocking(self._store.put_json, columns)
         return BatchOutcome(
             world=name,
@@ -265,6 +271,8 @@ class SandboxActivities:
             seconds=spent,
             failures=inp.chunk.size - sum(columns["outcomes"]),
             attempts=attempts,
+            network_isolated=result.network_isolated,
+            note=result.note,
         )
 
     @activity.defn(name="cleanup_sandboxes")

@@ -40,6 +40,7 @@ async def test_full_flow_matches_the_local_twin(lab: Lab) -> None:
     assert result.budget.spent_world_seconds <= spec.budget.max_world_seconds
     assert result.budget.peak_concurrent_sandboxes <= spec.budget.max_concurrent_sandboxes
     assert result.approval.decided_by == "alice"
+    assert "network isolation" in markdown and result.network_isolation in markdown
     # what the Web UI shows: search attributes and a summary on every sandbox activity
     desc = await handle.describe()
     assert desc.typed_search_attributes.get(EXPERIMENT) == spec.id

@@ -600,6 +600,7 @@ class ExperimentWorkflow:
             ),
             "budget": f"{b.spent_world_seconds:.1f} of {b.max_world_seconds:g} world-seconds",
             "skipped batches": str(b.skipped_batches),
+            "network isolation": self._isolation(),
             "cleanup": (
                 f"{cleanup.found} found, {cleanup.removed} removed, {cleanup.left} left"
                 if cleanup
@@ -620,6 +621,21 @@ class ExperimentWorkflow:
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary="analysis: pairs, slices, validity checks, report",
         )
+
+    def _isolation(self) -> str:
+        """Whether every sandbox ran in a private network namespace, or why not."""
+        ran: list[tuple[bool, str | None]] = [
+            (p.network_isolated, p.note) for p in self._prefixes.values()
+        ]
+        ran += [
+            (b.network_isolated, b.note)
+            for b in self._batches.values()
+            if b.status is not BatchStatus.skipped
+        ]
+        notes = [note or "no reason given" for isolated, note in ran if not isolated]
+        if not notes:
+            return f"every sandbox ({len(ran)}) ran in a private network namespace"
+        return f"{len(notes)} of {len(ran)} sandboxes fell back: {notes[0]}"
 
     async def _record(self, analysis: AnalysisResult | None) -> None:
         self._enter(Stage.recording, "writing the ledger rows")
@@ -662,6 +678,7 @@ class ExperimentWorkflow:
             cleanup=self._cleanup,
             analysis=analysis,
             skipped=skipped,
+            network_isolation=self._isolation(),
             runs=self._runs,
         )
 

@@ -176,6 +176,7 @@ class ExperimentResult(Model):
     cleanup: CleanupResult | None
     analysis: AnalysisResult | None
     skipped: list[str]
+    network_isolation: str = Field(description="Private network namespace, or why it fell back.")
     runs: int = Field(description="Workflow runs in the continue-as-new chain.")
 
     @property
