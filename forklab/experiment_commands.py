@@ -259,7 +259,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         return await query_status(await experiment_handle(settings, args.experiment))
 
     view = run(go)
-    print(view.model_dump_json(indent=2) if args.json else render_status(view))
+    if args.json:
+        print(view.model_dump_json(indent=2))
+    else:
+        print(render_status(view))
+        print(f"  web UI: {settings.experiment_url(workflow_id(args.experiment))}")
     return 0
 
 
