@@ -43,6 +43,7 @@ from workflows.messages import (
     ExperimentResult,
     RejectSignal,
     Stage,
+    Status,
     StatusView,
     workflow_id,
 )
@@ -154,6 +155,11 @@ async def approve(
     """Send the signal, then read back through the query whether it counted and why not."""
     handle = await experiment_handle(settings, experiment)
     before = await query_status(handle)
+    if before.status is not Status.running:
+        raise CliError(
+            f"experiment {experiment} has ended ({before.status.value}"
+            f"{': ' + before.error if before.error else ''}); it takes no more approvals"
+        )
     if fingerprint is None:
         if before.plan is None:
             raise CliError(

@@ -1,15 +1,20 @@
-"""``forklab demo`` from nothing: it starts a dev server and a worker, runs an experiment
-through approval to the report, and stops what it started."""
+"""The operator CLI as a person runs it: ``demo`` from nothing (it starts a dev server and
+a worker, runs an experiment through approval to the report, and stops what it started),
+then ``reject``, ``cancel``, ``status`` and ``report`` against running experiments."""
 
 from __future__ import annotations
 
+import asyncio
+import getpass
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from orchestration_lab import ROOT
+from orchestration_lab import ROOT, Lab, make_spec
+
+from workflows.messages import Stage, Status
 
 FORKLAB = str(Path(sys.executable).parent / "forklab")
 
@@ -50,3 +55,49 @@ def test_demo_runs_from_nothing_and_stops_what_it_started(tmp_path: Path) -> Non
     with socket.socket() as s:  # the dev server is gone
         assert s.connect_ex(("127.0.0.1", port)) != 0
     assert not list((tmp_path / "home" / "run").glob("*.pid"))
+
+
+async def test_reject_cancel_and_their_aftermath_through_the_cli(lab: Lab) -> None:
+    env = {
+        **os.environ,
+        "FORKLAB_ADDRESS": lab.settings.address,
+        "FORKLAB_HOME": str(lab.settings.home),
+        "FORKLAB_TASK_QUEUE": lab.settings.task_queue,
+    }
+
+    def forklab(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [FORKLAB, *args], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+
+    rejected, cancelled = make_spec(), make_spec()
+    first, token = await lab.start(rejected)
+    second, _ = await lab.start(cancelled)
+    await lab.wait_for(first, Stage.awaiting_approval)
+    await lab.wait_for(second, Stage.awaiting_approval)
+
+    done = await asyncio.to_thread(forklab, "reject", rejected.id, "--reason", "not now")
+    assert done.returncode == 0, done.stderr
+    assert (await first.result()).status is Status.rejected
+    late = await asyncio.to_thread(forklab, "approve", rejected.id, "--token", token)
+    assert late.returncode == 1
+    assert late.stderr == (
+        f"forklab: error: experiment {rejected.id} has ended (rejected: rejected by "
+        f"{getpass.getuser()}); it takes no more approvals\n"
+    )
+
+    done = await asyncio.to_thread(forklab, "cancel", cancelled.id)
+    assert done.returncode == 0, done.stderr
+    status = await lab.wait_for(second, Stage.done)
+    assert status.status is Status.cancelled and status.cleanup is not None
+    shown = await asyncio.to_thread(forklab, "status", cancelled.id)
+    assert "cancelled" in shown.stdout and "web UI: http" in shown.stdout
+    report = await asyncio.to_thread(forklab, "report", cancelled.id)
+    assert report.returncode == 1
+    assert report.stderr.strip() == (
+        f"forklab: error: experiment {cancelled.id} ended cancelled without a report: "
+        "cancelled by the operator"
+    )
+    again = await asyncio.to_thread(forklab, "cancel", cancelled.id)
+    assert again.returncode == 1 and "is not running" in again.stderr
+    assert lab.sandbox_folders() == []
