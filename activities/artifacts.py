@@ -9,12 +9,11 @@ every read re-hashes what it got, so a damaged file is reported, never returned.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from activities.files import atomic_write
 from experiments.runtime.canon import canonical_json, sha256_hex
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -46,17 +45,7 @@ class ArtifactStore:
         path = self.path(digest)
         if path.is_file() and sha256_hex(path.read_bytes()) == digest:
             return digest
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(path, data)
         return digest
 
     def put_json(self, value: Any) -> str:

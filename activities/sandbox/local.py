@@ -35,6 +35,7 @@ from typing import IO
 
 from pydantic import BaseModel, ConfigDict
 
+from activities.files import atomic_write
 from activities.sandbox.base import (
     ExecResult,
     Limits,
@@ -121,20 +122,6 @@ def _isolation(status: bytes) -> tuple[bool, str | None]:
         f"private network namespace not permitted ({reported['note']}); "
         "the command ran on the host network"
     )
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _check_relpath(relpath: str, what: str) -> None:
@@ -230,7 +217,7 @@ class LocalSandboxBackend(SandboxBackend):
         return RegistryEntry.model_validate_json(text)
 
     def _write(self, entry: RegistryEntry) -> None:
-        _atomic_write(self._entry_path(entry.id), entry.model_dump_json().encode())
+        atomic_write(self._entry_path(entry.id), entry.model_dump_json().encode())
 
     def _live(self, sandbox_id: str) -> tuple[RegistryEntry, Path]:
         """The entry and folder of a sandbox that exists and is not being deleted."""
@@ -268,7 +255,7 @@ class LocalSandboxBackend(SandboxBackend):
 
     def upload(self, sandbox_id: str, relpath: str, data: bytes) -> None:
         _, box = self._live(sandbox_id)
-        _atomic_write(self._inside(box, relpath), data)
+        atomic_write(self._inside(box, relpath), data)
 
     def download(self, sandbox_id: str, relpath: str) -> bytes:
         _, box = self._live(sandbox_id)
