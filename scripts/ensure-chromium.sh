@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs Debian's chromium for the HTML report's browser test, once; quiet when present.
-# Without root or apt-get it does nothing and the browser test skips with a reason.
+# Without root or apt-get it only says so; the browser test then fails with the same advice.
 set -euo pipefail
 if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then
   exit 0
