@@ -10,7 +10,9 @@ write at once; each call opens its own connection, which keeps the class thread-
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from datetime import UTC, datetime
@@ -184,9 +186,25 @@ class Ledger:
                     "ledger is created, or point ForkLab at another home folder"
                 ) from exc
 
+    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to WAL (a no-op once it is). While several processes switch a new
+        file at once, SQLite answers some of them SQLITE_BUSY at once instead of waiting out
+        the busy timeout (waiting could deadlock), so retry, briefly and with jitter, until
+        that timeout has passed."""
+        deadline = time.monotonic() + _BUSY_TIMEOUT_S
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                busy = exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+                if not busy or time.monotonic() > deadline:
+                    raise
+                time.sleep(random.uniform(0.005, 0.05))
+
     def _prepare(self, conn: sqlite3.Connection) -> None:
         """Create the schema on first use; refuse a ledger written by another schema."""
-        conn.execute("PRAGMA journal_mode=WAL")
+        self._enable_wal(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
