@@ -183,7 +183,10 @@ class AnalyseInput(Model):
     progress_digest: str
     infra: InfraUsage
     provenance: dict[str, str] = Field(
-        description="Plan fingerprint, approval and cleanup lines for the Markdown report."
+        description=(
+            "Plan fingerprint, approval and cleanup lines (Markdown inline text) for the "
+            "report's Durable run section."
+        )
     )
 
 
@@ -200,8 +203,12 @@ class WorldSummary(Model):
 
 
 class AnalysisResult(Model):
+    """Where the analysis put the report: its JSON, Markdown and self-contained HTML
+    renderings are artifacts, named here by digest."""
+
     report_digest: str
     markdown_digest: str
+    html_digest: str
     outcomes_digest: str
     valid: bool
     worlds: list[WorldSummary]

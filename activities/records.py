@@ -21,7 +21,6 @@ from activities.models import (
     Progress,
     WorldSummary,
 )
-from activities.report_markdown import render_markdown
 from experiments.checks import Check
 from experiments.outcomes import (
     ExperimentOutcomes,
@@ -30,6 +29,8 @@ from experiments.outcomes import (
     outcomes_digest,
 )
 from experiments.plan import analyse
+from experiments.render_html import render_html
+from experiments.render_markdown import render_markdown
 from experiments.runtime.canon import canonical_json
 from experiments.spec import ExperimentSpec, Role
 
@@ -108,8 +109,8 @@ def analyse_run(inp: AnalyseInput, store: ArtifactStore) -> AnalysisResult:
     outcomes = assemble_outcomes(inp, store)
     report = analyse(inp.spec, outcomes, inp.code_digest, inp.infra)
     report_digest = store.put_json(report.model_dump(mode="json"))
-    markdown = render_markdown(report, inp.provenance)
-    markdown_digest = store.put_bytes(markdown.encode())
+    markdown_digest = store.put_bytes(render_markdown(report, inp.provenance).encode())
+    html_digest = store.put_bytes(render_html(report, inp.provenance).encode())
     roles = {w.name: w.role for w in inp.spec.worlds}
     worlds = [
         WorldSummary(
@@ -128,6 +129,7 @@ def analyse_run(inp: AnalyseInput, store: ArtifactStore) -> AnalysisResult:
     return AnalysisResult(
         report_digest=report_digest,
         markdown_digest=markdown_digest,
+        html_digest=html_digest,
         outcomes_digest=report.outcomes_digest,
         valid=report.valid,
         worlds=worlds,

@@ -7,6 +7,7 @@ elsewhere), so it opens the same from an artifact store, an e-mail or a closed n
 from __future__ import annotations
 
 import json
+import re
 from html import escape
 
 from experiments.charts import failure_rate_chart, rescue_harm_chart, slice_forest_chart
@@ -53,7 +54,14 @@ def _badge(text: str, css: str) -> str:
     return f'<span class="badge {css}">{escape(text)}</span>'
 
 
-def render_html(report: Report) -> str:
+def _inline(markdown: str) -> str:
+    """Markdown inline text as HTML: escaped, with `code` spans kept as code."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(markdown))
+
+
+def render_html(report: Report, provenance: dict[str, str] | None = None) -> str:
+    """``provenance``, given for a durable run (values are Markdown inline text, as for
+    ``render_markdown``), becomes a "Durable run" section before the verdicts."""
     e = report.experiment
     pct = f"{round(report.settings.confidence * 100)}%"
     parts = [
@@ -73,6 +81,13 @@ def render_html(report: Report) -> str:
         parts.append(
             '<p class="banner fail">Invalid: a validity check failed; the effects below are '
             "not evidence.</p>"
+        )
+    if provenance is not None:
+        parts.append("<h2>Durable run</h2>")
+        parts.append(
+            _table(
+                ["item", "value"], [[escape(k), _inline(v)] for k, v in provenance.items()], set()
+            )
         )
     parts.append("<h2>Verdicts</h2>")
     parts.append(

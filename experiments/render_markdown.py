@@ -18,7 +18,9 @@ def table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
-def render_markdown(report: Report) -> str:
+def render_markdown(report: Report, provenance: dict[str, str] | None = None) -> str:
+    """``provenance``, given for a durable run (plan, snapshot, approval, spend, cleanup;
+    values are Markdown inline text), becomes a "Durable run" section before the verdicts."""
     e = report.experiment
     pct = f"{round(report.settings.confidence * 100)}%"
     status = "valid" if report.valid else "**INVALID**: a validity check failed"
@@ -33,9 +35,12 @@ def render_markdown(report: Report) -> str:
         f"Fingerprint `{e.fingerprint}`  ",
         f"Outcomes digest `{report.outcomes_digest}`",
         "",
-        "## Verdicts",
-        "",
     ]
+    if provenance is not None:
+        lines += ["## Durable run", ""]
+        lines += table(["item", "value"], [[k, v] for k, v in provenance.items()])
+        lines.append("")
+    lines += ["## Verdicts", ""]
     lines += table(
         ["world", "role", "expected", "verdict", "why"],
         [

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import experiments
 from forklab.errors import CliError
-from forklab.experiment_commands import approve, report_text, start_experiment
+from forklab.experiment_commands import approve, save_report, start_experiment
 from forklab.ops_common import (
     add_connection_flags,
     experiment_handle,
@@ -126,14 +126,16 @@ async def demo_flow(settings: Settings, spec_path: Path, yes: bool) -> int:
     result = await _follow(settings, spec.id)
     if result.status is not Status.completed:
         raise CliError(f"experiment {spec.id} ended {result.status.value}: {result.error}")
+    files = save_report(settings, result, None)
     print("4. report:\n")
-    print(report_text(settings, result, as_json=False))
+    print(files.markdown)
     cleanup = result.cleanup
     if cleanup is not None:
         print(
             f"cleanup: {cleanup.found} sandboxes found, {cleanup.removed} removed, "
             f"{cleanup.left} left"
         )
+    print(f"report files: report.md, report.json and report.html in {files.folder}")
     print(f"ledger: {settings.ledger_path}; artifacts: {settings.artifacts_dir}")
     print(f"again later: forklab report {spec.id}")
     return 0

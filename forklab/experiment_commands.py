@@ -7,6 +7,8 @@ import asyncio
 import getpass
 import json
 import socket
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
@@ -31,6 +33,7 @@ from forklab.ops_common import (
     run,
     settings_from,
 )
+from forklab.report_files import write_report
 from forklab.specfile import load_spec
 from workers.config import Settings
 from workers.worker import ensure_search_attributes
@@ -224,6 +227,16 @@ def cmd_reject(args: argparse.Namespace) -> int:
 
 
 # --- status / cancel / report ---------------------------------------------------------
+@dataclass(frozen=True)
+class ReportFiles:
+    """A durable run's report as written to ``folder``."""
+
+    folder: Path
+    markdown: str
+    report_json: str
+    html: str
+
+
 def render_status(view: StatusView) -> str:
     p, b, a = view.progress, view.budget, view.approval
     lines = [
@@ -311,27 +324,43 @@ async def fetch_result(settings: Settings, experiment: str) -> ExperimentResult:
         ) from None
 
 
-def report_text(settings: Settings, result: ExperimentResult, as_json: bool) -> str:
+def save_report(settings: Settings, result: ExperimentResult, folder: Path | None) -> ReportFiles:
+    """Write the run's stored report (Markdown, JSON, HTML) into ``folder``, by default
+    ``<home>/reports/<experiment id>/``; the JSON is the stored report, indented."""
     if result.analysis is None:
         raise CliError(
             f"experiment {result.experiment_id} ended {result.status.value} without a report"
             f"{': ' + result.error if result.error else ''}"
         )
     store = ArtifactStore(settings.artifacts_dir)
-    digest = result.analysis.report_digest if as_json else result.analysis.markdown_digest
+    analysis = result.analysis
     try:
-        data = store.get_bytes(digest)
+        files = ReportFiles(
+            folder=folder or settings.reports_dir / result.experiment_id,
+            markdown=store.get_bytes(analysis.markdown_digest).decode(),
+            report_json=json.dumps(store.get_json(analysis.report_digest), indent=2) + "\n",
+            html=store.get_bytes(analysis.html_digest).decode(),
+        )
     except ArtifactError as exc:
         raise CliError(str(exc)) from None
-    if as_json:
-        return json.dumps(json.loads(data), indent=2)
-    return data.decode()
+    write_report(
+        {"report.md": files.markdown, "report.json": files.report_json, "report.html": files.html},
+        files.folder,
+    )
+    return files
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     result = run(lambda: fetch_result(settings, args.experiment))
-    print(report_text(settings, result, args.json))
+    files = save_report(settings, result, args.out)
+    wrote = f"wrote report.md, report.json and report.html to {files.folder}"
+    if args.json:
+        print(files.report_json, end="")
+        print(wrote, file=sys.stderr)
+    else:
+        print(files.markdown)
+        print(wrote)
     return 0
 
 
@@ -381,8 +410,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_connection_flags(p)
     p.set_defaults(func=cmd_cancel)
 
-    p = sub.add_parser("report", help="print a finished experiment's report (Markdown)")
+    p = sub.add_parser(
+        "report", help="write a finished experiment's report (.md, .json, .html); print it"
+    )
     p.add_argument("experiment", help="experiment id")
-    p.add_argument("--json", action="store_true", help="the JSON report instead")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="folder for report.md, .json and .html (default: <home>/reports/<experiment id>)",
+    )
     add_connection_flags(p)
     p.set_defaults(func=cmd_report)

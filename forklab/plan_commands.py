@@ -9,10 +9,11 @@ from pathlib import Path
 from experiments.plan import rehearse
 from experiments.render_html import render_html
 from experiments.render_markdown import render_markdown
-from experiments.report import Report, render_text
+from experiments.report import render_text
 from experiments.runtime.runner import BoundaryMissingError, StuckWorldError
 from experiments.spec import SpecError, json_schema
 from forklab.errors import CliError
+from forklab.report_files import write_report
 from forklab.specfile import SPEC_EXIT, load_spec
 
 
@@ -32,7 +33,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except SpecError as exc:
         raise CliError(f"{args.spec}: {exc}", SPEC_EXIT) from None
     if args.out is not None:
-        write_report(report, Path(args.out))
+        write_report(
+            {
+                "report.md": render_markdown(report),
+                "report.json": report.model_dump_json(indent=2) + "\n",
+                "report.html": render_html(report),
+            },
+            Path(args.out),
+        )
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
@@ -40,29 +48,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.out is not None:
             print(f"\nwrote report.md, report.json and report.html to {args.out}")
     return 0
-
-
-REPORT_FILES = ("report.md", "report.json", "report.html")
-
-
-def write_report(report: Report, folder: Path) -> None:
-    """Write the three renderings; each file appears whole or not at all."""
-    texts = {
-        "report.md": render_markdown(report),
-        "report.json": report.model_dump_json(indent=2) + "\n",
-        "report.html": render_html(report),
-    }
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, text in texts.items():
-            tmp = folder / f".{name}.tmp"
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(folder / name)
-    except OSError as exc:
-        raise CliError(
-            f"{folder}: cannot write the report ({exc.strerror or exc}); pass a writable "
-            "folder to --out"
-        ) from None
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,3 +25,11 @@ def plan_json(capsys: pytest.CaptureFixture[str], spec: Path) -> dict[str, Any]:
     assert code == 0, err
     result: dict[str, Any] = json.loads(out)
     return result
+
+
+def assert_self_contained(page: str) -> None:
+    """The HTML page fetches nothing when viewed: no external sources, links, imports or
+    scripts."""
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
+    assert "@import" not in page and "<script" not in page
+    assert not re.search(r"url\((?!#)", page)  # only in-page references such as clip paths

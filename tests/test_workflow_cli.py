@@ -51,6 +51,11 @@ def test_demo_runs_from_nothing_and_stops_what_it_started(tmp_path: Path) -> Non
     assert "  [running_" in out and "world batches" in out  # progress was shown
     assert "# Experiment `recovery-counter-" in out and "## Durable run" in out
     assert "cleanup: 0 sandboxes found, 0 removed, 0 left" in out
+    reports = tmp_path / "home" / "reports"
+    (folder,) = reports.iterdir()  # <home>/reports/<experiment id>
+    assert f"report files: report.md, report.json and report.html in {folder}\n" in out
+    assert (folder / "report.md").read_text() in out
+    assert sorted(p.name for p in folder.iterdir()) == ["report.html", "report.json", "report.md"]
     assert out.rstrip().endswith("stopped what the demo started: server and worker")
     with socket.socket() as s:  # the dev server is gone
         assert s.connect_ex(("127.0.0.1", port)) != 0

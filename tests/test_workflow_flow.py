@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from html import escape
 from pathlib import Path
 
-from orchestration_lab import Lab
+from orchestration_lab import Lab, cli_env, forklab
 
 from experiments.plan import rehearse
 from forklab.specfile import load_spec
+from tests.helpers import assert_self_contained
 from workflows.messages import Stage, Status
 from workflows.search_attributes import EXPERIMENT, STAGE
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def test_full_flow_matches_the_local_twin(lab: Lab) -> None:
+async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> None:
     spec = load_spec(str(ROOT / "experiments" / "recovery-counter.yaml"))
     spec = spec.model_copy(update={"id": "flow-recovery", "episodes": 60})
     handle, token = await lab.start(spec, batch_episodes=25, rehearsal_episodes=20)
@@ -41,6 +44,23 @@ async def test_full_flow_matches_the_local_twin(lab: Lab) -> None:
     assert result.budget.peak_concurrent_sandboxes <= spec.budget.max_concurrent_sandboxes
     assert result.approval.decided_by == "alice"
     assert "network isolation" in markdown and result.network_isolation in markdown
+    # `forklab report` writes the stored renderings; the HTML carries the same provenance
+    out = tmp_path / "report"
+    shown = await asyncio.to_thread(
+        forklab, cli_env(lab.settings), "report", spec.id, "--out", str(out)
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == f"{markdown}\nwrote report.md, report.json and report.html to {out}\n"
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"]
+    assert (out / "report.md").read_text() == markdown
+    assert json.loads((out / "report.json").read_text()) == report
+    html = (out / "report.html").read_text()
+    assert_self_contained(html)
+    assert html.count("<svg") == 3 and "<h2>Durable run</h2>" in html
+    assert (
+        f"<code>{result.plan_fingerprint}</code>" in html
+        and escape(result.network_isolation) in html
+    )
     # what the Web UI shows: search attributes and a summary on every sandbox activity
     desc = await handle.describe()
     assert desc.typed_search_attributes.get(EXPERIMENT) == spec.id

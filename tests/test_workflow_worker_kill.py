@@ -10,32 +10,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from orchestration_lab import TESTS, Lab, lab_settings, make_spec
+from orchestration_lab import FORKLAB, Lab, cli_env, forklab, lab_settings, make_spec
 from temporalio.testing import WorkflowEnvironment
 
 from experiments.plan import rehearse
-from workers.config import ENV, Settings
 from workflows.messages import ExperimentResult, Stage, Status, workflow_id
-
-FORKLAB = str(Path(sys.executable).parent / "forklab")
-
-
-def _env(settings: Settings) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(TESTS)}
-    for field in ("address", "namespace", "task_queue", "home"):
-        env[ENV[field]] = str(getattr(settings, field))
-    return env
-
-
-def forklab(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [FORKLAB, *args], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
 
 
 @pytest.fixture
@@ -63,7 +46,7 @@ async def test_sigkilled_worker_is_replaced_and_nothing_counts_twice(
     temporal_env: WorkflowEnvironment, tmp_path: Path, workers: list[subprocess.Popen[bytes]]
 ) -> None:
     settings = lab_settings(temporal_env, tmp_path / "home")
-    env = _env(settings)
+    env = cli_env(settings)
     lab = Lab(client=temporal_env.client, settings=settings)
     # about 2 s per world batch; the rehearsal sees the same pace, so a retried batch
     # still fits in its reservation
@@ -128,6 +111,9 @@ async def test_sigkilled_worker_is_replaced_and_nothing_counts_twice(
     assert report.returncode == 0, report.stderr
     twin = rehearse(make_spec(id=spec.id, params={}))  # the same worlds, without the pauses
     assert json.loads(report.stdout)["outcomes_digest"] == twin.outcomes_digest
+    folder = settings.home / "reports" / spec.id  # the default folder
+    assert f"wrote report.md, report.json and report.html to {folder}\n" in report.stderr
+    assert (folder / "report.json").read_text() == report.stdout
     assert sorted(r.world for r in lab.ledger.worlds(spec.id)) == ["baseline", "boost", "placebo"]
     assert lab.sandboxes(spec.id) == [] and lab.sandbox_folders() == []
 
@@ -135,7 +121,7 @@ async def test_sigkilled_worker_is_replaced_and_nothing_counts_twice(
 async def test_cli_errors_are_one_sentence(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    env = _env(lab_settings(temporal_env, tmp_path / "home"))
+    env = cli_env(lab_settings(temporal_env, tmp_path / "home"))
     missing = await asyncio.to_thread(forklab, env, "status", "no-such-experiment")
     assert missing.returncode == 1
     assert missing.stderr.startswith("forklab: error: no experiment 'no-such-experiment'")

@@ -92,6 +92,11 @@ class Settings(BaseModel):
         return self.home / "artifacts"
 
     @property
+    def reports_dir(self) -> Path:
+        """``forklab report`` writes each experiment's report files in a folder here."""
+        return self.home / "reports"
+
+    @property
     def ledger_path(self) -> Path:
         return self.home / "ledger.sqlite"
 
