@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from forklab import ops_commands, plan_commands
 from forklab.errors import CliError
@@ -21,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def dispatch(argv: Sequence[str] | None = None) -> int:
+    """Run one command in this process and return its exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -35,5 +39,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """The ``forklab`` executable: run the command, flush its output, and end the process
+    with ``os._exit``, skipping interpreter finalisation.
+
+    A command that talked to Temporal leaves the SDK's core runtime behind (Rust threads
+    that hold Python objects). Finalisation would run while those threads are alive; when
+    one of them then takes the GIL, CPython aborts the process (SIGABRT, "PyGILState_Release:
+    thread state ... must be current") after the command has already succeeded. Every file
+    a command writes is closed before it returns, so nothing is lost by skipping it.
+    """
+    code = dispatch(argv)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # the reader went away
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

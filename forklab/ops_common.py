@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from temporalio.client import Client, WorkflowHandle
-from temporalio.runtime import Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 
 from forklab.errors import CliError
@@ -43,34 +41,19 @@ def add_connection_flags(p: argparse.ArgumentParser, ui: bool = False) -> None:
         g.add_argument("--ui-port", dest="ui_port", type=int, help="Web UI port (8233)")
 
 
-_runtime: Runtime | None = None
-
-
 def run(coro_fn: Callable[[], Awaitable[_T]]) -> _T:
-    """Run one command's coroutine with its own Temporal runtime, and drop that runtime
-    (joining its threads) before returning: left to interpreter shutdown, its threads can
-    abort the process with a fatal GIL error after the command has already succeeded."""
-    global _runtime
+    """Run one command's coroutine. The Temporal client it opens stays alive until the
+    process ends: ``forklab.cli.main`` ends it without interpreter finalisation."""
 
     async def main() -> _T:
         return await coro_fn()
 
-    _runtime = Runtime(telemetry=TelemetryConfig())
-    try:
-        return asyncio.run(main())
-    finally:
-        _runtime = None
-        gc.collect()
-
-
-def command_runtime() -> Runtime | None:
-    """The runtime of the command being run (None outside ``run``)."""
-    return _runtime
+    return asyncio.run(main())
 
 
 async def open_client(settings: Settings) -> Client:
     try:
-        return await connect(settings, _runtime)
+        return await connect(settings)
     except RuntimeError as exc:
         raise CliError(
             f"cannot reach Temporal at {settings.address} ({str(exc).splitlines()[0]}); "

@@ -10,7 +10,7 @@ import time
 from types import FrameType
 
 from forklab.errors import CliError
-from forklab.ops_common import add_connection_flags, command_runtime, run, settings_from
+from forklab.ops_common import add_connection_flags, run, settings_from
 from workers import processes
 from workers.config import Settings
 from workers.server import (
@@ -95,7 +95,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        run(lambda: run_worker(settings, command_runtime()))
+        run(lambda: run_worker(settings))
     except RuntimeError as exc:
         raise CliError(
             f"the worker cannot connect to Temporal at {settings.address} "

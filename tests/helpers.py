@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from forklab.cli import main
+from forklab.cli import dispatch
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
+    code = dispatch(list(argv))
     out = capsys.readouterr()
     return code, out.out, out.err
 

@@ -16,7 +16,6 @@ from temporalio.api.operatorservice.v1 import (
 )
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from activities.artifacts import ArtifactStore
@@ -36,12 +35,9 @@ _SPARE_ACTIVITY_SLOTS = 4
 CPU_PROCESSES = 2
 
 
-async def connect(settings: Settings, runtime: Runtime | None = None) -> Client:
+async def connect(settings: Settings) -> Client:
     return await Client.connect(
-        settings.address,
-        namespace=settings.namespace,
-        data_converter=pydantic_data_converter,
-        runtime=runtime,
+        settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
     )
 
 
@@ -102,9 +98,9 @@ def build_worker(client: Client, settings: Settings, cpu: Executor) -> Worker:
     )
 
 
-async def run_worker(settings: Settings, runtime: Runtime | None = None) -> None:
+async def run_worker(settings: Settings) -> None:
     """Run until SIGINT or SIGTERM, then finish gracefully."""
-    client = await connect(settings, runtime)
+    client = await connect(settings)
     await ensure_search_attributes(client, settings.namespace)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
