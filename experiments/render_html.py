@@ -11,8 +11,15 @@ import re
 from html import escape
 
 from experiments.charts import failure_rate_chart, rescue_harm_chart, slice_forest_chart
-from experiments.report import Report, interval_text, pvalue_text
-from experiments.slices import feature_text
+from experiments.report import Report
+from experiments.report_tables import (
+    Table,
+    comparisons_table,
+    evidence_table,
+    power_table,
+    slices_table,
+    worlds_table,
+)
 from experiments.spec import Role
 from experiments.verdicts import Verdict
 
@@ -50,6 +57,12 @@ def _table(headers: list[str], rows: list[list[str]], numeric: set[int]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _shared(t: Table) -> str:
+    """A shared table: text cells escaped here, numeric cells by ``_num``."""
+    rows = [[c if i in t.numeric else escape(c) for i, c in enumerate(row)] for row in t.rows]
+    return _table(t.headers, rows, set(t.numeric))
+
+
 def _badge(text: str, css: str) -> str:
     return f'<span class="badge {css}">{escape(text)}</span>'
 
@@ -63,7 +76,6 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
     """``provenance``, given for a durable run (values are Markdown inline text, as for
     ``render_markdown``), becomes a "Durable run" section before the verdicts."""
     e = report.experiment
-    pct = f"{round(report.settings.confidence * 100)}%"
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -110,59 +122,12 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
         "<h2>Failure rate per world</h2>",
         f'<div class="chart">{failure_rate_chart(report.worlds)}</div>',
     ]
-    parts.append(
-        _table(
-            ["world", "role", "episodes", "failures", "failure rate", f"{pct} Wilson"],
-            [
-                [
-                    escape(w.name),
-                    w.role.value,
-                    str(w.episodes),
-                    str(w.failures),
-                    f"{w.failure_rate:.1%}",
-                    f"[{w.failure_ci_low:.1%}, {w.failure_ci_high:.1%}]",
-                ]
-                for w in report.worlds
-            ],
-            {2, 3, 4, 5},
-        )
-    )
+    parts.append(_shared(worlds_table(report)))
     parts += [
         "<h2>Rescues and harms per comparison</h2>",
         f'<div class="chart">{rescue_harm_chart(report.comparisons)}</div>',
     ]
-    parts.append(
-        _table(
-            [
-                "world",
-                "vs",
-                "rescue",
-                "harm",
-                "unchanged",
-                "net",
-                "success diff",
-                f"{pct} CI",
-                "McNemar p",
-                "Holm p",
-            ],
-            [
-                [
-                    escape(c.world),
-                    escape(c.vs),
-                    str(c.rescue),
-                    str(c.harm),
-                    str(c.unchanged),
-                    f"{c.net:+d}",
-                    f"{c.difference:+.3f}",
-                    interval_text(c.ci_low, c.ci_high),
-                    pvalue_text(c.mcnemar_p),
-                    pvalue_text(c.holm_p),
-                ]
-                for c in report.comparisons
-            ],
-            set(range(2, 10)),
-        )
-    )
+    parts.append(_shared(comparisons_table(report)))
     parts.append("<h2>Slices</h2>")
     guard_vs = next((w.name for w in report.worlds if w.role is Role.baseline), "")
     for c in report.comparisons:
@@ -175,24 +140,7 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
                 f"{c.world} vs {c.vs}: the slices the guard learns from", effects
             )
             parts.append(f'<div class="chart">{chart}</div>')
-        parts.append(
-            _table(
-                ["feature", "value", "n", "rescue", "harm", "net", f"{pct} CI"],
-                [
-                    [
-                        escape(s.feature),
-                        escape(feature_text(s.value)),
-                        str(s.n),
-                        str(s.rescue),
-                        str(s.harm),
-                        f"{s.net:+d}",
-                        interval_text(s.ci_low, s.ci_high),
-                    ]
-                    for s in effects
-                ],
-                {2, 3, 4, 5, 6},
-            )
-        )
+        parts.append(_shared(slices_table(report, effects)))
     parts.append("<h2>Checks</h2>")
     parts.append(
         _table(
@@ -214,37 +162,11 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
         '<p class="meta">Information is −log10 of the exact McNemar p against the baseline; '
         "the rate divides it by the world-seconds the world consumed.</p>"
     )
-    parts.append(
-        _table(
-            ["rank", "world", "−log10 p", "world-seconds", "per world-second"],
-            [
-                [
-                    str(r.rank),
-                    escape(r.world),
-                    f"{r.information:.2f}",
-                    f"{r.world_seconds:.3f}",
-                    "n/a"
-                    if r.information_per_second is None
-                    else f"{r.information_per_second:.2f}",
-                ]
-                for r in report.evidence
-            ],
-            {0, 2, 3, 4},
-        )
-    )
+    parts.append(_shared(evidence_table(report)))
     p = report.power
     parts.append(f"<h2>Power (α {p.alpha:g}, power {p.power:g})</h2>")
     parts += [f'<p class="warn">{escape(w)}</p>' for w in p.warnings]
-    parts.append(
-        _table(
-            ["world", "episodes", "needed", "note"],
-            [
-                [escape(r.world), str(r.episodes), str(r.needed or "—"), escape(r.note)]
-                for r in p.rows
-            ],
-            {1, 2},
-        )
-    )
+    parts.append(_shared(power_table(report)))
     if report.guard is not None:
         g = report.guard
         parts += [

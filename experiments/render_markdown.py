@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import json
 
-from experiments.report import Report, guard_counts_text, interval_text, pvalue_text
-from experiments.slices import feature_text
+from experiments.report import Report
+from experiments.report_tables import (
+    Table,
+    comparisons_table,
+    evidence_table,
+    guard_counts_text,
+    power_table,
+    slices_table,
+    worlds_table,
+)
 
 
 def _cell(text: str) -> str:
@@ -18,11 +26,14 @@ def table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def _shared(t: Table) -> list[str]:
+    return table(t.headers, t.rows)
+
+
 def render_markdown(report: Report, provenance: dict[str, str] | None = None) -> str:
     """``provenance``, given for a durable run (plan, snapshot, approval, spend, cleanup;
     values are Markdown inline text), becomes a "Durable run" section before the verdicts."""
     e = report.experiment
-    pct = f"{round(report.settings.confidence * 100)}%"
     status = "valid" if report.valid else "**INVALID**: a validity check failed"
     lines = [
         f"# Experiment `{e.id}`",
@@ -49,71 +60,16 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
         ],
     )
     lines += ["", "## Worlds", ""]
-    lines += table(
-        ["world", "role", "episodes", "failures", "failure rate", f"{pct} Wilson"],
-        [
-            [
-                w.name,
-                w.role.value,
-                str(w.episodes),
-                str(w.failures),
-                f"{w.failure_rate:.1%}",
-                f"[{w.failure_ci_low:.1%}, {w.failure_ci_high:.1%}]",
-            ]
-            for w in report.worlds
-        ],
-    )
+    lines += _shared(worlds_table(report))
     lines += ["", "## Paired comparisons", ""]
-    lines += table(
-        [
-            "world",
-            "vs",
-            "rescue",
-            "harm",
-            "unchanged",
-            "net",
-            "success diff",
-            f"{pct} CI",
-            "McNemar p",
-            "Holm p",
-        ],
-        [
-            [
-                c.world,
-                c.vs,
-                str(c.rescue),
-                str(c.harm),
-                str(c.unchanged),
-                f"{c.net:+d}",
-                f"{c.difference:+.3f}",
-                interval_text(c.ci_low, c.ci_high),
-                pvalue_text(c.mcnemar_p),
-                pvalue_text(c.holm_p),
-            ]
-            for c in report.comparisons
-        ],
-    )
+    lines += _shared(comparisons_table(report))
     lines += ["", "## Slices", ""]
     for c in report.comparisons:
         effects = c.slice_effects + c.interaction_effects
         if not effects:
             continue
         lines += [f"### {c.world} vs {c.vs}", ""]
-        lines += table(
-            ["feature", "value", "n", "rescue", "harm", "net", f"{pct} CI"],
-            [
-                [
-                    s.feature,
-                    feature_text(s.value),
-                    str(s.n),
-                    str(s.rescue),
-                    str(s.harm),
-                    f"{s.net:+d}",
-                    interval_text(s.ci_low, s.ci_high),
-                ]
-                for s in effects
-            ],
-        )
+        lines += _shared(slices_table(report, effects))
         lines.append("")
     lines += ["## Checks", ""]
     lines += table(
@@ -124,25 +80,10 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
         ],
     )
     lines += ["", "## Evidence per world-second", ""]
-    lines += table(
-        ["rank", "world", "−log10 p", "world-seconds", "per world-second"],
-        [
-            [
-                str(r.rank),
-                r.world,
-                f"{r.information:.2f}",
-                f"{r.world_seconds:.3f}",
-                "n/a" if r.information_per_second is None else f"{r.information_per_second:.2f}",
-            ]
-            for r in report.evidence
-        ],
-    )
+    lines += _shared(evidence_table(report))
     p = report.power
     lines += ["", f"## Power (α {p.alpha:g}, power {p.power:g})", ""]
-    lines += table(
-        ["world", "episodes", "needed", "note"],
-        [[r.world, str(r.episodes), str(r.needed or "—"), r.note] for r in p.rows],
-    )
+    lines += _shared(power_table(report))
     lines += [f"\n**Warning:** {w}" for w in p.warnings]
     if report.guard is not None:
         g = report.guard

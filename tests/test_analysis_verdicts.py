@@ -9,7 +9,7 @@ from experiments.outcomes import InfraUsage
 from experiments.plan import analyse, rehearse_outcomes, workload_code_digest
 from experiments.render_html import render_html
 from experiments.render_markdown import render_markdown
-from experiments.report import render_text
+from experiments.render_text import render_text
 from experiments.spec import Direction, ExperimentSpec, parse_spec
 from experiments.verdicts import Verdict, judge
 from tests.helpers import ROOT

@@ -1,0 +1,84 @@
+"""The report as terminal text: aligned tables, one section after another."""
+
+from __future__ import annotations
+
+import json
+
+from experiments.checks import CheckKind
+from experiments.report import Report
+from experiments.report_tables import (
+    Table,
+    comparisons_table,
+    guard_counts_text,
+    slices_table,
+    worlds_table,
+)
+
+
+def _table(t: Table) -> list[str]:
+    widths = [max([len(h), *(len(r[i]) for r in t.rows)]) for i, h in enumerate(t.headers)]
+    out = [
+        "  ".join(h.ljust(w) for h, w in zip(t.headers, widths, strict=True)),
+        "  ".join("-" * w for w in widths),
+    ]
+    out += [
+        "  ".join(
+            c.rjust(w) if i in t.numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in t.rows
+    ]
+    return out
+
+
+def render_text(report: Report) -> str:
+    e = report.experiment
+    lines = [
+        f"experiment {e.id}  ({e.workload}, seed {e.seed}, {e.episodes} episodes per world)",
+        f"hypothesis  {e.hypothesis}",
+        f"fingerprint {e.fingerprint}",
+        "",
+    ]
+    lines += _table(worlds_table(report))
+    lines.append("")
+    lines += _table(comparisons_table(report))
+    for c in report.comparisons:
+        effects = c.slice_effects + c.interaction_effects
+        if effects:
+            lines += ["", f"slices: {c.world} vs {c.vs}"]
+            lines += _table(slices_table(report, effects))
+    lines += ["", "validity checks"]
+    lines += [
+        f"  [{'PASS' if c.passed else 'FAIL'}] {c.name}: {c.reason}"
+        for c in report.checks
+        if c.kind is CheckKind.validity
+    ]
+    lines += ["", "verdicts"]
+    lines += [f"  {v.world}: {v.verdict.value.upper()} ({v.reason})" for v in report.verdicts]
+    lines += [
+        f"  [{'PASS' if c.passed else 'FAIL'}] {c.name}: {c.reason}"
+        for c in report.checks
+        if c.kind is CheckKind.effect
+    ]
+    if report.evidence:
+        lines += ["", "evidence per world-second (−log10 McNemar p per world-second)"]
+        lines += [
+            f"  {r.rank}. {r.world}: {r.information:.2f} in {r.world_seconds:.3f} s"
+            + (f" = {r.information_per_second:.2f}/s" if r.information_per_second else "")
+            for r in report.evidence
+        ]
+    p = report.power
+    lines += ["", f"power (α {p.alpha:g}, power {p.power:g}, from the rehearsal's discordance)"]
+    lines += [f"  {r.world}: {r.note}" for r in p.rows]
+    lines += [f"  WARNING: {w}" for w in p.warnings]
+    if report.guard is not None:
+        g = report.guard
+        cap = "harms ≤ rescues per slice" if g.harm_cap is None else f"harm cap {g.harm_cap}"
+        lines += ["", f"guard policy for {g.world} (learned on {g.basis}, {cap})"]
+        lines += [f"  {g.words}", f"  rule {json.dumps(g.rule, separators=(', ', ': '))}"]
+        for label, ev in (("training", g.training), ("held-out", g.held_out)):
+            lines += [f"  {label} episodes {ev.first_episode}..{ev.last_episode}:"]
+            lines += [f"    {t}" for t in guard_counts_text(ev)]
+    lines += ["", f"outcomes digest {report.outcomes_digest}"]
+    lines.append("VALID" if report.valid else "INVALID: a validity check failed")
+    return "\n".join(lines)
