@@ -211,15 +211,11 @@ def run_batch(
     everything), so its result is reused for every episode that reaches an identical
     state. Continuations that drew anything are always run.
     """
-    batch: Batch = {
-        "episodes": list(episodes),
-        "requested": [],
-        "resolved": [],
-        "checkpoints": [],
-        "features": [],
-        "worlds": {w["name"]: empty_columns() for w in worlds},
-    }
-    columns = [(i, w, batch["worlds"][w["name"]]) for i, w in enumerate(worlds)]
+    # Rows are collected per episode (one append per world) and turned into columns at
+    # the end: the loop body is the engine's hot path.
+    checkpoints: list[Checkpoint] = []
+    results: list[list[tuple[bool, bool, str]]] = [[] for _ in worlds]
+    plans = list(zip(range(len(worlds)), worlds, results, strict=True))
     prefixes: dict[str, Checkpoint] = {}
     continuations: dict[tuple[str, int], tuple[bool, bool, str]] = {}
     for episode in episodes:
@@ -230,23 +226,33 @@ def run_batch(
             cp, drawn = _prefix_from(workload, seed, episode, state, shocks)
             if not drawn:
                 prefixes[key] = cp
+        checkpoints.append(cp)
         sha = cp["sha256"]
-        batch["requested"].append(cp["requested"])
-        batch["resolved"].append(cp["resolved"])
-        batch["checkpoints"].append(sha)
-        batch["features"].append(cp["features"])
-        for index, world, cols in columns:
+        for index, world, rows in plans:
             result = continuations.get((sha, index))
             if result is None:
                 ok, did, fp, drawn = continue_world(workload, cp["state"], seed, episode, world)
                 result = (ok, did, fp)
                 if not drawn:
                     continuations[(sha, index)] = result
-            cols["outcomes"].append(result[0])
-            cols["intervened"].append(result[1])
-            cols["shocks"].append(result[2])
-            cols["inherited"].append(sha)
-    return batch
+            rows.append(result)
+    shas = [cp["sha256"] for cp in checkpoints]
+    return {
+        "episodes": list(episodes),
+        "requested": [cp["requested"] for cp in checkpoints],
+        "resolved": [cp["resolved"] for cp in checkpoints],
+        "checkpoints": shas,
+        "features": [cp["features"] for cp in checkpoints],
+        "worlds": {
+            world["name"]: {
+                "outcomes": [r[0] for r in rows],
+                "intervened": [r[1] for r in rows],
+                "shocks": [r[2] for r in rows],
+                "inherited": list(shas),
+            }
+            for world, rows in zip(worlds, results, strict=True)
+        },
+    }
 
 
 # --- the sandbox entry point ----------------------------------------------------------
