@@ -35,9 +35,6 @@ class ArtifactStore:
             )
         return self.root / digest[:2] / digest[2:]
 
-    def has(self, digest: str) -> bool:
-        return self.path(digest).is_file()
-
     def put_bytes(self, data: bytes) -> str:
         """Store ``data`` and return its digest; storing the same bytes again is a no-op
         (and repairs a damaged copy)."""

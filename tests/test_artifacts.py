@@ -24,7 +24,7 @@ def test_bytes_round_trip_under_their_sha256(store: ArtifactStore) -> None:
     data = b"checkpoint\x00bytes"
     digest = store.put_bytes(data)
     assert digest == hashlib.sha256(data).hexdigest()
-    assert store.has(digest)
+    assert store.path(digest).is_file()
     assert store.path(digest) == store.root / digest[:2] / digest[2:]
     assert store.get_bytes(digest) == data
 
@@ -57,7 +57,7 @@ def test_corrupt_artifact_is_detected_and_repaired_by_a_new_put(store: ArtifactS
 
 def test_missing_and_malformed_digests_are_clear_errors(store: ArtifactStore) -> None:
     absent = hashlib.sha256(b"never stored").hexdigest()
-    assert not store.has(absent)
+    assert not store.path(absent).is_file()
     with pytest.raises(ArtifactError, match="is missing from"):
         store.get_bytes(absent)
     with pytest.raises(ArtifactError, match="not a sha256 hex digest"):
