@@ -22,6 +22,7 @@ from experiments.outcomes import ExperimentOutcomes, WorldOutcomes
 from experiments.power import power_row
 from experiments.slices import dimensions
 from experiments.spec import Direction, parse_spec
+from tests.reference_stats import reference_newcombe
 
 TOL = 1e-9
 
@@ -31,35 +32,6 @@ def _columns(n11: int, n10: int, n01: int, n00: int, rng: random.Random) -> tupl
     pairs += [(False, False)] * n00
     rng.shuffle(pairs)
     return [p[0] for p in pairs], [p[1] for p in pairs]
-
-
-def _wilson(x: int, n: int) -> tuple[float, float]:
-    low, high = proportion_confint(x, n, alpha=0.05, method="wilson")
-    return float(low), float(high)
-
-
-def reference_newcombe(n11: int, n10: int, n01: int, n00: int) -> tuple[float, float, float]:
-    """Newcombe (1998) method 10 from statsmodels' Wilson limits: an independent build."""
-    n = n11 + n10 + n01 + n00
-    p1, p2 = (n11 + n01) / n, (n11 + n10) / n
-    l1, u1 = _wilson(n11 + n01, n)
-    l2, u2 = _wilson(n11 + n10, n)
-    margins = (n11 + n10) * (n01 + n00) * (n11 + n01) * (n10 + n00)
-    a = n11 * n00 - n10 * n01
-    if margins == 0:
-        phi = 0.0
-    elif a > n / 2:
-        phi = (a - n / 2) / math.sqrt(margins)
-    elif a >= 0:
-        phi = 0.0
-    else:
-        phi = a / math.sqrt(margins)
-    d = p1 - p2
-    low = d - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
-    high = d + math.sqrt(
-        max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2)
-    )
-    return d, max(-1.0, low), min(1.0, high)
 
 
 def _tables(count: int) -> list[tuple[int, int, int, int]]:
@@ -184,7 +156,7 @@ def test_world_failure_intervals_are_wilson() -> None:
     )
     report = build_report(spec, out, "d")
     for row in report.worlds:
-        low, high = _wilson(row.failures, row.episodes)
+        low, high = proportion_confint(row.failures, row.episodes, alpha=0.05, method="wilson")
         assert (row.failure_ci_low, row.failure_ci_high) == pytest.approx((low, high), abs=TOL)
 
 
