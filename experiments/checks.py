@@ -220,24 +220,18 @@ def infrastructure_fit(infra: InfraUsage | None) -> Check:
     )
 
 
-def basic_checks(spec: ExperimentSpec, out: ExperimentOutcomes) -> list[Check]:
+def validity_checks(
+    spec: ExperimentSpec, out: ExperimentOutcomes, code_digest: str, infra: InfraUsage | None
+) -> list[Check]:
+    """Every validity check; one failure makes the experiment invalid, whatever the effects."""
     found = [
         completion(spec, out),
         common_checkpoints(out),
         common_random_numbers(out),
         placebo_fidelity(spec, out),
         positive_control(spec, out),
-    ]
-    return [c for c in found if c is not None]
-
-
-def validity_checks(
-    spec: ExperimentSpec, out: ExperimentOutcomes, code_digest: str, infra: InfraUsage | None
-) -> list[Check]:
-    """Every validity check; one failure makes the experiment invalid, whatever the effects."""
-    return [
-        *basic_checks(spec, out),
         workload_identity(out, code_digest),
         common_snapshot(out),
         infrastructure_fit(infra),
     ]
+    return [c for c in found if c is not None]

@@ -18,12 +18,11 @@ def workload_code_digest(spec: ExperimentSpec) -> str:
 
 
 def rehearse_outcomes(
-    spec: ExperimentSpec, processes: int | None = None
-) -> tuple[ExperimentOutcomes, float]:
-    """Run every world of the spec on the twin; returns outcomes and wall seconds."""
-    digest = workload_code_digest(spec)
+    spec: ExperimentSpec, code_digest: str, processes: int | None = None
+) -> ExperimentOutcomes:
+    """Run every world of the spec on the twin."""
     run = run_twin(spec, processes=processes)
-    return from_batch(run.batch, digest, TWIN_SNAPSHOT, run.seconds), run.seconds
+    return from_batch(run.batch, code_digest, TWIN_SNAPSHOT, run.seconds)
 
 
 def analyse(
@@ -37,5 +36,5 @@ def analyse(
 
 
 def rehearse(spec: ExperimentSpec, processes: int | None = None) -> Report:
-    outcomes, _ = rehearse_outcomes(spec, processes)
-    return analyse(spec, outcomes, workload_code_digest(spec))
+    digest = workload_code_digest(spec)
+    return analyse(spec, rehearse_outcomes(spec, digest, processes), digest)

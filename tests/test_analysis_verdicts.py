@@ -62,7 +62,7 @@ def _spec() -> ExperimentSpec:
 
 def test_a_failed_validity_check_makes_every_verdict_invalid() -> None:
     spec = _spec()
-    outcomes, _ = rehearse_outcomes(spec)
+    outcomes = rehearse_outcomes(spec, workload_code_digest(spec))
     digest = workload_code_digest(spec)
     tampered = outcomes.model_copy(deep=True)
     tampered.worlds[1].code_digest = "0" * 64  # refresh ran other code than the plan's
@@ -81,7 +81,7 @@ def test_a_failed_validity_check_makes_every_verdict_invalid() -> None:
 
 def test_infrastructure_fit_reads_the_durable_usage() -> None:
     spec = _spec()
-    outcomes, _ = rehearse_outcomes(spec)
+    outcomes = rehearse_outcomes(spec, workload_code_digest(spec))
     digest = workload_code_digest(spec)
     fine = InfraUsage(
         world_seconds_budget=600,
@@ -102,7 +102,7 @@ def test_infrastructure_fit_reads_the_durable_usage() -> None:
 
 def test_snapshot_provenance_must_be_common() -> None:
     spec = _spec()
-    outcomes, _ = rehearse_outcomes(spec)
+    outcomes = rehearse_outcomes(spec, workload_code_digest(spec))
     mixed = outcomes.model_copy(deep=True)
     mixed.worlds[2].snapshot = "another-image"
     report = analyse(spec, mixed, workload_code_digest(spec))
@@ -112,7 +112,7 @@ def test_snapshot_provenance_must_be_common() -> None:
 
 def test_a_partial_world_is_reported_not_crashed_on() -> None:
     spec = _spec()
-    outcomes, _ = rehearse_outcomes(spec)
+    outcomes = rehearse_outcomes(spec, workload_code_digest(spec))
     partial = outcomes.model_copy(deep=True)
     w = partial.worlds[1]
     w.outcomes, w.intervened, w.shocks, w.inherited = (
