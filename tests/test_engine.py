@@ -133,12 +133,11 @@ class CountingNoisyCounter(CounterRecovery):
         return super().initial_state(episode_seed, shocks)
 
     def step(self, state: dict[str, Any], shocks: Shocks) -> None:
-        if state.get("forked") is None:
+        # Every step from below the boundary (step 3) belongs to a prefix: no world
+        # starts there, since each starts from the checkpoint at step 3 or later.
+        if state["steps"] < self.params["fork_step"]:
             type(self).prefix_steps += 1
         super().step(state, shocks)
-
-    def intervene(self, state: dict[str, Any], name: str, params: Any, shocks: Shocks) -> None:
-        super().intervene(state, name, params, shocks)
 
 
 WORLDS: list[Any] = [
@@ -152,6 +151,7 @@ def test_a_fork_never_reruns_the_prefix() -> None:
     wl = CountingNoisyCounter({"noise": 0.2})
     batch = run_batch(wl, 5, range(200), WORLDS)
     assert CountingNoisyCounter.initial_states == 200  # once per episode, not per world
+    assert CountingNoisyCounter.prefix_steps == 200 * 3  # three prefix steps, once each
     # Continuations start from the checkpoint: every world inherited each episode's digest.
     for cols in batch["worlds"].values():
         assert cols["inherited"] == batch["checkpoints"]
