@@ -145,19 +145,10 @@ class ExperimentWorkflow:
         """Counts only with the right token, for the current plan, before expiry, once;
         every other attempt is recorded with its reason and changes nothing."""
         refusal = self._refusal(sig)
-        now = workflow.now()
-        self._approval.attempts.append(
-            ApprovalAttempt(
-                at=now,
-                approver=sig.approver,
-                accepted=refusal is None,
-                reason=refusal or "accepted",
-            )
-        )
         if refusal is None:
-            self._approval.status = ApprovalStatus.approved
-            self._approval.decided_by = sig.approver
-            self._approval.decided_at = now
+            self._record_attempt(sig.approver, "accepted", ApprovalStatus.approved)
+        else:
+            self._record_attempt(sig.approver, refusal)
 
     @workflow.signal
     def reject(self, sig: RejectSignal) -> None:
@@ -165,26 +156,30 @@ class ExperimentWorkflow:
             self._approval.status is not ApprovalStatus.pending
             or self._status is not Status.running
         ):
-            self._approval.attempts.append(
-                ApprovalAttempt(
-                    at=workflow.now(),
-                    approver=sig.by,
-                    accepted=False,
-                    reason=f"reject ignored: approval is already {self._approval.status.value}",
-                )
+            self._record_attempt(
+                sig.by, f"reject ignored: approval is already {self._approval.status.value}"
             )
-            return
-        self._approval.status = ApprovalStatus.rejected
-        self._approval.decided_by = sig.by
-        self._approval.decided_at = workflow.now()
+        else:
+            reason = f"rejected{': ' + sig.reason if sig.reason else ''}"
+            self._record_attempt(sig.by, reason, ApprovalStatus.rejected)
+
+    def _record_attempt(
+        self, who: str, reason: str, decision: ApprovalStatus | None = None
+    ) -> None:
+        """Every approve/reject is recorded; only a ``decision`` changes the approval."""
+        now = workflow.now()
         self._approval.attempts.append(
             ApprovalAttempt(
-                at=workflow.now(),
-                approver=sig.by,
-                accepted=False,
-                reason=f"rejected{': ' + sig.reason if sig.reason else ''}",
+                at=now,
+                approver=who,
+                accepted=decision is ApprovalStatus.approved,
+                reason=reason,
             )
         )
+        if decision is not None:
+            self._approval.status = decision
+            self._approval.decided_by = who
+            self._approval.decided_at = now
 
     @workflow.query
     def status(self) -> StatusView:
