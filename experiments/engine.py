@@ -15,7 +15,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.runtime.runner import Batch, WorldPlan, run_batch, workload_class
+from experiments.runtime.runner import (
+    Batch,
+    WorldPlan,
+    empty_columns,
+    run_batch,
+    workload_class,
+)
 from experiments.spec import ExperimentSpec, World, resolve_workload
 
 #: Below this many world-episodes, starting processes costs more than it saves.
@@ -60,7 +66,7 @@ def merge_batches(parts: Sequence[Batch]) -> Batch:
         "resolved": [],
         "checkpoints": [],
         "features": [],
-        "worlds": {name: {k: [] for k in cols} for name, cols in first["worlds"].items()},  # type: ignore[misc]
+        "worlds": {name: empty_columns() for name in first["worlds"]},
     }
     for part in parts:
         merged["episodes"].extend(part["episodes"])
@@ -69,8 +75,11 @@ def merge_batches(parts: Sequence[Batch]) -> Batch:
         merged["checkpoints"].extend(part["checkpoints"])
         merged["features"].extend(part["features"])
         for name, cols in part["worlds"].items():
-            for key, values in cols.items():
-                merged["worlds"][name][key].extend(values)  # type: ignore[literal-required]
+            into = merged["worlds"][name]
+            into["outcomes"].extend(cols["outcomes"])
+            into["intervened"].extend(cols["intervened"])
+            into["shocks"].extend(cols["shocks"])
+            into["inherited"].extend(cols["inherited"])
     return merged
 
 
