@@ -123,6 +123,7 @@ class PrefixResult(Model):
     seconds: float
     network_isolated: bool = True
     note: str | None = None
+    confinement: str | None = None  # "bubblewrap", or "process" on a host without it
 
 
 class BatchInput(Model):
@@ -154,6 +155,7 @@ class BatchOutcome(Model):
     attempts: int = 0
     network_isolated: bool = True
     note: str | None = Field(default=None, description="e.g. why network isolation fell back")
+    confinement: str | None = None  # "bubblewrap", or "process" on a host without it
 
 
 class CleanupInput(Model):

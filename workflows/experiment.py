@@ -44,7 +44,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.planning import PlanningActivities
     from activities.records import RecordActivities
-    from activities.world_batches import SandboxActivities
+    from activities.world_batches import SNAPSHOT_CORRUPTED, SandboxActivities
     from experiments.engine import spec_world_plans
     from experiments.outcomes import InfraUsage
     from workflows import timeouts
@@ -484,8 +484,11 @@ class ExperimentWorkflow:
                     **options,
                 )
             except ActivityError as err:
-                if isinstance(err.cause, CancelledError):
-                    raise
+                corrupted = isinstance(err.cause, ApplicationError) and (
+                    err.cause.type == SNAPSHOT_CORRUPTED
+                )
+                if isinstance(err.cause, CancelledError) or corrupted:
+                    raise  # a poisoned snapshot ends the run: none of its worlds counts
                 outcome = BatchOutcome(
                     world=unit.world,
                     chunk=unit.chunk,
@@ -618,18 +621,22 @@ class ExperimentWorkflow:
         )
 
     def _isolation(self) -> str:
-        """Whether every sandbox ran in a private network namespace, or why not."""
-        ran: list[tuple[bool, str | None]] = [
-            (p.network_isolated, p.note) for p in self._prefixes.values()
+        """Whether every sandbox ran in bubblewrap with a private network, or why not."""
+        ran: list[tuple[bool, str | None, str | None]] = [
+            (p.network_isolated, p.note, p.confinement) for p in self._prefixes.values()
         ]
         ran += [
-            (b.network_isolated, b.note)
+            (b.network_isolated, b.note, b.confinement)
             for b in self._batches.values()
             if b.status is not BatchStatus.skipped
         ]
-        notes = [note or "no reason given" for isolated, note in ran if not isolated]
+        notes = [
+            note or "no reason given"
+            for isolated, note, confinement in ran
+            if not isolated or confinement not in (None, "bubblewrap")
+        ]
         if not notes:
-            return f"every sandbox ({len(ran)}) ran in a private network namespace"
+            return f"every sandbox ({len(ran)}) ran in bubblewrap with a private network namespace"
         return f"{len(notes)} of {len(ran)} sandboxes fell back: {notes[0]}"
 
     async def _record(self, analysis: AnalysisResult | None) -> None:
