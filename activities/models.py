@@ -39,6 +39,8 @@ class Rehearsal(Model):
     prefix_seconds_per_episode: float
     world_seconds_per_episode: dict[str, float]
     worlds: list[SampleWorld]
+    confinement: str | None = None  # "bubblewrap", or "process" on a host without it
+    note: str | None = None  # what that fallback did not protect
 
 
 class SnapshotInput(Model):

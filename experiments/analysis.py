@@ -10,7 +10,7 @@ from __future__ import annotations
 from experiments.checks import validity_checks
 from experiments.comparisons import CONFIDENCE, holm, paired_effect, paired_table
 from experiments.evidence import rank_evidence
-from experiments.guard import guard_policy, guard_world
+from experiments.guard import HeldOutRunner, guard_policy, guard_world, twin_held_out
 from experiments.outcomes import (
     ExperimentOutcomes,
     InfraUsage,
@@ -125,6 +125,7 @@ def build_report(
     out: ExperimentOutcomes,
     code_digest: str,
     infra: InfraUsage | None = None,
+    held_out: HeldOutRunner = twin_held_out,
 ) -> Report:
     settings = AnalysisSettings(
         confidence=CONFIDENCE,
@@ -178,7 +179,12 @@ def build_report(
         partitions += _split_by_feature(training.interaction_effects)
         world_out = out.world(gated.name)
         guard = guard_policy(
-            spec, partitions, out.world(base).outcomes, world_out.outcomes, world_out.intervened
+            spec,
+            partitions,
+            out.world(base).outcomes,
+            world_out.outcomes,
+            world_out.intervened,
+            held_out,
         )
     return Report(
         experiment=ExperimentInfo(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from experiments.analysis import build_report
 from experiments.bundle import bundle_files, code_digest
 from experiments.engine import run_twin
+from experiments.guard import HeldOutRunner, twin_held_out
 from experiments.outcomes import ExperimentOutcomes, InfraUsage, from_batch
 from experiments.report import Report
 from experiments.spec import ExperimentSpec
@@ -30,9 +31,11 @@ def analyse(
     outcomes: ExperimentOutcomes,
     code_digest: str,
     infra: InfraUsage | None = None,
+    held_out: HeldOutRunner = twin_held_out,
 ) -> Report:
-    """The analysis shared by the twin and the durable path (``infra`` only there)."""
-    return build_report(spec, outcomes, code_digest, infra)
+    """The analysis shared by the twin and the durable path (``infra`` and a sandboxed
+    ``held_out`` runner only there)."""
+    return build_report(spec, outcomes, code_digest, infra, held_out)
 
 
 def rehearse(spec: ExperimentSpec, processes: int | None = None) -> Report:

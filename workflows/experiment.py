@@ -284,6 +284,7 @@ class ExperimentWorkflow:
             PlanningActivities.rehearse,
             RehearseInput(spec=spec, sample_episodes=self._inp.rehearsal_episodes),
             start_to_close_timeout=timeouts.REHEARSE_TIMEOUT,
+            heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary=f"rehearse {spec.id} on the local twin",
         )
@@ -616,6 +617,7 @@ class ExperimentWorkflow:
                 provenance=provenance,
             ),
             start_to_close_timeout=timeouts.ANALYSE_TIMEOUT,
+            heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary="analysis: pairs, slices, validity checks, report",
         )
