@@ -33,7 +33,7 @@ async def test_hostile_rehearsal_reaches_no_token_no_server_no_home(lab: Lab) ->
     (home / "tokens" / "other-run.token").write_text("victim-token-0123\n")
     (home / "keys").mkdir(exist_ok=True)
     (home / "keys" / "approver.key").write_text("PRIVATE KEY\n")
-    handle, token = await lab.start(spec)
+    handle, _ = await lab.start(spec)
     result = await asyncio.wait_for(handle.result(), timeout=120)
     assert result.status is Status.failed
     assert result.error is not None and "hostile report:" in result.error, result.error
