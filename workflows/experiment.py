@@ -40,7 +40,6 @@ with workflow.unsafe.imports_passed_through():
         RunnerJob,
         SnapshotInput,
         TokenInput,
-        WorldJob,
     )
     from activities.planning import PlanningActivities
     from activities.records import RecordActivities
@@ -467,8 +466,7 @@ class ExperimentWorkflow:
                     _PREFIX, seconds, self._plan.rehearsal.prefix_seconds_per_episode, unit
                 )
                 return
-            plan = next(p for p in spec_world_plans(self._spec) if p["name"] == unit.world)
-            world = WorldJob.model_validate(dict(plan))
+            world = next(p for p in spec_world_plans(self._spec) if p.name == unit.world)
             try:
                 outcome = await workflow.execute_activity_method(
                     SandboxActivities.run_world_batch,
