@@ -32,7 +32,6 @@ with workflow.unsafe.imports_passed_through():
         RunnerJob,
         SnapshotInput,
         TokenInput,
-        WorldJob,
     )
     from activities.planning import PlanningActivities
     from activities.records import RecordActivities
@@ -315,8 +314,7 @@ class ExperimentWorkflow:
                 seconds = prefix.seconds
                 state.record_prefix(prefix)
                 return
-            plan = next(p for p in spec_world_plans(self._spec) if p["name"] == unit.world)
-            world = WorldJob.model_validate(dict(plan))
+            world = next(p for p in spec_world_plans(self._spec) if p.name == unit.world)
             try:
                 outcome = await workflow.execute_activity_method(
                     SandboxActivities.run_world_batch,

@@ -23,7 +23,7 @@ from activities.sandbox.base import ExecResult, Limits
 from activities.sandbox.confine import run_confined
 from activities.sandbox.jail import SCRATCH_INSIDE, Mount, interpreter, sandbox_uid
 from experiments.bundle import BundleFile, bundle_files, code_digest
-from experiments.runtime.runner import WorldColumns, WorldPlan
+from experiments.runtime.file_format import WorldColumns, WorldPlan
 from experiments.spec import ExperimentSpec
 
 #: Limits of one call: a rehearsal or a held-out validation is one process, a few minutes.
@@ -105,7 +105,7 @@ class WorkloadCalls:
         request = self._request(spec, plans) | {"episodes": episodes}
         files = bundle_files(spec.workload.name)
         answer, result = self._call("rehearse", files, request, started)
-        _check_rehearsal(answer, [p["name"] for p in plans])
+        _check_rehearsal(answer, [p.name for p in plans])
         return answer, code_digest(files), result
 
     def held_out(
@@ -125,7 +125,7 @@ class WorkloadCalls:
             )
         request = self._request(spec, plans) | {"episodes": list(episodes)}
         answer, _ = self._call("batch", files, request)
-        _check_columns(answer, [p["name"] for p in plans], len(episodes))
+        _check_columns(answer, [p.name for p in plans], len(episodes))
         worlds: dict[str, WorldColumns] = answer["worlds"]
         return worlds
 
@@ -140,7 +140,7 @@ class WorkloadCalls:
             "workload": spec.workload.name,
             "params": dict(spec.workload.params),
             "seed": spec.seed,
-            "worlds": list(plans),
+            "worlds": [p.to_json() for p in plans],
         }
 
     def _call(

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from experiments.runtime.canon import canonical_json
+from experiments.runtime.file_format import WorldPlan
 from experiments.runtime.runner import (
     BoundaryMissingError,
     StuckWorldError,
@@ -44,6 +45,10 @@ def _workload(request: dict[str, Any]) -> Workload:
     return workload
 
 
+def _plans(request: dict[str, Any]) -> list[WorldPlan]:
+    return [WorldPlan.from_json(w) for w in request["worlds"]]
+
+
 def rehearse(request: dict[str, Any]) -> dict[str, Any]:
     workload = _workload(request)
     seed, n = request["seed"], request["episodes"]
@@ -51,18 +56,18 @@ def rehearse(request: dict[str, Any]) -> dict[str, Any]:
     checkpoints = [run_prefix(workload, seed, e) for e in range(n)]
     prefix_rate = (time.perf_counter() - start) / n
     worlds = []
-    for plan in request["worlds"]:
+    for plan in _plans(request):
         start = time.perf_counter()
         cols = continue_checkpoints(workload, seed, checkpoints, plan)
         rate = (time.perf_counter() - start) / n
         failure = (n - sum(cols["outcomes"])) / n
-        worlds.append({"name": plan["name"], "seconds_per_episode": rate, "failure_rate": failure})
+        worlds.append({"name": plan.name, "seconds_per_episode": rate, "failure_rate": failure})
     return {"episodes": n, "prefix_seconds_per_episode": prefix_rate, "worlds": worlds}
 
 
 def batch(request: dict[str, Any]) -> dict[str, Any]:
     workload = _workload(request)
-    return dict(run_batch(workload, request["seed"], request["episodes"], request["worlds"]))
+    return dict(run_batch(workload, request["seed"], request["episodes"], _plans(request)))
 
 
 def main(argv: list[str]) -> int:
