@@ -284,6 +284,11 @@ class LayerStore:
         digest = manifest.digest()
         final = self.root / digest
         if (final / "seal.json").is_file():
+            try:
+                self.verify(digest)
+            except WorkspaceError:  # a damaged copy: set it aside, the fresh one replaces it
+                os.rename(final, self.root / f".damaged-{digest}-{time.monotonic_ns()}")
+        if (final / "seal.json").is_file():
             shutil.rmtree(staging)
         else:
             box = Path(tempfile.mkdtemp(dir=self.root, prefix=".seal-"))
