@@ -17,7 +17,7 @@ from activities.coding_agent import BLOB, FIXED_MTIME, run_coding_agent_fork
 from activities.sandbox import LocalSandboxBackend
 from activities.sandbox.workspace import mounts_under, unmount_under
 from experiments.engine import run_twin
-from experiments.pairing import pair_counts
+from experiments.analysis.pairs import paired_table
 from experiments.plan import rehearse
 from experiments.workloads.coding_fix import (
     BUGS,
@@ -168,7 +168,7 @@ def test_strategies_as_worlds_count_rescues_and_harms() -> None:
     spec = load_spec(str(SPEC)).model_copy(update={"episodes": 200})
     batch = run_twin(spec).batch
     base = batch["worlds"]["baseline"]["outcomes"]
-    counts = {name: pair_counts(base, batch["worlds"][name]["outcomes"]) for name in STRATEGIES}
+    counts = {name: paired_table(base, batch["worlds"][name]["outcomes"]) for name in STRATEGIES}
     # minimal: rescues the subtraction bug only and cannot harm (it edits nothing else)
     assert counts["minimal"].rescue > 0 and counts["minimal"].harm == 0
     # rewrite: rescues every bug, harms the suites that add strings
