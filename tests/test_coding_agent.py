@@ -16,8 +16,8 @@ from orchestration_lab import Lab
 from activities.coding_agent import BLOB, FIXED_MTIME, run_coding_agent_fork
 from activities.sandbox import LocalSandboxBackend
 from activities.sandbox.workspace import mounts_under, unmount_under
-from experiments.engine import run_twin
 from experiments.analysis.pairs import paired_table
+from experiments.engine import run_twin
 from experiments.plan import rehearse
 from experiments.workloads.coding_fix import (
     BUGS,
