@@ -429,7 +429,7 @@ class LocalSandboxBackend(SandboxBackend):
     def import_workspace(self, folder: Path) -> LayerInfo:
         """Seal a copy of a host folder as a layer a sandbox's workspace can start from."""
         try:
-            return self.workspaces.layers.import_tree(folder)
+            return self.workspaces.layers.import_tree(folder, owner=self.workspaces.owner)
         except WorkspaceError as exc:
             raise SandboxError(str(exc)) from None
 
