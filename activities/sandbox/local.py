@@ -25,7 +25,8 @@ import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,11 +47,22 @@ from activities.sandbox.confine import kill_group, run_confined
 from activities.sandbox.jail import (
     SCRATCH_INSIDE,
     Mount,
+    bubblewrap,
     interpreter,
     sandbox_uid,
 )
+from activities.sandbox.workspace import (
+    LayerInfo,
+    WorkspaceError,
+    WorkspaceFork,
+    WorkspaceInfo,
+    Workspaces,
+)
 from experiments.bundle import BundleFile, code_digest
+from experiments.workspace import WorkspaceManifest
 
+#: Where a sandbox's workspace appears, relative to its working folder.
+WORKSPACE_DIR = "workspace"
 SNAPSHOT_PREFIX = "local:"
 _ID = re.compile(r"lsb-[0-9a-f]{16}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -133,13 +145,25 @@ class LocalSandboxBackend(SandboxBackend):
 
     name = "local"
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, overlay: bool = True) -> None:
         self.root = root
         self._snapshots = root / "snapshots"
         self._registry = root / "registry"
         self._boxes = root / "boxes"
         for folder in (self._snapshots, self._registry, self._boxes):
             folder.mkdir(parents=True, exist_ok=True)
+        # One unprivileged uid for this backend's boxes when the worker is root (None
+        # otherwise): their workspaces belong to it, so a forked child can write what its
+        # parent wrote. Another backend root (another worker home) gets another uid.
+        self.uid = sandbox_uid(str(root.resolve()))
+        # Copy-on-write workspaces; ``overlay=False`` forces the copy fallback.
+        self.workspaces = Workspaces(root, overlay=overlay, owner=self.uid)
+
+    @property
+    def dies_with_worker(self) -> bool:
+        """Whether a box dies with the worker process that runs it (bubblewrap works here);
+        without it, a dead worker's command may run on until its wall limit."""
+        return bubblewrap()[0] is not None
 
     # --- snapshots --------------------------------------------------------------------
     def prepare_snapshot(self, files: list[BundleFile]) -> SnapshotInfo:
@@ -251,7 +275,7 @@ class LocalSandboxBackend(SandboxBackend):
             snapshot_id=snapshot_id,
             limits=limits,
             created_at=datetime.now(UTC),
-            uid=sandbox_uid(sandbox_id),
+            uid=self.uid,
         )
         # Registered first: a crash from here on leaves a listed, deletable sandbox.
         with self._locked():
@@ -356,6 +380,10 @@ class LocalSandboxBackend(SandboxBackend):
                 self._write(entry)
         if entry is not None:
             _stop(entry)
+        try:
+            self.workspaces.remove(sandbox_id)  # unmounts before the folder goes
+        except WorkspaceError as exc:
+            raise SandboxError(str(exc)) from None
         _remove_tree(self._boxes / sandbox_id)
         if (self._boxes / sandbox_id).exists():
             raise SandboxError(f"could not remove the folder of sandbox {sandbox_id}; retry")
@@ -378,7 +406,66 @@ class LocalSandboxBackend(SandboxBackend):
                 continue
             if entry is not None and labels.items() <= entry.labels.items():
                 found.add(sandbox_id)
-        for box in self._boxes.iterdir():
+        for box in [*self._boxes.iterdir(), *map(Path, self.workspaces.ids())]:
             if _ID.fullmatch(box.name) and not self._entry_path(box.name).exists():
                 found.add(box.name)
         return sorted(found)
+
+    # --- workspaces (copy-on-write; see workspace.py) -----------------------------------
+    def import_workspace(self, folder: Path) -> LayerInfo:
+        """Seal a copy of a host folder as a layer a sandbox's workspace can start from."""
+        try:
+            return self.workspaces.layers.import_tree(folder, owner=self.workspaces.owner)
+        except WorkspaceError as exc:
+            raise SandboxError(str(exc)) from None
+
+    def attach_workspace(self, sandbox_id: str, layer: str | None) -> WorkspaceInfo:
+        """Give the sandbox a workspace at ``<box>/workspace`` over ``layer`` (verified
+        first; None: empty). Its writes go to its own upper layer."""
+        _, box = self._live(sandbox_id)
+        try:
+            return self.workspaces.attach(sandbox_id, box / WORKSPACE_DIR, layer)
+        except WorkspaceError as exc:
+            raise SandboxError(str(exc)) from None
+
+    def freeze_workspace(self, sandbox_id: str) -> LayerInfo:
+        """Seal the sandbox's workspace as it is now (nothing may be running in it)."""
+        self._live(sandbox_id)
+        try:
+            return self.workspaces.freeze(sandbox_id)
+        except WorkspaceError as exc:
+            raise SandboxError(str(exc)) from None
+
+    def fork(self, sandbox_id: str, children: Sequence[dict[str, str]]) -> WorkspaceFork:
+        """Freeze the sandbox's workspace and create one child sandbox per label set, each
+        with the parent's snapshot and limits and its own writable layer over the frozen
+        one. The parent keeps running on the same content, unchanged."""
+        entry, _ = self._live(sandbox_id)
+        started = time.perf_counter()
+        made: list[str] = []
+        try:
+            for labels in children:
+                made.append(self.create(entry.snapshot_id, labels, entry.limits))
+            layer, infos = self.workspaces.fork(
+                sandbox_id, [(child, self._boxes / child / WORKSPACE_DIR) for child in made]
+            )
+        except BaseException as exc:
+            for child in made:
+                self.delete(child)
+            if isinstance(exc, WorkspaceError):
+                raise SandboxError(str(exc)) from None
+            raise
+        return WorkspaceFork(
+            parent=sandbox_id,
+            layer=layer,
+            children=tuple(infos),
+            seconds=round(time.perf_counter() - started, 6),
+        )
+
+    def workspace_manifest(self, sandbox_id: str) -> WorkspaceManifest:
+        """Every file the sandbox's workspace holds now, with size, md5 and sha256."""
+        self._live(sandbox_id)
+        try:
+            return self.workspaces.manifest(sandbox_id)
+        except WorkspaceError as exc:
+            raise SandboxError(str(exc)) from None
