@@ -104,6 +104,8 @@ class RunnerJob(Model):
 
 class PrefixInput(Model):
     experiment_id: str
+    #: The run that owns the sandboxes: ``<workflow id>/<first run id>`` (their label).
+    run_key: str = Field(min_length=1)
     job: RunnerJob
     snapshot_id: str
     chunk: EpisodeChunk
@@ -121,12 +123,15 @@ class PrefixResult(Model):
 
 class BatchInput(Model):
     experiment_id: str
+    #: The run that owns the sandboxes: ``<workflow id>/<first run id>`` (their label).
+    run_key: str = Field(min_length=1)
     job: RunnerJob
     world: WorldPlan
     snapshot_id: str
     chunk: EpisodeChunk
     checkpoints_digest: str
     reservation_seconds: float = Field(gt=0)
+    attempt: int = Field(default=1, ge=1)  # which attempt of this unit (the workflow counts)
 
 
 class BatchStatus(StrEnum):
@@ -153,6 +158,8 @@ class BatchOutcome(Model):
 
 class CleanupInput(Model):
     experiment_id: str
+    #: The run that owns the sandboxes: ``<workflow id>/<first run id>`` (their label).
+    run_key: str = Field(min_length=1)
 
 
 class CleanupResult(Model):

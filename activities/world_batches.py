@@ -1,8 +1,13 @@
 """Sandbox activities: run prefixes once, run world batches, and clean up by label.
 
-Each activity owns the sandbox it creates and deletes it on the way out (success, error
-or cancellation); ``cleanup`` then reconciles by label, so a worker killed mid-batch
-leaves nothing behind for long. Inputs and outputs travel as artifact digests.
+Each activity execution is one attempt of one unit (the workflow starts the next one
+under a renewed reservation, see ``workflows.attempts``). It heartbeats before anything
+else and then every ``HEARTBEAT_SECONDS`` with what it has spent and whether its sandbox
+dies with the worker, so a dead attempt is charged honestly. It first deletes whatever
+an earlier attempt of the same unit left (so one unit never has two sandboxes), owns the
+sandbox it creates and deletes it on the way out; ``cleanup`` then reconciles by the
+run's label. Sandboxes are labelled with the run (workflow id + run id), so no other run
+lists, reuses or cleans them. Inputs and outputs travel as artifact digests.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.artifacts import ArtifactStore
+from activities.heartbeat import heartbeat_until
 from activities.models import (
     BatchInput,
     BatchOutcome,
@@ -44,14 +50,12 @@ from experiments.runtime.file_format import (
     request_text,
 )
 
-#: How often a running batch heartbeats (well inside ``BATCH_HEARTBEAT_TIMEOUT``).
-HEARTBEAT_SECONDS = 2.0
 #: Rounds of list-and-delete before cleanup reports what is still left.
 CLEANUP_ROUNDS = 5
-#: A retried attempt needs at least this much of its reservation left to be worth starting.
-MIN_ATTEMPT_SECONDS = 1.0
 
 EXPERIMENT_LABEL = "forklab.experiment"
+#: The run that owns a sandbox: ``<workflow id>/<first run id>``.
+RUN_LABEL = "forklab.run"
 WORLD_LABEL = "forklab.world"
 BATCH_LABEL = "forklab.batch"
 #: The error type of a snapshot whose files no longer match its id: it ends the run.
@@ -68,18 +72,21 @@ def _limits(seconds: float) -> Limits:
     return Limits(cpu_seconds=max(1, math.ceil(seconds)) + 1, wall_seconds=seconds)
 
 
-def _charged_before() -> float:
-    """Seconds earlier attempts of this activity spent, from their last heartbeat (plus one
-    heartbeat interval, since an attempt may have run that long after its last beat)."""
-    details = activity.info().heartbeat_details
-    if not details or not isinstance(details[0], dict):
-        return 0.0
-    return float(details[0].get("charged", 0.0)) + HEARTBEAT_SECONDS
-
-
 def _tail(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else "no output"
+
+
+class _Beat:
+    """What one attempt reports in its heartbeats: the seconds its sandbox has run and
+    whether that sandbox dies with the worker (else a dead attempt may leave it running)."""
+
+    def __init__(self, dies_with_worker: bool) -> None:
+        self.charged = 0.0
+        self.dies_with_worker = dies_with_worker
+
+    def details(self) -> dict[str, Any]:
+        return {"charged": round(self.charged, 3), "dies_with_worker": self.dies_with_worker}
 
 
 class SandboxActivities:
@@ -88,23 +95,11 @@ class SandboxActivities:
     def __init__(self, backend: SandboxBackend, store: ArtifactStore) -> None:
         self._backend = backend
         self._store = store
+        # Optional on a backend: a remote one's sandboxes outlive a dead worker.
+        self._dies_with_worker = bool(getattr(backend, "dies_with_worker", False))
 
     async def _blocking(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.to_thread(fn, *args)
-
-    async def _exec(
-        self, sandbox_id: str, argv: list[str], timeout: float, before: float
-    ) -> ExecResult:
-        """Run ``argv`` in a thread while heartbeating the seconds charged so far."""
-        start = time.monotonic()
-        job = asyncio.ensure_future(
-            asyncio.to_thread(self._backend.exec, sandbox_id, argv, timeout)
-        )
-        while True:
-            activity.heartbeat({"charged": before + time.monotonic() - start})
-            done, _ = await asyncio.wait({job}, timeout=HEARTBEAT_SECONDS)
-            if done:
-                return job.result()
 
     async def _in_sandbox(
         self,
@@ -113,19 +108,25 @@ class SandboxActivities:
         inputs: dict[str, bytes],
         mode: str,
         allowance: float,
-        before: float,
     ) -> tuple[ExecResult, bytes | None]:
-        """Create a sandbox, upload ``inputs``, run the runner, fetch its output, delete.
-
-        Returns the exec result and the output file (``checkpoints.jsonl`` for ``prefix``,
-        ``out.json`` for ``continue``), or ``None`` when the runner did not succeed.
-        """
+        """Clear what an earlier attempt of this unit left, then create a sandbox, upload
+        ``inputs``, run the runner, fetch its output (``None`` when the runner did not
+        succeed) and delete the sandbox. A fault of the infrastructure is raised as a
+        retryable ``ApplicationError`` carrying the attempt's last heartbeat."""
+        beat = _Beat(self._dies_with_worker)
+        activity.heartbeat(beat.details())
         try:
-            return await self._in_fresh_sandbox(
-                labels, snapshot_id, inputs, mode, allowance, before
-            )
+            for leftover in await self._blocking(self._backend.list, labels):
+                await self._blocking(self._backend.delete, leftover)
+            return await self._in_fresh_sandbox(labels, snapshot_id, inputs, mode, allowance, beat)
         except SnapshotCorruptedError as exc:
             raise ApplicationError(str(exc), type=SNAPSHOT_CORRUPTED, non_retryable=True) from None
+        except (ApplicationError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise ApplicationError(
+                f"the sandbox failed: {exc}", beat.details(), type=type(exc).__name__
+            ) from exc
 
     async def _in_fresh_sandbox(
         self,
@@ -134,7 +135,7 @@ class SandboxActivities:
         inputs: dict[str, bytes],
         mode: str,
         allowance: float,
-        before: float,
+        beat: _Beat,
     ) -> tuple[ExecResult, bytes | None]:
         sandbox_id = await self._blocking(
             self._backend.create, snapshot_id, labels, _limits(allowance)
@@ -142,7 +143,16 @@ class SandboxActivities:
         try:
             for relpath, data in inputs.items():
                 await self._blocking(self._backend.upload, sandbox_id, relpath, data)
-            result = await self._exec(sandbox_id, [*_RUNNER, mode, *_FILES], allowance, before)
+            start = time.monotonic()
+
+            def details() -> dict[str, Any]:
+                beat.charged = time.monotonic() - start
+                return beat.details()
+
+            argv = [*_RUNNER, mode, *_FILES]
+            job = asyncio.to_thread(self._backend.exec, sandbox_id, argv, allowance)
+            result = await heartbeat_until(job, details)
+            beat.charged = result.seconds
             if result.timed_out or result.exit_code != 0:
                 return result, None
             wanted = CHECKPOINTS_FILE if mode == "prefix" else OUT_FILE
@@ -157,25 +167,17 @@ class SandboxActivities:
     @activity.defn(name="run_prefixes")
     async def run_prefixes(self, inp: PrefixInput) -> PrefixResult:
         """Run the prefix of every episode of one chunk, once, in a sandbox."""
-        before = _charged_before()
-        allowance = inp.reservation_seconds - before
-        if allowance < MIN_ATTEMPT_SECONDS:
-            raise ApplicationError(
-                f"prefix chunk {inp.chunk.index}: earlier attempts used its whole reservation",
-                type="BudgetExhausted",
-                non_retryable=True,
-            )
+        allowance = inp.reservation_seconds
         episodes = range(inp.chunk.first, inp.chunk.stop)
         request = request_text(inp.job.workload, inp.job.params, inp.job.seed, episodes=episodes)
         labels = {
             EXPERIMENT_LABEL: inp.experiment_id,
+            RUN_LABEL: inp.run_key,
             WORLD_LABEL: PREFIX_WORLD,
             BATCH_LABEL: str(inp.chunk.index),
         }
         inputs = {REQUEST_FILE: request.encode(), CHECKPOINTS_FILE: b""}
-        result, data = await self._in_sandbox(
-            labels, inp.snapshot_id, inputs, "prefix", allowance, before
-        )
+        result, data = await self._in_sandbox(labels, inp.snapshot_id, inputs, "prefix", allowance)
         why = _failure(result, allowance) or "the runner wrote no checkpoints"
         if data is None or _failure(result, allowance):
             raise ApplicationError(
@@ -195,7 +197,7 @@ class SandboxActivities:
         return PrefixResult(
             chunk=inp.chunk,
             checkpoints_digest=digest,
-            seconds=before + result.seconds,
+            seconds=result.seconds,
             network_isolated=result.network_isolated,
             note=result.note,
             confinement=result.confinement,
@@ -210,8 +212,7 @@ class SandboxActivities:
         the infrastructure raises and is retried.
         """
         name = inp.world.name
-        before = _charged_before()
-        attempts = activity.info().attempt
+        attempts = inp.attempt
 
         def failed(error: str, seconds: float, ran: ExecResult | None = None) -> BatchOutcome:
             return BatchOutcome(
@@ -226,21 +227,20 @@ class SandboxActivities:
                 confinement=ran.confinement if ran else None,
             )
 
-        allowance = inp.reservation_seconds - before
-        if allowance < MIN_ATTEMPT_SECONDS:
-            return failed("earlier attempts used the batch's whole reservation", before)
+        allowance = inp.reservation_seconds
         checkpoints = await self._blocking(self._store.get_bytes, inp.checkpoints_digest)
         request = request_text(inp.job.workload, inp.job.params, inp.job.seed, world=inp.world)
         labels = {
             EXPERIMENT_LABEL: inp.experiment_id,
+            RUN_LABEL: inp.run_key,
             WORLD_LABEL: name,
             BATCH_LABEL: str(inp.chunk.index),
         }
         inputs = {REQUEST_FILE: request.encode(), CHECKPOINTS_FILE: checkpoints}
         result, data = await self._in_sandbox(
-            labels, inp.snapshot_id, inputs, "continue", allowance, before
+            labels, inp.snapshot_id, inputs, "continue", allowance
         )
-        spent = before + result.seconds
+        spent = result.seconds
         why = _failure(result, allowance)
         if data is None or why:
             return failed(why or "the runner wrote no output file", spent, result)
@@ -264,8 +264,8 @@ class SandboxActivities:
 
     @activity.defn(name="cleanup_sandboxes")
     async def cleanup_sandboxes(self, inp: CleanupInput) -> CleanupResult:
-        """Delete every sandbox labelled with the experiment; list again until none is left."""
-        labels = {EXPERIMENT_LABEL: inp.experiment_id}
+        """Delete every sandbox labelled with the run; list again until none is left."""
+        labels = {RUN_LABEL: inp.run_key}
         found: set[str] = set()
         removed = rounds = 0
         for rounds in range(1, CLEANUP_ROUNDS + 1):

@@ -21,6 +21,9 @@ def in_sandbox() -> bool:
     return os.path.basename(sys.argv[0]) == "runner.py"
 
 
+_PREFIX_SLEPT = False
+
+
 def _out_path() -> str:
     return sys.argv[sys.argv.index("--out") + 1]
 
@@ -35,6 +38,7 @@ class Toy(Workload):
         "goal": 5,
         "twin_sleep": 0.0,
         "sandbox_sleep": 0.0,
+        "prefix_sleep": 0.0,  # once per process that runs prefixes, outside the test process
     }
     interventions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "boost": {},
@@ -47,6 +51,10 @@ class Toy(Workload):
         return {"t": 0, "score": 0, "boost": False}
 
     def boundary(self, state: State) -> int:
+        global _PREFIX_SLEPT
+        if self.params["prefix_sleep"] and "pytest" not in sys.modules and not _PREFIX_SLEPT:
+            _PREFIX_SLEPT = True
+            time.sleep(self.params["prefix_sleep"])
         return int(self.params["fork_tick"])
 
     def cursor(self, state: State) -> int:

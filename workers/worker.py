@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from multiprocessing import get_context
@@ -29,6 +32,7 @@ from activities.world_batches import SandboxActivities
 from workers.config import Settings
 from workflows.experiment import ExperimentWorkflow
 from workflows.search_attributes import EXPERIMENT, STAGE
+from workflows.timeouts import HEARTBEAT_THROTTLE
 
 WORKFLOWS: list[type] = [ExperimentWorkflow]
 #: Activities beyond the sandboxes themselves (planning, records, cleanup) a worker runs.
@@ -62,10 +66,19 @@ async def ensure_search_attributes(client: Client, namespace: str) -> None:
         )
 
 
-def _die_with_worker() -> None:
-    """Pool processes get SIGKILL when the worker dies (even by ``kill -9``): no orphan
-    keeps a core and its memory after a crash."""
+def _die_with_worker(worker: int) -> None:
+    """Pool processes end when the worker dies (even by ``kill -9``): no orphan keeps a
+    core and its memory after a crash. ``PR_SET_PDEATHSIG`` does it at once, but only once
+    set (a worker killed while the process starts up is missed) and only for the thread
+    that started the process; a watchdog checks that ``worker`` is still the parent."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    def watch() -> None:
+        while os.getppid() == worker:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-worker", daemon=True).start()
 
 
 def cpu_pool() -> ProcessPoolExecutor:
@@ -73,7 +86,10 @@ def cpu_pool() -> ProcessPoolExecutor:
     to stall the worker's workflow tasks. Spawned, not forked: the worker process runs
     threads of its own."""
     return ProcessPoolExecutor(
-        max_workers=CPU_PROCESSES, mp_context=get_context("spawn"), initializer=_die_with_worker
+        max_workers=CPU_PROCESSES,
+        mp_context=get_context("spawn"),
+        initializer=_die_with_worker,
+        initargs=(os.getpid(),),
     )
 
 
@@ -108,6 +124,9 @@ def build_worker(client: Client, settings: Settings, cpu: Executor) -> Worker:
         workflows=WORKFLOWS,
         activities=build_activities(settings, cpu),
         max_concurrent_activities=settings.max_sandboxes + _SPARE_ACTIVITY_SLOTS,
+        # A dead attempt is charged up to its last recorded heartbeat plus this lag.
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+        default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
     )
 
 

@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from experiments.engine import spec_world_plans
     from workflows import timeouts, views
     from workflows.approval_gate import ApprovalGate
+    from workflows.attempts import failed_attempt
     from workflows.budget_ledger import BudgetLedger
     from workflows.messages import (
         WORKFLOW_TYPE,
@@ -282,6 +283,54 @@ class ExperimentWorkflow:
                 await self._continue_as_new()
 
     async def _run_unit(self, unit: Unit, need: float) -> None:
+        """Run ``unit`` under its reservation, one activity execution per attempt. An
+        attempt that fails for a reason another attempt could escape (a dead worker, a
+        lost sandbox) is charged what it can have burnt, and the next one runs under the
+        reservation renewed in full — or, when attempts or budget run out, the unit ends
+        failed. A dead prefix chunk, a poisoned snapshot and a cancellation end the run."""
+        state = self._state
+        ledger = state.ledger
+        spent = 0.0
+        try:
+            for attempt in range(1, timeouts.UNIT_ATTEMPTS + 1):
+                try:
+                    spent = await self._attempt(unit, need, attempt)
+                    return
+                except ActivityError as err:
+                    corrupted = isinstance(err.cause, ApplicationError) and (
+                        err.cause.type == SNAPSHOT_CORRUPTED
+                    )
+                    if isinstance(err.cause, CancelledError) or corrupted:
+                        raise  # a poisoned snapshot ends the run: none of its worlds counts
+                    failed = failed_attempt(
+                        err.cause, ledger.open[unit.key].seconds, timeouts.DEAD_ATTEMPT_LAG
+                    )
+                    ledger.charge_dead_attempt(unit.key, failed.burnt)
+                    why = (
+                        _cause(err)
+                        if failed.final or attempt == timeouts.UNIT_ATTEMPTS
+                        else ledger.renew(unit.key)
+                    )
+                    if why is None:
+                        continue
+                    if unit.world is None:
+                        raise  # the chunk's episodes have no checkpoints: the run fails
+                    state.record_batch(
+                        BatchOutcome(
+                            world=unit.world,
+                            chunk=unit.chunk,
+                            status=BatchStatus.failed,
+                            error=f"attempt {attempt} of {timeouts.UNIT_ATTEMPTS}: {why}",
+                            seconds=failed.burnt,
+                            attempts=attempt,
+                        )
+                    )
+                    return
+        finally:
+            ledger.settle(unit.key, spent)
+
+    async def _attempt(self, unit: Unit, need: float, attempt: int) -> float:
+        """One attempt of ``unit``: records its result and returns the seconds it spent."""
         state = self._state
         assert state.plan is not None
         snapshot = state.plan.snapshot.snapshot_id
@@ -293,59 +342,49 @@ class ExperimentWorkflow:
         options: dict[str, Any] = {
             "start_to_close_timeout": timeouts.BATCH_START_TO_CLOSE,
             "heartbeat_timeout": timeouts.BATCH_HEARTBEAT_TIMEOUT,
-            "retry_policy": timeouts.BATCH_RETRY,
+            "retry_policy": timeouts.ONE_ATTEMPT,
             "cancellation_type": ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            "summary": unit.label,
+            "summary": f"{unit.label} · attempt {attempt}",
         }
-        seconds = need  # an attempt that failed outright is charged its whole reservation
-        try:
-            if unit.world is None:
-                prefix = await workflow.execute_activity_method(
-                    SandboxActivities.run_prefixes,
-                    PrefixInput(
-                        experiment_id=self._spec.id,
-                        job=job,
-                        snapshot_id=snapshot,
-                        chunk=unit.chunk,
-                        reservation_seconds=need,
-                    ),
-                    **options,
-                )
-                seconds = prefix.seconds
-                state.record_prefix(prefix)
-                return
-            world = next(p for p in spec_world_plans(self._spec) if p.name == unit.world)
-            try:
-                outcome = await workflow.execute_activity_method(
-                    SandboxActivities.run_world_batch,
-                    BatchInput(
-                        experiment_id=self._spec.id,
-                        job=job,
-                        world=world,
-                        snapshot_id=snapshot,
-                        chunk=unit.chunk,
-                        checkpoints_digest=state.prefixes[unit.chunk.index].checkpoints_digest,
-                        reservation_seconds=need,
-                    ),
-                    **options,
-                )
-            except ActivityError as err:
-                corrupted = isinstance(err.cause, ApplicationError) and (
-                    err.cause.type == SNAPSHOT_CORRUPTED
-                )
-                if isinstance(err.cause, CancelledError) or corrupted:
-                    raise  # a poisoned snapshot ends the run: none of its worlds counts
-                outcome = BatchOutcome(
-                    world=unit.world,
+        if unit.world is None:
+            prefix = await workflow.execute_activity_method(
+                SandboxActivities.run_prefixes,
+                PrefixInput(
+                    experiment_id=self._spec.id,
+                    run_key=self._run_key,
+                    job=job,
+                    snapshot_id=snapshot,
                     chunk=unit.chunk,
-                    status=BatchStatus.failed,
-                    error=_cause(err),
-                    seconds=need,
-                )
-            seconds = outcome.seconds
-            state.record_batch(outcome)
-        finally:
-            state.ledger.settle(unit.key, seconds)
+                    reservation_seconds=need,
+                ),
+                **options,
+            )
+            state.record_prefix(prefix)
+            return float(prefix.seconds)
+        world = next(p for p in spec_world_plans(self._spec) if p.name == unit.world)
+        outcome = await workflow.execute_activity_method(
+            SandboxActivities.run_world_batch,
+            BatchInput(
+                experiment_id=self._spec.id,
+                run_key=self._run_key,
+                job=job,
+                world=world,
+                snapshot_id=snapshot,
+                chunk=unit.chunk,
+                checkpoints_digest=state.prefixes[unit.chunk.index].checkpoints_digest,
+                reservation_seconds=need,
+                attempt=attempt,
+            ),
+            **options,
+        )
+        state.record_batch(outcome)
+        return float(outcome.seconds)
+
+    @property
+    def _run_key(self) -> str:
+        """This run's name on its sandboxes: workflow id and the run that started it, so
+        that no other run (same spec id or not) lists, cleans or reuses them."""
+        return f"{workflow.info().workflow_id}/{self._state.origin_run_id}"
 
     async def _stop_tasks(self) -> None:
         """Cancel running batches and wait until each has deleted its own sandbox."""
@@ -392,17 +431,17 @@ class ExperimentWorkflow:
 
     # --- the end ----------------------------------------------------------------------
     async def _clean_up(self) -> None:
-        """Delete every sandbox labelled with this experiment, until none is left; once."""
+        """Delete every sandbox labelled with this run, until none is left; once."""
         if self._state.cleanup is not None:
             return
         self._enter(Stage.cleaning_up, "deleting this experiment's sandboxes")
         self._state.cleanup = await workflow.execute_activity_method(
             SandboxActivities.cleanup_sandboxes,
-            CleanupInput(experiment_id=self._spec.id),
+            CleanupInput(experiment_id=self._spec.id, run_key=self._run_key),
             start_to_close_timeout=timeouts.CLEANUP_TIMEOUT,
             heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
             retry_policy=timeouts.CLEANUP_RETRY,
-            summary=f"cleanup: delete sandboxes labelled forklab.experiment={self._spec.id}",
+            summary=f"cleanup: delete sandboxes labelled forklab.run={self._run_key}",
         )
 
     async def _analyse(self) -> AnalysisResult:

@@ -6,6 +6,8 @@ from datetime import timedelta
 
 from temporalio.common import RetryPolicy
 
+from activities.heartbeat import HEARTBEAT_SECONDS
+
 #: The rehearsal runs the workload in a box on the worker; it is bounded by its sample.
 REHEARSE_TIMEOUT = timedelta(minutes=10)
 #: Short activities: snapshot, capacity, token, ledger, progress records.
@@ -28,13 +30,17 @@ TRANSIENT_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=20),
     maximum_attempts=5,
 )
-#: A batch spends budget, so it gets fewer attempts; each one is charged (see activities).
-BATCH_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=3,
-)
+#: Sandbox units (prefix chunks, world batches) are retried by the workflow itself, one
+#: activity execution per attempt, so each attempt gets a fresh, honestly charged
+#: reservation (see ``workflows.attempts``).
+ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
+#: Attempts a sandbox unit gets before it fails.
+UNIT_ATTEMPTS = 3
+#: The longest a worker waits before it sends a heartbeat to the server (it throttles them).
+HEARTBEAT_THROTTLE = timedelta(seconds=2)
+#: How stale an attempt's last recorded heartbeat can be when its worker died: one beat
+#: interval (``activities.heartbeat.HEARTBEAT_SECONDS``) plus the throttle.
+DEAD_ATTEMPT_LAG = HEARTBEAT_SECONDS + HEARTBEAT_THROTTLE.total_seconds()
 #: Cleanup keeps trying: leaving sandboxes behind is the one outcome it must not have.
 CLEANUP_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
