@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from concurrent.futures import Executor
-from pathlib import Path
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.approval_token import new_token, token_sha256, write_token_file
 from activities.budget import reservation
 from activities.models import (
     CapacityInput,
@@ -22,8 +19,6 @@ from activities.models import (
     RehearseInput,
     SampleWorld,
     SnapshotInput,
-    TokenInput,
-    TokenIssued,
 )
 from activities.sandbox.base import SandboxBackend
 from experiments.bundle import bundle_files, code_digest
@@ -131,15 +126,12 @@ def capacity_verdict(
 
 
 class PlanningActivities:
-    """Rehearsal, snapshot, capacity and token: free, and safe to retry."""
+    """Rehearsal, snapshot and capacity: free, and safe to retry."""
 
-    def __init__(
-        self, backend: SandboxBackend, home: Path, max_sandboxes: int, cpu: Executor
-    ) -> None:
+    def __init__(self, backend: SandboxBackend, max_sandboxes: int, cpu: Executor) -> None:
         """``cpu`` runs the rehearsal in another process, so that it cannot hold the GIL
         against the worker's workflow tasks."""
         self._backend = backend
-        self._home = home
         self._max_sandboxes = max_sandboxes
         self._cpu = cpu
 
@@ -180,11 +172,3 @@ class PlanningActivities:
     @activity.defn(name="check_capacity")
     async def check_capacity(self, inp: CapacityInput) -> CapacityVerdict:
         return capacity_verdict(inp.spec, inp.rehearsal, inp.batch_episodes, self._max_sandboxes)
-
-    @activity.defn(name="issue_approval_token")
-    async def issue_approval_token(self, inp: TokenInput) -> TokenIssued:
-        """For experiments started without a token (e.g. by ``temporal workflow start``):
-        the token is written on this worker's host, owner-only; only its hash is returned."""
-        token = new_token()
-        path = write_token_file(self._home, inp.experiment_id, token)
-        return TokenIssued(sha256=token_sha256(token), location=f"{socket.gethostname()}:{path}")
