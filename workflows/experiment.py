@@ -127,6 +127,8 @@ class ExperimentWorkflow:
             runs=carry.runs if carry else 1,
             plan=carry.plan if carry else None,
         )
+        if carry:  # status answers where the chain is, not "starting"
+            self._state.stage, self._state.message = carry.stage, carry.message
         self._tasks: dict[asyncio.Task[None], Unit] = {}
 
     # --- messages ---------------------------------------------------------------------
@@ -421,6 +423,8 @@ class ExperimentWorkflow:
                     "carry": Carry(
                         origin_run_id=state.origin_run_id,
                         runs=state.runs + 1,
+                        stage=state.stage,
+                        message=state.message,
                         plan=state.plan,
                         approval=state.gate.state,
                         budget=state.ledger.use,

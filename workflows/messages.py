@@ -157,6 +157,8 @@ class Carry(Model):
 
     origin_run_id: str
     runs: int
+    stage: Stage = Field(description="Where the previous run was (approval, prefixes, worlds).")
+    message: str
     plan: Plan
     approval: ApprovalState
     budget: BudgetUse
