@@ -36,7 +36,6 @@ with workflow.unsafe.imports_passed_through():
         RehearseInput,
         RunnerJob,
         SnapshotInput,
-        WorldJob,
     )
     from activities.planning import PlanningActivities
     from activities.records import RecordActivities
@@ -359,8 +358,7 @@ class ExperimentWorkflow:
                 seconds = prefix.seconds
                 state.record_prefix(prefix)
                 return
-            plan = next(p for p in spec_world_plans(self._spec) if p["name"] == unit.world)
-            world = WorldJob.model_validate(dict(plan))
+            world = next(p for p in spec_world_plans(self._spec) if p.name == unit.world)
             try:
                 outcome = await workflow.execute_activity_method(
                     SandboxActivities.run_world_batch,
