@@ -6,10 +6,20 @@ approvals each print their own recorded outcome."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 from typing import Any
 
 import pytest
-from orchestration_lab import SANDBOX_ACTIVITIES, Lab, cli_env, forklab, make_spec, signed
+from orchestration_lab import (
+    SANDBOX_ACTIVITIES,
+    Lab,
+    cli_env,
+    forklab,
+    make_spec,
+    signed,
+    temporal_path,
+)
 from temporalio.api.common.v1 import Payload
 from temporalio.client import WorkflowFailureError
 from temporalio.common import RawValue
@@ -138,3 +148,39 @@ async def test_two_concurrent_cli_approvals_each_print_their_own_outcome(lab: La
     assert result.status is Status.completed and result.approval.decided_by == name
     by = {a.approver: a for a in result.approval.attempts}
     assert by[name].accepted and not by["wrong3"].accepted
+
+
+async def test_the_temporal_cli_route_with_forklab_sign(lab: Lab) -> None:
+    """As the README shows: `temporal workflow start` without a key (the worker makes the
+    pair), then `temporal workflow update execute --input "$(forklab sign …)"`."""
+    env = cli_env(lab.settings)
+    spec = make_spec(episodes=12)
+    wid = workflow_id(spec.id)
+    body = {"spec": spec.model_dump(mode="json"), "requested_by": "cli", "batch_episodes": 12}
+    temporal = [temporal_path(), "--address", lab.settings.address]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*temporal, *args], capture_output=True, text=True, timeout=60, check=False
+        )
+
+    started = await asyncio.to_thread(
+        run,
+        "workflow", "start", "--type", "ForkLabExperiment", "--workflow-id", wid,
+        "--task-queue", lab.settings.task_queue, "--input", json.dumps(body),
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    handle = lab.client.get_workflow_handle(wid, result_type=ExperimentResult)
+    await lab.wait_for(handle, Stage.awaiting_approval)
+    signed_json = await asyncio.to_thread(forklab, env, "sign", spec.id, "--approver", "alice")
+    assert signed_json.returncode == 0, signed_json.stderr
+    request = json.loads(signed_json.stdout)
+    assert set(request) == {"approver", "fingerprint", "nonce", "signature"}
+    done = await asyncio.to_thread(
+        run, "workflow", "update", "execute", "--workflow-id", wid, "--name", "approve",
+        "--input", signed_json.stdout.strip(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "accepted:true approver:alice" in done.stdout  # the attempt, as recorded
+    result = await handle.result()
+    assert result.status is Status.completed and result.approval.decided_by == "alice"
