@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from orchestration_lab import FORKLAB, cli_env, make_spec
-from temporalio.client import Client, WorkflowHandle
+from orchestration_lab import FORKLAB, cli_env, forklab, make_spec
+from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.sandbox.jail import bubblewrap
@@ -33,8 +33,6 @@ from workers.config import Settings
 from workers.server import server_argv
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
-    ApproveSignal,
-    ExperimentInput,
     ExperimentResult,
     Stage,
     Status,
@@ -246,13 +244,13 @@ async def test_sigkill_at_five_stages_and_a_server_kill_lose_nothing(cluster: Cl
     watcher = Watcher(settings.sandboxes_dir / "boxes")
     watcher.start()
     client = await _connect(settings.address)
-    handle: WorkflowHandle[ExperimentWorkflow, ExperimentResult] = await client.start_workflow(
-        ExperimentWorkflow.run,
-        ExperimentInput(spec=spec, requested_by="chaos", batch_episodes=12, rehearsal_episodes=4),
-        id=wid,
-        task_queue=settings.task_queue,
-        result_type=ExperimentResult,
+    spec_file = settings.home / "spec.json"
+    spec_file.write_text(spec.model_dump_json())
+    env = cli_env(settings)
+    started = await asyncio.to_thread(
+        forklab, env, "start", str(spec_file), "--batch-episodes", "12", "--rehearsal-episodes", "4"
     )
+    assert started.returncode == 0, started.stderr
     kills: list[str] = []
 
     def stage_is(stage: Stage) -> object:
@@ -265,17 +263,8 @@ async def test_sigkill_at_five_stages_and_a_server_kill_lose_nothing(cluster: Cl
     kills.append("rehearsal")
     view = await _wait(client, wid, stage_is(Stage.awaiting_approval), 180)
     assert view.plan is not None
-    # (the approval itself is not what this test is about; it uses the token file)
-    token_file = next((settings.home / "tokens").glob("*.token"), None)
-    assert token_file is not None
-    await client.get_workflow_handle(wid).signal(
-        ExperimentWorkflow.approve,
-        ApproveSignal(
-            token=token_file.read_text().strip(),
-            fingerprint=view.plan.fingerprint,
-            approver="chaos",
-        ),
-    )
+    approved = await asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "chaos")
+    assert approved.returncode == 0, approved.stderr
     # 2. prefixes: each prefix box sleeps 2 s
     await _wait(client, wid, lambda v: v.stage is Stage.running_prefixes and v.progress.running)
     await asyncio.sleep(1.0)

@@ -31,8 +31,9 @@ async def test_hostile_rehearsal_reaches_no_token_no_server_no_home(lab: Lab) ->
     )
     (home / "tokens").mkdir(parents=True, exist_ok=True)
     (home / "tokens" / "other-run.token").write_text("victim-token-0123\n")
-    (home / "keys").mkdir(exist_ok=True)
-    (home / "keys" / "approver.key").write_text("PRIVATE KEY\n")
+    keys = home / "approval-keys" / "forklab-other" / "run"
+    keys.mkdir(parents=True)
+    (keys / "approver.key").write_text("PRIVATE KEY\n")
     handle, _ = await lab.start(spec)
     result = await asyncio.wait_for(handle.result(), timeout=120)
     assert result.status is Status.failed
