@@ -25,7 +25,7 @@ from activities.models import (
     TokenInput,
     TokenIssued,
 )
-from activities.sandbox.base import SandboxBackend
+from activities.shared_snapshots import SharedSnapshots
 from experiments.bundle import bundle_files, code_digest
 from experiments.engine import spec_world_plans
 from experiments.runtime.canon import digest
@@ -134,11 +134,12 @@ class PlanningActivities:
     """Rehearsal, snapshot, capacity and token: free, and safe to retry."""
 
     def __init__(
-        self, backend: SandboxBackend, home: Path, max_sandboxes: int, cpu: Executor
+        self, snapshots: SharedSnapshots, home: Path, max_sandboxes: int, cpu: Executor
     ) -> None:
         """``cpu`` runs the rehearsal in another process, so that it cannot hold the GIL
-        against the worker's workflow tasks."""
-        self._backend = backend
+        against the worker's workflow tasks. ``home`` is this host's: approval tokens
+        never go to a shared store."""
+        self._snapshots = snapshots
         self._home = home
         self._max_sandboxes = max_sandboxes
         self._cpu = cpu
@@ -160,7 +161,7 @@ class PlanningActivities:
     @activity.defn(name="resolve_snapshot")
     async def resolve_snapshot(self, inp: SnapshotInput) -> PlanSnapshot:
         files = bundle_files(inp.spec.workload.name)
-        info = await asyncio.to_thread(self._backend.prepare_snapshot, files)
+        info = await asyncio.to_thread(self._snapshots.prepare, files)
         expected = code_digest(files)
         if info.code_digest != expected:
             raise ApplicationError(

@@ -18,13 +18,13 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from activities.artifacts import ArtifactStore
-from activities.ledger import Ledger
 from activities.planning import PlanningActivities
 from activities.records import RecordActivities
 from activities.sandbox.local import LocalSandboxBackend
+from activities.shared_snapshots import SharedSnapshots
 from activities.world_batches import SandboxActivities
 from workers.config import Settings
+from workers.stores import artifact_store, check_stores, ledger
 from workflows.experiment import ExperimentWorkflow
 from workflows.search_attributes import EXPERIMENT, STAGE
 
@@ -68,11 +68,11 @@ def cpu_pool() -> ProcessPoolExecutor:
 def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., Any]]:
     """Every activity of the experiment workflow, bound to this worker's clients."""
     backend = LocalSandboxBackend(settings.sandboxes_dir)
-    store = ArtifactStore(settings.artifacts_dir)
-    ledger = Ledger(settings.ledger_path)
-    planning = PlanningActivities(backend, settings.home, settings.max_sandboxes, cpu)
-    sandboxes = SandboxActivities(backend, store)
-    records = RecordActivities(store, ledger, cpu)
+    store = artifact_store(settings)
+    snapshots = SharedSnapshots(backend, store)
+    planning = PlanningActivities(snapshots, settings.home, settings.max_sandboxes, cpu)
+    sandboxes = SandboxActivities(backend, store, snapshots)
+    records = RecordActivities(store, ledger(settings), cpu)
     return [
         planning.rehearse,
         planning.resolve_snapshot,
@@ -100,6 +100,7 @@ def build_worker(client: Client, settings: Settings, cpu: Executor) -> Worker:
 
 async def run_worker(settings: Settings) -> None:
     """Run until SIGINT or SIGTERM, then finish gracefully."""
+    await asyncio.to_thread(check_stores, settings)
     client = await connect(settings)
     await ensure_search_attributes(client, settings.namespace)
     stop = asyncio.Event()
