@@ -3,13 +3,16 @@ on many hosts and by the ``forklab`` CLI.
 
 A blob lives at ``<prefix>/<first two hex>/<remaining hex>``. An S3 PUT is atomic (a
 reader sees the old object, the new one or none, never part of one) and the name is the
-content's hash, so storing again is idempotent. The client is built in ``workers/``
-(endpoint, credentials); this class only moves bytes and rides out outages.
+content's hash, so storing again is idempotent. The client comes from a factory built in
+``workers/`` (endpoint, credentials); this class only moves bytes and rides out outages.
+It pickles without its client (the analysis runs in a process pool) and builds a new one
+on first use wherever it lands.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -48,12 +51,26 @@ def is_transient(exc: BaseException) -> bool:
 
 class S3ArtifactStore(ArtifactStore):
     def __init__(
-        self, client: S3Client, bucket: str, prefix: str, retry_seconds: float = 60.0
+        self,
+        client_factory: Callable[[], S3Client],
+        bucket: str,
+        prefix: str,
+        retry_seconds: float = 60.0,
     ) -> None:
-        self._client = client
+        self._client_factory = client_factory
+        self._client_cache: S3Client | None = None
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self._retry_seconds = retry_seconds
+
+    @property
+    def _client(self) -> S3Client:
+        if self._client_cache is None:
+            self._client_cache = self._client_factory()
+        return self._client_cache
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client_cache": None}
 
     @property
     def location(self) -> str:

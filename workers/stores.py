@@ -16,6 +16,7 @@ AWS) and its credentials and region from boto3's standard chain (``AWS_ACCESS_KE
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import boto3
@@ -43,17 +44,17 @@ _S3_CONFIG = Config(
 )
 
 
-def s3_client(settings: Settings) -> S3Client:
-    return boto3.session.Session().client(
-        "s3", endpoint_url=settings.s3_endpoint or None, config=_S3_CONFIG
-    )
+def s3_client(endpoint: str) -> S3Client:
+    """A client for ``endpoint`` (empty: AWS); module-level so a partial of it pickles."""
+    return boto3.session.Session().client("s3", endpoint_url=endpoint or None, config=_S3_CONFIG)
 
 
 def artifact_store(settings: Settings) -> ArtifactStore:
     if not settings.shared_artifacts:
         return LocalArtifactStore(settings.artifacts_dir)
     bucket, _, prefix = settings.artifacts.removeprefix("s3://").partition("/")
-    return S3ArtifactStore(s3_client(settings), bucket, prefix, settings.store_retry_seconds)
+    factory = partial(s3_client, settings.s3_endpoint)
+    return S3ArtifactStore(factory, bucket, prefix, settings.store_retry_seconds)
 
 
 def shared_database(settings: Settings) -> PostgresDatabase | None:
