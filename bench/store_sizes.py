@@ -103,7 +103,10 @@ def main() -> None:
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
-        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
             assert time.monotonic() < deadline, "the moto server did not start"
             time.sleep(0.2)
         bucket = "forklab-bench"

@@ -31,6 +31,8 @@ ENV = {
     "s3_endpoint": "FORKLAB_S3_ENDPOINT",
     "store_retry_seconds": "FORKLAB_STORE_RETRY_SECONDS",
 }
+#: Settings with no command-line flag (the shared stores are a deployment's, not a command's).
+ENV_ONLY = frozenset({"artifacts", "ledger", "s3_endpoint", "store_retry_seconds"})
 
 
 class Settings(BaseModel):
@@ -103,9 +105,13 @@ class Settings(BaseModel):
         except ValidationError as exc:
             err = exc.errors()[0]
             field = str(err["loc"][0])
+            where = (
+                ENV[field]
+                if field in ENV_ONLY
+                else f"flag --{field.replace('_', '-')} or {ENV[field]}"
+            )
             raise ConfigError(
-                f"setting {field} (flag --{field.replace('_', '-')} or {ENV[field]}) "
-                f"is invalid: {err['msg']}; fix its value"
+                f"setting {field} ({where}) is invalid: {err['msg']}; fix its value"
             ) from None
         host, _, port = settings.address.rpartition(":")
         if not host or not port.isdigit():
