@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import signal
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -21,6 +22,7 @@ from temporalio.worker import Worker
 from activities.planning import PlanningActivities
 from activities.records import RecordActivities
 from activities.sandbox.local import LocalSandboxBackend
+from activities.sandbox.workload_calls import WorkloadCalls
 from activities.shared_snapshots import SharedSnapshots
 from activities.world_batches import SandboxActivities
 from workers.config import Settings
@@ -31,8 +33,10 @@ from workflows.search_attributes import EXPERIMENT, STAGE
 WORKFLOWS: list[type] = [ExperimentWorkflow]
 #: Activities beyond the sandboxes themselves (planning, records, cleanup) a worker runs.
 _SPARE_ACTIVITY_SLOTS = 4
-#: Processes for rehearsals and analyses (each uses one core while it runs).
+#: Processes for analyses (each uses one core while it runs).
 CPU_PROCESSES = 2
+#: prctl option: the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
 
 
 async def connect(settings: Settings) -> Client:
@@ -58,11 +62,19 @@ async def ensure_search_attributes(client: Client, namespace: str) -> None:
         )
 
 
+def _die_with_worker() -> None:
+    """Pool processes get SIGKILL when the worker dies (even by ``kill -9``): no orphan
+    keeps a core and its memory after a crash."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def cpu_pool() -> ProcessPoolExecutor:
-    """Processes for the CPU-bound activities (rehearsal, analysis): in a thread they would
-    hold the GIL long enough to stall the worker's workflow tasks. Spawned, not forked:
-    the worker process runs threads of its own."""
-    return ProcessPoolExecutor(max_workers=CPU_PROCESSES, mp_context=get_context("spawn"))
+    """Processes for the CPU-bound analysis: in a thread it would hold the GIL long enough
+    to stall the worker's workflow tasks. Spawned, not forked: the worker process runs
+    threads of its own."""
+    return ProcessPoolExecutor(
+        max_workers=CPU_PROCESSES, mp_context=get_context("spawn"), initializer=_die_with_worker
+    )
 
 
 def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., Any]]:
@@ -70,9 +82,10 @@ def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., An
     backend = LocalSandboxBackend(settings.sandboxes_dir)
     store = artifact_store(settings)
     snapshots = SharedSnapshots(backend, store)
-    planning = PlanningActivities(snapshots, settings.home, settings.max_sandboxes, cpu)
+    calls = WorkloadCalls(settings.sandboxes_dir / "calls")
+    planning = PlanningActivities(snapshots, settings.home, settings.max_sandboxes, calls)
     sandboxes = SandboxActivities(backend, store, snapshots)
-    records = RecordActivities(store, ledger(settings), cpu)
+    records = RecordActivities(store, ledger(settings), cpu, calls)
     return [
         planning.rehearse,
         planning.resolve_snapshot,
