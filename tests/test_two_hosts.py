@@ -2,7 +2,8 @@
 S3-compatible store (moto), not through a shared folder.
 
 Two real ``forklab worker`` processes with different FORKLAB_HOMEs share one task queue;
-the operator starts and approves from a third home; one worker is killed with SIGKILL
+the operator starts and approves (signing with a key kept in its own home) from a
+third home; one worker is killed with SIGKILL
 mid-world; the object store and then PostgreSQL go down for a while during the run; and
 ``forklab report`` runs from a fourth home that has never seen any of it.
 """
@@ -22,10 +23,12 @@ from pathlib import Path
 import boto3
 import psycopg
 import pytest
+from cryptography.hazmat.primitives import serialization
 from orchestration_lab import FORKLAB, Lab, cli_env, forklab, lab_settings, make_spec
 from stores_lab import S3_ENV, Proxy, make_bucket, moto_server, postgres_database
 from temporalio.testing import WorkflowEnvironment
 
+from activities.approval_keys import key_path
 from activities.sandbox.local import LocalSandboxBackend
 from experiments.plan import rehearse
 from workers.config import Settings
@@ -55,6 +58,14 @@ def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
 
 def host_env(settings: Settings, home: Path, shared: dict[str, str]) -> dict[str, str]:
     return {**cli_env(settings), "FORKLAB_HOME": str(home), **S3_ENV, **shared}
+
+
+def private_key_bytes(path: Path) -> bytes:
+    """The raw 32 secret bytes of the Ed25519 key in ``path``."""
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    return key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
 
 
 def everything_stored(endpoint: str, bucket: str) -> bytes:
@@ -108,12 +119,11 @@ async def test_two_workers_with_two_homes_share_one_experiment(
         handle = temporal_env.client.get_workflow_handle(
             workflow_id(spec.id), result_type=ExperimentResult
         )
-        await lab.wait_for(handle, Stage.awaiting_approval, timeout=120)
-        token_file = operator.home / "tokens" / f"{spec.id}.token"
-        token = token_file.read_text().strip()
-        approved = await asyncio.to_thread(
-            forklab, env, "approve", spec.id, "--token", f"@{token_file}", "--approver", "kim"
-        )
+        view = await lab.wait_for(handle, Stage.awaiting_approval, timeout=120)
+        # the approver key is on the operator's host; no worker ever holds it
+        key_file = key_path(operator.home, handle.id, view.approval.run_id)
+        secret = private_key_bytes(key_file)
+        approved = await asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "kim")
         assert approved.returncode == 0, approved.stderr + approved.stdout
 
         # kill whichever worker is running a world batch, mid-batch
@@ -186,12 +196,14 @@ async def test_two_workers_with_two_homes_share_one_experiment(
         assert "kim" in roots[0][1]  # the approver is on record
         assert worlds == [(n, 24, "completed") for n in ("baseline", "boost", "placebo")]
 
-        # no worker home holds an artifact or a ledger; no shared store holds the token
+        # no worker home holds an artifact, a ledger or a key; no shared store holds the key
         for home in homes.values():
             assert not (home / "artifacts").exists() and not (home / "ledger.sqlite").exists()
-            assert not (home / "tokens").exists()
-        assert token.encode() not in everything_stored(s3, bucket)
-        assert every_row is not None and token not in str(every_row[0])
+            assert not (home / "approval-keys").exists()
+        stored = everything_stored(s3, bucket)
+        assert secret not in stored and secret.hex().encode() not in stored
+        assert key_file.read_bytes() not in stored
+        assert every_row is not None and secret.hex() not in str(every_row[0])
         assert workers[survivor].poll() is None
         s3_proxy.down()
         pg_proxy.down()
