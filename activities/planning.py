@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-from pathlib import Path
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.approval_token import new_token, token_sha256, write_token_file
 from activities.budget import reservation
 from activities.heartbeat import heartbeat_until
 from activities.models import (
@@ -21,8 +18,6 @@ from activities.models import (
     RehearseInput,
     SampleWorld,
     SnapshotInput,
-    TokenInput,
-    TokenIssued,
 )
 from activities.sandbox.base import SandboxBackend
 from activities.sandbox.confine import kill_group
@@ -92,14 +87,11 @@ def capacity_verdict(
 
 
 class PlanningActivities:
-    """Rehearsal, snapshot, capacity and token: free, and safe to retry."""
+    """Rehearsal, snapshot and capacity: free, and safe to retry."""
 
-    def __init__(
-        self, backend: SandboxBackend, home: Path, max_sandboxes: int, calls: WorkloadCalls
-    ) -> None:
+    def __init__(self, backend: SandboxBackend, max_sandboxes: int, calls: WorkloadCalls) -> None:
         """``calls`` runs the rehearsal's workload code in a box, never in the worker."""
         self._backend = backend
-        self._home = home
         self._max_sandboxes = max_sandboxes
         self._calls = calls
 
@@ -167,11 +159,3 @@ class PlanningActivities:
     @activity.defn(name="check_capacity")
     async def check_capacity(self, inp: CapacityInput) -> CapacityVerdict:
         return capacity_verdict(inp.spec, inp.rehearsal, inp.batch_episodes, self._max_sandboxes)
-
-    @activity.defn(name="issue_approval_token")
-    async def issue_approval_token(self, inp: TokenInput) -> TokenIssued:
-        """For experiments started without a token (e.g. by ``temporal workflow start``):
-        the token is written on this worker's host, owner-only; only its hash is returned."""
-        token = new_token()
-        path = write_token_file(self._home, inp.experiment_id, token)
-        return TokenIssued(sha256=token_sha256(token), location=f"{socket.gethostname()}:{path}")

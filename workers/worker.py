@@ -18,7 +18,9 @@ from temporalio.api.operatorservice.v1 import (
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.approval import ApprovalActivities
 from activities.artifacts import ArtifactStore
 from activities.ledger import Ledger
 from activities.planning import PlanningActivities
@@ -83,14 +85,16 @@ def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., An
     store = ArtifactStore(settings.artifacts_dir)
     ledger = Ledger(settings.ledger_path)
     calls = WorkloadCalls(settings.sandboxes_dir / "calls")
-    planning = PlanningActivities(backend, settings.home, settings.max_sandboxes, calls)
+    planning = PlanningActivities(backend, settings.max_sandboxes, calls)
+    approval = ApprovalActivities(settings.home, settings.allow_unapproved)
     sandboxes = SandboxActivities(backend, store)
     records = RecordActivities(store, ledger, cpu, calls)
     return [
         planning.rehearse,
         planning.resolve_snapshot,
         planning.check_capacity,
-        planning.issue_approval_token,
+        approval.issue_approval_key,
+        approval.approval_policy,
         sandboxes.run_prefixes,
         sandboxes.run_world_batch,
         sandboxes.cleanup_sandboxes,
@@ -101,11 +105,21 @@ def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., An
     ]
 
 
+def workflow_runner() -> SandboxedWorkflowRunner:
+    """Temporal's workflow sandbox, passing ``cryptography`` through: the approval gate
+    verifies Ed25519 signatures in the workflow, and a Rust extension module cannot be
+    imported a second time inside the sandbox (the process aborts). Verifying is pure and
+    deterministic, so sharing the host's module is safe."""
+    restrictions = SandboxRestrictions.default.with_passthrough_modules("cryptography")
+    return SandboxedWorkflowRunner(restrictions=restrictions)
+
+
 def build_worker(client: Client, settings: Settings, cpu: Executor) -> Worker:
     return Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
+        workflow_runner=workflow_runner(),
         activities=build_activities(settings, cpu),
         max_concurrent_activities=settings.max_sandboxes + _SPARE_ACTIVITY_SLOTS,
     )
