@@ -39,6 +39,7 @@ from activities.sandbox.base import (
     SandboxError,
     SnapshotCorruptedError,
 )
+from activities.shared_snapshots import SharedSnapshots
 from experiments.runtime.file_format import (
     CHECKPOINTS_FILE,
     OUT_FILE,
@@ -92,14 +93,26 @@ class _Beat:
 class SandboxActivities:
     """Activities that create sandboxes. Constructed by the worker with its backend and store."""
 
-    def __init__(self, backend: SandboxBackend, store: ArtifactStore) -> None:
+    def __init__(
+        self, backend: SandboxBackend, store: ArtifactStore, snapshots: SharedSnapshots
+    ) -> None:
+        """``snapshots`` rebuilds a snapshot another host prepared before a sandbox needs it."""
         self._backend = backend
         self._store = store
+        self._snapshots = snapshots
         # Optional on a backend: a remote one's sandboxes outlive a dead worker.
         self._dies_with_worker = bool(getattr(backend, "dies_with_worker", False))
 
     async def _blocking(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.to_thread(fn, *args)
+
+    async def _stored(self, charged: float, fn: Callable[..., _T], *args: Any) -> _T:
+        """A call to the artifact store, heartbeating ``charged`` while it waits: a store
+        outage is ridden out inside the call (see ``activities.outages``), and the batch
+        must not look dead meanwhile."""
+        beat = _Beat(self._dies_with_worker)
+        beat.charged = charged
+        return await heartbeat_until(asyncio.to_thread(fn, *args), beat.details)
 
     async def _in_sandbox(
         self,
@@ -116,6 +129,7 @@ class SandboxActivities:
         beat = _Beat(self._dies_with_worker)
         activity.heartbeat(beat.details())
         try:
+            await self._stored(0.0, self._snapshots.ensure, snapshot_id)
             for leftover in await self._blocking(self._backend.list, labels):
                 await self._blocking(self._backend.delete, leftover)
             return await self._in_fresh_sandbox(labels, snapshot_id, inputs, mode, allowance, beat)
@@ -193,7 +207,7 @@ class SandboxActivities:
                 type="PrefixFailed",
                 non_retryable=True,
             ) from None
-        digest = await self._blocking(self._store.put_bytes, data)
+        digest = await self._stored(result.seconds, self._store.put_bytes, data)
         return PrefixResult(
             chunk=inp.chunk,
             checkpoints_digest=digest,
@@ -228,7 +242,7 @@ class SandboxActivities:
             )
 
         allowance = inp.reservation_seconds
-        checkpoints = await self._blocking(self._store.get_bytes, inp.checkpoints_digest)
+        checkpoints = await self._stored(0.0, self._store.get_bytes, inp.checkpoints_digest)
         request = request_text(inp.job.workload, inp.job.params, inp.job.seed, world=inp.world)
         labels = {
             EXPERIMENT_LABEL: inp.experiment_id,
@@ -248,7 +262,7 @@ class SandboxActivities:
             columns = parse_columns(data, inp.chunk.size)
         except FormatError as exc:
             return failed(f"the runner printed garbage: {exc}", spent, result)
-        digest = await self._blocking(self._store.put_json, columns)
+        digest = await self._stored(spent, self._store.put_json, columns)
         return BatchOutcome(
             world=name,
             chunk=inp.chunk,
