@@ -9,6 +9,7 @@ import sys
 import time
 from types import FrameType
 
+from activities.sandbox.jail import bubblewrap
 from forklab.errors import CliError
 from forklab.ops_common import add_connection_flags, run, settings_from
 from workers import processes
@@ -115,6 +116,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         f"(data {settings.temporal_db})"
     )
     print(f"worker: {'started' if worker else 'already running'} (logs {settings.logs_dir})")
+    bwrap, why_not = bubblewrap()
+    if bwrap is None:
+        print(
+            f"forklab: warning: {why_not}; sandboxes will run as confined processes and every "
+            "report says what that does not protect (docs/sandboxes.md)",
+            file=sys.stderr,
+        )
     print(f"Web UI: {settings.ui_url}")
     print("stop both with `forklab down`")
     return 0
