@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from forklab import ops_commands, plan_commands
+from forklab import agent_commands, agent_services, ops_commands, plan_commands
 from forklab.errors import CliError
 
 
@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan_commands.register(sub)
     ops_commands.register(sub)
+    agent_commands.register(sub)
+    agent_services.register(sub)
     return parser
 
 

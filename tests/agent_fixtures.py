@@ -14,23 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import (
-    AddSearchAttributesRequest,
-    ListSearchAttributesRequest,
-)
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities.agent_tools import LedgerMode
 from forklab.agent_lab import AgentLab
 from workers.agent_config import AgentSettings
-from workers.agent_worker import build_agent_worker, connect_agents
+from workers.agent_worker import build_agent_worker, connect_agents, ensure_run_fork_attributes
 from workers.config import Settings
 from workers.effects_service import EffectsService
 from workers.model_server import ModelServer
 from workflows.agents.research import ResearchInput, ResearchPipelineWorkflow
-from workflows.runfork.search_attributes import RUN_FORK_KEYS
 
 
 @dataclass
@@ -63,21 +57,6 @@ def services() -> Iterator[Services]:
     )
     model.shutdown()
     effects.shutdown()
-
-
-async def register_run_fork_attributes(client: Client) -> None:
-    known = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=client.namespace)
-    )
-    missing = {
-        k.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
-        for k in RUN_FORK_KEYS
-        if k.name not in known.custom_attributes
-    }
-    if missing:
-        await client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
-        )
 
 
 @dataclass
@@ -118,7 +97,7 @@ async def agent_lab(
     target = temporal_env.client.service_client.config.target_host
     settings = Settings.load({"address": target, "home": tmp_path / "home"}, env={})
     client = await connect_agents(settings, agent)
-    await register_run_fork_attributes(client)
+    await ensure_run_fork_attributes(client)
     async with build_agent_worker(client, agent, LedgerMode.ledger_query):
         yield AgentTestLab(
             lab=AgentLab(client, agent), client=client, agent=agent, services=services

@@ -3,10 +3,17 @@ activities and the fork interceptor, on a client with the OpenAI Agents plugin."
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from datetime import timedelta
 
 from agents.models.openai_provider import OpenAIProvider
 from openai import AsyncOpenAI
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
 from temporalio.client import Client
 from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
 from temporalio.worker import Worker
@@ -21,6 +28,7 @@ from workers.config import Settings
 from workflows.agents.research import ResearchPipelineWorkflow
 from workflows.agents.support import SupportAgentWorkflow
 from workflows.runfork.interceptor import ForkInterceptor
+from workflows.runfork.search_attributes import RUN_FORK_KEYS
 
 AGENT_WORKFLOWS: list[type] = [ResearchPipelineWorkflow, SupportAgentWorkflow]
 MODEL_CALL_TIMEOUT = timedelta(seconds=60)
@@ -74,3 +82,31 @@ def build_agent_worker(
         ],
         interceptors=fork_interceptors(agent),
     )
+
+
+async def ensure_run_fork_attributes(client: Client) -> None:
+    """Register the run/fork search attributes when the server lacks them."""
+    known = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=client.namespace)
+    )
+    missing = {
+        key.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
+        for key in RUN_FORK_KEYS
+        if key.name not in known.custom_attributes
+    }
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
+        )
+
+
+async def run_agent_worker(settings: Settings, agent: AgentSettings) -> None:
+    """Run until SIGINT or SIGTERM, then finish gracefully."""
+    client = await connect_agents(settings, agent)
+    await ensure_run_fork_attributes(client)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with build_agent_worker(client, agent):
+        await stop.wait()
