@@ -31,6 +31,15 @@ BLOCKED_ERROR = "fork_tool_blocked"
 DIVERGED_ERROR = "fork_prefix_diverged"
 
 
+class ModelSwap(BaseModel):
+    """From step ``after_step + 1`` on, live model calls use ``model``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    after_step: int = Field(ge=0)
+    model: str
+
+
 class ForkMarker(BaseModel):
     """What makes a workflow a fork: read by the worker interceptor at start."""
 
@@ -43,8 +52,19 @@ class ForkMarker(BaseModel):
     boundary: BoundaryMode
     lineage_root: str
     model: str | None = None
+    #: every swap along the lineage, oldest first (this fork's own last): a fork of a fork
+    #: must make the calls its parent made after the parent's own swap
+    model_swaps: list[ModelSwap] = Field(default_factory=list)
     tool_policies: dict[str, ToolPolicy] = Field(default_factory=dict)
     intervention: dict[str, Any] | None = None
+
+    def model_at(self, index: int) -> str | None:
+        """The model a call at step ``index`` uses (None: the workflow's own choice)."""
+        chosen = None
+        for swap in self.model_swaps:
+            if index > swap.after_step:
+                chosen = swap.model
+        return chosen
 
 
 class FetchPrefixInput(BaseModel):

@@ -17,7 +17,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttributes
 
 from activities.effect_ledger import EffectLedger
-from activities.fork_models import MARKER_MEMO_KEY, RECEIPT_MEMO_KEY, ForkMarker
+from activities.fork_models import MARKER_MEMO_KEY, RECEIPT_MEMO_KEY, ForkMarker, ModelSwap
 from activities.fork_registry import ForkRegistry
 from activities.run_history import RunRecord, chain_steps, read_chain
 from activities.run_log import LogEvent, RunLog
@@ -136,6 +136,12 @@ class AgentLab:
             created_at=datetime.now(UTC),
             workspace_layer_sha256=workspace_layer_sha256,
         )
+        inherited_swaps = [
+            swap
+            for swap in (chain[0].marker.model_swaps if chain[0].marker else [])
+            if swap.after_step < at_step
+        ]
+        own_swap = [ModelSwap(after_step=at_step, model=model)] if model is not None else []
         marker = ForkMarker(
             parent_workflow_id=run,
             source_run_id=source.run_id,
@@ -144,6 +150,7 @@ class AgentLab:
             boundary=boundary,
             lineage_root=lineage[0],
             model=model,
+            model_swaps=inherited_swaps + own_swap,
             tool_policies=policies,
             intervention=intervention,
         )
@@ -178,8 +185,8 @@ class AgentLab:
         for x in lineage_a:
             if x in lineage_b:
                 common = x
-        sig_a = [(s.activity_type, s.input_sha256) for s in chain_steps(chain_a)]
-        sig_b = [(s.activity_type, s.input_sha256) for s in chain_steps(chain_b)]
+        sig_a = [_signature(s) for s in chain_steps(chain_a)]
+        sig_b = [_signature(s) for s in chain_steps(chain_b)]
         return RunDiff(
             a=a,
             b=b,
@@ -227,6 +234,11 @@ class AgentLab:
 
     def watch(self, run: str, after: int = -1, limit: int = 1000) -> list[LogEvent]:
         return self.run_log.read(run, after, limit)
+
+
+def _signature(s: Step) -> tuple[str, str, str | None, str]:
+    """A step's call and outcome: two runs diverge where these first differ."""
+    return (s.activity_type, s.input_sha256, s.result_sha256, s.status.value)
 
 
 def _source_run(chain: list[RunRecord], at_step: int) -> RunRecord:

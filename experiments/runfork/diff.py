@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -59,9 +60,9 @@ def diff_states(a: Any, b: Any) -> StateDiff:
     return StateDiff(**out)
 
 
-def divergence_step(a: list[tuple[str, str]], b: list[tuple[str, str]]) -> int | None:
-    """The first step (1-based) where two runs' (type, input digest) sequences differ;
-    None when one is a prefix of the other and they have the same length."""
+def divergence_step(a: Sequence[Hashable], b: Sequence[Hashable]) -> int | None:
+    """The first step (1-based) where two runs' step signatures (call and outcome)
+    differ; None when the sequences are equal."""
     for i, (x, y) in enumerate(zip(a, b, strict=False), start=1):
         if x != y:
             return i

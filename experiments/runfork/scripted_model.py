@@ -87,7 +87,7 @@ def respond(
     """The scripted answer to one chat request. ``tools`` are the offered tool names."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; the local server has {', '.join(MODELS)}")
-    convo = " ".join(_text(m) for m in messages)
+    convo = "\n".join(_text(m) for m in messages)
     prompt_tokens = max(1, len(convo) // 4)
     last = messages[-1] if messages else {}
     step = _marker(_text(last), "STEP") if last.get("role") == "user" else None

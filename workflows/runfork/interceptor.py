@@ -193,10 +193,11 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             input = dataclasses.replace(input, summary=f"step {index}: {input.activity}")
         if marker is None:
             return super().start_activity(self._headers(input, index))
+        model = marker.model_at(index)
+        if model is not None:
+            input = _swap_model(input, model)
         if marker.boundary is not BoundaryMode.lineage_only and index <= marker.at_step:
             return self._serve_prefix(input, index, marker)
-        if marker.model is not None:
-            input = _swap_model(input, marker.model)
         digest = _input_digest(input.args)
         recorded = state.recorded.get((input.activity, digest))
         decision = decide(input.activity, marker.tool_policies, recorded is not None)
