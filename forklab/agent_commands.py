@@ -9,6 +9,9 @@ import json
 import math
 from typing import Any
 
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
 from activities.run_history import RunNotFound
 from experiments.runfork.policy import PolicyError, ToolPolicy, parse_policies
 from experiments.runfork.receipt import BoundaryMode
@@ -16,7 +19,6 @@ from forklab.agent_lab import AgentLab, ForkError
 from forklab.agent_services import agent_settings
 from forklab.errors import CliError
 from forklab.ops_common import add_connection_flags, run, settings_from
-from workers.agent_worker import connect_agents
 
 BAD_INPUT = 2
 WATCH_POLL_SECONDS = 0.5
@@ -26,7 +28,11 @@ async def _lab(args: argparse.Namespace) -> AgentLab:
     settings = settings_from(args)
     agent = agent_settings(settings)
     try:
-        client = await connect_agents(settings, agent)
+        # a plain client: forks are started with the parent's raw input payloads, so the
+        # CLI needs neither the agent framework nor its converter (nor their import time)
+        client = await Client.connect(
+            settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
+        )
     except RuntimeError as exc:
         raise CliError(
             f"cannot reach Temporal at {settings.address} ({str(exc).splitlines()[0]}); "

@@ -12,7 +12,6 @@ from forklab.errors import CliError
 from forklab.ops_common import add_connection_flags, run, settings_from
 from workers import processes
 from workers.agent_config import AgentSettings
-from workers.agent_worker import run_agent_worker
 from workers.config import ConfigError, Settings
 from workers.server import child_env, pidfile, reachable, wait_reachable
 
@@ -83,6 +82,8 @@ def cmd_agent_worker(args: argparse.Namespace) -> int:
         f"model {agent.resolved_model_url}; Ctrl-C stops it",
         flush=True,
     )
+    from workers.agent_worker import run_agent_worker  # the agent framework loads slowly
+
     try:
         run(lambda: run_agent_worker(settings, agent))
     except RuntimeError as exc:
