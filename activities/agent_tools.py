@@ -160,7 +160,7 @@ class EffectTools:
         )
         if claim.outcome is ClaimOutcome.mismatch:
             raise ApplicationError(
-                f"idempotency_mismatch: key {key_name!r} was used for a different request",
+                f"key {key_name!r} was used for a different request",
                 type="idempotency_mismatch",
                 non_retryable=True,
             )

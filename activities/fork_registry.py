@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from activities.run_history import RunSummary
 from activities.sqlite_tx import init_schema, transaction
 from experiments.runfork.receipt import ForkReceipt
 
@@ -33,6 +34,10 @@ CREATE TABLE IF NOT EXISTS decisions (
     by_whom TEXT NOT NULL,
     at TEXT NOT NULL,
     note TEXT
+);
+CREATE TABLE IF NOT EXISTS run_summaries (
+    run_id TEXT PRIMARY KEY,
+    summary_json TEXT NOT NULL
 );
 CREATE TRIGGER IF NOT EXISTS receipts_immutable BEFORE UPDATE ON receipts
 BEGIN SELECT RAISE(ABORT, 'fork receipts are immutable'); END;
@@ -74,6 +79,21 @@ class ForkRegistry:
                 (parent_workflow_id,),
             ).fetchall()
         return [ForkReceipt.model_validate_json(r[0]) for r in rows]
+
+    # --- the summary cache of runs that continued-as-new (immutable once closed) ---------
+    def get(self, run_id: str) -> RunSummary | None:
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT summary_json FROM run_summaries WHERE run_id=?", (run_id,)
+            ).fetchone()
+        return RunSummary.model_validate_json(row[0]) if row else None
+
+    def put(self, summary: RunSummary) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO run_summaries VALUES (?, ?)",
+                (summary.run_id, summary.model_dump_json()),
+            )
 
     def record(
         self,

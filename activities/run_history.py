@@ -12,9 +12,9 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
+from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
@@ -71,10 +71,6 @@ def _label(activity_type: str, payloads: list[Payload]) -> str:
     return f"{activity_type} ({model})" if isinstance(model, str) else activity_type
 
 
-def _time(event: HistoryEvent) -> datetime:
-    return event.event_time.ToDatetime()
-
-
 @dataclass
 class RunRecord:
     """One run of a chain as read from its history."""
@@ -95,7 +91,28 @@ class RunRecord:
     event_count: int = 0
 
 
-def parse_run(workflow_id: str, history: WorkflowHistory, base_step: int) -> RunRecord:
+@dataclass
+class _Own:
+    """A step the run executed itself, filled in as its events arrive."""
+
+    index: int
+    activity_type: str
+    input_sha256: str
+    label: str
+    scheduled_s: float
+    status: StepStatus = StepStatus.pending
+    result_sha256: str | None = None
+    result_b64: str | None = None
+    duration_ms: float | None = None
+
+
+def _seconds(event: HistoryEvent) -> float:
+    return event.event_time.seconds + event.event_time.nanos / 1e9
+
+
+def parse_run(
+    workflow_id: str, history: WorkflowHistory, base_step: int, run_id: str = ""
+) -> RunRecord:
     """The steps and other inputs of one run's history (payloads assumed codec-free)."""
     events = list(history.events)
     started = events[0].workflow_execution_started_event_attributes
@@ -110,7 +127,7 @@ def parse_run(workflow_id: str, history: WorkflowHistory, base_step: int) -> Run
         receipt = ForkReceipt.model_validate_json(receipt_field.data)
     rec = RunRecord(
         workflow_id=workflow_id,
-        run_id=history.run_id if hasattr(history, "run_id") else "",
+        run_id=run_id,
         workflow_type=started.workflow_type.name,
         task_queue=started.task_queue.name,
         input=list(started.input.payloads),
@@ -122,8 +139,8 @@ def parse_run(workflow_id: str, history: WorkflowHistory, base_step: int) -> Run
         previous_run_id=started.continued_execution_run_id or None,
         event_count=len(events),
     )
-    by_scheduled: dict[int, int] = {}
-    scheduled_at: dict[int, datetime] = {}
+    items: list[Step | _Own] = []
+    own: dict[int, _Own] = {}
     next_index = base_step + 1
     for ev in events:
         kind = ev.WhichOneof("attributes")
@@ -133,14 +150,14 @@ def parse_run(workflow_id: str, history: WorkflowHistory, base_step: int) -> Run
             payloads = list(a.input.payloads)
             if name == STEP_DECISION:
                 d = StepDecisionInput.model_validate_json(payloads[0].data)
-                rec.steps.append(
+                items.append(
                     Step(
                         index=next_index,
                         activity_type=d.activity_type,
                         input_sha256=d.input_sha256,
                         result_sha256=d.result_sha256,
                         status=StepStatus.completed if d.result_b64 else StepStatus.blocked,
-                        run_id=rec.run_id,
+                        run_id=run_id,
                         origin=d.decision,
                         label=f"{d.activity_type} [{d.decision} by policy {d.policy}]",
                         result_b64=d.result_b64,
@@ -150,55 +167,61 @@ def parse_run(workflow_id: str, history: WorkflowHistory, base_step: int) -> Run
                 continue
             if name.startswith(INTERNAL_PREFIX):
                 continue
-            by_scheduled[ev.event_id] = len(rec.steps)
-            scheduled_at[ev.event_id] = _time(ev)
-            rec.steps.append(
-                Step(
-                    index=next_index,
-                    activity_type=name,
-                    input_sha256=digest_payloads(payloads),
-                    status=StepStatus.pending,
-                    run_id=rec.run_id,
-                    label=_label(name, payloads),
-                )
+            step = _Own(
+                index=next_index,
+                activity_type=name,
+                input_sha256=digest_payloads(payloads),
+                label=_label(name, payloads),
+                scheduled_s=_seconds(ev),
             )
+            own[ev.event_id] = step
+            items.append(step)
             next_index += 1
         elif kind == "activity_task_completed_event_attributes":
             c = ev.activity_task_completed_event_attributes
-            pos = by_scheduled.get(c.scheduled_event_id)
             results = list(c.result.payloads)
-            if pos is None:
+            mine = own.get(c.scheduled_event_id)
+            if mine is None:
                 # a ForkLab activity: the inherited prefix arrives in fetch_prefix results
                 if results and _scheduled_type(events, c.scheduled_event_id) == FETCH_PREFIX:
                     page = PrefixPage.model_validate_json(results[0].data)
-                    for s in page.steps:
-                        rec.steps.append(s.model_copy(update={"origin": "inherited"}))
-                    next_index = base_step + len(rec.steps) + 1
+                    items.extend(s.model_copy(update={"origin": "inherited"}) for s in page.steps)
+                    next_index = base_step + len(items) + 1
                 continue
-            ms = (_time(ev) - scheduled_at[c.scheduled_event_id]).total_seconds() * 1000
-            rec.steps[pos] = rec.steps[pos].model_copy(
-                update={
-                    "status": StepStatus.completed,
-                    "result_sha256": digest_payloads(results),
-                    "result_b64": _b64(results[0]) if results else None,
-                    "duration_ms": ms,
-                }
-            )
+            mine.status = StepStatus.completed
+            mine.result_sha256 = digest_payloads(results)
+            mine.result_b64 = _b64(results[0]) if results else None
+            mine.duration_ms = (_seconds(ev) - mine.scheduled_s) * 1000
         elif kind in (
             "activity_task_failed_event_attributes",
             "activity_task_timed_out_event_attributes",
             "activity_task_canceled_event_attributes",
         ):
-            attrs = getattr(ev, kind)
-            pos = by_scheduled.get(attrs.scheduled_event_id)
-            if pos is not None:
-                rec.steps[pos] = rec.steps[pos].model_copy(update={"status": StepStatus.failed})
+            mine = own.get(getattr(ev, kind).scheduled_event_id)
+            if mine is not None:
+                mine.status = StepStatus.failed
         elif kind in _OTHER_INPUTS:
             rec.others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=next_index - 1))
         elif kind == "marker_recorded_event_attributes":
             name = ev.marker_recorded_event_attributes.marker_name
             if name == "core_local_activity":
                 rec.others.append(PrefixEvent(kind="local activity", after_step=next_index - 1))
+    rec.steps = [
+        item
+        if isinstance(item, Step)
+        else Step(
+            index=item.index,
+            activity_type=item.activity_type,
+            input_sha256=item.input_sha256,
+            result_sha256=item.result_sha256,
+            status=item.status,
+            run_id=run_id,
+            duration_ms=item.duration_ms,
+            label=item.label,
+            result_b64=item.result_b64,
+        )
+        for item in items
+    ]
     last = events[-1]
     if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
         r = last.workflow_execution_completed_event_attributes.result.payloads
@@ -243,10 +266,7 @@ async def _history(client: Client, workflow_id: str, run_id: str | None) -> Work
 
 async def read_run(client: Client, workflow_id: str, run_id: str, base_step: int) -> RunRecord:
     history = await _history(client, workflow_id, run_id)
-    rec = parse_run(workflow_id, history, base_step)
-    rec.run_id = run_id
-    rec.steps = [s.model_copy(update={"run_id": run_id}) for s in rec.steps]
-    return rec
+    return parse_run(workflow_id, history, base_step, run_id)
 
 
 async def read_chain(client: Client, workflow_id: str) -> list[RunRecord]:
@@ -271,15 +291,107 @@ async def read_chain(client: Client, workflow_id: str) -> list[RunRecord]:
     chain: list[RunRecord] = []
     base = 0
     for rid, history in histories:
-        rec = parse_run(workflow_id, history, base)
-        rec.run_id = rid
-        rec.steps = [s.model_copy(update={"run_id": rid}) for s in rec.steps]
+        rec = parse_run(workflow_id, history, base, rid)
         rec.status = "continued_as_new"
         chain.append(rec)
         base = rec.base_step + len(rec.steps)
     status = desc.status or WorkflowExecutionStatus.RUNNING
     chain[-1].status = status.name.lower()
     return chain
+
+
+class RunSummary(BaseModel):
+    """What a fork needs of a run that is not the one holding its boundary. Runs that
+    continued-as-new never change again, so their summaries may be cached."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    steps: int
+    previous_run_id: str | None
+    #: set on the first run of a fork: its steps are numbered after this
+    fork_base_step: int | None = None
+    marker_json: str | None = None
+    receipt_json: str | None = None
+
+
+class SummaryCache(Protocol):
+    def get(self, run_id: str) -> RunSummary | None: ...
+
+    def put(self, summary: RunSummary) -> None: ...
+
+
+def summarize(rec: RunRecord) -> RunSummary:
+    return RunSummary(
+        run_id=rec.run_id,
+        steps=len(rec.steps),
+        previous_run_id=rec.previous_run_id,
+        fork_base_step=rec.marker.base_step if rec.marker else None,
+        marker_json=rec.marker.model_dump_json() if rec.marker else None,
+        receipt_json=rec.receipt.model_dump_json() if rec.receipt else None,
+    )
+
+
+@dataclass
+class Located:
+    """The run of a chain that holds a step, parsed, plus the chain's first run."""
+
+    source: RunRecord
+    first: RunSummary
+    latest_run_id: str
+    runs: int
+
+
+async def locate_step(
+    client: Client, workflow_id: str, at_step: int, cache: SummaryCache | None = None
+) -> Located:
+    """Find the run of ``workflow_id``'s continue-as-new chain that scheduled ``at_step``
+    (the first run for step 0, the latest for a step past the end). Only that run is
+    parsed in full; the others are counted, from ``cache`` when it knows them."""
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        desc = await handle.describe()
+    except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:
+            raise RunNotFound(f"no run {workflow_id!r} in this namespace") from None
+        raise
+    summaries: list[RunSummary] = []
+    parsed: dict[str, RunRecord] = {}
+    run_id: str | None = desc.run_id
+    while run_id:
+        known = cache.get(run_id) if cache is not None and run_id != desc.run_id else None
+        if known is None:
+            rec = parse_run(workflow_id, await _history(client, workflow_id, run_id), 0, run_id)
+            parsed[run_id] = rec
+            known = summarize(rec)
+            if cache is not None and run_id != desc.run_id:
+                cache.put(known)
+        summaries.append(known)
+        run_id = known.previous_run_id
+    summaries.reverse()
+    bases: list[int] = []
+    base = summaries[0].fork_base_step or 0
+    for summary in summaries:
+        own = summary.fork_base_step if summary.fork_base_step is not None else base
+        bases.append(own)
+        base = own + summary.steps
+    pick = len(summaries) - 1
+    for i, summary in enumerate(summaries):
+        if bases[i] < at_step <= bases[i] + summary.steps or (i == 0 and at_step <= bases[0]):
+            pick = i
+            break
+    chosen, chosen_base = summaries[pick], bases[pick]
+    earlier = parsed.get(chosen.run_id)
+    if earlier is not None and earlier.base_step == chosen_base:
+        source = earlier
+    else:
+        history = await _history(client, workflow_id, chosen.run_id)
+        source = parse_run(workflow_id, history, chosen_base, chosen.run_id)
+    status = desc.status or WorkflowExecutionStatus.RUNNING
+    source.status = status.name.lower() if chosen.run_id == desc.run_id else "continued_as_new"
+    return Located(
+        source=source, first=summaries[0], latest_run_id=desc.run_id, runs=len(summaries)
+    )
 
 
 def chain_steps(chain: list[RunRecord]) -> list[Step]:

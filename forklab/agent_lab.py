@@ -19,7 +19,7 @@ from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttribut
 from activities.effect_ledger import EffectLedger
 from activities.fork_models import MARKER_MEMO_KEY, RECEIPT_MEMO_KEY, ForkMarker, ModelSwap
 from activities.fork_registry import ForkRegistry
-from activities.run_history import RunRecord, chain_steps, read_chain
+from activities.run_history import RunRecord, chain_steps, locate_step, read_chain
 from activities.run_log import LogEvent, RunLog
 from experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
@@ -104,12 +104,11 @@ class AgentLab:
             )
         policies = dict(tool_policies or {})
         policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
-        chain = await self.chain(run)
-        steps = chain_steps(chain)
-        source = _source_run(chain, at_step)
+        located = await locate_step(self.client, run, at_step, self.registry)
+        source = located.source
         try:
             resolution = resolve_boundary(
-                [s for s in steps if s.run_id == source.run_id],
+                source.steps,
                 source.others,
                 at_step,
                 boundary,
@@ -117,14 +116,20 @@ class AgentLab:
             )
         except BoundaryError as exc:
             raise ForkError(str(exc)) from None
-        parent_receipt = chain[0].receipt
+        first = located.first
+        parent_receipt = (
+            ForkReceipt.model_validate_json(first.receipt_json) if first.receipt_json else None
+        )
+        first_marker = (
+            ForkMarker.model_validate_json(first.marker_json) if first.marker_json else None
+        )
         lineage = [*(parent_receipt.lineage if parent_receipt else []), run]
         receipt = make_receipt(
             resolution,
             fork_workflow_id=fork_id,
             name=name or fork_id,
             parent_workflow_id=run,
-            parent_run_id=chain[-1].run_id,
+            parent_run_id=located.latest_run_id,
             source_run_id=source.run_id,
             base_step=source.base_step,
             lineage=lineage,
@@ -138,7 +143,7 @@ class AgentLab:
         )
         inherited_swaps = [
             swap
-            for swap in (chain[0].marker.model_swaps if chain[0].marker else [])
+            for swap in (first_marker.model_swaps if first_marker else [])
             if swap.after_step < at_step
         ]
         own_swap = [ModelSwap(after_step=at_step, model=model)] if model is not None else []
@@ -239,12 +244,3 @@ class AgentLab:
 def _signature(s: Step) -> tuple[str, str, str | None, str]:
     """A step's call and outcome: two runs diverge where these first differ."""
     return (s.activity_type, s.input_sha256, s.result_sha256, s.status.value)
-
-
-def _source_run(chain: list[RunRecord], at_step: int) -> RunRecord:
-    """The run of the chain that scheduled step ``at_step`` (the first one for step 0 or
-    a step past the end, which ``resolve_boundary`` then reports)."""
-    for run in chain:
-        if run.steps and run.steps[0].index <= at_step <= run.steps[-1].index:
-            return run
-    return chain[0] if at_step <= chain[0].base_step + 1 else chain[-1]

@@ -83,7 +83,7 @@ class ResearchPipelineWorkflow:
         state["status"] = "ok" if passes(score) else "failed"
         if state["status"] == "failed" and inp.fail_on_low_score:
             raise ApplicationError(
-                "low_quality_report: the scorer failed the report",
+                f"the scorer failed the report (score {score:.2f})",
                 state,
                 type="low_quality_report",
                 non_retryable=True,

@@ -152,9 +152,7 @@ def _decode(step: Step, ret_type: type | None) -> Any:
 
 
 def _blocked(tool: str, index: int, why: str) -> ApplicationError:
-    return ApplicationError(
-        f"fork_tool_blocked: step {index} ({tool}) {why}", type=BLOCKED_ERROR, non_retryable=True
-    )
+    return ApplicationError(f"step {index} ({tool}) {why}", type=BLOCKED_ERROR, non_retryable=True)
 
 
 def _swap_model(input: StartActivityInput, model: str) -> StartActivityInput:
@@ -251,20 +249,20 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         step = self._state.prefix.get(index)
         if step is None:
             raise ApplicationError(
-                f"{DIVERGED_ERROR}: step {index} is not in the inherited prefix",
+                f"step {index} is not in the inherited prefix",
                 type=DIVERGED_ERROR,
                 non_retryable=True,
             )
         if step.activity_type != input.activity:
             raise ApplicationError(
-                f"{DIVERGED_ERROR}: at step {index} the parent called {step.activity_type} "
+                f"at step {index} the parent called {step.activity_type} "
                 f"and the fork calls {input.activity}",
                 type=DIVERGED_ERROR,
                 non_retryable=True,
             )
         if marker.boundary is BoundaryMode.exact and _input_digest(input.args) != step.input_sha256:
             raise ApplicationError(
-                f"{DIVERGED_ERROR}: at step {index} ({input.activity}) the fork's input differs "
+                f"at step {index} ({input.activity}) the fork's input differs "
                 "from the parent's (an exact boundary inherits only identical calls)",
                 type=DIVERGED_ERROR,
                 non_retryable=True,
