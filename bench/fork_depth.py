@@ -65,9 +65,8 @@ async def main(depths: list[int], can_every: int, rounds: int) -> None:
                 rows.append((n, len(chain), n - source.base_step, times[0], warm, built))
             cold0, warm0 = rows[0][3], rows[0][4]
             print("fork → first live step done, in ms (ratio to N = the first depth)")
-            print(
-                f"{'N':>6} {'runs':>5} {'served':>6} {'cold':>8} {'ratio':>6} {'warm':>8} {'ratio':>6}"
-            )
+            head = ("N", "runs", "served", "cold", "ratio", "warm", "ratio")
+            print("{:>6} {:>5} {:>6} {:>8} {:>6} {:>8} {:>6}".format(*head))
             for n, runs, served, cold, warm, built in rows:
                 print(
                     f"{n:>6} {runs:>5} {served:>6} {cold * 1000:>8.0f} {cold / cold0:>6.2f} "
