@@ -108,20 +108,27 @@ class EffectTools:
         mode: LedgerMode = LedgerMode.ledger_query,
         crash_point: str | None = None,
         crash_flag: Path | None = None,
+        hang_seconds: float | None = None,
     ) -> None:
         self._url = service_url.rstrip("/")
         self._ledger = ledger
         self._mode = mode
         self._crash_point = crash_point
         self._crash_flag = crash_flag
+        self._hang_seconds = hang_seconds
 
-    def _maybe_crash(self, point: str) -> None:
-        """Benchmarks kill the worker at a named point once (the flag file remembers)."""
+    async def _maybe_crash(self, point: str) -> None:
+        """Fault injection for benchmarks and tests, once (the flag file remembers): kill
+        the worker at a named point, or make this attempt hang there (a zombie that
+        finishes after its successor)."""
         if self._crash_point != point or self._crash_flag is None:
             return
         if self._crash_flag.exists():
             return
         self._crash_flag.write_text(point)
+        if self._hang_seconds is not None:
+            await asyncio.sleep(self._hang_seconds)
+            return
         os._exit(137)
 
     def _http(
@@ -145,9 +152,9 @@ class EffectTools:
         self, kind: str, path: str, key_name: str, params: dict[str, Any]
     ) -> EffectResult:
         if self._mode is LedgerMode.naive:
-            self._maybe_crash("before_call")
+            await self._maybe_crash("before_call")
             out = await asyncio.to_thread(self._http, "POST", path, params, None)
-            self._maybe_crash("after_apply")
+            await self._maybe_crash("after_apply")
             return EffectResult(
                 key_name=key_name, effect_id=out["effect"]["effect_id"], status="applied", kind=kind
             )
@@ -186,10 +193,10 @@ class EffectTools:
             if found["applied"]:
                 effect, status = found["effect"], "recovered"
         if effect is None:
-            self._maybe_crash("before_call")
+            await self._maybe_crash("before_call")
             out = await asyncio.to_thread(self._http, "POST", path, params, downstream_key)
             effect = out["effect"]
-            self._maybe_crash("after_apply")
+            await self._maybe_crash("after_apply")
         result = EffectResult(
             key_name=key_name, effect_id=effect["effect_id"], status=status, kind=kind
         )
@@ -202,7 +209,7 @@ class EffectTools:
                 type="fenced",
                 non_retryable=True,
             )
-        self._maybe_crash("after_complete")
+        await self._maybe_crash("after_complete")
         return result
 
     @activity.defn(name="charge_customer")

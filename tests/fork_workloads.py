@@ -61,3 +61,21 @@ class StepsWorkflow:
             if inp.can_every and i % inp.can_every == 0 and i < inp.steps:
                 workflow.continue_as_new(inp.model_copy(update={"done": i, "trace": trace[-3:]}))
         return trace
+
+
+@workflow.defn(name="ChargeOnce")
+class ChargeOnceWorkflow:
+    """One charge with a short timeout, so a hanging attempt is retried quickly."""
+
+    @workflow.run
+    async def run(self, customer: str) -> str:
+        from activities.agent_tools import ChargeRequest, EffectResult
+
+        result: EffectResult = await workflow.execute_activity(
+            "charge_customer",
+            ChargeRequest(key_name="inv-z", customer=customer, amount_cents=700),
+            result_type=EffectResult,
+            start_to_close_timeout=timedelta(seconds=2),
+            retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200)),
+        )
+        return result.status
