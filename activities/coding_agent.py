@@ -19,6 +19,7 @@ from pathlib import Path
 
 from activities.sandbox.base import Limits
 from activities.sandbox.local import WORKSPACE_DIR, LocalSandboxBackend
+from activities.sandbox.workspace import WorkspaceInfo
 from experiments.bundle import bundle_files
 from experiments.runtime.canon import canonical_json, sha256_hex
 from experiments.workloads.coding_fix import DEMO_CASES, STRATEGIES, package_files, vendored_chunks
@@ -87,6 +88,40 @@ def _changed_files(
     }
 
 
+def _run_child(
+    backend: LocalSandboxBackend, strategy: str, info: WorkspaceInfo, state: bytes
+) -> tuple[_Agent, AgentEvidence, dict[str, bytes]]:
+    """One child: receive the agent's state, apply ``strategy``, run the tests again."""
+    child = _Agent(backend, strategy, info.id)
+    backend.upload(child.sandbox, "agent-state.json", state)
+    inherited = WorkspaceCheckpoint(
+        state_sha256=sha256_hex(backend.download(child.sandbox, "agent-state.json")),
+        layer=info.stack[0],  # the layer its workspace was verified and mounted over
+    )
+    branch = backend.workspace_manifest(child.sandbox)
+    child.run(
+        ["python", "-m", "experiments.workloads.coding_fix", "apply", strategy, WORKSPACE_DIR]
+    )
+    tests = child.tests()
+    end = backend.workspace_manifest(child.sandbox)
+    changed = _changed_files(backend, child.sandbox, branch, end)
+    evidence = AgentEvidence(
+        name=strategy,
+        strategy=strategy,
+        sandbox=child.sandbox,
+        mode=info.mode,
+        note=info.note,
+        inherited=inherited,
+        tests=tests,
+        branch=branch,
+        end=end,
+        edited={
+            p: data.decode(errors="replace") for p, data in changed.items() if PYCACHE not in p
+        },
+    )
+    return child, evidence, changed
+
+
 def run_coding_agent_fork(
     backend: LocalSandboxBackend, out: Path, blob_bytes: int = DEFAULT_BLOB_BYTES
 ) -> WorkspaceDemoSummary:
@@ -119,54 +154,23 @@ def run_coding_agent_fork(
         created += [c.id for c in fork.children]
         extra = sum(backend.workspaces.own_bytes(c.id) for c in fork.children)
         checkpoint = WorkspaceCheckpoint(state_sha256=sha256_hex(state), layer=fork.layer.digest)
-        children = []
-        for strategy, info in zip(STRATEGIES, fork.children, strict=True):
-            child = _Agent(backend, strategy, info.id)
-            backend.upload(child.sandbox, "agent-state.json", state)
-            inherited = WorkspaceCheckpoint(
-                state_sha256=sha256_hex(backend.download(child.sandbox, "agent-state.json")),
-                layer=backend.workspaces.info(child.sandbox).stack[0],
-            )
-            child_branch = backend.workspace_manifest(child.sandbox)
-            child.run(
-                ["python", "-m", "experiments.workloads.coding_fix", "apply", strategy, "workspace"]
-            )
-            tests = child.tests()
-            end = backend.workspace_manifest(child.sandbox)
-            changed = _changed_files(backend, child.sandbox, child_branch, end)
-            children.append(
-                (child, info.mode, info.note, inherited, tests, child_branch, end, changed)
-            )
-        source_end = backend.workspace_manifest(source.sandbox)
-        agents = [
-            AgentEvidence(
-                name="source",
-                strategy=None,
-                sandbox=source.sandbox,
-                mode=source_ws.mode,
-                note=source_ws.note,
-                inherited=checkpoint,
-                tests=source_tests,
-                branch=branch,
-                end=source_end,
-                edited={},
-            )
+        children = [
+            _run_child(backend, strategy, info, state)
+            for strategy, info in zip(STRATEGIES, fork.children, strict=True)
         ]
-        for child, mode, note, inherited, tests, child_branch, end, changed in children:
-            agents.append(
-                AgentEvidence(
-                    name=child.name,
-                    strategy=child.name,
-                    sandbox=child.sandbox,
-                    mode=mode,
-                    note=note,
-                    inherited=inherited,
-                    tests=tests,
-                    branch=child_branch,
-                    end=end,
-                    edited={p: data.decode() for p, data in changed.items() if PYCACHE not in p},
-                )
-            )
+        source_evidence = AgentEvidence(
+            name="source",
+            strategy=None,
+            sandbox=source.sandbox,
+            mode=source_ws.mode,
+            note=source_ws.note,
+            inherited=checkpoint,
+            tests=source_tests,
+            branch=branch,
+            end=backend.workspace_manifest(source.sandbox),
+            edited={},
+        )
+        agents = [source_evidence, *(evidence for _, evidence, _ in children)]
         summary = WorkspaceDemoSummary(
             blob=BLOB,
             checkpoint=checkpoint,
@@ -181,7 +185,10 @@ def run_coding_agent_fork(
         )
         summary = summary.model_copy(update={"checks": demo_checks(summary)})
         _write_evidence(
-            out, summary, [source, *(c[0] for c in children)], {c[0].name: c[7] for c in children}
+            out,
+            summary,
+            [source, *(agent for agent, _, _ in children)],
+            {agent.name: changed for agent, _, changed in children},
         )
         return summary
     finally:

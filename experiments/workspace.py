@@ -36,13 +36,16 @@ class EntryKind(StrEnum):
 
 class LayerEntry(BaseModel):
     """One path of a layer. ``sha256`` is set for files, ``target`` for symlinks;
-    ``opaque`` marks a directory that hides everything below it (overlayfs)."""
+    ``opaque`` marks a directory that hides everything below it (overlayfs). The owner is
+    part of it: the same bytes owned by another uid are another layer."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     path: str
     kind: EntryKind
     mode: int = Field(ge=0, le=0o7777)
+    uid: int = Field(ge=0)
+    gid: int = Field(ge=0)
     size: int = Field(0, ge=0)
     sha256: str | None = Field(None, pattern=_HEX64)
     target: str | None = None
@@ -59,8 +62,8 @@ class LayerManifest(BaseModel):
     entries: tuple[LayerEntry, ...]
 
     def digest(self) -> str:
-        """sha256 of the canonical JSON: covers every path, kind, mode, size, content
-        digest, symlink target and whiteout of this layer, and the parent's digest."""
+        """sha256 of the canonical JSON: covers every path, kind, mode, owner, size,
+        content digest, symlink target and whiteout of this layer, and the parent's digest."""
         return digest(self.model_dump(mode="json"))
 
     @property

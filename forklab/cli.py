@@ -12,6 +12,7 @@ from typing import NoReturn
 from forklab import (
     agent_commands,
     agent_services,
+    approval_commands,
     demo_command,
     experiment_commands,
     plan_commands,
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan_commands.register(sub)
     experiment_commands.register(sub)
+    approval_commands.register(sub)
     service_commands.register(sub)
     demo_command.register(sub)
     agent_commands.register(sub)

@@ -262,10 +262,55 @@ def test_sandbox_fork_and_delete_unmount(root: Path) -> None:
     bare = backend.create(snapshot.id, {"x": "bare"}, Limits())
     with pytest.raises(SandboxError, match="does not exist"):
         backend.attach_workspace(bare, "f" * 64)
-    # a crash that lost a child's registry entry and folder still leaves it listed
+    # leftovers of a crash are listed whatever the labels: a box without its registry
+    # entry, and a mounted workspace whose sandbox was never registered
     (root / "sandboxes" / "registry" / f"{b}.json").unlink()
-    shutil.rmtree(root / "sandboxes" / "boxes" / b / "experiments")
-    assert b in backend.list({"x": "nothing matches"})
+    orphan = "lsb-0123456789abcdef"
+    backend.workspaces.attach(orphan, root / "sandboxes" / "boxes" / orphan / "workspace", None)
+    assert {b, orphan} <= set(backend.list({"x": "nothing matches"}))
     for box in backend.list({}):
         backend.delete(box)
     assert mounts_under(root) == [] and backend.list({}) == []
+
+
+OWNER = 54_321
+
+
+def _as_owner(folder: Path, script: str) -> subprocess.CompletedProcess[str]:
+    setpriv = shutil.which("setpriv")
+    assert setpriv is not None
+    return subprocess.run(
+        [setpriv, f"--reuid={OWNER}", f"--regid={OWNER}", "--clear-groups", "sh", "-c", script],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@needs_root
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) is needed")
+def test_the_owner_can_write_its_workspace_and_its_childrens(
+    workspaces: Workspaces, root: Path
+) -> None:
+    """Sandboxed commands run as an unprivileged uid: the workspace must be theirs."""
+    owned = Workspaces(root / "store", overlay=workspaces.overlay, owner=OWNER)
+    base = owned.layers.import_tree(_start(root / "start"), owner=OWNER)
+    parent = Path(owned.attach("parent", root / "mnt" / "parent", base.digest).target)
+    wrote = _as_owner(parent, "echo y = 2 >> pkg/mod.py && mkdir made && echo x > made/f")
+    assert wrote.returncode == 0, wrote.stderr
+    _, (kid,) = owned.fork("parent", [("kid", root / "mnt" / "kid")])
+    again = _as_owner(Path(kid.target), "echo z = 3 >> pkg/mod.py && echo y > made/f")
+    assert again.returncode == 0, again.stderr
+    assert (parent / "made" / "f").read_text() == "x\n"
+
+    # without an owner the files stay root's: the same commands are refused
+    plain = workspaces.attach(
+        "plain",
+        root / "mnt" / "plain",
+        workspaces.layers.import_tree(_start(root / "start2")).digest,
+    )
+    refused = _as_owner(Path(plain.target), "echo y = 2 >> pkg/mod.py")
+    assert refused.returncode != 0 and "Permission denied" in refused.stderr
+    for ws_id in owned.ids():
+        owned.remove(ws_id)

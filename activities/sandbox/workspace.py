@@ -179,17 +179,23 @@ def _is_opaque(path: Path) -> bool:
 def _entry(rel: str, path: Path, st: os.stat_result) -> tuple[LayerEntry, int]:
     """The manifest entry of one path and the bytes read to make it."""
     mode = stat.S_IMODE(st.st_mode)
+    who = {"uid": st.st_uid, "gid": st.st_gid}
     if stat.S_ISREG(st.st_mode):
         (sha,) = _hash_file(path, "sha256")
-        return LayerEntry(
-            path=rel, kind=EntryKind.file, mode=mode, size=st.st_size, sha256=sha
-        ), st.st_size
+        entry = LayerEntry(
+            path=rel, kind=EntryKind.file, mode=mode, size=st.st_size, sha256=sha, **who
+        )
+        return entry, st.st_size
     if stat.S_ISDIR(st.st_mode):
-        return LayerEntry(path=rel, kind=EntryKind.dir, mode=mode, opaque=_is_opaque(path)), 0
+        return LayerEntry(
+            path=rel, kind=EntryKind.dir, mode=mode, opaque=_is_opaque(path), **who
+        ), 0
     if stat.S_ISLNK(st.st_mode):
-        return LayerEntry(path=rel, kind=EntryKind.symlink, mode=0, target=os.readlink(path)), 0
+        return LayerEntry(
+            path=rel, kind=EntryKind.symlink, mode=0, target=os.readlink(path), **who
+        ), 0
     if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-        return LayerEntry(path=rel, kind=EntryKind.whiteout, mode=0), 0
+        return LayerEntry(path=rel, kind=EntryKind.whiteout, mode=0, **who), 0
     raise WorkspaceError(
         f"workspace path {rel!r} is a {stat.filemode(st.st_mode)[0]!r}-type special file; "
         "a workspace may hold only files, folders and symlinks"
@@ -312,13 +318,17 @@ class LayerStore:
             seconds=round(time.perf_counter() - started, 6),
         )
 
-    def import_tree(self, source: Path, parent: str | None = None) -> LayerInfo:
-        """Seal a copy of a host folder (the workspace a sandbox starts from)."""
+    def import_tree(
+        self, source: Path, parent: str | None = None, owner: int | None = None
+    ) -> LayerInfo:
+        """Seal a copy of a host folder (the workspace a sandbox starts from); with
+        ``owner``, every copied path belongs to that uid and gid."""
         if not source.is_dir():
             raise WorkspaceError(f"workspace folder {source} does not exist or is no folder")
         staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".import-"))
         try:
             shutil.copytree(source, staging / "t", symlinks=True)
+            _chown_tree(staging / "t", owner)
             return self.seal(staging / "t", parent)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -327,6 +337,15 @@ class LayerStore:
         """The digest of the empty layer (the base of a workspace given no files)."""
         staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".empty-"))
         return self.seal(staging, None).digest
+
+
+def _chown_tree(tree: Path, owner: int | None) -> None:
+    """Give ``tree`` and everything below it to ``owner`` (uid and gid); None: leave it."""
+    if owner is None:
+        return
+    os.chown(tree, owner, owner, follow_symlinks=False)
+    for _, path in _walk(tree):
+        os.chown(path, owner, owner, follow_symlinks=False)
 
 
 def _clone(source: Path, dest: Path) -> bool:
@@ -366,6 +385,8 @@ def _materialise(store: LayerStore, stack: list[str], target: Path) -> bool:
                 os.symlink(entry.target or "", dest)
             elif entry.kind is EntryKind.file:
                 all_cloned = _clone(tree / entry.path, dest) and all_cloned
+            if entry.kind is not EntryKind.whiteout and os.geteuid() == 0:
+                os.chown(dest, entry.uid, entry.gid, follow_symlinks=False)
     return all_cloned
 
 
@@ -390,9 +411,12 @@ class Workspaces:
     """Mounted (or copied) workspaces over layers of one ``LayerStore``.
 
     ``overlay=False`` forces the copy fallback (tests and hosts that forbid mounts).
+    ``owner``: the uid (and gid) sandboxed commands run as when the worker is root; each
+    workspace's own layer (and a copy's files) belong to it, so that those commands can
+    write. Sealed layers keep the owner of whoever wrote them, which is the same uid.
     """
 
-    def __init__(self, root: Path, overlay: bool = True) -> None:
+    def __init__(self, root: Path, overlay: bool = True, owner: int | None = None) -> None:
         if any(c in str(root.resolve()) for c in ":,\\"):
             raise WorkspaceError(
                 f"workspace root {root} contains ':', ',' or '\\', which overlayfs options "
@@ -402,6 +426,7 @@ class Workspaces:
         self.root = root / "workspaces"
         self.root.mkdir(parents=True, exist_ok=True)
         self.overlay = overlay
+        self.owner = owner
 
     def _folder(self, ws_id: str) -> Path:
         return self.root / ws_id
@@ -443,6 +468,7 @@ class Workspaces:
         if self.overlay:
             for sub in ("upper", "work"):
                 (folder / sub).mkdir(exist_ok=True)
+            _chown_tree(folder / "upper", self.owner)  # the mount's root takes its owner
             try:
                 _mount_overlay(
                     [self.layers.tree(d) for d in stack], folder / "upper", folder / "work", target
@@ -458,6 +484,8 @@ class Workspaces:
         pending = _State(target=str(target), mode="copy", stack=tuple(stack), note=note)
         _write_state(folder, pending)
         cloned = _materialise(self.layers, stack, target)
+        if self.owner is not None:  # the copy's root, as an overlay's root is its upper's
+            os.chown(target, self.owner, self.owner)
         state = pending.model_copy(update={"mode": "reflink" if cloned else "copy"})
         _write_state(folder, state)
         return state
