@@ -11,6 +11,9 @@ from pydantic import BaseModel
 from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 
+with workflow.unsafe.imports_passed_through():
+    from activities.agent_tools import ChargeRequest, EffectResult
+
 
 class StepsInput(BaseModel):
     steps: int
@@ -69,8 +72,6 @@ class ChargeOnceWorkflow:
 
     @workflow.run
     async def run(self, customer: str) -> str:
-        from activities.agent_tools import ChargeRequest, EffectResult
-
         result: EffectResult = await workflow.execute_activity(
             "charge_customer",
             ChargeRequest(key_name="inv-z", customer=customer, amount_cents=700),
