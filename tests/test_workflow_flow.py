@@ -73,7 +73,7 @@ async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> Non
         and e.activity_task_scheduled_event_attributes.activity_type.name == "run_world_batch"
     ]
     assert sorted(summaries) == sorted(
-        f"{w.name} · episodes {first}..{min(first + 25, 60) - 1}"
+        f"{w.name} · episodes {first}..{min(first + 25, 60) - 1} · attempt 1"
         for w in spec.worlds
         for first in (0, 25, 50)
     )
