@@ -212,6 +212,10 @@ class AnalysisResult(Model):
     outcomes_digest: str
     valid: bool
     worlds: list[WorldSummary]
+    readout: str | None = Field(
+        default=None, description="Which readout the report shows: model or deterministic."
+    )
+    readout_why: str | None = None
 
 
 class LedgerInput(Model):

@@ -37,6 +37,9 @@ async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> Non
     assert report["comparisons"] == json.loads(twin.model_dump_json())["comparisons"]
     markdown = lab.store.get_bytes(result.analysis.markdown_digest).decode()
     assert "recovery" in markdown and result.snapshot_id and result.snapshot_id in markdown
+    # no model configured: the report shows the deterministic readout and says so
+    assert result.analysis.readout == "deterministic"
+    assert "## Readout" in markdown and "Deterministic readout: no model is configured" in markdown
     # every world from one snapshot, every batch once, nothing left behind
     assert result.cleanup is not None and result.cleanup.left == 0
     assert lab.sandboxes(spec.id) == [] and lab.sandbox_folders() == []

@@ -21,10 +21,12 @@ from temporalio.worker import Worker
 from activities.artifacts import ArtifactStore
 from activities.ledger import Ledger
 from activities.planning import PlanningActivities
+from activities.readout import ReadoutActivities
 from activities.records import RecordActivities
 from activities.sandbox.local import LocalSandboxBackend
 from activities.world_batches import SandboxActivities
 from workers.config import Settings
+from workers.providers import readout_config
 from workflows.experiment import ExperimentWorkflow
 from workflows.search_attributes import EXPERIMENT, STAGE
 
@@ -73,6 +75,7 @@ def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., An
     planning = PlanningActivities(backend, settings.home, settings.max_sandboxes, cpu)
     sandboxes = SandboxActivities(backend, store)
     records = RecordActivities(store, ledger, cpu)
+    readout = ReadoutActivities(store, readout_config())
     return [
         planning.rehearse,
         planning.resolve_snapshot,
@@ -85,6 +88,7 @@ def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., An
         records.load_progress,
         records.analyse,
         records.record_ledger,
+        readout.write_readout,
     ]
 
 

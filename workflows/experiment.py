@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         WorldJob,
     )
     from activities.planning import PlanningActivities
+    from activities.readout import ReadoutActivities
     from activities.records import RecordActivities
     from activities.world_batches import SandboxActivities
     from experiments.engine import spec_world_plans
@@ -234,7 +235,7 @@ class ExperimentWorkflow:
             await self._run_prefixes()
             await self._run_worlds()
             await self._clean_up()
-            analysis = await self._analyse()
+            analysis = await self._readout(await self._analyse())
             self._status = Status.completed
         except _Stop as stop:
             self._status = stop.status
@@ -616,6 +617,24 @@ class ExperimentWorkflow:
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary="analysis: pairs, slices, validity checks, report",
         )
+
+    async def _readout(self, analysis: AnalysisResult) -> AnalysisResult:
+        """The report gains a readout section: a model's, if it is faithful to the numbers,
+        else the deterministic one. The activity always answers; should it still fail, the
+        report stays as the analysis wrote it."""
+        self._enter(Stage.analysing, "writing the readout")
+        try:
+            return await workflow.execute_activity_method(
+                ReadoutActivities.write_readout,
+                analysis,
+                start_to_close_timeout=timeouts.READOUT_TIMEOUT,
+                retry_policy=timeouts.TRANSIENT_RETRY,
+                summary="readout: model, checked against the evidence packet, or deterministic",
+            )
+        except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                raise
+            return analysis
 
     def _isolation(self) -> str:
         """Whether every sandbox ran in a private network namespace, or why not."""

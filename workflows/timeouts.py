@@ -17,6 +17,9 @@ BATCH_START_TO_CLOSE = timedelta(hours=1)
 #: Sandbox activities heartbeat every ``activities.world_batches.HEARTBEAT_SECONDS``; a worker
 #: silent for longer than this is presumed dead and the batch moves to another attempt.
 BATCH_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+#: The readout bounds its model call itself (worker setting, 30 s by default, at most 600 s)
+#: and always answers; this only covers the artifact reads and writes around it.
+READOUT_TIMEOUT = timedelta(minutes=11)
 #: Cleanup must finish even when everything else went wrong.
 CLEANUP_TIMEOUT = timedelta(minutes=5)
 
