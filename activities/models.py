@@ -53,6 +53,9 @@ class PlanSnapshot(Model):
     code_digest: str
     files: int
     fingerprint: str
+    provenance: str = Field(
+        default="", description="What every world starts from, as the report states it."
+    )
 
 
 class EpisodeChunk(Model):
@@ -71,6 +74,7 @@ class CapacityInput(Model):
     spec: ExperimentSpec
     rehearsal: Rehearsal
     batch_episodes: int = Field(ge=1)
+    snapshot_id: str = Field(default="", description="Checked by a remote backend's preflight.")
 
 
 class CapacityVerdict(Model):

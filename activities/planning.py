@@ -25,7 +25,8 @@ from activities.models import (
     TokenInput,
     TokenIssued,
 )
-from activities.sandbox.base import SandboxBackend
+from activities.sandbox.base import SandboxBackend, SandboxError
+from activities.sandbox.preflight import Preflight, SandboxUnavailableError
 from experiments.bundle import bundle_files, code_digest
 from experiments.engine import spec_world_plans
 from experiments.runtime.canon import digest
@@ -160,7 +161,16 @@ class PlanningActivities:
     @activity.defn(name="resolve_snapshot")
     async def resolve_snapshot(self, inp: SnapshotInput) -> PlanSnapshot:
         files = bundle_files(inp.spec.workload.name)
-        info = await asyncio.to_thread(self._backend.prepare_snapshot, files)
+        try:
+            info = await asyncio.to_thread(self._backend.prepare_snapshot, files)
+        except SandboxUnavailableError:
+            raise  # may pass: the retry policy decides
+        except SandboxError as exc:
+            raise ApplicationError(
+                f"cannot resolve the snapshot: {exc}",
+                type="SnapshotUnavailable",
+                non_retryable=True,
+            ) from None
         expected = code_digest(files)
         if info.code_digest != expected:
             raise ApplicationError(
@@ -175,11 +185,29 @@ class PlanningActivities:
             code_digest=info.code_digest,
             files=info.files,
             fingerprint=plan_fingerprint(inp.spec, info.code_digest, info.id),
+            provenance=(
+                self._backend.provenance(info.id)
+                if isinstance(self._backend, Preflight)
+                else f"common_snapshot: every sandbox copied from snapshot {info.id}"
+            ),
         )
 
     @activity.defn(name="check_capacity")
     async def check_capacity(self, inp: CapacityInput) -> CapacityVerdict:
-        return capacity_verdict(inp.spec, inp.rehearsal, inp.batch_episodes, self._max_sandboxes)
+        verdict = capacity_verdict(inp.spec, inp.rehearsal, inp.batch_episodes, self._max_sandboxes)
+        if not isinstance(self._backend, Preflight) or not inp.snapshot_id:
+            return verdict
+        peak = min(inp.spec.budget.max_concurrent_sandboxes, self._max_sandboxes)
+        try:
+            problems = await asyncio.to_thread(self._backend.preflight, inp.snapshot_id, peak)
+        except SandboxUnavailableError:
+            raise  # may pass: the retry policy decides
+        except SandboxError as exc:
+            problems = [str(exc)]
+        if not problems:
+            return verdict
+        earlier = [] if verdict.ok else [verdict.reason]
+        return verdict.model_copy(update={"ok": False, "reason": "; ".join(earlier + problems)})
 
     @activity.defn(name="issue_approval_token")
     async def issue_approval_token(self, inp: TokenInput) -> TokenIssued:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 
-from forklab import demo_command, experiment_commands, service_commands
+from forklab import demo_command, doctor_command, experiment_commands, service_commands
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     experiment_commands.register(sub)
     service_commands.register(sub)
     demo_command.register(sub)
+    doctor_command.register(sub)

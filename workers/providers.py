@@ -2,6 +2,10 @@
 ``workers.config`` are the worker's only readers of it). Each provider is off unless its
 variables are set, and then the local default is used.
 
+- sandboxes: ``FORKLAB_SANDBOX`` = ``local`` (default) or ``daytona``; Daytona reads
+  ``DAYTONA_API_KEY``, ``DAYTONA_API_URL``, ``DAYTONA_TARGET`` (region),
+  ``FORKLAB_DAYTONA_SNAPSHOT`` (the snapshot every world starts from) and optionally
+  ``DAYTONA_ORGANIZATION_ID`` and ``FORKLAB_DAYTONA_TTL_MINUTES``.
 - readout model: ``FORKLAB_READOUT_BASE_URL`` (any OpenAI-compatible ``/v1`` URL),
   ``FORKLAB_READOUT_API_KEY`` (else ``OPENAI_API_KEY``), ``FORKLAB_READOUT_MODEL``,
   ``FORKLAB_READOUT_TIMEOUT`` (seconds, default 30).
@@ -15,7 +19,47 @@ from collections.abc import Mapping
 from pydantic import ValidationError
 
 from activities.readout import ReadoutConfig
-from workers.config import ConfigError
+from activities.sandbox.base import SandboxBackend, SandboxError
+from activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
+from activities.sandbox.local import LocalSandboxBackend
+from workers.config import ConfigError, Settings
+
+#: Daytona option → environment variable.
+DAYTONA_ENV = {
+    "api_key": "DAYTONA_API_KEY",
+    "api_url": "DAYTONA_API_URL",
+    "target": "DAYTONA_TARGET",
+    "snapshot": "FORKLAB_DAYTONA_SNAPSHOT",
+    "organization_id": "DAYTONA_ORGANIZATION_ID",
+    "ttl_minutes": "FORKLAB_DAYTONA_TTL_MINUTES",
+}
+
+
+def daytona_options(env: Mapping[str, str]) -> DaytonaOptions:
+    values = {field: env[var] for field, var in DAYTONA_ENV.items() if env.get(var)}
+    try:
+        return DaytonaOptions.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        var = DAYTONA_ENV.get(str(err["loc"][0]), str(err["loc"][0]))
+        raise ConfigError(
+            f"FORKLAB_SANDBOX=daytona needs {var}: {err['msg'].lower()}; set it (see "
+            "docs/providers.md) or unset FORKLAB_SANDBOX to use local sandboxes"
+        ) from None
+
+
+def sandbox_backend(settings: Settings, env: Mapping[str, str] | None = None) -> SandboxBackend:
+    """The backend ``FORKLAB_SANDBOX`` names: local processes, or Daytona sandboxes."""
+    env = os.environ if env is None else env
+    kind = env.get("FORKLAB_SANDBOX", "local").strip() or "local"
+    if kind == "local":
+        return LocalSandboxBackend(settings.sandboxes_dir)
+    if kind != "daytona":
+        raise ConfigError(f"FORKLAB_SANDBOX is {kind!r}; use local or daytona")
+    try:
+        return DaytonaSandboxBackend(daytona_options(env), settings.home / "daytona-bundles")
+    except SandboxError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def readout_config(env: Mapping[str, str] | None = None) -> ReadoutConfig | None:

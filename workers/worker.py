@@ -23,10 +23,10 @@ from activities.ledger import Ledger
 from activities.planning import PlanningActivities
 from activities.readout import ReadoutActivities
 from activities.records import RecordActivities
-from activities.sandbox.local import LocalSandboxBackend
+from activities.sandbox.base import SandboxBackend
 from activities.world_batches import SandboxActivities
 from workers.config import Settings
-from workers.providers import readout_config
+from workers.providers import readout_config, sandbox_backend
 from workflows.experiment import ExperimentWorkflow
 from workflows.search_attributes import EXPERIMENT, STAGE
 
@@ -67,9 +67,12 @@ def cpu_pool() -> ProcessPoolExecutor:
     return ProcessPoolExecutor(max_workers=CPU_PROCESSES, mp_context=get_context("spawn"))
 
 
-def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., Any]]:
-    """Every activity of the experiment workflow, bound to this worker's clients."""
-    backend = LocalSandboxBackend(settings.sandboxes_dir)
+def build_activities(
+    settings: Settings, cpu: Executor, backend: SandboxBackend | None = None
+) -> list[Callable[..., Any]]:
+    """Every activity of the experiment workflow, bound to this worker's clients; the
+    sandbox backend is the one ``FORKLAB_SANDBOX`` names unless one is given."""
+    backend = backend or sandbox_backend(settings)
     store = ArtifactStore(settings.artifacts_dir)
     ledger = Ledger(settings.ledger_path)
     planning = PlanningActivities(backend, settings.home, settings.max_sandboxes, cpu)
@@ -92,12 +95,14 @@ def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., An
     ]
 
 
-def build_worker(client: Client, settings: Settings, cpu: Executor) -> Worker:
+def build_worker(
+    client: Client, settings: Settings, cpu: Executor, backend: SandboxBackend | None = None
+) -> Worker:
     return Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
-        activities=build_activities(settings, cpu),
+        activities=build_activities(settings, cpu, backend),
         max_concurrent_activities=settings.max_sandboxes + _SPARE_ACTIVITY_SLOTS,
     )
 

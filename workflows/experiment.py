@@ -299,7 +299,12 @@ class ExperimentWorkflow:
         self._enter(Stage.checking_capacity, "checking budget and concurrency (no compute)")
         capacity = await workflow.execute_activity_method(
             PlanningActivities.check_capacity,
-            CapacityInput(spec=spec, rehearsal=rehearsal, batch_episodes=self._inp.batch_episodes),
+            CapacityInput(
+                spec=spec,
+                rehearsal=rehearsal,
+                batch_episodes=self._inp.batch_episodes,
+                snapshot_id=snapshot.snapshot_id,
+            ),
             start_to_close_timeout=timeouts.SHORT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary="capacity check: budget and concurrency",
@@ -589,6 +594,7 @@ class ExperimentWorkflow:
         provenance = {
             "plan fingerprint": f"`{self._plan.fingerprint}`",
             "snapshot": f"`{self._plan.snapshot.snapshot_id}` ({self._plan.snapshot.backend})",
+            "provenance": self._plan.snapshot.provenance or "not recorded",
             "approval": (
                 f"{approval.status.value} by {approval.decided_by}"
                 if approval.decided_by
