@@ -19,7 +19,7 @@ from experiments.readout.fallback import deterministic_readout
 from experiments.readout.packet import EvidencePacket, evidence_packet
 from experiments.readout.render import with_readout_html, with_readout_markdown
 from experiments.readout.schema import ModelReadout, ReadoutSource, ShownReadout
-from experiments.report import Report
+from experiments.report.model import Report
 
 _INSTRUCTIONS = (
     "You write a short technical readout of a finished causal experiment. Use only the "

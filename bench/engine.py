@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from experiments.analysis.pairs import paired_table
 from experiments.engine import run_twin
-from experiments.pairing import pair_counts
 from experiments.runtime.crn import Shocks
 from experiments.spec import ExperimentSpec
 from experiments.workloads.counter_recovery import CounterRecovery
@@ -67,7 +67,9 @@ def engine(episodes: int, processes: int) -> tuple[int, int, int]:
         }
     )
     batch = run_twin(spec, processes=processes).batch
-    c = pair_counts(batch["worlds"]["baseline"]["outcomes"], batch["worlds"]["refresh"]["outcomes"])
+    c = paired_table(
+        batch["worlds"]["baseline"]["outcomes"], batch["worlds"]["refresh"]["outcomes"]
+    )
     return c.rescue, c.harm, c.unchanged
 
 

@@ -1,21 +1,9 @@
 """Small, exact statistics for paired counterfactual comparisons.
 
-ForkLab runs every episode twice, once in the baseline world and once in a counterfactual
-world, so each comparison is a *paired* 2x2 table of outcomes. The orientation used
-throughout this module is::
-
-                        world success   world failure
-    baseline success         n11             n10        (n10 = harm)
-    baseline failure         n01             n00        (n01 = rescue)
-
-``n10`` are episodes the intervention *harmed* (they succeeded in the baseline and failed in
-the world) and ``n01`` are episodes it *rescued*. Only the discordant pairs carry information
-about the difference; the concordant ones (``n11``, ``n00``) only set the scale.
-
-Why a hand-written module: these numbers end up in pre-registered reports, so they must be
-deterministic, dependency-free at runtime (standard library ``math`` only) and exact where
-exactness is cheap. SciPy and statsmodels are used only by the test-suite, as independent
-references.
+Each comparison is a paired 2x2 table: ``n11`` both succeed, ``n10`` harm (baseline
+success, world failure), ``n01`` rescue, ``n00`` both fail. Hand-written with ``math``
+only, so the pre-registered figures are deterministic and need no numerical library at
+runtime; the formulas and their sources are in ``docs/analysis.md`` ("The formulas").
 """
 
 from __future__ import annotations
@@ -114,16 +102,8 @@ def _acklam_lower(p: float) -> float:
 def normal_quantile(p: float) -> float:
     """Inverse of the standard normal CDF, accurate to about 1e-15 relative.
 
-    Used to turn a confidence level, a significance level or a power into a z value, so
-    that levels other than the usual 95% work without SciPy. Acklam's rational
-    approximation gives a start accurate to ~1e-9; one Halley step on
-    ``Phi(x) - p``, with ``Phi`` evaluated through ``math.erfc`` (accurate in the tail),
-    brings it to machine precision. Only the lower half is computed directly: for
-    ``p > 0.5`` the result is ``-normal_quantile(1 - p)``, and ``1 - p`` is exact in
-    floating point there, so the upper tail is as accurate as the lower one.
-
-    ``p == 0`` and ``p == 1`` return ``-inf`` and ``+inf``; anything outside [0, 1] (or NaN)
-    raises ``ValueError``.
+    Acklam's approximation plus one Halley step (``docs/analysis.md``). ``p == 0`` and
+    ``p == 1`` give ``-inf`` and ``+inf``; outside [0, 1] (or NaN) raises ``ValueError``.
     """
     x = float(p)
     if not 0.0 <= x <= 1.0:
@@ -154,19 +134,10 @@ def _z_two_sided(confidence: float) -> float:
 
 
 def mcnemar_exact_p(b: int, c: int) -> float:
-    """Exact two-sided McNemar p-value from the discordant counts.
+    """Exact two-sided McNemar p-value from ``b`` harms and ``c`` rescues (1 with none).
 
-    ``b`` = harms (baseline success, world failure) and ``c`` = rescues (baseline failure,
-    world success). Under the null hypothesis of no effect each discordant pair is equally
-    likely to fall either way, so ``min(b, c)`` is Binomial(b + c, 1/2) and the two-sided
-    p-value is ``min(1, 2 * P(X <= min(b, c)))``. With no discordant pairs there is no
-    evidence at all and the p-value is 1.
-
-    Why exact integers: the tail sum is formed as ``sum_i C(m, i)`` with Python's unbounded
-    integers and divided by ``2**m`` once, which Python rounds correctly. There is no
-    cancellation, underflow in intermediate terms or log-space error, so the result is
-    the correctly rounded double for any ``m`` (cost grows roughly with ``m**2`` bits,
-    fine for the tens of thousands of episodes an experiment has).
+    The binomial tail is summed in exact integers and divided once, so the result is the
+    correctly rounded double for any count.
     """
     b = _count("b", b)
     c = _count("c", c)
@@ -190,17 +161,10 @@ def mcnemar_exact_p(b: int, c: int) -> float:
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a single binomial proportion ``successes / n``.
+    """Wilson score interval for ``successes / n``; ``n == 0`` gives ``(0.0, 1.0)``.
 
-    Used for the failure rate of each world. Unlike the Wald interval it stays inside
-    [0, 1], never collapses to zero width at 0% or 100%, and has close to nominal coverage
-    even for the small per-world episode counts ForkLab runs. It is computed in the form::
-
-        (2x + z^2 -/+ z * sqrt(z^2 + 4 x (n - x) / n)) / (2 (n + z^2))
-
-    which avoids the cancellation of the textbook centre-minus-half-width form. The limits
-    are exactly 0 when ``successes == 0`` and exactly 1 when ``successes == n``.
-    ``n == 0`` carries no information and returns ``(0.0, 1.0)``.
+    Computed in the form without cancellation, so the limits are exactly 0 at
+    ``successes == 0`` and exactly 1 at ``successes == n``.
     """
     x = _count("successes", successes)
     n = _count("n", n)
@@ -218,22 +182,10 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
 
 
 def _newcombe_phi(n11: int, n10: int, n01: int, n00: int) -> float:
-    """Continuity-adjusted correlation between the two marginal proportions.
+    """Continuity-adjusted correlation of the two marginals (Newcombe & Altman's form).
 
-    ``A = n11 * n00 - n10 * n01`` and ``D = sqrt(product of the four margins)``:
-
-    * ``phi = 0`` if any margin is zero (``D == 0``: the correlation is undefined);
-    * ``phi = (A - n/2) / D`` if ``A > n/2``;
-    * ``phi = 0`` if ``0 <= A <= n/2``;
-    * ``phi = A / D`` if ``A < 0``.
-
-    This is the form used by Newcombe & Altman (Statistics with Confidence, 2nd ed., 2000,
-    ch. 6) and by Fagerland, Lydersen & Laake (Stat Med 2014; 33:2850-2875, and their 2017
-    book, "Newcombe square-and-add"). Some implementations use the plain Pearson
-    ``A / D`` instead; the two agree whenever ``A < 0`` or a margin is zero. The adjustment
-    only ever shrinks a *positive* correlation towards zero, which widens the interval a
-    little. That is the conservative direction: it keeps the interval from becoming
-    over-narrow when the concordant cells dominate.
+    It only ever shrinks a positive correlation, which widens the interval: the
+    conservative direction.
     """
     n = n11 + n10 + n01 + n00
     margins = (n11 + n10) * (n01 + n00) * (n11 + n01) * (n10 + n00)
@@ -252,29 +204,10 @@ def _newcombe_phi(n11: int, n10: int, n01: int, n00: int) -> float:
 def paired_difference_ci(
     n11: int, n10: int, n01: int, n00: int, confidence: float = 0.95
 ) -> tuple[float, float, float]:
-    """Difference in success rate (world minus baseline) with Newcombe's hybrid score CI.
+    """World minus baseline success rate with Newcombe's hybrid score interval (method 10).
 
-    Table orientation (see the module docstring): ``n11`` both succeed, ``n10`` baseline
-    success and world failure (harm), ``n01`` baseline failure and world success (rescue),
-    ``n00`` both fail. Returns ``(estimate, low, high)`` with
-    ``estimate = (n01 - n10) / n``, positive when the world rescues more than it harms.
-
-    Method: Newcombe (1998), "Improved confidence intervals for the difference between
-    binomial proportions based on paired data", Stat Med 17:2635-2650, method 10 (the
-    "square-and-add" hybrid score interval). With ``p1 = (n11 + n01) / n`` (world),
-    ``p2 = (n11 + n10) / n`` (baseline), their Wilson limits ``(l1, u1)``, ``(l2, u2)``
-    and the correlation ``phi`` (see ``_newcombe_phi``; exactly what is implemented,
-    including the ``n/2`` continuity adjustment and ``phi = 0`` for a zero margin)::
-
-        low  = d - sqrt((p1 - l1)^2 - 2 phi (p1 - l1)(u2 - p2) + (u2 - p2)^2)
-        high = d + sqrt((u1 - p1)^2 - 2 phi (u1 - p1)(p2 - l2) + (p2 - l2)^2)
-
-    Why this interval: the Wald interval for paired proportions collapses to zero width
-    when there are no discordant pairs and overshoots [-1, 1]; Newcombe's interval keeps
-    good coverage for small n and is what the McNemar-style rescue/harm counts need. The
-    limits always lie within [-1, 1] (they are clamped against rounding only).
-
-    An empty table (``n == 0``) carries no information and returns ``(0.0, -1.0, 1.0)``.
+    Returns ``(estimate, low, high)``, ``estimate = (n01 - n10) / n``; an empty table
+    gives ``(0.0, -1.0, 1.0)``. Unlike Wald it does not collapse with no discordant pair.
     """
     n11 = _count("n11", n11)
     n10 = _count("n10", n10)
@@ -301,15 +234,9 @@ def paired_difference_ci(
 
 
 def holm_adjust(pvalues: Sequence[float]) -> list[float]:
-    """Holm (1979) step-down adjusted p-values, returned in input order.
+    """Holm (1979) step-down adjusted p-values, in input order (``[]`` for no input).
 
-    An experiment compares several worlds against the same baseline, so the family-wise
-    error rate must be controlled; Holm does that under any dependence between the tests
-    and is uniformly more powerful than Bonferroni. With the p-values sorted ascending,
-    ``p_(1) <= ... <= p_(m)``, the adjusted value of ``p_(j)`` is
-    ``min(1, max_{i <= j} (m - i + 1) p_(i))``: monotone in the sorted order and capped at 1.
-    Reject hypothesis ``i`` at level ``alpha`` iff its adjusted value is ``<= alpha``. Ties
-    receive identical adjusted values, whatever their order. An empty input gives ``[]``.
+    Family-wise error control under any dependence between the comparisons.
     """
     values = [float(p) for p in pvalues]
     for p in values:
@@ -331,25 +258,10 @@ def holm_adjust(pvalues: Sequence[float]) -> list[float]:
 def mcnemar_sample_size(
     p10: float, p01: float, alpha: float = 0.05, power: float = 0.8
 ) -> int | None:
-    """Number of paired episodes for a two-sided McNemar test to detect a discordance gap.
+    """Paired episodes a two-sided McNemar test needs (Connor 1987); ``None`` if p10 == p01.
 
-    ``p10`` is the expected probability of a harm pair (baseline success, world failure),
-    ``p01`` of a rescue pair. With ``psi = p10 + p01`` and ``delta = p10 - p01``, Connor
-    (1987, Biometrics 43:207-211) gives::
-
-        n = (z_{1 - alpha/2} sqrt(psi) + z_{power} sqrt(psi - delta^2))^2 / delta^2
-
-    rounded up. This is what a pre-registration needs: only the discordant pairs are
-    informative, so the required n is driven by how often the worlds disagree, not by the
-    overall failure rate. Returns ``None`` when ``delta == 0`` (there is no effect to
-    detect, so no n suffices). Values within 1e-9 above an integer are treated as that
-    integer so that floating-point noise cannot add a spurious extra episode; the result
-    is at least 1.
-
-    The formula is a normal approximation. For very small results, check against the
-    exact test: with ``n`` discordant pairs, the smallest attainable exact two-sided
-    p-value is ``2**(1 - n)``. For example, ``p10 = 1, p01 = 0`` gives ``n = 4``, but four
-    pairs can reach no p-value below 0.125.
+    Driven by how often the worlds disagree, not by the failure rate. A normal
+    approximation: for tiny results the exact test may not reach ``alpha`` at all.
     """
     a = float(p10)
     r = float(p01)
@@ -374,20 +286,8 @@ def mcnemar_sample_size(
 def quantile_edges(values: Sequence[float], bins: int) -> list[float]:
     """Interior cut points splitting ``values`` into at most ``bins`` quantile bins.
 
-    Used to turn a numeric episode feature into a few readable ranges, so that rescues and
-    harms can be broken down by range and a range can become a guard rule.
-
-    Definition: with the ``n`` values sorted as ``x_(1) <= ... <= x_(n)``, the candidate
-    edge for ``i = 1 .. bins - 1`` is ``x_(floor(i n / bins) + 1)``, i.e. the smallest
-    observed ``x`` whose empirical CDF ``F_n(x)`` is *strictly* greater than ``i / bins``.
-    The index is computed in integer arithmetic, so the result is exact and deterministic
-    (independent of input order), and every edge is an observed value, which keeps labels
-    readable. Bins are lower-inclusive ``[edge_k, edge_{k+1})`` with ``(-inf, edge_1)`` and
-    ``[edge_last, +inf)`` at the ends, so without ties the first ``j`` bins hold exactly
-    ``floor(j n / bins)`` values. Duplicate candidates (from ties) and a candidate equal
-    to the minimum (which would leave the first bin empty) are dropped, so fewer than
-    ``bins - 1`` edges may come back; no edges means a single bin. Returns a strictly
-    increasing list. Values must be finite; ``bins`` must be >= 1.
+    Every edge is an observed value picked by integer index arithmetic, so the result is
+    exact and independent of input order; ties can merge bins (fewer edges come back).
     """
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
         raise ValueError(f"bins must be an int >= 1, got {bins!r}")

@@ -12,6 +12,7 @@ import pytest
 
 from experiments.engine import run_twin
 from experiments.runtime.crn import Shocks, uniform
+from experiments.runtime.file_format import WorldPlan
 from experiments.runtime.runner import continue_world, run_batch, run_prefix
 from experiments.spec import ExperimentSpec
 from experiments.workloads.counter_recovery import CounterRecovery
@@ -140,10 +141,10 @@ class CountingNoisyCounter(CounterRecovery):
         super().step(state, shocks)
 
 
-WORLDS: list[Any] = [
-    {"name": "baseline", "intervention": None, "params": {}, "guard": None, "forks": 1},
-    {"name": "refresh", "intervention": "refresh", "params": {}, "guard": None, "forks": 1},
-    {"name": "null", "intervention": "null-refresh", "params": {}, "guard": None, "forks": 1},
+WORLDS = [
+    WorldPlan(name="baseline"),
+    WorldPlan(name="refresh", intervention="refresh"),
+    WorldPlan(name="null", intervention="null-refresh"),
 ]
 
 
@@ -169,7 +170,7 @@ def test_memoisation_changes_no_result() -> None:
             assert batch["features"][i] == cp["features"]
             for world in WORLDS:
                 ok, did, fp, _ = continue_world(wl, cp["state"], 3, episode, world)
-                cols = batch["worlds"][world["name"]]
+                cols = batch["worlds"][world.name]
                 assert (cols["outcomes"][i], cols["intervened"][i], cols["shocks"][i]) == (
                     ok,
                     did,
@@ -204,8 +205,8 @@ def test_two_processes_give_identical_results(params: dict[str, Any]) -> None:
 
 def test_majority_vote_over_replicates() -> None:
     wl = CounterRecovery({"noise": 0.25})
-    world: Any = {**WORLDS[0], "forks": 3}
-    single: Any = {**WORLDS[0], "forks": 1}
+    world = WorldPlan(name="baseline", forks=3)
+    single = WorldPlan(name="baseline", forks=1)
     differs = 0
     for episode in range(200):
         cp = run_prefix(wl, 9, episode)

@@ -21,9 +21,9 @@ from experiments.readout.check import check_readout, world_counts
 from experiments.readout.fallback import deterministic_readout
 from experiments.readout.packet import EvidencePacket, evidence_packet
 from experiments.readout.schema import ModelReadout, ReadoutSource, ReadoutVerdict, ShownReadout
-from experiments.render_html import render_html
-from experiments.render_markdown import render_markdown
-from experiments.report import Report
+from experiments.report.model import Report
+from experiments.report.render_html import render_html
+from experiments.report.render_markdown import render_markdown
 from forklab.specfile import load_spec
 from workers.config import ConfigError
 from workers.providers import readout_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from experiments.report import Report
+from experiments.report.model import Report
 
 
 class _Frozen(BaseModel):
