@@ -240,7 +240,7 @@ class SandboxActivities:
         """Delete every sandbox labelled with the experiment; list again until none is left."""
         labels = {EXPERIMENT_LABEL: inp.experiment_id}
         found: set[str] = set()
-        removed = rounds = 0
+        rounds = 0
         for rounds in range(1, CLEANUP_ROUNDS + 1):
             ids = await self._blocking(self._backend.list, labels)
             activity.heartbeat({"round": rounds})
@@ -249,9 +249,10 @@ class SandboxActivities:
             found.update(ids)
             for sandbox_id in ids:
                 await self._blocking(self._backend.delete, sandbox_id)
-                removed += 1
-        left = len(await self._blocking(self._backend.list, labels))
-        return CleanupResult(found=len(found), removed=removed, rounds=rounds, left=left)
+        left = await self._blocking(self._backend.list, labels)
+        # a sandbox asked to delete that is still listed was not removed (it never deletes)
+        removed = len(found - set(left))
+        return CleanupResult(found=len(found), removed=removed, rounds=rounds, left=len(left))
 
 
 def _failure(result: ExecResult, allowance: float) -> str:

@@ -376,6 +376,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 @contextmanager
 def fake_daytona(root: Path) -> Iterator[FakeDaytona]:
+    root.mkdir(parents=True, exist_ok=True)
     state = FakeDaytona(root=root)
     handler = type("Handler", (_Handler,), {"state": state})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)

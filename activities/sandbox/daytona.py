@@ -75,6 +75,7 @@ class DaytonaOptions(BaseModel):
     ttl_minutes: int = Field(default=60, ge=1)
     create_timeout: float = Field(default=120.0, gt=0)
     request_timeout: float = Field(default=60.0, gt=0)
+    delete_wait: float = Field(default=20.0, ge=0, description="Seconds to wait for a delete.")
     workdir: str = "/home/daytona/forklab"
     python: str = "python3"
 
@@ -356,10 +357,20 @@ class DaytonaSandboxBackend:
         return bytes(data)
 
     def delete(self, sandbox_id: str) -> None:
-        """Idempotent: a sandbox Daytona no longer knows is deleted already."""
+        """Ask Daytona to delete the sandbox, then wait up to ``delete_wait`` seconds until
+        it is gone, so that cleanup's next listing tells the truth. Idempotent: a sandbox
+        Daytona no longer knows is deleted already. One that stays (never deletes) is
+        left for cleanup to report."""
+        opts = self._options
         try:
-            sandbox = self._client.get(sandbox_id, request_timeout=self._options.request_timeout)
-            self._client.delete(sandbox, timeout=self._options.request_timeout, wait=False)
+            sandbox = self._client.get(sandbox_id, request_timeout=opts.request_timeout)
+            self._client.delete(sandbox, timeout=opts.request_timeout, wait=False)
+            deadline = time.monotonic() + opts.delete_wait
+            while time.monotonic() < deadline:
+                state = self._client.get(sandbox_id, request_timeout=opts.request_timeout).state
+                if str(getattr(state, "value", state)) == "destroyed":
+                    return
+                time.sleep(0.25)
         except DaytonaNotFoundError:
             return
         except DaytonaError as exc:
