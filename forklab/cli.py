@@ -12,6 +12,7 @@ from typing import NoReturn
 from forklab import (
     demo_command,
     doctor_command,
+    evals_command,
     experiment_commands,
     plan_commands,
     service_commands,
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     service_commands.register(sub)
     demo_command.register(sub)
     doctor_command.register(sub)
+    evals_command.register(sub)
     return parser
 
 

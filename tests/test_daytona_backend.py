@@ -99,7 +99,7 @@ def test_sandbox_lifecycle(fake: FakeDaytona, backend: DaytonaSandboxBackend) ->
         ({}, {}, 4, None),
         ({"state": "inactive"}, {}, 4, "is inactive, not active"),
         ({"state": "building"}, {}, 4, "is building, not active"),
-        ({"regions": ("us",)}, {}, 4, "available in us but DAYTONA_TARGET is eu"),
+        ({"regions": ("us",)}, {}, 4, "available in us but the target region is eu"),
         ({"disk": 10}, {}, 4, "snapshot disk 10 GiB × 4 concurrent sandboxes = 40 GiB"),
         ({}, {"disk": 30, "used_disk": 25}, 2, "region eu has 5 of 30 GiB free"),
         ({"cpu": 4}, {}, 4, "snapshot CPU 4 vCPU × 4 concurrent sandboxes = 16 vCPU"),
@@ -131,9 +131,7 @@ def test_preflight(
 def test_preflight_no_quota_in_region(fake: FakeDaytona, backend: DaytonaSandboxBackend) -> None:
     info = backend.prepare_snapshot(bundle_files("retry-cascade"))
     fake.regions = []
-    assert backend.preflight(info.id, 1) == [
-        "organisation org-forklab-test has no quota in region eu"
-    ]
+    assert backend.preflight(info.id, 1) == ["Daytona: the account has no quota in eu"]
 
 
 def test_wrong_key_is_permanent(fake: FakeDaytona, tmp_path: Path) -> None:

@@ -6,6 +6,9 @@ variables are set, and then the local default is used.
   ``DAYTONA_API_KEY``, ``DAYTONA_API_URL``, ``DAYTONA_TARGET`` (region),
   ``FORKLAB_DAYTONA_SNAPSHOT`` (the snapshot every world starts from) and optionally
   ``DAYTONA_ORGANIZATION_ID`` and ``FORKLAB_DAYTONA_TTL_MINUTES``.
+- evidence log: ``BRAINTRUST_API_KEY`` switches Braintrust on (``BRAINTRUST_APP_URL`` for
+  another deployment; the SDK itself honours ``BRAINTRUST_API_URL``),
+  ``FORKLAB_BRAINTRUST_PROJECT`` names the project (default ``forklab``).
 - readout model: ``FORKLAB_READOUT_BASE_URL`` (any OpenAI-compatible ``/v1`` URL),
   ``FORKLAB_READOUT_API_KEY`` (else ``OPENAI_API_KEY``), ``FORKLAB_READOUT_MODEL``,
   ``FORKLAB_READOUT_TIMEOUT`` (seconds, default 30).
@@ -18,6 +21,7 @@ from collections.abc import Mapping
 
 from pydantic import ValidationError
 
+from activities.evidence_log import BraintrustConfig
 from activities.readout import ReadoutConfig
 from activities.sandbox.base import SandboxBackend, SandboxError
 from activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
@@ -86,3 +90,16 @@ def readout_config(env: Mapping[str, str] | None = None) -> ReadoutConfig | None
             f"FORKLAB_READOUT_TIMEOUT is invalid: {exc.errors()[0]['msg']}; use seconds "
             "between 0 and 600"
         ) from None
+
+
+def braintrust_config(env: Mapping[str, str] | None = None) -> BraintrustConfig | None:
+    env = os.environ if env is None else env
+    key = env.get("BRAINTRUST_API_KEY", "").strip()
+    if not key:
+        return None
+    values = {"api_key": key}
+    if env.get("BRAINTRUST_APP_URL"):
+        values["app_url"] = env["BRAINTRUST_APP_URL"]
+    if env.get("FORKLAB_BRAINTRUST_PROJECT"):
+        values["project"] = env["FORKLAB_BRAINTRUST_PROJECT"]
+    return BraintrustConfig.model_validate(values)

@@ -19,6 +19,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities.artifacts import ArtifactStore
+from activities.evidence_log import EvidenceActivities
 from activities.ledger import Ledger
 from activities.planning import PlanningActivities
 from activities.readout import ReadoutActivities
@@ -26,7 +27,7 @@ from activities.records import RecordActivities
 from activities.sandbox.base import SandboxBackend
 from activities.world_batches import SandboxActivities
 from workers.config import Settings
-from workers.providers import readout_config, sandbox_backend
+from workers.providers import braintrust_config, readout_config, sandbox_backend
 from workflows.experiment import ExperimentWorkflow
 from workflows.search_attributes import EXPERIMENT, STAGE
 
@@ -79,6 +80,7 @@ def build_activities(
     sandboxes = SandboxActivities(backend, store)
     records = RecordActivities(store, ledger, cpu)
     readout = ReadoutActivities(store, readout_config())
+    evidence = EvidenceActivities(store, settings.home / "braintrust-outbox", braintrust_config())
     return [
         planning.rehearse,
         planning.resolve_snapshot,
@@ -92,6 +94,7 @@ def build_activities(
         records.analyse,
         records.record_ledger,
         readout.write_readout,
+        evidence.log_evidence,
     ]
 
 

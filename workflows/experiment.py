@@ -18,6 +18,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
+    from activities.evidence_log import EvidenceActivities, EvidenceInput
     from activities.models import (
         AnalyseInput,
         AnalysisResult,
@@ -445,30 +446,54 @@ class ExperimentWorkflow:
                 raise
             return analysis
 
-    async def _record(self, analysis: AnalysisResult | None) -> None:
+    def _ledger_input(self, analysis: AnalysisResult | None) -> LedgerInput:
         state = self._state
-        self._enter(Stage.recording, "writing the ledger rows")
         plan = state.plan
+        return LedgerInput(
+            experiment_id=self._spec.id,
+            run_id=state.origin_run_id,
+            status=state.status.value,
+            spec=self._spec,
+            plan_fingerprint=plan.fingerprint if plan else "",
+            budget=state.ledger.use.model_dump(mode="json"),
+            approval=state.gate.state.model_dump(mode="json", exclude={"token_sha256"}),
+            report_digest=analysis.report_digest if analysis else None,
+            error=state.error,
+            worlds=analysis.worlds if analysis else [],
+            snapshot_id=plan.snapshot.snapshot_id if plan else "",
+            code_digest=plan.snapshot.code_digest if plan else "",
+        )
+
+    async def _record(self, analysis: AnalysisResult | None) -> None:
+        self._enter(Stage.recording, "writing the ledger rows")
+        ledger = self._ledger_input(analysis)
         await workflow.execute_activity_method(
             RecordActivities.record_ledger,
-            LedgerInput(
-                experiment_id=self._spec.id,
-                run_id=state.origin_run_id,
-                status=state.status.value,
-                spec=self._spec,
-                plan_fingerprint=plan.fingerprint if plan else "",
-                budget=state.ledger.use.model_dump(mode="json"),
-                approval=state.gate.state.model_dump(mode="json", exclude={"token_sha256"}),
-                report_digest=analysis.report_digest if analysis else None,
-                error=state.error,
-                worlds=analysis.worlds if analysis else [],
-                snapshot_id=plan.snapshot.snapshot_id if plan else "",
-                code_digest=plan.snapshot.code_digest if plan else "",
-            ),
+            ledger,
             start_to_close_timeout=timeouts.SHORT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary="ledger: one experiment row and one row per world",
         )
+        await self._log_evidence(ledger)
+
+    async def _log_evidence(self, ledger: LedgerInput) -> None:
+        """Braintrust, after the local ledger: the activity queues the trace and reports
+        whether it was sent; its failure is shown, never the experiment's."""
+        state = self._state
+        digests = [state.prefixes[i].checkpoints_digest for i in sorted(state.prefixes)]
+        try:
+            logged = await workflow.execute_activity_method(
+                EvidenceActivities.log_evidence,
+                EvidenceInput(ledger=ledger, checkpoint_digests=digests),
+                start_to_close_timeout=timeouts.EVIDENCE_LOG_TIMEOUT,
+                retry_policy=timeouts.TRANSIENT_RETRY,
+                summary="evidence log: Braintrust root span and one child per world",
+            )
+            state.evidence_log = f"{logged.state.value}: {logged.message}"
+        except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                raise
+            state.evidence_log = f"not logged: {_cause(err)}"
 
     # --- what the Web UI shows --------------------------------------------------------
     def _enter(self, stage: Stage, message: str) -> None:

@@ -35,6 +35,7 @@ def status_view(state: RunState) -> StatusView:
         budget=state.ledger.use,
         progress=progress(state),
         cleanup=state.cleanup,
+        evidence_log=state.evidence_log,
     )
 
 
@@ -132,4 +133,5 @@ def result(state: RunState, analysis: AnalysisResult | None) -> ExperimentResult
         skipped=skipped,
         network_isolation=isolation(state),
         runs=state.runs,
+        evidence_log=state.evidence_log,
     )

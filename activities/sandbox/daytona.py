@@ -54,6 +54,7 @@ from activities.sandbox.base import (
 )
 from activities.sandbox.preflight import SandboxUnavailableError
 from experiments.bundle import BundleFile, code_digest
+from experiments.capacity import RegionQuota, SnapshotFacts, capacity_refusals
 
 SNAPSHOT_PREFIX = "daytona:"
 #: Every sandbox ForkLab creates carries this label, so the account can be swept for them.
@@ -194,23 +195,18 @@ class DaytonaSandboxBackend:
             return [f"Daytona snapshot {snap_id} no longer exists; resolve a current one"]
         except DaytonaError as exc:
             raise _wrap("snapshot lookup", exc) from None
-        problems = []
-        state = str(getattr(snap.state, "value", snap.state))
-        if state != "active":
-            problems.append(
-                f"Daytona snapshot {snap.name} ({snap.id}) is {state}, not active: it is stale "
-                "or still building; rebuild or activate it, or set FORKLAB_DAYTONA_SNAPSHOT"
-            )
-        regions = list(snap.region_ids or [])
-        if regions and opts.target not in regions:
-            problems.append(
-                f"Daytona snapshot {snap.name} is available in {', '.join(regions)} but "
-                f"DAYTONA_TARGET is {opts.target}; use a snapshot built in {opts.target} "
-                "or change the target"
-            )
+        facts = SnapshotFacts(
+            id=snap.id,
+            name=snap.name,
+            state=str(getattr(snap.state, "value", snap.state)),
+            regions=list(snap.region_ids or []),
+            cpu=snap.cpu,
+            memory_gib=snap.mem,
+            disk_gib=snap.disk,
+        )
         org = opts.organization_id or getattr(snap, "organization_id", None)
         if not org:
-            return [*problems, "cannot tell the Daytona organisation; set DAYTONA_ORGANIZATION_ID"]
+            return ["cannot tell the Daytona organisation; set DAYTONA_ORGANIZATION_ID"]
         try:
             usage = OrganizationsApi(self._client._api_client).get_organization_usage_overview(
                 org, _request_timeout=opts.request_timeout
@@ -218,25 +214,22 @@ class DaytonaSandboxBackend:
         except Exception as exc:  # the generated client raises its own ApiException family
             status = getattr(exc, "status", None)
             if status in (401, 403, 404):
-                return [*problems, f"cannot read organisation {org}'s usage (HTTP {status})"]
+                return [f"cannot read organisation {org}'s usage (HTTP {status})"]
             raise SandboxUnavailableError(f"Daytona usage overview failed: {exc}") from None
-        region = next((r for r in usage.region_usage if r.region_id == opts.target), None)
-        if region is None:
-            return [*problems, f"organisation {org} has no quota in region {opts.target}"]
-        for what, per, total, used, unit in (
-            ("disk", snap.disk, region.total_disk_quota, region.current_disk_usage, "GiB"),
-            ("CPU", snap.cpu, region.total_cpu_quota, region.current_cpu_usage, "vCPU"),
-            ("memory", snap.mem, region.total_memory_quota, region.current_memory_usage, "GiB"),
-        ):
-            need = per * peak_sandboxes
-            free = total - used
-            if need > free:
-                problems.append(
-                    f"snapshot {what} {per:g} {unit} × {peak_sandboxes} concurrent sandboxes = "
-                    f"{need:g} {unit}, but region {opts.target} has {free:g} of {total:g} "
-                    f"{unit} free; lower budget.max_concurrent_sandboxes or free quota"
-                )
-        return problems
+        quotas = [
+            RegionQuota(
+                region=r.region_id,
+                cpu_total=r.total_cpu_quota,
+                cpu_used=r.current_cpu_usage,
+                memory_total_gib=r.total_memory_quota,
+                memory_used_gib=r.current_memory_usage,
+                disk_total_gib=r.total_disk_quota,
+                disk_used_gib=r.current_disk_usage,
+            )
+            for r in usage.region_usage
+        ]
+        refusals = capacity_refusals(facts, quotas, opts.target, peak_sandboxes)
+        return [f"Daytona: {r.reason}" for r in refusals]
 
     def provenance(self, snapshot_id: str) -> str:
         snap_id, digest = parse_snapshot_id(snapshot_id)
