@@ -40,6 +40,8 @@ class Rehearsal(Model):
     prefix_seconds_per_episode: float
     world_seconds_per_episode: dict[str, float]
     worlds: list[SampleWorld]
+    confinement: str | None = None  # "bubblewrap", or "process" on a host without it
+    note: str | None = None  # what that fallback did not protect
 
 
 class SnapshotInput(Model):
@@ -118,6 +120,7 @@ class PrefixResult(Model):
     seconds: float
     network_isolated: bool = True
     note: str | None = None
+    confinement: str | None = None  # "bubblewrap", or "process" on a host without it
 
 
 class BatchInput(Model):
@@ -149,6 +152,7 @@ class BatchOutcome(Model):
     attempts: int = 0
     network_isolated: bool = True
     note: str | None = Field(default=None, description="e.g. why network isolation fell back")
+    confinement: str | None = None  # "bubblewrap", or "process" on a host without it
 
 
 class CleanupInput(Model):

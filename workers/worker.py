@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import signal
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -25,6 +26,7 @@ from activities.planning import PlanningActivities
 from activities.readout import ReadoutActivities
 from activities.records import RecordActivities
 from activities.sandbox.base import SandboxBackend
+from activities.sandbox.workload_calls import WorkloadCalls
 from activities.world_batches import SandboxActivities
 from workers.config import Settings
 from workers.providers import braintrust_config, readout_config, sandbox_backend
@@ -34,8 +36,10 @@ from workflows.search_attributes import EXPERIMENT, STAGE
 WORKFLOWS: list[type] = [ExperimentWorkflow]
 #: Activities beyond the sandboxes themselves (planning, records, cleanup) a worker runs.
 _SPARE_ACTIVITY_SLOTS = 4
-#: Processes for rehearsals and analyses (each uses one core while it runs).
+#: Processes for analyses (each uses one core while it runs).
 CPU_PROCESSES = 2
+#: prctl option: the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
 
 
 async def connect(settings: Settings) -> Client:
@@ -61,11 +65,19 @@ async def ensure_search_attributes(client: Client, namespace: str) -> None:
         )
 
 
+def _die_with_worker() -> None:
+    """Pool processes get SIGKILL when the worker dies (even by ``kill -9``): no orphan
+    keeps a core and its memory after a crash."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def cpu_pool() -> ProcessPoolExecutor:
-    """Processes for the CPU-bound activities (rehearsal, analysis): in a thread they would
-    hold the GIL long enough to stall the worker's workflow tasks. Spawned, not forked:
-    the worker process runs threads of its own."""
-    return ProcessPoolExecutor(max_workers=CPU_PROCESSES, mp_context=get_context("spawn"))
+    """Processes for the CPU-bound analysis: in a thread it would hold the GIL long enough
+    to stall the worker's workflow tasks. Spawned, not forked: the worker process runs
+    threads of its own."""
+    return ProcessPoolExecutor(
+        max_workers=CPU_PROCESSES, mp_context=get_context("spawn"), initializer=_die_with_worker
+    )
 
 
 def build_activities(
@@ -76,9 +88,10 @@ def build_activities(
     backend = backend or sandbox_backend(settings)
     store = ArtifactStore(settings.artifacts_dir)
     ledger = Ledger(settings.ledger_path)
-    planning = PlanningActivities(backend, settings.home, settings.max_sandboxes, cpu)
+    calls = WorkloadCalls(settings.sandboxes_dir / "calls")
+    planning = PlanningActivities(backend, settings.home, settings.max_sandboxes, calls)
     sandboxes = SandboxActivities(backend, store)
-    records = RecordActivities(store, ledger, cpu)
+    records = RecordActivities(store, ledger, cpu, calls)
     readout = ReadoutActivities(store, readout_config())
     evidence = EvidenceActivities(store, settings.home / "braintrust-outbox", braintrust_config())
     return [

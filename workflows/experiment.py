@@ -37,7 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.planning import PlanningActivities
     from activities.readout import ReadoutActivities
     from activities.records import RecordActivities
-    from activities.world_batches import SandboxActivities
+    from activities.world_batches import SNAPSHOT_CORRUPTED, SandboxActivities
     from experiments.engine import spec_world_plans
     from workflows import timeouts, views
     from workflows.approval_gate import ApprovalGate
@@ -195,6 +195,7 @@ class ExperimentWorkflow:
             PlanningActivities.rehearse,
             RehearseInput(spec=spec, sample_episodes=self._inp.rehearsal_episodes),
             start_to_close_timeout=timeouts.REHEARSE_TIMEOUT,
+            heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary=f"rehearse {spec.id} on the local twin",
         )
@@ -336,8 +337,11 @@ class ExperimentWorkflow:
                     **options,
                 )
             except ActivityError as err:
-                if isinstance(err.cause, CancelledError):
-                    raise
+                corrupted = isinstance(err.cause, ApplicationError) and (
+                    err.cause.type == SNAPSHOT_CORRUPTED
+                )
+                if isinstance(err.cause, CancelledError) or corrupted:
+                    raise  # a poisoned snapshot ends the run: none of its worlds counts
                 outcome = BatchOutcome(
                     world=unit.world,
                     chunk=unit.chunk,
@@ -424,6 +428,7 @@ class ExperimentWorkflow:
                 provenance=views.provenance(state),
             ),
             start_to_close_timeout=timeouts.ANALYSE_TIMEOUT,
+            heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary="analysis: pairs, slices, validity checks, report",
         )

@@ -326,6 +326,7 @@ class DaytonaSandboxBackend:
                 timed_out=True,
                 network_isolated=isolated,
                 note=note,
+                confinement="daytona",
                 seconds=time.monotonic() - start,
             )
         except DaytonaError as exc:
@@ -338,6 +339,7 @@ class DaytonaSandboxBackend:
             timed_out=False,
             network_isolated=isolated,
             note=note,
+            confinement="daytona",
             seconds=time.monotonic() - start,
         )
 
