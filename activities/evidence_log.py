@@ -22,9 +22,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import braintrust
-from braintrust.logger import BraintrustState, _HTTPBackgroundLogger
-from braintrust.span_types import SpanTypeAttribute
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 
@@ -144,7 +141,15 @@ def build_trace(inp: EvidenceInput, report: Report | None) -> Trace:
 
 
 def send_trace(config: BraintrustConfig, trace: Trace) -> None:
-    """Send one trace through the SDK; raises when Braintrust did not take it."""
+    """Send one trace through the SDK; raises when Braintrust did not take it.
+
+    The SDK is imported here, not at module level: the worker module is imported inside
+    Temporal's workflow sandbox (by modules that define workflows), and the SDK's HTTP
+    stack subclasses ``http.client`` classes the sandbox forbids touching."""
+    import braintrust
+    from braintrust.logger import BraintrustState, _HTTPBackgroundLogger
+    from braintrust.span_types import SpanTypeAttribute
+
     state = BraintrustState()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
     logger = state.global_bg_logger()
     if not isinstance(logger, _HTTPBackgroundLogger):

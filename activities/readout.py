@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 
-import openai
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporalio import activity
 
@@ -46,6 +45,8 @@ class ReadoutActivities:
         self._config = config
 
     async def _ask(self, config: ReadoutConfig, packet: EvidencePacket) -> ModelReadout | None:
+        import openai  # see shown_readout
+
         async with openai.AsyncOpenAI(
             base_url=config.base_url,
             api_key=config.api_key,
@@ -64,6 +65,11 @@ class ReadoutActivities:
         return answer.choices[0].message.parsed if answer.choices else None
 
     async def shown_readout(self, packet: EvidencePacket) -> ShownReadout:
+        # The SDK is imported on use, not with this module: the worker module is imported
+        # inside Temporal's workflow sandbox (by modules that define workflows), where the
+        # SDK's HTTP stack may not subclass the standard library's HTTP classes.
+        import openai
+
         config = self._config
 
         def fallback(why: str, problems: list[str] | None = None) -> ShownReadout:

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from activities.evidence_log import BraintrustConfig
 from activities.readout import ReadoutConfig
 from activities.sandbox.base import SandboxBackend, SandboxError
-from activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
 from activities.sandbox.local import LocalSandboxBackend
 from workers.config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from activities.sandbox.daytona import DaytonaOptions
 
 #: Daytona option → environment variable.
 DAYTONA_ENV = {
@@ -40,6 +43,10 @@ DAYTONA_ENV = {
 
 
 def daytona_options(env: Mapping[str, str]) -> DaytonaOptions:
+    # imported on use: the SDK's HTTP stack must stay out of Temporal's workflow sandbox,
+    # which imports this module with the worker's
+    from activities.sandbox.daytona import DaytonaOptions
+
     values = {field: env[var] for field, var in DAYTONA_ENV.items() if env.get(var)}
     try:
         return DaytonaOptions.model_validate(values)
@@ -60,6 +67,8 @@ def sandbox_backend(settings: Settings, env: Mapping[str, str] | None = None) ->
         return LocalSandboxBackend(settings.sandboxes_dir)
     if kind != "daytona":
         raise ConfigError(f"FORKLAB_SANDBOX is {kind!r}; use local or daytona")
+    from activities.sandbox.daytona import DaytonaSandboxBackend
+
     try:
         return DaytonaSandboxBackend(daytona_options(env), settings.home / "daytona-bundles")
     except SandboxError as exc:
