@@ -88,13 +88,23 @@ class CapacityVerdict(Model):
     batches: int
 
 
-class TokenInput(Model):
+class KeyInput(Model):
+    workflow_id: str
+    run_id: str
+
+
+class KeyIssued(Model):
+    public_key: str = Field(description="Ed25519 public key, hex.")
+    location: str = Field(description="Host and folder of the owner-only private key file.")
+
+
+class PolicyInput(Model):
     experiment_id: str
 
 
-class TokenIssued(Model):
-    sha256: str
-    location: str = Field(description="Host and path of the owner-only token file.")
+class ApprovalPolicy(Model):
+    skip_allowed: bool = Field(description="Whether this worker lets a spec skip approval.")
+    reason: str
 
 
 # --- sandboxes --------------------------------------------------------------------------

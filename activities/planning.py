@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-from pathlib import Path
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.approval_token import new_token, token_sha256, write_token_file
 from activities.budget import reservation
 from activities.heartbeat import heartbeat_until
 from activities.models import (
@@ -21,13 +18,12 @@ from activities.models import (
     RehearseInput,
     SampleWorld,
     SnapshotInput,
-    TokenInput,
-    TokenIssued,
 )
-from activities.sandbox.base import SandboxBackend, SandboxError
+from activities.sandbox.base import SandboxError
 from activities.sandbox.confine import kill_group
 from activities.sandbox.preflight import Preflight, SandboxUnavailableError
 from activities.sandbox.workload_calls import WorkloadCallError, WorkloadCalls, WorkloadSpecError
+from activities.shared_snapshots import SharedSnapshots
 from experiments.bundle import bundle_files, code_digest
 from experiments.engine import spec_world_plans
 from experiments.runtime.canon import digest
@@ -93,14 +89,14 @@ def capacity_verdict(
 
 
 class PlanningActivities:
-    """Rehearsal, snapshot, capacity and token: free, and safe to retry."""
+    """Rehearsal, snapshot and capacity: free, and safe to retry."""
 
     def __init__(
-        self, backend: SandboxBackend, home: Path, max_sandboxes: int, calls: WorkloadCalls
+        self, snapshots: SharedSnapshots, max_sandboxes: int, calls: WorkloadCalls
     ) -> None:
-        """``calls`` runs the rehearsal's workload code in a box, never in the worker."""
-        self._backend = backend
-        self._home = home
+        """``calls`` runs the rehearsal's workload code in a box, never in the worker;
+        ``snapshots`` prepares the snapshot and publishes it for workers on other hosts."""
+        self._snapshots = snapshots
         self._max_sandboxes = max_sandboxes
         self._calls = calls
 
@@ -149,7 +145,7 @@ class PlanningActivities:
     async def resolve_snapshot(self, inp: SnapshotInput) -> PlanSnapshot:
         files = bundle_files(inp.spec.workload.name)
         try:
-            info = await asyncio.to_thread(self._backend.prepare_snapshot, files)
+            info = await asyncio.to_thread(self._snapshots.prepare, files)
         except SandboxUnavailableError:
             raise  # may pass: the retry policy decides
         except SandboxError as exc:
@@ -173,8 +169,8 @@ class PlanningActivities:
             files=info.files,
             fingerprint=plan_fingerprint(inp.spec, info.code_digest, info.id),
             provenance=(
-                self._backend.provenance(info.id)
-                if isinstance(self._backend, Preflight)
+                self._snapshots.backend.provenance(info.id)
+                if isinstance(self._snapshots.backend, Preflight)
                 else f"common_snapshot: every sandbox copied from snapshot {info.id}"
             ),
         )
@@ -182,11 +178,13 @@ class PlanningActivities:
     @activity.defn(name="check_capacity")
     async def check_capacity(self, inp: CapacityInput) -> CapacityVerdict:
         verdict = capacity_verdict(inp.spec, inp.rehearsal, inp.batch_episodes, self._max_sandboxes)
-        if not isinstance(self._backend, Preflight) or not inp.snapshot_id:
+        if not isinstance(self._snapshots.backend, Preflight) or not inp.snapshot_id:
             return verdict
         peak = min(inp.spec.budget.max_concurrent_sandboxes, self._max_sandboxes)
         try:
-            problems = await asyncio.to_thread(self._backend.preflight, inp.snapshot_id, peak)
+            problems = await asyncio.to_thread(
+                self._snapshots.backend.preflight, inp.snapshot_id, peak
+            )
         except SandboxUnavailableError:
             raise  # may pass: the retry policy decides
         except SandboxError as exc:
@@ -195,11 +193,3 @@ class PlanningActivities:
             return verdict
         earlier = [] if verdict.ok else [verdict.reason]
         return verdict.model_copy(update={"ok": False, "reason": "; ".join(earlier + problems)})
-
-    @activity.defn(name="issue_approval_token")
-    async def issue_approval_token(self, inp: TokenInput) -> TokenIssued:
-        """For experiments started without a token (e.g. by ``temporal workflow start``):
-        the token is written on this worker's host, owner-only; only its hash is returned."""
-        token = new_token()
-        path = write_token_file(self._home, inp.experiment_id, token)
-        return TokenIssued(sha256=token_sha256(token), location=f"{socket.gethostname()}:{path}")

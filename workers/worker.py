@@ -18,18 +18,20 @@ from temporalio.api.operatorservice.v1 import (
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from activities.artifacts import ArtifactStore
+from activities.approval import ApprovalActivities
 from activities.evidence_log import EvidenceActivities
-from activities.ledger import Ledger
 from activities.planning import PlanningActivities
 from activities.readout import ReadoutActivities
 from activities.records import RecordActivities
 from activities.sandbox.base import SandboxBackend
 from activities.sandbox.workload_calls import WorkloadCalls
+from activities.shared_snapshots import SharedSnapshots
 from activities.world_batches import SandboxActivities
 from workers.config import Settings
 from workers.providers import braintrust_config, readout_config, sandbox_backend
+from workers.stores import artifact_store, check_stores, ledger
 from workflows.experiment import ExperimentWorkflow
 from workflows.search_attributes import EXPERIMENT, STAGE
 
@@ -86,19 +88,21 @@ def build_activities(
     """Every activity of the experiment workflow, bound to this worker's clients; the
     sandbox backend is the one ``FORKLAB_SANDBOX`` names unless one is given."""
     backend = backend or sandbox_backend(settings)
-    store = ArtifactStore(settings.artifacts_dir)
-    ledger = Ledger(settings.ledger_path)
+    store = artifact_store(settings)
+    snapshots = SharedSnapshots(backend, store)
     calls = WorkloadCalls(settings.sandboxes_dir / "calls")
-    planning = PlanningActivities(backend, settings.home, settings.max_sandboxes, calls)
-    sandboxes = SandboxActivities(backend, store)
-    records = RecordActivities(store, ledger, cpu, calls)
+    planning = PlanningActivities(snapshots, settings.max_sandboxes, calls)
+    approval = ApprovalActivities(settings.home, settings.allow_unapproved)
+    sandboxes = SandboxActivities(backend, store, snapshots)
+    records = RecordActivities(store, ledger(settings), cpu, calls)
     readout = ReadoutActivities(store, readout_config())
     evidence = EvidenceActivities(store, settings.home / "braintrust-outbox", braintrust_config())
     return [
         planning.rehearse,
         planning.resolve_snapshot,
         planning.check_capacity,
-        planning.issue_approval_token,
+        approval.issue_approval_key,
+        approval.approval_policy,
         sandboxes.run_prefixes,
         sandboxes.run_world_batch,
         sandboxes.cleanup_sandboxes,
@@ -111,6 +115,15 @@ def build_activities(
     ]
 
 
+def workflow_runner() -> SandboxedWorkflowRunner:
+    """Temporal's workflow sandbox, passing ``cryptography`` through: the approval gate
+    verifies Ed25519 signatures in the workflow, and a Rust extension module cannot be
+    imported a second time inside the sandbox (the process aborts). Verifying is pure and
+    deterministic, so sharing the host's module is safe."""
+    restrictions = SandboxRestrictions.default.with_passthrough_modules("cryptography")
+    return SandboxedWorkflowRunner(restrictions=restrictions)
+
+
 def build_worker(
     client: Client, settings: Settings, cpu: Executor, backend: SandboxBackend | None = None
 ) -> Worker:
@@ -118,6 +131,7 @@ def build_worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
+        workflow_runner=workflow_runner(),
         activities=build_activities(settings, cpu, backend),
         max_concurrent_activities=settings.max_sandboxes + _SPARE_ACTIVITY_SLOTS,
     )
@@ -125,6 +139,7 @@ def build_worker(
 
 async def run_worker(settings: Settings) -> None:
     """Run until SIGINT or SIGTERM, then finish gracefully."""
+    await asyncio.to_thread(check_stores, settings)
     client = await connect(settings)
     await ensure_search_attributes(client, settings.namespace)
     stop = asyncio.Event()
