@@ -12,11 +12,12 @@ from fake_daytona import API_KEY, FakeDaytona, fake_daytona
 from helpers import run_cli
 from temporalio.testing import ActivityEnvironment
 
-from activities.artifacts import ArtifactStore
+from activities.artifacts import LocalArtifactStore
 from activities.models import CleanupInput
 from activities.sandbox.base import Limits, SandboxError, SandboxNotFoundError
 from activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
 from activities.sandbox.preflight import SandboxUnavailableError
+from activities.shared_snapshots import SharedSnapshots
 from activities.world_batches import SandboxActivities
 from experiments.bundle import bundle_files
 from workers.config import ConfigError, Settings
@@ -187,7 +188,8 @@ async def test_cleanup_reports_a_sandbox_that_never_deletes(
     stuck = backend.create(info.id, {**LABELS, "forklab.world": "stuck"}, Limits())
     backend.create(info.id, LABELS, Limits())
     fake.undeletable.add("stuck")
-    acts = SandboxActivities(backend, ArtifactStore(tmp_path / "artifacts"))
+    store = LocalArtifactStore(tmp_path / "artifacts")
+    acts = SandboxActivities(backend, store, SharedSnapshots(backend, store))
     result = await ActivityEnvironment().run(
         acts.cleanup_sandboxes, CleanupInput(experiment_id="exp-1")
     )

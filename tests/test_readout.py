@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fake_openai import Answer, FakeOpenAI, fake_openai
 
-from activities.artifacts import ArtifactStore
+from activities.artifacts import LocalArtifactStore
 from activities.models import AnalysisResult
 from activities.readout import ReadoutActivities, ReadoutConfig
 from experiments.plan import rehearse
@@ -88,7 +88,7 @@ async def ask(
 ) -> ShownReadout:
     content = readout if isinstance(readout, str) else readout.model_dump_json()
     server.answer = Answer(content=content, delay=server.answer.delay)
-    acts = ReadoutActivities(ArtifactStore(Path("/nonexistent")), config(server))
+    acts = ReadoutActivities(LocalArtifactStore(Path("/nonexistent")), config(server))
     return await acts.shown_readout(packet)
 
 
@@ -176,7 +176,7 @@ async def test_outage_and_garbage_fall_back(
     server: FakeOpenAI, packet: EvidencePacket, answer: Answer, why: str
 ) -> None:
     server.answer = answer
-    acts = ReadoutActivities(ArtifactStore(Path("/nonexistent")), config(server))
+    acts = ReadoutActivities(LocalArtifactStore(Path("/nonexistent")), config(server))
     result = await acts.shown_readout(packet)
     assert result.source is ReadoutSource.deterministic
     assert why in result.why
@@ -185,7 +185,7 @@ async def test_outage_and_garbage_fall_back(
 
 async def test_slow_model_is_cut_off(server: FakeOpenAI, packet: EvidencePacket) -> None:
     server.answer = Answer(content=faithful(packet).model_dump_json(), delay=30.0)
-    acts = ReadoutActivities(ArtifactStore(Path("/nonexistent")), config(server, timeout=0.5))
+    acts = ReadoutActivities(LocalArtifactStore(Path("/nonexistent")), config(server, timeout=0.5))
     start = time.monotonic()
     result = await acts.shown_readout(packet)
     assert result.source is ReadoutSource.deterministic
@@ -197,7 +197,7 @@ async def test_unreachable_model_falls_back(packet: EvidencePacket) -> None:
     with fake_openai() as gone:
         url = gone.base_url
     acts = ReadoutActivities(
-        ArtifactStore(Path("/nonexistent")),
+        LocalArtifactStore(Path("/nonexistent")),
         ReadoutConfig(base_url=url, api_key="k", model="m", timeout_seconds=5),
     )
     result = await acts.shown_readout(packet)
@@ -208,7 +208,7 @@ async def test_unreachable_model_falls_back(packet: EvidencePacket) -> None:
 async def test_report_marks_which_readout_it_shows(
     server: FakeOpenAI, report: Report, packet: EvidencePacket, tmp_path: Path
 ) -> None:
-    store = ArtifactStore(tmp_path)
+    store = LocalArtifactStore(tmp_path)
     analysis = AnalysisResult(
         report_digest=store.put_json(report.model_dump(mode="json")),
         markdown_digest=store.put_bytes(render_markdown(report).encode()),
