@@ -7,6 +7,7 @@ import socket
 import time
 from concurrent.futures import Executor
 from pathlib import Path
+from typing import NamedTuple
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -29,12 +30,8 @@ from activities.sandbox.base import SandboxBackend
 from experiments.bundle import bundle_files, code_digest
 from experiments.engine import spec_world_plans
 from experiments.runtime.canon import digest
-from experiments.runtime.runner import (
-    BoundaryMissingError,
-    StuckWorldError,
-    continue_checkpoints,
-    run_prefix,
-)
+from experiments.runtime.contract import ContractViolation
+from experiments.runtime.runner import continue_checkpoints, run_prefix
 from experiments.runtime.workload import WorkloadError
 from experiments.spec import ExperimentSpec, SpecError, resolve_workload
 
@@ -60,13 +57,20 @@ def episode_chunks(episodes: int, batch_episodes: int) -> list[EpisodeChunk]:
 
 
 def rehearse_sample(spec: ExperimentSpec, sample_episodes: int) -> Rehearsal:
-    """Time the sandbox's own code path (prefix, then each world from the checkpoints)
-    in-process on the first ``sample_episodes`` episodes."""
+    """Time the sandbox's own code path and check the workload contract before any
+    compute is approved: the prefix of *every* episode (cheap, and where state and
+    features are checked), then each world continued from the first ``sample_episodes``
+    checkpoints (where outcomes and interventions are checked).
+
+    A ``ContractViolation`` (or any exception of the workload) stops it with its sentence.
+    """
     workload = resolve_workload(spec)
     n = spec.episodes if sample_episodes == 0 else min(sample_episodes, spec.episodes)
     start = time.perf_counter()
     checkpoints = [run_prefix(workload, spec.seed, e) for e in range(n)]
-    prefix_rate = (time.perf_counter() - start) / n
+    for episode in range(n, spec.episodes):
+        run_prefix(workload, spec.seed, episode)
+    prefix_rate = (time.perf_counter() - start) / spec.episodes
     rates: dict[str, float] = {}
     worlds: list[SampleWorld] = []
     for plan in spec_world_plans(spec):
@@ -84,13 +88,24 @@ def rehearse_sample(spec: ExperimentSpec, sample_episodes: int) -> Rehearsal:
     )
 
 
-def rehearsal_or_error(spec: ExperimentSpec, sample_episodes: int) -> Rehearsal | str:
-    """``rehearse_sample`` for a worker's process pool: a spec that cannot run comes back
-    as its message (workload exceptions need not survive pickling)."""
+class RehearsalRefusal(NamedTuple):
+    """Why a rehearsal cannot go on: ``kind`` is the failure type the workflow records."""
+
+    kind: str
+    message: str
+
+
+def rehearsal_or_error(spec: ExperimentSpec, sample_episodes: int) -> Rehearsal | RehearsalRefusal:
+    """``rehearse_sample`` for a worker's process pool: a spec or workload that cannot run
+    comes back as its sentence (workload exceptions need not survive pickling)."""
     try:
         return rehearse_sample(spec, sample_episodes)
-    except (SpecError, WorkloadError, BoundaryMissingError, StuckWorldError) as exc:
-        return str(exc)
+    except ContractViolation as exc:
+        return RehearsalRefusal("WorkloadContract", str(exc))
+    except (SpecError, WorkloadError) as exc:
+        return RehearsalRefusal(
+            "BadSpec", f"the rehearsal cannot run spec {spec.id!r}: {exc}; fix the spec"
+        )
 
 
 def capacity_verdict(
@@ -149,12 +164,9 @@ class PlanningActivities:
         result = await loop.run_in_executor(
             self._cpu, rehearsal_or_error, inp.spec, inp.sample_episodes
         )
-        if isinstance(result, str):
-            raise ApplicationError(
-                f"the rehearsal cannot run spec {inp.spec.id!r}: {result}; fix the spec",
-                type="BadSpec",
-                non_retryable=True,
-            )
+        if isinstance(result, RehearsalRefusal):
+            # Deterministic: the same code fails the same way, so no retry.
+            raise ApplicationError(result.message, type=result.kind, non_retryable=True)
         return result
 
     @activity.defn(name="resolve_snapshot")
