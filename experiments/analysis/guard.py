@@ -14,7 +14,9 @@ rule is the runner's JSON, so the guarded world runs exactly what was learned.
 
 Validation (on held-out episodes: fresh seeds after the training ones): the baseline,
 the treatment and a ``guarded`` world that intervenes only when the rule fires, all
-from the same checkpoints, on the local twin.
+from the same checkpoints, on the local twin. The rule *validates* only when its held-out
+net is at least that of both simple policies, always intervening and never intervening
+(net 0); otherwise the report says it did not, in words and in the verdict table.
 """
 
 from __future__ import annotations
@@ -57,6 +59,25 @@ class GuardPolicy(BaseModel):
     words: str
     training: GuardEvaluation
     held_out: GuardEvaluation
+    validated: bool
+    validation: str
+
+
+def held_out_validation(ev: GuardEvaluation) -> tuple[bool, str]:
+    """Did the rule beat both simple policies on held-out episodes? And the sentence."""
+    guarded, always = ev.after.net, ev.before.net
+    span = f"held-out episodes {ev.first_episode}..{ev.last_episode}"
+    worse = [f"always applying it ({always:+d})"] if guarded < always else []
+    worse += ["never applying it (+0)"] if guarded < 0 else []
+    if worse:
+        return False, (
+            f"the rule did not validate: on {span} its net {guarded:+d} is below "
+            + " and ".join(worse)
+        )
+    return True, (
+        f"the rule validated: on {span} its net {guarded:+d} is at least that of always "
+        f"applying it ({always:+d}) and of never applying it (+0)"
+    )
 
 
 def guard_world(spec: ExperimentSpec) -> World | None:
@@ -205,6 +226,8 @@ def guard_policy(
             net=sum(s.net for s in chosen),
         ),
     )
+    held_out = validate_guard(spec, world, rule, holdout)
+    validated, validation = held_out_validation(held_out)
     return GuardPolicy(
         world=world.name,
         intervention=world.intervention.name,
@@ -213,5 +236,7 @@ def guard_policy(
         rule=rule,
         words=rule_words(world.intervention.name, clauses, cap),
         training=training,
-        held_out=validate_guard(spec, world, rule, holdout),
+        held_out=held_out,
+        validated=validated,
+        validation=validation,
     )
