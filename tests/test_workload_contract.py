@@ -191,3 +191,17 @@ async def test_durable_path_refuses_before_approval_with_the_same_sentence(lab: 
     with pytest.raises(WorkflowFailureError):
         await handle.result()
     assert (await lab.status(handle)).error == sentence
+
+
+def test_a_method_left_to_the_base_class_says_to_override_it() -> None:
+    class NoIntervene(nw.SupportTicket):
+        intervene = nw.Workload.intervene  # as if never overridden
+
+    cp = run_prefix(NoIntervene({"p_fail": 1.0}), 0, 0)
+    plan = WorldPlan(name="escalate", intervention="escalate")
+    with pytest.raises(ContractViolation) as caught:
+        continue_world(NoIntervene({"p_fail": 1.0}), cp["state"], 0, 0, plan)
+    assert str(caught.value) == (
+        "NoIntervene does not implement intervene(); override it (see docs/workloads.md) "
+        "(episode 0, world escalate, step 0 after the fork)"
+    )

@@ -35,8 +35,9 @@ CONTRACT_EXIT = 65
 _MESSAGE_CHARS = 200
 _FEATURE_TYPES = (bool, int, float, str)
 _STDLIB = os.path.dirname(os.__file__)
+_HERE = os.path.dirname(os.path.abspath(__file__))
 #: Where the base class lives: its ``NotImplementedError`` means "override this method".
-_BASE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workload.py")
+_BASE_FILE = os.path.join(_HERE, "workload.py")
 
 
 class ContractViolation(Exception):
@@ -104,6 +105,9 @@ def from_exception(workload: object, exc: BaseException, at: str) -> ContractVio
     if called is None:  # raised by the runner itself, on a value the workload returned
         return ContractViolation(f"{name} returned a value the runner cannot use ({detail}) ({at})")
     method = called.tb_frame.f_code.co_name
+    called_file = called.tb_frame.f_code.co_filename
+    if os.path.dirname(called_file) == _HERE and called_file != _BASE_FILE:
+        return ContractViolation(f"the runner's {method}() raised {detail} on {name} ({at})")
     deepest: types.TracebackType | None = None
     frame_tb: types.TracebackType | None = called
     while frame_tb is not None:
