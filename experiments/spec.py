@@ -110,7 +110,12 @@ class Guard(Strict):
         description="Max harms on the training set in the slices the rule fires on; "
         "null means no slice may have more harms than rescues.",
     )
-    holdout_episodes: int = Field(default=0, ge=0, description="Fresh episodes for validation.")
+    holdout_episodes: int = Field(
+        default=0,
+        ge=0,
+        description="Fresh episodes (after the spec's) for validating the guard rule; "
+        "0, the default, means as many as the spec has.",
+    )
 
 
 class Analysis(Strict):
