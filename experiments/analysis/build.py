@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from experiments.analysis.checks import validity_checks
 from experiments.analysis.evidence import rank_evidence
-from experiments.analysis.guard import guard_policy, guard_world
+from experiments.analysis.guard import HeldOutRunner, guard_policy, guard_world, twin_held_out
 from experiments.analysis.pairs import CONFIDENCE, paired_effect, paired_table, slice_counts
 from experiments.analysis.power import PowerAnalysis, power_row, power_warnings
 from experiments.analysis.slices import Dimension, SliceEffect, dimensions, slice_effects
@@ -124,6 +124,7 @@ def build_report(
     out: ExperimentOutcomes,
     code_digest: str,
     infra: InfraUsage | None = None,
+    held_out: HeldOutRunner = twin_held_out,
 ) -> Report:
     settings = AnalysisSettings(
         confidence=CONFIDENCE,
@@ -177,7 +178,12 @@ def build_report(
         partitions += _split_by_feature(training.interaction_effects)
         world_out = out.world(gated.name)
         guard = guard_policy(
-            spec, partitions, out.world(base).outcomes, world_out.outcomes, world_out.intervened
+            spec,
+            partitions,
+            out.world(base).outcomes,
+            world_out.outcomes,
+            world_out.intervened,
+            held_out,
         )
     return Report(
         experiment=ExperimentInfo(

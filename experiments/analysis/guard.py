@@ -14,14 +14,16 @@ rule is the runner's JSON, so the guarded world runs exactly what was learned.
 
 Validation (on held-out episodes: fresh seeds after the training ones): the baseline,
 the treatment and a ``guarded`` world that intervenes only when the rule fires, all
-from the same checkpoints, on the local twin. The rule *validates* only when its held-out
-net is at least that of both simple policies, always intervening and never intervening
-(net 0); otherwise the report says it did not, in words and in the verdict table.
+from the same checkpoints: on the local twin by default; the durable path passes a
+``HeldOutRunner`` that runs them in a sandbox, so no workload code runs beside the analysis.
+The rule *validates* only when its held-out net is at least that of both simple policies,
+always intervening and never intervening (net 0); otherwise the report says it did not,
+in words and in the verdict table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -29,7 +31,20 @@ from pydantic import BaseModel
 from experiments.analysis.pairs import paired_table
 from experiments.analysis.slices import Clause, SliceEffect, feature_text
 from experiments.engine import run_twin, world_plan
+from experiments.runtime.file_format import WorldColumns, WorldPlan
 from experiments.spec import ExperimentSpec, Role, World
+
+#: Runs ``worlds`` over ``episodes`` of a spec and returns each world's columns by name.
+HeldOutRunner = Callable[
+    [ExperimentSpec, Sequence[int], Sequence[WorldPlan]], dict[str, WorldColumns]
+]
+
+
+def twin_held_out(
+    spec: ExperimentSpec, episodes: Sequence[int], worlds: Sequence[WorldPlan]
+) -> dict[str, WorldColumns]:
+    """The held-out runner of the local twin (in-process)."""
+    return run_twin(spec, episodes=episodes, worlds=worlds).batch["worlds"]
 
 
 class GuardCounts(BaseModel):
@@ -175,7 +190,11 @@ def _counts(reference: Sequence[bool], world: Sequence[bool], fired: Sequence[bo
 
 
 def validate_guard(
-    spec: ExperimentSpec, treatment: World, rule: dict[str, Any], holdout: int
+    spec: ExperimentSpec,
+    treatment: World,
+    rule: dict[str, Any],
+    holdout: int,
+    held_out: HeldOutRunner = twin_held_out,
 ) -> GuardEvaluation:
     """Baseline, treatment and guarded on ``holdout`` fresh episodes after the spec's."""
     forks = spec.analysis.forks_per_checkpoint
@@ -186,7 +205,7 @@ def validate_guard(
         world_plan(treatment, forks, guard=rule, name=guarded),
     ]
     episodes = range(spec.episodes, spec.episodes + holdout)
-    cols = run_twin(spec, episodes=episodes, worlds=plans).batch["worlds"]
+    cols = held_out(spec, episodes, plans)
     base = cols[spec.baseline.name]["outcomes"]
     before, after = cols[treatment.name], cols[guarded]
     return GuardEvaluation(
@@ -203,6 +222,7 @@ def guard_policy(
     reference: Sequence[bool],
     treated: Sequence[bool],
     intervened: Sequence[bool],
+    held_out: HeldOutRunner = twin_held_out,
 ) -> GuardPolicy | None:
     """Learn the guard from ``partitions`` (the gated world's slices against the baseline
     on the training episodes, whose outcomes are ``reference`` and ``treated``) and
@@ -226,8 +246,8 @@ def guard_policy(
             net=sum(s.net for s in chosen),
         ),
     )
-    held_out = validate_guard(spec, world, rule, holdout)
-    validated, validation = held_out_validation(held_out)
+    evaluation = validate_guard(spec, world, rule, holdout, held_out)
+    validated, validation = held_out_validation(evaluation)
     return GuardPolicy(
         world=world.name,
         intervention=world.intervention.name,
@@ -236,7 +256,7 @@ def guard_policy(
         rule=rule,
         words=rule_words(world.intervention.name, clauses, cap),
         training=training,
-        held_out=held_out,
+        held_out=evaluation,
         validated=validated,
         validation=validation,
     )

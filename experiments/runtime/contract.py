@@ -63,12 +63,14 @@ def _short(text: str) -> str:
 
 
 def _place(filename: str, line: int) -> str:
-    """``file:line``, relative to the working directory when the file lies beneath it."""
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:
-        rel = filename
-    return f"{filename if rel.startswith('..') else rel}:{line}"
+    """``file:line``: relative to the working directory when the file lies beneath it, else
+    to the import path entry that holds it (inside a sandbox: the bundle), else absolute."""
+    path = os.path.abspath(filename)
+    for root in [os.getcwd(), *sorted(filter(None, sys.path), key=len, reverse=True)]:
+        base = os.path.abspath(root)
+        if path.startswith(base + os.sep):
+            return f"{os.path.relpath(path, base)}:{line}"
+    return f"{path}:{line}"
 
 
 def where(episode: int, world: str | None, step: int) -> str:
