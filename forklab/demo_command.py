@@ -29,6 +29,7 @@ from forklab.ops_common import (
 from forklab.service_commands import ensure_server, ensure_worker, stop_services
 from forklab.specfile import load_spec
 from workers.config import Settings
+from workers.stores import artifact_store, ledger
 from workflows.messages import (
     ExperimentResult,
     RejectRequest,
@@ -136,7 +137,7 @@ async def demo_flow(settings: Settings, spec_path: Path, yes: bool) -> int:
             f"{cleanup.left} left"
         )
     print(f"report files: report.md, report.json and report.html in {files.folder}")
-    print(f"ledger: {settings.ledger_path}; artifacts: {settings.artifacts_dir}")
+    print(f"ledger: {ledger(settings).location}; artifacts: {artifact_store(settings).location}")
     print(f"again later: forklab report {spec.id}")
     return 0
 

@@ -12,7 +12,7 @@ from types import FrameType
 from forklab.errors import CliError
 from forklab.ops_common import add_connection_flags, run, settings_from
 from workers import processes
-from workers.config import Settings
+from workers.config import ConfigError, Settings
 from workers.server import (
     ServerError,
     child_env,
@@ -96,6 +96,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
     try:
         run(lambda: run_worker(settings))
+    except ConfigError as exc:
+        raise CliError(str(exc), code=2) from None
     except RuntimeError as exc:
         raise CliError(
             f"the worker cannot connect to Temporal at {settings.address} "
