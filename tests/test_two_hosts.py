@@ -140,10 +140,9 @@ async def test_two_workers_with_two_homes_share_one_experiment(
         deadline = time.monotonic() + 120
         while victim is None:
             for name, backend in backends.items():
-                running = backend.list({"forklab.experiment": spec.id})
-                worlds = {backend._read(i).labels["forklab.world"] for i in running}  # type: ignore[union-attr]
-                if worlds - {"prefix"}:
-                    victim = name
+                for world in ("baseline", "boost", "placebo"):
+                    if backend.list({"forklab.experiment": spec.id, "forklab.world": world}):
+                        victim = name
             assert time.monotonic() < deadline, "no world batch started"
             await asyncio.sleep(0.05)
         os.killpg(workers[victim].pid, signal.SIGKILL)
