@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from forklab import (
+    agent_commands,
+    agent_services,
     approval_commands,
     demo_command,
     experiment_commands,
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     approval_commands.register(sub)
     service_commands.register(sub)
     demo_command.register(sub)
+    agent_commands.register(sub)
+    agent_services.register(sub)
     return parser
 
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import experiments
-from forklab import workspace_command
+from forklab import agent_demo, workspace_command
 from forklab.approval_commands import approve, send
 from forklab.errors import CliError
 from forklab.experiment_commands import save_report, start_experiment
@@ -169,3 +169,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_demo)
     scenarios = p.add_subparsers(dest="scenario", metavar="SCENARIO")
     workspace_command.register(scenarios)
+    agent_demo.register(scenarios)
