@@ -20,7 +20,12 @@ from activities.models import (
     SnapshotInput,
 )
 from activities.sandbox.confine import kill_group
-from activities.sandbox.workload_calls import WorkloadCallError, WorkloadCalls, WorkloadSpecError
+from activities.sandbox.workload_calls import (
+    WorkloadCallError,
+    WorkloadCalls,
+    WorkloadContractError,
+    WorkloadSpecError,
+)
 from activities.shared_snapshots import SharedSnapshots
 from experiments.bundle import bundle_files, code_digest
 from experiments.engine import spec_world_plans
@@ -112,6 +117,9 @@ class PlanningActivities:
             for pgid in boxes:
                 kill_group(pgid)
             raise
+        except WorkloadContractError as exc:
+            # The sentence itself; deterministic, so never retried.
+            raise ApplicationError(str(exc), type="WorkloadContract", non_retryable=True) from None
         except (WorkloadSpecError, WorkloadError) as exc:
             raise ApplicationError(
                 f"the rehearsal cannot run spec {spec.id!r}: spec: {exc}; fix the spec",

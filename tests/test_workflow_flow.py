@@ -56,9 +56,11 @@ async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> Non
     assert json.loads((out / "report.json").read_text()) == report
     html = (out / "report.html").read_text()
     assert_self_contained(html)
-    assert html.count("<svg") == 3 and "<h2>Durable run</h2>" in html
+    # failure rates, rescues vs harms, a slice chart for each of the three comparisons
+    assert html.count("<svg") == 2 + 3 and "<h2>Durable run</h2>" in html
     assert (
-        f"<code>{result.plan_fingerprint}</code>" in html
+        f'<code class="hash" title="{result.plan_fingerprint}">{result.plan_fingerprint}</code>'
+        in html
         and escape(result.network_isolation) in html
     )
     # what the Web UI shows: search attributes and a summary on every sandbox activity

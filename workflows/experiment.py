@@ -171,10 +171,12 @@ class ExperimentWorkflow:
         workflow.upsert_search_attributes([EXPERIMENT.value_set(self._spec.id)])
         state = self._state
         analysis: AnalysisResult | None = None
+        approved = inp.carry is not None
         try:
             if inp.carry is None:
                 await self._plan_and_approve()
-            else:
+            approved = True
+            if inp.carry is not None:
                 await self._resume(inp.carry)
                 if state.gate.pending:
                     await self._await_approval()
@@ -201,6 +203,10 @@ class ExperimentWorkflow:
         await self._clean_up()
         await self._record(analysis)
         self._enter(Stage.done, f"{state.status.value}{': ' + state.error if state.error else ''}")
+        if state.status is Status.failed and not approved:
+            # Nothing was spent: fail the workflow itself, so that the id-reuse policy
+            # (allow duplicate, failed only) lets the operator start it again under its id.
+            raise ApplicationError(state.error or "failed", type="FailedBeforeApproval")
         return views.result(state, analysis)
 
     async def _cancelled(self) -> None:
