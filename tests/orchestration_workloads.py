@@ -89,9 +89,12 @@ def _probe(home: str, port: int) -> str:
     import glob
     import socket
 
-    secrets = glob.glob(os.path.join(home, "tokens", "*")) + glob.glob(
-        os.path.join(home, "keys", "**", "*"), recursive=True
-    )
+    secrets = glob.glob(os.path.join(home, "tokens", "*")) + [
+        path
+        for folder in ("keys", "approval-keys")
+        for path in glob.glob(os.path.join(home, folder, "**", "*"), recursive=True)
+        if os.path.isfile(path)
+    ]
     read = []
     for path in secrets:
         try:
