@@ -15,6 +15,8 @@ from forklab import (
     agent_services,
     approval_commands,
     demo_command,
+    doctor_command,
+    evals_command,
     experiment_commands,
     plan_commands,
     service_commands,
@@ -35,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo_command.register(sub)
     agent_commands.register(sub)
     agent_services.register(sub)
+    doctor_command.register(sub)
+    evals_command.register(sub)
     return parser
 
 

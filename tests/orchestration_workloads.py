@@ -46,6 +46,7 @@ class Toy(Workload):
         "crash": {},
         "garbage": {},
     }
+    feature_types: ClassVar[Mapping[str, Any]] = {"ahead": bool}
 
     def initial_state(self, episode_seed: int, shocks: Shocks) -> State:
         return {"t": 0, "score": 0, "boost": False}

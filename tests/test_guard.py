@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from experiments.analysis.guard import learn_rule, rule_words
+from experiments.analysis.guard import (
+    GuardCounts,
+    GuardEvaluation,
+    held_out_validation,
+    learn_rule,
+    rule_words,
+)
 from experiments.analysis.slices import Dimension, SliceEffect, dimensions, slice_effects
 from experiments.plan import rehearse
+from experiments.report.render_html import render_html
+from experiments.report.render_markdown import render_markdown
+from experiments.report.render_text import render_text
 from experiments.runtime.runner import rule_fires
 from experiments.spec import parse_spec
 from tests.helpers import ROOT
@@ -91,3 +100,49 @@ def test_equal_rescues_prefer_the_rule_that_intervenes_less() -> None:
     narrow.append(_slice("b", 0, 2).model_copy(update={"feature": "narrow", "n": 70}))
     basis, _, chosen = learn_rule([wide, narrow], None)
     assert basis == "narrow" and sum(s.n for s in chosen) == 20
+
+
+def _evaluation(always: int, guarded: int) -> GuardEvaluation:
+    def counts(net: int) -> GuardCounts:
+        rescue, harm = max(net, 0) + 5, 5 - min(net, 0)
+        return GuardCounts(episodes=100, intervened=50, rescue=rescue, harm=harm, net=net)
+
+    return GuardEvaluation(
+        first_episode=300, last_episode=399, before=counts(always), after=counts(guarded)
+    )
+
+
+def test_a_rule_below_always_or_never_does_not_validate_in_words_and_verdicts() -> None:
+    assert held_out_validation(_evaluation(always=7, guarded=3)) == (
+        False,
+        "the rule did not validate: on held-out episodes 300..399 its net +3 is below "
+        "always applying it (+7)",
+    )
+    assert held_out_validation(_evaluation(always=-9, guarded=-2)) == (
+        False,
+        "the rule did not validate: on held-out episodes 300..399 its net -2 is below "
+        "never applying it (+0)",
+    )
+    assert held_out_validation(_evaluation(always=1, guarded=-2))[1].endswith(
+        "its net -2 is below always applying it (+1) and never applying it (+0)"
+    )
+    assert held_out_validation(_evaluation(always=2, guarded=2))[0] is True
+    # The report says so in words and in the verdict table, in every rendering.
+    report = rehearse(parse_spec(RECOVERY.read_text(), "recovery"))
+    assert report.guard is not None and report.guard.validated
+    held = _evaluation(always=7, guarded=3)
+    validated, why = held_out_validation(held)
+    bad = report.model_copy(
+        update={
+            "guard": report.guard.model_copy(
+                update={"held_out": held, "validated": validated, "validation": why}
+            )
+        }
+    )
+    assert f"  guard policy for refresh: NOT VALIDATED ({why})" in render_text(bad)
+    row = (
+        f"| guard on refresh | guard policy | beats always and never | **not validated** | {why} |"
+    )
+    assert row in render_markdown(bad)
+    badge = f'<span class="badge refuted">not validated</span></td><td>{why}</td>'
+    assert badge in render_html(bad)

@@ -133,7 +133,9 @@ def slice_counts(
 
 
 def _order(value: Feature) -> tuple[int, float, str]:
-    """Numbers (and booleans) in numeric order before strings in text order."""
+    """Numbers (and booleans) in numeric order, then strings in text order, then missing."""
+    if value is None:
+        return (2, 0.0, "")
     if isinstance(value, str):
         return (1, 0.0, value)
     return (0, float(value), "")

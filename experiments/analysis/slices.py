@@ -47,8 +47,9 @@ class Dimension:
     edges: tuple[float, ...] | None = None
 
     def cell(self, value: Feature) -> tuple[tuple[int, float, str], Feature, dict[str, Any]]:
-        """(sort key, shown value, matcher) of the slice that holds ``value``."""
-        if self.edges is None:
+        """(sort key, shown value, matcher) of the slice that holds ``value``; a missing
+        value (``None``, for an optional feature) is a slice of its own."""
+        if self.edges is None or value is None:
             return _order(value), value, {"eq": value}
         lo, hi = bin_bounds(float(value), self.edges)
         matcher: dict[str, Any] = {}
@@ -61,14 +62,20 @@ class Dimension:
 
 
 def _order(value: Feature) -> tuple[int, float, str]:
-    """Numbers (and booleans) in numeric order before strings in text order."""
+    """Numbers (and booleans) in numeric order, then strings in text order, then missing."""
+    if value is None:
+        return (2, 0.0, "")
     if isinstance(value, str):
         return (1, 0.0, value)
     return (0, float(value), "")
 
 
 def _numeric(values: Sequence[Feature]) -> bool:
-    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    """Numbers only (missing values aside, which slice on their own)."""
+    present = [v for v in values if v is not None]
+    return bool(present) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in present
+    )
 
 
 def dimensions(features: Sequence[dict[str, Feature]], bins: int) -> dict[str, Dimension]:
@@ -78,7 +85,8 @@ def dimensions(features: Sequence[dict[str, Feature]], bins: int) -> dict[str, D
     for name in names:
         values = [feats[name] for feats in features if name in feats]
         if _numeric(values):
-            edges = quantile_edges([float(v) for v in values], bins)
+            numbers = [float(v) for v in values if isinstance(v, int | float)]
+            edges = quantile_edges(numbers, bins)
             dims[name] = Dimension(name, tuple(edges))
         else:
             dims[name] = Dimension(name)
@@ -135,5 +143,7 @@ def slice_effects(
 
 
 def feature_text(value: Feature) -> str:
-    """A feature value as the report shows it (``true``, not ``True``)."""
+    """A feature value as the report shows it (``true``, not ``True``; ``missing``)."""
+    if value is None:
+        return "missing"
     return str(value).lower() if isinstance(value, bool) else str(value)
