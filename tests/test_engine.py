@@ -270,3 +270,64 @@ def test_docs_show_the_example_workload_verbatim() -> None:
     doc = (ROOT / "docs" / "workloads.md").read_text()
     source = (ROOT / "examples" / "flaky_tool.py").read_text()
     assert source in doc
+
+
+@pytest.mark.parametrize(
+    ("name", "intervention"), [("counter-recovery", "refresh"), ("retry-cascade", "jitter")]
+)
+def test_memo_off_runs_everything_and_changes_no_result(name: str, intervention: str) -> None:
+    from experiments.runtime.runner import workload_class
+
+    wl = workload_class(name)({})
+    plans: list[Any] = [WORLDS[0], {**WORLDS[0], "name": "treated", "intervention": intervention}]
+    assert run_batch(wl, 4, range(120), plans, memo=False) == run_batch(wl, 4, range(120), plans)
+
+
+def test_shared_draws_change_no_value_and_fingerprints_see_every_coordinate() -> None:
+    from experiments.runtime.crn import EpisodeDraws
+
+    draws = EpisodeDraws(1, 2)
+    shared, alone = Shocks(1, 2, draws=draws), Shocks(1, 2)
+    for t in range(30):
+        assert shared.exogenous(0, t, "x") == alone.exogenous(0, t, "x") == uniform(1, 2, 0, t, "x")
+    assert shared.fingerprint() == alone.fingerprint()
+    # A world that draws one more coordinate, or sees another value for one, differs.
+    extra = Shocks(1, 2, draws=draws)
+    for t in range(30):
+        extra.exogenous(0, t, "x")
+    extra.exogenous(0, 30, "x")
+    assert extra.fingerprint() != alone.fingerprint()
+    poisoned = EpisodeDraws(1, 2)
+    poisoned.exogenous[(0, 7, "x")] = 12345
+    other = Shocks(1, 2, draws=poisoned)
+    for t in range(30):
+        other.exogenous(0, t, "x")
+    assert other.fingerprint() != alone.fingerprint()
+    with pytest.raises(ValueError):
+        Shocks(1, 3, draws=draws)  # a table belongs to one (seed, episode)
+
+
+class DivergentDraws(CounterRecovery):
+    """counter-recovery whose ``refresh`` world draws a shock the baseline never draws:
+    a broken common-random-numbers design that the validity check must catch."""
+
+    def step(self, state: dict[str, Any], shocks: Shocks) -> None:
+        shocks.exogenous(0, int(state["steps"]), "weather")
+        if not state["frozen"] and state.get("refreshed"):
+            shocks.exogenous(1, int(state["steps"]), "weather")
+        super().step(state, shocks)
+
+    def intervene(self, state: dict[str, Any], name: str, params: Any, shocks: Shocks) -> None:
+        super().intervene(state, name, params, shocks)
+        state["refreshed"] = True
+
+
+def test_the_crn_check_fails_when_worlds_see_different_shocks() -> None:
+    from experiments.checks import common_random_numbers
+    from experiments.outcomes import from_batch
+
+    good = from_batch(run_batch(CounterRecovery({}), 0, range(50), WORLDS), "c", "s", 1.0)
+    assert common_random_numbers(good).passed
+    batch = run_batch(DivergentDraws({}), 0, range(50), WORLDS)
+    check = common_random_numbers(from_batch(batch, "c", "s", 1.0))
+    assert not check.passed and "refresh" in check.reason

@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import marshal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypedDict
 
 from experiments.runtime.canon import canonical_json, sha256_hex
-from experiments.runtime.crn import Shocks
+from experiments.runtime.crn import EpisodeDraws, Shocks
 from experiments.runtime.workload import Feature, State, Workload, WorkloadError
 
 BUILTIN_WORKLOADS = {
@@ -102,8 +103,10 @@ def run_prefix(workload: Workload, seed: int, episode: int) -> Checkpoint:
     return _prefix_from(workload, seed, episode, *_start(workload, seed, episode))[0]
 
 
-def _start(workload: Workload, seed: int, episode: int) -> tuple[State, Shocks]:
-    shocks = Shocks(seed, episode)
+def _start(
+    workload: Workload, seed: int, episode: int, draws: EpisodeDraws | None = None
+) -> tuple[State, Shocks]:
+    shocks = Shocks(seed, episode, 0, draws)
     return workload.initial_state(seed + episode, shocks), shocks
 
 
@@ -112,13 +115,14 @@ def _prefix_from(
 ) -> tuple[Checkpoint, bool]:
     """Step ``state`` to its boundary; also says whether the prefix drew randomness."""
     requested = workload.boundary(state)
-    while workload.cursor(state) < requested and not workload.done(state):
-        workload.step(state, shocks)
-    resolved = workload.cursor(state)
+    cursor, done, step = workload.cursor, workload.done, workload.step
+    while cursor(state) < requested and not done(state):
+        step(state, shocks)
+    resolved = cursor(state)
     if resolved != requested:
         raise BoundaryMissingError(
             f"episode {episode}: requested boundary {requested} but the run "
-            f"{'ended' if workload.done(state) else 'jumped'} at {resolved}"
+            f"{'ended' if done(state) else 'jumped'} at {resolved}"
         )
     text = canonical_json(state)
     checkpoint: Checkpoint = {
@@ -132,23 +136,53 @@ def _prefix_from(
     return checkpoint, shocks.drawn
 
 
-def continue_world(
-    workload: Workload, checkpoint: str, seed: int, episode: int, world: WorldPlan
-) -> tuple[bool, bool, str, bool]:
-    """Fork ``checkpoint`` into ``world`` and finish it.
+class _Fork:
+    """Hands out copies of one checkpoint, each exactly ``json.loads(checkpoint)``.
 
-    Returns (success, intervened, shock fingerprint, drew randomness). With ``forks``
-    > 1 the world runs that many replicates from the same checkpoint (distinct agent
-    streams) and the outcome is their majority vote.
+    The text is parsed once; further copies come from ``marshal`` (a C copy of plain
+    JSON values that keeps the sorted key order of the parse), and the last copy asked
+    for is the parsed state itself, so one world of an episode needs no copy at all.
+    """
+
+    __slots__ = ("_blob", "_left", "_state")
+
+    def __init__(self, checkpoint: str, copies: int) -> None:
+        self._state: State = json.loads(checkpoint)
+        self._left = copies
+        self._blob = marshal.dumps(self._state) if copies > 1 else b""
+
+    def take(self) -> State:
+        self._left -= 1
+        if self._left == 0:
+            return self._state
+        if self._left < 0:
+            raise RuntimeError("more copies taken than announced")
+        state: State = marshal.loads(self._blob)
+        return state
+
+
+def _finish(
+    workload: Workload,
+    fork: _Fork,
+    seed: int,
+    episode: int,
+    world: WorldPlan,
+    draws: EpisodeDraws,
+) -> tuple[bool, bool, str, bool]:
+    """Fork into ``world`` and finish it: (success, intervened, fingerprint, drew).
+
+    With ``forks`` > 1 the world runs that many replicates from the same checkpoint
+    (distinct agent streams) and the outcome is their majority vote.
     """
     votes = 0
     intervened = drawn = False
     fingerprint = ""
     name = world["intervention"]
     limit = workload.max_steps
+    done, step = workload.done, workload.step
     for replicate in range(world["forks"]):
-        state = json.loads(checkpoint)
-        shocks = Shocks(seed, episode, replicate)
+        state = fork.take()
+        shocks = Shocks(seed, episode, replicate, draws)
         workload.schedule_shocks(state, shocks)
         if name is not None and (
             world["guard"] is None or rule_fires(world["guard"], workload.features(state))
@@ -156,8 +190,8 @@ def continue_world(
             workload.intervene(state, name, world["params"], shocks)
             intervened = True
         steps = 0
-        while not workload.done(state):
-            workload.step(state, shocks)
+        while not done(state):
+            step(state, shocks)
             steps += 1
             if steps > limit:
                 raise StuckWorldError(
@@ -167,6 +201,17 @@ def continue_world(
         fingerprint = shocks.fingerprint()
         drawn = drawn or shocks.drawn
     return votes * 2 > world["forks"], intervened, fingerprint, drawn
+
+
+def continue_world(
+    workload: Workload, checkpoint: str, seed: int, episode: int, world: WorldPlan
+) -> tuple[bool, bool, str, bool]:
+    """Fork ``checkpoint`` into ``world`` and finish it.
+
+    Returns (success, intervened, shock fingerprint, drew randomness).
+    """
+    fork = _Fork(checkpoint, world["forks"])
+    return _finish(workload, fork, seed, episode, world, EpisodeDraws(seed, episode))
 
 
 def empty_columns() -> WorldColumns:
@@ -202,38 +247,52 @@ class Batch(TypedDict):
 
 
 def run_batch(
-    workload: Workload, seed: int, episodes: Sequence[int], worlds: Sequence[WorldPlan]
+    workload: Workload,
+    seed: int,
+    episodes: Sequence[int],
+    worlds: Sequence[WorldPlan],
+    memo: bool = True,
 ) -> Batch:
     """The local twin's inner loop: each prefix once, then every world from it.
 
-    A prefix or continuation that drew no randomness is a pure function of the state it
-    started from (the workload contract: state, params and shock draws decide
-    everything), so its result is reused for every episode that reaches an identical
-    state. Continuations that drew anything are always run.
+    All the runs of one episode share one table of random words (each coordinate is
+    hashed once per episode). With ``memo``, a prefix or continuation that drew no
+    randomness is reused for every episode that reaches an identical state: it is a pure
+    function of the state it started from (the workload contract: state, params and
+    shock draws decide everything). Continuations that drew anything are always run.
+    ``memo=False`` runs every episode in full (what the engine benchmark also reports).
     """
     # Rows are collected per episode (one append per world) and turned into columns at
     # the end: the loop body is the engine's hot path.
     checkpoints: list[Checkpoint] = []
     results: list[list[tuple[bool, bool, str]]] = [[] for _ in worlds]
     plans = list(zip(range(len(worlds)), worlds, results, strict=True))
+    # copies[i]: how many states worlds i.. need (the count a fork made at world i hands out)
+    copies = [sum(w["forks"] for w in worlds[i:]) for i in range(len(worlds))]
     prefixes: dict[str, Checkpoint] = {}
     continuations: dict[tuple[str, int], tuple[bool, bool, str]] = {}
     for episode in episodes:
-        state, shocks = _start(workload, seed, episode)
-        key = repr(state)  # exact for JSON values; only needs to be stable in-process
-        cp = prefixes.get(key)
+        draws = EpisodeDraws(seed, episode)
+        state, shocks = _start(workload, seed, episode, draws)
+        cp = None
+        if memo:
+            key = repr(state)  # exact for JSON values; only needs to be stable in-process
+            cp = prefixes.get(key)
         if cp is None:
             cp, drawn = _prefix_from(workload, seed, episode, state, shocks)
-            if not drawn:
+            if memo and not drawn:
                 prefixes[key] = cp
         checkpoints.append(cp)
         sha = cp["sha256"]
+        fork: _Fork | None = None
         for index, world, rows in plans:
-            result = continuations.get((sha, index))
+            result = continuations.get((sha, index)) if memo else None
             if result is None:
-                ok, did, fp, drawn = continue_world(workload, cp["state"], seed, episode, world)
+                if fork is None:
+                    fork = _Fork(cp["state"], copies[index])
+                ok, did, fp, drawn = _finish(workload, fork, seed, episode, world, draws)
                 result = (ok, did, fp)
-                if not drawn:
+                if memo and not drawn:
                     continuations[(sha, index)] = result
             rows.append(result)
     shas = [cp["sha256"] for cp in checkpoints]
