@@ -12,10 +12,13 @@ throughout this module is::
 the world) and ``n01`` are episodes it *rescued*. Only the discordant pairs carry information
 about the difference; the concordant ones (``n11``, ``n00``) only set the scale.
 
-Why a hand-written module: these numbers end up in pre-registered reports, so they must be
-deterministic, dependency-free at runtime (standard library ``math`` only) and exact where
-exactness is cheap. SciPy and statsmodels are used only by the test-suite, as independent
-references.
+Where a well-kept library computes a statistic, it is used: ``scipy.stats`` gives the
+McNemar tail, the normal quantile and the Wilson interval. What is written here is only
+what no library offers in the form a paired experiment needs (Newcombe's paired interval,
+Connor's McNemar sample size, the guard's quantile bins), plus Holm, which statsmodels has
+but would make statsmodels and pandas runtime dependencies (seconds of start-up for every
+``forklab plan``) for a dozen lines; each says so where it is defined. The tests check
+every function against an independent reference (SciPy, statsmodels, exact fractions).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import pairwise
+
+import numpy as np
+from scipy.stats import binom, binomtest, norm
 
 __all__ = [
     "bin_bounds",
@@ -60,94 +66,18 @@ def _open_unit(name: str, value: float) -> float:
 
 # --------------------------------------------------------------------------- normal quantile
 
-# Coefficients of Peter J. Acklam's rational approximation of the inverse normal CDF
-# (relative error below 1.15e-9 on its own; one Halley step below brings it to machine
-# precision because Halley's method triples the number of correct digits).
-_A = (
-    -3.969683028665376e01,
-    2.209460984245205e02,
-    -2.759285104469687e02,
-    1.383577518672690e02,
-    -3.066479806614716e01,
-    2.506628277459239e00,
-)
-_B = (
-    -5.447609879822406e01,
-    1.615858368580409e02,
-    -1.556989798598866e02,
-    6.680131188771972e01,
-    -1.328068155288572e01,
-)
-_C = (
-    -7.784894002430293e-03,
-    -3.223964580411365e-01,
-    -2.400758277161838e00,
-    -2.549732539343734e00,
-    4.374664141464968e00,
-    2.938163982698783e00,
-)
-_D = (
-    7.784695709041462e-03,
-    3.224671290700398e-01,
-    2.445134137142996e00,
-    3.754408661907416e00,
-)
-_P_LOW = 0.02425
-_SQRT2 = math.sqrt(2.0)
-_LOG_SQRT2PI = 0.5 * math.log(2.0 * math.pi)
-
-
-def _acklam_lower(p: float) -> float:
-    """Acklam's initial approximation for ``0 < p <= 0.5`` (returns a value <= 0)."""
-    if p < _P_LOW:
-        q = math.sqrt(-2.0 * math.log(p))
-        num = ((((_C[0] * q + _C[1]) * q + _C[2]) * q + _C[3]) * q + _C[4]) * q + _C[5]
-        den = (((_D[0] * q + _D[1]) * q + _D[2]) * q + _D[3]) * q + 1.0
-        return num / den
-    q = p - 0.5
-    r = q * q
-    num = (((((_A[0] * r + _A[1]) * r + _A[2]) * r + _A[3]) * r + _A[4]) * r + _A[5]) * q
-    den = ((((_B[0] * r + _B[1]) * r + _B[2]) * r + _B[3]) * r + _B[4]) * r + 1.0
-    return num / den
-
 
 def normal_quantile(p: float) -> float:
-    """Inverse of the standard normal CDF, accurate to about 1e-15 relative.
+    """Inverse of the standard normal CDF (``scipy.stats.norm.ppf``).
 
-    Used to turn a confidence level, a significance level or a power into a z value, so
-    that levels other than the usual 95% work without SciPy. Acklam's rational
-    approximation gives a start accurate to ~1e-9; one Halley step on
-    ``Phi(x) - p``, with ``Phi`` evaluated through ``math.erfc`` (accurate in the tail),
-    brings it to machine precision. Only the lower half is computed directly: for
-    ``p > 0.5`` the result is ``-normal_quantile(1 - p)``, and ``1 - p`` is exact in
-    floating point there, so the upper tail is as accurate as the lower one.
-
+    Used to turn a confidence level, a significance level or a power into a z value.
     ``p == 0`` and ``p == 1`` return ``-inf`` and ``+inf``; anything outside [0, 1] (or NaN)
     raises ``ValueError``.
     """
     x = float(p)
     if not 0.0 <= x <= 1.0:
         raise ValueError(f"p must be within [0, 1], got {p!r}")
-    if x == 0.0:
-        return -math.inf
-    if x == 1.0:
-        return math.inf
-    if x > 0.5:
-        return -normal_quantile(1.0 - x)
-    z = _acklam_lower(x)
-    # Halley refinement: e = Phi(z) - p, u = e / phi(z); z <- z - u / (1 + z u / 2).
-    # u is formed in log space: exp(z^2 / 2) alone overflows for p below ~1e-300.
-    e = 0.5 * math.erfc(-z / _SQRT2) - x
-    if e == 0.0:
-        return z
-    u = math.copysign(math.exp(math.log(abs(e)) + _LOG_SQRT2PI + 0.5 * z * z), e)
-    return z - u / (1.0 + 0.5 * z * u)
-
-
-def _z_two_sided(confidence: float) -> float:
-    """``z_{1 - alpha/2}`` for a two-sided interval at ``confidence`` = 1 - alpha."""
-    level = _open_unit("confidence", confidence)
-    return -normal_quantile((1.0 - level) / 2.0)
+    return float(norm.ppf(x))
 
 
 # --------------------------------------------------------------------------- McNemar test
@@ -162,28 +92,17 @@ def mcnemar_exact_p(b: int, c: int) -> float:
     p-value is ``min(1, 2 * P(X <= min(b, c)))``. With no discordant pairs there is no
     evidence at all and the p-value is 1.
 
-    Why exact integers: the tail sum is formed as ``sum_i C(m, i)`` with Python's unbounded
-    integers and divided by ``2**m`` once, which Python rounds correctly. There is no
-    cancellation, underflow in intermediate terms or log-space error, so the result is
-    the correctly rounded double for any ``m`` (cost grows roughly with ``m**2`` bits,
-    fine for the tens of thousands of episodes an experiment has).
+    The tail is ``scipy.stats.binom.cdf`` (the regularised incomplete beta function):
+    O(1) in ``m``, and within 1e-9 relative of the exact big-integer sum wherever that sum
+    is a normal double (the tests compare them up to m = 20,000). The exact sum grew as
+    ``m**2`` bits and took minutes at a million discordant pairs.
     """
     b = _count("b", b)
     c = _count("c", c)
     m = b + c
     if m == 0:
         return 1.0
-    k = min(b, c)
-    term = 1  # C(m, 0)
-    tail = 1
-    for i in range(k):
-        term = term * (m - i) // (i + 1)  # exact: C(m, i + 1)
-        tail += term
-    numerator = 2 * tail
-    denominator = 1 << m
-    if numerator >= denominator:
-        return 1.0
-    return numerator / denominator
+    return min(1.0, 2.0 * float(binom.cdf(min(b, c), m, 0.5)))
 
 
 # --------------------------------------------------------------------------- intervals
@@ -194,27 +113,20 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
 
     Used for the failure rate of each world. Unlike the Wald interval it stays inside
     [0, 1], never collapses to zero width at 0% or 100%, and has close to nominal coverage
-    even for the small per-world episode counts ForkLab runs. It is computed in the form::
-
-        (2x + z^2 -/+ z * sqrt(z^2 + 4 x (n - x) / n)) / (2 (n + z^2))
-
-    which avoids the cancellation of the textbook centre-minus-half-width form. The limits
-    are exactly 0 when ``successes == 0`` and exactly 1 when ``successes == n``.
+    even for the small per-world episode counts ForkLab runs. It is
+    ``scipy.stats.binomtest(...).proportion_ci(method="wilson")``, whose
+    limits are exactly 0 when ``successes == 0`` and exactly 1 when ``successes == n``.
     ``n == 0`` carries no information and returns ``(0.0, 1.0)``.
     """
     x = _count("successes", successes)
     n = _count("n", n)
     if x > n:
         raise ValueError(f"successes ({x}) cannot exceed n ({n})")
-    z = _z_two_sided(confidence)
+    level = _open_unit("confidence", confidence)
     if n == 0:
         return 0.0, 1.0
-    z2 = z * z
-    spread = z * math.sqrt(z2 + 4.0 * x * (n - x) / n)
-    denominator = 2.0 * (n + z2)
-    low = 0.0 if x == 0 else (2.0 * x + z2 - spread) / denominator
-    high = 1.0 if x == n else (2.0 * x + z2 + spread) / denominator
-    return max(0.0, low), min(1.0, high)
+    ci = binomtest(x, n).proportion_ci(confidence_level=level, method="wilson")
+    return max(0.0, float(ci.low)), min(1.0, float(ci.high))
 
 
 def _newcombe_phi(n11: int, n10: int, n01: int, n00: int) -> float:
@@ -258,6 +170,10 @@ def paired_difference_ci(
     success and world failure (harm), ``n01`` baseline failure and world success (rescue),
     ``n00`` both fail. Returns ``(estimate, low, high)`` with
     ``estimate = (n01 - n10) / n``, positive when the world rescues more than it harms.
+
+    Hand-written because no library has it: statsmodels' ``confint_proportions_2indep``
+    is for *independent* samples, and ignoring the pairing would throw away the
+    correlation that makes paired forks informative.
 
     Method: Newcombe (1998), "Improved confidence intervals for the difference between
     binomial proportions based on paired data", Stat Med 17:2635-2650, method 10 (the
@@ -339,7 +255,8 @@ def mcnemar_sample_size(
 
         n = (z_{1 - alpha/2} sqrt(psi) + z_{power} sqrt(psi - delta^2))^2 / delta^2
 
-    rounded up. This is what a pre-registration needs: only the discordant pairs are
+    rounded up. Hand-written because neither SciPy nor statsmodels offers a McNemar
+    sample size. This is what a pre-registration needs: only the discordant pairs are
     informative, so the required n is driven by how often the worlds disagree, not by the
     overall failure rate. Returns ``None`` when ``delta == 0`` (there is no effect to
     detect, so no n suffices). Values within 1e-9 above an integer are treated as that
@@ -388,20 +305,24 @@ def quantile_edges(values: Sequence[float], bins: int) -> list[float]:
     to the minimum (which would leave the first bin empty) are dropped, so fewer than
     ``bins - 1`` edges may come back; no edges means a single bin. Returns a strictly
     increasing list. Values must be finite; ``bins`` must be >= 1.
+
+    The sort is numpy's (millions of episodes); the choice of edges is written here
+    because none of ``numpy.quantile``'s methods is "the smallest x with F_n(x) > q".
     """
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
         raise ValueError(f"bins must be an int >= 1, got {bins!r}")
-    ordered = sorted(float(v) for v in values)
-    for v in ordered:
-        if not math.isfinite(v):
-            raise ValueError(f"values must be finite, got {v!r}")
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
+    if not np.isfinite(ordered).all():
+        bad = ordered[~np.isfinite(ordered)][0]
+        raise ValueError(f"values must be finite, got {float(bad)!r}")
     n = len(ordered)
     if n == 0:
         return []
     edges: list[float] = []
+    lowest = float(ordered[0])
     for i in range(1, bins):
-        candidate = ordered[(i * n) // bins]
-        if candidate > ordered[0] and (not edges or candidate > edges[-1]):
+        candidate = float(ordered[(i * n) // bins])
+        if candidate > lowest and (not edges or candidate > edges[-1]):
             edges.append(candidate)
     return edges
 
