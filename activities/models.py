@@ -11,8 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from experiments.checks import Check
+from experiments.analysis.checks import Check
 from experiments.outcomes import InfraUsage, WorldStatus
+from experiments.runtime.file_format import WorldPlan
 from experiments.spec import ExperimentSpec, Role
 
 
@@ -99,16 +100,6 @@ class RunnerJob(Model):
     seed: int
 
 
-class WorldJob(Model):
-    """One world's continuation policy, as the runner's ``WorldPlan`` spells it."""
-
-    name: str
-    intervention: str | None
-    params: dict[str, Any]
-    guard: dict[str, Any] | None
-    forks: int = Field(ge=1)
-
-
 class PrefixInput(Model):
     experiment_id: str
     job: RunnerJob
@@ -128,7 +119,7 @@ class PrefixResult(Model):
 class BatchInput(Model):
     experiment_id: str
     job: RunnerJob
-    world: WorldJob
+    world: WorldPlan
     snapshot_id: str
     chunk: EpisodeChunk
     checkpoints_digest: str

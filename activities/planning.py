@@ -72,9 +72,9 @@ def rehearse_sample(spec: ExperimentSpec, sample_episodes: int) -> Rehearsal:
     for plan in spec_world_plans(spec):
         start = time.perf_counter()
         cols = continue_checkpoints(workload, spec.seed, checkpoints, plan)
-        rates[plan["name"]] = (time.perf_counter() - start) / n
+        rates[plan.name] = (time.perf_counter() - start) / n
         rate = (n - sum(cols["outcomes"])) / n
-        worlds.append(SampleWorld(name=plan["name"], failure_rate=round(rate, 6)))
+        worlds.append(SampleWorld(name=plan.name, failure_rate=round(rate, 6)))
     return Rehearsal(
         code_digest=code_digest(bundle_files(spec.workload.name)),
         episodes=n,

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from concurrent.futures import Executor
 from datetime import UTC, datetime
-from typing import Any
 
 from temporalio import activity
 
@@ -21,17 +19,18 @@ from activities.models import (
     Progress,
     WorldSummary,
 )
-from experiments.checks import Check
+from experiments.analysis.build import build_report
+from experiments.analysis.checks import Check
 from experiments.outcomes import (
     ExperimentOutcomes,
     WorldOutcomes,
     WorldStatus,
     outcomes_digest,
 )
-from experiments.plan import analyse
-from experiments.render_html import render_html
-from experiments.render_markdown import render_markdown
+from experiments.report.render_html import render_html
+from experiments.report.render_markdown import render_markdown
 from experiments.runtime.canon import canonical_json
+from experiments.runtime.file_format import empty_columns, extend_columns, parse_checkpoints
 from experiments.spec import ExperimentSpec, Role
 
 
@@ -53,14 +52,10 @@ def _world_outcomes(
         why = skipped[0].error if skipped else "not run"
         error = f"{chunks - len(done)} of {chunks} batches skipped ({why})"
         return WorldOutcomes(**base, status=WorldStatus.skipped, error=error, world_seconds=seconds)
-    out = WorldOutcomes(**base, world_seconds=seconds)
+    columns = empty_columns()
     for batch in sorted(done, key=lambda b: b.chunk.index):
-        cols = store.get_json(batch.columns_digest or "")
-        out.outcomes.extend(cols["outcomes"])
-        out.intervened.extend(cols["intervened"])
-        out.shocks.extend(cols["shocks"])
-        out.inherited.extend(cols["inherited"])
-    return out
+        extend_columns(columns, store.get_json(batch.columns_digest or ""))
+    return WorldOutcomes(**base, **columns, world_seconds=seconds)
 
 
 def assemble_outcomes(inp: AnalyseInput, store: ArtifactStore) -> ExperimentOutcomes:
@@ -71,8 +66,8 @@ def assemble_outcomes(inp: AnalyseInput, store: ArtifactStore) -> ExperimentOutc
         episodes=[], requested=[], resolved=[], checkpoints=[], features=[], worlds=[]
     )
     for prefix in prefixes:
-        for line in store.get_bytes(prefix.checkpoints_digest).decode().splitlines():
-            cp = json.loads(line)
+        data = store.get_bytes(prefix.checkpoints_digest)
+        for cp in parse_checkpoints(data, prefix.chunk.first, prefix.chunk.size):
             outcomes.episodes.append(cp["episode"])
             outcomes.requested.append(cp["requested"])
             outcomes.resolved.append(cp["resolved"])
@@ -107,7 +102,7 @@ def _world_checks(world: WorldOutcomes, inp: AnalyseInput, episodes: int) -> lis
 
 def analyse_run(inp: AnalyseInput, store: ArtifactStore) -> AnalysisResult:
     outcomes = assemble_outcomes(inp, store)
-    report = analyse(inp.spec, outcomes, inp.code_digest, inp.infra)
+    report = build_report(inp.spec, outcomes, inp.code_digest, inp.infra)
     report_digest = store.put_json(report.model_dump(mode="json"))
     markdown_digest = store.put_bytes(render_markdown(report, inp.provenance).encode())
     html_digest = store.put_bytes(render_html(report, inp.provenance).encode())
@@ -136,10 +131,6 @@ def analyse_run(inp: AnalyseInput, store: ArtifactStore) -> AnalysisResult:
     )
 
 
-def _json(value: Any) -> str:
-    return canonical_json(value)
-
-
 def ledger_rows(inp: LedgerInput, now: datetime) -> tuple[ExperimentRecord, list[WorldRecord]]:
     spec: ExperimentSpec = inp.spec
     root = ExperimentRecord(
@@ -148,9 +139,9 @@ def ledger_rows(inp: LedgerInput, now: datetime) -> tuple[ExperimentRecord, list
         status=inp.status,
         hypothesis=spec.hypothesis.text,
         plan_fingerprint=inp.plan_fingerprint,
-        spec_json=_json(spec.canonical()),
-        budget_json=_json(inp.budget),
-        approval_json=_json(inp.approval),
+        spec_json=canonical_json(spec.canonical()),
+        budget_json=canonical_json(inp.budget),
+        approval_json=canonical_json(inp.approval),
         report_digest=inp.report_digest,
         error=inp.error,
         created_at=now,
@@ -170,7 +161,7 @@ def ledger_rows(inp: LedgerInput, now: datetime) -> tuple[ExperimentRecord, list
             episodes=w.episodes,
             failures=w.failures,
             outcomes_digest=w.outcomes_digest,
-            checks_json=_json([c.model_dump(mode="json") for c in w.checks]),
+            checks_json=canonical_json([c.model_dump(mode="json") for c in w.checks]),
             created_at=now,
         )
         for w in inp.worlds

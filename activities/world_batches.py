@@ -8,7 +8,6 @@ leaves nothing behind for long. Inputs and outputs travel as artifact digests.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections.abc import Callable
@@ -24,13 +23,20 @@ from activities.models import (
     BatchStatus,
     CleanupInput,
     CleanupResult,
-    EpisodeChunk,
     PrefixInput,
     PrefixResult,
 )
 from activities.sandbox.base import ExecResult, Limits, SandboxBackend, SandboxError
-from experiments.runtime.canon import canonical_json, sha256_hex
-from experiments.runtime.runner import WorldColumns
+from experiments.runtime.file_format import (
+    CHECKPOINTS_FILE,
+    OUT_FILE,
+    REQUEST_FILE,
+    RUNNER_MODULE,
+    FormatError,
+    parse_checkpoints,
+    parse_columns,
+    request_text,
+)
 
 #: How often a running batch heartbeats (well inside ``BATCH_HEARTBEAT_TIMEOUT``).
 HEARTBEAT_SECONDS = 2.0
@@ -45,13 +51,9 @@ BATCH_LABEL = "forklab.batch"
 #: The label value of the sandbox that runs the prefixes (it is no world).
 PREFIX_WORLD = "prefix"
 
-_RUNNER = ["python", "-m", "experiments.runtime.runner"]
-_FILES = ["--request", "request.json", "--checkpoints", "checkpoints.jsonl", "--out", "out.json"]
+_RUNNER = ["python", "-m", RUNNER_MODULE]
+_FILES = ["--request", REQUEST_FILE, "--checkpoints", CHECKPOINTS_FILE, "--out", OUT_FILE]
 _T = TypeVar("_T")
-
-
-class RunnerOutputError(ValueError):
-    """The runner exited cleanly but its output is not what it must write."""
 
 
 def _limits(seconds: float) -> Limits:
@@ -70,46 +72,6 @@ def _charged_before() -> float:
 def _tail(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else "no output"
-
-
-def parse_columns(data: bytes, episodes: int) -> WorldColumns:
-    """Validate the runner's ``continue`` output: four columns of ``episodes`` entries."""
-    try:
-        value = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunnerOutputError(f"output is not JSON ({exc.__class__.__name__}: {exc})") from None
-    keys = ("outcomes", "intervened", "shocks", "inherited")
-    if not isinstance(value, dict) or sorted(value) != sorted(keys):
-        raise RunnerOutputError("output is not an object with outcomes/intervened/shocks/inherited")
-    for key, kind in zip(keys, (bool, bool, str, str), strict=True):
-        col = value[key]
-        if not isinstance(col, list) or len(col) != episodes:
-            raise RunnerOutputError(f"column {key!r} does not hold {episodes} entries")
-        if not all(isinstance(v, kind) for v in col):
-            raise RunnerOutputError(f"column {key!r} holds values that are not {kind.__name__}")
-    columns: WorldColumns = {
-        "outcomes": value["outcomes"],
-        "intervened": value["intervened"],
-        "shocks": value["shocks"],
-        "inherited": value["inherited"],
-    }
-    return columns
-
-
-def check_checkpoints(data: bytes, chunk: EpisodeChunk) -> None:
-    """The prefix output must hold one intact checkpoint per episode of the chunk, in order."""
-    lines = [line for line in data.decode("utf-8", errors="replace").splitlines() if line]
-    if len(lines) != chunk.size:
-        raise RunnerOutputError(f"expected {chunk.size} checkpoints, found {len(lines)} lines")
-    for expected, line in enumerate(lines, start=chunk.first):
-        try:
-            cp = json.loads(line)
-        except json.JSONDecodeError:
-            raise RunnerOutputError(f"checkpoint of episode {expected} is not JSON") from None
-        if not isinstance(cp, dict) or cp.get("episode") != expected:
-            raise RunnerOutputError(f"checkpoint line for episode {expected} is out of order")
-        if sha256_hex(str(cp.get("state", ""))) != cp.get("sha256"):
-            raise RunnerOutputError(f"checkpoint of episode {expected} fails its sha256")
 
 
 class SandboxActivities:
@@ -159,7 +121,7 @@ class SandboxActivities:
             result = await self._exec(sandbox_id, [*_RUNNER, mode, *_FILES], allowance, before)
             if result.timed_out or result.exit_code != 0:
                 return result, None
-            wanted = "checkpoints.jsonl" if mode == "prefix" else "out.json"
+            wanted = CHECKPOINTS_FILE if mode == "prefix" else OUT_FILE
             try:
                 data = await self._blocking(self._backend.download, sandbox_id, wanted)
             except SandboxError:
@@ -179,13 +141,14 @@ class SandboxActivities:
                 type="BudgetExhausted",
                 non_retryable=True,
             )
-        request = {**inp.job.model_dump(), "episodes": list(range(inp.chunk.first, inp.chunk.stop))}
+        episodes = range(inp.chunk.first, inp.chunk.stop)
+        request = request_text(inp.job.workload, inp.job.params, inp.job.seed, episodes=episodes)
         labels = {
             EXPERIMENT_LABEL: inp.experiment_id,
             WORLD_LABEL: PREFIX_WORLD,
             BATCH_LABEL: str(inp.chunk.index),
         }
-        inputs = {"request.json": canonical_json(request).encode(), "checkpoints.jsonl": b""}
+        inputs = {REQUEST_FILE: request.encode(), CHECKPOINTS_FILE: b""}
         result, data = await self._in_sandbox(
             labels, inp.snapshot_id, inputs, "prefix", allowance, before
         )
@@ -197,8 +160,8 @@ class SandboxActivities:
                 non_retryable=True,
             )
         try:
-            await self._blocking(check_checkpoints, data, inp.chunk)
-        except RunnerOutputError as exc:
+            await self._blocking(parse_checkpoints, data, inp.chunk.first, inp.chunk.size)
+        except FormatError as exc:
             raise ApplicationError(
                 f"the prefix runner printed invalid checkpoints: {exc}",
                 type="PrefixFailed",
@@ -241,16 +204,13 @@ class SandboxActivities:
         if allowance < MIN_ATTEMPT_SECONDS:
             return failed("earlier attempts used the batch's whole reservation", before)
         checkpoints = await self._blocking(self._store.get_bytes, inp.checkpoints_digest)
-        request = {**inp.job.model_dump(), "world": inp.world.model_dump()}
+        request = request_text(inp.job.workload, inp.job.params, inp.job.seed, world=inp.world)
         labels = {
             EXPERIMENT_LABEL: inp.experiment_id,
             WORLD_LABEL: name,
             BATCH_LABEL: str(inp.chunk.index),
         }
-        inputs = {
-            "request.json": canonical_json(request).encode(),
-            "checkpoints.jsonl": checkpoints,
-        }
+        inputs = {REQUEST_FILE: request.encode(), CHECKPOINTS_FILE: checkpoints}
         result, data = await self._in_sandbox(
             labels, inp.snapshot_id, inputs, "continue", allowance, before
         )
@@ -260,7 +220,7 @@ class SandboxActivities:
             return failed(why or "the runner wrote no output file", spent, result)
         try:
             columns = parse_columns(data, inp.chunk.size)
-        except RunnerOutputError as exc:
+        except FormatError as exc:
             return failed(f"the runner printed garbage: {exc}", spent, result)
         digest = await self._blocking(self._store.put_json, columns)
         return BatchOutcome(

@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from experiments.engine import run_twin, spec_world_plans
 from experiments.runtime.canon import digest
 from experiments.runtime.crn import Shocks
-from experiments.runtime.runner import WorldPlan, workload_class
+from experiments.runtime.file_format import WorldPlan
+from experiments.runtime.runner import workload_class
 from experiments.runtime.workload import Workload
 from experiments.spec import ExperimentSpec
 
@@ -75,7 +76,7 @@ def spec_for(workload: str, worlds: list[dict[str, Any]], episodes: int) -> Expe
 
 def naive(workload: Workload, seed: int, episodes: int, worlds: Sequence[WorldPlan]) -> Outcomes:
     """The loop one writes first: run the prefix, deepcopy the state per world, finish."""
-    out: Outcomes = {w["name"]: [] for w in worlds}
+    out: Outcomes = {w.name: [] for w in worlds}
     for episode in range(episodes):
         shocks = Shocks(seed, episode)
         state = workload.initial_state(seed + episode, shocks)
@@ -85,11 +86,11 @@ def naive(workload: Workload, seed: int, episodes: int, worlds: Sequence[WorldPl
             world = copy.deepcopy(state)
             world_shocks = Shocks(seed, episode)
             workload.schedule_shocks(world, world_shocks)
-            if w["intervention"] is not None:
-                workload.intervene(world, w["intervention"], w["params"], world_shocks)
+            if w.intervention is not None:
+                workload.intervene(world, w.intervention, w.params, world_shocks)
             while not workload.done(world):
                 workload.step(world, world_shocks)
-            out[w["name"]].append(workload.outcome(world))
+            out[w.name].append(workload.outcome(world))
     return out
 
 
@@ -108,6 +109,11 @@ _AGAINST = """
 import json, sys, time
 from experiments.runtime.runner import run_batch, workload_class
 workload, episodes, worlds = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+try:  # world plans became a dataclass with the runner's file format
+    from experiments.runtime.file_format import WorldPlan
+    worlds = [WorldPlan.from_json(w) for w in worlds]
+except ImportError:
+    pass
 wl = workload_class(workload)({})
 start = time.perf_counter()
 batch = run_batch(wl, 0, list(range(episodes)), worlds)
@@ -118,7 +124,7 @@ print(json.dumps([seconds, {n: c["outcomes"] for n, c in batch["worlds"].items()
 
 def against(tree: Path, workload: str, episodes: int, worlds: Sequence[WorldPlan]) -> float:
     """Seconds the engine of another checkout takes for the same run (one process)."""
-    plans = [{**w, "guard": None} for w in worlds]
+    plans = [w.to_json() for w in worlds]
     done = subprocess.run(
         [sys.executable, "-c", _AGAINST, workload, str(episodes), json.dumps(plans)],
         cwd=tree,

@@ -23,10 +23,10 @@ import statistics
 import time
 from typing import Any
 
-from experiments.comparisons import paired_effect, paired_table
+from experiments.analysis.guard import learn_rule
+from experiments.analysis.pairs import paired_effect, paired_table
+from experiments.analysis.slices import dimensions, slice_effects
 from experiments.engine import run_twin, world_plan
-from experiments.guard import learn_rule
-from experiments.slices import dimensions, slice_effects
 from experiments.spec import ExperimentSpec, parse_spec
 
 SPEC = """

@@ -15,13 +15,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.runtime.runner import (
-    Batch,
-    WorldPlan,
-    empty_columns,
-    run_batch,
-    workload_class,
-)
+from experiments.runtime.file_format import Batch, WorldPlan, merge_batches
+from experiments.runtime.runner import run_batch, workload_class
 from experiments.spec import ExperimentSpec, World, resolve_workload
 
 #: Below this many world-episodes, starting processes costs more than it saves.
@@ -32,13 +27,13 @@ def world_plan(
     world: World, forks: int = 1, guard: dict[str, Any] | None = None, name: str | None = None
 ) -> WorldPlan:
     iv = world.intervention
-    return {
-        "name": name or world.name,
-        "intervention": iv.name if iv else None,
-        "params": dict(iv.params) if iv else {},
-        "guard": guard,
-        "forks": forks,
-    }
+    return WorldPlan(
+        name=name or world.name,
+        intervention=iv.name if iv else None,
+        params=dict(iv.params) if iv else {},
+        guard=guard,
+        forks=forks,
+    )
 
 
 def spec_world_plans(spec: ExperimentSpec) -> list[WorldPlan]:
@@ -56,31 +51,6 @@ class TwinRun:
 def _run_chunk(args: tuple[str, dict[str, Any], int, list[int], list[WorldPlan], bool]) -> Batch:
     ref, params, seed, episodes, worlds, memo = args
     return run_batch(workload_class(ref)(params), seed, episodes, worlds, memo)
-
-
-def merge_batches(parts: Sequence[Batch]) -> Batch:
-    first = parts[0]
-    merged: Batch = {
-        "episodes": [],
-        "requested": [],
-        "resolved": [],
-        "checkpoints": [],
-        "features": [],
-        "worlds": {name: empty_columns() for name in first["worlds"]},
-    }
-    for part in parts:
-        merged["episodes"].extend(part["episodes"])
-        merged["requested"].extend(part["requested"])
-        merged["resolved"].extend(part["resolved"])
-        merged["checkpoints"].extend(part["checkpoints"])
-        merged["features"].extend(part["features"])
-        for name, cols in part["worlds"].items():
-            into = merged["worlds"][name]
-            into["outcomes"].extend(cols["outcomes"])
-            into["intervened"].extend(cols["intervened"])
-            into["shocks"].extend(cols["shocks"])
-            into["inherited"].extend(cols["inherited"])
-    return merged
 
 
 def default_processes() -> int:

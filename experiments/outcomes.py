@@ -11,7 +11,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from experiments.runtime.canon import digest
-from experiments.runtime.runner import Batch
+from experiments.runtime.file_format import Batch
 from experiments.runtime.workload import Feature
 
 
@@ -83,10 +83,7 @@ def from_batch(batch: Batch, code_digest: str, snapshot: str, seconds: float) ->
         worlds=[
             WorldOutcomes(
                 name=name,
-                outcomes=cols["outcomes"],
-                intervened=cols["intervened"],
-                shocks=cols["shocks"],
-                inherited=cols["inherited"],
+                **cols,
                 code_digest=code_digest,
                 snapshot=snapshot,
                 world_seconds=per_world,

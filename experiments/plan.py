@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from experiments.analysis import build_report
+from experiments.analysis.build import build_report
 from experiments.bundle import bundle_files, code_digest
 from experiments.engine import run_twin
-from experiments.outcomes import ExperimentOutcomes, InfraUsage, from_batch
-from experiments.report import Report
+from experiments.outcomes import ExperimentOutcomes, from_batch
+from experiments.report.model import Report
 from experiments.spec import ExperimentSpec
 
 #: The snapshot name recorded for worlds that ran in the local twin.
@@ -25,16 +25,6 @@ def rehearse_outcomes(
     return from_batch(run.batch, code_digest, TWIN_SNAPSHOT, run.seconds)
 
 
-def analyse(
-    spec: ExperimentSpec,
-    outcomes: ExperimentOutcomes,
-    code_digest: str,
-    infra: InfraUsage | None = None,
-) -> Report:
-    """The analysis shared by the twin and the durable path (``infra`` only there)."""
-    return build_report(spec, outcomes, code_digest, infra)
-
-
 def rehearse(spec: ExperimentSpec, processes: int | None = None) -> Report:
     digest = workload_code_digest(spec)
-    return analyse(spec, rehearse_outcomes(spec, digest, processes), digest)
+    return build_report(spec, rehearse_outcomes(spec, digest, processes), digest)

@@ -1,24 +1,11 @@
 """Small, exact statistics for paired counterfactual comparisons.
 
-ForkLab runs every episode twice, once in the baseline world and once in a counterfactual
-world, so each comparison is a *paired* 2x2 table of outcomes. The orientation used
-throughout this module is::
-
-                        world success   world failure
-    baseline success         n11             n10        (n10 = harm)
-    baseline failure         n01             n00        (n01 = rescue)
-
-``n10`` are episodes the intervention *harmed* (they succeeded in the baseline and failed in
-the world) and ``n01`` are episodes it *rescued*. Only the discordant pairs carry information
-about the difference; the concordant ones (``n11``, ``n00``) only set the scale.
-
-Where a well-kept library computes a statistic, it is used: ``scipy.stats`` gives the
-McNemar tail, the normal quantile and the Wilson interval. What is written here is only
-what no library offers in the form a paired experiment needs (Newcombe's paired interval,
-Connor's McNemar sample size, the guard's quantile bins), plus Holm, which statsmodels has
-but would make statsmodels and pandas runtime dependencies (seconds of start-up for every
-``forklab plan``) for a dozen lines; each says so where it is defined. The tests check
-every function against an independent reference (SciPy, statsmodels, exact fractions).
+Each comparison is a paired 2x2 table: ``n11`` both succeed, ``n10`` harm (baseline
+success, world failure), ``n01`` rescue, ``n00`` both fail. Where a well-kept library
+computes a statistic, it is used: ``scipy.stats`` gives the McNemar tail, the normal
+quantile and the Wilson interval. Written here is only what no library offers in the form
+a paired experiment needs (each function says why); the formulas and their sources are in
+``docs/analysis.md`` ("The formulas").
 """
 
 from __future__ import annotations
@@ -68,12 +55,8 @@ def _open_unit(name: str, value: float) -> float:
 
 
 def normal_quantile(p: float) -> float:
-    """Inverse of the standard normal CDF (``scipy.stats.norm.ppf``).
-
-    Used to turn a confidence level, a significance level or a power into a z value.
-    ``p == 0`` and ``p == 1`` return ``-inf`` and ``+inf``; anything outside [0, 1] (or NaN)
-    raises ``ValueError``.
-    """
+    """Inverse of the standard normal CDF (``scipy.stats.norm.ppf``). ``p == 0`` and
+    ``p == 1`` give ``-inf`` and ``+inf``; outside [0, 1] (or NaN) raises ``ValueError``."""
     x = float(p)
     if not 0.0 <= x <= 1.0:
         raise ValueError(f"p must be within [0, 1], got {p!r}")
@@ -84,18 +67,12 @@ def normal_quantile(p: float) -> float:
 
 
 def mcnemar_exact_p(b: int, c: int) -> float:
-    """Exact two-sided McNemar p-value from the discordant counts.
+    """Exact two-sided McNemar p-value from ``b`` harms and ``c`` rescues (1 with none).
 
-    ``b`` = harms (baseline success, world failure) and ``c`` = rescues (baseline failure,
-    world success). Under the null hypothesis of no effect each discordant pair is equally
-    likely to fall either way, so ``min(b, c)`` is Binomial(b + c, 1/2) and the two-sided
-    p-value is ``min(1, 2 * P(X <= min(b, c)))``. With no discordant pairs there is no
-    evidence at all and the p-value is 1.
-
-    The tail is ``scipy.stats.binom.cdf`` (the regularised incomplete beta function):
-    O(1) in ``m``, and within 1e-9 relative of the exact big-integer sum wherever that sum
-    is a normal double (the tests compare them up to m = 20,000). The exact sum grew as
-    ``m**2`` bits and took minutes at a million discordant pairs.
+    The binomial tail is ``scipy.stats.binom.cdf`` (the regularised incomplete beta):
+    O(1) in the number of discordant pairs, within 1e-9 relative of the exact big-integer
+    sum wherever that sum is a normal double (tested up to 20,000 pairs). The exact sum
+    costs ~m^2 bits: minutes at a million discordant pairs.
     """
     b = _count("b", b)
     c = _count("c", c)
@@ -109,14 +86,10 @@ def mcnemar_exact_p(b: int, c: int) -> float:
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a single binomial proportion ``successes / n``.
+    """Wilson score interval for ``successes / n``; ``n == 0`` gives ``(0.0, 1.0)``.
 
-    Used for the failure rate of each world. Unlike the Wald interval it stays inside
-    [0, 1], never collapses to zero width at 0% or 100%, and has close to nominal coverage
-    even for the small per-world episode counts ForkLab runs. It is
-    ``scipy.stats.binomtest(...).proportion_ci(method="wilson")``, whose
-    limits are exactly 0 when ``successes == 0`` and exactly 1 when ``successes == n``.
-    ``n == 0`` carries no information and returns ``(0.0, 1.0)``.
+    ``scipy.stats.binomtest(...).proportion_ci(method="wilson")``: its limits are exactly
+    0 at ``successes == 0`` and exactly 1 at ``successes == n``.
     """
     x = _count("successes", successes)
     n = _count("n", n)
@@ -130,22 +103,10 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
 
 
 def _newcombe_phi(n11: int, n10: int, n01: int, n00: int) -> float:
-    """Continuity-adjusted correlation between the two marginal proportions.
+    """Continuity-adjusted correlation of the two marginals (Newcombe & Altman's form).
 
-    ``A = n11 * n00 - n10 * n01`` and ``D = sqrt(product of the four margins)``:
-
-    * ``phi = 0`` if any margin is zero (``D == 0``: the correlation is undefined);
-    * ``phi = (A - n/2) / D`` if ``A > n/2``;
-    * ``phi = 0`` if ``0 <= A <= n/2``;
-    * ``phi = A / D`` if ``A < 0``.
-
-    This is the form used by Newcombe & Altman (Statistics with Confidence, 2nd ed., 2000,
-    ch. 6) and by Fagerland, Lydersen & Laake (Stat Med 2014; 33:2850-2875, and their 2017
-    book, "Newcombe square-and-add"). Some implementations use the plain Pearson
-    ``A / D`` instead; the two agree whenever ``A < 0`` or a margin is zero. The adjustment
-    only ever shrinks a *positive* correlation towards zero, which widens the interval a
-    little. That is the conservative direction: it keeps the interval from becoming
-    over-narrow when the concordant cells dominate.
+    It only ever shrinks a positive correlation, which widens the interval: the
+    conservative direction.
     """
     n = n11 + n10 + n01 + n00
     margins = (n11 + n10) * (n01 + n00) * (n11 + n01) * (n10 + n00)
@@ -164,33 +125,13 @@ def _newcombe_phi(n11: int, n10: int, n01: int, n00: int) -> float:
 def paired_difference_ci(
     n11: int, n10: int, n01: int, n00: int, confidence: float = 0.95
 ) -> tuple[float, float, float]:
-    """Difference in success rate (world minus baseline) with Newcombe's hybrid score CI.
+    """World minus baseline success rate with Newcombe's hybrid score interval (method 10).
 
-    Table orientation (see the module docstring): ``n11`` both succeed, ``n10`` baseline
-    success and world failure (harm), ``n01`` baseline failure and world success (rescue),
-    ``n00`` both fail. Returns ``(estimate, low, high)`` with
-    ``estimate = (n01 - n10) / n``, positive when the world rescues more than it harms.
-
-    Hand-written because no library has it: statsmodels' ``confint_proportions_2indep``
-    is for *independent* samples, and ignoring the pairing would throw away the
-    correlation that makes paired forks informative.
-
-    Method: Newcombe (1998), "Improved confidence intervals for the difference between
-    binomial proportions based on paired data", Stat Med 17:2635-2650, method 10 (the
-    "square-and-add" hybrid score interval). With ``p1 = (n11 + n01) / n`` (world),
-    ``p2 = (n11 + n10) / n`` (baseline), their Wilson limits ``(l1, u1)``, ``(l2, u2)``
-    and the correlation ``phi`` (see ``_newcombe_phi``; exactly what is implemented,
-    including the ``n/2`` continuity adjustment and ``phi = 0`` for a zero margin)::
-
-        low  = d - sqrt((p1 - l1)^2 - 2 phi (p1 - l1)(u2 - p2) + (u2 - p2)^2)
-        high = d + sqrt((u1 - p1)^2 - 2 phi (u1 - p1)(p2 - l2) + (p2 - l2)^2)
-
-    Why this interval: the Wald interval for paired proportions collapses to zero width
-    when there are no discordant pairs and overshoots [-1, 1]; Newcombe's interval keeps
-    good coverage for small n and is what the McNemar-style rescue/harm counts need. The
-    limits always lie within [-1, 1] (they are clamped against rounding only).
-
-    An empty table (``n == 0``) carries no information and returns ``(0.0, -1.0, 1.0)``.
+    Returns ``(estimate, low, high)``, ``estimate = (n01 - n10) / n``; an empty table
+    gives ``(0.0, -1.0, 1.0)``. Unlike Wald it does not collapse with no discordant pair.
+    Written here because no library has it for *paired* data (statsmodels'
+    ``confint_proportions_2indep`` assumes independent samples and would throw away the
+    correlation that makes paired forks informative).
     """
     n11 = _count("n11", n11)
     n10 = _count("n10", n10)
@@ -217,15 +158,12 @@ def paired_difference_ci(
 
 
 def holm_adjust(pvalues: Sequence[float]) -> list[float]:
-    """Holm (1979) step-down adjusted p-values, returned in input order.
+    """Holm (1979) step-down adjusted p-values, in input order (``[]`` for no input).
 
-    An experiment compares several worlds against the same baseline, so the family-wise
-    error rate must be controlled; Holm does that under any dependence between the tests
-    and is uniformly more powerful than Bonferroni. With the p-values sorted ascending,
-    ``p_(1) <= ... <= p_(m)``, the adjusted value of ``p_(j)`` is
-    ``min(1, max_{i <= j} (m - i + 1) p_(i))``: monotone in the sorted order and capped at 1.
-    Reject hypothesis ``i`` at level ``alpha`` iff its adjusted value is ``<= alpha``. Ties
-    receive identical adjusted values, whatever their order. An empty input gives ``[]``.
+    Family-wise error control under any dependence between the comparisons.
+    ``statsmodels.stats.multitest.multipletests(method="holm")`` computes the same (the
+    tests compare against it) but would make statsmodels and pandas runtime dependencies,
+    seconds of start-up for every ``forklab plan``, for these dozen lines.
     """
     values = [float(p) for p in pvalues]
     for p in values:
@@ -247,26 +185,11 @@ def holm_adjust(pvalues: Sequence[float]) -> list[float]:
 def mcnemar_sample_size(
     p10: float, p01: float, alpha: float = 0.05, power: float = 0.8
 ) -> int | None:
-    """Number of paired episodes for a two-sided McNemar test to detect a discordance gap.
+    """Paired episodes a two-sided McNemar test needs (Connor 1987); ``None`` if p10 == p01.
 
-    ``p10`` is the expected probability of a harm pair (baseline success, world failure),
-    ``p01`` of a rescue pair. With ``psi = p10 + p01`` and ``delta = p10 - p01``, Connor
-    (1987, Biometrics 43:207-211) gives::
-
-        n = (z_{1 - alpha/2} sqrt(psi) + z_{power} sqrt(psi - delta^2))^2 / delta^2
-
-    rounded up. Hand-written because neither SciPy nor statsmodels offers a McNemar
-    sample size. This is what a pre-registration needs: only the discordant pairs are
-    informative, so the required n is driven by how often the worlds disagree, not by the
-    overall failure rate. Returns ``None`` when ``delta == 0`` (there is no effect to
-    detect, so no n suffices). Values within 1e-9 above an integer are treated as that
-    integer so that floating-point noise cannot add a spurious extra episode; the result
-    is at least 1.
-
-    The formula is a normal approximation. For very small results, check against the
-    exact test: with ``n`` discordant pairs, the smallest attainable exact two-sided
-    p-value is ``2**(1 - n)``. For example, ``p10 = 1, p01 = 0`` gives ``n = 4``, but four
-    pairs can reach no p-value below 0.125.
+    Driven by how often the worlds disagree, not by the failure rate. A normal
+    approximation: for tiny results the exact test may not reach ``alpha`` at all.
+    Written here because neither SciPy nor statsmodels has a McNemar sample size.
     """
     a = float(p10)
     r = float(p01)
@@ -291,30 +214,17 @@ def mcnemar_sample_size(
 def quantile_edges(values: Sequence[float], bins: int) -> list[float]:
     """Interior cut points splitting ``values`` into at most ``bins`` quantile bins.
 
-    Used to turn a numeric episode feature into a few readable ranges, so that rescues and
-    harms can be broken down by range and a range can become a guard rule.
-
-    Definition: with the ``n`` values sorted as ``x_(1) <= ... <= x_(n)``, the candidate
-    edge for ``i = 1 .. bins - 1`` is ``x_(floor(i n / bins) + 1)``, i.e. the smallest
-    observed ``x`` whose empirical CDF ``F_n(x)`` is *strictly* greater than ``i / bins``.
-    The index is computed in integer arithmetic, so the result is exact and deterministic
-    (independent of input order), and every edge is an observed value, which keeps labels
-    readable. Bins are lower-inclusive ``[edge_k, edge_{k+1})`` with ``(-inf, edge_1)`` and
-    ``[edge_last, +inf)`` at the ends, so without ties the first ``j`` bins hold exactly
-    ``floor(j n / bins)`` values. Duplicate candidates (from ties) and a candidate equal
-    to the minimum (which would leave the first bin empty) are dropped, so fewer than
-    ``bins - 1`` edges may come back; no edges means a single bin. Returns a strictly
-    increasing list. Values must be finite; ``bins`` must be >= 1.
-
-    The sort is numpy's (millions of episodes); the choice of edges is written here
-    because none of ``numpy.quantile``'s methods is "the smallest x with F_n(x) > q".
+    Every edge is an observed value picked by integer index arithmetic, so the result is
+    exact and independent of input order; ties can merge bins (fewer edges come back).
+    The sort is numpy's (millions of episodes); the choice of edge is written here because
+    none of ``numpy.quantile``'s methods picks "the smallest x with F_n(x) > i / bins".
     """
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
         raise ValueError(f"bins must be an int >= 1, got {bins!r}")
     ordered = np.sort(np.asarray(values, dtype=np.float64))
-    if not np.isfinite(ordered).all():
-        bad = ordered[~np.isfinite(ordered)][0]
-        raise ValueError(f"values must be finite, got {float(bad)!r}")
+    finite = np.isfinite(ordered)
+    if not finite.all():
+        raise ValueError(f"values must be finite, got {float(ordered[~finite][0])!r}")
     n = len(ordered)
     if n == 0:
         return []

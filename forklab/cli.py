@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from forklab import ops_commands, plan_commands
+from forklab import demo_command, experiment_commands, plan_commands, service_commands
 from forklab.errors import CliError
 
 
@@ -20,7 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan_commands.register(sub)
-    ops_commands.register(sub)
+    experiment_commands.register(sub)
+    service_commands.register(sub)
+    demo_command.register(sub)
     return parser
 
 

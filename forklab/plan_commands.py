@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from experiments.plan import rehearse
-from experiments.render_html import render_html
-from experiments.render_markdown import render_markdown
-from experiments.render_text import render_text
+from experiments.report.render_html import render_html
+from experiments.report.render_markdown import render_markdown
+from experiments.report.render_text import render_text
 from experiments.runtime.runner import BoundaryMissingError, StuckWorldError
 from experiments.spec import SpecError, json_schema
 from forklab.errors import CliError

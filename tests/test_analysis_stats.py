@@ -16,11 +16,11 @@ from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
-from experiments.analysis import build_report, comparison_rows
-from experiments.comparisons import paired_effect, paired_table
+from experiments.analysis.build import build_report, comparison_rows
+from experiments.analysis.pairs import paired_effect, paired_table
+from experiments.analysis.power import power_row
+from experiments.analysis.slices import dimensions
 from experiments.outcomes import ExperimentOutcomes, WorldOutcomes
-from experiments.power import power_row
-from experiments.slices import dimensions
 from experiments.spec import Direction, parse_spec
 from tests.reference_stats import reference_newcombe
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.comparisons import paired_effect, paired_table
+from experiments.analysis.build import build_report
+from experiments.analysis.pairs import paired_effect, paired_table
+from experiments.analysis.verdicts import Verdict, judge
 from experiments.outcomes import InfraUsage
-from experiments.plan import analyse, rehearse_outcomes, workload_code_digest
-from experiments.render_html import render_html
-from experiments.render_markdown import render_markdown
-from experiments.render_text import render_text
+from experiments.plan import rehearse_outcomes, workload_code_digest
+from experiments.report.render_html import render_html
+from experiments.report.render_markdown import render_markdown
+from experiments.report.render_text import render_text
 from experiments.spec import Direction, ExperimentSpec, parse_spec
-from experiments.verdicts import Verdict, judge
 from tests.helpers import ROOT
 
 RECOVERY = ROOT / "experiments" / "recovery-counter.yaml"
@@ -66,7 +67,7 @@ def test_a_failed_validity_check_makes_every_verdict_invalid() -> None:
     digest = workload_code_digest(spec)
     tampered = outcomes.model_copy(deep=True)
     tampered.worlds[1].code_digest = "0" * 64  # refresh ran other code than the plan's
-    report = analyse(spec, tampered, digest)
+    report = build_report(spec, tampered, digest)
     identity = next(c for c in report.checks if c.name == "workload_identity")
     assert not identity.passed and "refresh" in identity.reason
     assert report.valid is False
@@ -75,7 +76,7 @@ def test_a_failed_validity_check_makes_every_verdict_invalid() -> None:
     assert "The verdicts above are void" in render_markdown(report)
     assert "Invalid: a validity check failed" in render_html(report)
     # the untampered outcomes give real verdicts
-    clean = analyse(spec, outcomes, digest)
+    clean = build_report(spec, outcomes, digest)
     assert clean.valid and Verdict.invalid not in {v.verdict for v in clean.verdicts}
 
 
@@ -89,11 +90,11 @@ def test_infrastructure_fit_reads_the_durable_usage() -> None:
         max_concurrent_sandboxes=2,
         peak_concurrent_sandboxes=2,
     )
-    report = analyse(spec, outcomes, digest, fine)
+    report = build_report(spec, outcomes, digest, fine)
     check = next(c for c in report.checks if c.name == "infrastructure_fit")
     assert check.passed and "12.5 of 600.0" in check.reason
     over = fine.model_copy(update={"world_seconds_spent": 601.0, "sandboxes_left": 1})
-    report = analyse(spec, outcomes, digest, over)
+    report = build_report(spec, outcomes, digest, over)
     check = next(c for c in report.checks if c.name == "infrastructure_fit")
     assert not check.passed
     assert "601.0 of a 600.0" in check.reason and "1 sandboxes left" in check.reason
@@ -105,7 +106,7 @@ def test_snapshot_provenance_must_be_common() -> None:
     outcomes = rehearse_outcomes(spec, workload_code_digest(spec))
     mixed = outcomes.model_copy(deep=True)
     mixed.worlds[2].snapshot = "another-image"
-    report = analyse(spec, mixed, workload_code_digest(spec))
+    report = build_report(spec, mixed, workload_code_digest(spec))
     check = next(c for c in report.checks if c.name == "common_snapshot")
     assert not check.passed and "another-image" in check.reason
 
@@ -121,7 +122,7 @@ def test_a_partial_world_is_reported_not_crashed_on() -> None:
         w.shocks[:200],
         w.inherited[:200],
     )
-    report = analyse(spec, partial, workload_code_digest(spec))
+    report = build_report(spec, partial, workload_code_digest(spec))
     completion = next(c for c in report.checks if c.name == "completion")
     assert (
         not completion.passed and "refresh" in completion.reason and "200/300" in completion.reason

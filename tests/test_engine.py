@@ -12,6 +12,7 @@ import pytest
 
 from experiments.engine import run_twin
 from experiments.runtime.crn import Shocks, uniform
+from experiments.runtime.file_format import WorldPlan
 from experiments.runtime.runner import continue_world, run_batch, run_prefix
 from experiments.spec import ExperimentSpec
 from experiments.workloads.counter_recovery import CounterRecovery
@@ -140,10 +141,10 @@ class CountingNoisyCounter(CounterRecovery):
         super().step(state, shocks)
 
 
-WORLDS: list[Any] = [
-    {"name": "baseline", "intervention": None, "params": {}, "guard": None, "forks": 1},
-    {"name": "refresh", "intervention": "refresh", "params": {}, "guard": None, "forks": 1},
-    {"name": "null", "intervention": "null-refresh", "params": {}, "guard": None, "forks": 1},
+WORLDS = [
+    WorldPlan(name="baseline"),
+    WorldPlan(name="refresh", intervention="refresh"),
+    WorldPlan(name="null", intervention="null-refresh"),
 ]
 
 
@@ -169,7 +170,7 @@ def test_memoisation_changes_no_result() -> None:
             assert batch["features"][i] == cp["features"]
             for world in WORLDS:
                 ok, did, fp, _ = continue_world(wl, cp["state"], 3, episode, world)
-                cols = batch["worlds"][world["name"]]
+                cols = batch["worlds"][world.name]
                 assert (cols["outcomes"][i], cols["intervened"][i], cols["shocks"][i]) == (
                     ok,
                     did,
@@ -204,8 +205,8 @@ def test_two_processes_give_identical_results(params: dict[str, Any]) -> None:
 
 def test_majority_vote_over_replicates() -> None:
     wl = CounterRecovery({"noise": 0.25})
-    world: Any = {**WORLDS[0], "forks": 3}
-    single: Any = {**WORLDS[0], "forks": 1}
+    world = WorldPlan(name="baseline", forks=3)
+    single = WorldPlan(name="baseline", forks=1)
     differs = 0
     for episode in range(200):
         cp = run_prefix(wl, 9, episode)
@@ -279,7 +280,7 @@ def test_memo_off_runs_everything_and_changes_no_result(name: str, intervention:
     from experiments.runtime.runner import workload_class
 
     wl = workload_class(name)({})
-    plans: list[Any] = [WORLDS[0], {**WORLDS[0], "name": "treated", "intervention": intervention}]
+    plans = [WORLDS[0], WorldPlan(name="treated", intervention=intervention)]
     assert run_batch(wl, 4, range(120), plans, memo=False) == run_batch(wl, 4, range(120), plans)
 
 
@@ -323,7 +324,7 @@ class DivergentDraws(CounterRecovery):
 
 
 def test_the_crn_check_fails_when_worlds_see_different_shocks() -> None:
-    from experiments.checks import common_random_numbers
+    from experiments.analysis.checks import common_random_numbers
     from experiments.outcomes import from_batch
 
     good = from_batch(run_batch(CounterRecovery({}), 0, range(50), WORLDS), "c", "s", 1.0)

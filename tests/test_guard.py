@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from experiments.guard import learn_rule, rule_words
+from experiments.analysis.guard import learn_rule, rule_words
+from experiments.analysis.slices import Dimension, SliceEffect, dimensions, slice_effects
 from experiments.plan import rehearse
 from experiments.runtime.runner import rule_fires
-from experiments.slices import Dimension, SliceEffect, dimensions, slice_effects
 from experiments.spec import parse_spec
 from tests.helpers import ROOT
 

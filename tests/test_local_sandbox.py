@@ -28,6 +28,7 @@ from activities.sandbox import (
 from experiments.bundle import bundle_files, code_digest
 from experiments.engine import spec_world_plans
 from experiments.runtime.canon import canonical_json
+from experiments.runtime.file_format import checkpoint_line, request_text
 from experiments.runtime.runner import continue_checkpoints, run_prefix
 from experiments.spec import parse_spec, resolve_workload
 from tests.helpers import ROOT
@@ -418,16 +419,11 @@ def test_runner_in_a_sandbox_matches_the_in_process_runner(
     spec = parse_spec(spec_path.read_text(), str(spec_path))
     workload = resolve_workload(spec)
     checkpoints = [run_prefix(workload, spec.seed, episode) for episode in range(120)]
-    checkpoint_lines = "".join(canonical_json(cp) + "\n" for cp in checkpoints)
+    checkpoint_lines = "".join(checkpoint_line(cp) for cp in checkpoints)
     for world in spec_world_plans(spec):
-        request = {
-            "workload": spec.workload.name,
-            "params": spec.workload.params,
-            "seed": spec.seed,
-            "world": world,
-        }
-        box = backend.create(snapshot.id, {**LABELS, "forklab.world": world["name"]}, Limits())
-        backend.upload(box, "request.json", canonical_json(request).encode())
+        request = request_text(spec.workload.name, spec.workload.params, spec.seed, world=world)
+        box = backend.create(snapshot.id, {**LABELS, "forklab.world": world.name}, Limits())
+        backend.upload(box, "request.json", request.encode())
         backend.upload(box, "checkpoints.jsonl", checkpoint_lines.encode())
         runner = ["python", "-m", "experiments.runtime.runner", "continue"]
         files = ["--request", "request.json", "--checkpoints", "checkpoints.jsonl"]

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from experiments.plan import rehearse
-from experiments.render_html import render_html
+from experiments.report.render_html import render_html
 from experiments.spec import parse_spec
 from tests.helpers import ROOT, assert_self_contained
 

@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 
 from experiments.runtime.crn import Shocks
+from experiments.runtime.file_format import Batch, WorldPlan
 from experiments.runtime.runner import (
-    Batch,
-    WorldPlan,
     continue_checkpoints,
     run_batch,
     run_prefix,
@@ -36,16 +35,7 @@ EPISODES = 160
 
 
 def plans(names: list[str] = WORLDS) -> list[WorldPlan]:
-    return [
-        {
-            "name": n,
-            "intervention": None if n == "baseline" else n,
-            "params": {},
-            "guard": None,
-            "forks": 1,
-        }
-        for n in names
-    ]
+    return [WorldPlan(name=n, intervention=None if n == "baseline" else n) for n in names]
 
 
 def failure_rate(batch: Batch, world: str) -> float:
@@ -267,8 +257,8 @@ def test_sandbox_path_matches_local_twin(seed0: Batch) -> None:
     assert [cp["sha256"] for cp in checkpoints] == seed0["checkpoints"][:20]
     for world in plans():
         cols = continue_checkpoints(wl, 0, checkpoints, world)
-        assert cols["outcomes"] == seed0["worlds"][world["name"]]["outcomes"][:20]
-        assert cols["shocks"] == seed0["worlds"][world["name"]]["shocks"][:20]
+        assert cols["outcomes"] == seed0["worlds"][world.name]["outcomes"][:20]
+        assert cols["shocks"] == seed0["worlds"][world.name]["shocks"][:20]
 
 
 def test_module_uses_only_the_standard_library() -> None:

@@ -12,10 +12,19 @@ import json
 import marshal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any
 
 from experiments.runtime.canon import canonical_json, sha256_hex
 from experiments.runtime.crn import EpisodeDraws, Shocks
+from experiments.runtime.file_format import (
+    Batch,
+    Checkpoint,
+    WorldColumns,
+    WorldPlan,
+    checkpoint_line,
+    empty_columns,
+    read_request,
+)
 from experiments.runtime.workload import Feature, State, Workload, WorkloadError
 
 BUILTIN_WORKLOADS = {
@@ -30,32 +39,6 @@ class BoundaryMissingError(RuntimeError):
 
 class StuckWorldError(RuntimeError):
     """A world kept stepping past the workload's ``max_steps``."""
-
-
-class WorldPlan(TypedDict):
-    """One continuation policy, as the runner needs it (plain JSON)."""
-
-    name: str
-    intervention: str | None
-    params: dict[str, Any]
-    guard: dict[str, Any] | None
-    forks: int
-
-
-class Checkpoint(TypedDict):
-    episode: int
-    requested: int
-    resolved: int
-    sha256: str
-    state: str
-    features: dict[str, Feature]
-
-
-class WorldColumns(TypedDict):
-    outcomes: list[bool]
-    intervened: list[bool]
-    shocks: list[str]
-    inherited: list[str]
 
 
 def workload_class(ref: str) -> type[Workload]:
@@ -177,17 +160,17 @@ def _finish(
     votes = 0
     intervened = drawn = False
     fingerprint = ""
-    name = world["intervention"]
+    name = world.intervention
     limit = workload.max_steps
     done, step = workload.done, workload.step
-    for replicate in range(world["forks"]):
+    for replicate in range(world.forks):
         state = fork.take()
         shocks = Shocks(seed, episode, replicate, draws)
         workload.schedule_shocks(state, shocks)
         if name is not None and (
-            world["guard"] is None or rule_fires(world["guard"], workload.features(state))
+            world.guard is None or rule_fires(world.guard, workload.features(state))
         ):
-            workload.intervene(state, name, world["params"], shocks)
+            workload.intervene(state, name, world.params, shocks)
             intervened = True
         steps = 0
         while not done(state):
@@ -195,12 +178,12 @@ def _finish(
             steps += 1
             if steps > limit:
                 raise StuckWorldError(
-                    f"episode {episode}, world {world['name']}: not done after {limit} steps"
+                    f"episode {episode}, world {world.name}: not done after {limit} steps"
                 )
         votes += workload.outcome(state)
         fingerprint = shocks.fingerprint()
         drawn = drawn or shocks.drawn
-    return votes * 2 > world["forks"], intervened, fingerprint, drawn
+    return votes * 2 > world.forks, intervened, fingerprint, drawn
 
 
 def continue_world(
@@ -210,12 +193,8 @@ def continue_world(
 
     Returns (success, intervened, shock fingerprint, drew randomness).
     """
-    fork = _Fork(checkpoint, world["forks"])
+    fork = _Fork(checkpoint, world.forks)
     return _finish(workload, fork, seed, episode, world, EpisodeDraws(seed, episode))
-
-
-def empty_columns() -> WorldColumns:
-    return {"outcomes": [], "intervened": [], "shocks": [], "inherited": []}
 
 
 def continue_checkpoints(
@@ -233,17 +212,6 @@ def continue_checkpoints(
         cols["shocks"].append(fp)
         cols["inherited"].append(sha256_hex(cp["state"]))
     return cols
-
-
-class Batch(TypedDict):
-    """Columnar results for a run of episodes (lists are in episode order)."""
-
-    episodes: list[int]
-    requested: list[int]
-    resolved: list[int]
-    checkpoints: list[str]
-    features: list[dict[str, Feature]]
-    worlds: dict[str, WorldColumns]
 
 
 def run_batch(
@@ -268,7 +236,7 @@ def run_batch(
     results: list[list[tuple[bool, bool, str]]] = [[] for _ in worlds]
     plans = list(zip(range(len(worlds)), worlds, results, strict=True))
     # copies[i]: how many states worlds i.. need (the count a fork made at world i hands out)
-    copies = [sum(w["forks"] for w in worlds[i:]) for i in range(len(worlds))]
+    copies = [sum(w.forks for w in worlds[i:]) for i in range(len(worlds))]
     prefixes: dict[str, Checkpoint] = {}
     continuations: dict[tuple[str, int], tuple[bool, bool, str]] = {}
     for episode in episodes:
@@ -303,7 +271,7 @@ def run_batch(
         "checkpoints": shas,
         "features": [cp["features"] for cp in checkpoints],
         "worlds": {
-            world["name"]: {
+            world.name: {
                 "outcomes": [r[0] for r in rows],
                 "intervened": [r[1] for r in rows],
                 "shocks": [r[2] for r in rows],
@@ -330,17 +298,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     with open(args.request, encoding="utf-8") as fh:
-        request = json.load(fh)
+        request = read_request(fh.read())
     workload = workload_class(request["workload"])(request["params"])
     seed = int(request["seed"])
     if args.mode == "prefix":
         with open(args.checkpoints, "w", encoding="utf-8") as fh:
             for episode in request["episodes"]:
-                fh.write(canonical_json(run_prefix(workload, seed, episode)) + "\n")
+                fh.write(checkpoint_line(run_prefix(workload, seed, episode)))
         result: Any = {"episodes": len(request["episodes"])}
     else:
         result = continue_checkpoints(
-            workload, seed, _read_jsonl(args.checkpoints), request["world"]
+            workload, seed, _read_jsonl(args.checkpoints), WorldPlan.from_json(request["world"])
         )
     with open(args.out, "w", encoding="utf-8") as fh:
         fh.write(canonical_json(result))

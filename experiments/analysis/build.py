@@ -7,10 +7,13 @@ anything at all.
 
 from __future__ import annotations
 
-from experiments.checks import validity_checks
-from experiments.comparisons import CONFIDENCE, holm, paired_effect, paired_table
-from experiments.evidence import rank_evidence
-from experiments.guard import guard_policy, guard_world
+from experiments.analysis.checks import validity_checks
+from experiments.analysis.evidence import rank_evidence
+from experiments.analysis.guard import guard_policy, guard_world
+from experiments.analysis.pairs import CONFIDENCE, paired_effect, paired_table, slice_counts
+from experiments.analysis.power import PowerAnalysis, power_row, power_warnings
+from experiments.analysis.slices import Dimension, SliceEffect, dimensions, slice_effects
+from experiments.analysis.verdicts import effect_check, expected_direction, world_verdict
 from experiments.outcomes import (
     ExperimentOutcomes,
     InfraUsage,
@@ -18,9 +21,7 @@ from experiments.outcomes import (
     WorldStatus,
     outcomes_digest,
 )
-from experiments.pairing import slice_counts
-from experiments.power import PowerAnalysis, power_row, power_warnings
-from experiments.report import (
+from experiments.report.model import (
     AnalysisSettings,
     ComparisonRow,
     ExperimentInfo,
@@ -29,10 +30,8 @@ from experiments.report import (
     comparison_pairs,
     experiment_fingerprint,
 )
-from experiments.slices import Dimension, SliceEffect, dimensions, slice_effects
 from experiments.spec import Direction, ExperimentSpec, Role, SpecError
-from experiments.stats import wilson_interval
-from experiments.verdicts import effect_check, expected_direction, world_verdict
+from experiments.stats import holm_adjust, wilson_interval
 
 
 def _world_rows(spec: ExperimentSpec, out: ExperimentOutcomes) -> list[WorldRow]:
@@ -116,7 +115,7 @@ def comparison_rows(
                 interaction_effects=crossed,
             )
         )
-    adjusted = holm([c.mcnemar_p for c in rows])
+    adjusted = holm_adjust([c.mcnemar_p for c in rows])
     return [c.model_copy(update={"holm_p": p}) for c, p in zip(rows, adjusted, strict=True)]
 
 

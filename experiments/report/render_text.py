@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from experiments.checks import CheckKind
-from experiments.report import Report
-from experiments.report_tables import (
+from experiments.analysis.checks import CheckKind
+from experiments.report.model import Report
+from experiments.report.tables import (
     Table,
     comparisons_table,
     guard_counts_text,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments.guard import GuardEvaluation
-from experiments.report import Report
-from experiments.slices import SliceEffect, feature_text
+from experiments.analysis.guard import GuardEvaluation
+from experiments.analysis.slices import SliceEffect, feature_text
+from experiments.report.model import Report
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from experiments.comparisons import CONFIDENCE, PairedTable, paired_effect
+from experiments.analysis.pairs import CONFIDENCE, PairedTable, paired_effect
 from experiments.runtime.workload import Feature
 from experiments.stats import bin_bounds, bin_label, quantile_edges
 

@@ -22,8 +22,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel
 
-from experiments.checks import Check, CheckKind
-from experiments.comparisons import PairedEffect, crosses_zero
+from experiments.analysis.checks import Check, CheckKind
+from experiments.analysis.pairs import PairedEffect, crosses_zero
 from experiments.spec import Direction, ExperimentSpec, Role
 
 

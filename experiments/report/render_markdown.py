@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from experiments.report import Report
-from experiments.report_tables import (
+from experiments.report.model import Report
+from experiments.report.tables import (
     Table,
     comparisons_table,
     evidence_table,

@@ -10,9 +10,10 @@ import json
 import re
 from html import escape
 
-from experiments.charts import failure_rate_chart, rescue_harm_chart, slice_forest_chart
-from experiments.report import Report
-from experiments.report_tables import (
+from experiments.analysis.verdicts import Verdict
+from experiments.report.charts import failure_rate_chart, rescue_harm_chart, slice_forest_chart
+from experiments.report.model import Report
+from experiments.report.tables import (
     Table,
     comparisons_table,
     evidence_table,
@@ -21,7 +22,6 @@ from experiments.report_tables import (
     worlds_table,
 )
 from experiments.spec import Role
-from experiments.verdicts import Verdict
 
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;max-width:1100px;

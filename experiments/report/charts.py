@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from experiments.report import ComparisonRow, WorldRow
-from experiments.slices import SliceEffect, feature_text
+from experiments.analysis.slices import SliceEffect, feature_text
+from experiments.report.model import ComparisonRow, WorldRow
 from experiments.spec import Role
 
 if TYPE_CHECKING:

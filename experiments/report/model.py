@@ -1,25 +1,25 @@
 """The experiment report: one pydantic model (its JSON is the machine-readable report).
 
-``experiments.analysis`` builds it; ``render_text``, ``render_markdown`` and
-``render_html`` render it, from the shared cells of ``report_tables``.
+``experiments.analysis.build`` builds it; ``render_text``, ``render_markdown`` and
+``render_html`` render it, from the shared cells of ``tables``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from experiments.checks import Check
-from experiments.evidence import EvidenceRow
-from experiments.guard import GuardPolicy
+from experiments.analysis.checks import Check
+from experiments.analysis.evidence import EvidenceRow
+from experiments.analysis.guard import GuardPolicy
+from experiments.analysis.pairs import SliceCounts
+from experiments.analysis.power import PowerAnalysis
+from experiments.analysis.slices import SliceEffect
+from experiments.analysis.verdicts import WorldVerdict
 from experiments.outcomes import InfraUsage, WorldStatus
-from experiments.pairing import SliceCounts
-from experiments.power import PowerAnalysis
 from experiments.runtime.canon import digest
-from experiments.slices import SliceEffect
 from experiments.spec import ExperimentSpec, Role
-from experiments.verdicts import WorldVerdict
 
 
 class ExperimentInfo(BaseModel):
@@ -79,7 +79,14 @@ class AnalysisSettings(BaseModel):
     forks_per_checkpoint: int
 
 
+#: Bump when a stored report changes shape, so a reader can tell which one it holds.
+REPORT_SCHEMA_VERSION = 1
+
+
 class Report(BaseModel):
+    schema_version: int = Field(
+        default=REPORT_SCHEMA_VERSION, description="The report's JSON shape (bumped on change)."
+    )
     experiment: ExperimentInfo
     worlds: list[WorldRow]
     comparisons: list[ComparisonRow]

@@ -1,4 +1,4 @@
-"""Paired statistics of one world against a reference world, episode by episode.
+"""Pairs a world with a reference world episode by episode, and the statistics of it.
 
 The 2×2 table counts each episode by (reference succeeded?, world succeeded?):
 ``n10`` is a harm (the reference succeeded, the world failed) and ``n01`` a rescue.
@@ -8,11 +8,13 @@ test is McNemar's (exact, two-sided) and the interval is Newcombe's for paired d
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 
 from pydantic import BaseModel
 
-from experiments.stats import holm_adjust, mcnemar_exact_p, paired_difference_ci
+from experiments.runtime.workload import Feature
+from experiments.stats import mcnemar_exact_p, paired_difference_ci
 
 #: Confidence level of every interval in the report.
 CONFIDENCE = 0.95
@@ -38,8 +40,17 @@ class PairedTable(BaseModel):
     def harm(self) -> int:
         return self.n10
 
+    @property
+    def unchanged(self) -> int:
+        return self.n11 + self.n00
+
+    @property
+    def net(self) -> int:
+        return self.n01 - self.n10
+
 
 def paired_table(reference: Sequence[bool], world: Sequence[bool]) -> PairedTable:
+    """rescue (``n01``): the reference failed and the world succeeded; harm: the other way."""
     counts = [0, 0, 0, 0]  # n11, n10, n01, n00
     for ref, w in zip(reference, world, strict=True):
         counts[(0 if ref else 2) + (0 if w else 1)] += 1
@@ -82,7 +93,7 @@ def paired_effect(table: PairedTable, confidence: float = CONFIDENCE) -> PairedE
         n=table.n,
         rescue=table.rescue,
         harm=table.harm,
-        net=table.rescue - table.harm,
+        net=table.net,
         difference=est,
         ci_low=low,
         ci_high=high,
@@ -96,6 +107,33 @@ def crosses_zero(effect: PairedEffect) -> bool:
     return effect.ci_low <= 0.0 <= effect.ci_high
 
 
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm step-down adjustment across the experiment's comparisons (family-wise)."""
-    return list(holm_adjust(list(pvalues))) if pvalues else []
+class SliceCounts(BaseModel):
+    feature: str
+    value: Feature
+    rescue: int
+    harm: int
+    unchanged: int
+
+
+def slice_counts(
+    reference: Sequence[bool],
+    world: Sequence[bool],
+    features: Sequence[dict[str, Feature]],
+) -> list[SliceCounts]:
+    """Counts per (feature, value), features as recorded at the boundary, sorted."""
+    groups: dict[tuple[str, Feature], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for ref, w, feats in zip(reference, world, features, strict=True):
+        idx = 0 if (w and not ref) else 1 if (ref and not w) else 2
+        for name, value in feats.items():
+            groups[(name, value)][idx] += 1
+    return [
+        SliceCounts(feature=f, value=v, rescue=c[0], harm=c[1], unchanged=c[2])
+        for (f, v), c in sorted(groups.items(), key=lambda kv: (kv[0][0], _order(kv[0][1])))
+    ]
+
+
+def _order(value: Feature) -> tuple[int, float, str]:
+    """Numbers (and booleans) in numeric order before strings in text order."""
+    if isinstance(value, str):
+        return (1, 0.0, value)
+    return (0, float(value), "")

@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from experiments.analysis.pairs import paired_table
+from experiments.analysis.slices import Clause, SliceEffect, feature_text
 from experiments.engine import run_twin, world_plan
-from experiments.pairing import pair_counts
-from experiments.slices import Clause, SliceEffect, feature_text
 from experiments.spec import ExperimentSpec, Role, World
 
 
@@ -147,7 +147,7 @@ def rule_words(intervention: str, clauses: list[Clause], harm_cap: int | None) -
 
 
 def _counts(reference: Sequence[bool], world: Sequence[bool], fired: Sequence[bool]) -> GuardCounts:
-    c = pair_counts(reference, world)
+    c = paired_table(reference, world)
     return GuardCounts(
         episodes=len(reference), intervened=sum(fired), rescue=c.rescue, harm=c.harm, net=c.net
     )

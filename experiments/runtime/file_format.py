@@ -1,0 +1,209 @@
+"""The runner's file format: every shape that crosses the sandbox boundary, defined once.
+
+The runner (``python -m experiments.runtime.runner``) reads a request and checkpoints and
+writes checkpoints or one world's columns. The local twin (``experiments.engine``), the
+sandbox activities (``activities.world_batches``) and the record activities
+(``activities.records``) read and write the same shapes, so they are spelled here and
+nowhere else. Standard library only: this file ships inside every sandbox bundle.
+
+``FORMAT_VERSION`` travels in every request. A snapshot bundles the runner of the code
+that built it, so a worker upgraded while an experiment was in flight would otherwise
+talk to an older runner without either side noticing; the runner refuses instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypedDict, cast
+
+from experiments.runtime.canon import canonical_json, sha256_hex
+from experiments.runtime.workload import Feature
+
+#: Bump when any shape below changes.
+FORMAT_VERSION = 1
+
+#: The runner's module and the files it reads and writes in its working directory.
+RUNNER_MODULE = "experiments.runtime.runner"
+REQUEST_FILE = "request.json"
+CHECKPOINTS_FILE = "checkpoints.jsonl"
+OUT_FILE = "out.json"
+
+
+class FormatError(ValueError):
+    """A runner file does not have the shape this format version defines."""
+
+
+@dataclass(frozen=True)
+class WorldPlan:
+    """One world's continuation policy: the world it reports as, the intervention (with
+    its params) and, for a guarded world, the rule that decides when it applies; ``forks``
+    replicates per checkpoint decide the outcome by majority vote."""
+
+    name: str
+    intervention: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    guard: dict[str, Any] | None = None
+    forks: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> WorldPlan:
+        return cls(**value)
+
+
+def request_text(
+    workload: str,
+    params: dict[str, Any],
+    seed: int,
+    *,
+    episodes: Sequence[int] | None = None,
+    world: WorldPlan | None = None,
+) -> str:
+    """The runner's request: ``episodes`` for a ``prefix`` run, ``world`` for ``continue``."""
+    request: dict[str, Any] = {
+        "format": FORMAT_VERSION,
+        "workload": workload,
+        "params": params,
+        "seed": seed,
+    }
+    if episodes is not None:
+        request["episodes"] = list(episodes)
+    if world is not None:
+        request["world"] = world.to_json()
+    return canonical_json(request)
+
+
+def read_request(text: str) -> dict[str, Any]:
+    request = json.loads(text)
+    version = request.get("format") if isinstance(request, dict) else None
+    if version != FORMAT_VERSION:
+        raise FormatError(
+            f"the request is in runner format {version!r} but this runner reads "
+            f"format {FORMAT_VERSION}; rebuild the snapshot with the worker's code"
+        )
+    return dict(request)
+
+
+class Checkpoint(TypedDict):
+    """One episode stopped at its boundary: the state (canonical JSON), its sha256, where
+    the workload asked to stop and where it stood, and the features recorded there."""
+
+    episode: int
+    requested: int
+    resolved: int
+    sha256: str
+    state: str
+    features: dict[str, Feature]
+
+
+def checkpoint_line(checkpoint: Checkpoint) -> str:
+    return canonical_json(checkpoint) + "\n"
+
+
+def parse_checkpoints(data: bytes, first: int, count: int) -> list[Checkpoint]:
+    """Checkpoint lines for episodes ``first`` .. ``first + count - 1``, in order and intact."""
+    lines = [line for line in data.decode("utf-8", errors="replace").splitlines() if line]
+    if len(lines) != count:
+        raise FormatError(f"expected {count} checkpoints, found {len(lines)} lines")
+    checkpoints: list[Checkpoint] = []
+    for expected, line in enumerate(lines, start=first):
+        try:
+            cp = json.loads(line)
+        except json.JSONDecodeError:
+            raise FormatError(f"checkpoint of episode {expected} is not JSON") from None
+        if not isinstance(cp, dict) or cp.get("episode") != expected:
+            raise FormatError(f"checkpoint line for episode {expected} is out of order")
+        if sha256_hex(str(cp.get("state", ""))) != cp.get("sha256"):
+            raise FormatError(f"checkpoint of episode {expected} fails its sha256")
+        checkpoints.append(cast(Checkpoint, cp))
+    return checkpoints
+
+
+class WorldColumns(TypedDict):
+    """One world over a run of episodes, in episode order: did it succeed, did the
+    intervention apply, the fingerprint of the shocks it drew, and the sha256 of the
+    checkpoint it was forked from."""
+
+    outcomes: list[bool]
+    intervened: list[bool]
+    shocks: list[str]
+    inherited: list[str]
+
+
+#: Each column of ``WorldColumns`` and the type of its entries.
+COLUMN_TYPES: dict[str, type] = {
+    "outcomes": bool,
+    "intervened": bool,
+    "shocks": str,
+    "inherited": str,
+}
+
+
+def empty_columns() -> WorldColumns:
+    return {"outcomes": [], "intervened": [], "shocks": [], "inherited": []}
+
+
+def extend_columns(into: WorldColumns, part: WorldColumns) -> None:
+    into["outcomes"].extend(part["outcomes"])
+    into["intervened"].extend(part["intervened"])
+    into["shocks"].extend(part["shocks"])
+    into["inherited"].extend(part["inherited"])
+
+
+def parse_columns(data: bytes, episodes: int) -> WorldColumns:
+    """The runner's ``continue`` output: every column, ``episodes`` entries of its type."""
+    try:
+        value = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"output is not JSON ({exc.__class__.__name__}: {exc})") from None
+    if not isinstance(value, dict) or sorted(value) != sorted(COLUMN_TYPES):
+        raise FormatError("output is not an object with " + "/".join(COLUMN_TYPES))
+    for key, kind in COLUMN_TYPES.items():
+        col = value[key]
+        if not isinstance(col, list) or len(col) != episodes:
+            raise FormatError(f"column {key!r} does not hold {episodes} entries")
+        if not all(isinstance(v, kind) for v in col):
+            raise FormatError(f"column {key!r} holds values that are not {kind.__name__}")
+    columns: WorldColumns = {
+        "outcomes": value["outcomes"],
+        "intervened": value["intervened"],
+        "shocks": value["shocks"],
+        "inherited": value["inherited"],
+    }
+    return columns
+
+
+class Batch(TypedDict):
+    """The local twin's columnar result for a run of episodes (lists in episode order)."""
+
+    episodes: list[int]
+    requested: list[int]
+    resolved: list[int]
+    checkpoints: list[str]
+    features: list[dict[str, Feature]]
+    worlds: dict[str, WorldColumns]
+
+
+def merge_batches(parts: Sequence[Batch]) -> Batch:
+    """Concatenate batches of consecutive episode ranges, in the order given."""
+    merged: Batch = {
+        "episodes": [],
+        "requested": [],
+        "resolved": [],
+        "checkpoints": [],
+        "features": [],
+        "worlds": {name: empty_columns() for name in parts[0]["worlds"]},
+    }
+    for part in parts:
+        merged["episodes"].extend(part["episodes"])
+        merged["requested"].extend(part["requested"])
+        merged["resolved"].extend(part["resolved"])
+        merged["checkpoints"].extend(part["checkpoints"])
+        merged["features"].extend(part["features"])
+        for name, cols in part["worlds"].items():
+            extend_columns(merged["worlds"][name], cols)
+    return merged
