@@ -27,4 +27,4 @@ def rehearse_outcomes(
 
 def rehearse(spec: ExperimentSpec, processes: int | None = None) -> Report:
     digest = workload_code_digest(spec)
-    return build_report(spec, rehearse_outcomes(spec, digest, processes), digest)
+    return build_report(spec, rehearse_outcomes(spec, digest, processes), digest, None, processes)

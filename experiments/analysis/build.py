@@ -10,7 +10,13 @@ from __future__ import annotations
 from experiments.analysis.checks import validity_checks
 from experiments.analysis.evidence import rank_evidence
 from experiments.analysis.guard import guard_policy, guard_world
-from experiments.analysis.pairs import CONFIDENCE, paired_effect, paired_table, slice_counts
+from experiments.analysis.pairs import (
+    CONFIDENCE,
+    PairedEffect,
+    paired_effect,
+    paired_table,
+    slice_counts,
+)
 from experiments.analysis.power import PowerAnalysis, power_row, power_warnings
 from experiments.analysis.slices import Dimension, SliceEffect, dimensions, slice_effects
 from experiments.analysis.verdicts import effect_check, expected_direction, world_verdict
@@ -124,7 +130,9 @@ def build_report(
     out: ExperimentOutcomes,
     code_digest: str,
     infra: InfraUsage | None = None,
+    processes: int | None = None,
 ) -> Report:
+    """The report; ``processes`` is what the guard's held-out run may use (the twin's)."""
     settings = AnalysisSettings(
         confidence=CONFIDENCE,
         alpha=spec.analysis.alpha,
@@ -145,9 +153,7 @@ def build_report(
         if w.role is Role.baseline or row is None:
             continue
         expected = expected_direction(spec, w.name, w.role)
-        effect = paired_effect(
-            paired_table(out.world(base).outcomes, out.world(w.name).outcomes), CONFIDENCE
-        )
+        effect = _effect_of(row)
         verdicts.append(
             world_verdict(w.name, w.role, expected, effect, row.holm_p, settings.alpha, failed)
         )
@@ -177,7 +183,12 @@ def build_report(
         partitions += _split_by_feature(training.interaction_effects)
         world_out = out.world(gated.name)
         guard = guard_policy(
-            spec, partitions, out.world(base).outcomes, world_out.outcomes, world_out.intervened
+            spec,
+            partitions,
+            out.world(base).outcomes,
+            world_out.outcomes,
+            world_out.intervened,
+            processes,
         )
     return Report(
         experiment=ExperimentInfo(
@@ -207,6 +218,21 @@ def build_report(
         ),
         guard=guard,
         infra=infra,
+    )
+
+
+def _effect_of(row: ComparisonRow) -> PairedEffect:
+    """The paired effect a comparison row already holds (each table is computed once)."""
+    return PairedEffect(
+        n=row.n,
+        rescue=row.rescue,
+        harm=row.harm,
+        net=row.net,
+        difference=row.difference,
+        ci_low=row.ci_low,
+        ci_high=row.ci_high,
+        confidence=row.confidence,
+        mcnemar_p=row.mcnemar_p,
     )
 
 

@@ -12,9 +12,10 @@ The partition with the most rescues wins (ties: fewer harms, then fewer interven
 since each one costs, then one feature before an interaction, then fewer clauses). The
 rule is the runner's JSON, so the guarded world runs exactly what was learned.
 
-Validation (on held-out episodes: fresh seeds after the training ones): the baseline,
-the treatment and a ``guarded`` world that intervenes only when the rule fires, all
-from the same checkpoints, on the local twin.
+Validation (on held-out episodes: fresh seeds after the training ones, capped by
+default): the baseline and the treatment on the local twin; the ``guarded`` world, which
+intervenes only where the rule fires, is derived from those two (docs/analysis.md says why
+that is exact and why held-out episodes rather than cross-fitting).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from pydantic import BaseModel
 from experiments.analysis.pairs import paired_table
 from experiments.analysis.slices import Clause, SliceEffect, feature_text
 from experiments.engine import run_twin, world_plan
+from experiments.runtime.runner import rule_fires
+from experiments.runtime.workload import Feature
 from experiments.spec import ExperimentSpec, Role, World
 
 
@@ -153,26 +156,60 @@ def _counts(reference: Sequence[bool], world: Sequence[bool], fired: Sequence[bo
     )
 
 
+#: Held-out episodes when the spec does not say: enough to read the held-out rescue and
+#: harm rates to about half a percentage point (one standard error ≤ 0.5 / sqrt(10,000)),
+#: while a large experiment does not pay for a second full simulation.
+DEFAULT_HOLDOUT_CAP = 10_000
+
+
+def holdout_size(spec: ExperimentSpec) -> int:
+    """``analysis.guard.holdout_episodes``, else as many as the spec has, capped."""
+    return spec.analysis.guard.holdout_episodes or min(spec.episodes, DEFAULT_HOLDOUT_CAP)
+
+
+def guarded_outcomes(
+    rule: dict[str, Any],
+    features: Sequence[dict[str, Feature]],
+    reference: Sequence[bool],
+    treated: Sequence[bool],
+    intervened: Sequence[bool],
+) -> tuple[list[bool], list[bool]]:
+    """The guarded world, derived: (outcomes, intervened) of applying the treatment only
+    where ``rule`` fires on the features recorded at the boundary.
+
+    Exact, not an estimate: a world is a pure function of its checkpoint, its
+    intervention and the episode's common random numbers (the workload contract), and the
+    runner's guarded world decides on the same boundary features. Where the rule fires it
+    *is* the treatment world of that episode; elsewhere it is the baseline world.
+    """
+    fires = [rule_fires(rule, f) for f in features]
+    outcomes = [t if on else r for on, t, r in zip(fires, treated, reference, strict=True)]
+    return outcomes, [on and did for on, did in zip(fires, intervened, strict=True)]
+
+
 def validate_guard(
-    spec: ExperimentSpec, treatment: World, rule: dict[str, Any], holdout: int
+    spec: ExperimentSpec,
+    treatment: World,
+    rule: dict[str, Any],
+    holdout: int,
+    processes: int | None = None,
 ) -> GuardEvaluation:
-    """Baseline, treatment and guarded on ``holdout`` fresh episodes after the spec's."""
+    """Baseline and treatment on ``holdout`` fresh episodes after the spec's; the guarded
+    world is derived from them (``guarded_outcomes``), not simulated a third time."""
     forks = spec.analysis.forks_per_checkpoint
-    guarded = "guarded" if treatment.name != "guarded" else "guarded-policy"
-    plans = [
-        world_plan(spec.baseline, forks),
-        world_plan(treatment, forks),
-        world_plan(treatment, forks, guard=rule, name=guarded),
-    ]
+    plans = [world_plan(spec.baseline, forks), world_plan(treatment, forks)]
     episodes = range(spec.episodes, spec.episodes + holdout)
-    cols = run_twin(spec, episodes=episodes, worlds=plans).batch["worlds"]
-    base = cols[spec.baseline.name]["outcomes"]
-    before, after = cols[treatment.name], cols[guarded]
+    batch = run_twin(spec, episodes=episodes, worlds=plans, processes=processes).batch
+    base = batch["worlds"][spec.baseline.name]["outcomes"]
+    before = batch["worlds"][treatment.name]
+    after, fired = guarded_outcomes(
+        rule, batch["features"], base, before["outcomes"], before["intervened"]
+    )
     return GuardEvaluation(
         first_episode=episodes.start,
         last_episode=episodes.stop - 1,
         before=_counts(base, before["outcomes"], before["intervened"]),
-        after=_counts(base, after["outcomes"], after["intervened"]),
+        after=_counts(base, after, fired),
     )
 
 
@@ -182,6 +219,7 @@ def guard_policy(
     reference: Sequence[bool],
     treated: Sequence[bool],
     intervened: Sequence[bool],
+    processes: int | None = None,
 ) -> GuardPolicy | None:
     """Learn the guard from ``partitions`` (the gated world's slices against the baseline
     on the training episodes, whose outcomes are ``reference`` and ``treated``) and
@@ -192,7 +230,7 @@ def guard_policy(
     cap = spec.analysis.guard.harm_cap
     basis, clauses, chosen = learn_rule(partitions, cap)
     rule: dict[str, list[Clause]] = {"any": clauses}
-    holdout = spec.analysis.guard.holdout_episodes or spec.episodes
+    holdout = holdout_size(spec)
     training = GuardEvaluation(
         first_episode=0,
         last_episode=spec.episodes - 1,
@@ -213,5 +251,5 @@ def guard_policy(
         rule=rule,
         words=rule_words(world.intervention.name, clauses, cap),
         training=training,
-        held_out=validate_guard(spec, world, rule, holdout),
+        held_out=validate_guard(spec, world, rule, holdout, processes),
     )
