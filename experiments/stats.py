@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from itertools import pairwise
 
 import numpy as np
+import numpy.typing as npt
 from scipy.stats import binom, binomtest, norm
 
 __all__ = [
@@ -211,7 +212,7 @@ def mcnemar_sample_size(
 # --------------------------------------------------------------------------- binning
 
 
-def quantile_edges(values: Sequence[float], bins: int) -> list[float]:
+def quantile_edges(values: Sequence[float] | npt.NDArray[np.float64], bins: int) -> list[float]:
     """Interior cut points splitting ``values`` into at most ``bins`` quantile bins.
 
     Every edge is an observed value picked by integer index arithmetic, so the result is

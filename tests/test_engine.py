@@ -332,3 +332,22 @@ def test_the_crn_check_fails_when_worlds_see_different_shocks() -> None:
     batch = run_batch(DivergentDraws({}), 0, range(50), WORLDS)
     check = common_random_numbers(from_batch(batch, "c", "s", 1.0))
     assert not check.passed and "refresh" in check.reason
+
+
+def test_outcomes_digest_is_the_digest_of_the_canonical_json() -> None:
+    from experiments.outcomes import outcomes_digest
+    from experiments.runtime.canon import digest
+
+    batch = run_batch(CounterRecovery({"noise": 0.1}), 0, range(257), WORLDS)
+    out = from_batch_for_test(batch)
+    names = ["null", "baseline", "refresh"]
+    expected = digest([[n, [int(o) for o in batch["worlds"][n]["outcomes"]]] for n in names])
+    assert outcomes_digest(out, names) == expected
+    empty = from_batch_for_test(run_batch(CounterRecovery({}), 0, [], WORLDS))
+    assert outcomes_digest(empty, ["baseline"]) == digest([["baseline", []]])
+
+
+def from_batch_for_test(batch: Any) -> Any:
+    from experiments.outcomes import from_batch
+
+    return from_batch(batch, "code", "snap", 1.0)

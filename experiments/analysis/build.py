@@ -8,6 +8,7 @@ anything at all.
 from __future__ import annotations
 
 from experiments.analysis.checks import validity_checks
+from experiments.analysis.columns import Bools, FeatureColumns, as_bools
 from experiments.analysis.evidence import rank_evidence
 from experiments.analysis.guard import guard_policy, guard_world
 from experiments.analysis.pairs import (
@@ -85,22 +86,29 @@ def _interaction_dims(
 
 
 def comparison_rows(
-    spec: ExperimentSpec, out: ExperimentOutcomes, dims: dict[str, Dimension]
+    spec: ExperimentSpec,
+    out: ExperimentOutcomes,
+    dims: dict[str, Dimension],
+    columns: FeatureColumns | None = None,
 ) -> list[ComparisonRow]:
     """Every comparison with its paired statistics and slices; Holm across all of them."""
     interactions = _interaction_dims(spec, dims)
+    features = columns if columns is not None else FeatureColumns(out.features)
+    arrays: dict[str, Bools] = {}
     rows: list[ComparisonRow] = []
     for world, vs in comparison_pairs(spec):
         a, b = out.world(vs), out.world(world)
         if not (_whole(a, out) and _whole(b, out)):
             continue  # the completion check reports it; pairs need both worlds whole
-        effect = paired_effect(paired_table(a.outcomes, b.outcomes), CONFIDENCE)
+        ref = arrays.setdefault(vs, as_bools(a.outcomes))
+        w = arrays.setdefault(world, as_bools(b.outcomes))
+        effect = paired_effect(paired_table(ref, w), CONFIDENCE)
         singles: list[SliceEffect] = []
         for dim in dims.values():
-            singles += slice_effects(a.outcomes, b.outcomes, out.features, [dim], CONFIDENCE)
+            singles += slice_effects(ref, w, features, [dim], CONFIDENCE)
         crossed: list[SliceEffect] = []
         for pair in interactions:
-            crossed += slice_effects(a.outcomes, b.outcomes, out.features, list(pair), CONFIDENCE)
+            crossed += slice_effects(ref, w, features, list(pair), CONFIDENCE)
         rows.append(
             ComparisonRow(
                 world=world,
@@ -109,7 +117,7 @@ def comparison_rows(
                 harm=effect.harm,
                 unchanged=effect.n - effect.rescue - effect.harm,
                 net=effect.net,
-                slices=slice_counts(a.outcomes, b.outcomes, out.features),
+                slices=slice_counts(ref, w, features),
                 n=effect.n,
                 difference=effect.difference,
                 ci_low=effect.ci_low,
@@ -140,8 +148,9 @@ def build_report(
         quantile_bins=spec.analysis.quantile_bins,
         forks_per_checkpoint=spec.analysis.forks_per_checkpoint,
     )
-    dims = dimensions(out.features, spec.analysis.quantile_bins)
-    comparisons = comparison_rows(spec, out, dims)
+    columns = FeatureColumns(out.features)
+    dims = dimensions(columns, spec.analysis.quantile_bins)
+    comparisons = comparison_rows(spec, out, dims, columns)
     checks = validity_checks(spec, out, code_digest, infra)
     failed = [c.name for c in checks if not c.passed]
     base = spec.baseline.name
