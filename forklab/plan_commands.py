@@ -25,7 +25,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     try:
-        report = rehearse(spec, processes=args.processes)
+        report = rehearse(spec, processes=args.processes, memo=not args.no_memo)
     except (BoundaryMissingError, StuckWorldError) as exc:
         raise CliError(
             f"{args.spec}: the rehearsal cannot run this spec: {exc}", SPEC_EXIT
@@ -61,5 +61,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--processes", type=int, default=None, help="worker processes (default: 2 when large)"
+    )
+    p.add_argument(
+        "--no-memo",
+        action="store_true",
+        help="simulate every episode in full, even where a randomness-free run could be "
+        "reused (benchmarks; the report is identical)",
     )
     p.set_defaults(func=cmd_plan)

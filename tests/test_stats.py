@@ -1,6 +1,6 @@
 """Tests for experiments.stats against independent references.
 
-The module uses SciPy for the McNemar tail, the normal quantile and the Wilson interval;
+The module uses scipy.special for the McNemar tail and the normal quantile;
 statsmodels, exact fractions and big-integer sums are the independent references here.
 
 Published worked examples for the paired (Newcombe) interval:
