@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import experiments
+from forklab import workspace_command
 from forklab.errors import CliError
 from forklab.experiment_commands import approve, save_report, start_experiment
 from forklab.ops_common import (
@@ -166,3 +167,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--spec", help="another spec to run (default: experiments/retry-cascade.yaml)")
     add_connection_flags(p, ui=True)
     p.set_defaults(func=cmd_demo)
+    scenarios = p.add_subparsers(dest="scenario", metavar="SCENARIO")
+    workspace_command.register(scenarios)

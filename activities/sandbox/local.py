@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,9 +44,19 @@ from activities.sandbox.base import (
     SandboxNotFoundError,
     SnapshotInfo,
 )
+from activities.sandbox.workspace import (
+    LayerInfo,
+    WorkspaceError,
+    WorkspaceFork,
+    WorkspaceInfo,
+    Workspaces,
+)
 from experiments.bundle import BundleFile, code_digest
+from experiments.workspace import WorkspaceManifest
 
 OUTPUT_LIMIT = 64 * 1024  # bytes kept per stream: the first and last half of it
+#: Where a sandbox's workspace appears, relative to its working folder.
+WORKSPACE_DIR = "workspace"
 SNAPSHOT_PREFIX = "local:"
 _LAUNCHER = Path(__file__).with_name("launch.py")
 _ID = re.compile(r"lsb-[0-9a-f]{16}")
@@ -137,13 +147,15 @@ class LocalSandboxBackend(SandboxBackend):
 
     name = "local"
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, overlay: bool = True) -> None:
         self.root = root
         self._snapshots = root / "snapshots"
         self._registry = root / "registry"
         self._boxes = root / "boxes"
         for folder in (self._snapshots, self._registry, self._boxes):
             folder.mkdir(parents=True, exist_ok=True)
+        # Copy-on-write workspaces; ``overlay=False`` forces the copy fallback.
+        self.workspaces = Workspaces(root, overlay=overlay)
 
     # --- snapshots --------------------------------------------------------------------
     def prepare_snapshot(self, files: list[BundleFile]) -> SnapshotInfo:
@@ -382,6 +394,10 @@ class LocalSandboxBackend(SandboxBackend):
                 self._write(entry)
         if entry is not None:
             _stop(entry)
+        try:
+            self.workspaces.remove(sandbox_id)  # unmounts before the folder goes
+        except WorkspaceError as exc:
+            raise SandboxError(str(exc)) from None
         shutil.rmtree(self._boxes / sandbox_id, ignore_errors=True)
         if (self._boxes / sandbox_id).exists():
             raise SandboxError(f"could not remove the folder of sandbox {sandbox_id}; retry")
@@ -404,7 +420,66 @@ class LocalSandboxBackend(SandboxBackend):
                 continue
             if entry is not None and labels.items() <= entry.labels.items():
                 found.add(sandbox_id)
-        for box in self._boxes.iterdir():
+        for box in [*self._boxes.iterdir(), *map(Path, self.workspaces.ids())]:
             if _ID.fullmatch(box.name) and not self._entry_path(box.name).exists():
                 found.add(box.name)
         return sorted(found)
+
+    # --- workspaces (copy-on-write; see workspace.py) -----------------------------------
+    def import_workspace(self, folder: Path) -> LayerInfo:
+        """Seal a copy of a host folder as a layer a sandbox's workspace can start from."""
+        try:
+            return self.workspaces.layers.import_tree(folder, owner=self.workspaces.owner)
+        except WorkspaceError as exc:
+            raise SandboxError(str(exc)) from None
+
+    def attach_workspace(self, sandbox_id: str, layer: str | None) -> WorkspaceInfo:
+        """Give the sandbox a workspace at ``<box>/workspace`` over ``layer`` (verified
+        first; None: empty). Its writes go to its own upper layer."""
+        _, box = self._live(sandbox_id)
+        try:
+            return self.workspaces.attach(sandbox_id, box / WORKSPACE_DIR, layer)
+        except WorkspaceError as exc:
+            raise SandboxError(str(exc)) from None
+
+    def freeze_workspace(self, sandbox_id: str) -> LayerInfo:
+        """Seal the sandbox's workspace as it is now (nothing may be running in it)."""
+        self._live(sandbox_id)
+        try:
+            return self.workspaces.freeze(sandbox_id)
+        except WorkspaceError as exc:
+            raise SandboxError(str(exc)) from None
+
+    def fork(self, sandbox_id: str, children: Sequence[dict[str, str]]) -> WorkspaceFork:
+        """Freeze the sandbox's workspace and create one child sandbox per label set, each
+        with the parent's snapshot and limits and its own writable layer over the frozen
+        one. The parent keeps running on the same content, unchanged."""
+        entry, _ = self._live(sandbox_id)
+        started = time.perf_counter()
+        made: list[str] = []
+        try:
+            for labels in children:
+                made.append(self.create(entry.snapshot_id, labels, entry.limits))
+            layer, infos = self.workspaces.fork(
+                sandbox_id, [(child, self._boxes / child / WORKSPACE_DIR) for child in made]
+            )
+        except BaseException as exc:
+            for child in made:
+                self.delete(child)
+            if isinstance(exc, WorkspaceError):
+                raise SandboxError(str(exc)) from None
+            raise
+        return WorkspaceFork(
+            parent=sandbox_id,
+            layer=layer,
+            children=tuple(infos),
+            seconds=round(time.perf_counter() - started, 6),
+        )
+
+    def workspace_manifest(self, sandbox_id: str) -> WorkspaceManifest:
+        """Every file the sandbox's workspace holds now, with size, md5 and sha256."""
+        self._live(sandbox_id)
+        try:
+            return self.workspaces.manifest(sandbox_id)
+        except WorkspaceError as exc:
+            raise SandboxError(str(exc)) from None

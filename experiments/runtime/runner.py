@@ -30,6 +30,7 @@ from experiments.runtime.workload import Feature, State, Workload, WorkloadError
 BUILTIN_WORKLOADS = {
     "counter-recovery": "experiments.workloads.counter_recovery:CounterRecovery",
     "retry-cascade": "experiments.workloads.retry_cascade:RetryCascade",
+    "coding-fix": "experiments.workloads.coding_fix:CodingFix",
 }
 
 

@@ -1,0 +1,593 @@
+"""Copy-on-write workspaces: sealed layers, overlay mounts, and the copy fallback.
+
+Layout under ``root``::
+
+    layers/<digest>/t/             the layer's files (an overlayfs lower directory)
+    layers/<digest>/manifest.json  its LayerManifest; sha256 of the canonical form == <digest>
+    layers/<digest>/seal.json      inode, ctime, size and mode of every path, taken at sealing
+    workspaces/<id>/upper, work    a mounted workspace's writable layer and overlayfs scratch
+    workspaces/<id>/state.json     which layers it sits on and how it is materialised
+
+A workspace is mounted at a target folder (for a sandbox, ``<box>/workspace``) as
+overlayfs: its sealed layers below, read-only, its own ``upper`` on top. Freezing it
+unmounts it, seals ``upper`` as a new layer over the old top (only the bytes written since
+the last freeze are hashed) and mounts it again over the new stack with an empty upper:
+the content is unchanged and the frozen layer can be shared by any number of children,
+each with its own upper. Overlayfs never writes to a lower directory, so the parent's
+files and every sealed layer stay as they were whatever a child does.
+
+Where the kernel refuses the mount (no ``CAP_SYS_ADMIN``, a filesystem overlayfs cannot
+stack on), the workspace is materialised as a copy of its stack instead: reflinks
+(``FICLONE``, copy-on-write at block level) where the filesystem has them, full copies
+where it does not. Hard links are never used: a child writing in place through a hard
+link would change the sealed layer under every sibling. ``WorkspaceInfo.mode`` and
+``note`` say which happened.
+
+Verification before use (``verify``) is cheap: the manifest is re-hashed and must give
+the layer's digest, and every path is ``lstat``-ed and must match the seal (same set of
+paths, inode, size, mode and ctime). Any write, truncation, chmod, rename, addition or
+removal in the layer since sealing changes a ctime or the set of paths, and ctime cannot
+be set from user space (only by changing the system clock). ``verify(full=True)`` also
+re-hashes every file's content.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from experiments.workspace import (
+    EntryKind,
+    FileRecord,
+    LayerEntry,
+    LayerManifest,
+    WorkspaceManifest,
+)
+
+Mode = Literal["overlay", "reflink", "copy"]
+_FICLONE = 0x40049409
+_MNT_DETACH = 2
+_OPAQUE_XATTR = "trusted.overlay.opaque"
+#: The legacy mount(2) call takes its options in one page.
+_OPTIONS_LIMIT = 4000
+_CHUNK = 1 << 20
+
+
+class WorkspaceError(RuntimeError):
+    """A workspace or layer operation failed; the message says what and how to fix it."""
+
+
+class LayerInfo(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    digest: str
+    parent: str | None
+    files: int
+    bytes: int  # bytes of regular files in this layer alone
+    hashed_bytes: int  # bytes read to seal it (0 when it already existed)
+    seconds: float
+
+
+class WorkspaceInfo(BaseModel):
+    """How one workspace is materialised: ``overlay`` (copy-on-write mount), ``reflink``
+    (a block-sharing copy) or ``copy`` (a full copy); ``note`` says why overlay was not
+    used. ``stack`` lists its sealed layers, top first."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    target: str
+    mode: Mode
+    stack: tuple[str, ...]
+    note: str | None = None
+
+
+class _Seal(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stats: dict[str, tuple[int, int, int, int]]  # path -> (inode, ctime_ns, size, mode)
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_overlay(lowers: list[Path], upper: Path, work: Path, target: Path) -> None:
+    # ``volatile``: no sync of the upper filesystem at unmount (on a busy disk that sync
+    # took hundreds of milliseconds per freeze). A sealed layer is therefore not fsynced;
+    # after a host crash ``LayerStore.verify(full=True)`` tells whether it survived.
+    options = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper},workdir={work},volatile"
+    if len(options) > _OPTIONS_LIMIT:
+        raise WorkspaceError(
+            f"the workspace stack of {len(lowers)} layers is too deep to mount under {target}; "
+            "use a shorter sandbox root or fork from an earlier layer"
+        )
+    if _libc().mount(b"overlay", str(target).encode(), b"overlay", 0, options.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(target))
+
+
+def _unmount(target: Path, detach: bool = True) -> None:
+    """Unmount ``target``; without ``detach`` a mount still in use fails (``EBUSY``)."""
+    if _libc().umount2(str(target).encode(), _MNT_DETACH if detach else 0) != 0:
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOENT):  # not a mount point (any more)
+            raise OSError(err, os.strerror(err), str(target))
+
+
+def mounts_under(folder: Path) -> list[Path]:
+    """Mount points at or below ``folder``, deepest first (from /proc/self/mountinfo)."""
+    base = os.path.realpath(folder)
+    found: list[Path] = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")  # octal escapes: \040
+        if point == base or point.startswith(base + "/"):
+            found.append(Path(point))
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+def unmount_under(folder: Path) -> None:
+    """Detach every mount at or below ``folder`` (tests call this in teardown)."""
+    for point in mounts_under(folder):
+        _unmount(point)
+
+
+def _hash_file(path: Path, *algorithms: str) -> list[str]:
+    hashers = [hashlib.new(a) for a in algorithms]
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            for h in hashers:
+                h.update(chunk)
+    return [h.hexdigest() for h in hashers]
+
+
+def _walk(tree: Path) -> Iterator[tuple[str, Path]]:
+    """(relative path, absolute path) of everything under ``tree``, parents first, sorted."""
+    stack = [("", str(tree))]
+    while stack:
+        rel, folder = stack.pop()
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        below = []
+        for e in entries:
+            child = f"{rel}{e.name}"
+            yield child, Path(e.path)
+            if e.is_dir(follow_symlinks=False):
+                below.append((child + "/", e.path))
+        stack.extend(reversed(below))
+
+
+def _is_opaque(path: Path) -> bool:
+    try:
+        return os.getxattr(path, _OPAQUE_XATTR, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+def _entry(rel: str, path: Path, st: os.stat_result) -> tuple[LayerEntry, int]:
+    """The manifest entry of one path and the bytes read to make it."""
+    mode = stat.S_IMODE(st.st_mode)
+    who = {"uid": st.st_uid, "gid": st.st_gid}
+    if stat.S_ISREG(st.st_mode):
+        (sha,) = _hash_file(path, "sha256")
+        entry = LayerEntry(
+            path=rel, kind=EntryKind.file, mode=mode, size=st.st_size, sha256=sha, **who
+        )
+        return entry, st.st_size
+    if stat.S_ISDIR(st.st_mode):
+        return LayerEntry(
+            path=rel, kind=EntryKind.dir, mode=mode, opaque=_is_opaque(path), **who
+        ), 0
+    if stat.S_ISLNK(st.st_mode):
+        return LayerEntry(
+            path=rel, kind=EntryKind.symlink, mode=0, target=os.readlink(path), **who
+        ), 0
+    if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+        return LayerEntry(path=rel, kind=EntryKind.whiteout, mode=0, **who), 0
+    raise WorkspaceError(
+        f"workspace path {rel!r} is a {stat.filemode(st.st_mode)[0]!r}-type special file; "
+        "a workspace may hold only files, folders and symlinks"
+    )
+
+
+def _stats(tree: Path) -> dict[str, tuple[int, int, int, int]]:
+    stats: dict[str, tuple[int, int, int, int]] = {}
+    for rel, path in _walk(tree):
+        st = os.lstat(path)
+        # overlayfs makes every whiteout a hard link to one inode in its work folder, whose
+        # link count (and so ctime) moves when that folder goes. A whiteout has no content;
+        # its inode, type and mode are still sealed.
+        whiteout = stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+        stats[rel] = (st.st_ino, 0 if whiteout else st.st_ctime_ns, st.st_size, st.st_mode)
+    return stats
+
+
+class LayerStore:
+    """Sealed, content-addressed layers under ``root/layers``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root / "layers"
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)  # reachable by the worker's user only
+
+    def tree(self, digest: str) -> Path:
+        return self.root / digest / "t"
+
+    def _check_digest(self, digest: str) -> Path:
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise WorkspaceError(f"layer {digest!r} is not a sha256 hex digest")
+        folder = self.root / digest
+        if not (folder / "seal.json").is_file():
+            raise WorkspaceError(f"layer {digest} does not exist under {self.root}")
+        return folder
+
+    def manifest(self, digest: str) -> LayerManifest:
+        folder = self._check_digest(digest)
+        try:
+            manifest = LayerManifest.model_validate_json((folder / "manifest.json").read_bytes())
+        except (OSError, ValidationError) as exc:
+            raise WorkspaceError(
+                f"layer {digest}: manifest unreadable ({exc.__class__.__name__})"
+            ) from None
+        if manifest.digest() != digest:
+            raise WorkspaceError(f"layer {digest}: its manifest does not hash to its name")
+        return manifest
+
+    def verify(self, digest: str, full: bool = False) -> LayerManifest:
+        """Check the layer against its manifest and seal (see the module docstring)."""
+        manifest = self.manifest(digest)
+        folder = self.root / digest
+        seal = _Seal.model_validate_json((folder / "seal.json").read_bytes())
+        now = _stats(self.tree(digest))
+        if now != seal.stats or set(now) != {e.path for e in manifest.entries}:
+            changed = sorted(
+                p for p in now.keys() | seal.stats.keys() if now.get(p) != seal.stats.get(p)
+            )
+            raise WorkspaceError(
+                f"layer {digest} was modified after sealing (first difference: "
+                f"{changed[0] if changed else 'manifest paths'}); do not use it"
+            )
+        if full:
+            for e in manifest.entries:
+                if e.kind is EntryKind.file:
+                    (sha,) = _hash_file(self.tree(digest) / e.path, "sha256")
+                    if sha != e.sha256:
+                        raise WorkspaceError(f"layer {digest}: content of {e.path!r} changed")
+        return manifest
+
+    def stack(self, digest: str) -> list[str]:
+        """The layer and all below it, top first, each verified."""
+        chain: list[str] = []
+        current: str | None = digest
+        while current is not None:
+            chain.append(current)
+            current = self.verify(current).parent
+        return chain
+
+    def seal(self, staging: Path, parent: str | None) -> LayerInfo:
+        """Move ``staging`` (a folder on the same filesystem) into the store as a layer over
+        ``parent``. The folder is consumed; an identical layer already stored is reused."""
+        started = time.perf_counter()
+        entries: list[LayerEntry] = []
+        hashed = 0
+        for rel, path in _walk(staging):
+            entry, read = _entry(rel, path, os.lstat(path))
+            entries.append(entry)
+            hashed += read
+        manifest = LayerManifest(parent=parent, entries=tuple(entries))
+        digest = manifest.digest()
+        final = self.root / digest
+        if (final / "seal.json").is_file():
+            try:
+                self.verify(digest)
+            except WorkspaceError:  # a damaged copy: set it aside, the fresh one replaces it
+                os.rename(final, self.root / f".damaged-{digest}-{time.monotonic_ns()}")
+        if (final / "seal.json").is_file():
+            shutil.rmtree(staging)
+        else:
+            box = Path(tempfile.mkdtemp(dir=self.root, prefix=".seal-"))
+            try:
+                os.rename(staging, box / "t")
+                (box / "manifest.json").write_text(manifest.model_dump_json())
+                (box / "seal.json").write_text(_Seal(stats=_stats(box / "t")).model_dump_json())
+                try:
+                    os.rename(box, final)
+                except OSError:  # another sealer won the race with the same content
+                    if not (final / "seal.json").is_file():
+                        raise
+            finally:
+                shutil.rmtree(box, ignore_errors=True)
+        return LayerInfo(
+            digest=digest,
+            parent=parent,
+            files=sum(e.kind is EntryKind.file for e in entries),
+            bytes=manifest.bytes,
+            hashed_bytes=hashed,
+            seconds=round(time.perf_counter() - started, 6),
+        )
+
+    def import_tree(
+        self, source: Path, parent: str | None = None, owner: int | None = None
+    ) -> LayerInfo:
+        """Seal a copy of a host folder (the workspace a sandbox starts from); with
+        ``owner``, every copied path belongs to that uid and gid."""
+        if not source.is_dir():
+            raise WorkspaceError(f"workspace folder {source} does not exist or is no folder")
+        staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".import-"))
+        try:
+            shutil.copytree(source, staging / "t", symlinks=True)
+            _chown_tree(staging / "t", owner)
+            return self.seal(staging / "t", parent)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def empty(self) -> str:
+        """The digest of the empty layer (the base of a workspace given no files)."""
+        staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".empty-"))
+        return self.seal(staging, None).digest
+
+
+def _chown_tree(tree: Path, owner: int | None) -> None:
+    """Give ``tree`` and everything below it to ``owner`` (uid and gid); None: leave it."""
+    if owner is None:
+        return
+    os.chown(tree, owner, owner, follow_symlinks=False)
+    for _, path in _walk(tree):
+        os.chown(path, owner, owner, follow_symlinks=False)
+
+
+def _clone(source: Path, dest: Path) -> bool:
+    """Copy one file, sharing its blocks when the filesystem can; True when it did."""
+    with source.open("rb") as src, dest.open("wb") as dst:
+        try:
+            fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
+            cloned = True
+        except OSError:
+            shutil.copyfileobj(src, dst, _CHUNK)
+            cloned = False
+    shutil.copystat(source, dest)
+    return cloned
+
+
+def _materialise(store: LayerStore, stack: list[str], target: Path) -> bool:
+    """Write the union of ``stack`` (top first) into the empty folder ``target``, applying
+    whiteouts and opaque folders as overlayfs would. True when every file was reflinked."""
+    all_cloned = True
+    for digest in reversed(stack):
+        tree = store.tree(digest)
+        for entry in store.manifest(digest).entries:
+            dest = target / entry.path
+            if entry.kind is EntryKind.whiteout or (
+                dest.is_symlink() or (dest.exists() and entry.kind is not EntryKind.dir)
+            ):
+                if dest.is_dir() and not dest.is_symlink():
+                    shutil.rmtree(dest)
+                elif dest.is_symlink() or dest.exists():
+                    dest.unlink()
+            if entry.kind is EntryKind.dir:
+                if entry.opaque and dest.is_dir():
+                    shutil.rmtree(dest)
+                dest.mkdir(exist_ok=True)
+                os.chmod(dest, entry.mode)
+            elif entry.kind is EntryKind.symlink:
+                os.symlink(entry.target or "", dest)
+            elif entry.kind is EntryKind.file:
+                all_cloned = _clone(tree / entry.path, dest) and all_cloned
+            if entry.kind is not EntryKind.whiteout and os.geteuid() == 0:
+                os.chown(dest, entry.uid, entry.gid, follow_symlinks=False)
+    return all_cloned
+
+
+class _State(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target: str
+    mode: Mode
+    stack: tuple[str, ...]
+    note: str | None = None
+
+
+def _write_state(folder: Path, state: _State) -> None:
+    """Replace ``state.json`` atomically. Not fsynced: after a host crash the mounts are
+    gone anyway, and ``remove`` copes with a missing or stale record."""
+    tmp = folder / ".state.json.tmp"
+    tmp.write_text(state.model_dump_json())
+    os.replace(tmp, folder / "state.json")
+
+
+class Workspaces:
+    """Mounted (or copied) workspaces over layers of one ``LayerStore``.
+
+    ``overlay=False`` forces the copy fallback (tests and hosts that forbid mounts).
+    ``owner``: the uid (and gid) sandboxed commands run as when the worker is root; each
+    workspace's own layer (and a copy's files) belong to it, so that those commands can
+    write. Sealed layers keep the owner of whoever wrote them, which is the same uid.
+    """
+
+    def __init__(self, root: Path, overlay: bool = True, owner: int | None = None) -> None:
+        if any(c in str(root.resolve()) for c in ":,\\"):
+            raise WorkspaceError(
+                f"workspace root {root} contains ':', ',' or '\\', which overlayfs options "
+                "cannot carry; choose another folder"
+            )
+        self.layers = LayerStore(root)
+        self.root = root / "workspaces"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.overlay = overlay
+        self.owner = owner
+
+    def _folder(self, ws_id: str) -> Path:
+        return self.root / ws_id
+
+    def _state(self, ws_id: str) -> _State:
+        try:
+            return _State.model_validate_json((self._folder(ws_id) / "state.json").read_bytes())
+        except FileNotFoundError:
+            raise WorkspaceError(f"{ws_id} has no workspace; attach one first") from None
+
+    def _info(self, ws_id: str, state: _State) -> WorkspaceInfo:
+        return WorkspaceInfo(id=ws_id, **state.model_dump())
+
+    def info(self, ws_id: str) -> WorkspaceInfo:
+        return self._info(ws_id, self._state(ws_id))
+
+    def attach(self, ws_id: str, target: Path, base: str | None) -> WorkspaceInfo:
+        """Materialise layer ``base`` (and those below it, each verified; None: empty) at
+        ``target``."""
+        return self._attach(
+            ws_id, target, self.layers.stack(base if base is not None else self.layers.empty())
+        )
+
+    def _attach(self, ws_id: str, target: Path, stack: list[str]) -> WorkspaceInfo:
+        folder = self._folder(ws_id)
+        if folder.exists():
+            raise WorkspaceError(f"{ws_id} already has a workspace")
+        folder.mkdir()
+        try:
+            state = self._materialise(folder, target, stack)
+        except BaseException:
+            self.remove(ws_id)
+            raise
+        return self._info(ws_id, state)
+
+    def _materialise(self, folder: Path, target: Path, stack: list[str]) -> _State:
+        target.mkdir(parents=True, exist_ok=True)
+        note = None
+        if self.overlay:
+            for sub in ("upper", "work"):
+                (folder / sub).mkdir(exist_ok=True)
+            _chown_tree(folder / "upper", self.owner)  # the mount's root takes its owner
+            try:
+                _mount_overlay(
+                    [self.layers.tree(d) for d in stack], folder / "upper", folder / "work", target
+                )
+                state = _State(target=str(target), mode="overlay", stack=tuple(stack))
+                _write_state(folder, state)
+                return state
+            except OSError as exc:
+                note = f"overlay mount not permitted ({exc.strerror}); the workspace was copied"
+        else:
+            note = "overlay disabled by configuration; the workspace was copied"
+        # Recorded before copying, so that remove() finds a half-made copy too.
+        pending = _State(target=str(target), mode="copy", stack=tuple(stack), note=note)
+        _write_state(folder, pending)
+        cloned = _materialise(self.layers, stack, target)
+        if self.owner is not None:  # the copy's root, as an overlay's root is its upper's
+            os.chown(target, self.owner, self.owner)
+        state = pending.model_copy(update={"mode": "reflink" if cloned else "copy"})
+        _write_state(folder, state)
+        return state
+
+    def freeze(self, ws_id: str) -> LayerInfo:
+        """Seal the workspace's current content as a layer; the workspace stays as it was,
+        now sitting on that layer. Call it only while nothing runs in the workspace."""
+        folder = self._folder(ws_id)
+        state = self._state(ws_id)
+        target = Path(state.target)
+        if state.mode == "overlay":
+            try:
+                _unmount(target, detach=False)
+            except OSError as exc:
+                raise WorkspaceError(
+                    f"cannot freeze workspace {ws_id}: {exc.strerror}; is a command still "
+                    "running in it?"
+                ) from None
+            try:
+                # Set aside, not deleted: deleting a folder is slow on a busy disk, and
+                # ``remove`` deletes the workspace's folder anyway.
+                os.rename(folder / "work", folder / f"stale-work-{time.monotonic_ns()}")
+                layer = self.layers.seal(folder / "upper", parent=state.stack[0])
+            except BaseException:
+                if (folder / "upper").is_dir():  # not consumed: mount it back as it was
+                    self._materialise(folder, target, list(state.stack))
+                raise
+        else:
+            # A copy has no record of what changed: the whole tree becomes one layer. It is
+            # moved into the store and copied back for the parent.
+            staging = Path(tempfile.mkdtemp(dir=self.layers.root, prefix=".freeze-"))
+            os.rename(target, staging / "t")
+            layer = self.layers.seal(staging / "t", parent=None)
+            shutil.rmtree(staging, ignore_errors=True)
+        stack = self.layers.stack(layer.digest)
+        self._materialise(folder, target, stack)
+        return layer
+
+    def fork(
+        self, ws_id: str, children: list[tuple[str, Path]]
+    ) -> tuple[LayerInfo, list[WorkspaceInfo]]:
+        """Freeze ``ws_id`` and attach one workspace per (id, target) over the frozen layer.
+        The stack is verified once, by the freeze, for the parent and every child."""
+        layer = self.freeze(ws_id)
+        stack = list(self._state(ws_id).stack)
+        made: list[WorkspaceInfo] = []
+        try:
+            for child, target in children:
+                made.append(self._attach(child, target, stack))
+        except BaseException:
+            for info in made:
+                self.remove(info.id)
+            raise
+        return layer, made
+
+    def manifest(self, ws_id: str) -> WorkspaceManifest:
+        """Every regular file the workspace shows now, with md5 and sha256 (evidence)."""
+        target = Path(self._state(ws_id).target)
+        files = []
+        for rel, path in _walk(target):
+            if path.is_file() and not path.is_symlink():
+                md5, sha = _hash_file(path, "md5", "sha256")
+                files.append(FileRecord(path=rel, size=path.stat().st_size, md5=md5, sha256=sha))
+        return WorkspaceManifest(files=tuple(files))
+
+    def own_bytes(self, ws_id: str) -> int:
+        """Disk the workspace holds of its own: its folder (upper layer, overlayfs scratch,
+        record) and, for a copy, the copied tree. Shared sealed layers are not counted."""
+        state = self._state(ws_id)
+        trees = [self._folder(ws_id)] + ([] if state.mode == "overlay" else [Path(state.target)])
+        return sum(os.lstat(p).st_blocks * 512 for tree in trees for _, p in _walk(tree))
+
+    def remove(self, ws_id: str) -> None:
+        """Unmount and delete the workspace; idempotent, also for half-made ones."""
+        folder = self._folder(ws_id)
+        try:
+            state: _State | None = self._state(ws_id)
+        except (WorkspaceError, ValidationError):
+            state = None
+        if state is not None:
+            target = Path(state.target)
+            unmount_under(target)
+            if state.mode != "overlay":
+                shutil.rmtree(target, ignore_errors=True)
+            elif target.is_dir():
+                target.rmdir()  # the empty mount point
+        shutil.rmtree(folder, ignore_errors=True)
+        if folder.exists():
+            raise WorkspaceError(f"could not remove workspace {ws_id}; retry")
+
+    def ids(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+
+
+class WorkspaceFork(BaseModel):
+    """What ``fork`` did: the layer it froze the parent's workspace into, one workspace
+    per child over it, and the seconds from the start of the freeze until every child's
+    workspace was mounted (or copied)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    parent: str
+    layer: LayerInfo
+    children: tuple[WorkspaceInfo, ...]
+    seconds: float

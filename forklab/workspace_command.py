@@ -1,0 +1,62 @@
+"""``forklab demo workspace``: the coding-agent fork, run in local sandboxes.
+
+A source agent runs the failing tests of a small package in a workspace holding a large
+vendored blob; three children forked from it (copy-on-write) apply ``minimal``,
+``rewrite`` and ``skip``. Prints ``summary.md`` and writes the evidence to a folder.
+Exit code 0 when every check of the evidence holds, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from activities.coding_agent import DEFAULT_BLOB_BYTES, run_coding_agent_fork
+from activities.sandbox.base import SandboxError
+from activities.sandbox.local import LocalSandboxBackend
+from activities.sandbox.workspace import WorkspaceError
+from forklab.errors import CliError
+from workers.config import ConfigError, Settings
+
+_MIB = 1 << 20
+
+
+def cmd_workspace(args: argparse.Namespace) -> int:
+    if args.blob_mib < 1:
+        raise CliError("--blob-mib: must be at least 1", code=2)
+    try:
+        settings = Settings.load({"home": args.home})
+    except ConfigError as exc:
+        raise CliError(str(exc), code=2) from None
+    out = args.out or settings.home / "workspace-demo" / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        backend = LocalSandboxBackend(settings.sandboxes_dir, overlay=not args.no_overlay)
+        summary = run_coding_agent_fork(backend, out, args.blob_mib * _MIB)
+    except (SandboxError, WorkspaceError) as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"{exc.filename or out}: {exc.strerror}") from None
+    print((out / "summary.md").read_text(), end="")
+    print(f"\nevidence: {out} (summary.md, summary.json, *-agent.log, changed/)")
+    return 0 if all(c.ok for c in summary.checks) else 1
+
+
+def register(scenarios: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = scenarios.add_parser(
+        "workspace", help="fork a coding agent's workspace three ways (copy-on-write layers)"
+    )
+    p.add_argument(
+        "--out", type=Path, help="evidence folder (default <home>/workspace-demo/<time>)"
+    )
+    p.add_argument(
+        "--blob-mib",
+        type=int,
+        default=DEFAULT_BLOB_BYTES // _MIB,
+        help="size of the vendored blob in MiB (default 50)",
+    )
+    p.add_argument(
+        "--no-overlay", action="store_true", help="use the copy fallback instead of overlayfs"
+    )
+    p.add_argument("--home", type=Path, help="ForkLab home folder (FORKLAB_HOME, ~/.forklab)")
+    p.set_defaults(func=cmd_workspace)

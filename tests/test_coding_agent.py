@@ -1,0 +1,190 @@
+"""The coding-agent fork (``forklab demo workspace``) and the ``coding-fix`` experiment:
+real sandboxes, real overlay mounts, real ``python3 -m unittest`` runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from itertools import combinations
+from pathlib import Path
+
+import pytest
+from orchestration_lab import Lab
+
+from activities.coding_agent import BLOB, FIXED_MTIME, run_coding_agent_fork
+from activities.sandbox import LocalSandboxBackend
+from activities.sandbox.workspace import mounts_under, unmount_under
+from experiments.analysis.pairs import paired_table
+from experiments.engine import run_twin
+from experiments.plan import rehearse
+from experiments.workloads.coding_fix import (
+    BUGS,
+    CORE_CASES,
+    OPTIONAL_CASES,
+    STRATEGIES,
+    apply_strategy,
+    package_files,
+    run_cases,
+    vendored_chunks,
+)
+from experiments.workspace_report import PYCACHE, WorkspaceDemoSummary
+from forklab.specfile import load_spec
+from tests.helpers import ROOT, run_cli
+from workflows.messages import Stage, Status
+
+SPEC = ROOT / "experiments" / "coding-fix.yaml"
+
+
+@pytest.fixture
+def backend_root(tmp_path: Path) -> Path:
+    yield tmp_path / "sandboxes"
+    left = mounts_under(tmp_path)
+    unmount_under(tmp_path)
+    assert left == [], f"mounts left behind: {left}"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="overlayfs mounts need root")
+def test_the_coding_agent_fork_with_a_50_mib_blob(backend_root: Path, tmp_path: Path) -> None:
+    backend = LocalSandboxBackend(backend_root)
+    out = tmp_path / "evidence"
+    summary = run_coding_agent_fork(backend, out)
+    agents = {a.name: a for a in summary.agents}
+    assert list(agents) == ["source", *STRATEGIES]
+    assert {a.mode for a in summary.agents} == {"overlay"}
+
+    # the blob: 50 MiB, byte-identical in all four, at the branch and at the end
+    expected = hashlib.md5(b"".join(vendored_chunks(50 << 20))).hexdigest()
+    for a in summary.agents:
+        for manifest in (a.branch, a.end):
+            blob = manifest.by_path()[BLOB]
+            assert (blob.size, blob.md5) == (50 << 20, expected)
+    # __pycache__: identical at the branch, and each child's diverged after it re-imported
+    caches = [
+        {f.path: f.sha256 for f in a.branch.files if PYCACHE in f.path} for a in agents.values()
+    ]
+    assert caches[0] and all(c == caches[0] for c in caches)
+    for name in STRATEGIES:
+        diff = agents[name].diverged
+        assert [p for p in diff.changed if PYCACHE in p], name
+        assert BLOB not in diff.changed
+    assert not agents["source"].diverged.diverged  # the parent never changes
+    # each child's edit is its own; the tests say what the seed said
+    edits = {n: agents[n].edited for n in STRATEGIES}
+    assert set(edits["minimal"]) == set(edits["rewrite"]) == {"calc/arith.py"}
+    assert set(edits["skip"]) == {"tests/test_arith.py"}
+    assert all(edits[a] != edits[b] for a, b in combinations(STRATEGIES, 2))
+    assert "return a + b" in edits["minimal"]["calc/arith.py"]
+    assert "isinstance" in edits["rewrite"]["calc/arith.py"]
+    assert not agents["source"].tests.passed and "failures=3" in agents["source"].tests.verdict
+    assert agents["minimal"].tests.passed and agents["rewrite"].tests.passed
+    skip = agents["skip"].tests
+    assert not skip.passed and skip.unexpected_successes == 1
+    # one checkpoint (agent state + frozen layer), inherited by every child
+    assert summary.checkpoint.layer is not None
+    assert {agents[n].inherited for n in STRATEGIES} == {summary.checkpoint}
+    assert summary.figures.children_extra_bytes < 256 * 1024  # folders, not data
+    assert all(c.ok for c in summary.checks), [c for c in summary.checks if not c.ok]
+
+    # the evidence on disk
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [
+        "changed",
+        "minimal-agent.log",
+        "rewrite-agent.log",
+        "skip-agent.log",
+        "source-agent.log",
+        "summary.json",
+        "summary.md",
+    ]
+    stored = WorkspaceDemoSummary.model_validate_json((out / "summary.json").read_text())
+    assert stored == summary
+    assert "unexpected success" in (out / "skip-agent.log").read_text()
+    assert (out / "changed" / "minimal" / "calc" / "arith.py").read_text() == edits["minimal"][
+        "calc/arith.py"
+    ]
+    assert "❌" not in (out / "summary.md").read_text()
+    assert backend.list({}) == []  # every sandbox deleted
+
+
+def test_the_copy_fallback_through_the_cli(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "evidence"
+    code, stdout, err = run_cli(
+        capsys,
+        *("demo", "workspace", "--no-overlay", "--blob-mib", "1"),
+        *("--home", str(tmp_path / "home"), "--out", str(out)),
+    )
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    modes = {a["mode"] for a in summary["agents"]}
+    assert modes <= {"copy", "reflink"}
+    assert all("overlay disabled" in a["note"] for a in summary["agents"])
+    assert all(c["ok"] for c in summary["checks"])
+    assert "skip fails by unexpected success" in stdout
+    assert mounts_under(tmp_path) == []
+
+
+def test_bad_input_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run_cli(capsys, "demo", "workspace", "--blob-mib", "0", "--home", str(tmp_path))
+    assert code == 2
+    assert err == "forklab: error: --blob-mib: must be at least 1\n"
+    assert not (tmp_path / "sandboxes").exists()
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_the_workload_judges_as_real_unittest_does(bug: str, tmp_path: Path) -> None:
+    """The in-memory verdict of the workload against ``python3 -m unittest`` on real files."""
+    cases = (*CORE_CASES, *OPTIONAL_CASES)
+    for strategy in (None, *STRATEGIES):
+        files = package_files(bug, cases)
+        if strategy is not None:
+            files = apply_strategy(strategy, files)
+        folder = tmp_path / f"{bug}-{strategy}"
+        for rel, text in files.items():
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (folder / rel).write_text(text)
+            os.utime(folder / rel, (FIXED_MTIME, FIXED_MTIME))
+        real = subprocess.run(
+            ["python3", "-m", "unittest", "-q", "tests.test_arith"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        model = run_cases(
+            files["calc/arith.py"], [list(c) for c in cases], xfail=strategy == "skip"
+        )
+        assert (real.returncode == 0) == model["passed"], (bug, strategy, real.stderr)
+        if model["unexpected"]:
+            assert f"unexpected successes={len(model['unexpected'])}" in real.stderr
+
+
+def test_strategies_as_worlds_count_rescues_and_harms() -> None:
+    spec = load_spec(str(SPEC)).model_copy(update={"episodes": 200})
+    batch = run_twin(spec).batch
+    base = batch["worlds"]["baseline"]["outcomes"]
+    counts = {name: paired_table(base, batch["worlds"][name]["outcomes"]) for name in STRATEGIES}
+    # minimal: rescues the subtraction bug only and cannot harm (it edits nothing else)
+    assert counts["minimal"].rescue > 0 and counts["minimal"].harm == 0
+    # rewrite: rescues every bug, harms the suites that add strings
+    assert counts["rewrite"].rescue > counts["minimal"].rescue and counts["rewrite"].harm > 0
+    # skip: green by marking tests, and harms whenever one passes by accident
+    assert counts["skip"].rescue > 0 and counts["skip"].harm > 0
+
+
+async def test_the_experiment_runs_through_the_durable_path(lab: Lab) -> None:
+    spec = load_spec(str(SPEC)).model_copy(update={"id": "flow-coding-fix", "episodes": 40})
+    handle, token = await lab.start(spec, batch_episodes=20, rehearsal_episodes=10)
+    view = await lab.wait_for(handle, Stage.awaiting_approval)
+    assert view.plan is not None and lab.sandbox_folders() == []
+    await lab.approve(handle, token, approver="alice")
+    result = await handle.result()
+    assert result.status is Status.completed, result.error
+    assert result.analysis is not None
+    assert result.analysis.outcomes_digest == rehearse(spec).outcomes_digest
+    assert result.cleanup is not None and result.cleanup.left == 0

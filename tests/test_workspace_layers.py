@@ -1,0 +1,316 @@
+"""Copy-on-write workspaces with real overlayfs mounts (and the copy fallback): isolation
+of parent, children and sealed layers, whiteouts, verification, and clean unmounting."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from activities.sandbox import Limits, LocalSandboxBackend, SandboxError
+from activities.sandbox.workspace import (
+    WorkspaceError,
+    Workspaces,
+    mounts_under,
+    unmount_under,
+)
+from experiments.bundle import bundle_files
+from experiments.workspace import (
+    FileRecord,
+    WorkspaceCheckpoint,
+    WorkspaceManifest,
+    diff_manifests,
+)
+from tests.helpers import ROOT
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="overlayfs mounts need root")
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    """A scratch root whose mounts are undone in teardown, even when the test failed."""
+    yield tmp_path
+    left = mounts_under(tmp_path)
+    unmount_under(tmp_path)
+    assert left == [], f"the test left mounts behind: {left}"
+
+
+@pytest.fixture(params=["overlay", "copy"])
+def workspaces(request: pytest.FixtureRequest, root: Path) -> Workspaces:
+    if request.param == "overlay" and os.geteuid() != 0:
+        pytest.skip("overlayfs mounts need root")
+    return Workspaces(root / "store", overlay=request.param == "overlay")
+
+
+def _start(folder: Path) -> Path:
+    (folder / "pkg" / "sub").mkdir(parents=True)
+    (folder / "pkg" / "mod.py").write_text("x = 1\n")
+    (folder / "pkg" / "sub" / "a.txt").write_text("a\n")
+    (folder / "blob.bin").write_bytes(bytes(range(256)) * 4096)
+    (folder / "link").symlink_to("pkg/mod.py")
+    return folder
+
+
+def _tree(folder: Path) -> dict[str, bytes | str]:
+    out: dict[str, bytes | str] = {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_symlink():
+            out[rel] = "-> " + os.readlink(path)
+        elif path.is_file():
+            out[rel] = path.read_bytes()
+        else:
+            out[rel] = "dir"
+    return out
+
+
+def test_children_see_the_parent_at_once_and_keep_their_writes(
+    workspaces: Workspaces, root: Path
+) -> None:
+    base = workspaces.layers.import_tree(_start(root / "start"))
+    parent = workspaces.attach("parent", root / "mnt" / "parent", base.digest)
+    p = Path(parent.target)
+    (p / "pkg" / "mod.py").write_text("x = 2\n")  # the parent's own work before the fork
+    (p / "pkg" / "sub" / "a.txt").unlink()
+    before = _tree(p)
+
+    layer, kids = workspaces.fork("parent", [(f"k{i}", root / "mnt" / f"k{i}") for i in range(3)])
+    if workspaces.overlay:  # only what the parent wrote is sealed (and hashed)
+        assert layer.parent == base.digest and layer.hashed_bytes == len("x = 2\n")
+        assert [k.stack for k in kids] == [(layer.digest, base.digest)] * 3
+    else:  # a copy records no changes: its whole tree becomes the layer
+        assert layer.parent is None and layer.hashed_bytes > 1 << 20
+        assert [k.stack for k in kids] == [(layer.digest,)] * 3
+    for k in kids:
+        assert _tree(Path(k.target)) == before  # the parent's bytes, at once
+    k0, k1, k2 = (Path(k.target) for k in kids)
+    (k0 / "pkg" / "mod.py").write_text("x = 'child0'\n")
+    (k1 / "blob.bin").unlink()
+    shutil.rmtree(k2 / "pkg")
+    (k2 / "pkg").mkdir()
+    (k2 / "pkg" / "new.py").write_text("fresh\n")
+
+    assert _tree(p) == before  # the parent never changes
+    assert (k1 / "pkg" / "mod.py").read_text() == "x = 2\n"  # nor do siblings
+    assert (k0 / "blob.bin").exists() and not (k1 / "blob.bin").exists()
+    assert sorted(_tree(k2 / "pkg")) == ["new.py"]
+    for digest in (layer.digest, base.digest):
+        workspaces.layers.verify(digest, full=True)  # sealed layers untouched
+
+    # a child's deletions survive its own freeze: grandchildren do not see them again
+    for i, expect in ((1, None), (2, ["new.py"])):
+        sealed = workspaces.freeze(f"k{i}")
+        grand = workspaces.attach(f"g{i}", root / "mnt" / f"g{i}", sealed.digest)
+        g = Path(grand.target)
+        if expect is None:
+            assert not (g / "blob.bin").exists() and (g / "pkg" / "mod.py").exists()
+        else:
+            assert sorted(_tree(g / "pkg")) == expect
+    for ws_id in workspaces.ids():
+        workspaces.remove(ws_id)
+    assert not (root / "mnt" / "k0").exists() or not any((root / "mnt" / "k0").iterdir())
+
+
+@needs_root
+def test_overlay_fork_shares_the_bytes_and_the_fallback_says_it_copied(root: Path) -> None:
+    start = root / "start"
+    start.mkdir()
+    (start / "big.bin").write_bytes(os.urandom(4 << 20))
+    overlay = Workspaces(root / "store")
+    base = overlay.layers.import_tree(start)
+    overlay.attach("parent", root / "mnt" / "parent", base.digest)
+    _, kids = overlay.fork("parent", [(f"k{i}", root / "mnt" / f"k{i}") for i in range(3)])
+    assert {k.mode for k in kids} == {"overlay"} and all(k.note is None for k in kids)
+    assert all(overlay.own_bytes(k.id) < 64 * 1024 for k in kids)  # folders, no data
+
+    copying = Workspaces(root / "store", overlay=False)
+    copy = copying.attach("copied", root / "mnt" / "copied", kids[0].stack[0])
+    assert copy.mode in ("copy", "reflink") and "copied" in (copy.note or "")
+    assert copying.own_bytes("copied") >= 4 << 20
+    assert (Path(copy.target) / "big.bin").read_bytes() == (start / "big.bin").read_bytes()
+    for ws_id in overlay.ids():
+        overlay.remove(ws_id)
+
+
+FALLBACK = """
+import sys
+from pathlib import Path
+from activities.sandbox.workspace import Workspaces
+ws = Workspaces(Path(sys.argv[1]))
+info = ws.attach("child", Path(sys.argv[1]) / "mnt", sys.argv[2])
+print(info.model_dump_json())
+ws.remove("child")
+"""
+
+
+@needs_root
+def test_without_permission_to_mount_it_falls_back_and_says_so(root: Path) -> None:
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is needed to take CAP_SYS_ADMIN away")
+    store = Workspaces(root / "store")
+    base = store.layers.import_tree(_start(root / "start"))
+    ran = subprocess.run(
+        [
+            *(setpriv, "--bounding-set=-sys_admin", "--", sys.executable, "-c", FALLBACK),
+            *(str(root / "store"), base.digest),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert '"mode":"copy"' in ran.stdout or '"mode":"reflink"' in ran.stdout
+    assert "overlay mount not permitted (Operation not permitted)" in ran.stdout
+
+
+def test_a_tampered_layer_is_refused(root: Path) -> None:
+    store = Workspaces(root / "store", overlay=False)
+    base = store.layers.import_tree(_start(root / "start"))
+    tree = store.layers.tree(base.digest)
+    store.layers.verify(base.digest, full=True)
+
+    with (tree / "blob.bin").open("r+b") as fh:  # same size, one byte changed in place
+        fh.write(b"\xff")
+    with pytest.raises(WorkspaceError, match=r"modified after sealing.*blob\.bin"):
+        store.layers.verify(base.digest)
+    with pytest.raises(WorkspaceError, match="modified after sealing"):
+        store.attach("child", root / "mnt", base.digest)
+    assert not (root / "mnt").exists() or not any((root / "mnt").iterdir())
+    assert store.ids() == []  # nothing half-made is left
+
+    # the same content sealed again is the same layer; the damaged copy is replaced
+    again = store.layers.import_tree(_start(root / "start1"))
+    assert again.digest == base.digest
+    store.layers.verify(base.digest, full=True)
+
+    other = store.layers.import_tree(_start(root / "start2"))
+    assert other.digest == base.digest
+    (store.layers.tree(other.digest) / "planted.py").write_text("evil\n")
+    with pytest.raises(WorkspaceError, match=r"planted\.py"):
+        store.layers.verify(other.digest)
+
+    third_start = _start(root / "start3")
+    (third_start / "marker").write_text("3\n")
+    third = store.layers.import_tree(third_start)
+    manifest = store.layers.root / third.digest / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"mode":420', '"mode":511', 1))
+    with pytest.raises(WorkspaceError, match="does not hash to its name"):
+        store.layers.verify(third.digest)
+    for bad in ("../" * 3 + "etc", "0" * 64):
+        with pytest.raises(WorkspaceError, match=r"not a sha256|does not exist"):
+            store.attach("x", root / "mnt-x", bad)
+
+
+@needs_root
+def test_a_special_file_stops_the_freeze_and_the_workspace_stays_usable(root: Path) -> None:
+    ws = Workspaces(root / "store")
+    info = ws.attach("w", root / "mnt", None)
+    target = Path(info.target)
+    (target / "keep.txt").write_text("kept\n")
+    os.mkfifo(target / "pipe")
+    with pytest.raises(WorkspaceError, match=r"'pipe'.*only files, folders and symlinks"):
+        ws.freeze("w")
+    assert (target / "keep.txt").read_text() == "kept\n"  # mounted again as it was
+    (target / "pipe").unlink()
+    assert ws.freeze("w").files == 1
+    ws.remove("w")
+
+
+def test_manifest_diff_and_checkpoint_digest() -> None:
+    def rec(path: str, sha: str) -> FileRecord:
+        return FileRecord(path=path, size=1, md5="m", sha256=sha * 64)
+
+    a = WorkspaceManifest(files=(rec("a", "1"), rec("b", "2"), rec("c", "3")))
+    b = WorkspaceManifest(files=(rec("a", "1"), rec("b", "4"), rec("d", "5")))
+    d = diff_manifests(a, b)
+    assert (d.added, d.removed, d.changed, d.unchanged) == (("d",), ("c",), ("b",), 1)
+    assert d.diverged and not diff_manifests(a, a).diverged
+    state = "a" * 64
+    plain = WorkspaceCheckpoint(state_sha256=state)
+    assert plain.digest == state  # a workload without files: the state digest alone
+    one = WorkspaceCheckpoint(state_sha256=state, layer="b" * 64)
+    two = WorkspaceCheckpoint(state_sha256=state, layer="c" * 64)
+    assert len({plain.digest, one.digest, two.digest}) == 3  # the files count
+
+
+@needs_root
+def test_sandbox_fork_and_delete_unmount(root: Path) -> None:
+    backend = LocalSandboxBackend(root / "sandboxes")
+    snapshot = backend.prepare_snapshot(bundle_files("counter-recovery"))
+    base = backend.import_workspace(_start(root / "start"))
+    parent = backend.create(snapshot.id, {"x": "parent"}, Limits())
+    backend.attach_workspace(parent, base.digest)
+    wrote = backend.exec(parent, ["sh", "-c", "echo work > workspace/out.txt"], 30)
+    assert wrote.exit_code == 0, wrote.stderr
+    fork = backend.fork(parent, [{"x": "a"}, {"x": "b"}])
+    a, b = (c.id for c in fork.children)
+    assert backend.download(a, "workspace/out.txt") == b"work\n"
+    assert backend.exec(a, ["sh", "-c", "echo mine > workspace/out.txt"], 30).exit_code == 0
+    assert backend.download(a, "workspace/out.txt") == b"mine\n"
+    assert backend.download(b, "workspace/out.txt") == b"work\n"
+    assert backend.download(parent, "workspace/out.txt") == b"work\n"
+    assert len(mounts_under(root)) == 3
+    with pytest.raises(SandboxError, match="already has a workspace"):
+        backend.attach_workspace(b, base.digest)
+    bare = backend.create(snapshot.id, {"x": "bare"}, Limits())
+    with pytest.raises(SandboxError, match="does not exist"):
+        backend.attach_workspace(bare, "f" * 64)
+    # leftovers of a crash are listed whatever the labels: a box without its registry
+    # entry, and a mounted workspace whose sandbox was never registered
+    (root / "sandboxes" / "registry" / f"{b}.json").unlink()
+    orphan = "lsb-0123456789abcdef"
+    backend.workspaces.attach(orphan, root / "sandboxes" / "boxes" / orphan / "workspace", None)
+    assert {b, orphan} <= set(backend.list({"x": "nothing matches"}))
+    for box in backend.list({}):
+        backend.delete(box)
+    assert mounts_under(root) == [] and backend.list({}) == []
+
+
+OWNER = 54_321
+
+
+def _as_owner(folder: Path, script: str) -> subprocess.CompletedProcess[str]:
+    setpriv = shutil.which("setpriv")
+    assert setpriv is not None
+    return subprocess.run(
+        [setpriv, f"--reuid={OWNER}", f"--regid={OWNER}", "--clear-groups", "sh", "-c", script],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@needs_root
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) is needed")
+def test_the_owner_can_write_its_workspace_and_its_childrens(
+    workspaces: Workspaces, root: Path
+) -> None:
+    """Sandboxed commands run as an unprivileged uid: the workspace must be theirs."""
+    owned = Workspaces(root / "store", overlay=workspaces.overlay, owner=OWNER)
+    base = owned.layers.import_tree(_start(root / "start"), owner=OWNER)
+    parent = Path(owned.attach("parent", root / "mnt" / "parent", base.digest).target)
+    wrote = _as_owner(parent, "echo y = 2 >> pkg/mod.py && mkdir made && echo x > made/f")
+    assert wrote.returncode == 0, wrote.stderr
+    _, (kid,) = owned.fork("parent", [("kid", root / "mnt" / "kid")])
+    again = _as_owner(Path(kid.target), "echo z = 3 >> pkg/mod.py && echo y > made/f")
+    assert again.returncode == 0, again.stderr
+    assert (parent / "made" / "f").read_text() == "x\n"
+
+    # without an owner the files stay root's: the same commands are refused
+    plain = workspaces.attach(
+        "plain",
+        root / "mnt" / "plain",
+        workspaces.layers.import_tree(_start(root / "start2")).digest,
+    )
+    refused = _as_owner(Path(plain.target), "echo y = 2 >> pkg/mod.py")
+    assert refused.returncode != 0 and "Permission denied" in refused.stderr
+    for ws_id in owned.ids():
+        owned.remove(ws_id)
