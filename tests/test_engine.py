@@ -351,3 +351,19 @@ def from_batch_for_test(batch: Any) -> Any:
     from experiments.outcomes import from_batch
 
     return from_batch(batch, "code", "snap", 1.0)
+
+
+class TypedFeatures(CounterRecovery):
+    """Features whose values are equal as Python values but not as JSON."""
+
+    def features(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"x": [True, 1, 1.0, -0.0, 0.0][state["budget"] % 5]}
+
+
+def test_shared_feature_dicts_keep_true_apart_from_one() -> None:
+    batch = run_batch(TypedFeatures({}), 0, range(200), WORLDS, memo=False)
+    for episode, feats in zip(batch["episodes"], batch["features"], strict=True):
+        wl = TypedFeatures({})
+        expected = run_prefix(wl, 0, episode)["features"]
+        assert repr(feats) == repr(expected)
+    assert len({repr(f) for f in batch["features"]}) >= 3

@@ -65,7 +65,7 @@ class Shocks:
     ) -> None:
         if draws is None:
             draws = EpisodeDraws(seed, episode)
-        elif (draws.seed, draws.episode) != (seed, episode):
+        elif draws.seed != seed or draws.episode != episode:
             raise ValueError("the draw table belongs to another (seed, episode)")
         self.seed = seed
         self.episode = episode

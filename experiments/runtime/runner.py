@@ -173,11 +173,12 @@ def _finish(
         ):
             workload.intervene(state, name, world.params, shocks)
             intervened = True
-        steps = 0
-        while not done(state):
+        for _ in range(limit):
+            if done(state):
+                break
             step(state, shocks)
-            steps += 1
-            if steps > limit:
+        else:
+            if not done(state):
                 raise StuckWorldError(
                     f"episode {episode}, world {world.name}: not done after {limit} steps"
                 )
@@ -231,11 +232,19 @@ def run_batch(
     shock draws decide everything). Continuations that drew anything are always run.
     ``memo=False`` runs every episode in full (what the engine benchmark also reports).
     """
-    # Rows are collected per episode (one append per world) and turned into columns at
-    # the end: the loop body is the engine's hot path.
-    checkpoints: list[Checkpoint] = []
-    results: list[list[tuple[bool, bool, str]]] = [[] for _ in worlds]
-    plans = list(zip(range(len(worlds)), worlds, results, strict=True))
+    # Only the columns are kept (never the checkpoint text), appended to as the episodes
+    # run, and equal feature dicts are shared: memory per episode is a few pointers.
+    # The columns are the caller's to read, not to change in place (lists are shared).
+    requested: list[int] = []
+    resolved: list[int] = []
+    shas: list[str] = []
+    features: list[dict[str, Feature]] = []
+    same_features: dict[str, dict[str, Feature]] = {}
+    columns = [empty_columns() for _ in worlds]
+    plans = [
+        (index, world, cols["outcomes"].append, cols["intervened"].append, cols["shocks"].append)
+        for index, (world, cols) in enumerate(zip(worlds, columns, strict=True))
+    ]
     # copies[i]: how many states worlds i.. need (the count a fork made at world i hands out)
     copies = [sum(w.forks for w in worlds[i:]) for i in range(len(worlds))]
     prefixes: dict[str, Checkpoint] = {}
@@ -251,10 +260,14 @@ def run_batch(
             cp, drawn = _prefix_from(workload, seed, episode, state, shocks)
             if memo and not drawn:
                 prefixes[key] = cp
-        checkpoints.append(cp)
         sha = cp["sha256"]
+        requested.append(cp["requested"])
+        resolved.append(cp["resolved"])
+        shas.append(sha)
+        # repr tells True from 1 and -0.0 from 0.0, which dict equality would merge
+        features.append(same_features.setdefault(repr(cp["features"]), cp["features"]))
         fork: _Fork | None = None
-        for index, world, rows in plans:
+        for index, world, add_outcome, add_intervened, add_shocks in plans:
             result = continuations.get((sha, index)) if memo else None
             if result is None:
                 if fork is None:
@@ -263,23 +276,18 @@ def run_batch(
                 result = (ok, did, fp)
                 if memo and not drawn:
                     continuations[(sha, index)] = result
-            rows.append(result)
-    shas = [cp["sha256"] for cp in checkpoints]
+            add_outcome(result[0])
+            add_intervened(result[1])
+            add_shocks(result[2])
+    for cols in columns:
+        cols["inherited"] = shas  # one list for every world (the twin forks them all)
     return {
         "episodes": list(episodes),
-        "requested": [cp["requested"] for cp in checkpoints],
-        "resolved": [cp["resolved"] for cp in checkpoints],
+        "requested": requested,
+        "resolved": resolved,
         "checkpoints": shas,
-        "features": [cp["features"] for cp in checkpoints],
-        "worlds": {
-            world.name: {
-                "outcomes": [r[0] for r in rows],
-                "intervened": [r[1] for r in rows],
-                "shocks": [r[2] for r in rows],
-                "inherited": list(shas),
-            }
-            for world, rows in zip(worlds, results, strict=True)
-        },
+        "features": features,
+        "worlds": {world.name: cols for world, cols in zip(worlds, columns, strict=True)},
     }
 
 
