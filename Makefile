@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	@bash scripts/ensure-bubblewrap.sh
 	$(VENV)/bin/forklab demo --yes
 
 lint: $(STAMP)
@@ -21,6 +22,7 @@ lint: $(STAMP)
 
 test: lint
 	@bash scripts/ensure-chromium.sh
+	@bash scripts/ensure-bubblewrap.sh
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)

@@ -40,6 +40,8 @@ class Rehearsal(Model):
     prefix_seconds_per_episode: float
     world_seconds_per_episode: dict[str, float]
     worlds: list[SampleWorld]
+    confinement: str | None = None  # "bubblewrap", or "process" on a host without it
+    note: str | None = None  # what that fallback did not protect
 
 
 class SnapshotInput(Model):
@@ -82,13 +84,23 @@ class CapacityVerdict(Model):
     batches: int
 
 
-class TokenInput(Model):
+class KeyInput(Model):
+    workflow_id: str
+    run_id: str
+
+
+class KeyIssued(Model):
+    public_key: str = Field(description="Ed25519 public key, hex.")
+    location: str = Field(description="Host and folder of the owner-only private key file.")
+
+
+class PolicyInput(Model):
     experiment_id: str
 
 
-class TokenIssued(Model):
-    sha256: str
-    location: str = Field(description="Host and path of the owner-only token file.")
+class ApprovalPolicy(Model):
+    skip_allowed: bool = Field(description="Whether this worker lets a spec skip approval.")
+    reason: str
 
 
 # --- sandboxes --------------------------------------------------------------------------
@@ -114,6 +126,7 @@ class PrefixResult(Model):
     seconds: float
     network_isolated: bool = True
     note: str | None = None
+    confinement: str | None = None  # "bubblewrap", or "process" on a host without it
 
 
 class BatchInput(Model):
@@ -145,6 +158,7 @@ class BatchOutcome(Model):
     attempts: int = 0
     network_isolated: bool = True
     note: str | None = Field(default=None, description="e.g. why network isolation fell back")
+    confinement: str | None = None  # "bubblewrap", or "process" on a host without it
 
 
 class CleanupInput(Model):

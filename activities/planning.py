@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import time
-from concurrent.futures import Executor
-from pathlib import Path
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.approval_token import new_token, token_sha256, write_token_file
 from activities.budget import reservation
+from activities.heartbeat import heartbeat_until
 from activities.models import (
     CapacityInput,
     CapacityVerdict,
@@ -22,21 +18,15 @@ from activities.models import (
     RehearseInput,
     SampleWorld,
     SnapshotInput,
-    TokenInput,
-    TokenIssued,
 )
 from activities.sandbox.base import SandboxBackend
+from activities.sandbox.confine import kill_group
+from activities.sandbox.workload_calls import WorkloadCallError, WorkloadCalls, WorkloadSpecError
 from experiments.bundle import bundle_files, code_digest
 from experiments.engine import spec_world_plans
 from experiments.runtime.canon import digest
-from experiments.runtime.runner import (
-    BoundaryMissingError,
-    StuckWorldError,
-    continue_checkpoints,
-    run_prefix,
-)
 from experiments.runtime.workload import WorkloadError
-from experiments.spec import ExperimentSpec, SpecError, resolve_workload
+from experiments.spec import ExperimentSpec
 
 
 def plan_fingerprint(spec: ExperimentSpec, code_digest: str, snapshot_id: str) -> str:
@@ -57,40 +47,6 @@ def episode_chunks(episodes: int, batch_episodes: int) -> list[EpisodeChunk]:
         EpisodeChunk(index=i, first=first, stop=min(first + batch_episodes, episodes))
         for i, first in enumerate(range(0, episodes, batch_episodes))
     ]
-
-
-def rehearse_sample(spec: ExperimentSpec, sample_episodes: int) -> Rehearsal:
-    """Time the sandbox's own code path (prefix, then each world from the checkpoints)
-    in-process on the first ``sample_episodes`` episodes."""
-    workload = resolve_workload(spec)
-    n = spec.episodes if sample_episodes == 0 else min(sample_episodes, spec.episodes)
-    start = time.perf_counter()
-    checkpoints = [run_prefix(workload, spec.seed, e) for e in range(n)]
-    prefix_rate = (time.perf_counter() - start) / n
-    rates: dict[str, float] = {}
-    worlds: list[SampleWorld] = []
-    for plan in spec_world_plans(spec):
-        start = time.perf_counter()
-        cols = continue_checkpoints(workload, spec.seed, checkpoints, plan)
-        rates[plan.name] = (time.perf_counter() - start) / n
-        rate = (n - sum(cols["outcomes"])) / n
-        worlds.append(SampleWorld(name=plan.name, failure_rate=round(rate, 6)))
-    return Rehearsal(
-        code_digest=code_digest(bundle_files(spec.workload.name)),
-        episodes=n,
-        prefix_seconds_per_episode=prefix_rate,
-        world_seconds_per_episode=rates,
-        worlds=worlds,
-    )
-
-
-def rehearsal_or_error(spec: ExperimentSpec, sample_episodes: int) -> Rehearsal | str:
-    """``rehearse_sample`` for a worker's process pool: a spec that cannot run comes back
-    as its message (workload exceptions need not survive pickling)."""
-    try:
-        return rehearse_sample(spec, sample_episodes)
-    except (SpecError, WorkloadError, BoundaryMissingError, StuckWorldError) as exc:
-        return str(exc)
 
 
 def capacity_verdict(
@@ -131,31 +87,54 @@ def capacity_verdict(
 
 
 class PlanningActivities:
-    """Rehearsal, snapshot, capacity and token: free, and safe to retry."""
+    """Rehearsal, snapshot and capacity: free, and safe to retry."""
 
-    def __init__(
-        self, backend: SandboxBackend, home: Path, max_sandboxes: int, cpu: Executor
-    ) -> None:
-        """``cpu`` runs the rehearsal in another process, so that it cannot hold the GIL
-        against the worker's workflow tasks."""
+    def __init__(self, backend: SandboxBackend, max_sandboxes: int, calls: WorkloadCalls) -> None:
+        """``calls`` runs the rehearsal's workload code in a box, never in the worker."""
         self._backend = backend
-        self._home = home
         self._max_sandboxes = max_sandboxes
-        self._cpu = cpu
+        self._calls = calls
 
     @activity.defn(name="rehearse")
     async def rehearse(self, inp: RehearseInput) -> Rehearsal:
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(
-            self._cpu, rehearsal_or_error, inp.spec, inp.sample_episodes
-        )
-        if isinstance(result, str):
+        """Time the sandbox code path (prefix, then each world from the checkpoints) on the
+        first ``sample_episodes`` episodes, in a box; a cancellation kills the box."""
+        spec = inp.spec
+        n = spec.episodes if inp.sample_episodes == 0 else min(inp.sample_episodes, spec.episodes)
+        boxes: list[int] = []
+        job = asyncio.to_thread(self._calls.rehearse, spec, spec_world_plans(spec), n, boxes.append)
+        try:
+            answer, code, ran = await heartbeat_until(job)
+        except asyncio.CancelledError:
+            for pgid in boxes:
+                kill_group(pgid)
+            raise
+        except (WorkloadSpecError, WorkloadError) as exc:
             raise ApplicationError(
-                f"the rehearsal cannot run spec {inp.spec.id!r}: {result}; fix the spec",
+                f"the rehearsal cannot run spec {spec.id!r}: spec: {exc}; fix the spec",
                 type="BadSpec",
                 non_retryable=True,
-            )
-        return result
+            ) from None
+        except WorkloadCallError as exc:
+            raise ApplicationError(
+                f"the rehearsal of spec {spec.id!r} failed in its sandbox: {exc}",
+                type="RehearsalFailed",
+                non_retryable=True,
+            ) from None
+        return Rehearsal(
+            code_digest=code,
+            episodes=answer["episodes"],
+            prefix_seconds_per_episode=answer["prefix_seconds_per_episode"],
+            world_seconds_per_episode={
+                w["name"]: w["seconds_per_episode"] for w in answer["worlds"]
+            },
+            worlds=[
+                SampleWorld(name=w["name"], failure_rate=round(w["failure_rate"], 6))
+                for w in answer["worlds"]
+            ],
+            confinement=ran.confinement,
+            note=ran.note,
+        )
 
     @activity.defn(name="resolve_snapshot")
     async def resolve_snapshot(self, inp: SnapshotInput) -> PlanSnapshot:
@@ -180,11 +159,3 @@ class PlanningActivities:
     @activity.defn(name="check_capacity")
     async def check_capacity(self, inp: CapacityInput) -> CapacityVerdict:
         return capacity_verdict(inp.spec, inp.rehearsal, inp.batch_episodes, self._max_sandboxes)
-
-    @activity.defn(name="issue_approval_token")
-    async def issue_approval_token(self, inp: TokenInput) -> TokenIssued:
-        """For experiments started without a token (e.g. by ``temporal workflow start``):
-        the token is written on this worker's host, owner-only; only its hash is returned."""
-        token = new_token()
-        path = write_token_file(self._home, inp.experiment_id, token)
-        return TokenIssued(sha256=token_sha256(token), location=f"{socket.gethostname()}:{path}")

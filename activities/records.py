@@ -7,8 +7,10 @@ from concurrent.futures import Executor
 from datetime import UTC, datetime
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.artifacts import ArtifactStore
+from activities.heartbeat import heartbeat_until
 from activities.ledger import ExperimentRecord, Ledger, WorldRecord
 from activities.models import (
     AnalyseInput,
@@ -19,6 +21,7 @@ from activities.models import (
     Progress,
     WorldSummary,
 )
+from activities.sandbox.workload_calls import WorkloadCallError, WorkloadCalls, WorkloadSpecError
 from experiments.analysis.build import build_report
 from experiments.analysis.checks import Check
 from experiments.outcomes import (
@@ -100,9 +103,12 @@ def _world_checks(world: WorldOutcomes, inp: AnalyseInput, episodes: int) -> lis
     ]
 
 
-def analyse_run(inp: AnalyseInput, store: ArtifactStore) -> AnalysisResult:
+def analyse_run(inp: AnalyseInput, store: ArtifactStore, calls: WorkloadCalls) -> AnalysisResult:
+    """The analysis, in the worker's process pool; the guard's held-out episodes (the one
+    part that runs workload code) run in a box, from the code the plan named."""
     outcomes = assemble_outcomes(inp, store)
-    report = build_report(inp.spec, outcomes, inp.code_digest, inp.infra)
+    held_out = calls.held_out_runner(inp.code_digest)
+    report = build_report(inp.spec, outcomes, inp.code_digest, inp.infra, held_out)
     report_digest = store.put_json(report.model_dump(mode="json"))
     markdown_digest = store.put_bytes(render_markdown(report, inp.provenance).encode())
     html_digest = store.put_bytes(render_html(report, inp.provenance).encode())
@@ -172,11 +178,15 @@ def ledger_rows(inp: LedgerInput, now: datetime) -> tuple[ExperimentRecord, list
 class RecordActivities:
     """Writes to the artifact store and the ledger; every write is idempotent."""
 
-    def __init__(self, store: ArtifactStore, ledger: Ledger, cpu: Executor) -> None:
-        """``cpu`` runs the analysis in another process, away from the workflow tasks."""
+    def __init__(
+        self, store: ArtifactStore, ledger: Ledger, cpu: Executor, calls: WorkloadCalls
+    ) -> None:
+        """``cpu`` runs the analysis in another process, away from the workflow tasks;
+        ``calls`` runs the guard validation's workload code in a box."""
         self._store = store
         self._ledger = ledger
         self._cpu = cpu
+        self._calls = calls
 
     @activity.defn(name="save_progress")
     async def save_progress(self, progress: Progress) -> str:
@@ -188,8 +198,17 @@ class RecordActivities:
 
     @activity.defn(name="analyse")
     async def analyse(self, inp: AnalyseInput) -> AnalysisResult:
+        """Heartbeats while the pool works, so a dead worker is noticed in seconds."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._cpu, analyse_run, inp, self._store)
+        job = loop.run_in_executor(self._cpu, analyse_run, inp, self._store, self._calls)
+        try:
+            return await heartbeat_until(job)
+        except (WorkloadCallError, WorkloadSpecError) as exc:
+            raise ApplicationError(
+                f"the guard's held-out validation failed in its sandbox: {exc}",
+                type="AnalysisFailed",
+                non_retryable=True,
+            ) from None
 
     @activity.defn(name="record_ledger")
     async def record_ledger(self, inp: LedgerInput) -> None:

@@ -26,7 +26,13 @@ from activities.models import (
     PrefixInput,
     PrefixResult,
 )
-from activities.sandbox.base import ExecResult, Limits, SandboxBackend, SandboxError
+from activities.sandbox.base import (
+    ExecResult,
+    Limits,
+    SandboxBackend,
+    SandboxError,
+    SnapshotCorruptedError,
+)
 from experiments.runtime.file_format import (
     CHECKPOINTS_FILE,
     OUT_FILE,
@@ -48,6 +54,8 @@ MIN_ATTEMPT_SECONDS = 1.0
 EXPERIMENT_LABEL = "forklab.experiment"
 WORLD_LABEL = "forklab.world"
 BATCH_LABEL = "forklab.batch"
+#: The error type of a snapshot whose files no longer match its id: it ends the run.
+SNAPSHOT_CORRUPTED = "SnapshotCorrupted"
 #: The label value of the sandbox that runs the prefixes (it is no world).
 PREFIX_WORLD = "prefix"
 
@@ -112,6 +120,22 @@ class SandboxActivities:
         Returns the exec result and the output file (``checkpoints.jsonl`` for ``prefix``,
         ``out.json`` for ``continue``), or ``None`` when the runner did not succeed.
         """
+        try:
+            return await self._in_fresh_sandbox(
+                labels, snapshot_id, inputs, mode, allowance, before
+            )
+        except SnapshotCorruptedError as exc:
+            raise ApplicationError(str(exc), type=SNAPSHOT_CORRUPTED, non_retryable=True) from None
+
+    async def _in_fresh_sandbox(
+        self,
+        labels: dict[str, str],
+        snapshot_id: str,
+        inputs: dict[str, bytes],
+        mode: str,
+        allowance: float,
+        before: float,
+    ) -> tuple[ExecResult, bytes | None]:
         sandbox_id = await self._blocking(
             self._backend.create, snapshot_id, labels, _limits(allowance)
         )
@@ -174,6 +198,7 @@ class SandboxActivities:
             seconds=before + result.seconds,
             network_isolated=result.network_isolated,
             note=result.note,
+            confinement=result.confinement,
         )
 
     @activity.defn(name="run_world_batch")
@@ -198,6 +223,7 @@ class SandboxActivities:
                 attempts=attempts,
                 network_isolated=ran.network_isolated if ran else True,
                 note=ran.note if ran else None,
+                confinement=ran.confinement if ran else None,
             )
 
         allowance = inp.reservation_seconds - before
@@ -233,6 +259,7 @@ class SandboxActivities:
             attempts=attempts,
             network_isolated=result.network_isolated,
             note=result.note,
+            confinement=result.confinement,
         )
 
     @activity.defn(name="cleanup_sandboxes")

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.approval_token import new_token, token_sha256
+from activities.approval_keys import approval_payload, new_private_key, public_key_hex, sign
 from experiments.plan import rehearse
 from experiments.spec import ExperimentSpec
 from forklab.specfile import load_spec
@@ -36,7 +36,7 @@ from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
     DEFAULT_BATCH_EPISODES,
     DEFAULT_REHEARSAL_EPISODES,
-    ApproveSignal,
+    ApproveRequest,
     ExperimentInput,
     ExperimentResult,
     Stage,
@@ -77,13 +77,13 @@ async def durable(
     try:
         with cpu_pool() as cpu:
             async with build_worker(env.client, settings, cpu):
-                token = new_token()
+                key = new_private_key()
                 start = time.perf_counter()
                 handle = await env.client.start_workflow(
                     ExperimentWorkflow.run,
                     ExperimentInput(
                         spec=spec,
-                        token_sha256=token_sha256(token),
+                        approver_public_key=public_key_hex(key),
                         batch_episodes=batch_episodes,
                         rehearsal_episodes=rehearsal_episodes,
                     ),
@@ -99,10 +99,22 @@ async def durable(
                 marks["planning (rehearsal sample, snapshot, capacity)"] = (
                     time.perf_counter() - start
                 )
-                await handle.signal(
-                    ExperimentWorkflow.approve,
-                    ApproveSignal(token=token, fingerprint=view.plan.fingerprint, approver="bench"),
+                gate, fingerprint = view.approval, view.plan.fingerprint
+                payload = approval_payload(
+                    experiment_id=spec.id,
+                    workflow_id=gate.workflow_id,
+                    run_id=gate.run_id,
+                    fingerprint=fingerprint,
+                    nonce=gate.nonce,
+                    approver="bench",
                 )
+                request = ApproveRequest(
+                    approver="bench",
+                    fingerprint=fingerprint,
+                    nonce=gate.nonce,
+                    signature=sign(key, payload),
+                )
+                await handle.execute_update("approve", request)
                 stage, since = Stage.awaiting_approval, time.perf_counter()
                 result_task = asyncio.ensure_future(handle.result())
                 while not result_task.done():  # wall-clock time per stage, from the status query

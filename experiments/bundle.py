@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from importlib.machinery import PathFinder
 from pathlib import Path
 
 from experiments.runtime.canon import digest, sha256_hex
 from experiments.runtime.runner import BUILTIN_WORKLOADS
+from experiments.runtime.workload import WorkloadError
 
 _RUNTIME_PACKAGES = ("experiments", "experiments.runtime")
 
@@ -23,15 +25,23 @@ class BundleFile:
 
 
 def _module_files(module_name: str) -> list[BundleFile]:
-    """The module's own file plus the ``__init__.py`` of every parent package."""
+    """The module's own file plus the ``__init__.py`` of every parent package, found on
+    ``sys.path`` without importing anything: importing would run the workload's code in
+    the process that asked (a worker), outside any sandbox."""
     files: list[BundleFile] = []
     parts = module_name.split(".")
+    search: list[str] | None = None  # None: sys.path
     for depth in range(1, len(parts) + 1):
         name = ".".join(parts[:depth])
-        module = importlib.import_module(name)
-        path = Path(module.__file__ or "")
-        if path.name == "__init__.py":
+        spec = PathFinder.find_spec(name, search)
+        if spec is None or not spec.origin or not Path(spec.origin).is_file():
+            raise WorkloadError(
+                "workload.name", f"cannot find module {name!r} as a source file; check PYTHONPATH"
+            )
+        path = Path(spec.origin)
+        if spec.submodule_search_locations is not None:
             files.append(BundleFile("/".join(parts[:depth]) + "/__init__.py", path))
+            search = list(spec.submodule_search_locations)
         else:
             files.append(BundleFile("/".join(parts[:depth]) + ".py", path))
     return files

@@ -28,4 +28,4 @@ def rehearse_outcomes(
 def rehearse(spec: ExperimentSpec, processes: int | None = None, memo: bool = True) -> Report:
     digest = workload_code_digest(spec)
     out = rehearse_outcomes(spec, digest, processes, memo)
-    return build_report(spec, out, digest, None, processes)
+    return build_report(spec, out, digest, processes=processes)

@@ -26,9 +26,15 @@ def build_parser(local_only: bool = False) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan_commands.register(sub)
     if not local_only:
-        from forklab import demo_command, experiment_commands, service_commands
+        from forklab import (
+            approval_commands,
+            demo_command,
+            experiment_commands,
+            service_commands,
+        )
 
         experiment_commands.register(sub)
+        approval_commands.register(sub)
         service_commands.register(sub)
         demo_command.register(sub)
     return parser

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import experiments
 from forklab import workspace_command
+from forklab.approval_commands import approve, send
 from forklab.errors import CliError
-from forklab.experiment_commands import approve, save_report, start_experiment
+from forklab.experiment_commands import save_report, start_experiment
 from forklab.ops_common import (
     add_connection_flags,
     experiment_handle,
@@ -28,10 +29,9 @@ from forklab.ops_common import (
 from forklab.service_commands import ensure_server, ensure_worker, stop_services
 from forklab.specfile import load_spec
 from workers.config import Settings
-from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
     ExperimentResult,
-    RejectSignal,
+    RejectRequest,
     Stage,
     Status,
     StatusView,
@@ -102,10 +102,10 @@ async def _follow(settings: Settings, experiment: str) -> ExperimentResult:
 async def demo_flow(settings: Settings, spec_path: Path, yes: bool) -> int:
     spec = load_spec(str(spec_path))
     spec = spec.model_copy(update={"id": f"{spec.id}-{time.strftime('%Y%m%d-%H%M%S')}"})
-    token, token_file = await start_experiment(settings, spec)
+    key_file = await start_experiment(settings, spec)
     print(f"1. started experiment {spec.id} from {spec_path.name}")
     print(f"   Web UI: {settings.experiment_url(workflow_id(spec.id))}")
-    print(f"   approval token written to {token_file} (owner-only)")
+    print(f"   approver key written to {key_file} (owner-only)")
     print("2. rehearsing, resolving the snapshot and checking capacity (no compute yet)…")
     view = await _wait_for_plan(settings, spec.id)
     if view.stage is Stage.done:
@@ -115,14 +115,13 @@ async def demo_flow(settings: Settings, spec_path: Path, yes: bool) -> int:
     fingerprint = view.plan.fingerprint
     approved = yes or await asyncio.to_thread(_ask, fingerprint)
     if not approved:
-        handle = await experiment_handle(settings, spec.id)
-        await handle.signal(ExperimentWorkflow.reject, RejectSignal(by=getpass.getuser()))
+        await send(settings, spec.id, "reject", RejectRequest(by=getpass.getuser()))
         print("3. rejected: the experiment ends without creating a sandbox")
         return 1
     approver = YES_APPROVER if yes else getpass.getuser()
-    accepted, reason, _ = await approve(settings, spec.id, token, approver, fingerprint)
-    if not accepted:
-        raise CliError(f"the approval was not accepted: {reason}")
+    attempt = await approve(settings, spec.id, approver, fingerprint)
+    if not attempt.accepted:
+        raise CliError(f"the approval was not accepted: {attempt.reason}")
     print(f"3. approved by {approver!r}; worlds now run in local sandboxes:")
     result = await _follow(settings, spec.id)
     if result.status is not Status.completed:

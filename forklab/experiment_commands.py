@@ -1,11 +1,11 @@
-"""The experiment commands: start, approve, reject, status, cancel, report."""
+"""The experiment commands: start, status, cancel, report (approve/reject: approval_commands)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import getpass
 import json
+import os
 import socket
 import sys
 from dataclasses import dataclass
@@ -21,7 +21,7 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from activities.approval_token import new_token, token_sha256, write_token_file
+from activities.approval_keys import key_path, new_private_key, public_key_hex, write_private_key
 from activities.artifacts import ArtifactError, ArtifactStore
 from experiments.spec import ExperimentSpec
 from forklab.errors import CliError
@@ -41,23 +41,17 @@ from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
     DEFAULT_BATCH_EPISODES,
     DEFAULT_REHEARSAL_EPISODES,
-    ApproveSignal,
     ExperimentInput,
     ExperimentResult,
-    RejectSignal,
     Stage,
-    Status,
     StatusView,
     workflow_id,
 )
 from workflows.search_attributes import EXPERIMENT, STAGE
 
-#: Seconds ``approve`` waits for the workflow to record the attempt.
-CONFIRM_SECONDS = 15.0
-
 
 # --- start ----------------------------------------------------------------------------
-def static_details(spec: ExperimentSpec, requested_by: str, token_file: str) -> str:
+def static_details(spec: ExperimentSpec, requested_by: str, key_folder: str) -> str:
     worlds = ", ".join(f"{w.name} ({w.role.value})" for w in spec.worlds)
     return "\n".join(
         [
@@ -67,9 +61,9 @@ def static_details(spec: ExperimentSpec, requested_by: str, token_file: str) -> 
             f"- worlds: {worlds}",
             f"- budget: {spec.budget.max_world_seconds:g} world-seconds, "
             f"{spec.budget.max_concurrent_sandboxes} sandboxes at once",
-            f"- approval: {'required' if spec.approval.required else 'not required'}, "
-            f"expires after {spec.approval.expiry_minutes:g} min",
-            f"- requested by {requested_by}; token file {token_file}",
+            f"- approval: {'required' if spec.approval.required else 'skip asked (worker decides)'}"
+            f", expires after {spec.approval.expiry_minutes:g} min",
+            f"- requested by {requested_by}; approver key in {key_folder}",
         ]
     )
 
@@ -79,8 +73,9 @@ async def start_experiment(
     spec: ExperimentSpec,
     batch_episodes: int = DEFAULT_BATCH_EPISODES,
     rehearsal_episodes: int = DEFAULT_REHEARSAL_EPISODES,
-) -> tuple[str, Path]:
-    """Start the experiment's workflow; returns the token (shown once) and its file."""
+) -> Path:
+    """Start the experiment's workflow with a fresh approver key; returns the private key
+    file (owner-only, keyed by workflow id and run). The workflow gets only the public key."""
     client = await open_client(settings)
     try:
         await ensure_search_attributes(client, settings.namespace)
@@ -89,16 +84,20 @@ async def start_experiment(
             f"cannot register ForkLab's search attributes in namespace {settings.namespace} "
             f"({exc.message}); register ForkLabExperiment and ForkLabStage (Keyword) yourself"
         ) from None
-    token = new_token()
+    key = new_private_key()
     requested_by = f"{getpass.getuser()}@{socket.gethostname()}"
     wid = workflow_id(spec.id)
+    # The key is on disk before the workflow exists (a crash in between loses nothing but a
+    # pending file), and takes its run's name once the run id is known.
+    pending = write_private_key(key_path(settings.home, wid, f"pending-{os.getpid()}"), key)
+    folder = pending.parent
     try:
-        await client.start_workflow(
+        handle = await client.start_workflow(
             ExperimentWorkflow.run,
             ExperimentInput(
                 spec=spec,
-                token_sha256=token_sha256(token),
-                token_location=f"{socket.gethostname()}:{settings.home / 'tokens'}",
+                approver_public_key=public_key_hex(key),
+                key_location=f"{socket.gethostname()}:{folder}",
                 requested_by=requested_by,
                 batch_episodes=batch_episodes,
                 rehearsal_episodes=rehearsal_episodes,
@@ -114,115 +113,33 @@ async def start_experiment(
                 ]
             ),
             static_summary=f"ForkLab {spec.id}: {spec.hypothesis.text[:140]}",
-            static_details=static_details(spec, requested_by, str(settings.home / "tokens")),
+            static_details=static_details(spec, requested_by, str(folder)),
         )
     except WorkflowAlreadyStartedError:
+        pending.unlink()
         raise CliError(
             f"experiment {spec.id!r} was already started (workflow {wid}); an experiment runs "
             "once: see `forklab status`, or give the spec a new id to run it again"
         ) from None
     except RPCError as exc:
+        pending.unlink()
         raise CliError(f"Temporal refused to start experiment {spec.id!r}: {exc.message}") from None
-    # The token is written only once the workflow exists, so a refused start leaves no file.
-    return token, write_token_file(settings.home, spec.id, token)
+    run_id = handle.first_execution_run_id or handle.result_run_id or ""
+    path = key_path(settings.home, wid, run_id)
+    os.replace(pending, path)
+    return path
 
 
 def cmd_start(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     settings = settings_from(args)
-    token, path = run(
+    path = run(
         lambda: start_experiment(settings, spec, args.batch_episodes, args.rehearsal_episodes)
     )
     print(f"started experiment {spec.id} (workflow {workflow_id(spec.id)})")
-    print(f"approval token (shown once; also in {path}, readable only by you):")
-    print(f"  {token}")
+    print(f"approver key (private, readable only by you): {path}")
     print(f"watch it: {settings.experiment_url(workflow_id(spec.id))}")
-    print(f"next: forklab status {spec.id}   then   forklab approve {spec.id} --token @{path}")
-    return 0
-
-
-# --- approve / reject -----------------------------------------------------------------
-def read_token(value: str) -> str:
-    """``--token`` takes the token itself or ``@FILE``."""
-    if not value.startswith("@"):
-        return value.strip()
-    try:
-        return Path(value[1:]).expanduser().read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise CliError(f"cannot read the token file {value[1:]} ({exc.strerror})") from None
-
-
-async def approve(
-    settings: Settings, experiment: str, token: str, approver: str, fingerprint: str | None
-) -> tuple[bool, str, StatusView]:
-    """Send the signal, then read back through the query whether it counted and why not."""
-    handle = await experiment_handle(settings, experiment)
-    before = await query_status(handle)
-    if before.status is not Status.running:
-        raise CliError(
-            f"experiment {experiment} has ended ({before.status.value}"
-            f"{': ' + before.error if before.error else ''}); it takes no more approvals"
-        )
-    if fingerprint is None:
-        if before.plan is None:
-            raise CliError(
-                f"experiment {experiment} has no plan yet (stage {before.stage.value}); "
-                "wait for stage awaiting_approval (`forklab status`)"
-            )
-        fingerprint = before.plan.fingerprint
-    try:
-        await handle.signal(
-            ExperimentWorkflow.approve,
-            ApproveSignal(token=token, fingerprint=fingerprint, approver=approver),
-        )
-    except RPCError as exc:
-        raise CliError(
-            f"experiment {experiment} no longer takes approvals ({exc.message})"
-        ) from None
-    seen = len(before.approval.attempts)
-    for _ in range(int(CONFIRM_SECONDS / 0.2)):
-        view = await query_status(handle)
-        if len(view.approval.attempts) > seen:
-            attempt = view.approval.attempts[seen]
-            return attempt.accepted, attempt.reason, view
-        await asyncio.sleep(0.2)
-    raise CliError(
-        f"experiment {experiment} did not record the approval within {CONFIRM_SECONDS:g} s; "
-        "is a ForkLab worker running?"
-    )
-
-
-def cmd_approve(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
-    token = read_token(args.token)
-    accepted, reason, view = run(
-        lambda: approve(settings, args.experiment, token, args.approver, args.fingerprint)
-    )
-    if not accepted:
-        raise CliError(f"approval of {args.experiment} was not accepted: {reason}")
-    assert view.plan is not None
-    print(
-        f"approved: experiment {args.experiment}, plan {view.plan.fingerprint}, by {args.approver}"
-    )
-    return 0
-
-
-def cmd_reject(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
-
-    async def go() -> None:
-        handle = await experiment_handle(settings, args.experiment)
-        try:
-            await handle.signal(
-                ExperimentWorkflow.reject, RejectSignal(by=args.by, reason=args.reason)
-            )
-        except RPCError as exc:
-            raise CliError(
-                f"experiment {args.experiment} has already ended ({exc.message})"
-            ) from None
-
-    run(go)
-    print(f"rejection sent to {args.experiment}; `forklab status {args.experiment}` shows the end")
+    print(f"next: forklab status {spec.id}   then   forklab approve {spec.id}")
     return 0
 
 
@@ -250,9 +167,15 @@ def render_status(view: StatusView) -> str:
         lines.append(f"  snapshot {view.plan.snapshot.snapshot_id}")
         lines.append(f"  capacity: {view.plan.capacity.reason}")
     expiry = f", expires {a.expires_at:%Y-%m-%d %H:%M:%S} UTC" if a.expires_at else ""
-    lines.append(f"  approval: {a.status.value}{expiry}")
+    lines.append(f"  approval: {a.status.value}{expiry} ({a.policy})")
+    if a.public_key:
+        lines.append(f"    approver key {a.public_key[:16]}… in {a.key_location}")
+    hidden = a.attempts_total - len(a.attempts)
+    if hidden:
+        lines.append(f"    ({hidden} earlier attempts not kept)")
     lines += [
-        f"    {'accepted' if t.accepted else 'refused'} {t.approver} at {t.at:%H:%M:%S}: {t.reason}"
+        f"    {'accepted' if t.accepted else 'refused'} {t.kind} by {t.approver or '?'} "
+        f"at {t.at:%H:%M:%S}: {t.reason}"
         for t in a.attempts
     ]
     lines.append(
@@ -381,23 +304,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_connection_flags(p, ui=True)
     p.set_defaults(func=cmd_start)
-
-    p = sub.add_parser("approve", help="approve an experiment's plan with its one-time token")
-    p.add_argument("experiment", help="experiment id")
-    p.add_argument("--token", required=True, help="the token, or @FILE to read it from a file")
-    p.add_argument("--approver", default=getpass.getuser(), help="who approves (default: you)")
-    p.add_argument(
-        "--fingerprint", help="the plan fingerprint you reviewed (default: the current plan's)"
-    )
-    add_connection_flags(p)
-    p.set_defaults(func=cmd_approve)
-
-    p = sub.add_parser("reject", help="reject an experiment's plan; it ends without compute")
-    p.add_argument("experiment", help="experiment id")
-    p.add_argument("--reason", default="", help="why (recorded)")
-    p.add_argument("--by", default=getpass.getuser(), help="who rejects (default: you)")
-    add_connection_flags(p)
-    p.set_defaults(func=cmd_reject)
 
     p = sub.add_parser("status", help="stage, plan, approval attempts, progress and budget")
     p.add_argument("experiment", help="experiment id")

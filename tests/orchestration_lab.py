@@ -6,6 +6,8 @@ The fixtures that start the dev server and the worker are in ``conftest.py``.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import shutil
 import subprocess
@@ -15,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.approval_token import new_token, token_sha256
+from activities.approval_keys import approval_payload, new_private_key, public_key_hex, sign
 from activities.artifacts import ArtifactStore
 from activities.ledger import Ledger
 from activities.sandbox.local import LocalSandboxBackend
@@ -27,7 +30,8 @@ from experiments.spec import ExperimentSpec, resolve_workload
 from workers.config import ENV, Settings
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
-    ApproveSignal,
+    ApprovalAttempt,
+    ApproveRequest,
     ExperimentInput,
     ExperimentResult,
     Stage,
@@ -120,6 +124,32 @@ def science(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def signed(
+    view: StatusView,
+    key: Ed25519PrivateKey,
+    approver: str = "tester",
+    fingerprint: str | None = None,
+    nonce: str | None = None,
+) -> ApproveRequest:
+    """An approve request for ``view``'s challenge signed with ``key`` (fields overridable
+    to forge the other cases)."""
+    assert view.plan is not None
+    gate = view.approval
+    fingerprint = view.plan.fingerprint if fingerprint is None else fingerprint
+    nonce = gate.nonce if nonce is None else nonce
+    payload = approval_payload(
+        experiment_id=view.experiment_id,
+        workflow_id=gate.workflow_id,
+        run_id=gate.run_id,
+        fingerprint=fingerprint,
+        nonce=nonce,
+        approver=approver,
+    )
+    return ApproveRequest(
+        approver=approver, fingerprint=fingerprint, nonce=nonce, signature=sign(key, payload)
+    )
+
+
 @dataclass
 class Lab:
     """One test's ForkLab: settings (own home, own task queue), client and local stores."""
@@ -141,13 +171,14 @@ class Lab:
 
     async def start(
         self, spec: ExperimentSpec, batch_episodes: int = 12, rehearsal_episodes: int = 0
-    ) -> tuple[WorkflowHandle[ExperimentWorkflow, ExperimentResult], str]:
-        token = new_token()
+    ) -> tuple[WorkflowHandle[ExperimentWorkflow, ExperimentResult], Ed25519PrivateKey]:
+        """Start ``spec``'s workflow; returns its handle and the approver's private key."""
+        key = new_private_key()
         handle = await self.client.start_workflow(
             ExperimentWorkflow.run,
             ExperimentInput(
                 spec=spec,
-                token_sha256=token_sha256(token),
+                approver_public_key=public_key_hex(key),
                 requested_by="tests",
                 batch_episodes=batch_episodes,
                 rehearsal_episodes=rehearsal_episodes,
@@ -156,7 +187,7 @@ class Lab:
             task_queue=self.settings.task_queue,
             result_type=ExperimentResult,
         )
-        return handle, token
+        return handle, key
 
     async def status(self, handle: WorkflowHandle[Any, Any]) -> StatusView:
         return await handle.query(ExperimentWorkflow.status, result_type=StatusView)
@@ -182,15 +213,23 @@ class Lab:
         )
 
     async def approve(
-        self, handle: WorkflowHandle[Any, Any], token: str, approver: str = "tester"
+        self, handle: WorkflowHandle[Any, Any], key: Ed25519PrivateKey, approver: str = "tester"
     ) -> StatusView:
+        """Wait for the plan, approve it signed with ``key``; returns the view before."""
         view = await self.wait_for(handle, Stage.awaiting_approval)
         assert view.plan is not None, view
-        await handle.signal(
-            ExperimentWorkflow.approve,
-            ApproveSignal(token=token, fingerprint=view.plan.fingerprint, approver=approver),
-        )
+        attempt = await self.send(handle, "approve", signed(view, key, approver))
+        assert attempt.accepted, attempt
         return view
+
+    async def send(
+        self, handle: WorkflowHandle[Any, Any], name: str, *args: Any
+    ) -> ApprovalAttempt:
+        """Send the update ``name`` with ``args`` as given; returns the recorded attempt."""
+        attempt: ApprovalAttempt = await handle.execute_update(
+            name, args=list(args), result_type=ApprovalAttempt
+        )
+        return attempt
 
     def sandboxes(self, experiment_id: str) -> list[str]:
         return self.backend.list({"forklab.experiment": experiment_id})
@@ -198,6 +237,25 @@ class Lab:
     def sandbox_folders(self) -> list[Path]:
         boxes = self.settings.sandboxes_dir / "boxes"
         return sorted(boxes.iterdir()) if boxes.is_dir() else []
+
+    async def history_text(self, handle: WorkflowHandle[Any, Any]) -> str:
+        """Everything a reader of ``handle``'s history sees: its JSON with every payload
+        decoded (payloads are base64 in the JSON)."""
+        text = (await handle.fetch_history()).to_json()
+        decoded: list[str] = []
+
+        def walk(node: Any) -> None:
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    if k == "data" and isinstance(v, str):
+                        decoded.append(base64.b64decode(v).decode("utf-8", "replace"))
+                    walk(v)
+            elif isinstance(node, list):
+                for v in node:
+                    walk(v)
+
+        walk(json.loads(text))
+        return text + "\n".join(decoded)
 
     async def activity_types(self, handle: WorkflowHandle[Any, Any]) -> list[str]:
         history = await handle.fetch_history()

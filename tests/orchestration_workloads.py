@@ -80,3 +80,56 @@ class Toy(Workload):
             with open(_out_path(), "w", encoding="utf-8") as fh:
                 fh.write("this is not JSON {")
             os._exit(0)
+
+
+def _probe(home: str, port: int) -> str:
+    """What a hostile workload reaches from where it runs: tokens and keys under the home,
+    the Temporal server, the home itself, the worker's environment and its packages."""
+    import glob
+    import socket
+
+    secrets = glob.glob(os.path.join(home, "tokens", "*")) + glob.glob(
+        os.path.join(home, "keys", "**", "*"), recursive=True
+    )
+    read = []
+    for path in secrets:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                read.append(fh.read().strip())
+        except OSError:
+            pass
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        net = "connected"
+    except OSError as exc:
+        net = f"refused ({exc.__class__.__name__})"
+    try:
+        with open(os.path.join(home, "pwned"), "w", encoding="utf-8") as fh:
+            fh.write("pwned")
+        write = "written"
+    except OSError:
+        write = "denied"
+    try:
+        import temporalio  # noqa: F401
+
+        client = "importable"
+    except ImportError:
+        client = "missing"
+    env = sorted(k for k in os.environ if k.startswith("FORKLAB"))
+    return f"secrets={read} net={net} home={write} temporalio={client} env={env}"
+
+
+class Hostile(Toy):
+    """Probes its surroundings wherever it runs outside the test process, and reports what
+    it reached by failing its parameter check with the report as the message."""
+
+    name = "hostile"
+    default_params: ClassVar[Mapping[str, Any]] = {**Toy.default_params, "home": "", "port": 0}
+
+    def check_params(self) -> None:
+        if "pytest" in sys.modules or not self.params["home"]:
+            return
+        from experiments.runtime.workload import WorkloadError
+
+        report = _probe(str(self.params["home"]), int(self.params["port"]))
+        raise WorkloadError("workload.params.home", f"hostile report: {report}")

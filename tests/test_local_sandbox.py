@@ -110,7 +110,7 @@ def test_create_upload_exec_download_delete(
 ) -> None:
     box = backend.create(snapshot.id, LABELS, Limits())
     folder = backend.root / "boxes" / box
-    assert (folder / "experiments" / "runtime" / "runner.py").is_file()
+    assert list(folder.iterdir()) == [], "a box starts as an empty scratch folder"
 
     backend.upload(box, "inputs/words.txt", b"fork the world")
     result = run_python(
@@ -140,12 +140,12 @@ def test_each_sandbox_gets_a_fresh_folder(
     backend: LocalSandboxBackend, snapshot: SnapshotInfo
 ) -> None:
     first = backend.create(snapshot.id, LABELS, Limits())
-    backend.upload(first, "experiments/runtime/runner.py", b"# overwritten by a world")
+    backend.upload(first, "experiments/runtime/runner.py", b"# written by a world")
     second = backend.create(snapshot.id, LABELS, Limits())
-    assert (
-        backend.download(second, "experiments/runtime/runner.py")
-        == (ROOT / "experiments" / "runtime" / "runner.py").read_bytes()
-    )
+    assert list((backend.root / "boxes" / second).iterdir()) == []
+    code = "import experiments.runtime.runner as r; print(open(r.__file__).read()[:20])"
+    result = run_python(backend, second, code)
+    assert result.stdout == (ROOT / "experiments/runtime/runner.py").read_text()[:20] + "\n"
 
 
 def test_bad_requests_say_what_is_wrong(
@@ -209,16 +209,31 @@ backend = LocalSandboxBackend(Path(sys.argv[1]))
 snapshot_id = sys.argv[2]
 box = backend.create(snapshot_id, {"forklab.experiment": "crash"}, Limits())
 print(box, flush=True)
-code = "import os, time; open('pid', 'w').write(str(os.getpid())); time.sleep(300)"
+code = "import time; open('up', 'w'); time.sleep(300)  # " + sys.argv[3]
 backend.exec(box, ["python", "-c", code], 600)
 """
 
 
-def test_crash_recovery_finds_and_kills_what_a_dead_worker_left_running(
+def pids_running(marker: str) -> list[int]:
+    """Host pids of live processes whose command line holds ``marker``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        pid = int(cmdline.parent.name)
+        if marker in text and "pytest" not in text and not process_gone(pid):
+            found.append(pid)
+    return found
+
+
+def test_crash_recovery_no_sandbox_outlives_its_dead_worker_and_cleanup_finds_it(
     backend: LocalSandboxBackend, snapshot: SnapshotInfo
 ) -> None:
+    marker = f"crash-{time.monotonic_ns()}"
     host = subprocess.Popen(
-        [sys.executable, "-c", HOST, str(backend.root), snapshot.id],
+        [sys.executable, "-c", HOST, str(backend.root), snapshot.id, marker],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -226,20 +241,20 @@ def test_crash_recovery_finds_and_kills_what_a_dead_worker_left_running(
     try:
         assert host.stdout is not None
         box = host.stdout.readline().strip()
-        pid_file = backend.root / "boxes" / box / "pid"
-        wait_for(lambda: pid_file.exists() and pid_file.read_text())
-        entry = json.loads((backend.root / "registry" / f"{box}.json").read_text())
-        pid = int(pid_file.read_text())
-        assert entry["pid"] == pid
+        wait_for(lambda: (backend.root / "boxes" / box / "up").exists())
+        registry = backend.root / "registry" / f"{box}.json"
+        wait_for(lambda: json.loads(registry.read_text())["pid"] is not None)
+        running = pids_running(marker)
+        assert running, "the sandboxed command should be running"
     finally:
         host.send_signal(signal.SIGKILL)
         host.wait()
-    assert not process_gone(pid), "the sandbox process should outlive its dead worker"
+    # bubblewrap's --die-with-parent and its PID namespace end the command with the worker.
+    wait_for(lambda: all(process_gone(pid) for pid in running), 10)
 
     recovered = LocalSandboxBackend(backend.root)
     assert recovered.list({"forklab.experiment": "crash"}) == [box]
     recovered.delete(box)
-    wait_for(lambda: process_gone(pid), 5)
     assert recovered.list({}) == []
     assert list((backend.root / "boxes").iterdir()) == []
     assert list((backend.root / "registry").iterdir()) == []
@@ -270,7 +285,6 @@ def test_python_sees_only_the_bundle_and_a_clean_environment(
 ) -> None:
     monkeypatch.setenv("FORKLAB_TEST_SECRET", "do-not-leak")
     box = backend.create(snapshot.id, LABELS, Limits())
-    folder = (backend.root / "boxes" / box).resolve()
     result = run_python(
         backend,
         box,
@@ -288,10 +302,11 @@ def test_python_sees_only_the_bundle_and_a_clean_environment(
     )
     assert result.exit_code == 0, result.stderr
     seen = json.loads(result.stdout)
-    assert Path(seen["file"]).resolve() == folder / "experiments" / "runtime" / "runner.py"
+    assert result.confinement == "bubblewrap", result.note
+    assert seen["file"] == "/code/experiments/runtime/runner.py"
     assert seen["pydantic"] is False, "site-packages must not be importable in a sandbox"
     assert "FORKLAB_TEST_SECRET" not in seen["env"]
-    assert seen["env"]["PYTHONPATH"] == str(backend.root / "boxes" / box)
+    assert seen["env"]["PYTHONPATH"] == "/code"
 
 
 def test_no_network_inside_the_sandbox(
@@ -309,7 +324,7 @@ def test_no_network_inside_the_sandbox(
     result = run_python(backend, box, connect_snippet(listener))
     if not result.network_isolated:
         pytest.skip(f"private network namespaces are not permitted here: {result.note}")
-    assert result.note is None
+    assert result.note is None and result.confinement == "bubblewrap"
     assert result.exit_code == 3, result.stdout + result.stderr
     assert "connect failed" in result.stdout
 
@@ -343,8 +358,9 @@ def test_without_permission_for_a_network_namespace_it_falls_back_and_says_so(
     )
     assert host.returncode == 0, host.stderr
     result = ExecResult.model_validate_json(host.stdout)
-    assert result.network_isolated is False
+    assert result.network_isolated is False and result.confinement == "process"
     assert result.note is not None and "not permitted" in result.note
+    assert "bubblewrap unavailable" in result.note and "setsid()" in result.note
     assert (result.exit_code, result.stdout) == (0, "connected\n")
 
 
@@ -371,13 +387,14 @@ def test_cpu_time_and_open_file_limits(
 def test_wall_timeout_kills_the_whole_process_group(
     backend: LocalSandboxBackend, snapshot: SnapshotInfo
 ) -> None:
+    marker = f"wall-{time.monotonic_ns()}"
     box = backend.create(snapshot.id, LABELS, Limits())
     result = run_python(
         backend,
         box,
-        """
-        import subprocess, time
-        child = subprocess.Popen(["sleep", "300"])
+        f"""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)  # {marker}"])
         open("child", "w").write(str(child.pid))
         while True:
             time.sleep(0.05)
@@ -386,8 +403,8 @@ def test_wall_timeout_kills_the_whole_process_group(
     )
     assert result.timed_out and result.exit_code == -signal.SIGKILL
     assert 1.0 <= result.seconds < 10
-    child = int(backend.download(box, "child"))
-    wait_for(lambda: process_gone(child), 5)
+    assert backend.download(box, "child")
+    wait_for(lambda: not pids_running(marker), 5)
 
 
 def test_wall_limit_of_the_sandbox_caps_the_timeout(

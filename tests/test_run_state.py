@@ -48,7 +48,9 @@ def state(episodes: int = 24, chunk: int = 12) -> RunState:
     use = BudgetUse(max_world_seconds=100.0, max_concurrent_sandboxes=2)
     return RunState(
         spec=spec,
-        gate=ApprovalGate.opening(True, "h" * 64, "host:/tokens"),
+        gate=ApprovalGate.opening(
+            workflow_id="forklab-toy", run_id="run-1", public_key="", key_location="", nonce="n"
+        ),
         ledger=BudgetLedger(use, safety_factor=3.0),
         origin_run_id="run-1",
         plan=plan,

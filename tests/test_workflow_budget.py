@@ -38,8 +38,8 @@ async def test_tight_budget_skips_work_instead_of_overspending(lab: Lab) -> None
         ],
         budget={"max_world_seconds": 11.0, "max_concurrent_sandboxes": 1, "safety_factor": 6},
     )
-    handle, token = await lab.start(spec, batch_episodes=10)
-    view = await lab.approve(handle, token)
+    handle, key = await lab.start(spec, batch_episodes=10)
+    view = await lab.approve(handle, key)
     assert view.plan is not None and view.plan.capacity.ok, view.plan
     result = await handle.result()
     assert result.status is Status.completed, result.error

@@ -76,7 +76,7 @@ async def test_reject_cancel_and_their_aftermath_through_the_cli(lab: Lab) -> No
         )
 
     rejected, cancelled = make_spec(), make_spec()
-    first, token = await lab.start(rejected)
+    first, _ = await lab.start(rejected)
     second, _ = await lab.start(cancelled)
     await lab.wait_for(first, Stage.awaiting_approval)
     await lab.wait_for(second, Stage.awaiting_approval)
@@ -84,7 +84,7 @@ async def test_reject_cancel_and_their_aftermath_through_the_cli(lab: Lab) -> No
     done = await asyncio.to_thread(forklab, "reject", rejected.id, "--reason", "not now")
     assert done.returncode == 0, done.stderr
     assert (await first.result()).status is Status.rejected
-    late = await asyncio.to_thread(forklab, "approve", rejected.id, "--token", token)
+    late = await asyncio.to_thread(forklab, "approve", rejected.id)
     assert late.returncode == 1
     assert late.stderr == (
         f"forklab: error: experiment {rejected.id} has ended (rejected: rejected by "

@@ -20,8 +20,8 @@ async def test_crashing_and_garbage_worlds_fail_alone(lab: Lab) -> None:
             {"name": "garbage", "role": "treatment", "intervention": {"name": "garbage"}},
         ],
     )
-    handle, token = await lab.start(spec)
-    await lab.approve(handle, token)
+    handle, key = await lab.start(spec)
+    await lab.approve(handle, key)
     result = await handle.result()
     assert result.status is Status.completed, result.error
     worlds = {w.name: w for w in result.worlds}
@@ -42,8 +42,8 @@ async def test_crashing_and_garbage_worlds_fail_alone(lab: Lab) -> None:
 
 async def test_cancellation_mid_run_cleans_up_every_sandbox(lab: Lab) -> None:
     spec = make_spec(params={"sandbox_sleep": 0.5})
-    handle, token = await lab.start(spec)
-    await lab.approve(handle, token)
+    handle, key = await lab.start(spec)
+    await lab.approve(handle, key)
     await lab.wait_until(
         handle, lambda v: v.stage is Stage.running_worlds and v.progress.running > 0
     )

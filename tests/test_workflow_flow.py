@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> None:
     spec = load_spec(str(ROOT / "experiments" / "recovery-counter.yaml"))
     spec = spec.model_copy(update={"id": "flow-recovery", "episodes": 60})
-    handle, token = await lab.start(spec, batch_episodes=25, rehearsal_episodes=20)
+    handle, key = await lab.start(spec, batch_episodes=25, rehearsal_episodes=20)
     view = await lab.wait_for(handle, Stage.awaiting_approval)
     assert view.plan is not None and view.plan.capacity.ok
     assert lab.sandbox_folders() == []  # no sandbox before approval
-    await lab.approve(handle, token, approver="alice")
+    await lab.approve(handle, key, approver="alice")
     result = await handle.result()
 
     assert result.status is Status.completed, result.error

@@ -14,17 +14,14 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+from workers.worker import build_worker, workflow_runner
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import ExperimentInput, ExperimentResult, Status
 
 # This module defines a workflow, so the workflow sandbox re-imports it: pass the helpers
-# (which touch the file system at import) and the worker (whose activities import numpy,
-# a C extension that cannot be loaded twice in one process) through instead of
-# re-importing them there.
+# (which touch the file system at import) through instead of re-importing them there.
 with workflow.unsafe.imports_passed_through():
     from orchestration_lab import Lab, lab_settings, make_spec, science, start_dev_server
-
-    from workers.worker import build_worker
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +38,15 @@ async def test_continue_as_new_gives_the_identical_report(
     lab: Lab, eager_env: WorkflowEnvironment, cpu: Executor, tmp_path: Path
 ) -> None:
     spec = make_spec(episodes=36)
-    handle, token = await lab.start(spec, batch_episodes=6)
-    await lab.approve(handle, token)
+    handle, key = await lab.start(spec, batch_episodes=6)
+    await lab.approve(handle, key)
     plain = await handle.result()
     assert plain.status is Status.completed and plain.runs == 1
 
     eager = Lab(client=eager_env.client, settings=lab_settings(eager_env, tmp_path / "eager"))
     async with build_worker(eager.client, eager.settings, cpu):
-        handle, token = await eager.start(spec, batch_episodes=6)
-        await eager.approve(handle, token)
+        handle, key = await eager.start(spec, batch_episodes=6)
+        await eager.approve(handle, key)
         chained = await handle.result()
     assert chained.status is Status.completed, chained.error
     assert chained.runs > 1  # it really continued as new
@@ -75,14 +72,22 @@ class ReorderedWorkflow(ExperimentWorkflow):
 
 async def test_recorded_history_replays(lab: Lab) -> None:
     spec = make_spec(episodes=12)
-    handle, token = await lab.start(spec, batch_episodes=6)
-    await lab.approve(handle, token)
+    handle, key = await lab.start(spec, batch_episodes=6)
+    await lab.approve(handle, key)
     assert (await handle.result()).status is Status.completed
     history = WorkflowHistory.from_json(handle.id, (await handle.fetch_history()).to_json())
 
-    replayer = Replayer(workflows=[ExperimentWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[ExperimentWorkflow],
+        data_converter=pydantic_data_converter,
+        workflow_runner=workflow_runner(),
+    )
     await replayer.replay_workflow(history)
 
-    changed = Replayer(workflows=[ReorderedWorkflow], data_converter=pydantic_data_converter)
+    changed = Replayer(
+        workflows=[ReorderedWorkflow],
+        data_converter=pydantic_data_converter,
+        workflow_runner=workflow_runner(),
+    )
     with pytest.raises(NondeterminismError):
         await changed.replay_workflow(history)

@@ -17,6 +17,7 @@ import pytest
 from orchestration_lab import FORKLAB, Lab, cli_env, forklab, lab_settings, make_spec
 from temporalio.testing import WorkflowEnvironment
 
+from activities.approval_keys import key_path
 from experiments.plan import rehearse
 from workflows.messages import ExperimentResult, Stage, Status, workflow_id
 
@@ -68,17 +69,14 @@ async def test_sigkilled_worker_is_replaced_and_nothing_counts_twice(
     )
     assert started.returncode == 0, started.stderr
     assert f"started experiment {spec.id}" in started.stdout
-    token_file = settings.home / "tokens" / f"{spec.id}.token"
-    assert token_file.stat().st_mode & 0o777 == 0o600
-    assert token_file.read_text().strip() in started.stdout  # printed once, and filed
-
     handle = temporal_env.client.get_workflow_handle(
         workflow_id(spec.id), result_type=ExperimentResult
     )
-    await lab.wait_for(handle, Stage.awaiting_approval)
-    approved = await asyncio.to_thread(
-        forklab, env, "approve", spec.id, "--token", f"@{token_file}", "--approver", "kim"
-    )
+    view = await lab.wait_for(handle, Stage.awaiting_approval)
+    key_file = key_path(settings.home, handle.id, view.approval.run_id)
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert f"approver key (private, readable only by you): {key_file}" in started.stdout
+    approved = await asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "kim")
     assert approved.returncode == 0, approved.stderr
     assert approved.stdout.startswith(f"approved: experiment {spec.id}")
 

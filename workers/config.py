@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from activities.approval import ALLOW_UNAPPROVED
+
 
 class ConfigError(ValueError):
     """A setting that cannot be used; the message names it and says how to fix it."""
@@ -26,6 +28,7 @@ ENV = {
     "home": "FORKLAB_HOME",
     "ui_port": "FORKLAB_UI_PORT",
     "max_sandboxes": "FORKLAB_MAX_SANDBOXES",
+    "allow_unapproved": ALLOW_UNAPPROVED,
 }
 
 
@@ -38,6 +41,10 @@ class Settings(BaseModel):
     home: Path = Field(default=Path("~/.forklab"), description="Where ForkLab keeps its files.")
     ui_port: int = Field(default=8233, ge=1, le=65535)
     max_sandboxes: int = Field(default=8, ge=1, description="Sandboxes one worker runs at once.")
+    allow_unapproved: bool = Field(
+        default=False,
+        description="Worker policy: may a spec's approval.required: false skip approval?",
+    )
 
     @classmethod
     def load(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import signal
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -17,12 +18,15 @@ from temporalio.api.operatorservice.v1 import (
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.approval import ApprovalActivities
 from activities.artifacts import ArtifactStore
 from activities.ledger import Ledger
 from activities.planning import PlanningActivities
 from activities.records import RecordActivities
 from activities.sandbox.local import LocalSandboxBackend
+from activities.sandbox.workload_calls import WorkloadCalls
 from activities.world_batches import SandboxActivities
 from workers.config import Settings
 from workflows.experiment import ExperimentWorkflow
@@ -31,8 +35,10 @@ from workflows.search_attributes import EXPERIMENT, STAGE
 WORKFLOWS: list[type] = [ExperimentWorkflow]
 #: Activities beyond the sandboxes themselves (planning, records, cleanup) a worker runs.
 _SPARE_ACTIVITY_SLOTS = 4
-#: Processes for rehearsals and analyses (each uses one core while it runs).
+#: Processes for analyses (each uses one core while it runs).
 CPU_PROCESSES = 2
+#: prctl option: the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
 
 
 async def connect(settings: Settings) -> Client:
@@ -58,11 +64,19 @@ async def ensure_search_attributes(client: Client, namespace: str) -> None:
         )
 
 
+def _die_with_worker() -> None:
+    """Pool processes get SIGKILL when the worker dies (even by ``kill -9``): no orphan
+    keeps a core and its memory after a crash."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def cpu_pool() -> ProcessPoolExecutor:
-    """Processes for the CPU-bound activities (rehearsal, analysis): in a thread they would
-    hold the GIL long enough to stall the worker's workflow tasks. Spawned, not forked:
-    the worker process runs threads of its own."""
-    return ProcessPoolExecutor(max_workers=CPU_PROCESSES, mp_context=get_context("spawn"))
+    """Processes for the CPU-bound analysis: in a thread it would hold the GIL long enough
+    to stall the worker's workflow tasks. Spawned, not forked: the worker process runs
+    threads of its own."""
+    return ProcessPoolExecutor(
+        max_workers=CPU_PROCESSES, mp_context=get_context("spawn"), initializer=_die_with_worker
+    )
 
 
 def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., Any]]:
@@ -70,14 +84,17 @@ def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., An
     backend = LocalSandboxBackend(settings.sandboxes_dir)
     store = ArtifactStore(settings.artifacts_dir)
     ledger = Ledger(settings.ledger_path)
-    planning = PlanningActivities(backend, settings.home, settings.max_sandboxes, cpu)
+    calls = WorkloadCalls(settings.sandboxes_dir / "calls")
+    planning = PlanningActivities(backend, settings.max_sandboxes, calls)
+    approval = ApprovalActivities(settings.home, settings.allow_unapproved)
     sandboxes = SandboxActivities(backend, store)
-    records = RecordActivities(store, ledger, cpu)
+    records = RecordActivities(store, ledger, cpu, calls)
     return [
         planning.rehearse,
         planning.resolve_snapshot,
         planning.check_capacity,
-        planning.issue_approval_token,
+        approval.issue_approval_key,
+        approval.approval_policy,
         sandboxes.run_prefixes,
         sandboxes.run_world_batch,
         sandboxes.cleanup_sandboxes,
@@ -88,11 +105,25 @@ def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., An
     ]
 
 
+def workflow_runner() -> SandboxedWorkflowRunner:
+    """Temporal's workflow sandbox, passing ``cryptography`` through: the approval gate
+    verifies Ed25519 signatures in the workflow, and a Rust extension module cannot be
+    imported a second time inside the sandbox (the process aborts). Verifying is pure and
+    deterministic, so sharing the host's module is safe. ``numpy`` and ``scipy`` (the
+    analysis, imported with the activities) are C extensions that cannot be loaded twice
+    either; no workflow calls them."""
+    restrictions = SandboxRestrictions.default.with_passthrough_modules(
+        "cryptography", "numpy", "scipy"
+    )
+    return SandboxedWorkflowRunner(restrictions=restrictions)
+
+
 def build_worker(client: Client, settings: Settings, cpu: Executor) -> Worker:
     return Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
+        workflow_runner=workflow_runner(),
         activities=build_activities(settings, cpu),
         max_concurrent_activities=settings.max_sandboxes + _SPARE_ACTIVITY_SLOTS,
     )

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
+    from activities.approval import ApprovalActivities
     from activities.models import (
         AnalyseInput,
         AnalysisResult,
@@ -26,30 +29,30 @@ with workflow.unsafe.imports_passed_through():
         BatchStatus,
         CapacityInput,
         CleanupInput,
+        KeyInput,
         LedgerInput,
+        PolicyInput,
         PrefixInput,
         RehearseInput,
         RunnerJob,
         SnapshotInput,
-        TokenInput,
     )
     from activities.planning import PlanningActivities
     from activities.records import RecordActivities
-    from activities.world_batches import SandboxActivities
+    from activities.world_batches import SNAPSHOT_CORRUPTED, SandboxActivities
     from experiments.engine import spec_world_plans
-    from workflows import timeouts, views
-    from workflows.approval_gate import ApprovalGate
+    from workflows import inbox, timeouts, views
+    from workflows.approval_gate import ApprovalGate, Moment
     from workflows.budget_ledger import BudgetLedger
     from workflows.messages import (
         WORKFLOW_TYPE,
+        ApprovalAttempt,
         ApprovalStatus,
-        ApproveSignal,
         BudgetUse,
         Carry,
         ExperimentInput,
         ExperimentResult,
         Plan,
-        RejectSignal,
         Stage,
         Status,
         StatusView,
@@ -65,6 +68,13 @@ class _Stop(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+def _payloads(args: Sequence[RawValue]) -> list[inbox.Payload]:
+    return [
+        inbox.Payload(encoding=a.payload.metadata.get("encoding", b""), data=a.payload.data)
+        for a in args
+    ]
 
 
 def _cause(err: BaseException) -> str:
@@ -85,11 +95,16 @@ class ExperimentWorkflow:
         self._inp = inp
         self._spec = inp.spec
         carry = inp.carry
+        origin_run_id = carry.origin_run_id if carry else workflow.info().run_id
         gate = (
             ApprovalGate(carry.approval)
             if carry
             else ApprovalGate.opening(
-                inp.spec.approval.required, inp.token_sha256 or "", inp.token_location
+                workflow_id=workflow.info().workflow_id,
+                run_id=origin_run_id,
+                public_key=inp.approver_public_key or "",
+                key_location=inp.key_location,
+                nonce=workflow.uuid4().hex,
             )
         )
         budget = (
@@ -107,22 +122,29 @@ class ExperimentWorkflow:
             spec=inp.spec,
             gate=gate,
             ledger=ledger,
-            origin_run_id=carry.origin_run_id if carry else workflow.info().run_id,
+            origin_run_id=origin_run_id,
             runs=carry.runs if carry else 1,
             plan=carry.plan if carry else None,
         )
+        if carry:  # status answers where the chain is, not "starting"
+            self._state.stage, self._state.message = carry.stage, carry.message
         self._tasks: dict[asyncio.Task[None], Unit] = {}
 
     # --- messages ---------------------------------------------------------------------
-    @workflow.signal
-    def approve(self, sig: ApproveSignal) -> None:
-        """Counts only with the right token, for the current plan, before expiry, once;
-        every other attempt is recorded with its reason and changes nothing."""
-        self._state.gate.approve(sig, self._state.moment(workflow.now()))
+    # Handlers are dynamic and take raw payloads: the SDK decodes nothing a sender wrote,
+    # so no payload (binary, missing, extra, malformed, huge) can fail a workflow task.
+    @workflow.update(dynamic=True)
+    def message(self, name: str, args: Sequence[RawValue]) -> ApprovalAttempt:
+        """``approve`` (signed, see ``ApprovalGate``) and ``reject``; every update, whatever
+        it holds, is answered with the attempt the gate recorded for it."""
+        return inbox.deliver(self._state.gate, name, _payloads(args), self._moment())
 
-    @workflow.signal
-    def reject(self, sig: RejectSignal) -> None:
-        self._state.gate.reject(sig, self._state.moment(workflow.now()))
+    @workflow.signal(dynamic=True)
+    def stray_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        inbox.refuse_signal(self._state.gate, name, self._moment())
+
+    def _moment(self) -> Moment:
+        return self._state.moment(workflow.now(), workflow.uuid4().hex)
 
     @workflow.query
     def status(self) -> StatusView:
@@ -139,6 +161,8 @@ class ExperimentWorkflow:
                 await self._plan_and_approve()
             else:
                 await self._resume(inp.carry)
+                if state.gate.pending:
+                    await self._await_approval()
             self._enter(Stage.running_prefixes, "running each episode's prefix once")
             await self._run_units(state.prefix_units())
             self._enter(Stage.running_worlds, "running world batches")
@@ -175,24 +199,37 @@ class ExperimentWorkflow:
 
     async def _plan_and_approve(self) -> None:
         spec = self._spec
-        approval = self._state.gate.state
-        if spec.approval.required:
-            approval.expires_at = workflow.now() + timedelta(minutes=spec.approval.expiry_minutes)
-            if not approval.token_sha256:
+        gate = self._state.gate
+        if not spec.approval.required:
+            policy = await workflow.execute_activity_method(
+                ApprovalActivities.approval_policy,
+                PolicyInput(experiment_id=spec.id),
+                start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+                retry_policy=timeouts.TRANSIENT_RETRY,
+                summary="the worker's policy on specs that ask to skip approval",
+            )
+            if policy.skip_allowed:
+                gate.skip(policy.reason)
+            else:
+                gate.state.policy = policy.reason
+        if gate.pending:
+            gate.state.expires_at = workflow.now() + timedelta(minutes=spec.approval.expiry_minutes)
+            if not gate.state.public_key:
                 issued = await workflow.execute_activity_method(
-                    PlanningActivities.issue_approval_token,
-                    TokenInput(experiment_id=spec.id),
+                    ApprovalActivities.issue_approval_key,
+                    KeyInput(workflow_id=gate.state.workflow_id, run_id=gate.state.run_id),
                     start_to_close_timeout=timeouts.SHORT_TIMEOUT,
                     retry_policy=timeouts.TRANSIENT_RETRY,
-                    summary="issue the approval token (owner-only file on the worker)",
+                    summary="make the approver key pair (private key owner-only on the worker)",
                 )
-                approval.token_sha256 = issued.sha256
-                approval.token_location = issued.location
+                gate.state.public_key = issued.public_key
+                gate.state.key_location = issued.location
         self._enter(Stage.rehearsing, "rehearsing on the local twin (free)")
         rehearsal = await workflow.execute_activity_method(
             PlanningActivities.rehearse,
             RehearseInput(spec=spec, sample_episodes=self._inp.rehearsal_episodes),
             start_to_close_timeout=timeouts.REHEARSE_TIMEOUT,
+            heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary=f"rehearse {spec.id} on the local twin",
         )
@@ -216,27 +253,36 @@ class ExperimentWorkflow:
         self._state.ledger.use.estimated_world_seconds = capacity.estimated_world_seconds
         if not capacity.ok:
             raise _Stop(Status.refused, f"capacity check refused the plan: {capacity.reason}")
-        if not spec.approval.required:
-            return
-        expires_at = approval.expires_at
-        assert expires_at is not None
+        if gate.pending:
+            await self._await_approval()
+
+    async def _await_approval(self) -> None:
+        """Wait for a decision until expiry. Messages keep arriving meanwhile (each one in
+        history): when Temporal suggests it, continue as new and wait on there."""
+        gate = self._state.gate
+        expires_at = gate.state.expires_at
+        plan = self._state.plan
+        assert expires_at is not None and plan is not None
         self._enter(
             Stage.awaiting_approval,
-            f"awaiting approval of plan {snapshot.fingerprint[:16]} "
+            f"awaiting approval of plan {plan.fingerprint[:16]} "
             f"until {expires_at:%Y-%m-%d %H:%M:%S} UTC",
         )
-        left = (expires_at - workflow.now()).total_seconds()
-        try:
-            await workflow.wait_condition(
-                lambda: not self._state.gate.pending,
-                timeout=timedelta(seconds=max(left, 0.001)),
-                timeout_summary="approval expiry",
-            )
-        except TimeoutError:
-            self._state.gate.expire()
-        if approval.status is ApprovalStatus.rejected:
-            raise _Stop(Status.rejected, f"rejected by {approval.decided_by}")
-        if approval.status is ApprovalStatus.expired:
+        while gate.pending:
+            left = (expires_at - workflow.now()).total_seconds()
+            try:
+                await workflow.wait_condition(
+                    lambda: not gate.pending or workflow.info().is_continue_as_new_suggested(),
+                    timeout=timedelta(seconds=max(left, 0.001)),
+                    timeout_summary="approval expiry",
+                )
+            except TimeoutError:
+                gate.expire()
+            if gate.pending:
+                await self._continue_as_new()
+        if gate.state.status is ApprovalStatus.rejected:
+            raise _Stop(Status.rejected, f"rejected by {gate.state.decided_by}")
+        if gate.state.status is ApprovalStatus.expired:
             raise _Stop(Status.expired, "nobody approved the plan before it expired")
 
     async def _resume(self, carry: Carry) -> None:
@@ -329,8 +375,11 @@ class ExperimentWorkflow:
                     **options,
                 )
             except ActivityError as err:
-                if isinstance(err.cause, CancelledError):
-                    raise
+                corrupted = isinstance(err.cause, ApplicationError) and (
+                    err.cause.type == SNAPSHOT_CORRUPTED
+                )
+                if isinstance(err.cause, CancelledError) or corrupted:
+                    raise  # a poisoned snapshot ends the run: none of its worlds counts
                 outcome = BatchOutcome(
                     world=unit.world,
                     chunk=unit.chunk,
@@ -376,6 +425,8 @@ class ExperimentWorkflow:
                     "carry": Carry(
                         origin_run_id=state.origin_run_id,
                         runs=state.runs + 1,
+                        stage=state.stage,
+                        message=state.message,
                         plan=state.plan,
                         approval=state.gate.state,
                         budget=state.ledger.use,
@@ -417,6 +468,7 @@ class ExperimentWorkflow:
                 provenance=views.provenance(state),
             ),
             start_to_close_timeout=timeouts.ANALYSE_TIMEOUT,
+            heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary="analysis: pairs, slices, validity checks, report",
         )
@@ -434,7 +486,7 @@ class ExperimentWorkflow:
                 spec=self._spec,
                 plan_fingerprint=plan.fingerprint if plan else "",
                 budget=state.ledger.use.model_dump(mode="json"),
-                approval=state.gate.state.model_dump(mode="json", exclude={"token_sha256"}),
+                approval=state.gate.state.model_dump(mode="json"),
                 report_digest=analysis.report_digest if analysis else None,
                 error=state.error,
                 worlds=analysis.worlds if analysis else [],

@@ -66,19 +66,38 @@ class ApprovalStatus(StrEnum):
     not_required = "not_required"
 
 
-class ApproveSignal(Model):
-    token: str
-    fingerprint: str
-    approver: str = Field(min_length=1)
+#: Longest approver name (or ``by``) an approve/reject records; longer ones are refused.
+MAX_NAME = 100
+#: Longest rejection reason recorded.
+MAX_REASON = 500
+#: Approval attempts kept in the state (the latest ones); ``attempts_total`` counts all.
+MAX_ATTEMPTS = 50
 
 
-class RejectSignal(Model):
-    by: str = "operator"
-    reason: str = ""
+class ApproveRequest(Model):
+    """The ``approve`` Update's argument: a signature by the run's approver key over
+    ``activities.approval_keys.approval_payload`` (``forklab approve`` or ``forklab sign``
+    makes it)."""
+
+    approver: str = Field(min_length=1, max_length=MAX_NAME)
+    fingerprint: str = Field(max_length=64)
+    nonce: str = Field(max_length=64)
+    signature: str = Field(max_length=128)
+
+
+class RejectRequest(Model):
+    """The ``reject`` Update's argument. Rejecting needs no key: it only stops compute,
+    like ``temporal workflow cancel``."""
+
+    by: str = Field(default="operator", min_length=1, max_length=MAX_NAME)
+    reason: str = Field(default="", max_length=MAX_REASON)
 
 
 class ApprovalAttempt(Model):
+    """One message the gate received, as recorded (names and reasons truncated)."""
+
     at: datetime
+    kind: str = Field(description="approve, reject, or the name of a refused message")
     approver: str
     accepted: bool
     reason: str
@@ -86,12 +105,19 @@ class ApprovalAttempt(Model):
 
 class ApprovalState(Model):
     status: ApprovalStatus
-    token_sha256: str = ""
-    token_location: str = ""
+    policy: str = Field(default="", description="Why approval is required, or why skipped.")
+    workflow_id: str = ""
+    run_id: str = Field(default="", description="The first run's id: what an approver signs.")
+    public_key: str = Field(default="", description="The approver key (Ed25519, hex).")
+    key_location: str = Field(default="", description="Host and folder of the private key.")
+    nonce: str = Field(default="", description="The nonce the next approval must sign.")
     expires_at: datetime | None = None
     decided_by: str | None = None
     decided_at: datetime | None = None
-    attempts: list[ApprovalAttempt] = []
+    attempts: list[ApprovalAttempt] = Field(
+        default=[], description=f"The latest {MAX_ATTEMPTS} attempts."
+    )
+    attempts_total: int = 0
 
 
 class Plan(Model):
@@ -131,6 +157,8 @@ class Carry(Model):
 
     origin_run_id: str
     runs: int
+    stage: Stage = Field(description="Where the previous run was (approval, prefixes, worlds).")
+    message: str
     plan: Plan
     approval: ApprovalState
     budget: BudgetUse
@@ -140,10 +168,11 @@ class Carry(Model):
 
 class ExperimentInput(Model):
     spec: ExperimentSpec
-    token_sha256: str | None = Field(
-        default=None, description="sha256 of the approval token; None: a worker issues one."
+    approver_public_key: str | None = Field(
+        default=None,
+        description="Ed25519 public key (hex) of the approver; None: a worker makes a key pair.",
     )
-    token_location: str = ""
+    key_location: str = Field(default="", description="Host and folder of the private key.")
     requested_by: str = ""
     batch_episodes: int = Field(default=DEFAULT_BATCH_EPISODES, ge=1)
     rehearsal_episodes: int = Field(default=DEFAULT_REHEARSAL_EPISODES, ge=0)

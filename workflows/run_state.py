@@ -63,13 +63,15 @@ class RunState:
     batches: dict[tuple[str, int], BatchOutcome] = field(default_factory=dict)
     cleanup: CleanupResult | None = None
 
-    def moment(self, now: datetime) -> Moment:
+    def moment(self, now: datetime, fresh_nonce: str) -> Moment:
         """The run as the approval gate sees it at ``now``."""
         return Moment(
             now=now,
             status=self.status,
             stage=self.stage,
             fingerprint=self.plan.fingerprint if self.plan else None,
+            experiment_id=self.spec.id,
+            fresh_nonce=fresh_nonce,
         )
 
     # --- the work ---------------------------------------------------------------------

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from temporalio.common import RetryPolicy
 
-#: Planning activities run the local twin in the worker; a rehearsal is bounded by its sample.
+#: The rehearsal runs the workload in a box on the worker; it is bounded by its sample.
 REHEARSE_TIMEOUT = timedelta(minutes=10)
 #: Short activities: snapshot, capacity, token, ledger, progress records.
 SHORT_TIMEOUT = timedelta(minutes=2)
@@ -14,8 +14,9 @@ SHORT_TIMEOUT = timedelta(minutes=2)
 ANALYSE_TIMEOUT = timedelta(minutes=10)
 #: One sandbox batch (prefix or world); the budget reservation caps the exec inside it.
 BATCH_START_TO_CLOSE = timedelta(hours=1)
-#: Sandbox activities heartbeat every ``activities.world_batches.HEARTBEAT_SECONDS``; a worker
-#: silent for longer than this is presumed dead and the batch moves to another attempt.
+#: Sandbox activities, the rehearsal and the analysis heartbeat every
+#: ``activities.heartbeat.HEARTBEAT_SECONDS``; a worker silent for longer than this is
+#: presumed dead and the activity moves to another attempt.
 BATCH_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 #: Cleanup must finish even when everything else went wrong.
 CLEANUP_TIMEOUT = timedelta(minutes=5)

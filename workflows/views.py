@@ -58,18 +58,22 @@ def details(state: RunState) -> str:
 
 
 def isolation(state: RunState) -> str:
-    """Whether every sandbox ran in a private network namespace, or why not."""
-    ran: list[tuple[bool, str | None]] = [
-        (p.network_isolated, p.note) for p in state.prefixes.values()
+    """Whether every sandbox ran in bubblewrap with a private network, or why not."""
+    ran: list[tuple[bool, str | None, str | None]] = [
+        (p.network_isolated, p.note, p.confinement) for p in state.prefixes.values()
     ]
     ran += [
-        (b.network_isolated, b.note)
+        (b.network_isolated, b.note, b.confinement)
         for b in state.batches.values()
         if b.status is not BatchStatus.skipped
     ]
-    notes = [note or "no reason given" for isolated, note in ran if not isolated]
+    notes = [
+        note or "no reason given"
+        for isolated, note, confinement in ran
+        if not isolated or confinement not in (None, "bubblewrap")
+    ]
     if not notes:
-        return f"every sandbox ({len(ran)}) ran in a private network namespace"
+        return f"every sandbox ({len(ran)}) ran in bubblewrap with a private network namespace"
     return f"{len(notes)} of {len(ran)} sandboxes fell back: {notes[0]}"
 
 

@@ -6,6 +6,7 @@ from activities.sandbox.base import (
     SandboxBackend,
     SandboxError,
     SandboxNotFoundError,
+    SnapshotCorruptedError,
     SnapshotInfo,
 )
 from activities.sandbox.local import LocalSandboxBackend
@@ -17,5 +18,6 @@ __all__ = [
     "SandboxBackend",
     "SandboxError",
     "SandboxNotFoundError",
+    "SnapshotCorruptedError",
     "SnapshotInfo",
 ]

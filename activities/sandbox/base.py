@@ -22,6 +22,10 @@ class SandboxNotFoundError(SandboxError):
     """The sandbox id is unknown to the backend (never created, or already deleted)."""
 
 
+class SnapshotCorruptedError(SandboxError):
+    """A snapshot's files no longer hash to its id: it must not be used (never retried)."""
+
+
 class Limits(BaseModel):
     """Per-sandbox resource limits, applied to every process the sandbox runs."""
 
@@ -31,6 +35,8 @@ class Limits(BaseModel):
     cpu_seconds: int = Field(600, ge=1)
     open_files: int = Field(256, ge=8)
     wall_seconds: float = Field(900.0, gt=0)
+    processes: int = Field(64, ge=4)  # processes and threads, all of the sandbox's together
+    file_mb: int = Field(256, ge=1)  # the largest file a command may write
 
 
 class SnapshotInfo(BaseModel):
@@ -56,6 +62,7 @@ class ExecResult(BaseModel):
     timed_out: bool
     network_isolated: bool  # False when the private network namespace was not permitted
     note: str | None = None  # e.g. why network isolation fell back
+    confinement: str  # "bubblewrap", or "process" on a host without it (see ``note``)
     seconds: float  # wall-clock seconds the command ran
 
 

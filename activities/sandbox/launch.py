@@ -1,9 +1,11 @@
 """The first program a local sandbox runs: it confines itself, then becomes the command.
 
-Run by path as ``python -I -S launch.py CONFIG STATUS_FD COMMAND...``. It applies the
-resource limits, tries to enter a private network namespace, reports on ``STATUS_FD``
-whether that worked, and replaces itself with ``COMMAND`` (same pid, same process
-group). Doing this in a separate program rather than in ``subprocess``'s ``preexec_fn``
+Run by path as ``python -I -S launch.py CONFIG STATUS_FD COMMAND...``, inside bubblewrap
+or (on a host without it) directly. It applies the resource limits, enters a private
+network namespace unless bubblewrap already made one, drops to the sandbox's own uid
+when it was started as root, reports on ``STATUS_FD`` whether the network is private,
+and replaces itself with ``COMMAND`` (same pid, same process group). Doing this in a
+separate program rather than in ``subprocess``'s ``preexec_fn``
 keeps the parent safe: ``preexec_fn`` may deadlock when the parent has threads, and
 activity workers do. Standard library only; it must not import ForkLab.
 """
@@ -29,21 +31,36 @@ def private_network() -> str | None:
     return f"unshare(CLONE_NEWNET) failed: {os.strerror(err)}"
 
 
-def apply_limits(memory_mb: int, cpu_seconds: int, open_files: int) -> None:
-    address_space = memory_mb * 1024 * 1024
+def apply_limits(config: dict[str, int]) -> None:
+    address_space = config["memory_mb"] * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
     # SIGXCPU at the soft limit; the kernel sends SIGKILL at the hard one.
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+    cpu = config["cpu_seconds"]
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (config["open_files"], config["open_files"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # Processes (and threads) of this uid: with a uid per sandbox, this sandbox's alone.
+    resource.setrlimit(resource.RLIMIT_NPROC, (config["processes"], config["processes"]))
+    file_size = config["file_mb"] * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+
+
+def drop_privileges(uid: int) -> None:
+    """Become ``uid`` (group ``uid``, no supplementary groups); the kernel clears every
+    capability on the way."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
 
 
 def main(argv: list[str]) -> int:
     config = json.loads(argv[1])
     status_fd = int(argv[2])
     command = argv[3:]
-    why_not = private_network()
-    apply_limits(config["memory_mb"], config["cpu_seconds"], config["open_files"])
+    why_not = private_network() if config["unshare_net"] else None
+    apply_limits(config)
+    if config["uid"] is not None:
+        drop_privileges(config["uid"])
     os.write(status_fd, json.dumps({"network_isolated": why_not is None, "note": why_not}).encode())
     os.close(status_fd)
     try:

@@ -1,37 +1,35 @@
-"""Local sandboxes: one confined process per command, in a fresh folder per sandbox.
+"""Local sandboxes: one confined process per command, with a scratch folder per sandbox.
 
 Layout under ``root``::
 
-    snapshots/<code digest>/   the bundle files, copied once (immutable once in place)
+    snapshots/<code digest>/   the bundle files, copied once, read-only, re-verified on use
     registry/<id>.json         labels, limits and the running pid; written BEFORE the folder
-    boxes/<id>/                the sandbox's working folder, a copy of its snapshot
+    boxes/<id>/                the sandbox's scratch folder: uploads and what the command writes
     registry.lock              serialises registry updates across threads and processes
 
-How a command is confined (see ``launch.py`` and docs/sandboxes.md): its own session and
-process group, a private network namespace when the kernel permits it, rlimits on memory,
-CPU time and open files, a wall-clock timeout that kills the whole group, and a clean
-environment whose ``PYTHONPATH`` is the sandbox folder alone.
+How a command is confined (see ``jail.py``, ``launch.py`` and docs/sandboxes.md): inside
+bubblewrap, it sees its snapshot read-only at ``/code``, its scratch folder at ``/work``,
+the system read-only and nothing else; it has its own PID and network namespaces, a
+cleared environment, rlimits on memory, CPU, processes, file size and open files, its own
+uid when the worker is root, a wall-clock timeout, and it dies with the worker. On a host
+without a working bwrap the command runs as a confined process instead (its own session,
+a private network namespace when permitted, the same rlimits and uid) and every result
+says so, with what that fallback does not protect.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import secrets
-import select
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
 
 from pydantic import BaseModel, ConfigDict
 
@@ -42,7 +40,16 @@ from activities.sandbox.base import (
     SandboxBackend,
     SandboxError,
     SandboxNotFoundError,
+    SnapshotCorruptedError,
     SnapshotInfo,
+)
+from activities.sandbox.confine import kill_group, run_confined
+from activities.sandbox.jail import (
+    SCRATCH_INSIDE,
+    Mount,
+    bubblewrap,
+    interpreter,
+    sandbox_uid,
 )
 from activities.sandbox.workspace import (
     LayerInfo,
@@ -54,16 +61,13 @@ from activities.sandbox.workspace import (
 from experiments.bundle import BundleFile, code_digest
 from experiments.workspace import WorkspaceManifest
 
-OUTPUT_LIMIT = 64 * 1024  # bytes kept per stream: the first and last half of it
 #: Where a sandbox's workspace appears, relative to its working folder.
 WORKSPACE_DIR = "workspace"
 SNAPSHOT_PREFIX = "local:"
-_LAUNCHER = Path(__file__).with_name("launch.py")
 _ID = re.compile(r"lsb-[0-9a-f]{16}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
-# The interpreter a sandbox gets for "python": no site-packages (so neither the installed
-# project nor its dependencies), no bytecode written into the folder.
-_PYTHON = [sys.executable, "-S", "-B"]
+#: Where a sandbox sees its snapshot (read-only) under bubblewrap.
+CODE_INSIDE = "/code"
 
 
 class RegistryEntry(BaseModel):
@@ -79,6 +83,7 @@ class RegistryEntry(BaseModel):
     created_at: datetime
     pid: int | None = None  # leader of the command running now (its process group id)
     pid_start: int | None = None  # its start time (clock ticks), to tell a reused pid apart
+    uid: int | None = None  # the sandbox's own uid (worker running as root), else None
     deleting: bool = False
 
 
@@ -92,11 +97,6 @@ def _process_start(pid: int) -> int | None:
     return int(stat.rpartition(")")[2].split()[19])
 
 
-def _kill_group(pgid: int) -> None:
-    with suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 def _stop(entry: RegistryEntry) -> None:
     """Kill the recorded command's process group, unless its pid now names another process."""
     if entry.pid is None:
@@ -105,33 +105,31 @@ def _stop(entry: RegistryEntry) -> None:
     if start is None or start == entry.pid_start:
         # Leader gone: members of its group may remain, and the group id cannot have been
         # reused while they exist.
-        _kill_group(entry.pid)
+        kill_group(entry.pid)
 
 
-def _bounded(stream: IO[bytes]) -> str:
-    size = stream.seek(0, os.SEEK_END)
-    stream.seek(0)
-    if size <= OUTPUT_LIMIT:
-        return stream.read().decode(errors="replace")
-    half = OUTPUT_LIMIT // 2
-    head = stream.read(half)
-    stream.seek(size - half)
-    tail = stream.read()
-    cut = size - 2 * half
-    return f"{head.decode(errors='replace')}\n…[{cut} bytes cut]…\n{tail.decode(errors='replace')}"
+def snapshot_digest(folder: Path) -> str:
+    """The code digest of every file under ``folder`` (an added file changes it too)."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+    return code_digest([BundleFile(p.relative_to(folder).as_posix(), p) for p in files])
 
 
-def _isolation(status: bytes) -> tuple[bool, str | None]:
-    """Read the launcher's report: was the command cut off the network, and if not, why."""
-    if not status:
-        return False, "the sandbox launcher stopped before the command started"
-    reported = json.loads(status)
-    if reported["network_isolated"]:
-        return True, None
-    return False, (
-        f"private network namespace not permitted ({reported['note']}); "
-        "the command ran on the host network"
-    )
+def _freeze(folder: Path) -> None:
+    """Make a snapshot read-only on disk (files 0444, folders 0555)."""
+    for path in folder.rglob("*"):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    folder.chmod(0o555)
+
+
+def _remove_tree(folder: Path) -> None:
+    """Remove a tree, read-only ones (a frozen snapshot) too, even as a non-root user."""
+    if not folder.exists():
+        return
+    for path in [folder, *folder.rglob("*")]:
+        if path.is_dir() and not path.is_symlink():
+            with suppress(OSError):
+                path.chmod(0o755)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _check_relpath(relpath: str, what: str) -> None:
@@ -154,8 +152,18 @@ class LocalSandboxBackend(SandboxBackend):
         self._boxes = root / "boxes"
         for folder in (self._snapshots, self._registry, self._boxes):
             folder.mkdir(parents=True, exist_ok=True)
+        # One unprivileged uid for this backend's boxes when the worker is root (None
+        # otherwise): their workspaces belong to it, so a forked child can write what its
+        # parent wrote. Another backend root (another worker home) gets another uid.
+        self.uid = sandbox_uid(str(root.resolve()))
         # Copy-on-write workspaces; ``overlay=False`` forces the copy fallback.
-        self.workspaces = Workspaces(root, overlay=overlay)
+        self.workspaces = Workspaces(root, overlay=overlay, owner=self.uid)
+
+    @property
+    def dies_with_worker(self) -> bool:
+        """Whether a box dies with the worker process that runs it (bubblewrap works here);
+        without it, a dead worker's command may run on until its wall limit."""
+        return bubblewrap()[0] is not None
 
     # --- snapshots --------------------------------------------------------------------
     def prepare_snapshot(self, files: list[BundleFile]) -> SnapshotInfo:
@@ -169,39 +177,52 @@ class LocalSandboxBackend(SandboxBackend):
             seen.add(f.relpath)
         digest = code_digest(files)
         final = self._snapshots / digest
+        if final.is_dir() and snapshot_digest(final) != digest:
+            # Tampered with since it was made: set it aside and make it again from the bundle.
+            aside = self._snapshots / f".corrupt-{digest[:16]}-{secrets.token_hex(4)}"
+            with suppress(OSError):
+                os.rename(final, aside)
+            _remove_tree(aside)
         if not final.is_dir():
             tmp = Path(tempfile.mkdtemp(dir=self._snapshots, prefix=".tmp-"))
             try:
                 for f in files:
                     (tmp / f.relpath).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(f.source, tmp / f.relpath)
-                copied = code_digest([BundleFile(f.relpath, tmp / f.relpath) for f in files])
-                if copied != digest:
+                if snapshot_digest(tmp) != digest:
                     raise SandboxError(
                         "the bundle files changed while the snapshot was being prepared; retry"
                     )
+                _freeze(tmp)
                 try:
                     os.rename(tmp, final)  # atomic; fails if another preparer won the race
                 except OSError:
                     if not final.is_dir():
                         raise
             finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+                _remove_tree(tmp)
         return SnapshotInfo(
             id=SNAPSHOT_PREFIX + digest, backend=self.name, code_digest=digest, files=len(files)
         )
 
     def _snapshot_dir(self, snapshot_id: str) -> Path:
+        """The snapshot's folder, after checking that its files still hash to its id."""
         digest = snapshot_id.removeprefix(SNAPSHOT_PREFIX)
-        folder = self._snapshots / digest
         if not (snapshot_id.startswith(SNAPSHOT_PREFIX) and _DIGEST.fullmatch(digest)):
             raise SandboxError(
                 f"snapshot id {snapshot_id!r} is not a local snapshot ('local:' + sha256 hex)"
             )
+        folder = self._snapshots / digest
         if not folder.is_dir():
             raise SandboxError(
                 f"snapshot {snapshot_id} does not exist under {self._snapshots}; "
                 "call prepare_snapshot with the bundle first"
+            )
+        found = snapshot_digest(folder)
+        if found != digest:
+            raise SnapshotCorruptedError(
+                f"snapshot {snapshot_id} was modified after it was made (its files now hash "
+                f"to {found[:16]}); its worlds cannot be trusted, so the run stops here"
             )
         return folder
 
@@ -246,7 +267,7 @@ class LocalSandboxBackend(SandboxBackend):
 
     # --- the interface ------------------------------------------------------------------
     def create(self, snapshot_id: str, labels: dict[str, str], limits: Limits) -> str:
-        snapshot = self._snapshot_dir(snapshot_id)
+        self._snapshot_dir(snapshot_id)  # exists and is intact
         sandbox_id = "lsb-" + secrets.token_hex(8)
         entry = RegistryEntry(
             id=sandbox_id,
@@ -254,20 +275,30 @@ class LocalSandboxBackend(SandboxBackend):
             snapshot_id=snapshot_id,
             limits=limits,
             created_at=datetime.now(UTC),
+            uid=self.uid,
         )
         # Registered first: a crash from here on leaves a listed, deletable sandbox.
         with self._locked():
             self._write(entry)
         try:
-            shutil.copytree(snapshot, self._boxes / sandbox_id)
+            box = self._boxes / sandbox_id
+            box.mkdir()
+            if entry.uid is not None:
+                os.chown(box, entry.uid, entry.uid)
         except BaseException:
             self.delete(sandbox_id)
             raise
         return sandbox_id
 
     def upload(self, sandbox_id: str, relpath: str, data: bytes) -> None:
-        _, box = self._live(sandbox_id)
-        atomic_write(self._inside(box, relpath), data)
+        entry, box = self._live(sandbox_id)
+        path = self._inside(box, relpath)
+        atomic_write(path, data)
+        if entry.uid is not None:  # the sandbox's own uid may read, replace and remove it
+            for made in [path, *path.relative_to(box.resolve()).parents]:
+                target = made if made.is_absolute() else box.resolve() / made
+                if target != box.resolve():
+                    os.chown(target, entry.uid, entry.uid)
 
     def download(self, sandbox_id: str, relpath: str) -> bytes:
         _, box = self._live(sandbox_id)
@@ -291,81 +322,36 @@ class LocalSandboxBackend(SandboxBackend):
         if not argv:
             raise SandboxError("exec needs a command: argv is empty")
         entry, box = self._live(sandbox_id)
-        limits = entry.limits
-        wall = min(timeout, limits.wall_seconds)
-        command = [*_PYTHON, *argv[1:]] if argv[0] == "python" else list(argv)
-        config = json.dumps(
-            {
-                "memory_mb": limits.memory_mb,
-                "cpu_seconds": limits.cpu_seconds,
-                "open_files": limits.open_files,
-            }
-        )
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            status_r, status_w = os.pipe()  # the launcher reports its confinement here
-            started = time.monotonic()
-            try:
-                proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", str(_LAUNCHER), config, str(status_w), *command],
-                    cwd=box,
-                    env=self._environment(box),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    pass_fds=(status_w,),
-                    start_new_session=True,  # its own process group: killable as a whole
-                )
-            except OSError:
-                os.close(status_r)
-                if not box.is_dir():  # deleted between the check above and now
-                    raise SandboxNotFoundError(f"sandbox {sandbox_id} was deleted") from None
-                raise
-            finally:
-                os.close(status_w)
-            try:
-                self._track(sandbox_id, proc.pid)
-                timed_out = not self._wait_exit(proc.pid, wall)
-            finally:
-                # The leader has exited (or must die now) but is not reaped yet, so its group
-                # id cannot have been reused: this is the timeout's kill and it also ends
-                # whatever the command left running in the background.
-                _kill_group(proc.pid)
-                exit_code = proc.wait()
-                seconds = time.monotonic() - started
-                with os.fdopen(status_r, "rb") as status_pipe:
-                    status = status_pipe.read()
-                self._untrack(sandbox_id, proc.pid)
-            isolated, note = _isolation(status)
-            return ExecResult(
-                exit_code=exit_code,
-                stdout=_bounded(out),
-                stderr=_bounded(err),
-                timed_out=timed_out,
-                network_isolated=isolated,
-                note=note,
-                seconds=round(seconds, 6),
+        code = self._snapshot_dir(entry.snapshot_id)  # re-verified before every use
+        command = [str(interpreter()), "-S", "-B", *argv[1:]] if argv[0] == "python" else argv
+        try:
+            return run_confined(
+                command,
+                mounts=[Mount(code, CODE_INSIDE)],
+                scratch=box,
+                env=self._environment(SCRATCH_INSIDE, CODE_INSIDE),
+                fallback_env=self._environment(str(box), str(code)),
+                limits=entry.limits,
+                uid=entry.uid,
+                timeout=timeout,
+                on_start=lambda pid: self._track(sandbox_id, pid),
+                on_exit=lambda pid: self._untrack(sandbox_id, pid),
             )
+        except OSError:
+            if not box.is_dir():  # deleted between the check above and now
+                raise SandboxNotFoundError(f"sandbox {sandbox_id} was deleted") from None
+            raise
 
     @staticmethod
-    def _environment(box: Path) -> dict[str, str]:
+    def _environment(box: str, code: str) -> dict[str, str]:
         """A clean environment: nothing of the parent's (no secrets, no FORKLAB_*)."""
         return {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(box),
-            "TMPDIR": str(box),
-            "PYTHONPATH": str(box),
+            "HOME": box,
+            "TMPDIR": box,
+            "PYTHONPATH": code,
             "LC_ALL": "C.UTF-8",
         }
-
-    @staticmethod
-    def _wait_exit(pid: int, seconds: float) -> bool:
-        """Wait until ``pid`` exits, without reaping it; False on timeout."""
-        pidfd = os.pidfd_open(pid)
-        try:
-            ready, _, _ = select.select([pidfd], [], [], max(seconds, 0.0))
-            return bool(ready)
-        finally:
-            os.close(pidfd)
 
     def _track(self, sandbox_id: str, pid: int) -> None:
         """Record the running pid; if the sandbox is being deleted meanwhile, kill it."""
@@ -374,7 +360,7 @@ class LocalSandboxBackend(SandboxBackend):
             if entry is not None and not entry.deleting:
                 self._write(entry.model_copy(update={"pid": pid, "pid_start": _process_start(pid)}))
                 return
-        _kill_group(pid)
+        kill_group(pid)
 
     def _untrack(self, sandbox_id: str, pid: int) -> None:
         with self._locked():
@@ -398,7 +384,7 @@ class LocalSandboxBackend(SandboxBackend):
             self.workspaces.remove(sandbox_id)  # unmounts before the folder goes
         except WorkspaceError as exc:
             raise SandboxError(str(exc)) from None
-        shutil.rmtree(self._boxes / sandbox_id, ignore_errors=True)
+        _remove_tree(self._boxes / sandbox_id)
         if (self._boxes / sandbox_id).exists():
             raise SandboxError(f"could not remove the folder of sandbox {sandbox_id}; retry")
         with self._locked():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from experiments.analysis.checks import validity_checks
 from experiments.analysis.columns import Bools, FeatureColumns, as_bools
 from experiments.analysis.evidence import rank_evidence
-from experiments.analysis.guard import guard_policy, guard_world
+from experiments.analysis.guard import HeldOutRunner, guard_policy, guard_world
 from experiments.analysis.pairs import (
     CONFIDENCE,
     PairedEffect,
@@ -138,9 +138,11 @@ def build_report(
     out: ExperimentOutcomes,
     code_digest: str,
     infra: InfraUsage | None = None,
+    held_out: HeldOutRunner | None = None,
     processes: int | None = None,
 ) -> Report:
-    """The report; ``processes`` is what the guard's held-out run may use (the twin's)."""
+    """The report. The guard's held-out episodes run in ``held_out`` (a sandbox on the
+    durable path), else on the twin with ``processes``."""
     settings = AnalysisSettings(
         confidence=CONFIDENCE,
         alpha=spec.analysis.alpha,
@@ -197,6 +199,7 @@ def build_report(
             out.world(base).outcomes,
             world_out.outcomes,
             world_out.intervened,
+            held_out,
             processes,
         )
     return Report(

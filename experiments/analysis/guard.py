@@ -13,14 +13,16 @@ since each one costs, then one feature before an interaction, then fewer clauses
 rule is the runner's JSON, so the guarded world runs exactly what was learned.
 
 Validation (on held-out episodes: fresh seeds after the training ones, capped by
-default): the baseline and the treatment on the local twin; the ``guarded`` world, which
-intervenes only where the rule fires, is derived from those two (docs/analysis.md says why
-that is exact and why held-out episodes rather than cross-fitting).
+default): the baseline and the treatment on the local twin, and the ``guarded`` world,
+which intervenes only where the rule fires, derived from those two (docs/analysis.md says
+why that is exact and why held-out episodes rather than cross-fitting). The durable path
+passes a ``HeldOutRunner`` that runs baseline, treatment and guarded in a sandbox, so no
+workload code runs beside the analysis (its answer carries no features to derive from).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -28,9 +30,15 @@ from pydantic import BaseModel
 from experiments.analysis.pairs import paired_table
 from experiments.analysis.slices import Clause, SliceEffect, feature_text
 from experiments.engine import run_twin, world_plan
+from experiments.runtime.file_format import WorldColumns, WorldPlan
 from experiments.runtime.runner import rule_fires
 from experiments.runtime.workload import Feature
 from experiments.spec import ExperimentSpec, Role, World
+
+#: Runs ``worlds`` over ``episodes`` of a spec and returns each world's columns by name.
+HeldOutRunner = Callable[
+    [ExperimentSpec, Sequence[int], Sequence[WorldPlan]], dict[str, WorldColumns]
+]
 
 
 class GuardCounts(BaseModel):
@@ -192,19 +200,30 @@ def validate_guard(
     treatment: World,
     rule: dict[str, Any],
     holdout: int,
+    held_out: HeldOutRunner | None = None,
     processes: int | None = None,
 ) -> GuardEvaluation:
-    """Baseline and treatment on ``holdout`` fresh episodes after the spec's; the guarded
-    world is derived from them (``guarded_outcomes``), not simulated a third time."""
+    """Baseline, treatment and guarded on ``holdout`` fresh episodes after the spec's.
+
+    On the twin (``held_out`` is None) only baseline and treatment run, with
+    ``processes``, and the guarded world is derived (``guarded_outcomes``); a sandboxed
+    ``held_out`` runner runs all three."""
     forks = spec.analysis.forks_per_checkpoint
     plans = [world_plan(spec.baseline, forks), world_plan(treatment, forks)]
     episodes = range(spec.episodes, spec.episodes + holdout)
-    batch = run_twin(spec, episodes=episodes, worlds=plans, processes=processes).batch
-    base = batch["worlds"][spec.baseline.name]["outcomes"]
-    before = batch["worlds"][treatment.name]
-    after, fired = guarded_outcomes(
-        rule, batch["features"], base, before["outcomes"], before["intervened"]
-    )
+    if held_out is None:
+        batch = run_twin(spec, episodes=episodes, worlds=plans, processes=processes).batch
+        base = batch["worlds"][spec.baseline.name]["outcomes"]
+        before = batch["worlds"][treatment.name]
+        after, fired = guarded_outcomes(
+            rule, batch["features"], base, before["outcomes"], before["intervened"]
+        )
+    else:
+        guarded = "guarded" if treatment.name != "guarded" else "guarded-policy"
+        cols = held_out(spec, episodes, [*plans, world_plan(treatment, forks, rule, guarded)])
+        base = cols[spec.baseline.name]["outcomes"]
+        before = cols[treatment.name]
+        after, fired = cols[guarded]["outcomes"], cols[guarded]["intervened"]
     return GuardEvaluation(
         first_episode=episodes.start,
         last_episode=episodes.stop - 1,
@@ -219,6 +238,7 @@ def guard_policy(
     reference: Sequence[bool],
     treated: Sequence[bool],
     intervened: Sequence[bool],
+    held_out: HeldOutRunner | None = None,
     processes: int | None = None,
 ) -> GuardPolicy | None:
     """Learn the guard from ``partitions`` (the gated world's slices against the baseline
@@ -251,5 +271,5 @@ def guard_policy(
         rule=rule,
         words=rule_words(world.intervention.name, clauses, cap),
         training=training,
-        held_out=validate_guard(spec, world, rule, holdout, processes),
+        held_out=validate_guard(spec, world, rule, holdout, held_out, processes),
     )

@@ -1,0 +1,211 @@
+"""Workload code the worker itself needs run — the rehearsal and the guard's held-out
+validation — in a box like the worlds', never in the worker's process.
+
+Each call copies the runner bundle into a fresh folder (read-only, checked against the
+digest it must have), runs ``workload_inside.py`` on it with ``run_confined`` (bubblewrap:
+no network, no ``FORKLAB_HOME``, no environment, rlimits, dies with the worker) and reads
+one JSON answer back, which it validates like any untrusted output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from activities.files import atomic_write
+from activities.sandbox.base import ExecResult, Limits
+from activities.sandbox.confine import run_confined
+from activities.sandbox.jail import SCRATCH_INSIDE, Mount, interpreter, sandbox_uid
+from experiments.bundle import BundleFile, bundle_files, code_digest
+from experiments.runtime.file_format import WorldColumns, WorldPlan
+from experiments.spec import ExperimentSpec
+
+#: Limits of one call: a rehearsal or a held-out validation is one process, a few minutes.
+CALL_LIMITS = Limits(memory_mb=1024, cpu_seconds=900, wall_seconds=900, processes=16)
+_PROGRAM = Path(__file__).with_name("workload_inside.py")
+_PROGRAM_INSIDE = "/.forklab/workload_inside.py"
+_CODE_INSIDE = "/code"
+
+
+class WorkloadSpecError(ValueError):
+    """The workload cannot run this spec; the message is the sentence to show."""
+
+
+class WorkloadCallError(RuntimeError):
+    """The box crashed, timed out, or answered something that is not a valid answer."""
+
+
+def _tail(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def _is_rate(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value >= 0
+
+
+def _check_rehearsal(answer: dict[str, Any], worlds: list[str]) -> None:
+    if not (isinstance(answer.get("episodes"), int) and answer["episodes"] > 0):
+        raise WorkloadCallError("the rehearsal answered no episode count")
+    if not _is_rate(answer.get("prefix_seconds_per_episode")):
+        raise WorkloadCallError("the rehearsal answered no valid prefix rate")
+    seen = answer.get("worlds")
+    if not isinstance(seen, list) or [w.get("name") for w in seen] != worlds:
+        raise WorkloadCallError("the rehearsal did not answer for exactly the spec's worlds")
+    for w in seen:
+        rate = w.get("failure_rate")
+        if not (_is_rate(w.get("seconds_per_episode")) and _is_rate(rate) and rate <= 1):
+            raise WorkloadCallError(f"the rehearsal answered invalid rates for {w['name']!r}")
+
+
+def _check_columns(answer: dict[str, Any], worlds: list[str], episodes: int) -> None:
+    columns = answer.get("worlds")
+    if not isinstance(columns, dict) or sorted(columns) != sorted(worlds):
+        raise WorkloadCallError("the held-out batch did not answer for exactly its worlds")
+    kinds = {"outcomes": bool, "intervened": bool, "shocks": str, "inherited": str}
+    for name, cols in columns.items():
+        if not isinstance(cols, dict) or sorted(cols) != sorted(kinds):
+            raise WorkloadCallError(f"held-out world {name!r} lacks its four columns")
+        for key, kind in kinds.items():
+            col = cols[key]
+            if not (isinstance(col, list) and len(col) == episodes):
+                raise WorkloadCallError(f"held-out column {name}.{key} is not {episodes} long")
+            if not all(isinstance(v, kind) for v in col):
+                raise WorkloadCallError(f"held-out column {name}.{key} holds wrong types")
+
+
+class WorkloadCalls:
+    """Runs rehearsals and held-out batches in boxes under ``root`` (one folder per call,
+    removed afterwards; leftovers of a dead worker are removed by the next one)."""
+
+    def __init__(self, root: Path, limits: Limits = CALL_LIMITS) -> None:
+        self.root = root
+        self.limits = limits
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob("call-*"):
+            pid = stale.name.split("-")[1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                _remove(stale)
+
+    def rehearse(
+        self,
+        spec: ExperimentSpec,
+        plans: Sequence[WorldPlan],
+        episodes: int,
+        started: Callable[[int], None] = lambda pid: None,
+    ) -> tuple[dict[str, Any], str, ExecResult]:
+        """The rehearsal's answer, the code digest it ran, and how the box ran; ``started``
+        gets the box's process group id (to kill it when the activity is cancelled)."""
+        request = self._request(spec, plans) | {"episodes": episodes}
+        files = bundle_files(spec.workload.name)
+        answer, result = self._call("rehearse", files, request, started)
+        _check_rehearsal(answer, [p.name for p in plans])
+        return answer, code_digest(files), result
+
+    def held_out(
+        self,
+        spec: ExperimentSpec,
+        episodes: Sequence[int],
+        plans: Sequence[WorldPlan],
+        expected_digest: str,
+    ) -> dict[str, WorldColumns]:
+        """Every world's columns over ``episodes``, run from the code the plan named."""
+        files = bundle_files(spec.workload.name)
+        found = code_digest(files)
+        if found != expected_digest:
+            raise WorkloadCallError(
+                f"the workload code is now {found[:12]} but the plan ran {expected_digest[:12]}; "
+                "the guard cannot be validated on other code, start the experiment again"
+            )
+        request = self._request(spec, plans) | {"episodes": list(episodes)}
+        answer, _ = self._call("batch", files, request)
+        _check_columns(answer, [p.name for p in plans], len(episodes))
+        worlds: dict[str, WorldColumns] = answer["worlds"]
+        return worlds
+
+    def held_out_runner(
+        self, expected_digest: str
+    ) -> Callable[[ExperimentSpec, Sequence[int], Sequence[WorldPlan]], dict[str, WorldColumns]]:
+        return lambda spec, episodes, plans: self.held_out(spec, episodes, plans, expected_digest)
+
+    @staticmethod
+    def _request(spec: ExperimentSpec, plans: Sequence[WorldPlan]) -> dict[str, Any]:
+        return {
+            "workload": spec.workload.name,
+            "params": dict(spec.workload.params),
+            "seed": spec.seed,
+            "worlds": [p.to_json() for p in plans],
+        }
+
+    def _call(
+        self,
+        op: str,
+        files: list[BundleFile],
+        request: dict[str, Any],
+        started: Callable[[int], None] = lambda pid: None,
+    ) -> tuple[dict[str, Any], ExecResult]:
+        folder = self.root / f"call-{os.getpid()}-{secrets.token_hex(6)}"
+        code, work = folder / "code", folder / "work"
+        try:
+            for f in files:
+                (code / f.relpath).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f.source, code / f.relpath)
+            if code_digest([BundleFile(f.relpath, code / f.relpath) for f in files]) != (
+                code_digest(files)
+            ):
+                raise WorkloadCallError("the workload files changed while being copied; retry")
+            work.mkdir()
+            uid = sandbox_uid(folder.name)
+            atomic_write(work / "in.json", json.dumps(request).encode())
+            if uid is not None:
+                for path in (work, work / "in.json"):
+                    os.chown(path, uid, uid)
+            inside = [str(interpreter()), "-S", "-B"]
+            env = {"PATH": "/usr/bin:/bin", "HOME": SCRATCH_INSIDE, "LC_ALL": "C.UTF-8"}
+            result = run_confined(
+                [*inside, _PROGRAM_INSIDE, op],
+                mounts=[Mount(code, _CODE_INSIDE), Mount(_PROGRAM, _PROGRAM_INSIDE)],
+                scratch=work,
+                env=env | {"TMPDIR": SCRATCH_INSIDE, "PYTHONPATH": _CODE_INSIDE},
+                fallback_env=env | {"TMPDIR": str(work), "PYTHONPATH": str(code)},
+                limits=self.limits,
+                uid=uid,
+                timeout=self.limits.wall_seconds,
+                on_start=started,
+            )
+            if result.timed_out:
+                raise WorkloadCallError(
+                    f"the {op} box ran out of its {self.limits.wall_seconds:g} s and was killed"
+                )
+            if result.exit_code != 0:
+                raise WorkloadCallError(
+                    f"the {op} box exited with code {result.exit_code}: {_tail(result.stderr)}"
+                )
+            try:
+                answer = json.loads(_read_no_follow(work / "out.json"))
+            except (OSError, ValueError) as exc:
+                raise WorkloadCallError(f"the {op} box wrote no valid answer ({exc})") from None
+        finally:
+            _remove(folder)
+        if not isinstance(answer, dict):
+            raise WorkloadCallError(f"the {op} box answered something that is not an object")
+        if "error" in answer:
+            raise WorkloadSpecError(str(answer["error"])[:500])
+        return answer, result
+
+
+def _read_no_follow(path: Path) -> bytes:
+    """Read a file the box wrote, refusing a symlink (it could point at a host secret)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
+
+
+def _remove(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)

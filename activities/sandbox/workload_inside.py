@@ -1,0 +1,89 @@
+"""The program the worker's own workload calls run in a box: rehearsal and held-out batches.
+
+Run as ``python -S -B /.forklab/workload_inside.py OP`` inside bubblewrap, with the
+runner bundle read-only on ``PYTHONPATH`` (``/code``). It reads ``in.json`` from the
+scratch folder and writes ``out.json`` there. Standard library and the bundle only: it
+must not import ForkLab beyond ``experiments.runtime``, so that workload code never
+shares a process with anything that decides a result.
+
+- ``rehearse``: check the workload and every intervention against it, then time the
+  prefix and each world on the first episodes, as the sandboxes will run them.
+- ``batch``: run episodes through every world (guard validation on held-out episodes).
+
+A spec that cannot run comes back as ``{"error": sentence}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from experiments.runtime.canon import canonical_json
+from experiments.runtime.file_format import WorldPlan
+from experiments.runtime.runner import (
+    BoundaryMissingError,
+    StuckWorldError,
+    continue_checkpoints,
+    run_batch,
+    run_prefix,
+    workload_class,
+)
+from experiments.runtime.workload import Workload, WorkloadError
+
+
+def _workload(request: dict[str, Any]) -> Workload:
+    workload = workload_class(request["workload"])(request["params"])
+    for i, world in enumerate(request["worlds"]):
+        if world["intervention"] is None:
+            continue
+        try:
+            workload.intervention_params(world["intervention"], world["params"])
+        except WorkloadError as exc:
+            raise WorkloadError(f"worlds[{i}].{exc.field}", exc.message) from None
+    return workload
+
+
+def _plans(request: dict[str, Any]) -> list[WorldPlan]:
+    return [WorldPlan.from_json(w) for w in request["worlds"]]
+
+
+def rehearse(request: dict[str, Any]) -> dict[str, Any]:
+    workload = _workload(request)
+    seed, n = request["seed"], request["episodes"]
+    start = time.perf_counter()
+    checkpoints = [run_prefix(workload, seed, e) for e in range(n)]
+    prefix_rate = (time.perf_counter() - start) / n
+    worlds = []
+    for plan in _plans(request):
+        start = time.perf_counter()
+        cols = continue_checkpoints(workload, seed, checkpoints, plan)
+        rate = (time.perf_counter() - start) / n
+        failure = (n - sum(cols["outcomes"])) / n
+        worlds.append({"name": plan.name, "seconds_per_episode": rate, "failure_rate": failure})
+    return {"episodes": n, "prefix_seconds_per_episode": prefix_rate, "worlds": worlds}
+
+
+def batch(request: dict[str, Any]) -> dict[str, Any]:
+    workload = _workload(request)
+    return dict(run_batch(workload, request["seed"], request["episodes"], _plans(request)))
+
+
+def main(argv: list[str]) -> int:
+    op = {"rehearse": rehearse, "batch": batch}[argv[1]]
+    with open("in.json", encoding="utf-8") as fh:
+        request = json.load(fh)
+    try:
+        result = op(request)
+    except WorkloadError as exc:
+        result = {"error": f"field {exc.field}: {exc.message}"}
+    except (BoundaryMissingError, StuckWorldError) as exc:
+        result = {"error": str(exc)}
+    with open("out.json", "w", encoding="utf-8") as fh:
+        fh.write(canonical_json(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

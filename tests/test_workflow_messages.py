@@ -1,0 +1,186 @@
+"""No message can wedge an experiment: every payload that used to fail the workflow task
+(binary, none, two, wrong schema, megabytes; as signals and as updates) is refused and
+recorded, and the workflow keeps answering status, reject and cancel. Concurrent CLI
+approvals each print their own recorded outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from typing import Any
+
+import pytest
+from orchestration_lab import (
+    SANDBOX_ACTIVITIES,
+    Lab,
+    cli_env,
+    forklab,
+    make_spec,
+    signed,
+    temporal_path,
+)
+from temporalio.api.common.v1 import Payload
+from temporalio.client import WorkflowFailureError
+from temporalio.common import RawValue
+
+from activities.approval_keys import new_private_key, write_private_key
+from workflows.messages import (
+    MAX_NAME,
+    ExperimentResult,
+    RejectRequest,
+    Stage,
+    Status,
+    StatusView,
+    workflow_id,
+)
+
+#: What the status query may weigh, however many and however large the messages were.
+STATUS_LIMIT = 64 * 1024
+
+
+def _raw(encoding: bytes, data: bytes) -> RawValue:
+    return RawValue(Payload(metadata={"encoding": encoding}, data=data))
+
+
+async def test_wedging_payloads_are_refused_recorded_and_the_run_still_answers(lab: Lab) -> None:
+    spec = make_spec()
+    handle, key = await lab.start(spec)
+    view = await lab.wait_for(handle, Stage.awaiting_approval)
+    good = signed(view, key).model_dump()
+    big_name = {**good, "approver": "x" * 1_500_000}
+    updates: list[list[Any]] = [
+        [b"\x00\xff binary"],  # binary/plain
+        [],  # no payload
+        [good, good],  # two payloads
+        [{"token": "t", "fingerprint": "f", "approver": "m"}],  # the old schema
+        [_raw(b"json/plain", b"{not json")],
+        [_raw(b"json/plain", b"[" * 50_000 + b"]" * 50_000)],  # deep nesting
+        [big_name],
+        [big_name],
+        [big_name],
+        [{**good, "approver": "n" * (MAX_NAME * 3)}],
+    ]
+    answers = [await lab.send(handle, "approve", *args) for args in updates]
+    assert not any(a.accepted for a in answers)
+    assert [a.reason.split(":")[0] for a in answers[:3]] == ["refused"] * 3
+    assert answers[3].reason.startswith("refused: field ")
+    assert "payload of 1500" in answers[6].reason
+    assert len(answers[9].approver) == MAX_NAME
+    unknown = await lab.send(handle, "frobnicate", {"a": 1})
+    assert "unknown update" in unknown.reason
+    for args in ([b"\x00"], [], [good, good], [big_name]):  # the same, as signals
+        await handle.signal("approve", args=args)
+    await handle.signal("reject", args=[b"\x01"])
+    expected = len(updates) + 1 + 5
+    view = await lab.wait_until(handle, lambda v: v.approval.attempts_total >= expected)
+    assert view.approval.attempts_total == expected
+    assert view.stage is Stage.awaiting_approval and view.approval.status.value == "pending"
+    assert len(view.model_dump_json()) < STATUS_LIMIT
+    junk_query = await handle.query("status", b"\x00\xff", result_type=StatusView)
+    assert junk_query.stage is Stage.awaiting_approval  # extra query arguments are ignored
+    await _assert_nothing_ran(lab, handle)
+
+    rejected = await lab.send(handle, "reject", RejectRequest(by="bob", reason="enough"))
+    assert rejected.reason == "rejected: enough"
+    result = await handle.result()
+    assert result.status is Status.rejected and result.cleanup is not None
+    assert result.runs >= 2  # ~6 MB of junk in history: it continued as new, bounded
+    assert result.approval.attempts_total == expected + 1
+    root = lab.ledger.experiment(spec.id)
+    assert root is not None and root.status == "rejected"
+
+
+async def test_cancel_still_works_after_a_flood_of_junk(lab: Lab) -> None:
+    spec = make_spec()
+    handle, _ = await lab.start(spec)
+    await lab.wait_for(handle, Stage.awaiting_approval)
+    for i in range(60):  # more than the log keeps
+        await handle.signal("approve", args=[b"\x00" * i])
+    view = await lab.wait_until(handle, lambda v: v.approval.attempts_total >= 60)
+    assert len(view.approval.attempts) == 50 and view.approval.attempts_total == 60
+    await handle.cancel()
+    with pytest.raises(WorkflowFailureError):
+        await handle.result()
+    view = await lab.status(handle)
+    assert view.status is Status.cancelled and view.cleanup is not None
+    root = lab.ledger.experiment(spec.id)
+    assert root is not None and root.status == "cancelled"
+
+
+async def _assert_nothing_ran(lab: Lab, handle: Any) -> None:
+    assert not SANDBOX_ACTIVITIES & set(await lab.activity_types(handle))
+
+
+async def test_two_concurrent_cli_approvals_each_print_their_own_outcome(lab: Lab) -> None:
+    """The CLI once polled status and printed someone else's attempt ("approved … by
+    wrong3" for a wrong key). An Update answers each request with its own attempt."""
+    env = cli_env(lab.settings)
+    spec = make_spec(episodes=12)
+    spec_file = lab.settings.home.parent / "spec.json"
+    spec_file.parent.mkdir(parents=True, exist_ok=True)
+    spec_file.write_text(spec.model_dump_json())
+    started = await asyncio.to_thread(
+        forklab, env, "start", str(spec_file), "--batch-episodes", "12", "--rehearsal-episodes", "0"
+    )
+    assert started.returncode == 0, started.stderr
+    handle = lab.client.get_workflow_handle(workflow_id(spec.id), result_type=ExperimentResult)
+    await lab.wait_for(handle, Stage.awaiting_approval)
+    wrong_key = write_private_key(lab.settings.home.parent / "wrong.key", new_private_key())
+    right, right2, wrong = await asyncio.gather(
+        asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "right"),
+        asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "right2"),
+        asyncio.to_thread(
+            forklab, env, "approve", spec.id, "--approver", "wrong3", "--key", str(wrong_key)
+        ),
+    )
+    won = [(name, p) for name, p in (("right", right), ("right2", right2)) if p.returncode == 0]
+    assert len(won) == 1, (right, right2)
+    name, winner = won[0]
+    assert winner.stdout.startswith(f"approved: experiment {spec.id} by {name} at ")
+    loser = right2 if name == "right" else right
+    assert loser.returncode == 1 and loser.stdout == ""
+    refusal = f"forklab: error: approval of {spec.id} was not accepted: "
+    assert loser.stderr.startswith(refusal + "already approved")
+    assert wrong.returncode == 1 and wrong.stdout == "" and wrong.stderr.startswith(refusal)
+    assert wrong.stderr.removeprefix(refusal).startswith(("bad signature", "already approved"))
+    result = await handle.result()
+    assert result.status is Status.completed and result.approval.decided_by == name
+    by = {a.approver: a for a in result.approval.attempts}
+    assert by[name].accepted and not by["wrong3"].accepted
+
+
+async def test_the_temporal_cli_route_with_forklab_sign(lab: Lab) -> None:
+    """As the README shows: `temporal workflow start` without a key (the worker makes the
+    pair), then `temporal workflow update execute --input "$(forklab sign …)"`."""
+    env = cli_env(lab.settings)
+    spec = make_spec(episodes=12)
+    wid = workflow_id(spec.id)
+    body = {"spec": spec.model_dump(mode="json"), "requested_by": "cli", "batch_episodes": 12}
+    temporal = [temporal_path(), "--address", lab.settings.address]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*temporal, *args], capture_output=True, text=True, timeout=60, check=False
+        )
+
+    started = await asyncio.to_thread(
+        run,
+        "workflow", "start", "--type", "ForkLabExperiment", "--workflow-id", wid,
+        "--task-queue", lab.settings.task_queue, "--input", json.dumps(body),
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    handle = lab.client.get_workflow_handle(wid, result_type=ExperimentResult)
+    await lab.wait_for(handle, Stage.awaiting_approval)
+    signed_json = await asyncio.to_thread(forklab, env, "sign", spec.id, "--approver", "alice")
+    assert signed_json.returncode == 0, signed_json.stderr
+    request = json.loads(signed_json.stdout)
+    assert set(request) == {"approver", "fingerprint", "nonce", "signature"}
+    done = await asyncio.to_thread(
+        run, "workflow", "update", "execute", "--workflow-id", wid, "--name", "approve",
+        "--input", signed_json.stdout.strip(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "accepted:true approver:alice" in done.stdout  # the attempt, as recorded
+    result = await handle.result()
+    assert result.status is Status.completed and result.approval.decided_by == "alice"
