@@ -63,14 +63,12 @@ class Shocks:
     def __init__(
         self, seed: int, episode: int, replicate: int = 0, draws: EpisodeDraws | None = None
     ) -> None:
-        if draws is None:
-            draws = EpisodeDraws(seed, episode)
-        elif draws.seed != seed or draws.episode != episode:
+        if draws is not None and (draws.seed != seed or draws.episode != episode):
             raise ValueError("the draw table belongs to another (seed, episode)")
         self.seed = seed
         self.episode = episode
         self.replicate = replicate
-        self._draws = draws
+        self._draws = draws  # made on the first draw: many runs never draw at all
         self._seen: dict[Coordinate, float] = {}
         self._sum = 0
         self._agent_drawn = False
@@ -80,7 +78,7 @@ class Shocks:
         value = self._seen.get(coord)
         if value is not None:
             return value
-        words = self._draws.exogenous
+        words = self.draws.exogenous
         word = words.get(coord)
         if word is None:
             word = words[coord] = _word(self.seed, self.episode, entity, tick, stream)
@@ -91,12 +89,19 @@ class Shocks:
     def agent(self, entity: int, tick: int, stream: str) -> float:
         self._agent_drawn = True
         label = f"{stream}#r{self.replicate}"
-        table = self._draws.agent
+        table = self.draws.agent
         key = (entity, tick, label)
         value = table.get(key)
         if value is None:
             value = table[key] = uniform(self.seed, self.episode, entity, tick, label)
         return value
+
+    @property
+    def draws(self) -> EpisodeDraws:
+        """The episode's table of words (to share with the other runs of the episode)."""
+        if self._draws is None:
+            self._draws = EpisodeDraws(self.seed, self.episode)
+        return self._draws
 
     @property
     def drawn(self) -> bool:

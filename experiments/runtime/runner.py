@@ -250,29 +250,29 @@ def run_batch(
     prefixes: dict[str, Checkpoint] = {}
     continuations: dict[tuple[str, int], tuple[bool, bool, str]] = {}
     for episode in episodes:
-        draws = EpisodeDraws(seed, episode)
-        state, shocks = _start(workload, seed, episode, draws)
+        state, shocks = _start(workload, seed, episode)
         cp = None
         if memo:
             key = repr(state)  # exact for JSON values; only needs to be stable in-process
             cp = prefixes.get(key)
         if cp is None:
             cp, drawn = _prefix_from(workload, seed, episode, state, shocks)
+            # repr tells True from 1 and -0.0 from 0.0, which dict equality would merge
+            cp["features"] = same_features.setdefault(repr(cp["features"]), cp["features"])
             if memo and not drawn:
                 prefixes[key] = cp
         sha = cp["sha256"]
         requested.append(cp["requested"])
         resolved.append(cp["resolved"])
         shas.append(sha)
-        # repr tells True from 1 and -0.0 from 0.0, which dict equality would merge
-        features.append(same_features.setdefault(repr(cp["features"]), cp["features"]))
+        features.append(cp["features"])
         fork: _Fork | None = None
         for index, world, add_outcome, add_intervened, add_shocks in plans:
             result = continuations.get((sha, index)) if memo else None
             if result is None:
                 if fork is None:
                     fork = _Fork(cp["state"], copies[index])
-                ok, did, fp, drawn = _finish(workload, fork, seed, episode, world, draws)
+                ok, did, fp, drawn = _finish(workload, fork, seed, episode, world, shocks.draws)
                 result = (ok, did, fp)
                 if memo and not drawn:
                     continuations[(sha, index)] = result
