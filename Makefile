@@ -23,6 +23,7 @@ lint: $(STAMP)
 test: lint
 	@bash scripts/ensure-chromium.sh
 	@bash scripts/ensure-bubblewrap.sh
+	@bash scripts/ensure-postgres.sh
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)

@@ -1,15 +1,18 @@
 """The content-addressed artifact store: large data (checkpoints, per-episode outcomes,
 reports) lives here and travels through Temporal as its sha256 digest.
 
-Blobs are stored at ``root/<first two hex>/<remaining hex>``. A write goes to a temporary
-file in the same folder and is renamed into place, so a reader never sees half a blob;
-every read re-hashes what it got, so a damaged file is reported, never returned.
+Two backends share one contract (:class:`ArtifactStore`): a folder on this host
+(:class:`LocalArtifactStore`, the default) and an S3-compatible bucket
+(``activities.artifacts_s3.S3ArtifactStore``) that workers on many hosts share. Either way
+a blob is written whole or not at all, and every read re-hashes what it got, so a damaged
+blob is reported, never returned.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -23,26 +26,35 @@ class ArtifactError(RuntimeError):
     """An artifact is missing, damaged, or was asked for by a malformed digest."""
 
 
-class ArtifactStore:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
+def check_digest(digest: str) -> str:
+    if not _DIGEST.fullmatch(digest):
+        raise ArtifactError(
+            f"artifact digest {digest!r} is not a sha256 hex digest (64 lowercase hex digits)"
+        )
+    return digest
 
-    def path(self, digest: str) -> Path:
-        if not _DIGEST.fullmatch(digest):
-            raise ArtifactError(
-                f"artifact digest {digest!r} is not a sha256 hex digest (64 lowercase hex digits)"
-            )
-        return self.root / digest[:2] / digest[2:]
+
+class ArtifactStore(ABC):
+    """Blobs named by their sha256. Subclasses move bytes; this class names and checks them."""
+
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where the blobs are, for messages (never with credentials)."""
+
+    @abstractmethod
+    def _read(self, digest: str) -> bytes | None:
+        """The stored bytes, or None when there is no such blob."""
+
+    @abstractmethod
+    def _write(self, digest: str, data: bytes) -> None:
+        """Store ``data`` under ``digest`` whole (a reader never sees part of it)."""
 
     def put_bytes(self, data: bytes) -> str:
         """Store ``data`` and return its digest; storing the same bytes again is a no-op
         (and repairs a damaged copy)."""
         digest = sha256_hex(data)
-        path = self.path(digest)
-        if path.is_file() and sha256_hex(path.read_bytes()) == digest:
-            return digest
-        atomic_write(path, data)
+        self._write(digest, data)
         return digest
 
     def put_json(self, value: Any) -> str:
@@ -50,21 +62,48 @@ class ArtifactStore:
         return self.put_bytes(canonical_json(value).encode())
 
     def get_bytes(self, digest: str) -> bytes:
-        path = self.path(digest)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+        data = self._read(check_digest(digest))
+        if data is None:
             raise ArtifactError(
-                f"artifact {digest} is missing from {self.root}; "
-                "check that every worker uses the same artifact folder"
-            ) from None
+                f"artifact {digest} is missing from {self.location}; "
+                "check that every worker and the CLI use one artifact store (FORKLAB_ARTIFACTS)"
+            )
         actual = sha256_hex(data)
         if actual != digest:
             raise ArtifactError(
-                f"artifact {digest} is corrupt ({path} hashes to {actual}); "
-                "delete that file and re-run the step that produced it"
+                f"artifact {digest} is corrupt in {self.location} (it hashes to {actual}); "
+                "delete that blob and re-run the step that produced it"
             )
         return data
 
     def get_json(self, digest: str) -> Any:
         return json.loads(self.get_bytes(digest))
+
+
+class LocalArtifactStore(ArtifactStore):
+    """Blobs at ``root/<first two hex>/<remaining hex>``, written to a temporary file in the
+    same folder and renamed into place."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
+    def path(self, digest: str) -> Path:
+        check_digest(digest)
+        return self.root / digest[:2] / digest[2:]
+
+    def _read(self, digest: str) -> bytes | None:
+        try:
+            return self.path(digest).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _write(self, digest: str, data: bytes) -> None:
+        path = self.path(digest)
+        if path.is_file() and sha256_hex(path.read_bytes()) == digest:
+            return
+        atomic_write(path, data)

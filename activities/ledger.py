@@ -1,10 +1,15 @@
-"""The local ledger: one SQLite file recording every experiment and every world it ran.
+"""The ledger: every experiment and every world it ran, in rows that are never deleted.
 
 One root row per experiment run (hypothesis, plan, budget, approval, report) and one
-child row per world (provenance, spend, outcomes digest, checks). Both writes are
-upserts on their natural key, so an activity retried after a crash rewrites its row
-instead of adding a second one. The file uses WAL so that several worker processes can
-write at once; each call opens its own connection, which keeps the class thread-safe.
+child row per world (provenance, spend, outcomes digest, checks); every ending (completed,
+refused, rejected, expired, failed, cancelled) writes them. Both writes are upserts on
+their natural key, so an activity retried after a crash rewrites its row instead of
+adding a second one. Two backends keep this contract (:class:`Ledger`): a local SQLite
+file (:class:`SqliteLedger`, the default) and PostgreSQL
+(``activities.ledger_postgres.PostgresLedger``) for workers on many hosts.
+
+The SQLite file uses WAL so that several worker processes can write at once; each call
+opens its own connection, which keeps the class thread-safe.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -126,25 +131,63 @@ class WorldRecord(BaseModel):
         return self
 
 
-_EXPERIMENT_KEY = ("experiment_id", "run_id")
-_WORLD_KEY = ("experiment_id", "run_id", "world")
-_EXPERIMENT_COLUMNS = tuple(ExperimentRecord.model_fields)
-_WORLD_COLUMNS = tuple(WorldRecord.model_fields)
+EXPERIMENT_KEY = ("experiment_id", "run_id")
+WORLD_KEY = ("experiment_id", "run_id", "world")
+EXPERIMENT_COLUMNS = tuple(ExperimentRecord.model_fields)
+WORLD_COLUMNS = tuple(WorldRecord.model_fields)
 _TIMESTAMPS = frozenset({"created_at", "updated_at"})
 
 
-def _upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
+def upsert_sql(
+    table: str, columns: tuple[str, ...], key: tuple[str, ...], placeholder: str = "?"
+) -> str:
     """INSERT, or on a key conflict overwrite every column except the key and created_at
-    (a retried write keeps the time the row was first recorded)."""
+    (a retried write keeps the time the row was first recorded). SQLite and PostgreSQL
+    both speak this ``ON CONFLICT`` form."""
     updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in (*key, "created_at"))
     return (
         f"INSERT INTO {table} ({', '.join(columns)}) "
-        f"VALUES ({', '.join('?' for _ in columns)}) "
+        f"VALUES ({', '.join(placeholder for _ in columns)}) "
         f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
     )
 
 
-def _to_row(record: BaseModel, columns: tuple[str, ...]) -> list[Any]:
+def latest_experiment_sql(table: str, run_id: str | None, placeholder: str = "?") -> str:
+    sql = f"SELECT {', '.join(EXPERIMENT_COLUMNS)} FROM {table} WHERE experiment_id = {placeholder}"
+    if run_id is not None:
+        sql += f" AND run_id = {placeholder}"
+    return sql + " ORDER BY created_at DESC, run_id DESC LIMIT 1"
+
+
+def worlds_sql(table: str, run_id: str | None, placeholder: str = "?") -> str:
+    sql = f"SELECT {', '.join(WORLD_COLUMNS)} FROM {table} WHERE experiment_id = {placeholder}"
+    if run_id is not None:
+        sql += f" AND run_id = {placeholder}"
+    return sql + " ORDER BY created_at, run_id, world"
+
+
+class Ledger(Protocol):
+    """What the record activities and the CLI need from a ledger backend."""
+
+    @property
+    def location(self) -> str:
+        """Where the rows are, for messages (never with credentials)."""
+        ...
+
+    def record_experiment(self, row: ExperimentRecord) -> None: ...
+
+    def record_world(self, row: WorldRecord) -> None: ...
+
+    def experiment(self, experiment_id: str, run_id: str | None = None) -> ExperimentRecord | None:
+        """The record of ``run_id``, or by default of the experiment's latest run."""
+        ...
+
+    def worlds(self, experiment_id: str, run_id: str | None = None) -> list[WorldRecord]:
+        """The experiment's world rows (of one run when ``run_id`` is given), oldest first."""
+        ...
+
+
+def to_row(record: BaseModel, columns: tuple[str, ...]) -> list[Any]:
     values = record.model_dump()
     return [
         values[c].astimezone(UTC).isoformat(timespec="microseconds")
@@ -154,17 +197,21 @@ def _to_row(record: BaseModel, columns: tuple[str, ...]) -> list[Any]:
     ]
 
 
-def _from_row(columns: tuple[str, ...], row: tuple[Any, ...]) -> dict[str, Any]:
+def from_row(columns: tuple[str, ...], row: tuple[Any, ...]) -> dict[str, Any]:
     return {
         c: datetime.fromisoformat(v) if c in _TIMESTAMPS else v
         for c, v in zip(columns, row, strict=True)
     }
 
 
-class Ledger:
+class SqliteLedger:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._ready = False
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -235,33 +282,23 @@ class Ledger:
 
     def record_experiment(self, row: ExperimentRecord) -> None:
         self._write(
-            _upsert_sql("experiments", _EXPERIMENT_COLUMNS, _EXPERIMENT_KEY),
-            _to_row(row, _EXPERIMENT_COLUMNS),
+            upsert_sql("experiments", EXPERIMENT_COLUMNS, EXPERIMENT_KEY),
+            to_row(row, EXPERIMENT_COLUMNS),
         )
 
     def record_world(self, row: WorldRecord) -> None:
-        self._write(_upsert_sql("worlds", _WORLD_COLUMNS, _WORLD_KEY), _to_row(row, _WORLD_COLUMNS))
+        self._write(upsert_sql("worlds", WORLD_COLUMNS, WORLD_KEY), to_row(row, WORLD_COLUMNS))
 
     def experiment(self, experiment_id: str, run_id: str | None = None) -> ExperimentRecord | None:
         """The record of ``run_id``, or by default of the experiment's latest run."""
-        sql = f"SELECT {', '.join(_EXPERIMENT_COLUMNS)} FROM experiments WHERE experiment_id = ?"
-        args: list[str] = [experiment_id]
-        if run_id is not None:
-            sql += " AND run_id = ?"
-            args.append(run_id)
-        sql += " ORDER BY created_at DESC, run_id DESC LIMIT 1"
+        args = [experiment_id] if run_id is None else [experiment_id, run_id]
         with self._connect() as conn:
-            row = conn.execute(sql, args).fetchone()
-        return None if row is None else ExperimentRecord(**_from_row(_EXPERIMENT_COLUMNS, row))
+            row = conn.execute(latest_experiment_sql("experiments", run_id), args).fetchone()
+        return None if row is None else ExperimentRecord(**from_row(EXPERIMENT_COLUMNS, row))
 
     def worlds(self, experiment_id: str, run_id: str | None = None) -> list[WorldRecord]:
         """The experiment's world rows (of one run when ``run_id`` is given), oldest first."""
-        sql = f"SELECT {', '.join(_WORLD_COLUMNS)} FROM worlds WHERE experiment_id = ?"
-        args: list[str] = [experiment_id]
-        if run_id is not None:
-            sql += " AND run_id = ?"
-            args.append(run_id)
-        sql += " ORDER BY created_at, run_id, world"
+        args = [experiment_id] if run_id is None else [experiment_id, run_id]
         with self._connect() as conn:
-            rows = conn.execute(sql, args).fetchall()
-        return [WorldRecord(**_from_row(_WORLD_COLUMNS, r)) for r in rows]
+            rows = conn.execute(worlds_sql("worlds", run_id), args).fetchall()
+        return [WorldRecord(**from_row(WORLD_COLUMNS, r)) for r in rows]

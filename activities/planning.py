@@ -19,9 +19,9 @@ from activities.models import (
     SampleWorld,
     SnapshotInput,
 )
-from activities.sandbox.base import SandboxBackend
 from activities.sandbox.confine import kill_group
 from activities.sandbox.workload_calls import WorkloadCallError, WorkloadCalls, WorkloadSpecError
+from activities.shared_snapshots import SharedSnapshots
 from experiments.bundle import bundle_files, code_digest
 from experiments.engine import spec_world_plans
 from experiments.runtime.canon import digest
@@ -89,9 +89,12 @@ def capacity_verdict(
 class PlanningActivities:
     """Rehearsal, snapshot and capacity: free, and safe to retry."""
 
-    def __init__(self, backend: SandboxBackend, max_sandboxes: int, calls: WorkloadCalls) -> None:
-        """``calls`` runs the rehearsal's workload code in a box, never in the worker."""
-        self._backend = backend
+    def __init__(
+        self, snapshots: SharedSnapshots, max_sandboxes: int, calls: WorkloadCalls
+    ) -> None:
+        """``calls`` runs the rehearsal's workload code in a box, never in the worker;
+        ``snapshots`` prepares the snapshot and publishes it for workers on other hosts."""
+        self._snapshots = snapshots
         self._max_sandboxes = max_sandboxes
         self._calls = calls
 
@@ -139,7 +142,7 @@ class PlanningActivities:
     @activity.defn(name="resolve_snapshot")
     async def resolve_snapshot(self, inp: SnapshotInput) -> PlanSnapshot:
         files = bundle_files(inp.spec.workload.name)
-        info = await asyncio.to_thread(self._backend.prepare_snapshot, files)
+        info = await asyncio.to_thread(self._snapshots.prepare, files)
         expected = code_digest(files)
         if info.code_digest != expected:
             raise ApplicationError(

@@ -33,6 +33,7 @@ from activities.sandbox.base import (
     SandboxError,
     SnapshotCorruptedError,
 )
+from activities.shared_snapshots import SharedSnapshots
 from experiments.runtime.file_format import (
     CHECKPOINTS_FILE,
     OUT_FILE,
@@ -85,12 +86,27 @@ def _tail(text: str) -> str:
 class SandboxActivities:
     """Activities that create sandboxes. Constructed by the worker with its backend and store."""
 
-    def __init__(self, backend: SandboxBackend, store: ArtifactStore) -> None:
+    def __init__(
+        self, backend: SandboxBackend, store: ArtifactStore, snapshots: SharedSnapshots
+    ) -> None:
+        """``snapshots`` rebuilds a snapshot another host prepared before a sandbox needs it."""
         self._backend = backend
         self._store = store
+        self._snapshots = snapshots
 
     async def _blocking(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.to_thread(fn, *args)
+
+    async def _stored(self, charged: float, fn: Callable[..., _T], *args: Any) -> _T:
+        """A call to the artifact store, heartbeating ``charged`` while it waits: a store
+        outage is ridden out inside the call (see ``activities.outages``), and the batch
+        must not look dead meanwhile."""
+        job = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        while True:
+            activity.heartbeat({"charged": charged})
+            done, _ = await asyncio.wait({job}, timeout=HEARTBEAT_SECONDS)
+            if done:
+                return job.result()
 
     async def _exec(
         self, sandbox_id: str, argv: list[str], timeout: float, before: float
@@ -120,6 +136,7 @@ class SandboxActivities:
         Returns the exec result and the output file (``checkpoints.jsonl`` for ``prefix``,
         ``out.json`` for ``continue``), or ``None`` when the runner did not succeed.
         """
+        await self._stored(before, self._snapshots.ensure, snapshot_id)
         try:
             return await self._in_fresh_sandbox(
                 labels, snapshot_id, inputs, mode, allowance, before
@@ -191,7 +208,7 @@ class SandboxActivities:
                 type="PrefixFailed",
                 non_retryable=True,
             ) from None
-        digest = await self._blocking(self._store.put_bytes, data)
+        digest = await self._stored(before + result.seconds, self._store.put_bytes, data)
         return PrefixResult(
             chunk=inp.chunk,
             checkpoints_digest=digest,
@@ -229,7 +246,7 @@ class SandboxActivities:
         allowance = inp.reservation_seconds - before
         if allowance < MIN_ATTEMPT_SECONDS:
             return failed("earlier attempts used the batch's whole reservation", before)
-        checkpoints = await self._blocking(self._store.get_bytes, inp.checkpoints_digest)
+        checkpoints = await self._stored(before, self._store.get_bytes, inp.checkpoints_digest)
         request = request_text(inp.job.workload, inp.job.params, inp.job.seed, world=inp.world)
         labels = {
             EXPERIMENT_LABEL: inp.experiment_id,
@@ -248,7 +265,7 @@ class SandboxActivities:
             columns = parse_columns(data, inp.chunk.size)
         except FormatError as exc:
             return failed(f"the runner printed garbage: {exc}", spent, result)
-        digest = await self._blocking(self._store.put_json, columns)
+        digest = await self._stored(spent, self._store.put_json, columns)
         return BatchOutcome(
             world=name,
             chunk=inp.chunk,

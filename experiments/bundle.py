@@ -7,8 +7,9 @@ for local sandboxes, it is the snapshot id every world must start from.
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
-from importlib.machinery import PathFinder
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 from experiments.runtime.canon import digest, sha256_hex
@@ -24,6 +25,18 @@ class BundleFile:
     source: Path
 
 
+def _find_spec(name: str, search: list[str] | None) -> ModuleSpec | None:
+    """Where module ``name`` lives, asked of every finder on ``sys.meta_path`` (the path
+    finder, and e.g. the finder of an editable install, which ``sys.path`` alone does not
+    show) — finding a spec runs none of the module's code."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        found = find(name, search) if find is not None else None
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+    return None
+
+
 def _module_files(module_name: str) -> list[BundleFile]:
     """The module's own file plus the ``__init__.py`` of every parent package, found on
     ``sys.path`` without importing anything: importing would run the workload's code in
@@ -33,7 +46,7 @@ def _module_files(module_name: str) -> list[BundleFile]:
     search: list[str] | None = None  # None: sys.path
     for depth in range(1, len(parts) + 1):
         name = ".".join(parts[:depth])
-        spec = PathFinder.find_spec(name, search)
+        spec = _find_spec(name, search)
         if spec is None or not spec.origin or not Path(spec.origin).is_file():
             raise WorkloadError(
                 "workload.name", f"cannot find module {name!r} as a source file; check PYTHONPATH"

@@ -39,12 +39,28 @@ class Direction(StrEnum):
     none = "none"
 
 
+#: A spec file larger than this is refused unread (a spec is a few kilobytes).
+MAX_SPEC_BYTES = 256 * 1024
+#: Mappings and lists nested deeper than this are refused before they are built.
+MAX_DEPTH = 20
+#: Bounds the workflow can honour (see docs/security.md).
+MAX_SEED = 2**63 - 1
+MAX_EPISODES = 10_000_000
+MAX_WORLD_SECONDS = 10_000_000.0
+MAX_SANDBOXES = 1000
+MAX_EXPIRY_MINUTES = 7 * 24 * 60
+MAX_FORKS = 99
+MAX_HOLDOUT = 1_000_000
+MAX_WORLDS = 32
+_NAME = 64
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Hypothesis(Strict):
-    text: str = Field(min_length=1)
+    text: str = Field(min_length=1, max_length=2000)
     expected: dict[str, Direction] = Field(
         default_factory=dict,
         description="Per world name: the expected direction of its failure rate vs baseline.",
@@ -53,18 +69,21 @@ class Hypothesis(Strict):
 
 class WorkloadRef(Strict):
     name: str = Field(
-        min_length=1, description="A built-in workload name or an import path 'module:attribute'."
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?$",
+        description="A built-in workload name or an import path 'module:attribute'.",
     )
     params: dict[str, Any] = Field(default_factory=dict)
 
 
 class Intervention(Strict):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=_NAME)
     params: dict[str, Any] = Field(default_factory=dict)
 
 
 class World(Strict):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str = Field(min_length=1, max_length=_NAME, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     role: Role
     intervention: Intervention | None = None
 
@@ -79,51 +98,68 @@ class World(Strict):
 
 class Budget(Strict):
     max_world_seconds: float = Field(
-        default=3600.0, gt=0, description="Hard cap on sandbox compute, in world-seconds."
+        default=3600.0,
+        gt=0,
+        le=MAX_WORLD_SECONDS,
+        description="Hard cap on sandbox compute, in world-seconds.",
     )
-    max_concurrent_sandboxes: int = Field(default=4, ge=1)
+    max_concurrent_sandboxes: int = Field(default=4, ge=1, le=MAX_SANDBOXES)
     safety_factor: float = Field(
-        default=3.0, ge=1.0, description="Rehearsed world-seconds are multiplied by this."
+        default=3.0, ge=1.0, le=100.0, description="Rehearsed world-seconds are multiplied by this."
     )
 
 
 class Approval(Strict):
-    required: bool = True
-    expiry_minutes: float = Field(default=60.0, gt=0)
+    required: bool = Field(
+        default=True,
+        description="false asks to skip approval; the worker's policy decides "
+        "(FORKLAB_ALLOW_UNAPPROVED, default never).",
+    )
+    expiry_minutes: float = Field(default=60.0, gt=0, le=MAX_EXPIRY_MINUTES)
 
 
 class Comparison(Strict):
-    world: str
-    vs: str
+    world: str = Field(max_length=_NAME)
+    vs: str = Field(max_length=_NAME)
 
 
 class Guard(Strict):
     """How the guard policy is learned and validated (see docs/analysis.md)."""
 
     world: str | None = Field(
-        default=None, description="The treatment the guard gates (default: the first treatment)."
+        default=None,
+        max_length=_NAME,
+        description="The treatment the guard gates (default: the first treatment).",
     )
     harm_cap: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_EPISODES,
         description="Max harms on the training set in the slices the rule fires on; "
         "null means no slice may have more harms than rescues.",
     )
-    holdout_episodes: int = Field(default=0, ge=0, description="Fresh episodes for validation.")
+    holdout_episodes: int = Field(
+        default=0, ge=0, le=MAX_HOLDOUT, description="Fresh episodes for validation."
+    )
 
 
 class Analysis(Strict):
     comparisons: list[Comparison] = Field(
-        default_factory=list, description="Extra pairs beyond each world against the baseline."
+        default_factory=list,
+        max_length=100,
+        description="Extra pairs beyond each world against the baseline.",
     )
     quantile_bins: int = Field(
         default=4, ge=2, le=20, description="Numeric features are sliced into this many quantiles."
     )
     interactions: list[tuple[str, str]] = Field(
-        default_factory=list, description="Pairs of features to slice jointly."
+        default_factory=list, max_length=100, description="Pairs of features to slice jointly."
     )
     forks_per_checkpoint: int = Field(
-        default=1, ge=1, description="Replicates per checkpoint and world; odd (majority vote)."
+        default=1,
+        ge=1,
+        le=MAX_FORKS,
+        description="Replicates per checkpoint and world; odd (majority vote).",
     )
     alpha: float = Field(default=0.05, gt=0, lt=1, description="Significance level.")
     power: float = Field(default=0.8, gt=0, lt=1, description="Power for the episode count.")
@@ -147,10 +183,10 @@ class Analysis(Strict):
 class ExperimentSpec(Strict):
     id: str = Field(min_length=1, max_length=80, pattern=r"^[a-z0-9][a-z0-9-]*$")
     hypothesis: Hypothesis
-    seed: int = Field(ge=0, description="Episode i uses the integer seed `seed + i`.")
-    episodes: int = Field(ge=1, le=10_000_000)
+    seed: int = Field(ge=0, le=MAX_SEED, description="Episode i uses the integer seed `seed + i`.")
+    episodes: int = Field(ge=1, le=MAX_EPISODES)
     workload: WorkloadRef
-    worlds: list[World] = Field(min_length=2)
+    worlds: list[World] = Field(min_length=2, max_length=MAX_WORLDS)
     budget: Budget = Field(default_factory=Budget)
     approval: Approval = Field(default_factory=Approval)
     analysis: Analysis = Field(default_factory=Analysis)
@@ -211,16 +247,59 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _check_shape(text: str, source: str) -> None:
+    """Refuse anchors/aliases (alias bombs) and deep nesting from the event stream, which
+    the parser produces without recursion, before anything is built."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        line = event.start_mark.line + 1 if event.start_mark else 0
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise SpecError(
+                f"{source}: YAML anchors and aliases are not allowed in a spec (line {line}); "
+                "write the values out"
+            )
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise SpecError(
+                    f"{source}: nested deeper than {MAX_DEPTH} levels at line {line}; "
+                    "a spec is a shallow mapping"
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def parse_spec(text: str, source: str) -> ExperimentSpec:
     """Parse YAML or JSON text into a validated spec; raise ``SpecError`` with one clear line."""
     try:
+        return _parse_spec(text, source)
+    except SpecError as exc:
+        raise SpecError(_one_line(str(exc))) from None
+
+
+def _parse_spec(text: str, source: str) -> ExperimentSpec:
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(f"{source}: larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is small")
+    try:
+        _check_shape(text, source)
         raw = yaml.safe_load(text)
+    except SpecError:
+        raise
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid syntax"
         raise SpecError(
             f"{source}: YAML/JSON syntax error{where}: {problem}; fix the file's syntax"
+        ) from None
+    except ValueError:  # an integer literal longer than Python converts (4300 digits)
+        raise SpecError(
+            f"{source}: a number has too many digits to read; no spec field takes it"
         ) from None
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping of spec fields at the top level")
@@ -252,6 +331,11 @@ def resolve_workload(spec: ExperimentSpec, source: str = "spec") -> Workload:
                 raise WorkloadError(f"worlds[{i}].{exc.field}", exc.message) from None
     except WorkloadError as exc:
         raise SpecError(f"{source}: field {exc.field}: {exc.message}") from None
+    except Exception as exc:  # the workload's own code failed: name it, one line
+        raise SpecError(
+            f"{source}: field workload.name: the workload {spec.workload.name!r} failed "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
     return workload
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ def build_parser(local_only: bool = False) -> argparse.ArgumentParser:
     plan_commands.register(sub)
     if not local_only:
         from forklab import (
+            agent_commands,
+            agent_services,
             approval_commands,
             demo_command,
             experiment_commands,
@@ -37,6 +40,8 @@ def build_parser(local_only: bool = False) -> argparse.ArgumentParser:
         approval_commands.register(sub)
         service_commands.register(sub)
         demo_command.register(sub)
+        agent_commands.register(sub)
+        agent_services.register(sub)
     return parser
 
 
@@ -53,7 +58,22 @@ def dispatch(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("forklab: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        _stop_writing()
+        return BROKEN_PIPE_EXIT
     return code
+
+
+#: Exit code when the reader of our output went away (128 + SIGPIPE, as a shell reports).
+BROKEN_PIPE_EXIT = 141
+
+
+def _stop_writing() -> None:
+    """The reader of stdout went away (``forklab … | head -1``): what the command did is
+    done; send the rest of its output nowhere, so that flushing cannot fail again."""
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

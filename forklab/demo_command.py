@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import experiments
-from forklab import workspace_command
+from forklab import agent_demo, workspace_command
 from forklab.approval_commands import approve, send
 from forklab.errors import CliError
 from forklab.experiment_commands import save_report, start_experiment
@@ -29,6 +29,7 @@ from forklab.ops_common import (
 from forklab.service_commands import ensure_server, ensure_worker, stop_services
 from forklab.specfile import load_spec
 from workers.config import Settings
+from workers.stores import artifact_store, ledger
 from workflows.messages import (
     ExperimentResult,
     RejectRequest,
@@ -136,7 +137,7 @@ async def demo_flow(settings: Settings, spec_path: Path, yes: bool) -> int:
             f"{cleanup.left} left"
         )
     print(f"report files: report.md, report.json and report.html in {files.folder}")
-    print(f"ledger: {settings.ledger_path}; artifacts: {settings.artifacts_dir}")
+    print(f"ledger: {ledger(settings).location}; artifacts: {artifact_store(settings).location}")
     print(f"again later: forklab report {spec.id}")
     return 0
 
@@ -168,3 +169,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_demo)
     scenarios = p.add_subparsers(dest="scenario", metavar="SCENARIO")
     workspace_command.register(scenarios)
+    agent_demo.register(scenarios)

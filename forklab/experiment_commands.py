@@ -22,7 +22,8 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from activities.approval_keys import key_path, new_private_key, public_key_hex, write_private_key
-from activities.artifacts import ArtifactError, ArtifactStore
+from activities.artifacts import ArtifactError
+from activities.outages import StoreUnavailableError
 from experiments.spec import ExperimentSpec
 from forklab.errors import CliError
 from forklab.ops_common import (
@@ -36,6 +37,7 @@ from forklab.ops_common import (
 from forklab.report_files import write_report
 from forklab.specfile import load_spec
 from workers.config import Settings
+from workers.stores import artifact_store
 from workers.worker import ensure_search_attributes
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
@@ -255,7 +257,7 @@ def save_report(settings: Settings, result: ExperimentResult, folder: Path | Non
             f"experiment {result.experiment_id} ended {result.status.value} without a report"
             f"{': ' + result.error if result.error else ''}"
         )
-    store = ArtifactStore(settings.artifacts_dir)
+    store = artifact_store(settings)
     analysis = result.analysis
     try:
         files = ReportFiles(
@@ -264,7 +266,7 @@ def save_report(settings: Settings, result: ExperimentResult, folder: Path | Non
             report_json=json.dumps(store.get_json(analysis.report_digest), indent=2) + "\n",
             html=store.get_bytes(analysis.html_digest).decode(),
         )
-    except ArtifactError as exc:
+    except (ArtifactError, StoreUnavailableError) as exc:
         raise CliError(str(exc)) from None
     write_report(
         {"report.md": files.markdown, "report.json": files.report_json, "report.html": files.html},

@@ -11,6 +11,7 @@ from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
 from experiments.report.render_text import render_text
 from experiments.runtime.runner import BoundaryMissingError, StuckWorldError
+from experiments.runtime.workload import WorkloadError
 from experiments.spec import SpecError, json_schema
 from forklab.errors import CliError
 from forklab.report_files import write_report
@@ -32,6 +33,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         ) from None
     except SpecError as exc:
         raise CliError(f"{args.spec}: {exc}", SPEC_EXIT) from None
+    except WorkloadError as exc:
+        raise CliError(f"{args.spec}: field {exc.field}: {exc.message}", SPEC_EXIT) from None
+    except Exception as exc:  # the workload's own code failed on these params
+        raise CliError(
+            f"{args.spec}: the rehearsal failed in workload {spec.workload.name!r} "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); check workload.params",
+            SPEC_EXIT,
+        ) from None
     if args.out is not None:
         write_report(
             {

@@ -9,10 +9,11 @@ import sys
 import time
 from types import FrameType
 
+from forklab.agent_services import ensure_agent_services, stop_agent_services
 from forklab.errors import CliError
 from forklab.ops_common import add_connection_flags, run, settings_from
 from workers import processes
-from workers.config import Settings
+from workers.config import ConfigError, Settings
 from workers.server import (
     ServerError,
     child_env,
@@ -51,8 +52,8 @@ def ensure_worker(settings: Settings) -> bool:
 
 
 def stop_services(settings: Settings, worker: bool = True, server: bool = True) -> list[str]:
-    """Stop what ``up`` started (worker first, so it can finish its current step)."""
-    stopped = []
+    """Stop what ``up`` started (workers first, so they can finish their current step)."""
+    stopped = stop_agent_services(settings) if worker else []
     if worker and processes.stop(pidfile(settings, "worker")):
         stopped.append("worker")
     if server and stop_server(settings):
@@ -96,6 +97,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
     try:
         run(lambda: run_worker(settings))
+    except ConfigError as exc:
+        raise CliError(str(exc), code=2) from None
     except RuntimeError as exc:
         raise CliError(
             f"the worker cannot connect to Temporal at {settings.address} "
@@ -108,13 +111,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     server = ensure_server(settings)
     worker = ensure_worker(settings)
+    agent_services = ensure_agent_services(settings)
     print(
         f"Temporal: {'started' if server else 'already running'} on {settings.address} "
         f"(data {settings.temporal_db})"
     )
     print(f"worker: {'started' if worker else 'already running'} (logs {settings.logs_dir})")
+    print(f"agent runs: {'started ' + ', '.join(agent_services) if agent_services else 'running'}")
     print(f"Web UI: {settings.ui_url}")
-    print("stop both with `forklab down`")
+    print("stop them with `forklab down`")
     return 0
 
 

@@ -19,6 +19,7 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:  # test workloads load by import path from this folder
     sys.path.insert(0, str(TESTS))
 
+from agent_fixtures import agent_lab, services  # noqa: E402, F401 (agent-run fixtures)
 from orchestration_lab import Lab, lab_settings, start_dev_server  # noqa: E402
 
 from workers.worker import build_worker, cpu_pool  # noqa: E402

@@ -23,8 +23,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.approval_keys import approval_payload, new_private_key, public_key_hex, sign
-from activities.artifacts import ArtifactStore
-from activities.ledger import Ledger
+from activities.artifacts import LocalArtifactStore
+from activities.ledger import SqliteLedger
 from activities.sandbox.local import LocalSandboxBackend
 from experiments.spec import ExperimentSpec, resolve_workload
 from workers.config import ENV, Settings
@@ -162,12 +162,12 @@ class Lab:
         return LocalSandboxBackend(self.settings.sandboxes_dir)
 
     @property
-    def store(self) -> ArtifactStore:
-        return ArtifactStore(self.settings.artifacts_dir)
+    def store(self) -> LocalArtifactStore:
+        return LocalArtifactStore(self.settings.artifacts_dir)
 
     @property
-    def ledger(self) -> Ledger:
-        return Ledger(self.settings.ledger_path)
+    def ledger(self) -> SqliteLedger:
+        return SqliteLedger(self.settings.ledger_path)
 
     async def start(
         self, spec: ExperimentSpec, batch_episodes: int = 12, rehearsal_episodes: int = 0

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from activities.artifacts import ArtifactError, ArtifactStore
+from activities.artifacts import ArtifactError, LocalArtifactStore
 from experiments.runtime.canon import canonical_json
 from tests.helpers import ROOT
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> ArtifactStore:
-    return ArtifactStore(tmp_path / "artifacts")
+def store(tmp_path: Path) -> LocalArtifactStore:
+    return LocalArtifactStore(tmp_path / "artifacts")
 
 
-def test_bytes_round_trip_under_their_sha256(store: ArtifactStore) -> None:
+def test_bytes_round_trip_under_their_sha256(store: LocalArtifactStore) -> None:
     data = b"checkpoint\x00bytes"
     digest = store.put_bytes(data)
     assert digest == hashlib.sha256(data).hexdigest()
@@ -29,7 +29,7 @@ def test_bytes_round_trip_under_their_sha256(store: ArtifactStore) -> None:
     assert store.get_bytes(digest) == data
 
 
-def test_json_is_stored_canonically(store: ArtifactStore) -> None:
+def test_json_is_stored_canonically(store: LocalArtifactStore) -> None:
     value = {"b": [1, 2.5, None], "a": {"z": True, "y": "ü"}}
     digest = store.put_json(value)
     assert store.get_json(digest) == value
@@ -37,7 +37,7 @@ def test_json_is_stored_canonically(store: ArtifactStore) -> None:
     assert store.put_json({"a": {"y": "ü", "z": True}, "b": [1, 2.5, None]}) == digest
 
 
-def test_put_is_idempotent_and_leaves_no_temporary_files(store: ArtifactStore) -> None:
+def test_put_is_idempotent_and_leaves_no_temporary_files(store: LocalArtifactStore) -> None:
     first = store.put_bytes(b"same")
     mtime = store.path(first).stat().st_mtime_ns
     assert store.put_bytes(b"same") == first
@@ -46,7 +46,7 @@ def test_put_is_idempotent_and_leaves_no_temporary_files(store: ArtifactStore) -
     assert files == [store.path(first)]
 
 
-def test_corrupt_artifact_is_detected_and_repaired_by_a_new_put(store: ArtifactStore) -> None:
+def test_corrupt_artifact_is_detected_and_repaired_by_a_new_put(store: LocalArtifactStore) -> None:
     digest = store.put_bytes(b"the real outcomes")
     store.path(digest).write_bytes(b"tampered outcomes")
     with pytest.raises(ArtifactError, match=f"artifact {digest} is corrupt"):
@@ -55,7 +55,7 @@ def test_corrupt_artifact_is_detected_and_repaired_by_a_new_put(store: ArtifactS
     assert store.get_bytes(digest) == b"the real outcomes"
 
 
-def test_missing_and_malformed_digests_are_clear_errors(store: ArtifactStore) -> None:
+def test_missing_and_malformed_digests_are_clear_errors(store: LocalArtifactStore) -> None:
     absent = hashlib.sha256(b"never stored").hexdigest()
     assert not store.path(absent).is_file()
     with pytest.raises(ArtifactError, match="is missing from"):
@@ -67,8 +67,8 @@ def test_missing_and_malformed_digests_are_clear_errors(store: ArtifactStore) ->
 WRITER = """
 import sys
 from pathlib import Path
-from activities.artifacts import ArtifactStore
-store = ArtifactStore(Path(sys.argv[1]))
+from activities.artifacts import LocalArtifactStore
+store = LocalArtifactStore(Path(sys.argv[1]))
 blob = bytes(range(256)) * 4096
 for i in range(40):
     store.put_bytes(blob)
@@ -76,7 +76,7 @@ for i in range(40):
 """
 
 
-def test_concurrent_writers_store_every_blob_intact(store: ArtifactStore) -> None:
+def test_concurrent_writers_store_every_blob_intact(store: LocalArtifactStore) -> None:
     writers = [
         subprocess.Popen([sys.executable, "-c", WRITER, str(store.root), name], cwd=ROOT)
         for name in ("a", "b")

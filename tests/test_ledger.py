@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from activities.ledger import ExperimentRecord, Ledger, LedgerError, WorldRecord
+from activities.ledger import ExperimentRecord, LedgerError, SqliteLedger, WorldRecord
 from tests.helpers import ROOT
 
 T0 = datetime(2026, 11, 29, 15, 0, tzinfo=UTC)
@@ -55,11 +55,11 @@ def world(name: str, run_id: str = "run-1", **changes: object) -> WorldRecord:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    return Ledger(tmp_path / "home" / "ledger.sqlite")
+def ledger(tmp_path: Path) -> SqliteLedger:
+    return SqliteLedger(tmp_path / "home" / "ledger.sqlite")
 
 
-def test_records_round_trip(ledger: Ledger) -> None:
+def test_records_round_trip(ledger: SqliteLedger) -> None:
     assert ledger.experiment("recovery-counter") is None
     assert ledger.worlds("recovery-counter") == []
     root = experiment(report_digest="c" * 64)
@@ -73,7 +73,7 @@ def test_records_round_trip(ledger: Ledger) -> None:
     assert mode == "wal"
 
 
-def test_upserts_never_duplicate_and_keep_the_first_creation_time(ledger: Ledger) -> None:
+def test_upserts_never_duplicate_and_keep_the_first_creation_time(ledger: SqliteLedger) -> None:
     ledger.record_experiment(experiment())
     done = experiment(
         status="completed",
@@ -96,7 +96,7 @@ def test_upserts_never_duplicate_and_keep_the_first_creation_time(ledger: Ledger
         assert conn.execute("SELECT count(*) FROM worlds").fetchone()[0] == 1
 
 
-def test_runs_are_kept_apart(ledger: Ledger) -> None:
+def test_runs_are_kept_apart(ledger: SqliteLedger) -> None:
     ledger.record_experiment(experiment("run-1"))
     later = experiment("run-2", created_at=T0 + timedelta(days=1), updated_at=T0)
     ledger.record_experiment(later)
@@ -124,19 +124,19 @@ def test_foreign_schema_and_non_ledger_files_are_refused(tmp_path: Path) -> None
     with sqlite3.connect(newer) as conn:
         conn.execute("PRAGMA user_version = 99")
     with pytest.raises(LedgerError, match="schema version 99"):
-        Ledger(newer).experiment("x")
+        SqliteLedger(newer).experiment("x")
     garbage = tmp_path / "garbage.sqlite"
     garbage.write_bytes(b"this is not a database at all" * 200)
     with pytest.raises(LedgerError, match="move the file aside"):
-        Ledger(garbage).experiment("x")
+        SqliteLedger(garbage).experiment("x")
 
 
 WRITER = """
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from activities.ledger import ExperimentRecord, Ledger, WorldRecord
-ledger = Ledger(Path(sys.argv[1]))
+from activities.ledger import ExperimentRecord, SqliteLedger, WorldRecord
+ledger = SqliteLedger(Path(sys.argv[1]))
 me = sys.argv[2]
 now = datetime.now(UTC)
 for i in range(60):
@@ -153,7 +153,7 @@ for i in range(60):
 """
 
 
-def test_two_processes_writing_at_once_do_not_corrupt_the_ledger(ledger: Ledger) -> None:
+def test_two_processes_writing_at_once_do_not_corrupt_the_ledger(ledger: SqliteLedger) -> None:
     writers = [
         subprocess.Popen([sys.executable, "-c", WRITER, str(ledger.path), name], cwd=ROOT)
         for name in ("a", "b")
@@ -174,12 +174,12 @@ import multiprocessing as mp
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from activities.ledger import ExperimentRecord, Ledger
+from activities.ledger import ExperimentRecord, SqliteLedger
 
 def create(path, me, go):
     go.wait()
     now = datetime.now(UTC)
-    Ledger(Path(path)).record_experiment(ExperimentRecord(
+    SqliteLedger(Path(path)).record_experiment(ExperimentRecord(
         experiment_id="new", run_id=me, status="running", hypothesis="h", plan_fingerprint="f",
         spec_json="{}", budget_json="{}", approval_json="{}", created_at=now, updated_at=now))
 

@@ -14,14 +14,16 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from workers.worker import build_worker, workflow_runner
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import ExperimentInput, ExperimentResult, Status
 
 # This module defines a workflow, so the workflow sandbox re-imports it: pass the helpers
-# (which touch the file system at import) through instead of re-importing them there.
+# (which touch the file system at import) and the worker wiring through instead of
+# re-importing them there.
 with workflow.unsafe.imports_passed_through():
     from orchestration_lab import Lab, lab_settings, make_spec, science, start_dev_server
+
+    from workers.worker import build_worker, workflow_runner  # store clients import urllib3
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import uuid
 from typing import Any
 
 import pytest
@@ -184,3 +185,34 @@ async def test_the_temporal_cli_route_with_forklab_sign(lab: Lab) -> None:
     assert "accepted:true approver:alice" in done.stdout  # the attempt, as recorded
     result = await handle.result()
     assert result.status is Status.completed and result.approval.decided_by == "alice"
+
+
+async def test_a_start_input_the_workflow_cannot_honour_fails_it_at_once(lab: Lab) -> None:
+    """Started by hand (`temporal workflow start`) with a spec `plan` would refuse, a bad
+    key, binary, or the wrong number of arguments: the run fails at once with the reason,
+    instead of failing its workflow task forever."""
+    spec = make_spec().model_dump(mode="json")
+    huge_expiry = {**spec, "approval": {"required": True, "expiry_minutes": 1e12}}
+    cases: dict[str, tuple[list[Any], str]] = {
+        "expiry": ([{"spec": huge_expiry}], "expiry_minutes"),
+        "infinite budget": (
+            [{"spec": {**spec, "budget": {"max_world_seconds": "inf"}}}],
+            "max_world_seconds",
+        ),
+        "bad key": ([{"spec": spec, "approver_public_key": "zz"}], "approver_public_key"),
+        "binary": ([b"\x00\xff"], ""),
+        "two arguments": ([{"spec": spec}, {"spec": spec}], ""),
+        "no argument": ([], ""),
+    }
+    for case, (args, field) in cases.items():
+        handle = await lab.client.start_workflow(
+            "ForkLabExperiment",
+            args=args,
+            id=f"bad-input-{uuid.uuid4().hex[:8]}",
+            task_queue=lab.settings.task_queue,
+        )
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(handle.result(), timeout=60)
+        cause = str(failed.value.cause)
+        assert field in cause, (case, cause)
+    assert lab.sandbox_folders() == []

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from activities.approval import ALLOW_UNAPPROVED
 
@@ -29,7 +29,13 @@ ENV = {
     "ui_port": "FORKLAB_UI_PORT",
     "max_sandboxes": "FORKLAB_MAX_SANDBOXES",
     "allow_unapproved": ALLOW_UNAPPROVED,
+    "artifacts": "FORKLAB_ARTIFACTS",
+    "ledger": "FORKLAB_LEDGER",
+    "s3_endpoint": "FORKLAB_S3_ENDPOINT",
+    "store_retry_seconds": "FORKLAB_STORE_RETRY_SECONDS",
 }
+#: Settings with no command-line flag (the shared stores are a deployment's, not a command's).
+ENV_ONLY = frozenset({"artifacts", "ledger", "s3_endpoint", "store_retry_seconds"})
 
 
 class Settings(BaseModel):
@@ -45,6 +51,50 @@ class Settings(BaseModel):
         default=False,
         description="Worker policy: may a spec's approval.required: false skip approval?",
     )
+    artifacts: str = Field(
+        default="",
+        description="Artifact store: s3://bucket/prefix (shared), or a folder; "
+        "empty: <home>/artifacts.",
+    )
+    ledger: str = Field(
+        default="",
+        description="Ledger: postgresql://user@host/db (shared), or a SQLite file; "
+        "empty: <home>/ledger.sqlite.",
+    )
+    s3_endpoint: str = Field(
+        default="",
+        description="S3 endpoint URL for MinIO, R2 and the like (credentials: the AWS "
+        "variables); empty: AWS S3.",
+    )
+    store_retry_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=600,
+        description="How long one activity waits out an object store or PostgreSQL outage.",
+    )
+
+    @field_validator("artifacts")
+    @classmethod
+    def _artifacts(cls, value: str) -> str:
+        if value.startswith("s3://") and not value.removeprefix("s3://").split("/")[0]:
+            raise ValueError("s3:// needs a bucket name: s3://bucket/prefix")
+        if "://" in value and not value.startswith("s3://"):
+            raise ValueError("use s3://bucket/prefix or a folder path")
+        return value
+
+    @field_validator("ledger")
+    @classmethod
+    def _ledger(cls, value: str) -> str:
+        if "://" in value and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("use postgresql://user@host:port/database or a SQLite file path")
+        return value
+
+    @field_validator("s3_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("use an http:// or https:// URL, e.g. http://minio:9000")
+        return value
 
     @classmethod
     def load(
@@ -62,9 +112,13 @@ class Settings(BaseModel):
         except ValidationError as exc:
             err = exc.errors()[0]
             field = str(err["loc"][0])
+            where = (
+                ENV[field]
+                if field in ENV_ONLY
+                else f"flag --{field.replace('_', '-')} or {ENV[field]}"
+            )
             raise ConfigError(
-                f"setting {field} (flag --{field.replace('_', '-')} or {ENV[field]}) "
-                f"is invalid: {err['msg']}; fix its value"
+                f"setting {field} ({where}) is invalid: {err['msg']}; fix its value"
             ) from None
         host, _, port = settings.address.rpartition(":")
         if not host or not port.isdigit():
@@ -96,7 +150,12 @@ class Settings(BaseModel):
 
     @property
     def artifacts_dir(self) -> Path:
-        return self.home / "artifacts"
+        """The local artifact folder (when the store is not in S3)."""
+        return Path(self.artifacts).expanduser() if self.artifacts else self.home / "artifacts"
+
+    @property
+    def shared_artifacts(self) -> bool:
+        return self.artifacts.startswith("s3://")
 
     @property
     def reports_dir(self) -> Path:
@@ -105,7 +164,12 @@ class Settings(BaseModel):
 
     @property
     def ledger_path(self) -> Path:
-        return self.home / "ledger.sqlite"
+        """The SQLite ledger file (when the ledger is not in PostgreSQL)."""
+        return Path(self.ledger).expanduser() if self.ledger else self.home / "ledger.sqlite"
+
+    @property
+    def shared_ledger(self) -> bool:
+        return self.ledger.startswith(("postgresql://", "postgres://"))
 
     @property
     def temporal_db(self) -> Path:

@@ -21,14 +21,14 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.approval import ApprovalActivities
-from activities.artifacts import ArtifactStore
-from activities.ledger import Ledger
 from activities.planning import PlanningActivities
 from activities.records import RecordActivities
 from activities.sandbox.local import LocalSandboxBackend
 from activities.sandbox.workload_calls import WorkloadCalls
+from activities.shared_snapshots import SharedSnapshots
 from activities.world_batches import SandboxActivities
 from workers.config import Settings
+from workers.stores import artifact_store, check_stores, ledger
 from workflows.experiment import ExperimentWorkflow
 from workflows.search_attributes import EXPERIMENT, STAGE
 
@@ -82,13 +82,13 @@ def cpu_pool() -> ProcessPoolExecutor:
 def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., Any]]:
     """Every activity of the experiment workflow, bound to this worker's clients."""
     backend = LocalSandboxBackend(settings.sandboxes_dir)
-    store = ArtifactStore(settings.artifacts_dir)
-    ledger = Ledger(settings.ledger_path)
+    store = artifact_store(settings)
+    snapshots = SharedSnapshots(backend, store)
     calls = WorkloadCalls(settings.sandboxes_dir / "calls")
-    planning = PlanningActivities(backend, settings.max_sandboxes, calls)
+    planning = PlanningActivities(snapshots, settings.max_sandboxes, calls)
     approval = ApprovalActivities(settings.home, settings.allow_unapproved)
-    sandboxes = SandboxActivities(backend, store)
-    records = RecordActivities(store, ledger, cpu, calls)
+    sandboxes = SandboxActivities(backend, store, snapshots)
+    records = RecordActivities(store, ledger(settings), cpu, calls)
     return [
         planning.rehearse,
         planning.resolve_snapshot,
@@ -131,6 +131,7 @@ def build_worker(client: Client, settings: Settings, cpu: Executor) -> Worker:
 
 async def run_worker(settings: Settings) -> None:
     """Run until SIGINT or SIGTERM, then finish gracefully."""
+    await asyncio.to_thread(check_stores, settings)
     client = await connect(settings)
     await ensure_search_attributes(client, settings.namespace)
     stop = asyncio.Event()

@@ -20,6 +20,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from activities.approval import ApprovalActivities
     from activities.models import (
         AnalyseInput,
@@ -84,7 +86,13 @@ def _cause(err: BaseException) -> str:
     return str(err.message if isinstance(err, ApplicationError) else err)
 
 
-@workflow.defn(name=WORKFLOW_TYPE)
+#: A start input the workflow cannot read (wrong schema, a spec out of bounds, binary, two
+#: arguments) fails the run at once with the reason, instead of failing its workflow task
+#: forever; nothing has been created at that point, so there is nothing to clean up.
+_BAD_INPUT = [ValidationError, TypeError]
+
+
+@workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=_BAD_INPUT)
 class ExperimentWorkflow:
     """A thin orchestrator: the rules live in ``RunState`` (progress), ``ApprovalGate``
     (approval) and ``BudgetLedger`` (budget); the views in ``workflows.views``. This class
@@ -92,6 +100,13 @@ class ExperimentWorkflow:
 
     @workflow.init
     def __init__(self, inp: ExperimentInput) -> None:
+        if not isinstance(inp, ExperimentInput):  # e.g. a binary payload, decoded as bytes
+            raise ApplicationError(
+                f"the workflow input is a {type(inp).__name__}, not an ExperimentInput "
+                "(a JSON object with a spec); start it with forklab start",
+                type="BadInput",
+                non_retryable=True,
+            )
         self._inp = inp
         self._spec = inp.spec
         carry = inp.carry

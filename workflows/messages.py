@@ -170,12 +170,15 @@ class ExperimentInput(Model):
     spec: ExperimentSpec
     approver_public_key: str | None = Field(
         default=None,
+        pattern=r"^[0-9a-f]{64}$",
         description="Ed25519 public key (hex) of the approver; None: a worker makes a key pair.",
     )
-    key_location: str = Field(default="", description="Host and folder of the private key.")
-    requested_by: str = ""
-    batch_episodes: int = Field(default=DEFAULT_BATCH_EPISODES, ge=1)
-    rehearsal_episodes: int = Field(default=DEFAULT_REHEARSAL_EPISODES, ge=0)
+    key_location: str = Field(
+        default="", max_length=1000, description="Host and folder of the private key."
+    )
+    requested_by: str = Field(default="", max_length=MAX_NAME)
+    batch_episodes: int = Field(default=DEFAULT_BATCH_EPISODES, ge=1, le=10_000_000)
+    rehearsal_episodes: int = Field(default=DEFAULT_REHEARSAL_EPISODES, ge=0, le=10_000_000)
     carry: Carry | None = None
 
 

@@ -1,0 +1,163 @@
+"""The effect ledger: one SQLite file of side-effecting tool calls, keyed by
+(lineage root, key name), so retries and forks meet the effects already applied.
+
+Each call opens its own connection and decides inside ``BEGIN IMMEDIATE``, so several
+worker processes can share the file (WAL). The rules are in ``experiments.runfork.effects``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from activities.sqlite_tx import init_schema, transaction
+from experiments.runfork.effects import (
+    ClaimOutcome,
+    EntryState,
+    LedgerEntry,
+    completion_accepted,
+    on_claim,
+)
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS effects (
+    lineage_root   TEXT NOT NULL,
+    key_name       TEXT NOT NULL,
+    tool           TEXT NOT NULL,
+    request_sha256 TEXT NOT NULL,
+    state          TEXT NOT NULL,
+    claim_token    TEXT NOT NULL,
+    epoch          INTEGER NOT NULL,
+    holder         TEXT NOT NULL,
+    result_json    TEXT,
+    PRIMARY KEY (lineage_root, key_name)
+);
+CREATE TABLE IF NOT EXISTS effect_events (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+    lineage_root TEXT NOT NULL,
+    key_name     TEXT NOT NULL,
+    event        TEXT NOT NULL,
+    holder       TEXT NOT NULL,
+    epoch        INTEGER NOT NULL
+);
+"""
+
+
+class Claim(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    outcome: ClaimOutcome
+    claim_token: str | None = None
+    entry: LedgerEntry | None = None
+
+
+class EffectLedger:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        init_schema(path, _SCHEMA)
+
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self.path)
+
+    @staticmethod
+    def _entry(row: tuple[Any, ...] | None) -> LedgerEntry | None:
+        if row is None:
+            return None
+        return LedgerEntry(
+            lineage_root=row[0],
+            key_name=row[1],
+            tool=row[2],
+            request_sha256=row[3],
+            state=EntryState(row[4]),
+            claim_token=row[5],
+            epoch=row[6],
+            holder=row[7],
+            result=json.loads(row[8]) if row[8] else None,
+        )
+
+    def _get(self, db: sqlite3.Connection, root: str, key: str) -> LedgerEntry | None:
+        row = db.execute(
+            "SELECT lineage_root, key_name, tool, request_sha256, state, claim_token, epoch,"
+            " holder, result_json FROM effects WHERE lineage_root=? AND key_name=?",
+            (root, key),
+        ).fetchone()
+        return self._entry(row)
+
+    def _event(
+        self, db: sqlite3.Connection, root: str, key: str, event: str, holder: str, epoch: int
+    ) -> None:
+        db.execute(
+            "INSERT INTO effect_events (lineage_root, key_name, event, holder, epoch)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (root, key, event, holder, epoch),
+        )
+
+    def claim(
+        self, root: str, key: str, tool: str, request_sha: str, holder: str, epoch: int
+    ) -> Claim:
+        """Claim the key for one attempt. ``new`` and ``ambiguous`` hand out a fresh claim
+        token (the previous holder's completion will be rejected); the others hand none."""
+        with self._tx() as db:
+            entry = self._get(db, root, key)
+            outcome = on_claim(entry, request_sha, holder, epoch)
+            self._event(db, root, key, f"claim:{outcome.value}", holder, epoch)
+            if outcome not in (ClaimOutcome.new, ClaimOutcome.ambiguous):
+                return Claim(outcome=outcome, entry=entry)
+            token = uuid.uuid4().hex
+            db.execute(
+                "INSERT INTO effects VALUES (?, ?, ?, ?, 'claimed', ?, ?, ?, NULL)"
+                " ON CONFLICT (lineage_root, key_name) DO UPDATE SET"
+                " claim_token=excluded.claim_token, epoch=excluded.epoch, holder=excluded.holder",
+                (root, key, tool, request_sha, token, epoch, holder),
+            )
+            return Claim(outcome=outcome, claim_token=token, entry=entry)
+
+    def complete(self, root: str, key: str, claim_token: str, result: dict[str, Any]) -> bool:
+        """Record the result; False (and nothing written) unless ``claim_token`` still holds
+        the claim — a zombie attempt's completion is rejected here."""
+        with self._tx() as db:
+            entry = self._get(db, root, key)
+            ok = completion_accepted(entry, claim_token)
+            holder = entry.holder if entry else ""
+            self._event(
+                db,
+                root,
+                key,
+                "complete" if ok else "complete:rejected",
+                holder,
+                entry.epoch if entry else 0,
+            )
+            if ok:
+                db.execute(
+                    "UPDATE effects SET state='completed', result_json=? WHERE lineage_root=?"
+                    " AND key_name=?",
+                    (json.dumps(result, sort_keys=True), root, key),
+                )
+            return ok
+
+    def entries(self, root: str) -> list[LedgerEntry]:
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT lineage_root, key_name, tool, request_sha256, state, claim_token, epoch,"
+                " holder, result_json FROM effects WHERE lineage_root=? ORDER BY key_name",
+                (root,),
+            ).fetchall()
+        return [e for e in (self._entry(r) for r in rows) if e is not None]
+
+    def events(self, root: str) -> list[dict[str, Any]]:
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT seq, key_name, event, holder, epoch FROM effect_events"
+                " WHERE lineage_root=? ORDER BY seq",
+                (root,),
+            ).fetchall()
+        return [
+            dict(zip(("seq", "key_name", "event", "holder", "epoch"), r, strict=True)) for r in rows
+        ]

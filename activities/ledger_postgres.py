@@ -1,0 +1,121 @@
+"""The ledger in PostgreSQL, for workers on many hosts: the SQLite ledger's rows and rules
+(upserts on the natural key that keep the first ``created_at``; nothing is ever deleted)
+in two tables, ``ledger_experiments`` and ``ledger_worlds``, created by migrations of the
+``ledger`` component (see ``activities.postgres``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from activities.ledger import (
+    EXPERIMENT_COLUMNS,
+    EXPERIMENT_KEY,
+    WORLD_COLUMNS,
+    WORLD_KEY,
+    ExperimentRecord,
+    WorldRecord,
+    latest_experiment_sql,
+    upsert_sql,
+    worlds_sql,
+)
+from activities.postgres import Conn, Migration, PostgresDatabase
+
+COMPONENT = "ledger"
+EXPERIMENTS = "ledger_experiments"
+WORLDS = "ledger_worlds"
+MIGRATIONS = (
+    Migration(
+        version=1,
+        name="experiments and worlds",
+        sql=f"""
+CREATE TABLE {EXPERIMENTS} (
+    experiment_id    TEXT NOT NULL,
+    run_id           TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    hypothesis       TEXT NOT NULL,
+    plan_fingerprint TEXT NOT NULL,
+    spec_json        TEXT NOT NULL,
+    budget_json      TEXT NOT NULL,
+    approval_json    TEXT NOT NULL,
+    report_digest    TEXT,
+    error            TEXT,
+    created_at       TIMESTAMPTZ NOT NULL,
+    updated_at       TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (experiment_id, run_id)
+);
+CREATE TABLE {WORLDS} (
+    experiment_id   TEXT NOT NULL,
+    run_id          TEXT NOT NULL,
+    world           TEXT NOT NULL,
+    role            TEXT NOT NULL,
+    status          TEXT NOT NULL,
+    error           TEXT,
+    snapshot_id     TEXT NOT NULL,
+    code_digest     TEXT NOT NULL,
+    world_seconds   DOUBLE PRECISION NOT NULL,
+    episodes        INTEGER NOT NULL,
+    failures        INTEGER NOT NULL,
+    outcomes_digest TEXT NOT NULL,
+    checks_json     TEXT NOT NULL,
+    created_at      TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (experiment_id, run_id, world)
+);
+""",
+    ),
+)
+
+
+def _values(record: BaseModel, columns: tuple[str, ...]) -> list[Any]:
+    values = record.model_dump()
+    return [values[c] for c in columns]
+
+
+class PostgresLedger:
+    def __init__(self, db: PostgresDatabase) -> None:
+        self.db = db
+        self._ready = False
+
+    @property
+    def location(self) -> str:
+        return self.db.location
+
+    def _prepare(self) -> None:
+        if not self._ready:
+            self.db.migrate(COMPONENT, MIGRATIONS)
+            self._ready = True
+
+    def _write(self, sql: str, values: list[Any]) -> None:
+        self._prepare()
+
+        def write(conn: Conn) -> None:
+            conn.execute(sql.encode(), values)
+
+        self.db.run(write)
+
+    def record_experiment(self, row: ExperimentRecord) -> None:
+        sql = upsert_sql(EXPERIMENTS, EXPERIMENT_COLUMNS, EXPERIMENT_KEY, "%s")
+        self._write(sql, _values(row, EXPERIMENT_COLUMNS))
+
+    def record_world(self, row: WorldRecord) -> None:
+        self._write(upsert_sql(WORLDS, WORLD_COLUMNS, WORLD_KEY, "%s"), _values(row, WORLD_COLUMNS))
+
+    def experiment(self, experiment_id: str, run_id: str | None = None) -> ExperimentRecord | None:
+        """The record of ``run_id``, or by default of the experiment's latest run."""
+        self._prepare()
+        sql = latest_experiment_sql(EXPERIMENTS, run_id, "%s").encode()
+        args = [experiment_id] if run_id is None else [experiment_id, run_id]
+        row = self.db.run(lambda conn: conn.execute(sql, args).fetchone())
+        if row is None:
+            return None
+        return ExperimentRecord(**dict(zip(EXPERIMENT_COLUMNS, row, strict=True)))
+
+    def worlds(self, experiment_id: str, run_id: str | None = None) -> list[WorldRecord]:
+        """The experiment's world rows (of one run when ``run_id`` is given), oldest first."""
+        self._prepare()
+        sql = worlds_sql(WORLDS, run_id, "%s").encode()
+        args = [experiment_id] if run_id is None else [experiment_id, run_id]
+        rows = self.db.run(lambda conn: conn.execute(sql, args).fetchall())
+        return [WorldRecord(**dict(zip(WORLD_COLUMNS, r, strict=True))) for r in rows]

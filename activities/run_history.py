@@ -1,0 +1,437 @@
+"""Reading an agent run's steps out of Temporal's recorded history.
+
+A run's steps are its activity calls in scheduling order, numbered from 1 across its
+continue-as-new chain. A fork's steps start with the ones it inherited (recorded in its
+``forklab.fetch_prefix`` results) and include the calls its policies served or blocked
+(recorded as ``forklab.step_decision`` activities), so a fork of a fork sees the same
+numbering. Everything read here comes from history and is treated as untrusted data.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+from temporalio import activity
+from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.fork_models import (
+    FETCH_PREFIX,
+    INTERNAL_PREFIX,
+    MARKER_MEMO_KEY,
+    MODEL_FIELDS,
+    RECEIPT_MEMO_KEY,
+    STEP_DECISION,
+    FetchPrefixInput,
+    ForkMarker,
+    PrefixPage,
+    StepDecisionInput,
+)
+from experiments.runfork.receipt import ForkReceipt, PrefixEvent
+from experiments.runfork.steps import Step, StepStatus, payload_digest
+
+#: Events that reach a workflow besides activity results; a fork does not see them again.
+_OTHER_INPUTS = {
+    "timer_fired_event_attributes": "timer",
+    "start_child_workflow_execution_initiated_event_attributes": "child workflow",
+    "workflow_execution_signaled_event_attributes": "signal",
+    "workflow_execution_update_accepted_event_attributes": "update",
+    "nexus_operation_scheduled_event_attributes": "nexus operation",
+}
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+def digest_payloads(payloads: list[Payload]) -> str:
+    return payload_digest([(p.metadata.get("encoding", b""), p.data) for p in payloads])
+
+
+def _b64(payload: Payload) -> str:
+    return base64.b64encode(payload.SerializeToString()).decode()
+
+
+def _label(activity_type: str, payloads: list[Payload]) -> str:
+    field_name = MODEL_FIELDS.get(activity_type)
+    if field_name is None or not payloads:
+        return activity_type
+    try:
+        data = json.loads(payloads[0].data)
+    except ValueError:
+        return activity_type
+    model = data.get(field_name) if isinstance(data, dict) else None
+    return f"{activity_type} ({model})" if isinstance(model, str) else activity_type
+
+
+@dataclass
+class RunRecord:
+    """One run of a chain as read from its history."""
+
+    workflow_id: str
+    run_id: str
+    workflow_type: str
+    task_queue: str
+    input: list[Payload]
+    base_step: int
+    steps: list[Step]
+    others: list[PrefixEvent]
+    marker: ForkMarker | None
+    receipt: ForkReceipt | None
+    previous_run_id: str | None
+    status: str = ""
+    close: dict[str, Any] = field(default_factory=dict)
+    event_count: int = 0
+
+
+@dataclass
+class _Own:
+    """A step the run executed itself, filled in as its events arrive."""
+
+    index: int
+    activity_type: str
+    input_sha256: str
+    label: str
+    scheduled_s: float
+    status: StepStatus = StepStatus.pending
+    result_sha256: str | None = None
+    result_b64: str | None = None
+    duration_ms: float | None = None
+
+
+def _seconds(event: HistoryEvent) -> float:
+    return event.event_time.seconds + event.event_time.nanos / 1e9
+
+
+def parse_run(
+    workflow_id: str, history: WorkflowHistory, base_step: int, run_id: str = ""
+) -> RunRecord:
+    """The steps and other inputs of one run's history (payloads assumed codec-free)."""
+    events = list(history.events)
+    started = events[0].workflow_execution_started_event_attributes
+    marker = None
+    memo_field = started.memo.fields.get(MARKER_MEMO_KEY)
+    if memo_field is not None and memo_field.data:
+        marker = ForkMarker.model_validate_json(memo_field.data)
+        base_step = marker.base_step
+    receipt = None
+    receipt_field = started.memo.fields.get(RECEIPT_MEMO_KEY)
+    if receipt_field is not None and receipt_field.data:
+        receipt = ForkReceipt.model_validate_json(receipt_field.data)
+    rec = RunRecord(
+        workflow_id=workflow_id,
+        run_id=run_id,
+        workflow_type=started.workflow_type.name,
+        task_queue=started.task_queue.name,
+        input=list(started.input.payloads),
+        base_step=base_step,
+        steps=[],
+        others=[],
+        marker=marker,
+        receipt=receipt,
+        previous_run_id=started.continued_execution_run_id or None,
+        event_count=len(events),
+    )
+    items: list[Step | _Own] = []
+    own: dict[int, _Own] = {}
+    next_index = base_step + 1
+    for ev in events:
+        kind = ev.WhichOneof("attributes")
+        if kind == "activity_task_scheduled_event_attributes":
+            a = ev.activity_task_scheduled_event_attributes
+            name = a.activity_type.name
+            payloads = list(a.input.payloads)
+            if name == STEP_DECISION:
+                d = StepDecisionInput.model_validate_json(payloads[0].data)
+                items.append(
+                    Step(
+                        index=next_index,
+                        activity_type=d.activity_type,
+                        input_sha256=d.input_sha256,
+                        result_sha256=d.result_sha256,
+                        status=StepStatus.completed if d.result_b64 else StepStatus.blocked,
+                        run_id=run_id,
+                        origin=d.decision,
+                        label=f"{d.activity_type} [{d.decision} by policy {d.policy}]",
+                        result_b64=d.result_b64,
+                    )
+                )
+                next_index += 1
+                continue
+            if name.startswith(INTERNAL_PREFIX):
+                continue
+            step = _Own(
+                index=next_index,
+                activity_type=name,
+                input_sha256=digest_payloads(payloads),
+                label=_label(name, payloads),
+                scheduled_s=_seconds(ev),
+            )
+            own[ev.event_id] = step
+            items.append(step)
+            next_index += 1
+        elif kind == "activity_task_completed_event_attributes":
+            c = ev.activity_task_completed_event_attributes
+            results = list(c.result.payloads)
+            mine = own.get(c.scheduled_event_id)
+            if mine is None:
+                # a ForkLab activity: the inherited prefix arrives in fetch_prefix results
+                if results and _scheduled_type(events, c.scheduled_event_id) == FETCH_PREFIX:
+                    page = PrefixPage.model_validate_json(results[0].data)
+                    items.extend(s.model_copy(update={"origin": "inherited"}) for s in page.steps)
+                    next_index = base_step + len(items) + 1
+                continue
+            mine.status = StepStatus.completed
+            mine.result_sha256 = digest_payloads(results)
+            mine.result_b64 = _b64(results[0]) if results else None
+            mine.duration_ms = (_seconds(ev) - mine.scheduled_s) * 1000
+        elif kind in (
+            "activity_task_failed_event_attributes",
+            "activity_task_timed_out_event_attributes",
+            "activity_task_canceled_event_attributes",
+        ):
+            mine = own.get(getattr(ev, kind).scheduled_event_id)
+            if mine is not None:
+                mine.status = StepStatus.failed
+        elif kind in _OTHER_INPUTS:
+            rec.others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=next_index - 1))
+        elif kind == "marker_recorded_event_attributes":
+            name = ev.marker_recorded_event_attributes.marker_name
+            if name == "core_local_activity":
+                rec.others.append(PrefixEvent(kind="local activity", after_step=next_index - 1))
+    rec.steps = [
+        item
+        if isinstance(item, Step)
+        else Step(
+            index=item.index,
+            activity_type=item.activity_type,
+            input_sha256=item.input_sha256,
+            result_sha256=item.result_sha256,
+            status=item.status,
+            run_id=run_id,
+            duration_ms=item.duration_ms,
+            label=item.label,
+            result_b64=item.result_b64,
+        )
+        for item in items
+    ]
+    last = events[-1]
+    if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+        r = last.workflow_execution_completed_event_attributes.result.payloads
+        rec.close = {"result": _json(r[0]) if r else None}
+    elif last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+        f = last.workflow_execution_failed_event_attributes.failure
+        details = f.application_failure_info.details.payloads
+        rec.close = {"error": f.message, "details": _json(details[0]) if details else None}
+    return rec
+
+
+def _scheduled_type(events: list[HistoryEvent], event_id: int) -> str:
+    # event ids are 1-based and dense
+    if 0 < event_id <= len(events):
+        return events[event_id - 1].activity_task_scheduled_event_attributes.activity_type.name
+    return ""
+
+
+def _json(p: Payload) -> Any:
+    try:
+        return json.loads(p.data)
+    except ValueError:
+        return None
+
+
+async def _history(client: Client, workflow_id: str, run_id: str | None) -> WorkflowHistory:
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    try:
+        history = await handle.fetch_history()
+    except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:
+            raise RunNotFound(f"no run {workflow_id!r} (run {run_id or 'latest'})") from None
+        raise
+    codec = client.data_converter.payload_codec
+    if codec is not None:
+        raise RunNotFound(
+            "payload codecs are not supported by the fork reader yet; fork runs of a "
+            "client without a codec"
+        )
+    return history
+
+
+async def read_run(client: Client, workflow_id: str, run_id: str, base_step: int) -> RunRecord:
+    history = await _history(client, workflow_id, run_id)
+    return parse_run(workflow_id, history, base_step, run_id)
+
+
+async def read_chain(client: Client, workflow_id: str) -> list[RunRecord]:
+    """Every run of a workflow's continue-as-new chain, oldest first, steps numbered
+    across the chain; the last one carries the chain's status."""
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        desc = await handle.describe()
+    except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:
+            raise RunNotFound(f"no run {workflow_id!r} in this namespace") from None
+        raise
+    # walk back through continued_execution_run_id, then number the steps forwards
+    histories: list[tuple[str, WorkflowHistory]] = []
+    run_id: str | None = desc.run_id
+    while run_id:
+        history = await _history(client, workflow_id, run_id)
+        histories.append((run_id, history))
+        first = history.events[0].workflow_execution_started_event_attributes
+        run_id = first.continued_execution_run_id or None
+    histories.reverse()
+    chain: list[RunRecord] = []
+    base = 0
+    for rid, history in histories:
+        rec = parse_run(workflow_id, history, base, rid)
+        rec.status = "continued_as_new"
+        chain.append(rec)
+        base = rec.base_step + len(rec.steps)
+    status = desc.status or WorkflowExecutionStatus.RUNNING
+    chain[-1].status = status.name.lower()
+    return chain
+
+
+class RunSummary(BaseModel):
+    """What a fork needs of a run that is not the one holding its boundary. Runs that
+    continued-as-new never change again, so their summaries may be cached."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    steps: int
+    previous_run_id: str | None
+    #: set on the first run of a fork: its steps are numbered after this
+    fork_base_step: int | None = None
+    marker_json: str | None = None
+    receipt_json: str | None = None
+
+
+class SummaryCache(Protocol):
+    def get(self, run_id: str) -> RunSummary | None: ...
+
+    def put(self, summary: RunSummary) -> None: ...
+
+
+def summarize(rec: RunRecord) -> RunSummary:
+    return RunSummary(
+        run_id=rec.run_id,
+        steps=len(rec.steps),
+        previous_run_id=rec.previous_run_id,
+        fork_base_step=rec.marker.base_step if rec.marker else None,
+        marker_json=rec.marker.model_dump_json() if rec.marker else None,
+        receipt_json=rec.receipt.model_dump_json() if rec.receipt else None,
+    )
+
+
+@dataclass
+class Located:
+    """The run of a chain that holds a step, parsed, plus the chain's first run."""
+
+    source: RunRecord
+    first: RunSummary
+    latest_run_id: str
+    runs: int
+
+
+async def locate_step(
+    client: Client, workflow_id: str, at_step: int, cache: SummaryCache | None = None
+) -> Located:
+    """Find the run of ``workflow_id``'s continue-as-new chain that scheduled ``at_step``
+    (the first run for step 0, the latest for a step past the end). Only that run is
+    parsed in full; the others are counted, from ``cache`` when it knows them."""
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        desc = await handle.describe()
+    except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:
+            raise RunNotFound(f"no run {workflow_id!r} in this namespace") from None
+        raise
+    summaries: list[RunSummary] = []
+    parsed: dict[str, RunRecord] = {}
+    run_id: str | None = desc.run_id
+    while run_id:
+        known = cache.get(run_id) if cache is not None and run_id != desc.run_id else None
+        if known is None:
+            rec = parse_run(workflow_id, await _history(client, workflow_id, run_id), 0, run_id)
+            parsed[run_id] = rec
+            known = summarize(rec)
+            if cache is not None and run_id != desc.run_id:
+                cache.put(known)
+        summaries.append(known)
+        run_id = known.previous_run_id
+    summaries.reverse()
+    bases: list[int] = []
+    base = summaries[0].fork_base_step or 0
+    for summary in summaries:
+        own = summary.fork_base_step if summary.fork_base_step is not None else base
+        bases.append(own)
+        base = own + summary.steps
+    pick = len(summaries) - 1
+    for i, summary in enumerate(summaries):
+        if bases[i] < at_step <= bases[i] + summary.steps or (i == 0 and at_step <= bases[0]):
+            pick = i
+            break
+    chosen, chosen_base = summaries[pick], bases[pick]
+    earlier = parsed.get(chosen.run_id)
+    if earlier is not None and earlier.base_step == chosen_base:
+        source = earlier
+    else:
+        history = await _history(client, workflow_id, chosen.run_id)
+        source = parse_run(workflow_id, history, chosen_base, chosen.run_id)
+    status = desc.status or WorkflowExecutionStatus.RUNNING
+    source.status = status.name.lower() if chosen.run_id == desc.run_id else "continued_as_new"
+    return Located(
+        source=source, first=summaries[0], latest_run_id=desc.run_id, runs=len(summaries)
+    )
+
+
+def chain_steps(chain: list[RunRecord]) -> list[Step]:
+    return [s for run in chain for s in run.steps]
+
+
+class ForkActivities:
+    """Activities a fork's workflow runs through the worker interceptor."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    @activity.defn(name=FETCH_PREFIX)
+    async def fetch_prefix(self, req: FetchPrefixInput) -> PrefixPage:
+        """Steps ``from_step..upto_step`` of the parent's run, with their results, in pages
+        of at most ``max_bytes`` (a Temporal payload must stay small)."""
+        rec = await read_run(self._client, req.workflow_id, req.run_id, req.base_step)
+        wanted = [s for s in rec.steps if req.from_step <= s.index <= req.upto_step]
+        out: list[Step] = []
+        size = 0
+        for s in wanted:
+            size += len(s.result_b64 or "") + 400
+            if out and size > req.max_bytes:
+                return PrefixPage(steps=out, next_step=s.index)
+            out.append(s)
+        after = [
+            s
+            for s in rec.steps
+            if s.index > req.upto_step and s.status is StepStatus.completed and s.result_b64
+        ]
+        kept: list[Step] = []
+        for s in after:
+            size += len(s.result_b64 or "") + 400
+            if size > req.max_bytes:
+                break
+            kept.append(s)
+        return PrefixPage(steps=out, recorded_after=kept)
+
+    @activity.defn(name=STEP_DECISION)
+    async def step_decision(self, req: StepDecisionInput) -> StepDecisionInput:
+        """Records, visibly in history and the Web UI, a live call the fork's policy served
+        from the record or blocked; returns the record it was given."""
+        return req

@@ -1,0 +1,78 @@
+"""The rules of the effect ledger: request digests and what a claim meets.
+
+A side-effecting call is identified by (lineage root, key name), not by the run that
+makes it, so a fork meets the effects its ancestors already applied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+def request_sha256(params: Mapping[str, Any], volatile: Iterable[str] = ()) -> str:
+    """sha256 over the canonical JSON of ``params`` minus the declared volatile fields
+    (timestamps, nonces, attempt ids), so a retry is not a different request."""
+    skip = set(volatile)
+    kept = {k: v for k, v in params.items() if k not in skip}
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class EntryState(StrEnum):
+    claimed = "claimed"
+    completed = "completed"
+
+
+class LedgerEntry(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    lineage_root: str
+    key_name: str
+    tool: str
+    request_sha256: str
+    state: EntryState
+    claim_token: str
+    epoch: int
+    result: dict[str, Any] | None = None
+    #: the activity execution holding the claim (workflow id / run id / activity id)
+    holder: str = ""
+
+
+class ClaimOutcome(StrEnum):
+    #: nobody holds the key: the caller owns it and may apply the effect
+    new = "new"
+    #: the key completed before: return its recorded result, apply nothing
+    replay = "replay"
+    #: a previous attempt claimed it and recorded nothing (it died or is a zombie):
+    #: the effect may or may not have been applied downstream
+    ambiguous = "ambiguous"
+    #: an attempt with a higher or equal epoch holds it: this caller is the zombie
+    fenced = "fenced"
+    #: same key, different request
+    mismatch = "mismatch"
+
+
+def on_claim(entry: LedgerEntry | None, request_sha: str, holder: str, epoch: int) -> ClaimOutcome:
+    """What a claim by activity execution ``holder`` at attempt ``epoch`` meets."""
+    if entry is None:
+        return ClaimOutcome.new
+    if entry.request_sha256 != request_sha:
+        return ClaimOutcome.mismatch
+    if entry.state is EntryState.completed:
+        return ClaimOutcome.replay
+    if holder == entry.holder and epoch <= entry.epoch:
+        return ClaimOutcome.fenced
+    return ClaimOutcome.ambiguous
+
+
+def completion_accepted(entry: LedgerEntry | None, claim_token: str) -> bool:
+    """A completion counts only from the holder of the current claim token."""
+    return (
+        entry is not None and entry.state is EntryState.claimed and entry.claim_token == claim_token
+    )

@@ -1,0 +1,246 @@
+"""Fork agent runs from Python: ``await AgentLab(client, agent_settings).fork(run, at_step=…)``.
+
+The CLI commands (``forklab fork|steps|diff|trail|outcome|promote|watch``) are thin
+shells around this class. A fork is a new workflow; the parent is only read.
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttributes
+
+from activities.effect_ledger import EffectLedger
+from activities.fork_models import MARKER_MEMO_KEY, RECEIPT_MEMO_KEY, ForkMarker, ModelSwap
+from activities.fork_registry import ForkRegistry
+from activities.run_history import RunRecord, chain_steps, locate_step, read_chain
+from activities.run_log import LogEvent, RunLog
+from experiments.runfork.diff import StateDiff, diff_states, divergence_step
+from experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
+from experiments.runfork.receipt import (
+    BoundaryError,
+    BoundaryMode,
+    ForkReceipt,
+    make_receipt,
+    receipt_markdown,
+    resolve_boundary,
+)
+from experiments.runfork.steps import Step
+from workers.agent_config import AgentSettings
+from workflows.runfork.search_attributes import BOUNDARY, LINEAGE_ROOT, PARENT, RUN
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
+
+
+class ForkError(ValueError):
+    """A fork request that cannot be honoured; the message says which field and why."""
+
+
+@dataclass
+class Fork:
+    receipt: ForkReceipt
+    handle: WorkflowHandle[Any, Any]
+
+
+@dataclass
+class RunDiff:
+    a: str
+    b: str
+    common_ancestor: str | None
+    divergence_step: int | None
+    diff: StateDiff
+
+
+def receipt_of(run: RunRecord) -> ForkReceipt | None:
+    return run.receipt
+
+
+def final_state(chain: list[RunRecord]) -> Any:
+    close = chain[-1].close
+    if "result" in close:
+        return close["result"]
+    return close.get("details")
+
+
+class AgentLab:
+    def __init__(self, client: Client, agent: AgentSettings) -> None:
+        self.client = client
+        self.agent = agent
+        self.registry = ForkRegistry(agent.forks_path)
+        self.run_log = RunLog(agent.run_log_path)
+        self.ledger = EffectLedger(agent.effect_ledger_path)
+
+    async def chain(self, run: str) -> list[RunRecord]:
+        return await read_chain(self.client, run)
+
+    async def steps(self, run: str) -> list[Step]:
+        return chain_steps(await self.chain(run))
+
+    async def fork(
+        self,
+        run: str,
+        at_step: int,
+        *,
+        name: str | None = None,
+        intervention: dict[str, Any] | None = None,
+        model: str | None = None,
+        tool_policies: dict[str, ToolPolicy] | None = None,
+        boundary: BoundaryMode = BoundaryMode.exact,
+        requested_by: str | None = None,
+        workspace_layer_sha256: str | None = None,
+    ) -> Fork:
+        """Start a fork of ``run`` that inherits steps 1..at_step and continues live."""
+        fork_id = name or f"{run}--fork-{uuid.uuid4().hex[:8]}"
+        if not _NAME.match(fork_id):
+            raise ForkError(
+                f"fork name {fork_id!r}: use 1-200 letters, digits and . _ : / - "
+                "(starting with a letter or digit)"
+            )
+        policies = dict(tool_policies or {})
+        policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
+        located = await locate_step(self.client, run, at_step, self.registry)
+        source = located.source
+        try:
+            resolution = resolve_boundary(
+                source.steps,
+                source.others,
+                at_step,
+                boundary,
+                base_step=source.base_step,
+            )
+        except BoundaryError as exc:
+            raise ForkError(str(exc)) from None
+        first = located.first
+        parent_receipt = (
+            ForkReceipt.model_validate_json(first.receipt_json) if first.receipt_json else None
+        )
+        first_marker = (
+            ForkMarker.model_validate_json(first.marker_json) if first.marker_json else None
+        )
+        lineage = [*(parent_receipt.lineage if parent_receipt else []), run]
+        receipt = make_receipt(
+            resolution,
+            fork_workflow_id=fork_id,
+            name=name or fork_id,
+            parent_workflow_id=run,
+            parent_run_id=located.latest_run_id,
+            source_run_id=source.run_id,
+            base_step=source.base_step,
+            lineage=lineage,
+            boundary=boundary,
+            intervention=intervention,
+            model=model,
+            tool_policies=policies,
+            requested_by=requested_by or getpass.getuser(),
+            created_at=datetime.now(UTC),
+            workspace_layer_sha256=workspace_layer_sha256,
+        )
+        inherited_swaps = [
+            swap
+            for swap in (first_marker.model_swaps if first_marker else [])
+            if swap.after_step < at_step
+        ]
+        own_swap = [ModelSwap(after_step=at_step, model=model)] if model is not None else []
+        marker = ForkMarker(
+            parent_workflow_id=run,
+            source_run_id=source.run_id,
+            base_step=source.base_step,
+            at_step=resolution.resolved_step if boundary is not BoundaryMode.lineage_only else 0,
+            boundary=boundary,
+            lineage_root=lineage[0],
+            model=model,
+            model_swaps=inherited_swaps + own_swap,
+            tool_policies=policies,
+            intervention=intervention,
+        )
+        handle = await self.client.start_workflow(
+            source.workflow_type,
+            args=[RawValue(p) for p in source.input],
+            id=fork_id,
+            task_queue=source.task_queue,
+            memo={
+                MARKER_MEMO_KEY: marker.model_dump(mode="json"),
+                RECEIPT_MEMO_KEY: receipt.model_dump(mode="json"),
+            },
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(RUN, fork_id),
+                    SearchAttributePair(PARENT, run),
+                    SearchAttributePair(LINEAGE_ROOT, lineage[0]),
+                    SearchAttributePair(BOUNDARY, boundary.value),
+                ]
+            ),
+            static_summary=f"fork of {run} at step {at_step} ({boundary.value})",
+            static_details=receipt_markdown(receipt),
+        )
+        self.registry.add_receipt(receipt)
+        return Fork(receipt=receipt, handle=handle)
+
+    async def diff(self, a: str, b: str) -> RunDiff:
+        chain_a, chain_b = await self.chain(a), await self.chain(b)
+        lineage_a = [*(chain_a[0].receipt.lineage if chain_a[0].receipt else []), a]
+        lineage_b = [*(chain_b[0].receipt.lineage if chain_b[0].receipt else []), b]
+        common = None
+        for x in lineage_a:
+            if x in lineage_b:
+                common = x
+        sig_a = [_signature(s) for s in chain_steps(chain_a)]
+        sig_b = [_signature(s) for s in chain_steps(chain_b)]
+        return RunDiff(
+            a=a,
+            b=b,
+            common_ancestor=common,
+            divergence_step=divergence_step(sig_a, sig_b),
+            diff=diff_states(final_state(chain_a), final_state(chain_b)),
+        )
+
+    async def trail(self, run: str) -> dict[str, Any]:
+        chain = await self.chain(run)
+        receipt = chain[0].receipt
+        lineage = [*(receipt.lineage if receipt else []), run]
+        receipts = [r for r in (self.registry.receipt(w) for w in lineage) if r is not None]
+        decisions = [
+            {**s.model_dump(include={"index", "activity_type", "origin", "status"})}
+            for s in chain_steps(chain)
+            if s.origin in ("replayed", "blocked")
+        ]
+        return {
+            "run": run,
+            "lineage": lineage,
+            "receipts": [r.model_dump(mode="json") for r in receipts],
+            "policy_decisions": decisions,
+            "ledger": [e.model_dump(mode="json") for e in self.ledger.entries(lineage[0])],
+            "decisions": self.registry.decisions(run),
+        }
+
+    def outcome(self, run: str, label: str, score: float | None, by: str | None = None) -> None:
+        self.registry.record(run, "outcome", by or getpass.getuser(), label=label, score=score)
+
+    async def promote(self, run: str, by: str | None = None) -> list[str]:
+        """Record ``run`` as the winner and close its siblings (forks of the same parent,
+        and the parent itself); returns the closed ones. Nothing is rewritten."""
+        receipt = self.registry.receipt(run)
+        if receipt is None:
+            raise ForkError(f"{run!r} is not a fork ForkLab made; only forks can be promoted")
+        siblings = [
+            r.fork_workflow_id
+            for r in self.registry.children(receipt.parent_workflow_id)
+            if r.fork_workflow_id != run
+        ]
+        closed = [receipt.parent_workflow_id, *siblings]
+        self.registry.promote(run, closed, by or getpass.getuser())
+        return closed
+
+    def watch(self, run: str, after: int = -1, limit: int = 1000) -> list[LogEvent]:
+        return self.run_log.read(run, after, limit)
+
+
+def _signature(s: Step) -> tuple[str, str, str | None, str]:
+    """A step's call and outcome: two runs diverge where these first differ."""
+    return (s.activity_type, s.input_sha256, s.result_sha256, s.status.value)

@@ -1,0 +1,104 @@
+"""Fixtures for the agent-run tests: the local model server and the payments/mail service
+on free ports (real HTTP), a client with the OpenAI Agents plugin, and one agent worker per
+test on its own task queue, on the session's dev server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+
+from activities.agent_tools import LedgerMode
+from forklab.agent_lab import AgentLab
+from workers.agent_config import AgentSettings
+from workers.agent_worker import build_agent_worker, connect_agents, ensure_run_fork_attributes
+from workers.config import Settings
+from workers.effects_service import EffectsService
+from workers.model_server import ModelServer
+from workflows.agents.research import ResearchInput, ResearchPipelineWorkflow
+
+
+@dataclass
+class Services:
+    model_url: str
+    effects_url: str
+    effects: EffectsService
+
+    def effects_log(self) -> list[dict[str, Any]]:
+        """The applied effects, read over HTTP like any client would."""
+        with urllib.request.urlopen(self.effects_url + "/effects/log", timeout=10) as r:
+            log: list[dict[str, Any]] = json.loads(r.read())["effects"]
+            return log
+
+
+def _serve(server: Any) -> None:
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[Services]:
+    model = ModelServer(("127.0.0.1", 0), seed=7)
+    effects = EffectsService(("127.0.0.1", 0))
+    _serve(model)
+    _serve(effects)
+    yield Services(
+        model_url=f"http://127.0.0.1:{model.server_port}/v1",
+        effects_url=f"http://127.0.0.1:{effects.server_port}",
+        effects=effects,
+    )
+    model.shutdown()
+    effects.shutdown()
+
+
+@dataclass
+class AgentTestLab:
+    lab: AgentLab
+    client: Client
+    agent: AgentSettings
+    services: Services
+
+    async def start_research(self, **fields: Any) -> WorkflowHandle[Any, Any]:
+        run_id = fields.pop("run_id", f"research-{uuid.uuid4().hex[:8]}")
+        inp = ResearchInput(topic=fields.pop("topic", "durable execution"), **fields)
+        return await self.client.start_workflow(
+            ResearchPipelineWorkflow.run,
+            inp,
+            id=run_id,
+            task_queue=self.agent.agent_task_queue,
+        )
+
+    def charges(self) -> int:
+        return sum(1 for e in self.services.effects_log() if e["kind"] == "charge")
+
+
+def agent_settings(services: Services, home: Path) -> AgentSettings:
+    return AgentSettings(
+        model_base_url=services.model_url,
+        effects_url=services.effects_url,
+        agent_task_queue=f"agents-test-{uuid.uuid4().hex[:8]}",
+        home=home,
+    )
+
+
+@pytest.fixture
+async def agent_lab(
+    temporal_env: WorkflowEnvironment, services: Services, tmp_path: Path
+) -> AsyncIterator[AgentTestLab]:
+    agent = agent_settings(services, tmp_path / "home")
+    target = temporal_env.client.service_client.config.target_host
+    settings = Settings.load({"address": target, "home": tmp_path / "home"}, env={})
+    client = await connect_agents(settings, agent)
+    await ensure_run_fork_attributes(client)
+    async with build_agent_worker(client, agent, LedgerMode.ledger_query):
+        yield AgentTestLab(
+            lab=AgentLab(client, agent), client=client, agent=agent, services=services
+        )

@@ -1,0 +1,82 @@
+"""A plain workflow (no agent framework) for the fork tests: N echo steps, with options
+that produce the boundaries a fork must refuse or handle (random ids, a timer, a step
+that never completes, continue-as-new)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from pydantic import BaseModel
+from temporalio import activity, workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from activities.agent_tools import ChargeRequest, EffectResult
+
+
+class StepsInput(BaseModel):
+    steps: int
+    done: int = 0
+    random_ids: bool = False
+    sleep_after: int | None = None
+    hold_at: int | None = None
+    can_every: int | None = None
+    trace: list[str] = []
+
+
+class EchoIn(BaseModel):
+    i: int
+    tag: str
+
+
+@activity.defn(name="echo")
+async def echo(x: EchoIn) -> str:
+    return f"echo {x.i} {x.tag}"
+
+
+@activity.defn(name="hold")
+async def hold(x: EchoIn) -> str:
+    while True:  # until cancelled or the test ends
+        activity.heartbeat()
+        await asyncio.sleep(0.2)
+
+
+@workflow.defn(name="ForkSteps")
+class StepsWorkflow:
+    @workflow.run
+    async def run(self, inp: StepsInput) -> list[str]:
+        trace = list(inp.trace)
+        for i in range(inp.done + 1, inp.steps + 1):
+            tag = str(workflow.uuid4())[:8] if inp.random_ids else "fixed"
+            name = "hold" if inp.hold_at == i else "echo"
+            out = await workflow.execute_activity(
+                name,
+                EchoIn(i=i, tag=tag),
+                result_type=str,
+                start_to_close_timeout=timedelta(minutes=5),
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+            )
+            trace.append(out)
+            if inp.sleep_after == i:
+                await workflow.sleep(timedelta(milliseconds=10))
+            if inp.can_every and i % inp.can_every == 0 and i < inp.steps:
+                workflow.continue_as_new(inp.model_copy(update={"done": i, "trace": trace[-3:]}))
+        return trace
+
+
+@workflow.defn(name="ChargeOnce")
+class ChargeOnceWorkflow:
+    """One charge with a short timeout, so a hanging attempt is retried quickly."""
+
+    @workflow.run
+    async def run(self, customer: str) -> str:
+        result: EffectResult = await workflow.execute_activity(
+            "charge_customer",
+            ChargeRequest(key_name="inv-z", customer=customer, amount_cents=700),
+            result_type=EffectResult,
+            start_to_close_timeout=timedelta(seconds=2),
+            retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200)),
+        )
+        return result.status

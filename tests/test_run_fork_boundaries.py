@@ -1,0 +1,168 @@
+"""Boundary modes and parent states on a plain (framework-free) workflow: the fork
+mechanism depends on nothing but activities."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from agent_fixtures import Services, agent_settings
+from fork_workloads import StepsInput, StepsWorkflow, echo, hold
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer, Worker
+
+from activities.run_history import ForkActivities
+from experiments.runfork.policy import ToolPolicy
+from experiments.runfork.receipt import BoundaryMode
+from forklab.agent_lab import AgentLab, ForkError
+from workers.agent_worker import ensure_run_fork_attributes
+from workflows.runfork.interceptor import ForkInterceptor
+
+
+@dataclass
+class StepsLab:
+    lab: AgentLab
+    client: Client
+    queue: str
+
+    async def start(self, **fields: object) -> str:
+        wid = f"steps-{uuid.uuid4().hex[:8]}"
+        await self.client.start_workflow(
+            StepsWorkflow.run,
+            StepsInput(**fields),
+            id=wid,
+            task_queue=self.queue,  # type: ignore[arg-type]
+        )
+        return wid
+
+
+@pytest.fixture
+async def steps_lab(
+    temporal_env: WorkflowEnvironment, services: Services, tmp_path: Path
+) -> AsyncIterator[StepsLab]:
+    client = await Client.connect(
+        temporal_env.client.service_client.config.target_host,
+        data_converter=pydantic_data_converter,
+    )
+    await ensure_run_fork_attributes(client)
+    agent = agent_settings(services, tmp_path / "home")
+    forks = ForkActivities(client)
+    async with Worker(
+        client,
+        task_queue=agent.agent_task_queue,
+        workflows=[StepsWorkflow],
+        activities=[echo, hold, forks.fetch_prefix, forks.step_decision],
+        interceptors=[ForkInterceptor()],
+    ):
+        yield StepsLab(AgentLab(client, agent), client, agent.agent_task_queue)
+
+
+async def test_fork_serves_the_prefix_and_replays_deterministically(steps_lab: StepsLab) -> None:
+    wid = await steps_lab.start(steps=6)
+    parent = steps_lab.client.get_workflow_handle(wid)
+    expected = await parent.result()
+    # auto (the default): the tail's calls are identical to the parent's, so replayed
+    auto = await steps_lab.lab.fork(wid, 4)
+    assert await auto.handle.result() == expected
+    steps = await steps_lab.lab.steps(auto.handle.id)
+    assert [s.origin for s in steps] == ["inherited"] * 4 + ["replayed"] * 2
+    fork = await steps_lab.lab.fork(wid, 4, tool_policies={"*": ToolPolicy.live})
+    assert await fork.handle.result() == expected
+    steps = await steps_lab.lab.steps(fork.handle.id)
+    assert [s.origin for s in steps] == ["inherited"] * 4 + ["own"] * 2
+    history = await fork.handle.fetch_history()
+    # only two echo activities ran on the fork, after the one prefix read
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled == ["forklab.fetch_prefix", "echo", "echo"]
+    await Replayer(
+        workflows=[StepsWorkflow],
+        interceptors=[ForkInterceptor()],
+        data_converter=pydantic_data_converter,
+    ).replay_workflow(history)
+    # without the interceptor the fork's history is not what the workflow code does
+    with pytest.raises(Exception, match=r"(?i)nondetermin"):
+        await Replayer(
+            workflows=[StepsWorkflow], data_converter=pydantic_data_converter
+        ).replay_workflow(history)
+
+
+async def test_exact_refuses_diverged_input_and_approximate_records_it(
+    steps_lab: StepsLab,
+) -> None:
+    wid = await steps_lab.start(steps=4, random_ids=True)
+    await steps_lab.client.get_workflow_handle(wid).result()
+    exact = await steps_lab.lab.fork(wid, 2)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await exact.handle.result()
+    assert "fork_prefix_diverged" in str(failure.value.cause)
+    assert "step 1" in str(failure.value.cause)
+    approx = await steps_lab.lab.fork(wid, 2, boundary=BoundaryMode.approximate)
+    trace = await approx.handle.result()
+    assert len(trace) == 4
+
+
+async def test_exact_refuses_a_timer_inside_the_prefix(steps_lab: StepsLab) -> None:
+    wid = await steps_lab.start(steps=4, sleep_after=2)
+    await steps_lab.client.get_workflow_handle(wid).result()
+    with pytest.raises(ForkError, match="step 3: a timer reached the parent after step 2"):
+        await steps_lab.lab.fork(wid, 3)
+    # before the timer the boundary is exact
+    ok = await steps_lab.lab.fork(wid, 2)
+    assert ok.receipt.restorable
+    approx = await steps_lab.lab.fork(wid, 3, boundary=BoundaryMode.approximate)
+    assert not approx.receipt.restorable and "timer" in approx.receipt.why
+    assert len(await approx.handle.result()) == 4
+
+
+async def test_fork_a_running_then_terminated_parent(steps_lab: StepsLab) -> None:
+    wid = await steps_lab.start(steps=5, hold_at=4)
+    parent = steps_lab.client.get_workflow_handle(wid)
+    for _ in range(200):
+        steps = await steps_lab.lab.steps(wid)
+        if len(steps) == 4:
+            break
+        await asyncio.sleep(0.1)
+    with pytest.raises(ForkError, match=r"step 4 .*never completed"):
+        await steps_lab.lab.fork(wid, 4)
+    before = list((await parent.fetch_history()).events)
+    running = await steps_lab.lab.fork(wid, 3)
+    assert list((await parent.fetch_history()).events) == before  # forking wrote nothing
+    await parent.terminate("crash")
+    crashed = await steps_lab.lab.fork(wid, 3)
+    after = list((await parent.fetch_history()).events)
+    assert after[: len(before)] == before and len(after) == len(before) + 1  # + terminated
+    for fork in (running, crashed):  # both reach the parent's step 4 (held) live
+        for _ in range(200):
+            if len(await steps_lab.lab.steps(fork.handle.id)) == 4:
+                break
+            await asyncio.sleep(0.1)
+        assert [s.origin for s in await steps_lab.lab.steps(fork.handle.id)] == [
+            "inherited"
+        ] * 3 + ["own"]
+    await running.handle.terminate("test over")
+    await crashed.handle.terminate("test over")
+
+
+async def test_fork_across_continue_as_new_and_fork_of_fork(steps_lab: StepsLab) -> None:
+    wid = await steps_lab.start(steps=9, can_every=3)
+    expected = await steps_lab.client.get_workflow_handle(wid).result()
+    steps = await steps_lab.lab.steps(wid)
+    assert [s.index for s in steps] == list(range(1, 10))
+    fork = await steps_lab.lab.fork(wid, 5)
+    assert fork.receipt.base_step == 3 and fork.receipt.source_run_id != fork.receipt.parent_run_id
+    assert await fork.handle.result() == expected
+    fork_steps = await steps_lab.lab.steps(fork.handle.id)
+    assert [s.index for s in fork_steps][:3] == [4, 5, 6]
+    grandchild = await steps_lab.lab.fork(fork.handle.id, 7)
+    assert grandchild.receipt.lineage == [wid, fork.handle.id]
+    assert await grandchild.handle.result() == expected

@@ -1,0 +1,85 @@
+"""The agent-run commands as an operator runs them: the real ``forklab`` executable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from agent_fixtures import AgentTestLab
+from orchestration_lab import forklab
+from temporalio.client import WorkflowFailureError
+
+from workers.config import ENV
+
+
+def _env(agent_lab: AgentTestLab, address: str) -> dict[str, str]:
+    import os
+
+    a = agent_lab.agent
+    return {
+        **os.environ,
+        ENV["address"]: address,
+        ENV["home"]: str(a.home),
+        "FORKLAB_MODEL_BASE_URL": a.model_base_url,
+        "FORKLAB_EFFECTS_URL": a.effects_url,
+        "FORKLAB_AGENT_TASK_QUEUE": a.agent_task_queue,
+    }
+
+
+async def test_fork_steps_diff_trail_outcome_promote_watch(agent_lab: AgentTestLab) -> None:
+    parent = await agent_lab.start_research(model="fast")
+    with pytest.raises(WorkflowFailureError):
+        await parent.result()
+    env = _env(agent_lab, agent_lab.client.service_client.config.target_host)
+
+    out = forklab(env, "steps", parent.id)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 7 and "chat_model (fast)" in lines[1] and "charge_customer" in lines[4]
+
+    out = forklab(
+        env, "fork", parent.id, "--at-step", "3", "--model", "slow", "--name", f"{parent.id}-slow",
+        "--tool-policy", "charge_customer=block", "--intervention", '{"note": "try slow"}',
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    receipt = json.loads(out.stdout.split("\n", 1)[1])
+    assert receipt["resolved_step"] == 3 and receipt["tool_policies"]["charge_customer"] == "block"
+    fork = agent_lab.client.get_workflow_handle(f"{parent.id}-slow")
+    assert (await fork.result())["status"] == "ok"
+
+    out = forklab(env, "diff", parent.id, fork.id)
+    assert out.returncode == 0, out.stderr
+    assert f"common ancestor: {parent.id}" in out.stdout and "divergence step: 4" in out.stdout
+    assert "changed sections.recommendations" in out.stdout
+
+    out = forklab(env, "trail", fork.id)
+    trail = json.loads(out.stdout)
+    assert trail["lineage"] == [parent.id, fork.id] and trail["receipts"][0]["requested_step"] == 3
+
+    assert forklab(env, "outcome", fork.id, "--label", "fixed", "--score", "0.9").returncode == 0
+    out = forklab(env, "promote", fork.id)
+    assert out.returncode == 0 and parent.id in out.stdout
+
+    out = forklab(env, "watch", fork.id, "--from", "2")
+    offsets = [json.loads(line)["offset"] for line in out.stdout.splitlines()[:-1]]
+    assert offsets[0] == 2 and offsets == list(range(2, 2 + len(offsets)))
+    assert out.stdout.splitlines()[-1] == f"next offset: {offsets[-1] + 1}"
+
+
+async def test_bad_fork_requests_exit_2_with_one_line(agent_lab: AgentTestLab) -> None:
+    parent = await agent_lab.start_research(model="slow", fail_on_low_score=False)
+    await parent.result()
+    env = _env(agent_lab, agent_lab.client.service_client.config.target_host)
+    cases = {
+        ("--at-step", "3", "--tool-policy", "charge_customer=maybe"): "not one of",
+        ("--at-step", "3", "--intervention", "{oops"): "--intervention is not valid JSON",
+        ("--at-step", "99"): "only 6 steps",
+        ("--at-step", "3", "--name", "bad name!"): "fork name",
+    }
+    for args, message in cases.items():
+        out = forklab(env, "fork", parent.id, *args)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    out = forklab(env, "fork", "no-such-run", "--at-step", "1")
+    assert out.returncode == 2 and "no run 'no-such-run'" in out.stderr
+    assert "Traceback" not in out.stderr

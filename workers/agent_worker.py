@@ -1,0 +1,112 @@
+"""The agent-run worker: the example agents, their model and tool activities, the fork
+activities and the fork interceptor, on a client with the OpenAI Agents plugin."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from datetime import timedelta
+
+from agents.models.openai_provider import OpenAIProvider
+from openai import AsyncOpenAI
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
+from temporalio.client import Client
+from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
+from temporalio.worker import Worker
+
+from activities.agent_tools import EffectTools, LedgerMode, ModelActivities
+from activities.effect_ledger import EffectLedger
+from activities.run_context import RunContextInterceptor
+from activities.run_history import ForkActivities
+from activities.run_log import RunLog
+from workers.agent_config import AgentSettings
+from workers.config import Settings
+from workflows.agents.research import ResearchPipelineWorkflow
+from workflows.agents.support import SupportAgentWorkflow
+from workflows.runfork.interceptor import ForkInterceptor
+from workflows.runfork.search_attributes import RUN_FORK_KEYS
+
+AGENT_WORKFLOWS: list[type] = [ResearchPipelineWorkflow, SupportAgentWorkflow]
+MODEL_CALL_TIMEOUT = timedelta(seconds=60)
+
+
+def openai_client(agent: AgentSettings) -> AsyncOpenAI:
+    """The model client; its own retries are off, activity retries decide."""
+    return AsyncOpenAI(
+        base_url=agent.resolved_model_url, api_key=agent.model_api_key, max_retries=0
+    )
+
+
+def agents_plugin(agent: AgentSettings) -> OpenAIAgentsPlugin:
+    provider = OpenAIProvider(openai_client=openai_client(agent), use_responses=False)
+    return OpenAIAgentsPlugin(
+        model_params=ModelActivityParameters(start_to_close_timeout=MODEL_CALL_TIMEOUT),
+        model_provider=provider,
+    )
+
+
+async def connect_agents(settings: Settings, agent: AgentSettings) -> Client:
+    """A client whose data converter and plugins suit the agent workflows."""
+    return await Client.connect(
+        settings.address, namespace=settings.namespace, plugins=[agents_plugin(agent)]
+    )
+
+
+def fork_interceptors(agent: AgentSettings) -> list[ForkInterceptor | RunContextInterceptor]:
+    return [ForkInterceptor(), RunContextInterceptor(RunLog(agent.run_log_path))]
+
+
+def build_agent_worker(
+    client: Client,
+    agent: AgentSettings,
+    mode: LedgerMode = LedgerMode.ledger_query,
+    workflows: list[type] | None = None,
+) -> Worker:
+    tools = EffectTools(agent.resolved_effects_url, EffectLedger(agent.effect_ledger_path), mode)
+    models = ModelActivities(openai_client(agent))
+    forks = ForkActivities(client)
+    return Worker(
+        client,
+        task_queue=agent.agent_task_queue,
+        workflows=workflows or AGENT_WORKFLOWS,
+        activities=[
+            models.chat_model,
+            tools.charge_customer,
+            tools.send_email,
+            forks.fetch_prefix,
+            forks.step_decision,
+        ],
+        interceptors=fork_interceptors(agent),
+    )
+
+
+async def ensure_run_fork_attributes(client: Client) -> None:
+    """Register the run/fork search attributes when the server lacks them."""
+    known = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=client.namespace)
+    )
+    missing = {
+        key.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
+        for key in RUN_FORK_KEYS
+        if key.name not in known.custom_attributes
+    }
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
+        )
+
+
+async def run_agent_worker(settings: Settings, agent: AgentSettings) -> None:
+    """Run until SIGINT or SIGTERM, then finish gracefully."""
+    client = await connect_agents(settings, agent)
+    await ensure_run_fork_attributes(client)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with build_agent_worker(client, agent):
+        await stop.wait()
