@@ -155,6 +155,8 @@ class EffectTools:
             await self._maybe_crash("before_call")
             out = await asyncio.to_thread(self._http, "POST", path, params, None)
             await self._maybe_crash("after_apply")
+            # nothing records a completion here: "after completion" is the same moment
+            await self._maybe_crash("after_complete")
             return EffectResult(
                 key_name=key_name, effect_id=out["effect"]["effect_id"], status="applied", kind=kind
             )

@@ -56,6 +56,9 @@ class PlanSnapshot(Model):
     code_digest: str
     files: int
     fingerprint: str
+    provenance: str = Field(
+        default="", description="What every world starts from, as the report states it."
+    )
 
 
 class EpisodeChunk(Model):
@@ -74,6 +77,7 @@ class CapacityInput(Model):
     spec: ExperimentSpec
     rehearsal: Rehearsal
     batch_episodes: int = Field(ge=1)
+    snapshot_id: str = Field(default="", description="Checked by a remote backend's preflight.")
 
 
 class CapacityVerdict(Model):
@@ -217,6 +221,10 @@ class AnalysisResult(Model):
     outcomes_digest: str
     valid: bool
     worlds: list[WorldSummary]
+    readout: str | None = Field(
+        default=None, description="Which readout the report shows: model or deterministic."
+    )
+    readout_why: str | None = None
 
 
 class LedgerInput(Model):

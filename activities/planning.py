@@ -19,8 +19,15 @@ from activities.models import (
     SampleWorld,
     SnapshotInput,
 )
+from activities.sandbox.base import SandboxError
 from activities.sandbox.confine import kill_group
-from activities.sandbox.workload_calls import WorkloadCallError, WorkloadCalls, WorkloadSpecError
+from activities.sandbox.preflight import Preflight, SandboxUnavailableError
+from activities.sandbox.workload_calls import (
+    WorkloadCallError,
+    WorkloadCalls,
+    WorkloadContractError,
+    WorkloadSpecError,
+)
 from activities.shared_snapshots import SharedSnapshots
 from experiments.bundle import bundle_files, code_digest
 from experiments.engine import spec_world_plans
@@ -112,6 +119,9 @@ class PlanningActivities:
             for pgid in boxes:
                 kill_group(pgid)
             raise
+        except WorkloadContractError as exc:
+            # The sentence itself; deterministic, so never retried.
+            raise ApplicationError(str(exc), type="WorkloadContract", non_retryable=True) from None
         except (WorkloadSpecError, WorkloadError) as exc:
             raise ApplicationError(
                 f"the rehearsal cannot run spec {spec.id!r}: spec: {exc}; fix the spec",
@@ -142,7 +152,16 @@ class PlanningActivities:
     @activity.defn(name="resolve_snapshot")
     async def resolve_snapshot(self, inp: SnapshotInput) -> PlanSnapshot:
         files = bundle_files(inp.spec.workload.name)
-        info = await asyncio.to_thread(self._snapshots.prepare, files)
+        try:
+            info = await asyncio.to_thread(self._snapshots.prepare, files)
+        except SandboxUnavailableError:
+            raise  # may pass: the retry policy decides
+        except SandboxError as exc:
+            raise ApplicationError(
+                f"cannot resolve the snapshot: {exc}",
+                type="SnapshotUnavailable",
+                non_retryable=True,
+            ) from None
         expected = code_digest(files)
         if info.code_digest != expected:
             raise ApplicationError(
@@ -157,8 +176,28 @@ class PlanningActivities:
             code_digest=info.code_digest,
             files=info.files,
             fingerprint=plan_fingerprint(inp.spec, info.code_digest, info.id),
+            provenance=(
+                self._snapshots.backend.provenance(info.id)
+                if isinstance(self._snapshots.backend, Preflight)
+                else f"common_snapshot: every sandbox copied from snapshot {info.id}"
+            ),
         )
 
     @activity.defn(name="check_capacity")
     async def check_capacity(self, inp: CapacityInput) -> CapacityVerdict:
-        return capacity_verdict(inp.spec, inp.rehearsal, inp.batch_episodes, self._max_sandboxes)
+        verdict = capacity_verdict(inp.spec, inp.rehearsal, inp.batch_episodes, self._max_sandboxes)
+        if not isinstance(self._snapshots.backend, Preflight) or not inp.snapshot_id:
+            return verdict
+        peak = min(inp.spec.budget.max_concurrent_sandboxes, self._max_sandboxes)
+        try:
+            problems = await asyncio.to_thread(
+                self._snapshots.backend.preflight, inp.snapshot_id, peak
+            )
+        except SandboxUnavailableError:
+            raise  # may pass: the retry policy decides
+        except SandboxError as exc:
+            problems = [str(exc)]
+        if not problems:
+            return verdict
+        earlier = [] if verdict.ok else [verdict.reason]
+        return verdict.model_copy(update={"ok": False, "reason": "; ".join(earlier + problems)})

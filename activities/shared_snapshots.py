@@ -28,6 +28,11 @@ class SharedSnapshots:
         self._store = store
         self._ready: set[str] = set()
 
+    @property
+    def backend(self) -> SandboxBackend:
+        """The backend the snapshots are prepared on (for its preflight, if it has one)."""
+        return self._backend
+
     def prepare(self, files: list[BundleFile]) -> SnapshotInfo:
         """``backend.prepare_snapshot`` plus publication of the bundle to the store."""
         info = self._backend.prepare_snapshot(files)

@@ -34,6 +34,7 @@ from activities.sandbox.base import (
     SnapshotCorruptedError,
 )
 from activities.shared_snapshots import SharedSnapshots
+from experiments.runtime.contract import CONTRACT_EXIT
 from experiments.runtime.file_format import (
     CHECKPOINTS_FILE,
     OUT_FILE,
@@ -78,9 +79,9 @@ def _charged_before() -> float:
     return float(details[0].get("charged", 0.0)) + HEARTBEAT_SECONDS
 
 
-def _tail(text: str) -> str:
+def _tail(text: str, limit: int = 300) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "no output"
+    return lines[-1][:limit] if lines else "no output"
 
 
 class SandboxActivities:
@@ -284,7 +285,7 @@ class SandboxActivities:
         """Delete every sandbox labelled with the experiment; list again until none is left."""
         labels = {EXPERIMENT_LABEL: inp.experiment_id}
         found: set[str] = set()
-        removed = rounds = 0
+        rounds = 0
         for rounds in range(1, CLEANUP_ROUNDS + 1):
             ids = await self._blocking(self._backend.list, labels)
             activity.heartbeat({"round": rounds})
@@ -293,14 +294,17 @@ class SandboxActivities:
             found.update(ids)
             for sandbox_id in ids:
                 await self._blocking(self._backend.delete, sandbox_id)
-                removed += 1
-        left = len(await self._blocking(self._backend.list, labels))
-        return CleanupResult(found=len(found), removed=removed, rounds=rounds, left=left)
+        left = await self._blocking(self._backend.list, labels)
+        # a sandbox asked to delete that is still listed was not removed (it never deletes)
+        removed = len(found - set(left))
+        return CleanupResult(found=len(found), removed=removed, rounds=rounds, left=len(left))
 
 
 def _failure(result: ExecResult, allowance: float) -> str:
     if result.timed_out:
         return f"the runner exceeded its budget reservation of {allowance:.1f} s and was killed"
+    if result.exit_code == CONTRACT_EXIT:
+        return _tail(result.stderr, 1000)  # the workload broke its contract: its sentence
     if result.exit_code != 0:
         return f"the runner exited with code {result.exit_code}: {_tail(result.stderr)}"
     return ""

@@ -108,7 +108,11 @@ async def main() -> None:
                         id=customer,
                         task_queue=queue,
                     )
-                    code = await asyncio.to_thread(first.wait, 120)
+                    try:
+                        code = await asyncio.to_thread(first.wait, 120)
+                    except subprocess.TimeoutExpired:
+                        first.kill()  # it never reached its crash point: leave nothing behind
+                        raise
                     assert code == 137, f"the worker was to die with 137, got {code}"
                     second = _spawn(address, queue, effects, home, mode, point)
                     try:

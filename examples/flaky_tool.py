@@ -23,6 +23,7 @@ class FlakyTool(Workload):
         "p_fail_backup": 0.1,
     }
     interventions: ClassVar[Mapping[str, Mapping[str, Any]]] = {"switch-to-backup": {}}
+    feature_types: ClassVar[Mapping[str, Any]] = {"failed_last": bool, "items_done": int}
 
     def check_params(self) -> None:
         for key in ("p_fail", "p_fail_backup"):

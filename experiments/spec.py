@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from experiments.runtime.canon import digest
+from experiments.runtime.contract import ContractViolation, feature_kinds, from_exception
 from experiments.runtime.runner import workload_class
 from experiments.runtime.workload import Workload, WorkloadError
 
@@ -139,7 +140,11 @@ class Guard(Strict):
         "null means no slice may have more harms than rescues.",
     )
     holdout_episodes: int = Field(
-        default=0, ge=0, le=MAX_HOLDOUT, description="Fresh episodes for validation."
+        default=0,
+        ge=0,
+        le=MAX_HOLDOUT,
+        description="Fresh episodes (after the spec's) for validating the guard rule; "
+        "0, the default, means as many as the spec has.",
     )
 
 
@@ -321,7 +326,14 @@ def _parse_spec(text: str, source: str) -> ExperimentSpec:
 def resolve_workload(spec: ExperimentSpec, source: str = "spec") -> Workload:
     """Instantiate the spec's workload and check every world's intervention against it."""
     try:
-        workload = workload_class(spec.workload.name)(spec.workload.params)
+        cls = workload_class(spec.workload.name)
+        try:
+            workload = cls(spec.workload.params)
+            feature_kinds(cls)
+        except (WorkloadError, ContractViolation):
+            raise
+        except Exception as exc:  # the workload's own code failed, not the spec
+            raise from_exception(cls, exc, "while loading the workload") from exc
         for i, world in enumerate(spec.worlds):
             if world.intervention is None:
                 continue
@@ -331,6 +343,8 @@ def resolve_workload(spec: ExperimentSpec, source: str = "spec") -> Workload:
                 raise WorkloadError(f"worlds[{i}].{exc.field}", exc.message) from None
     except WorkloadError as exc:
         raise SpecError(f"{source}: field {exc.field}: {exc.message}") from None
+    except ContractViolation as exc:
+        raise SpecError(f"{source}: {exc}") from exc
     except Exception as exc:  # the workload's own code failed: name it, one line
         raise SpecError(
             f"{source}: field workload.name: the workload {spec.workload.name!r} failed "

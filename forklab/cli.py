@@ -32,6 +32,8 @@ def build_parser(local_only: bool = False) -> argparse.ArgumentParser:
             agent_services,
             approval_commands,
             demo_command,
+            doctor_command,
+            evals_command,
             experiment_commands,
             service_commands,
         )
@@ -42,6 +44,8 @@ def build_parser(local_only: bool = False) -> argparse.ArgumentParser:
         demo_command.register(sub)
         agent_commands.register(sub)
         agent_services.register(sub)
+        doctor_command.register(sub)
+        evals_command.register(sub)
     return parser
 
 

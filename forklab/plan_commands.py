@@ -10,7 +10,7 @@ from experiments.plan import rehearse
 from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
 from experiments.report.render_text import render_text
-from experiments.runtime.runner import BoundaryMissingError, StuckWorldError
+from experiments.runtime.contract import ContractViolation
 from experiments.runtime.workload import WorkloadError
 from experiments.spec import SpecError, json_schema
 from forklab.errors import CliError
@@ -26,12 +26,12 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     try:
-        report = rehearse(spec, processes=args.processes, memo=not args.no_memo)
-    except (BoundaryMissingError, StuckWorldError) as exc:
-        raise CliError(
-            f"{args.spec}: the rehearsal cannot run this spec: {exc}", SPEC_EXIT
-        ) from None
-    except SpecError as exc:
+        # --debug runs in this process, so the traceback shows the workload's own frames.
+        processes = 1 if args.debug else args.processes
+        report = rehearse(spec, processes=processes, memo=not args.no_memo)
+    except (ContractViolation, SpecError) as exc:
+        if args.debug:
+            raise
         raise CliError(f"{args.spec}: {exc}", SPEC_EXIT) from None
     except WorkloadError as exc:
         raise CliError(f"{args.spec}: field {exc.field}: {exc.message}", SPEC_EXIT) from None
@@ -76,5 +76,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="simulate every episode in full, even where a randomness-free run could be "
         "reused (benchmarks; the report is identical)",
+    )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="when the workload breaks its contract, also print the Python traceback",
     )
     p.set_defaults(func=cmd_plan)

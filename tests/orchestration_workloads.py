@@ -42,6 +42,7 @@ class Toy(Workload):
         "crash": {},
         "garbage": {},
     }
+    feature_types: ClassVar[Mapping[str, Any]] = {"ahead": bool}
 
     def initial_state(self, episode_seed: int, shocks: Shocks) -> State:
         return {"t": 0, "score": 0, "boost": False}
@@ -88,9 +89,12 @@ def _probe(home: str, port: int) -> str:
     import glob
     import socket
 
-    secrets = glob.glob(os.path.join(home, "tokens", "*")) + glob.glob(
-        os.path.join(home, "keys", "**", "*"), recursive=True
-    )
+    secrets = glob.glob(os.path.join(home, "tokens", "*")) + [
+        path
+        for folder in ("keys", "approval-keys")
+        for path in glob.glob(os.path.join(home, folder, "**", "*"), recursive=True)
+        if os.path.isfile(path)
+    ]
     read = []
     for path in secrets:
         try:

@@ -112,6 +112,7 @@ def test_comparison_rows_holm_and_wilson_match_statsmodels() -> None:
             ],
         )
         rows = comparison_rows(spec, out, dimensions(out.features, 4))
+        assert [r.world for r in rows] == [f"w{i}" for i in range(k)]  # nothing to skip
         raw = [r.mcnemar_p for r in rows]
         expected_holm = multipletests(raw, method="holm")[1]
         base = columns["baseline"]
@@ -126,9 +127,19 @@ def test_comparison_rows_holm_and_wilson_match_statsmodels() -> None:
             assert (row.difference, row.ci_low, row.ci_high) == pytest.approx(
                 (d, low, high), abs=TOL
             )
+            assert row.slice_effects
             for s in row.slice_effects:
                 assert s.n == s.rescue + s.harm + s.unchanged
                 assert s.ci_low <= s.difference <= s.ci_high
+        # the guard in build_report runs counter-recovery, so give it that workload's feature
+        feats = [{"obs_repeated": f["flag"]} for f in out.features]
+        worlds = build_report(spec, out.model_copy(update={"features": feats}), "d").worlds
+        assert [w.name for w in worlds] == list(columns)
+        for w in worlds:
+            failures = n - sum(columns[w.name])
+            low, high = proportion_confint(failures, n, alpha=0.05, method="wilson")
+            assert (w.failures, w.episodes) == (failures, n)
+            assert (w.failure_ci_low, w.failure_ci_high) == pytest.approx((low, high), abs=TOL)
 
 
 def test_world_failure_intervals_are_wilson() -> None:
@@ -155,6 +166,7 @@ def test_world_failure_intervals_are_wilson() -> None:
         ],
     )
     report = build_report(spec, out, "d")
+    assert [row.name for row in report.worlds] == ["baseline", "w0", "w1"]
     for row in report.worlds:
         low, high = proportion_confint(row.failures, row.episodes, alpha=0.05, method="wilson")
         assert (row.failure_ci_low, row.failure_ci_high) == pytest.approx((low, high), abs=TOL)

@@ -74,7 +74,9 @@ def test_a_failed_validity_check_makes_every_verdict_invalid() -> None:
     assert {v.verdict for v in report.verdicts} == {Verdict.invalid}
     assert render_text(report).endswith("INVALID: a validity check failed")
     assert "The verdicts above are void" in render_markdown(report)
-    assert "Invalid: a validity check failed" in render_html(report)
+    page = render_html(report)
+    assert "Invalid: workload_identity failed; the effects below are not evidence." in page
+    assert "Hypothesis not judged: the experiment is invalid." in page
     # the untampered outcomes give real verdicts
     clean = build_report(spec, outcomes, digest)
     assert clean.valid and Verdict.invalid not in {v.verdict for v in clean.verdicts}

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
-
 from experiments.analysis.guard import (
-    DEFAULT_HOLDOUT_CAP,
-    guarded_outcomes,
-    holdout_size,
+    GuardCounts,
+    GuardEvaluation,
+    held_out_validation,
     learn_rule,
     rule_words,
 )
 from experiments.analysis.slices import Dimension, SliceEffect, dimensions, slice_effects
-from experiments.engine import run_twin, world_plan
 from experiments.plan import rehearse
+from experiments.report.render_html import render_html
+from experiments.report.render_markdown import render_markdown
+from experiments.report.render_text import render_text
 from experiments.runtime.runner import rule_fires
-from experiments.spec import ExperimentSpec, parse_spec
+from experiments.spec import parse_spec
 from tests.helpers import ROOT
 
 RECOVERY = ROOT / "experiments" / "recovery-counter.yaml"
@@ -104,69 +102,47 @@ def test_equal_rescues_prefer_the_rule_that_intervenes_less() -> None:
     assert basis == "narrow" and sum(s.n for s in chosen) == 20
 
 
-@pytest.mark.parametrize(
-    ("workload", "params", "treatment", "rule", "forks"),
-    [
-        ("counter-recovery", {}, "refresh", {"any": [{"obs_repeated": {"eq": True}}]}, 1),
-        (
-            "counter-recovery",
-            {"noise": 0.2},
-            "refresh",
-            {"any": [{"obs_repeated": {"eq": True}}]},
-            3,
-        ),
-        (
-            "retry-cascade",
-            {},
-            "restart",
-            {"any": [{"queue_depth": {"ge": 1}}, {"upstream": {"eq": "healthy"}}]},
-            1,
-        ),
-    ],
-)
-def test_the_derived_guarded_world_is_the_simulated_one(
-    workload: str, params: dict[str, Any], treatment: str, rule: dict[str, Any], forks: int
-) -> None:
-    """Deriving the guarded world (treatment where the rule fires, baseline elsewhere)
-    gives exactly what running it gives, outcome and intervention, episode by episode."""
-    spec = ExperimentSpec.model_validate(
-        {
-            "id": "derive",
-            "hypothesis": {"text": "h"},
-            "seed": 3,
-            "episodes": 300,
-            "workload": {"name": workload, "params": params},
-            "worlds": [
-                {"name": "baseline", "role": "baseline"},
-                {"name": treatment, "role": "treatment", "intervention": {"name": treatment}},
-            ],
+def _evaluation(always: int, guarded: int) -> GuardEvaluation:
+    def counts(net: int) -> GuardCounts:
+        rescue, harm = max(net, 0) + 5, 5 - min(net, 0)
+        return GuardCounts(episodes=100, intervened=50, rescue=rescue, harm=harm, net=net)
+
+    return GuardEvaluation(
+        first_episode=300, last_episode=399, before=counts(always), after=counts(guarded)
+    )
+
+
+def test_a_rule_below_always_or_never_does_not_validate_in_words_and_verdicts() -> None:
+    assert held_out_validation(_evaluation(always=7, guarded=3)) == (
+        False,
+        "the rule did not validate: on held-out episodes 300..399 its net +3 is below "
+        "always applying it (+7)",
+    )
+    assert held_out_validation(_evaluation(always=-9, guarded=-2)) == (
+        False,
+        "the rule did not validate: on held-out episodes 300..399 its net -2 is below "
+        "never applying it (+0)",
+    )
+    assert held_out_validation(_evaluation(always=1, guarded=-2))[1].endswith(
+        "its net -2 is below always applying it (+1) and never applying it (+0)"
+    )
+    assert held_out_validation(_evaluation(always=2, guarded=2))[0] is True
+    # The report says so in words and in the verdict table, in every rendering.
+    report = rehearse(parse_spec(RECOVERY.read_text(), "recovery"))
+    assert report.guard is not None and report.guard.validated
+    held = _evaluation(always=7, guarded=3)
+    validated, why = held_out_validation(held)
+    bad = report.model_copy(
+        update={
+            "guard": report.guard.model_copy(
+                update={"held_out": held, "validated": validated, "validation": why}
+            )
         }
     )
-    plans = [
-        world_plan(spec.worlds[0], forks),
-        world_plan(spec.worlds[1], forks),
-        world_plan(spec.worlds[1], forks, guard=rule, name="guarded"),
-    ]
-    batch = run_twin(spec, worlds=plans, processes=1).batch
-    cols = batch["worlds"]
-    derived = guarded_outcomes(
-        rule,
-        batch["features"],
-        cols["baseline"]["outcomes"],
-        cols[treatment]["outcomes"],
-        cols[treatment]["intervened"],
+    assert f"  guard policy for refresh: NOT VALIDATED ({why})" in render_text(bad)
+    row = (
+        f"| guard on refresh | guard policy | beats always and never | **not validated** | {why} |"
     )
-    assert derived == (cols["guarded"]["outcomes"], cols["guarded"]["intervened"])
-    fired = sum(derived[1])
-    assert 0 < fired < 300  # the rule splits the episodes, so both branches are checked
-    assert derived[0] != cols[treatment]["outcomes"] and derived[0] != cols["baseline"]["outcomes"]
-
-
-def test_held_out_episodes_are_capped_by_default() -> None:
-    spec = parse_spec(RECOVERY.read_text(), str(RECOVERY))
-    assert holdout_size(spec) == spec.episodes == 300
-    big = spec.model_copy(update={"episodes": 2_000_000})
-    assert holdout_size(big) == DEFAULT_HOLDOUT_CAP
-    chosen = big.analysis.guard.model_copy(update={"holdout_episodes": 50_000})
-    asked = big.model_copy(update={"analysis": big.analysis.model_copy(update={"guard": chosen})})
-    assert holdout_size(asked) == 50_000
+    assert row in render_markdown(bad)
+    badge = f'<span class="badge refuted">not validated</span></td><td>{why}</td>'
+    assert badge in render_html(bad)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from experiments.workloads.counter_recovery import CounterRecovery
 from tests.helpers import ROOT, run_cli
 
 GOOD = yaml.safe_load((ROOT / "experiments" / "recovery-counter.yaml").read_text())
@@ -104,9 +106,15 @@ def test_boundary_that_no_episode_reaches_is_an_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = variant(workload={"name": "counter-recovery", "params": {"fork_step": 20}})
-    code, _, err = run_cli(capsys, "plan", str(write(tmp_path, spec)))
+    path = write(tmp_path, spec)
+    code, _, err = run_cli(capsys, "plan", str(path))
     assert code == 2
-    assert "requested boundary 20 but the run ended at" in err
+    line = inspect.getsourcelines(CounterRecovery.boundary)[1]
+    assert err == (
+        f"forklab: error: {path}: CounterRecovery.boundary() asked for cursor 20 but the run "
+        f"ended at 9; boundary() is defined at experiments/workloads/counter_recovery.py:{line} "
+        "(episode 0, prefix, step 10)\n"
+    )
 
 
 def test_json_spec_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

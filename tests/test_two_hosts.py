@@ -24,7 +24,15 @@ import boto3
 import psycopg
 import pytest
 from cryptography.hazmat.primitives import serialization
-from orchestration_lab import FORKLAB, Lab, cli_env, forklab, lab_settings, make_spec
+from orchestration_lab import (
+    FORKLAB,
+    Lab,
+    cli_env,
+    forklab,
+    lab_settings,
+    make_spec,
+    temporal_path,
+)
 from stores_lab import S3_ENV, Proxy, make_bucket, moto_server, postgres_database
 from temporalio.testing import WorkflowEnvironment
 
@@ -132,10 +140,9 @@ async def test_two_workers_with_two_homes_share_one_experiment(
         deadline = time.monotonic() + 120
         while victim is None:
             for name, backend in backends.items():
-                running = backend.list({"forklab.experiment": spec.id})
-                worlds = {backend._read(i).labels["forklab.world"] for i in running}  # type: ignore[union-attr]
-                if worlds - {"prefix"}:
-                    victim = name
+                for world in ("baseline", "boost", "placebo"):
+                    if backend.list({"forklab.experiment": spec.id, "forklab.world": world}):
+                        victim = name
             assert time.monotonic() < deadline, "no world batch started"
             await asyncio.sleep(0.05)
         os.killpg(workers[victim].pid, signal.SIGKILL)
@@ -207,3 +214,72 @@ async def test_two_workers_with_two_homes_share_one_experiment(
         assert workers[survivor].poll() is None
         s3_proxy.down()
         pg_proxy.down()
+
+
+async def test_a_key_issued_on_one_worker_approves_work_run_on_another(
+    temporal_env: WorkflowEnvironment,
+    tmp_path: Path,
+    processes: list[subprocess.Popen[bytes]],
+) -> None:
+    """Started without a key (`temporal workflow start`), the run asks a worker to make the
+    key pair: the private key lands in THAT worker's home. The issuing worker is then
+    killed, the approver signs on its host, and the other worker, which never saw the key,
+    takes the approval and runs everything after it."""
+    bucket = f"forklab-{uuid.uuid4().hex[:8]}"
+    with moto_server() as s3, postgres_database() as database:
+        make_bucket(s3, bucket)
+        shared = {
+            "FORKLAB_ARTIFACTS": f"s3://{bucket}/forklab",
+            "FORKLAB_S3_ENDPOINT": s3,
+            "FORKLAB_LEDGER": database,
+        }
+        operator = lab_settings(temporal_env, tmp_path / "operator")
+        homes = {name: tmp_path / f"host-{name}" for name in ("a", "b")}
+        workers = {}
+        for name, home in homes.items():
+            env = host_env(operator, home, shared)
+            workers[name] = start_worker(env, tmp_path / f"worker-{name}.log")
+            processes.append(workers[name])
+        lab = Lab(client=temporal_env.client, settings=operator)
+        spec = make_spec(episodes=12)
+        wid = workflow_id(spec.id)
+        body = {"spec": spec.model_dump(mode="json"), "requested_by": "cli", "batch_episodes": 6}
+        started = await asyncio.to_thread(
+            subprocess.run,
+            [temporal_path(), "--address", operator.address, "workflow", "start",
+             "--type", "ForkLabExperiment", "--workflow-id", wid,
+             "--task-queue", operator.task_queue, "--input", json.dumps(body)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        handle = temporal_env.client.get_workflow_handle(wid, result_type=ExperimentResult)
+        view = await lab.wait_for(handle, Stage.awaiting_approval, timeout=120)
+        holders = [
+            name
+            for name, home in homes.items()
+            if key_path(home, wid, view.approval.run_id).is_file()
+        ]
+        assert len(holders) == 1, holders  # the key is on the issuing worker's host only
+        issuer = holders[0]
+        other = "b" if issuer == "a" else "a"
+        os.killpg(workers[issuer].pid, signal.SIGKILL)  # gone before anything runs
+        workers[issuer].wait()
+        on_issuer = host_env(operator, homes[issuer], shared)  # the approver, on that host
+        approved = await asyncio.to_thread(
+            forklab, on_issuer, "approve", spec.id, "--approver", "kim"
+        )
+        assert approved.returncode == 0, approved.stderr + approved.stdout
+
+        result = await asyncio.wait_for(handle.result(), timeout=240)
+        assert result.status is Status.completed, result.error
+        assert result.approval.decided_by == "kim"
+        assert [(w.name, w.episodes) for w in result.worlds] == [
+            (name, 12) for name in ("baseline", "boost", "placebo")
+        ]
+        assert not (homes[other] / "approval-keys").exists()
+        assert workers[other].poll() is None
+        reader = host_env(operator, tmp_path / "reader", shared)
+        report = await asyncio.to_thread(forklab, reader, "report", spec.id, "--json")
+        assert report.returncode == 0, report.stderr
+        twin = rehearse(make_spec(id=spec.id, episodes=12))
+        assert json.loads(report.stdout)["outcomes_digest"] == twin.outcomes_digest

@@ -190,3 +190,32 @@ async def test_the_worker_not_the_spec_decides_whether_approval_may_be_skipped(
     assert result.status is Status.completed, result.error
     assert result.approval.status is ApprovalStatus.not_required
     assert "this worker allows it" in result.approval.policy
+
+
+async def test_hostile_workload_cannot_read_the_key_a_worker_made(lab: Lab) -> None:
+    """Started raw, the worker writes the private key under its home before the rehearsal;
+    the rehearsal's workload code (in a box) looks for it there and finds nothing."""
+    base = make_spec(episodes=12)
+    home = lab.settings.home
+    params = {"home": str(home), "port": lab.settings.port}
+    spec = base.model_copy(
+        update={
+            "workload": base.workload.model_copy(
+                update={"name": "orchestration_workloads:Hostile", "params": params}
+            )
+        }
+    )
+    handle = await lab.client.start_workflow(
+        ExperimentWorkflow.run,
+        ExperimentInput(spec=spec, batch_episodes=12, rehearsal_episodes=0),
+        id=workflow_id(spec.id),
+        task_queue=lab.settings.task_queue,
+        result_type=ExperimentResult,
+    )
+    result = await handle.result()
+    keys = list((home / "approval-keys").rglob("*.key"))
+    assert len(keys) == 1  # the key was there to steal
+    assert result.status is Status.failed and result.error is not None
+    assert "hostile report: secrets=[]" in result.error, result.error
+    assert "PRIVATE" not in result.error
+    assert result.approval.attempts_total == 0

@@ -37,6 +37,9 @@ async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> Non
     assert report["comparisons"] == json.loads(twin.model_dump_json())["comparisons"]
     markdown = lab.store.get_bytes(result.analysis.markdown_digest).decode()
     assert "recovery" in markdown and result.snapshot_id and result.snapshot_id in markdown
+    # no model configured: the report shows the deterministic readout and says so
+    assert result.analysis.readout == "deterministic"
+    assert "## Readout" in markdown and "Deterministic readout: no model is configured" in markdown
     # every world from one snapshot, every batch once, nothing left behind
     assert result.cleanup is not None and result.cleanup.left == 0
     assert lab.sandboxes(spec.id) == [] and lab.sandbox_folders() == []
@@ -56,9 +59,11 @@ async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> Non
     assert json.loads((out / "report.json").read_text()) == report
     html = (out / "report.html").read_text()
     assert_self_contained(html)
-    assert html.count("<svg") == 3 and "<h2>Durable run</h2>" in html
+    # failure rates, rescues vs harms, a slice chart for each of the three comparisons
+    assert html.count("<svg") == 2 + 3 and "<h2>Durable run</h2>" in html
     assert (
-        f"<code>{result.plan_fingerprint}</code>" in html
+        f'<code class="hash" title="{result.plan_fingerprint}">{result.plan_fingerprint}</code>'
+        in html
         and escape(result.network_isolation) in html
     )
     # what the Web UI shows: search attributes and a summary on every sandbox activity

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from orchestration_lab import Lab, make_spec
+from temporalio.client import WorkflowFailureError
 
 from workflows.messages import Stage, Status
 
@@ -34,7 +36,9 @@ async def test_hostile_rehearsal_reaches_no_token_no_server_no_home(lab: Lab) ->
     (home / "keys").mkdir(exist_ok=True)
     (home / "keys" / "approver.key").write_text("PRIVATE KEY\n")
     handle, _ = await lab.start(spec)
-    result = await asyncio.wait_for(handle.result(), timeout=120)
+    with pytest.raises(WorkflowFailureError):  # failed before approval: restartable
+        await asyncio.wait_for(handle.result(), timeout=120)
+    result = await lab.status(handle)
     assert result.status is Status.failed
     assert result.error is not None and "hostile report:" in result.error, result.error
     assert "victim-token" not in result.error and "PRIVATE" not in result.error

@@ -21,13 +21,16 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.approval import ApprovalActivities
+from activities.evidence_log import EvidenceActivities
 from activities.planning import PlanningActivities
+from activities.readout import ReadoutActivities
 from activities.records import RecordActivities
-from activities.sandbox.local import LocalSandboxBackend
+from activities.sandbox.base import SandboxBackend
 from activities.sandbox.workload_calls import WorkloadCalls
 from activities.shared_snapshots import SharedSnapshots
 from activities.world_batches import SandboxActivities
 from workers.config import Settings
+from workers.providers import braintrust_config, readout_config, sandbox_backend
 from workers.stores import artifact_store, check_stores, ledger
 from workflows.experiment import ExperimentWorkflow
 from workflows.search_attributes import EXPERIMENT, STAGE
@@ -79,9 +82,12 @@ def cpu_pool() -> ProcessPoolExecutor:
     )
 
 
-def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., Any]]:
-    """Every activity of the experiment workflow, bound to this worker's clients."""
-    backend = LocalSandboxBackend(settings.sandboxes_dir)
+def build_activities(
+    settings: Settings, cpu: Executor, backend: SandboxBackend | None = None
+) -> list[Callable[..., Any]]:
+    """Every activity of the experiment workflow, bound to this worker's clients; the
+    sandbox backend is the one ``FORKLAB_SANDBOX`` names unless one is given."""
+    backend = backend or sandbox_backend(settings)
     store = artifact_store(settings)
     snapshots = SharedSnapshots(backend, store)
     calls = WorkloadCalls(settings.sandboxes_dir / "calls")
@@ -89,6 +95,8 @@ def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., An
     approval = ApprovalActivities(settings.home, settings.allow_unapproved)
     sandboxes = SandboxActivities(backend, store, snapshots)
     records = RecordActivities(store, ledger(settings), cpu, calls)
+    readout = ReadoutActivities(store, readout_config())
+    evidence = EvidenceActivities(store, settings.home / "braintrust-outbox", braintrust_config())
     return [
         planning.rehearse,
         planning.resolve_snapshot,
@@ -102,6 +110,8 @@ def build_activities(settings: Settings, cpu: Executor) -> list[Callable[..., An
         records.load_progress,
         records.analyse,
         records.record_ledger,
+        readout.write_readout,
+        evidence.log_evidence,
     ]
 
 
@@ -118,13 +128,15 @@ def workflow_runner() -> SandboxedWorkflowRunner:
     return SandboxedWorkflowRunner(restrictions=restrictions)
 
 
-def build_worker(client: Client, settings: Settings, cpu: Executor) -> Worker:
+def build_worker(
+    client: Client, settings: Settings, cpu: Executor, backend: SandboxBackend | None = None
+) -> Worker:
     return Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
         workflow_runner=workflow_runner(),
-        activities=build_activities(settings, cpu),
+        activities=build_activities(settings, cpu, backend),
         max_concurrent_activities=settings.max_sandboxes + _SPARE_ACTIVITY_SLOTS,
     )
 

@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from activities.approval import ApprovalActivities
+    from activities.evidence_log import EvidenceActivities, EvidenceInput
     from activities.models import (
         AnalyseInput,
         AnalysisResult,
@@ -40,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         SnapshotInput,
     )
     from activities.planning import PlanningActivities
+    from activities.readout import ReadoutActivities
     from activities.records import RecordActivities
     from activities.world_batches import SNAPSHOT_CORRUPTED, SandboxActivities
     from experiments.engine import spec_world_plans
@@ -171,10 +173,12 @@ class ExperimentWorkflow:
         workflow.upsert_search_attributes([EXPERIMENT.value_set(self._spec.id)])
         state = self._state
         analysis: AnalysisResult | None = None
+        approved = inp.carry is not None
         try:
             if inp.carry is None:
                 await self._plan_and_approve()
-            else:
+            approved = True
+            if inp.carry is not None:
                 await self._resume(inp.carry)
                 if state.gate.pending:
                     await self._await_approval()
@@ -183,7 +187,7 @@ class ExperimentWorkflow:
             self._enter(Stage.running_worlds, "running world batches")
             await self._run_units(state.world_units())
             await self._clean_up()
-            analysis = await self._analyse()
+            analysis = await self._readout(await self._analyse())
             state.status = Status.completed
         except _Stop as stop:
             state.status = stop.status
@@ -201,6 +205,10 @@ class ExperimentWorkflow:
         await self._clean_up()
         await self._record(analysis)
         self._enter(Stage.done, f"{state.status.value}{': ' + state.error if state.error else ''}")
+        if state.status is Status.failed and not approved:
+            # Nothing was spent: fail the workflow itself, so that the id-reuse policy
+            # (allow duplicate, failed only) lets the operator start it again under its id.
+            raise ApplicationError(state.error or "failed", type="FailedBeforeApproval")
         return views.result(state, analysis)
 
     async def _cancelled(self) -> None:
@@ -259,7 +267,12 @@ class ExperimentWorkflow:
         self._enter(Stage.checking_capacity, "checking budget and concurrency (no compute)")
         capacity = await workflow.execute_activity_method(
             PlanningActivities.check_capacity,
-            CapacityInput(spec=spec, rehearsal=rehearsal, batch_episodes=self._inp.batch_episodes),
+            CapacityInput(
+                spec=spec,
+                rehearsal=rehearsal,
+                batch_episodes=self._inp.batch_episodes,
+                snapshot_id=snapshot.snapshot_id,
+            ),
             start_to_close_timeout=timeouts.SHORT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary="capacity check: budget and concurrency",
@@ -488,30 +501,72 @@ class ExperimentWorkflow:
             summary="analysis: pairs, slices, validity checks, report",
         )
 
-    async def _record(self, analysis: AnalysisResult | None) -> None:
+    async def _readout(self, analysis: AnalysisResult) -> AnalysisResult:
+        """The report gains a readout section: a model's, if it is faithful to the numbers,
+        else the deterministic one. The activity always answers; should it still fail, the
+        report stays as the analysis wrote it."""
+        self._enter(Stage.analysing, "writing the readout")
+        try:
+            return await workflow.execute_activity_method(
+                ReadoutActivities.write_readout,
+                analysis,
+                start_to_close_timeout=timeouts.READOUT_TIMEOUT,
+                retry_policy=timeouts.TRANSIENT_RETRY,
+                summary="readout: model, checked against the evidence packet, or deterministic",
+            )
+        except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                raise
+            return analysis
+
+    def _ledger_input(self, analysis: AnalysisResult | None) -> LedgerInput:
         state = self._state
-        self._enter(Stage.recording, "writing the ledger rows")
         plan = state.plan
+        return LedgerInput(
+            experiment_id=self._spec.id,
+            run_id=state.origin_run_id,
+            status=state.status.value,
+            spec=self._spec,
+            plan_fingerprint=plan.fingerprint if plan else "",
+            budget=state.ledger.use.model_dump(mode="json"),
+            approval=state.gate.state.model_dump(mode="json"),
+            report_digest=analysis.report_digest if analysis else None,
+            error=state.error,
+            worlds=analysis.worlds if analysis else [],
+            snapshot_id=plan.snapshot.snapshot_id if plan else "",
+            code_digest=plan.snapshot.code_digest if plan else "",
+        )
+
+    async def _record(self, analysis: AnalysisResult | None) -> None:
+        self._enter(Stage.recording, "writing the ledger rows")
+        ledger = self._ledger_input(analysis)
         await workflow.execute_activity_method(
             RecordActivities.record_ledger,
-            LedgerInput(
-                experiment_id=self._spec.id,
-                run_id=state.origin_run_id,
-                status=state.status.value,
-                spec=self._spec,
-                plan_fingerprint=plan.fingerprint if plan else "",
-                budget=state.ledger.use.model_dump(mode="json"),
-                approval=state.gate.state.model_dump(mode="json"),
-                report_digest=analysis.report_digest if analysis else None,
-                error=state.error,
-                worlds=analysis.worlds if analysis else [],
-                snapshot_id=plan.snapshot.snapshot_id if plan else "",
-                code_digest=plan.snapshot.code_digest if plan else "",
-            ),
+            ledger,
             start_to_close_timeout=timeouts.SHORT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary="ledger: one experiment row and one row per world",
         )
+        await self._log_evidence(ledger)
+
+    async def _log_evidence(self, ledger: LedgerInput) -> None:
+        """Braintrust, after the local ledger: the activity queues the trace and reports
+        whether it was sent; its failure is shown, never the experiment's."""
+        state = self._state
+        digests = [state.prefixes[i].checkpoints_digest for i in sorted(state.prefixes)]
+        try:
+            logged = await workflow.execute_activity_method(
+                EvidenceActivities.log_evidence,
+                EvidenceInput(ledger=ledger, checkpoint_digests=digests),
+                start_to_close_timeout=timeouts.EVIDENCE_LOG_TIMEOUT,
+                retry_policy=timeouts.TRANSIENT_RETRY,
+                summary="evidence log: Braintrust root span and one child per world",
+            )
+            state.evidence_log = f"{logged.state.value}: {logged.message}"
+        except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                raise
+            state.evidence_log = f"not logged: {_cause(err)}"
 
     # --- what the Web UI shows --------------------------------------------------------
     def _enter(self, stage: Stage, message: str) -> None:

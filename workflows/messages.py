@@ -193,6 +193,9 @@ class StatusView(Model):
     budget: BudgetUse
     progress: RunProgress
     cleanup: CleanupResult | None
+    evidence_log: str | None = Field(
+        default=None, description="Whether Braintrust took the evidence, or why not (queued)."
+    )
 
 
 class ExperimentResult(Model):
@@ -210,6 +213,9 @@ class ExperimentResult(Model):
     skipped: list[str]
     network_isolation: str = Field(description="Private network namespace, or why it fell back.")
     runs: int = Field(description="Workflow runs in the continue-as-new chain.")
+    evidence_log: str | None = Field(
+        default=None, description="Whether Braintrust took the evidence, or why not (queued)."
+    )
 
     @property
     def worlds(self) -> list[WorldSummary]:

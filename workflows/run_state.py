@@ -62,6 +62,7 @@ class RunState:
     prefixes: dict[int, PrefixResult] = field(default_factory=dict)
     batches: dict[tuple[str, int], BatchOutcome] = field(default_factory=dict)
     cleanup: CleanupResult | None = None
+    evidence_log: str | None = None
 
     def moment(self, now: datetime, fresh_nonce: str) -> Moment:
         """The run as the approval gate sees it at ``now``."""

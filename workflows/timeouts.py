@@ -18,6 +18,11 @@ BATCH_START_TO_CLOSE = timedelta(hours=1)
 #: ``activities.heartbeat.HEARTBEAT_SECONDS``; a worker silent for longer than this is
 #: presumed dead and the activity moves to another attempt.
 BATCH_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+#: The readout bounds its model call itself (worker setting, 30 s by default, at most 600 s)
+#: and always answers; this only covers the artifact reads and writes around it.
+READOUT_TIMEOUT = timedelta(minutes=11)
+#: The evidence log bounds its own sending (``activities.evidence_log.SEND_BUDGET_SECONDS``).
+EVIDENCE_LOG_TIMEOUT = timedelta(minutes=2)
 #: Cleanup must finish even when everything else went wrong.
 CLEANUP_TIMEOUT = timedelta(minutes=5)
 

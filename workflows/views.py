@@ -35,6 +35,7 @@ def status_view(state: RunState) -> StatusView:
         budget=state.ledger.use,
         progress=progress(state),
         cleanup=state.cleanup,
+        evidence_log=state.evidence_log,
     )
 
 
@@ -99,6 +100,7 @@ def provenance(state: RunState) -> dict[str, str]:
     return {
         "plan fingerprint": f"`{state.plan.fingerprint}`",
         "snapshot": f"`{state.plan.snapshot.snapshot_id}` ({state.plan.snapshot.backend})",
+        "provenance": state.plan.snapshot.provenance or "not recorded",
         "approval": (
             f"{approval.status.value} by {approval.decided_by}"
             if approval.decided_by
@@ -135,4 +137,5 @@ def result(state: RunState, analysis: AnalysisResult | None) -> ExperimentResult
         skipped=skipped,
         network_isolation=isolation(state),
         runs=state.runs,
+        evidence_log=state.evidence_log,
     )

@@ -37,6 +37,10 @@ class WorkloadSpecError(ValueError):
     """The workload cannot run this spec; the message is the sentence to show."""
 
 
+class WorkloadContractError(WorkloadSpecError):
+    """The workload broke its contract; the message is its one sentence."""
+
+
 class WorkloadCallError(RuntimeError):
     """The box crashed, timed out, or answered something that is not a valid answer."""
 
@@ -102,7 +106,10 @@ class WorkloadCalls:
     ) -> tuple[dict[str, Any], str, ExecResult]:
         """The rehearsal's answer, the code digest it ran, and how the box ran; ``started``
         gets the box's process group id (to kill it when the activity is cancelled)."""
-        request = self._request(spec, plans) | {"episodes": episodes}
+        request = self._request(spec, plans) | {
+            "episodes": episodes,
+            "all_episodes": spec.episodes,
+        }
         files = bundle_files(spec.workload.name)
         answer, result = self._call("rehearse", files, request, started)
         _check_rehearsal(answer, [p.name for p in plans])
@@ -197,6 +204,8 @@ class WorkloadCalls:
             raise WorkloadCallError(f"the {op} box answered something that is not an object")
         if "error" in answer:
             raise WorkloadSpecError(str(answer["error"])[:500])
+        if "contract" in answer:
+            raise WorkloadContractError(str(answer["contract"])[:1000])
         return answer, result
 
 

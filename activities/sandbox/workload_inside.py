@@ -6,11 +6,13 @@ scratch folder and writes ``out.json`` there. Standard library and the bundle on
 must not import ForkLab beyond ``experiments.runtime``, so that workload code never
 shares a process with anything that decides a result.
 
-- ``rehearse``: check the workload and every intervention against it, then time the
-  prefix and each world on the first episodes, as the sandboxes will run them.
+- ``rehearse``: check the workload and every intervention against it, run the prefix of
+  every episode (checking the state and features of each), then time the prefix and
+  each world on the first episodes, as the sandboxes will run them.
 - ``batch``: run episodes through every world (guard validation on held-out episodes).
 
-A spec that cannot run comes back as ``{"error": sentence}``.
+A spec that cannot run comes back as ``{"error": sentence}``; a workload that breaks its
+contract (``experiments.runtime.contract``) as ``{"contract": sentence}``.
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ import time
 from typing import Any
 
 from experiments.runtime.canon import canonical_json
+from experiments.runtime.contract import ContractViolation, feature_kinds, from_exception
 from experiments.runtime.file_format import WorldPlan
 from experiments.runtime.runner import (
-    BoundaryMissingError,
-    StuckWorldError,
     continue_checkpoints,
     run_batch,
     run_prefix,
@@ -34,7 +35,14 @@ from experiments.runtime.workload import Workload, WorkloadError
 
 
 def _workload(request: dict[str, Any]) -> Workload:
-    workload = workload_class(request["workload"])(request["params"])
+    cls = workload_class(request["workload"])
+    try:
+        workload = cls(request["params"])
+    except WorkloadError:
+        raise
+    except Exception as exc:  # the workload's own code failed while loading
+        raise from_exception(cls, exc, "while loading the workload") from exc
+    feature_kinds(cls)
     for i, world in enumerate(request["worlds"]):
         if world["intervention"] is None:
             continue
@@ -51,10 +59,12 @@ def _plans(request: dict[str, Any]) -> list[WorldPlan]:
 
 def rehearse(request: dict[str, Any]) -> dict[str, Any]:
     workload = _workload(request)
-    seed, n = request["seed"], request["episodes"]
+    seed, n, total = request["seed"], request["episodes"], request["all_episodes"]
     start = time.perf_counter()
     checkpoints = [run_prefix(workload, seed, e) for e in range(n)]
     prefix_rate = (time.perf_counter() - start) / n
+    for episode in range(n, total):  # the contract on every prefix, before any approval
+        run_prefix(workload, seed, episode)
     worlds = []
     for plan in _plans(request):
         start = time.perf_counter()
@@ -78,8 +88,8 @@ def main(argv: list[str]) -> int:
         result = op(request)
     except WorkloadError as exc:
         result = {"error": f"field {exc.field}: {exc.message}"}
-    except (BoundaryMissingError, StuckWorldError) as exc:
-        result = {"error": str(exc)}
+    except ContractViolation as exc:
+        result = {"contract": str(exc)}
     with open("out.json", "w", encoding="utf-8") as fh:
         fh.write(canonical_json(result))
     return 0

@@ -105,10 +105,10 @@ def comparison_rows(
         effect = paired_effect(paired_table(ref, w), CONFIDENCE)
         singles: list[SliceEffect] = []
         for dim in dims.values():
-            singles += slice_effects(ref, w, features, [dim], CONFIDENCE)
+            singles += slice_effects(a.outcomes, b.outcomes, out.features, [dim], CONFIDENCE)
         crossed: list[SliceEffect] = []
         for pair in interactions:
-            crossed += slice_effects(ref, w, features, list(pair), CONFIDENCE)
+            crossed += slice_effects(a.outcomes, b.outcomes, out.features, list(pair), CONFIDENCE)
         rows.append(
             ComparisonRow(
                 world=world,
@@ -151,7 +151,7 @@ def build_report(
         forks_per_checkpoint=spec.analysis.forks_per_checkpoint,
     )
     columns = FeatureColumns(out.features)
-    dims = dimensions(columns, spec.analysis.quantile_bins)
+    dims = dimensions(out.features, spec.analysis.quantile_bins)
     comparisons = comparison_rows(spec, out, dims, columns)
     checks = validity_checks(spec, out, code_digest, infra)
     failed = [c.name for c in checks if not c.passed]

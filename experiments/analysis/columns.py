@@ -9,6 +9,7 @@ Python loop over episodes.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -16,6 +17,9 @@ import numpy.typing as npt
 from experiments.runtime.workload import Feature
 
 Bools = npt.NDArray[np.bool_]
+
+#: The value of a feature an episode did not record (counted in no slice).
+MISSING: Any = object()
 Codes = npt.NDArray[np.intp]
 
 
@@ -51,7 +55,11 @@ class FeatureColumn:
 
     @property
     def numeric(self) -> bool:
-        return all(isinstance(v, int | float) and not isinstance(v, bool) for v in self.values)
+        return all(
+            isinstance(v, int | float) and not isinstance(v, bool)
+            for v in self.values
+            if v is not MISSING
+        )
 
     def floats(self) -> npt.NDArray[np.float64]:
         """Every episode's value as a float (numeric features only)."""
@@ -84,9 +92,7 @@ class FeatureColumns(Mapping[str, FeatureColumn]):
             values: list[Feature] = []
             row_codes = np.empty(len(rows), dtype=np.intp)
             for i, f in enumerate(rows):
-                if name not in f:
-                    raise ValueError(f"episode features miss {name!r} in some episodes")
-                value = f[name]
+                value = f.get(name, MISSING)
                 code = index.get(value)
                 if code is None:
                     code = index[value] = len(values)

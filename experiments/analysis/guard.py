@@ -18,6 +18,9 @@ which intervenes only where the rule fires, derived from those two (docs/analysi
 why that is exact and why held-out episodes rather than cross-fitting). The durable path
 passes a ``HeldOutRunner`` that runs baseline, treatment and guarded in a sandbox, so no
 workload code runs beside the analysis (its answer carries no features to derive from).
+The rule *validates* only when its held-out net is at least that of both simple policies,
+always intervening and never intervening (net 0); otherwise the report says it did not,
+in words and in the verdict table.
 """
 
 from __future__ import annotations
@@ -68,6 +71,25 @@ class GuardPolicy(BaseModel):
     words: str
     training: GuardEvaluation
     held_out: GuardEvaluation
+    validated: bool
+    validation: str
+
+
+def held_out_validation(ev: GuardEvaluation) -> tuple[bool, str]:
+    """Did the rule beat both simple policies on held-out episodes? And the sentence."""
+    guarded, always = ev.after.net, ev.before.net
+    span = f"held-out episodes {ev.first_episode}..{ev.last_episode}"
+    worse = [f"always applying it ({always:+d})"] if guarded < always else []
+    worse += ["never applying it (+0)"] if guarded < 0 else []
+    if worse:
+        return False, (
+            f"the rule did not validate: on {span} its net {guarded:+d} is below "
+            + " and ".join(worse)
+        )
+    return True, (
+        f"the rule validated: on {span} its net {guarded:+d} is at least that of always "
+        f"applying it ({always:+d}) and of never applying it (+0)"
+    )
 
 
 def guard_world(spec: ExperimentSpec) -> World | None:
@@ -263,6 +285,8 @@ def guard_policy(
             net=sum(s.net for s in chosen),
         ),
     )
+    evaluation = validate_guard(spec, world, rule, holdout, held_out, processes)
+    validated, validation = held_out_validation(evaluation)
     return GuardPolicy(
         world=world.name,
         intervention=world.intervention.name,
@@ -271,5 +295,7 @@ def guard_policy(
         rule=rule,
         words=rule_words(world.intervention.name, clauses, cap),
         training=training,
-        held_out=validate_guard(spec, world, rule, holdout, held_out, processes),
+        held_out=evaluation,
+        validated=validated,
+        validation=validation,
     )

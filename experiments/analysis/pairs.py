@@ -13,7 +13,13 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel
 
-from experiments.analysis.columns import Bools, FeatureColumns, feature_columns, pair_kinds
+from experiments.analysis.columns import (
+    MISSING,
+    Bools,
+    FeatureColumns,
+    feature_columns,
+    pair_kinds,
+)
 from experiments.runtime.workload import Feature
 from experiments.stats import mcnemar_exact_p, paired_difference_ci
 
@@ -129,7 +135,7 @@ def slice_counts(
         for value, c in sorted(
             zip(column.values, counts.reshape(-1, 3), strict=True), key=lambda vc: _order(vc[0])
         ):
-            if c.sum():
+            if c.sum() and value is not MISSING:
                 out.append(
                     SliceCounts(
                         feature=name,
@@ -143,7 +149,9 @@ def slice_counts(
 
 
 def _order(value: Feature) -> tuple[int, float, str]:
-    """Numbers (and booleans) in numeric order before strings in text order."""
+    """Numbers (and booleans) in numeric order, then strings in text order, then missing."""
+    if value is None:
+        return (2, 0.0, "")
     if isinstance(value, str):
         return (1, 0.0, value)
     return (0, float(value), "")

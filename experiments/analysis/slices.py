@@ -15,17 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel
 
-from experiments.analysis.columns import (
-    Bools,
-    Codes,
-    FeatureColumn,
-    FeatureColumns,
-    feature_columns,
-    pair_kinds,
-)
 from experiments.analysis.pairs import CONFIDENCE, PairedTable, paired_effect
 from experiments.runtime.workload import Feature
 from experiments.stats import bin_bounds, bin_label, quantile_edges
@@ -56,8 +47,9 @@ class Dimension:
     edges: tuple[float, ...] | None = None
 
     def cell(self, value: Feature) -> tuple[tuple[int, float, str], Feature, dict[str, Any]]:
-        """(sort key, shown value, matcher) of the slice that holds ``value``."""
-        if self.edges is None:
+        """(sort key, shown value, matcher) of the slice that holds ``value``; a missing
+        value (``None``, for an optional feature) is a slice of its own."""
+        if self.edges is None or value is None:
             return _order(value), value, {"eq": value}
         lo, hi = bin_bounds(float(value), self.edges)
         matcher: dict[str, Any] = {}
@@ -70,85 +62,68 @@ class Dimension:
 
 
 def _order(value: Feature) -> tuple[int, float, str]:
-    """Numbers (and booleans) in numeric order before strings in text order."""
+    """Numbers (and booleans) in numeric order, then strings in text order, then missing."""
+    if value is None:
+        return (2, 0.0, "")
     if isinstance(value, str):
         return (1, 0.0, value)
     return (0, float(value), "")
 
 
-Cell = tuple[tuple[int, float, str], Feature, dict[str, Any]]
+def _numeric(values: Sequence[Feature]) -> bool:
+    """Numbers only (missing values aside, which slice on their own)."""
+    present = [v for v in values if v is not None]
+    return bool(present) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in present
+    )
 
 
-def _cells(dim: Dimension, column: FeatureColumn) -> tuple[Codes, list[Cell]]:
-    """Each episode's cell of ``dim`` and the cells: (sort key, shown value, matcher).
-
-    Worked out once per distinct value; distinct values with one sort key share a cell."""
-    by_key: dict[tuple[int, float, str], int] = {}
-    cells: list[Cell] = []
-    of_value = np.empty(len(column.values), dtype=np.intp)
-    for i, value in enumerate(column.values):
-        cell = dim.cell(value)
-        k = by_key.get(cell[0])
-        if k is None:
-            k = by_key[cell[0]] = len(cells)
-            cells.append(cell)
-        of_value[i] = k
-    return of_value[column.codes], cells
-
-
-def dimensions(
-    features: Sequence[dict[str, Feature]] | FeatureColumns, bins: int
-) -> dict[str, Dimension]:
+def dimensions(features: Sequence[dict[str, Feature]], bins: int) -> dict[str, Dimension]:
     """One dimension per recorded feature; numeric ones binned into ``bins`` quantiles."""
-    columns = feature_columns(features)
+    names = sorted({name for feats in features for name in feats})
     dims: dict[str, Dimension] = {}
-    for name, column in columns.items():
-        if column.numeric:
-            dims[name] = Dimension(name, tuple(quantile_edges(column.floats(), bins)))
+    for name in names:
+        values = [feats[name] for feats in features if name in feats]
+        if _numeric(values):
+            numbers = [float(v) for v in values if isinstance(v, int | float)]
+            edges = quantile_edges(numbers, bins)
+            dims[name] = Dimension(name, tuple(edges))
         else:
             dims[name] = Dimension(name)
     return dims
 
 
 def slice_effects(
-    reference: Sequence[bool] | Bools,
-    world: Sequence[bool] | Bools,
-    features: Sequence[dict[str, Feature]] | FeatureColumns,
+    reference: Sequence[bool],
+    world: Sequence[bool],
+    features: Sequence[dict[str, Feature]],
     dims: Sequence[Dimension],
     confidence: float = CONFIDENCE,
 ) -> list[SliceEffect]:
     """Slices over the cells of ``dims`` jointly: one dimension gives the plain slices,
     two give their interaction. Sorted by cell; empty cells are left out."""
-    columns = feature_columns(features)
-    kinds = pair_kinds(reference, world)
-    if len(kinds) != columns.episodes:
-        raise ValueError(f"{len(kinds)} outcomes but features for {columns.episodes} episodes")
     label = " × ".join(d.name for d in dims)
-    joint = np.zeros(len(kinds), dtype=np.intp)
-    per_dim: list[list[Cell]] = []
-    for dim in dims:
-        codes, cells = _cells(dim, columns[dim.name])
-        joint = joint * len(cells) + codes
-        per_dim.append(cells)
-    sizes = [len(c) for c in per_dim]
-    total = int(np.prod(sizes)) if sizes else 1
-    counts = np.bincount(joint * 4 + kinds, minlength=total * 4).reshape(total, 4)
-    found = []
-    for flat in np.flatnonzero(counts.sum(axis=1)):
-        parts: list[Cell] = []
-        rest = int(flat)
-        for cells in reversed(per_dim):
-            rest, k = divmod(rest, len(cells))
-            parts.append(cells[k])
-        parts.reverse()
-        found.append((tuple(p[0] for p in parts), parts, counts[flat]))
+    cells: dict[tuple[Any, ...], tuple[Feature, Clause, list[int]]] = {}
+    for ref, w, feats in zip(reference, world, features, strict=True):
+        order: list[Any] = []
+        shown: list[Feature] = []
+        clause: Clause = {}
+        for dim in dims:
+            rank, value, matcher = dim.cell(feats[dim.name])
+            order.append(rank)
+            shown.append(value)
+            clause[dim.name] = matcher
+        slot = cells.get(tuple(order))
+        if slot is None:
+            value_out: Feature = (
+                shown[0] if len(shown) == 1 else " × ".join(map(feature_text, shown))
+            )
+            slot = cells[tuple(order)] = (value_out, clause, [0, 0, 0, 0])
+        slot[2][(0 if ref else 2) + (0 if w else 1)] += 1
     out = []
-    for _, parts, c in sorted(found, key=lambda item: item[0]):
-        shown = [p[1] for p in parts]
-        value_out: Feature = shown[0] if len(shown) == 1 else " × ".join(map(feature_text, shown))
-        clause: Clause = {dim.name: p[2] for dim, p in zip(dims, parts, strict=True)}
-        table = PairedTable(n11=int(c[0]), n10=int(c[1]), n01=int(c[2]), n00=int(c[3]))
-        effect = paired_effect(table, confidence)
+    for key in sorted(cells):
+        value_out, clause, c = cells[key]
+        effect = paired_effect(PairedTable(n11=c[0], n10=c[1], n01=c[2], n00=c[3]), confidence)
         out.append(
             SliceEffect(
                 feature=label,
@@ -168,5 +143,7 @@ def slice_effects(
 
 
 def feature_text(value: Feature) -> str:
-    """A feature value as the report shows it (``true``, not ``True``)."""
+    """A feature value as the report shows it (``true``, not ``True``; ``missing``)."""
+    if value is None:
+        return "missing"
     return str(value).lower() if isinstance(value, bool) else str(value)

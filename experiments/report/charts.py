@@ -104,6 +104,15 @@ def rescue_harm_chart(comparisons: list[ComparisonRow]) -> str:
         return _svg(fig)
 
 
+def difference_axis(slices: list[SliceEffect]) -> tuple[float, float]:
+    """x limits that fit every interval and zero, with a margin: a fixed [-1, 1] would
+    squash intervals of a few hundredths into a few pixels."""
+    low = min([0.0, *(s.ci_low for s in slices)])
+    high = max([0.0, *(s.ci_high for s in slices)])
+    pad = max(0.01, (high - low) * 0.08)
+    return max(-1.0, low - pad), min(1.0, high + pad)
+
+
 def slice_forest_chart(title: str, slices: list[SliceEffect]) -> str:
     """Each slice's paired difference with its interval: which slices pay, which harm,
     and which cannot tell (an interval across the zero line)."""
@@ -122,7 +131,7 @@ def slice_forest_chart(title: str, slices: list[SliceEffect]) -> str:
             )
         ax.axvline(0, color="#111827", lw=1)
         ax.set_yticks(ys, [f"{s.feature} = {feature_text(s.value)} (n {s.n})" for s in slices])
-        ax.set_xlim(-1, 1)
+        ax.set_xlim(*difference_axis(slices))
         ax.set_xlabel("success-rate difference in the slice (95% Newcombe interval)")
         ax.set_title(title, fontsize=10, loc="left")
         return _svg(fig)

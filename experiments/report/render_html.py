@@ -17,8 +17,11 @@ from experiments.report.tables import (
     Table,
     comparisons_table,
     evidence_table,
+    guard_verdict_row,
+    hypothesis_text,
     power_table,
     slices_table,
+    validity_text,
     worlds_table,
 )
 from experiments.spec import Role
@@ -34,7 +37,10 @@ th{background:#f3f4f6}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .badge{display:inline-block;padding:.1rem .5rem;border-radius:.8rem;color:#fff;font-weight:600}
 .supported,.pass{background:#16a34a}.refuted,.fail{background:#dc2626}
 .inconclusive{background:#ca8a04}.invalid{background:#7f1d1d}
-.banner{padding:.7rem 1rem;border-radius:.4rem;color:#fff;font-weight:600}
+.banner{padding:.5rem 1rem;border-radius:.4rem;color:#fff;font-weight:600;margin:.4rem 0}
+.notjudged{background:#6b7280}
+code.hash{display:inline-block;max-width:13ch;overflow:hidden;text-overflow:ellipsis;
+white-space:nowrap;vertical-align:bottom}
 .warn{background:#fef3c7;border-left:4px solid #d97706;padding:.4rem .8rem;margin:.4rem 0}
 .chart{background:#fff;border:1px solid #e5e7eb;margin:.6rem 0;padding:.4rem}
 .chart svg{width:100%;max-width:820px;height:auto}
@@ -67,9 +73,32 @@ def _badge(text: str, css: str) -> str:
     return f'<span class="badge {css}">{escape(text)}</span>'
 
 
+def _hash(value: str) -> str:
+    """A digest, shortened on screen: the full value is the text (so copying it copies
+    all of it) and the tooltip; CSS cuts what shows and never wraps it."""
+    return f'<code class="hash" title="{escape(value)}">{escape(value)}</code>'
+
+
+_HEX = re.compile(r"(?:[a-z]+:)?[0-9a-f]{24,}")
+
+
 def _inline(markdown: str) -> str:
-    """Markdown inline text as HTML: escaped, with `code` spans kept as code."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(markdown))
+    """Markdown inline text as HTML: escaped, with `code` spans kept as code (digests
+    shortened like every other hash on the page)."""
+
+    def code(match: re.Match[str]) -> str:
+        text = match.group(1)  # already escaped
+        return _hash(text) if _HEX.fullmatch(text) else f"<code>{text}</code>"
+
+    return re.sub(r"`([^`]+)`", code, escape(markdown))
+
+
+def _guard_row(report: Report) -> list[list[str]]:
+    row = guard_verdict_row(report)
+    if row is None:
+        return []
+    css = Verdict.supported.value if report.guard and report.guard.validated else "refuted"
+    return [[escape(row[0]), escape(row[1]), escape(row[2]), _badge(row[3], css), escape(row[4])]]
 
 
 def render_html(report: Report, provenance: dict[str, str] | None = None) -> str:
@@ -84,16 +113,14 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
         f"<h1>Experiment <code>{escape(e.id)}</code></h1>",
         f'<p class="meta">{escape(e.hypothesis)}</p>',
         f'<p class="meta">workload <code>{escape(e.workload)}</code>, seed {e.seed}, '
-        f"{e.episodes} episodes per world · fingerprint <code>{escape(e.fingerprint)}</code>"
-        f" · outcomes digest <code>{escape(report.outcomes_digest)}</code></p>",
+        f"{e.episodes} episodes per world · fingerprint {_hash(e.fingerprint)}"
+        f" · outcomes digest {_hash(report.outcomes_digest)}</p>",
     ]
-    if report.valid:
-        parts.append('<p class="banner pass">Valid: every validity check passed.</p>')
-    else:
-        parts.append(
-            '<p class="banner fail">Invalid: a validity check failed; the effects below are '
-            "not evidence.</p>"
-        )
+    valid, validity = validity_text(report)
+    parts.append(f'<p class="banner {"pass" if valid else "fail"}">{escape(validity)}</p>')
+    supported, hypothesis = hypothesis_text(report)
+    css = {True: "supported", False: "inconclusive", None: "notjudged"}[supported]
+    parts.append(f'<p class="banner {css}">{escape(hypothesis)}</p>')
     if provenance is not None:
         parts.append("<h2>Durable run</h2>")
         parts.append(
@@ -114,7 +141,8 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
                     escape(v.reason),
                 ]
                 for v in report.verdicts
-            ],
+            ]
+            + _guard_row(report),
             set(),
         )
     )
@@ -135,11 +163,9 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
         if not effects:
             continue
         parts.append(f"<h3>{escape(c.world)} vs {escape(c.vs)}</h3>")
-        if report.guard is not None and (c.world, c.vs) == (report.guard.world, guard_vs):
-            chart = slice_forest_chart(
-                f"{c.world} vs {c.vs}: the slices the guard learns from", effects
-            )
-            parts.append(f'<div class="chart">{chart}</div>')
+        learns = report.guard is not None and (c.world, c.vs) == (report.guard.world, guard_vs)
+        title = f"{c.world} vs {c.vs}" + (": the slices the guard learns from" if learns else "")
+        parts.append(f'<div class="chart">{slice_forest_chart(title, effects)}</div>')
         parts.append(_shared(slices_table(report, effects)))
     parts.append("<h2>Checks</h2>")
     parts.append(
@@ -172,6 +198,7 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
         parts += [
             f"<h2>Guard policy for <code>{escape(g.world)}</code></h2>",
             f"<p><strong>{escape(g.words)}</strong> (learned on {escape(g.basis)})</p>",
+            f'<p class="{"meta" if g.validated else "warn"}">{escape(g.validation)}</p>',
             f"<pre>{escape(json.dumps(g.rule, indent=2))}</pre>",
         ]
         rows = []

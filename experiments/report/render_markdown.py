@@ -10,8 +10,11 @@ from experiments.report.tables import (
     comparisons_table,
     evidence_table,
     guard_counts_text,
+    guard_verdict_row,
+    hypothesis_text,
     power_table,
     slices_table,
+    validity_text,
     worlds_table,
 )
 
@@ -34,14 +37,15 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
     """``provenance``, given for a durable run (plan, snapshot, approval, spend, cleanup;
     values are Markdown inline text), becomes a "Durable run" section before the verdicts."""
     e = report.experiment
-    status = "valid" if report.valid else "**INVALID**: a validity check failed"
     lines = [
         f"# Experiment `{e.id}`",
         "",
         f"> {e.hypothesis}",
         "",
-        f"Workload `{e.workload}`, seed {e.seed}, {e.episodes} episodes per world. "
-        f"Experiment {status}.",
+        f"Workload `{e.workload}`, seed {e.seed}, {e.episodes} episodes per world.",
+        "",
+        f"- **{validity_text(report)[1]}**",
+        f"- **{hypothesis_text(report)[1]}**",
         "",
         f"Fingerprint `{e.fingerprint}`  ",
         f"Outcomes digest `{report.outcomes_digest}`",
@@ -52,13 +56,14 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
         lines += table(["item", "value"], [[k, v] for k, v in provenance.items()])
         lines.append("")
     lines += ["## Verdicts", ""]
-    lines += table(
-        ["world", "role", "expected", "verdict", "why"],
-        [
-            [v.world, v.role.value, v.expected.value, f"**{v.verdict.value}**", v.reason]
-            for v in report.verdicts
-        ],
-    )
+    rows = [
+        [v.world, v.role.value, v.expected.value, f"**{v.verdict.value}**", v.reason]
+        for v in report.verdicts
+    ]
+    guard = guard_verdict_row(report)
+    if guard is not None:
+        rows.append([*guard[:3], f"**{guard[3]}**", guard[4]])
+    lines += table(["world", "role", "expected", "verdict", "why"], rows)
     lines += ["", "## Worlds", ""]
     lines += _shared(worlds_table(report))
     lines += ["", "## Paired comparisons", ""]
@@ -88,6 +93,7 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
     if report.guard is not None:
         g = report.guard
         lines += ["", f"## Guard policy for `{g.world}`", "", f"**{g.words}**", ""]
+        lines += [g.validation[0].upper() + g.validation[1:] + ".", ""]
         lines += ["```json", json.dumps(g.rule, indent=2), "```", ""]
         for label, ev in (("Training", g.training), ("Held-out", g.held_out)):
             lines.append(f"{label} episodes {ev.first_episode}..{ev.last_episode}:")

@@ -10,7 +10,9 @@ from experiments.report.tables import (
     Table,
     comparisons_table,
     guard_counts_text,
+    hypothesis_text,
     slices_table,
+    validity_text,
     worlds_table,
 )
 
@@ -37,6 +39,8 @@ def render_text(report: Report) -> str:
         f"experiment {e.id}  ({e.workload}, seed {e.seed}, {e.episodes} episodes per world)",
         f"hypothesis  {e.hypothesis}",
         f"fingerprint {e.fingerprint}",
+        validity_text(report)[1],
+        hypothesis_text(report)[1],
         "",
     ]
     lines += _table(worlds_table(report))
@@ -55,6 +59,10 @@ def render_text(report: Report) -> str:
     ]
     lines += ["", "verdicts"]
     lines += [f"  {v.world}: {v.verdict.value.upper()} ({v.reason})" for v in report.verdicts]
+    if report.guard is not None:
+        g = report.guard
+        state = "VALIDATED" if g.validated else "NOT VALIDATED"
+        lines.append(f"  guard policy for {g.world}: {state} ({g.validation})")
     lines += [
         f"  [{'PASS' if c.passed else 'FAIL'}] {c.name}: {c.reason}"
         for c in report.checks
@@ -76,6 +84,7 @@ def render_text(report: Report) -> str:
         cap = "harms ≤ rescues per slice" if g.harm_cap is None else f"harm cap {g.harm_cap}"
         lines += ["", f"guard policy for {g.world} (learned on {g.basis}, {cap})"]
         lines += [f"  {g.words}", f"  rule {json.dumps(g.rule, separators=(', ', ': '))}"]
+        lines += [f"  {g.validation}"]
         for label, ev in (("training", g.training), ("held-out", g.held_out)):
             lines += [f"  {label} episodes {ev.first_episode}..{ev.last_episode}:"]
             lines += [f"    {t}" for t in guard_counts_text(ev)]

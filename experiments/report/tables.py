@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from experiments.analysis.checks import CheckKind
 from experiments.analysis.guard import GuardEvaluation
 from experiments.analysis.slices import SliceEffect, feature_text
 from experiments.report.model import Report
@@ -28,6 +29,37 @@ def interval_text(low: float, high: float) -> str:
 
 def confidence_label(report: Report) -> str:
     return f"{round(report.settings.confidence * 100)}%"
+
+
+def validity_text(report: Report) -> tuple[bool, str]:
+    """The experiment's validity (its validity checks), apart from what it found."""
+    failed = [c.name for c in report.checks if c.kind is CheckKind.validity and not c.passed]
+    if not failed:
+        return True, "Valid: every validity check passed."
+    return False, (f"Invalid: {', '.join(failed)} failed; the effects below are not evidence.")
+
+
+def hypothesis_text(report: Report) -> tuple[bool | None, str]:
+    """Whether the effects support the hypothesis (its effect checks); ``None`` when the
+    experiment is invalid and so cannot support anything."""
+    if not report.valid:
+        return None, "Hypothesis not judged: the experiment is invalid."
+    effect = [c for c in report.checks if c.kind is CheckKind.effect]
+    if effect and all(c.passed for c in effect):
+        return True, "Hypothesis supported: " + "; ".join(c.reason for c in effect) + "."
+    misses = "; ".join(c.reason.removeprefix("not supported: ") for c in effect if not c.passed)
+    misses = misses or "no effect check"
+    return False, f"Hypothesis not supported: {misses}."
+
+
+def guard_verdict_row(report: Report) -> list[str] | None:
+    """The guard policy's row for a verdict table: did its rule validate on held-out
+    episodes (world, role, expected, verdict, why)."""
+    g = report.guard
+    if g is None:
+        return None
+    verdict = "validated" if g.validated else "not validated"
+    return [f"guard on {g.world}", "guard policy", "beats always and never", verdict, g.validation]
 
 
 def guard_counts_text(e: GuardEvaluation) -> list[str]:

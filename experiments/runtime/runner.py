@@ -15,6 +15,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from experiments.runtime.canon import canonical_json, sha256_hex
+from experiments.runtime.contract import (
+    BoundaryMissingError,
+    ContractViolation,
+    StuckWorldError,
+    check_features,
+    check_outcome,
+    check_state,
+    exit_with,
+    feature_kinds,
+    from_exception,
+    method_place,
+    where,
+)
 from experiments.runtime.crn import EpisodeDraws, Shocks
 from experiments.runtime.file_format import (
     Batch,
@@ -34,14 +47,6 @@ BUILTIN_WORKLOADS = {
 }
 
 
-class BoundaryMissingError(RuntimeError):
-    """The episode never stood exactly at the requested boundary: no silent substitute."""
-
-
-class StuckWorldError(RuntimeError):
-    """A world kept stepping past the workload's ``max_steps``."""
-
-
 def workload_class(ref: str) -> type[Workload]:
     """Resolve a built-in name or a ``module:attribute`` import path to a workload class."""
     path = BUILTIN_WORKLOADS.get(ref, ref)
@@ -56,7 +61,13 @@ def workload_class(ref: str) -> type[Workload]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise WorkloadError(
-            "workload.name", f"cannot import module {module_name!r} ({exc}); check PYTHONPATH"
+            "workload.name",
+            f"cannot import module {module_name!r} ({exc}); run forklab from the folder that "
+            "holds it, or add that folder to PYTHONPATH",
+        ) from exc
+    except Exception as exc:  # the module's own code failed while importing
+        raise WorkloadError(
+            "workload.name", f"importing {module_name!r} raised {type(exc).__name__}: {exc}"
         ) from exc
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, Workload)):
@@ -75,7 +86,9 @@ def rule_fires(rule: Mapping[str, Any], features: Mapping[str, Feature]) -> bool
             if "eq" in matcher:
                 if value != matcher["eq"]:
                     break
-            elif not (matcher.get("ge", float("-inf")) <= value < matcher.get("lt", float("inf"))):
+                continue
+            lo, hi = matcher.get("ge", float("-inf")), matcher.get("lt", float("inf"))
+            if value is None or not lo <= value < hi:  # a missing value lies in no range
                 break
         else:
             return True
@@ -91,31 +104,53 @@ def _start(
     workload: Workload, seed: int, episode: int, draws: EpisodeDraws | None = None
 ) -> tuple[State, Shocks]:
     shocks = Shocks(seed, episode, 0, draws)
-    return workload.initial_state(seed + episode, shocks), shocks
+    try:
+        state = workload.initial_state(seed + episode, shocks)
+    except Exception as exc:
+        raise from_exception(workload, exc, where(episode, None, 0)) from exc
+    return state, shocks
 
 
 def _prefix_from(
     workload: Workload, seed: int, episode: int, state: State, shocks: Shocks
 ) -> tuple[Checkpoint, bool]:
-    """Step ``state`` to its boundary; also says whether the prefix drew randomness."""
-    requested = workload.boundary(state)
-    cursor, done, step = workload.cursor, workload.done, workload.step
-    while cursor(state) < requested and not done(state):
-        step(state, shocks)
-    resolved = cursor(state)
+    """Step ``state`` to its boundary and check what the contract promises there (state
+    is JSON, features as declared); also says whether the prefix drew randomness."""
+    steps = 0
+    try:
+        requested = workload.boundary(state)
+        while workload.cursor(state) < requested and not workload.done(state):
+            steps += 1  # counted first, so a failing step reports its own number
+            workload.step(state, shocks)
+        resolved = workload.cursor(state)
+        ended = workload.done(state)
+    except Exception as exc:
+        raise from_exception(workload, exc, where(episode, None, steps)) from exc
+    at = where(episode, None, steps)
     if resolved != requested:
         raise BoundaryMissingError(
-            f"episode {episode}: requested boundary {requested} but the run "
-            f"{'ended' if done(state) else 'jumped'} at {resolved}"
+            f"{type(workload).__name__}.boundary() asked for cursor {requested} but the run "
+            f"{'ended' if ended else 'jumped'} at {resolved}; boundary() is defined at "
+            f"{method_place(workload, 'boundary')} ({at})"
         )
-    text = canonical_json(state)
+    try:
+        text: str | None = canonical_json(state)
+    except (TypeError, ValueError):
+        text = None
+    check_state(workload, state, text, "step" if steps else "initial_state", at)
+    assert text is not None  # check_state raised otherwise
+    try:
+        features = workload.features(state)
+    except Exception as exc:
+        raise from_exception(workload, exc, at) from exc
+    check_features(workload, features, feature_kinds(type(workload)), at)
     checkpoint: Checkpoint = {
         "episode": episode,
         "requested": requested,
         "resolved": resolved,
         "sha256": sha256_hex(text),
         "state": text,
-        "features": workload.features(state),
+        "features": features,
     }
     return checkpoint, shocks.drawn
 
@@ -156,33 +191,42 @@ def _finish(
     """Fork into ``world`` and finish it: (success, intervened, fingerprint, drew).
 
     With ``forks`` > 1 the world runs that many replicates from the same checkpoint
-    (distinct agent streams) and the outcome is their majority vote.
+    (distinct agent streams) and the outcome is their majority vote. ``intervene``
+    receives the intervention's declared defaults overlaid with the world's params.
     """
     votes = 0
     intervened = drawn = False
     fingerprint = ""
     name = world.intervention
+    params = {**workload.interventions.get(name, {}), **world.params} if name else {}
     limit = workload.max_steps
     done, step = workload.done, workload.step
     for replicate in range(world.forks):
         state = fork.take()
         shocks = Shocks(seed, episode, replicate, draws)
-        workload.schedule_shocks(state, shocks)
-        if name is not None and (
-            world.guard is None or rule_fires(world.guard, workload.features(state))
-        ):
-            workload.intervene(state, name, world.params, shocks)
-            intervened = True
-        for _ in range(limit):
-            if done(state):
-                break
-            step(state, shocks)
-        else:
-            if not done(state):
-                raise StuckWorldError(
-                    f"episode {episode}, world {world.name}: not done after {limit} steps"
-                )
-        votes += workload.outcome(state)
+        steps = 0
+        try:
+            workload.schedule_shocks(state, shocks)
+            if name is not None and (
+                world.guard is None or rule_fires(world.guard, workload.features(state))
+            ):
+                workload.intervene(state, name, params, shocks)
+                intervened = True
+            while not done(state):
+                steps += 1  # counted first, so a failing step reports its own number
+                if steps > limit:
+                    raise StuckWorldError(
+                        f"{type(workload).__name__}.done() was still False after max_steps = "
+                        f"{limit} steps at {method_place(workload, 'done')} "
+                        f"({where(episode, world.name, steps)})"
+                    )
+                step(state, shocks)
+            ok = workload.outcome(state)
+        except ContractViolation:
+            raise
+        except Exception as exc:
+            raise from_exception(workload, exc, where(episode, world.name, steps)) from exc
+        votes += check_outcome(workload, ok, where(episode, world.name, steps))
         fingerprint = shocks.fingerprint()
         drawn = drawn or shocks.drawn
     return votes * 2 > world.forks, intervened, fingerprint, drawn
@@ -308,18 +352,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with open(args.request, encoding="utf-8") as fh:
         request = read_request(fh.read())
+    try:
+        return _run(args.mode, request, args.checkpoints, args.out)
+    except ContractViolation as violation:
+        return exit_with(violation)
+
+
+def _run(mode: str, request: dict[str, Any], checkpoints: str, out: str) -> int:
     workload = workload_class(request["workload"])(request["params"])
     seed = int(request["seed"])
-    if args.mode == "prefix":
-        with open(args.checkpoints, "w", encoding="utf-8") as fh:
+    if mode == "prefix":
+        with open(checkpoints, "w", encoding="utf-8") as fh:
             for episode in request["episodes"]:
                 fh.write(checkpoint_line(run_prefix(workload, seed, episode)))
         result: Any = {"episodes": len(request["episodes"])}
     else:
         result = continue_checkpoints(
-            workload, seed, _read_jsonl(args.checkpoints), WorldPlan.from_json(request["world"])
+            workload, seed, _read_jsonl(checkpoints), WorldPlan.from_json(request["world"])
         )
-    with open(args.out, "w", encoding="utf-8") as fh:
+    with open(out, "w", encoding="utf-8") as fh:
         fh.write(canonical_json(result))
     return 0
 

@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 from experiments.runtime.crn import Shocks
 
 State = dict[str, Any]
-Feature = bool | int | float | str
+#: A feature value; ``None`` only for a feature declared optional (e.g. ``str | None``).
+Feature = bool | int | float | str | None
 
 
 class WorkloadError(ValueError):
@@ -38,8 +39,12 @@ class Workload:
     name: ClassVar[str] = ""
     #: Params and their defaults; a spec may only set keys listed here.
     default_params: ClassVar[Mapping[str, Any]] = {}
-    #: Intervention names and their default params.
+    #: Intervention names and their default params (``intervene`` gets these defaults
+    #: overlaid with the spec's params).
     interventions: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    #: Every feature ``features`` returns and its type: bool, int, float or str, or one of
+    #: them ``| None`` for a feature that may have no value in some episodes.
+    feature_types: ClassVar[Mapping[str, Any]] = {}
     #: Longest continuation, in steps, a world may take before it is declared stuck.
     max_steps: ClassVar[int] = 100_000
 
@@ -108,7 +113,8 @@ class Workload:
         """
 
     def features(self, state: State) -> dict[str, Feature]:
-        """Pre-decision features, read at the boundary before any intervention."""
+        """Pre-decision features, read at the boundary before any intervention: exactly
+        the names of ``feature_types``, every episode."""
         return {}
 
     def intervene(self, state: State, name: str, params: Mapping[str, Any], shocks: Shocks) -> None:

@@ -212,6 +212,11 @@ class CodingFix(Workload):
         "p_optional": 0.4,
     }
     interventions: ClassVar[Mapping[str, Mapping[str, Any]]] = {s: {} for s in STRATEGIES}
+    feature_types: ClassVar[Mapping[str, Any]] = {
+        "failing_tests": int,
+        "passing_add_tests": int,
+        "string_test": bool,
+    }
     max_steps = 10
 
     def check_params(self) -> None:

@@ -31,6 +31,7 @@ class CounterRecovery(Workload):
         "noise": 0.0,
     }
     interventions: ClassVar[Mapping[str, Mapping[str, Any]]] = {"refresh": {}, "null-refresh": {}}
+    feature_types: ClassVar[Mapping[str, Any]] = {"obs_repeated": bool}
     max_steps = 10_000
 
     def check_params(self) -> None:

@@ -91,6 +91,11 @@ class RetryCascade(Workload):
         "restart": {"downtime": 2},
         "placebo": {},
     }
+    feature_types: ClassVar[Mapping[str, Any]] = {
+        "queue_depth": int,
+        "agents_in_retry": int,
+        "upstream": str,
+    }
     max_steps = 20_000
 
     # --- params ----------------------------------------------------------------------

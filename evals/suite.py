@@ -1,0 +1,55 @@
+"""Running one suite through ``braintrust.Eval`` and reading back which cases failed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import braintrust
+from autoevals import ExactMatch
+from braintrust.framework import EvalCase
+from pydantic import BaseModel
+
+PROJECT = "forklab-evals"
+
+
+class Case(BaseModel):
+    name: str
+    input: dict[str, Any]
+    expected: dict[str, Any]
+
+
+class SuiteResult(BaseModel):
+    suite: str
+    cases: int
+    failed: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+
+def run_suite(
+    suite: str,
+    cases: list[Case],
+    task: Callable[[dict[str, Any]], dict[str, Any]],
+    send: bool = False,
+) -> SuiteResult:
+    """Every case's ``task(input)`` must equal its ``expected`` (autoevals' ExactMatch)."""
+    result = braintrust.Eval(
+        PROJECT,
+        experiment_name=suite,
+        data=[
+            EvalCase(input=c.input, expected=c.expected, metadata={"case": c.name}) for c in cases
+        ],
+        task=task,
+        scores=[ExactMatch],
+        no_send_logs=not send,
+        summarize_scores=False,
+    )
+    failed = [
+        str(r.metadata.get("case")) if isinstance(r.metadata, Mapping) else repr(r.input)
+        for r in result.results
+        if r.error is not None or r.scores.get("ExactMatch") != 1
+    ]
+    return SuiteResult(suite=suite, cases=len(result.results), failed=failed)

@@ -1,0 +1,61 @@
+"""The deterministic readout: the same shape as a model's, written from the packet alone,
+so it passes ``check_readout`` by construction (a test holds it to that)."""
+
+from __future__ import annotations
+
+from experiments.readout.packet import EvidencePacket
+from experiments.readout.schema import Finding, ModelReadout, ReadoutVerdict
+
+
+def _pct(rate: float) -> str:
+    return f"{rate * 100:.1f}%"
+
+
+def deterministic_readout(packet: EvidencePacket) -> ModelReadout:
+    worlds = {w.name: w for w in packet.worlds}
+    comparisons = {(c.world, c.vs): c for c in packet.comparisons}
+    findings = []
+    for v in packet.verdicts:
+        w = worlds.get(v.world)
+        pair = next((c for (world, _), c in comparisons.items() if world == v.world), None)
+        parts = []
+        if w is not None:
+            parts.append(
+                f"failure rate {_pct(w.failure_rate)} ({w.failures} of {w.episodes} episodes)"
+            )
+        if pair is not None:
+            parts.append(
+                f"against {pair.vs}: {pair.rescue} rescued, {pair.harm} harmed, net {pair.net}"
+            )
+        findings.append(
+            Finding(
+                world=v.world,
+                verdict=ReadoutVerdict(v.verdict),
+                statement=(f"{v.world}: " + "; ".join(parts) + ".") if parts else f"{v.world}.",
+            )
+        )
+    passed = sum(c.passed for c in packet.checks)
+    failed = [c.name for c in packet.checks if not c.passed]
+    validity = (
+        f"All {passed} checks passed."
+        if not failed
+        else f"{len(failed)} of {len(packet.checks)} checks failed: {', '.join(failed)}."
+    )
+    summary = (
+        f"{len(packet.worlds)} worlds, {packet.episodes} episodes each. "
+        f"{'Valid' if packet.valid else 'Not valid'} experiment. {validity}"
+    )
+    caveats = []
+    if packet.budget is not None:
+        b = packet.budget
+        caveats.append(
+            f"Spent {b.world_seconds_spent:g} of {b.world_seconds_budget:g} world-seconds, "
+            f"at most {b.peak_concurrent_sandboxes} sandboxes at once."
+        )
+    if packet.guard is not None:
+        g = packet.guard
+        caveats.append(
+            f"Guard for {g.world} (when {g.rule}): net {g.held_out_net_before} before, "
+            f"{g.held_out_net_after} after, on {g.held_out_episodes} held-out episodes."
+        )
+    return ModelReadout(summary=summary, findings=findings, caveats=caveats)

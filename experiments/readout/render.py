@@ -1,0 +1,59 @@
+"""The readout section of the report, in Markdown and in HTML (escaped: a model wrote it)."""
+
+from __future__ import annotations
+
+import html
+
+from experiments.readout.schema import ReadoutSource, ShownReadout
+
+
+def _origin(shown: ShownReadout) -> str:
+    if shown.source is ReadoutSource.model:
+        return f"Written by model `{shown.model}`; checked against the evidence packet."
+    return f"Deterministic readout: {shown.why}."
+
+
+def readout_markdown(shown: ShownReadout) -> str:
+    r = shown.readout
+    lines = ["## Readout", "", f"*{_origin(shown)}*", "", r.summary, ""]
+    lines += [f"- **{f.world}** ({f.verdict.value}): {f.statement}" for f in r.findings]
+    if r.caveats:
+        lines += ["", *[f"> {c}" for c in r.caveats]]
+    if shown.problems:
+        lines += ["", "Why the model's readout was rejected:", ""]
+        lines += [f"- {p}" for p in shown.problems]
+    return "\n".join(lines) + "\n"
+
+
+def readout_html(shown: ShownReadout) -> str:
+    r = shown.readout
+    e = html.escape
+    items = "".join(
+        f"<li><strong>{e(f.world)}</strong> ({e(f.verdict.value)}): {e(f.statement)}</li>"
+        for f in r.findings
+    )
+    parts = [
+        '<section id="readout"><h2>Readout</h2>',
+        f"<p><em>{e(_origin(shown))}</em></p>",
+        f"<p>{e(r.summary)}</p>",
+        f"<ul>{items}</ul>",
+        *(f"<blockquote>{e(c)}</blockquote>" for c in r.caveats),
+    ]
+    if shown.problems:
+        parts.append("<p>Why the model's readout was rejected:</p><ul>")
+        parts += [f"<li>{e(p)}</li>" for p in shown.problems]
+        parts.append("</ul>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def with_readout_markdown(markdown: str, shown: ShownReadout) -> str:
+    return markdown.rstrip("\n") + "\n\n" + readout_markdown(shown)
+
+
+def with_readout_html(page: str, shown: ShownReadout) -> str:
+    """The readout section inserted just before the page's closing ``</body>``."""
+    head, sep, tail = page.rpartition("</body>")
+    if not sep:
+        return page + readout_html(shown)
+    return head + readout_html(shown) + "\n" + sep + tail

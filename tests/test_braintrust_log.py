@@ -1,0 +1,125 @@
+"""The Braintrust evidence log through the real ``braintrust`` SDK against a local server
+speaking its endpoints: the span tree and scores it receives, and an outage that queues
+the trace (reported in status) without failing or losing the experiment."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_braintrust import API_KEY, FakeBraintrust, fake_braintrust
+from orchestration_lab import Lab, lab_settings, make_spec
+from temporalio.testing import WorkflowEnvironment
+
+from experiments.evidence_scores import SCORE_NAMES
+from workers.worker import build_worker
+from workflows.messages import ExperimentResult, Status
+
+
+@pytest.fixture
+async def bt_lab(
+    temporal_env: WorkflowEnvironment,
+    cpu: Executor,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[tuple[Lab, FakeBraintrust]]:
+    with fake_braintrust() as fake:
+        monkeypatch.setenv("BRAINTRUST_API_KEY", API_KEY)
+        monkeypatch.setenv("BRAINTRUST_APP_URL", fake.url)
+        settings = lab_settings(temporal_env, tmp_path / "home")
+        async with build_worker(temporal_env.client, settings, cpu):
+            yield Lab(client=temporal_env.client, settings=settings), fake
+
+
+async def _run(lab: Lab) -> ExperimentResult:
+    spec = make_spec()
+    handle, token = await lab.start(spec)
+    await lab.approve(handle, token)
+    result = await handle.result()
+    assert result.status is Status.completed, result.error
+    return result
+
+
+def _tree(fake: FakeBraintrust, experiment: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    spans = fake.spans(experiment)
+    roots = [s for s in spans if not s.get("span_parents")]
+    assert len(roots) == 1, spans
+    root = roots[0]
+    children = [s for s in spans if s.get("span_parents")]
+    assert all(c["span_parents"] == [root["span_id"]] for c in children)
+    assert all(c["root_span_id"] == root["root_span_id"] for c in children)
+    return root, children
+
+
+async def test_span_tree_and_scores(bt_lab: tuple[Lab, FakeBraintrust]) -> None:
+    lab, fake = bt_lab
+    result = await _run(lab)
+    assert result.evidence_log is not None and result.evidence_log.startswith("sent"), (
+        result.evidence_log
+    )
+    run_id = lab.ledger.experiment(result.experiment_id)
+    assert run_id is not None  # the local ledger is written as well
+    [experiment] = fake.experiments.values()
+    root, children = _tree(fake, experiment["name"])
+
+    assert root["input"]["hypothesis"] == "boosting wins more episodes"
+    assert root["input"]["spec"]["id"] == result.experiment_id
+    meta = root["metadata"]
+    assert meta["plan_fingerprint"] == result.plan_fingerprint
+    assert meta["budget"]["max_world_seconds"] == 300
+    assert meta["approval"]["status"] == "approved" and "token_sha256" not in meta["approval"]
+    scores = root["scores"]
+    assert set(scores) <= set(SCORE_NAMES)
+    assert {"completion", "workload_identity", "common_snapshot", "common_random_numbers"} <= set(
+        scores
+    )
+    assert {"placebo_fidelity", "infrastructure_fit", "intervention_effect"} <= set(scores)
+    assert all(0.0 <= v <= 1.0 for v in scores.values())
+    assert scores["completion"] == 1.0 and scores["common_snapshot"] == 1.0
+
+    assert sorted(c["input"]["world"] for c in children) == ["baseline", "boost", "placebo"]
+    for child in children:
+        assert child["metadata"]["snapshot_id"] == result.snapshot_id
+        assert child["metadata"]["inherited_checkpoint_digests"]
+        assert child["metrics"]["world_seconds"] > 0
+        assert child["output"]["episodes"] == 24
+        assert child["scores"]["completion"] == 1.0
+        assert all(0.0 <= v <= 1.0 for v in child["scores"].values())
+    boost = next(c for c in children if c["input"]["world"] == "boost")
+    summary = next(w for w in result.worlds if w.name == "boost")
+    assert boost["output"]["failures"] == summary.failures
+    assert boost["metadata"]["outcomes_digest"] == summary.outcomes_digest
+
+
+async def test_outage_queues_and_the_next_run_sends(
+    bt_lab: tuple[Lab, FakeBraintrust],
+) -> None:
+    lab, fake = bt_lab
+    fake.down = True
+    first = await _run(lab)  # Braintrust down: the experiment still completes
+    assert first.evidence_log is not None and first.evidence_log.startswith("queued"), (
+        first.evidence_log
+    )
+    assert "503" in first.evidence_log and "1 trace(s) queued" in first.evidence_log
+    assert lab.ledger.experiment(first.experiment_id) is not None  # nothing lost locally
+    outbox = lab.settings.home / "braintrust-outbox"
+    assert len(list(outbox.glob("*.json"))) == 1
+
+    fake.down = False
+    fake.fail_logs(500)  # the next run's first upload fails too: still queued
+    second = await _run(lab)
+    assert second.evidence_log is not None and second.evidence_log.startswith("queued")
+    assert len(list(outbox.glob("*.json"))) == 2
+
+    third = await _run(lab)
+    assert third.evidence_log is not None and third.evidence_log.startswith("sent")
+    assert list(outbox.glob("*.json")) == []
+    names = sorted(e["name"] for e in fake.experiments.values())
+    ids = sorted(r.experiment_id for r in (first, second, third))
+    assert [n.rsplit("-", 1)[0] for n in names] == ids
+    for experiment in fake.experiments.values():
+        _, children = _tree(fake, experiment["name"])
+        assert len(children) == 3

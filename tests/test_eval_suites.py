@@ -1,0 +1,110 @@
+"""The three ``braintrust.Eval`` suites run locally (no key, nothing sent), pass on
+ForkLab's policies, and fail on deliberately broken ones."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from evals import acquisition, capacity, causal
+from experiments.analysis.guard import learn_rule
+from experiments.analysis.power import PowerRow, power_row
+from experiments.analysis.slices import Clause, SliceEffect
+from experiments.analysis.verdicts import Verdict
+from experiments.capacity import (
+    Refusal,
+    RefusalKind,
+    RegionQuota,
+    SnapshotFacts,
+    capacity_refusals,
+)
+from experiments.outcomes import ExperimentOutcomes
+from experiments.report.model import Report
+from experiments.spec import Direction, ExperimentSpec
+
+
+def test_causal_suite_passes_and_catches_a_policy_that_ignores_validity() -> None:
+    assert causal.run().failed == []
+
+    def ignores_validity(spec: ExperimentSpec, out: ExperimentOutcomes) -> Report:
+        report = causal.analysis(spec, out)
+        verdicts = [
+            v.model_copy(update={"verdict": Verdict.supported})
+            if v.verdict is Verdict.invalid
+            else v
+            for v in report.verdicts
+        ]
+        return report.model_copy(update={"valid": True, "verdicts": verdicts})
+
+    broken = causal.run(ignores_validity)
+    assert broken.failed == [
+        "placebo drift invalidates every verdict",
+        "a positive control that cuts failures invalidates every verdict",
+    ]
+
+
+def test_causal_suite_catches_a_policy_that_trusts_any_net_rescue() -> None:
+    def sign_only(spec: ExperimentSpec, out: ExperimentOutcomes) -> Report:
+        report = causal.analysis(spec, out)
+        net = {c.world: c.net for c in report.comparisons}
+        verdicts = [
+            v.model_copy(update={"verdict": Verdict.supported})
+            if v.verdict is Verdict.inconclusive and net.get(v.world, 0) > 0
+            else v
+            for v in report.verdicts
+        ]
+        return report.model_copy(update={"verdicts": verdicts})
+
+    assert "too few discordant pairs: inconclusive, not supported" in causal.run(sign_only).failed
+
+
+def test_capacity_suite_passes_and_catches_broken_refusals() -> None:
+    assert capacity.run().failed == []
+
+    def ignores_region(
+        snap: SnapshotFacts, quotas: list[RegionQuota], target: str, peak: int
+    ) -> list[Refusal]:
+        refusals = capacity_refusals(snap, quotas, target, peak)
+        return [r for r in refusals if r.kind is not RefusalKind.region]
+
+    def one_sandbox_only(
+        snap: SnapshotFacts, quotas: list[RegionQuota], target: str, peak: int
+    ) -> list[Refusal]:
+        return capacity_refusals(snap, quotas, target, 1)  # forgets × peak concurrency
+
+    assert capacity.run(ignores_region).failed == [
+        "snapshot in another region",
+        "wrong region and stale",
+    ]
+    assert capacity.run(one_sandbox_only).failed == [
+        "disk × peak exceeds quota",
+        "cpu × peak exceeds quota",
+        "memory × peak exceeds quota",
+    ]
+
+
+def test_acquisition_suite_passes_and_catches_broken_policies() -> None:
+    assert acquisition.run().failed == []
+
+    def ignores_harm_cap(
+        partitions: Sequence[Sequence[SliceEffect]], harm_cap: int | None
+    ) -> tuple[str, list[Clause], list[SliceEffect]]:
+        return learn_rule(partitions, None)
+
+    def always_powered(
+        world: str,
+        vs: str,
+        expected: Direction,
+        harm: int,
+        rescue: int,
+        episodes: int,
+        alpha: float,
+        power: float,
+    ) -> PowerRow:
+        row = power_row(world, vs, expected, harm, rescue, episodes, alpha, power)
+        return row.model_copy(update={"underpowered": False})
+
+    assert acquisition.run(guard=ignores_harm_cap).failed == [
+        "harm cap 0: only harmless slices",
+        "the feature with more rescues wins",
+    ]
+    assert len(acquisition.run(power=always_powered).failed) == 3

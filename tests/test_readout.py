@@ -1,0 +1,253 @@
+"""The bounded readout: the real ``openai`` client against a local OpenAI-compatible server
+with crafted answers. A faithful readout is shown; one that invents a world, changes a
+number, flips a verdict or asks for compute is rejected for the deterministic one; an
+outage, a timeout or garbage never holds the report up."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fake_openai import Answer, FakeOpenAI, fake_openai
+
+from activities.artifacts import LocalArtifactStore
+from activities.models import AnalysisResult
+from activities.readout import ReadoutActivities, ReadoutConfig
+from experiments.plan import rehearse
+from experiments.readout.check import check_readout, world_counts
+from experiments.readout.fallback import deterministic_readout
+from experiments.readout.packet import EvidencePacket, evidence_packet
+from experiments.readout.schema import ModelReadout, ReadoutSource, ReadoutVerdict, ShownReadout
+from experiments.report.model import Report
+from experiments.report.render_html import render_html
+from experiments.report.render_markdown import render_markdown
+from forklab.specfile import load_spec
+from workers.config import ConfigError
+from workers.providers import readout_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    """The eight worlds of the retry-cascade experiment on the twin, at 40 episodes."""
+    spec = load_spec(ROOT / "experiments" / "retry-cascade.yaml")
+    return rehearse(spec.model_copy(update={"episodes": 40}), processes=1)
+
+
+@pytest.fixture(scope="module")
+def packet(report: Report) -> EvidencePacket:
+    return evidence_packet(report)
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAI]:
+    with fake_openai() as state:
+        yield state
+
+
+def faithful(packet: EvidencePacket) -> ModelReadout:
+    """A readout a careful model could write: other words, only the packet's facts."""
+    world = {w.name: w for w in packet.worlds}
+    verdict = {v.world: v.verdict for v in packet.verdicts}
+    pair = {c.world: c for c in packet.comparisons}
+    b, base = pair["broadcast"], world["baseline"]
+    summary = (
+        f"Across {len(packet.worlds)} worlds the baseline failed {base.failures} of "
+        f"{base.episodes} episodes; broadcast rescued {b.rescue} of them and harmed {b.harm}."
+    )
+    findings = [
+        {
+            "world": name,
+            "verdict": verdict[name],
+            "statement": f"Failure rate {world[name].failure_rate * 100:.1f}%, "
+            f"net {pair[name].net} against the baseline.",
+        }
+        for name in ("broadcast", "latency", "placebo")
+    ]
+    return ModelReadout.model_validate({"summary": summary, "findings": findings})
+
+
+def config(server: FakeOpenAI, timeout: float = 20.0) -> ReadoutConfig:
+    return ReadoutConfig(
+        base_url=server.base_url, api_key="test", model="crafted", timeout_seconds=timeout
+    )
+
+
+def test_deterministic_readout_passes_its_own_check(packet: EvidencePacket) -> None:
+    readout = deterministic_readout(packet)
+    assert check_readout(readout, packet) == []
+    assert {f.world for f in readout.findings} == {v.world for v in packet.verdicts}
+
+
+async def ask(
+    server: FakeOpenAI, readout: ModelReadout | str, packet: EvidencePacket
+) -> ShownReadout:
+    content = readout if isinstance(readout, str) else readout.model_dump_json()
+    server.answer = Answer(content=content, delay=server.answer.delay)
+    acts = ReadoutActivities(LocalArtifactStore(Path("/nonexistent")), config(server))
+    return await acts.shown_readout(packet)
+
+
+async def test_faithful_readout_is_shown(server: FakeOpenAI, packet: EvidencePacket) -> None:
+    result = await ask(server, faithful(packet), packet)
+    assert result.source is ReadoutSource.model, result.problems
+    assert result.readout == faithful(packet)
+    sent = server.requests[0]["body"]
+    assert sent["model"] == "crafted"
+    assert sent["response_format"]["type"] == "json_schema"
+    # the packet, and nothing else, is what the model sees
+    assert json.loads(sent["messages"][1]["content"]) == packet.model_dump(mode="json")
+
+
+async def test_ninth_world_is_rejected(server: FakeOpenAI, packet: EvidencePacket) -> None:
+    readout = faithful(packet)
+    extra = readout.findings[0].model_copy(update={"world": "broadcast-retry"})
+    invented = readout.model_copy(update={"findings": [*readout.findings, extra]})
+    result = await ask(server, invented, packet)
+    assert result.source is ReadoutSource.deterministic
+    assert any("broadcast-retry" in p for p in result.problems), result.problems
+    assert result.readout == deterministic_readout(packet)
+
+
+async def test_nine_worlds_in_words_is_rejected(server: FakeOpenAI, packet: EvidencePacket) -> None:
+    readout = faithful(packet)
+    summary = readout.summary.replace(f"Across {len(packet.worlds)} worlds", "Across 9 worlds")
+    assert 9 not in world_counts(packet)
+    assert summary != readout.summary
+    result = await ask(server, readout.model_copy(update={"summary": summary}), packet)
+    assert result.source is ReadoutSource.deterministic
+    assert any("speaks of 9 worlds" in p for p in result.problems), result.problems
+
+
+async def test_changed_number_is_rejected(server: FakeOpenAI, packet: EvidencePacket) -> None:
+    readout = faithful(packet)
+    rescue = next(c.rescue for c in packet.comparisons if c.world == "broadcast")
+    summary = readout.summary.replace(f"rescued {rescue}", f"rescued {rescue + 7}")
+    assert summary != readout.summary
+    result = await ask(server, readout.model_copy(update={"summary": summary}), packet)
+    assert result.source is ReadoutSource.deterministic
+    assert any(f"states {rescue + 7}" in p for p in result.problems), result.problems
+
+
+async def test_flipped_verdict_is_rejected(server: FakeOpenAI, packet: EvidencePacket) -> None:
+    readout = faithful(packet)
+    flipped = [
+        f.model_copy(update={"verdict": ReadoutVerdict.refuted}) if f.world == "latency" else f
+        for f in readout.findings
+    ]
+    result = await ask(server, readout.model_copy(update={"findings": flipped}), packet)
+    assert result.source is ReadoutSource.deterministic
+    assert any("latency is refuted" in p for p in result.problems), result.problems
+
+
+async def test_flipped_verdict_in_words_is_rejected(
+    server: FakeOpenAI, packet: EvidencePacket
+) -> None:
+    readout = faithful(packet)
+    caveat = "The latency world is refuted."
+    assert next(v.verdict for v in packet.verdicts if v.world == "latency") != "refuted"
+    result = await ask(server, readout.model_copy(update={"caveats": [caveat]}), packet)
+    assert result.source is ReadoutSource.deterministic
+    assert any("calls latency refuted" in p for p in result.problems), result.problems
+
+
+async def test_asking_for_compute_is_rejected(server: FakeOpenAI, packet: EvidencePacket) -> None:
+    readout = faithful(packet)
+    caveat = "Approve additional episodes to tighten the intervals."
+    result = await ask(server, readout.model_copy(update={"caveats": [caveat]}), packet)
+    assert result.source is ReadoutSource.deterministic
+    assert any("asks for compute" in p for p in result.problems), result.problems
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (Answer(content="this is not JSON"), "not a readout"),
+        (Answer(content='{"summary": 3}'), "not a readout"),
+        (Answer(status=500), "HTTP 500"),
+        (Answer(status=429), "HTTP 429"),
+    ],
+)
+async def test_outage_and_garbage_fall_back(
+    server: FakeOpenAI, packet: EvidencePacket, answer: Answer, why: str
+) -> None:
+    server.answer = answer
+    acts = ReadoutActivities(LocalArtifactStore(Path("/nonexistent")), config(server))
+    result = await acts.shown_readout(packet)
+    assert result.source is ReadoutSource.deterministic
+    assert why in result.why
+    assert len(server.requests) == 1  # one attempt: the client's own retries are off
+
+
+async def test_slow_model_is_cut_off(server: FakeOpenAI, packet: EvidencePacket) -> None:
+    server.answer = Answer(content=faithful(packet).model_dump_json(), delay=30.0)
+    acts = ReadoutActivities(LocalArtifactStore(Path("/nonexistent")), config(server, timeout=0.5))
+    start = time.monotonic()
+    result = await acts.shown_readout(packet)
+    assert result.source is ReadoutSource.deterministic
+    assert "did not answer within 0.5 s" in result.why
+    assert time.monotonic() - start < 25.0  # the server would have answered after 30 s
+
+
+async def test_unreachable_model_falls_back(packet: EvidencePacket) -> None:
+    with fake_openai() as gone:
+        url = gone.base_url
+    acts = ReadoutActivities(
+        LocalArtifactStore(Path("/nonexistent")),
+        ReadoutConfig(base_url=url, api_key="k", model="m", timeout_seconds=5),
+    )
+    result = await acts.shown_readout(packet)
+    assert result.source is ReadoutSource.deterministic
+    assert "APIConnectionError" in result.why
+
+
+async def test_report_marks_which_readout_it_shows(
+    server: FakeOpenAI, report: Report, packet: EvidencePacket, tmp_path: Path
+) -> None:
+    store = LocalArtifactStore(tmp_path)
+    analysis = AnalysisResult(
+        report_digest=store.put_json(report.model_dump(mode="json")),
+        markdown_digest=store.put_bytes(render_markdown(report).encode()),
+        html_digest=store.put_bytes(render_html(report).encode()),
+        outcomes_digest=report.outcomes_digest,
+        valid=report.valid,
+        worlds=[],
+    )
+    server.answer = Answer(content=faithful(packet).model_dump_json())
+    by_model = await ReadoutActivities(store, config(server)).write_readout(analysis)
+    assert by_model.readout == "model"
+    md = store.get_bytes(by_model.markdown_digest).decode()
+    assert "## Readout" in md and "Written by model `crafted`" in md
+    assert faithful(packet).summary in md
+
+    offline = await ReadoutActivities(store, None).write_readout(analysis)
+    assert offline.readout == "deterministic"
+    page = store.get_bytes(offline.html_digest).decode()
+    assert "Deterministic readout: no model is configured" in page
+    assert page.rstrip().endswith("</body></html>")
+
+    server.answer = Answer(content="<script>alert(1)</script>")
+    garbage = await ReadoutActivities(store, config(server)).write_readout(analysis)
+    assert "<script>" not in store.get_bytes(garbage.html_digest).decode()
+
+
+def test_readout_settings() -> None:
+    assert readout_config({}) is None
+    cfg = readout_config(
+        {"FORKLAB_READOUT_BASE_URL": "http://127.0.0.1:1/v1", "FORKLAB_READOUT_MODEL": "m"}
+    )
+    assert cfg is not None and cfg.api_key == "none" and cfg.timeout_seconds == 30.0
+    with pytest.raises(ConfigError, match="FORKLAB_READOUT_MODEL"):
+        readout_config({"FORKLAB_READOUT_BASE_URL": "http://x/v1"})
+    with pytest.raises(ConfigError, match="FORKLAB_READOUT_TIMEOUT"):
+        readout_config(
+            {
+                "FORKLAB_READOUT_BASE_URL": "http://x/v1",
+                "FORKLAB_READOUT_MODEL": "m",
+                "FORKLAB_READOUT_TIMEOUT": "-1",
+            }
+        )
