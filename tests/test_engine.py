@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -354,10 +354,12 @@ def from_batch_for_test(batch: Any) -> Any:
 
 
 class TypedFeatures(CounterRecovery):
-    """Features whose values are equal as Python values but not as JSON."""
+    """A feature whose values are equal as Python values but not as JSON (-0.0, 0.0)."""
+
+    feature_types: ClassVar[dict[str, Any]] = {"x": float}
 
     def features(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {"x": [True, 1, 1.0, -0.0, 0.0][state["budget"] % 5]}
+        return {"x": [-0.0, 0.0, 1.0][state["budget"] % 3]}
 
 
 def test_shared_feature_dicts_keep_true_apart_from_one() -> None:
