@@ -48,9 +48,9 @@ class TwinRun:
     processes: int
 
 
-def _run_chunk(args: tuple[str, dict[str, Any], int, list[int], list[WorldPlan]]) -> Batch:
-    ref, params, seed, episodes, worlds = args
-    return run_batch(workload_class(ref)(params), seed, episodes, worlds)
+def _run_chunk(args: tuple[str, dict[str, Any], int, list[int], list[WorldPlan], bool]) -> Batch:
+    ref, params, seed, episodes, worlds, memo = args
+    return run_batch(workload_class(ref)(params), seed, episodes, worlds, memo)
 
 
 def default_processes() -> int:
@@ -62,8 +62,11 @@ def run_twin(
     episodes: Sequence[int] | None = None,
     worlds: Sequence[WorldPlan] | None = None,
     processes: int | None = None,
+    memo: bool = True,
 ) -> TwinRun:
-    """Run ``episodes`` (default: the spec's) of ``worlds`` (default: the spec's)."""
+    """Run ``episodes`` (default: the spec's) of ``worlds`` (default: the spec's).
+
+    ``memo=False`` disables the runner's reuse of randomness-free runs (benchmarks)."""
     workload = resolve_workload(spec)
     eps = list(range(spec.episodes)) if episodes is None else list(episodes)
     plans = spec_world_plans(spec) if worlds is None else list(worlds)
@@ -72,7 +75,7 @@ def run_twin(
         processes = default_processes() if big else 1
     start = time.perf_counter()
     if processes <= 1 or len(eps) < 2 * processes:
-        batch = run_batch(workload, spec.seed, eps, plans)
+        batch = run_batch(workload, spec.seed, eps, plans, memo)
         processes = 1
     else:
         # Two chunks per process keep both cores busy when chunks differ in cost.
@@ -80,7 +83,8 @@ def run_twin(
         size = -(-len(eps) // n_chunks)
         chunks = [eps[i : i + size] for i in range(0, len(eps), size)]
         args = [
-            (spec.workload.name, dict(workload.params), spec.seed, chunk, plans) for chunk in chunks
+            (spec.workload.name, dict(workload.params), spec.seed, chunk, plans, memo)
+            for chunk in chunks
         ]
         ctx = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
         with ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:

@@ -18,13 +18,14 @@ def workload_code_digest(spec: ExperimentSpec) -> str:
 
 
 def rehearse_outcomes(
-    spec: ExperimentSpec, code_digest: str, processes: int | None = None
+    spec: ExperimentSpec, code_digest: str, processes: int | None = None, memo: bool = True
 ) -> ExperimentOutcomes:
-    """Run every world of the spec on the twin."""
-    run = run_twin(spec, processes=processes)
+    """Run every world of the spec on the twin (``memo=False``: every episode in full)."""
+    run = run_twin(spec, processes=processes, memo=memo)
     return from_batch(run.batch, code_digest, TWIN_SNAPSHOT, run.seconds)
 
 
-def rehearse(spec: ExperimentSpec, processes: int | None = None) -> Report:
+def rehearse(spec: ExperimentSpec, processes: int | None = None, memo: bool = True) -> Report:
     digest = workload_code_digest(spec)
-    return build_report(spec, rehearse_outcomes(spec, digest, processes), digest)
+    out = rehearse_outcomes(spec, digest, processes, memo)
+    return build_report(spec, out, digest, processes=processes)

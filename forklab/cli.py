@@ -10,42 +10,50 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from forklab import (
-    agent_commands,
-    agent_services,
-    approval_commands,
-    demo_command,
-    doctor_command,
-    evals_command,
-    experiment_commands,
-    plan_commands,
-    service_commands,
-)
+from forklab import plan_commands
 from forklab.errors import CliError
 
+#: Commands that need neither Temporal nor the workers: they are parsed without importing
+#: the other commands' modules (temporalio, activities, workers), which would otherwise
+#: take longer than a whole ``forklab plan`` of a small spec.
+LOCAL_COMMANDS = ("plan", "schema")
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(local_only: bool = False) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="forklab",
         description="Fork agent runs into counterfactual worlds; count rescues and harms.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan_commands.register(sub)
-    experiment_commands.register(sub)
-    approval_commands.register(sub)
-    service_commands.register(sub)
-    demo_command.register(sub)
-    agent_commands.register(sub)
-    agent_services.register(sub)
-    doctor_command.register(sub)
-    evals_command.register(sub)
+    if not local_only:
+        from forklab import (
+            agent_commands,
+            agent_services,
+            approval_commands,
+            demo_command,
+            doctor_command,
+            evals_command,
+            experiment_commands,
+            service_commands,
+        )
+
+        experiment_commands.register(sub)
+        approval_commands.register(sub)
+        service_commands.register(sub)
+        demo_command.register(sub)
+        agent_commands.register(sub)
+        agent_services.register(sub)
+        doctor_command.register(sub)
+        evals_command.register(sub)
     return parser
 
 
 def dispatch(argv: Sequence[str] | None = None) -> int:
     """Run one command in this process and return its exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(local_only=bool(words) and words[0] in LOCAL_COMMANDS)
+    args = parser.parse_args(words)
     try:
         code: int = args.func(args)
     except CliError as exc:

@@ -27,7 +27,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     try:
         # --debug runs in this process, so the traceback shows the workload's own frames.
-        report = rehearse(spec, processes=1 if args.debug else args.processes)
+        processes = 1 if args.debug else args.processes
+        report = rehearse(spec, processes=processes, memo=not args.no_memo)
     except (ContractViolation, SpecError) as exc:
         if args.debug:
             raise
@@ -69,6 +70,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--processes", type=int, default=None, help="worker processes (default: 2 when large)"
+    )
+    p.add_argument(
+        "--no-memo",
+        action="store_true",
+        help="simulate every episode in full, even where a randomness-free run could be "
+        "reused (benchmarks; the report is identical)",
     )
     p.add_argument(
         "--debug",

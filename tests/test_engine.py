@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -271,3 +271,101 @@ def test_docs_show_the_example_workload_verbatim() -> None:
     doc = (ROOT / "docs" / "workloads.md").read_text()
     source = (ROOT / "examples" / "flaky_tool.py").read_text()
     assert source in doc
+
+
+@pytest.mark.parametrize(
+    ("name", "intervention"), [("counter-recovery", "refresh"), ("retry-cascade", "jitter")]
+)
+def test_memo_off_runs_everything_and_changes_no_result(name: str, intervention: str) -> None:
+    from experiments.runtime.runner import workload_class
+
+    wl = workload_class(name)({})
+    plans = [WORLDS[0], WorldPlan(name="treated", intervention=intervention)]
+    assert run_batch(wl, 4, range(120), plans, memo=False) == run_batch(wl, 4, range(120), plans)
+
+
+def test_shared_draws_change_no_value_and_fingerprints_see_every_coordinate() -> None:
+    from experiments.runtime.crn import EpisodeDraws
+
+    draws = EpisodeDraws(1, 2)
+    shared, alone = Shocks(1, 2, draws=draws), Shocks(1, 2)
+    for t in range(30):
+        assert shared.exogenous(0, t, "x") == alone.exogenous(0, t, "x") == uniform(1, 2, 0, t, "x")
+    assert shared.fingerprint() == alone.fingerprint()
+    # A world that draws one more coordinate, or sees another value for one, differs.
+    extra = Shocks(1, 2, draws=draws)
+    for t in range(30):
+        extra.exogenous(0, t, "x")
+    extra.exogenous(0, 30, "x")
+    assert extra.fingerprint() != alone.fingerprint()
+    poisoned = EpisodeDraws(1, 2)
+    poisoned.exogenous[(0, 7, "x")] = 12345
+    other = Shocks(1, 2, draws=poisoned)
+    for t in range(30):
+        other.exogenous(0, t, "x")
+    assert other.fingerprint() != alone.fingerprint()
+    with pytest.raises(ValueError):
+        Shocks(1, 3, draws=draws)  # a table belongs to one (seed, episode)
+
+
+class DivergentDraws(CounterRecovery):
+    """counter-recovery whose ``refresh`` world draws a shock the baseline never draws:
+    a broken common-random-numbers design that the validity check must catch."""
+
+    def step(self, state: dict[str, Any], shocks: Shocks) -> None:
+        shocks.exogenous(0, int(state["steps"]), "weather")
+        if not state["frozen"] and state.get("refreshed"):
+            shocks.exogenous(1, int(state["steps"]), "weather")
+        super().step(state, shocks)
+
+    def intervene(self, state: dict[str, Any], name: str, params: Any, shocks: Shocks) -> None:
+        super().intervene(state, name, params, shocks)
+        state["refreshed"] = True
+
+
+def test_the_crn_check_fails_when_worlds_see_different_shocks() -> None:
+    from experiments.analysis.checks import common_random_numbers
+    from experiments.outcomes import from_batch
+
+    good = from_batch(run_batch(CounterRecovery({}), 0, range(50), WORLDS), "c", "s", 1.0)
+    assert common_random_numbers(good).passed
+    batch = run_batch(DivergentDraws({}), 0, range(50), WORLDS)
+    check = common_random_numbers(from_batch(batch, "c", "s", 1.0))
+    assert not check.passed and "refresh" in check.reason
+
+
+def test_outcomes_digest_is_the_digest_of_the_canonical_json() -> None:
+    from experiments.outcomes import outcomes_digest
+    from experiments.runtime.canon import digest
+
+    batch = run_batch(CounterRecovery({"noise": 0.1}), 0, range(257), WORLDS)
+    out = from_batch_for_test(batch)
+    names = ["null", "baseline", "refresh"]
+    expected = digest([[n, [int(o) for o in batch["worlds"][n]["outcomes"]]] for n in names])
+    assert outcomes_digest(out, names) == expected
+    empty = from_batch_for_test(run_batch(CounterRecovery({}), 0, [], WORLDS))
+    assert outcomes_digest(empty, ["baseline"]) == digest([["baseline", []]])
+
+
+def from_batch_for_test(batch: Any) -> Any:
+    from experiments.outcomes import from_batch
+
+    return from_batch(batch, "code", "snap", 1.0)
+
+
+class TypedFeatures(CounterRecovery):
+    """A feature whose values are equal as Python values but not as JSON (-0.0, 0.0)."""
+
+    feature_types: ClassVar[dict[str, Any]] = {"x": float}
+
+    def features(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"x": [-0.0, 0.0, 1.0][state["budget"] % 3]}
+
+
+def test_shared_feature_dicts_keep_true_apart_from_one() -> None:
+    batch = run_batch(TypedFeatures({}), 0, range(200), WORLDS, memo=False)
+    for episode, feats in zip(batch["episodes"], batch["features"], strict=True):
+        wl = TypedFeatures({})
+        expected = run_prefix(wl, 0, episode)["features"]
+        assert repr(feats) == repr(expected)
+    assert len({repr(f) for f in batch["features"]}) >= 3

@@ -1,6 +1,7 @@
 """Tests for experiments.stats against independent references.
 
-SciPy and statsmodels are used here only, as references; the module itself is pure Python.
+The module uses scipy.special for the McNemar tail and the normal quantile;
+statsmodels, exact fractions and big-integer sums are the independent references here.
 
 Published worked examples for the paired (Newcombe) interval:
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import gc
 import math
 import random
+import sys
 from fractions import Fraction
 from itertools import pairwise
 
@@ -124,14 +126,48 @@ def test_mcnemar_matches_statsmodels_and_scipy() -> None:
     assert smallest < 1e-30  # the sample really reached the far tail
 
 
-def test_mcnemar_is_exact_rational() -> None:
-    for m in range(0, 60):
+def exact_mcnemar(b: int, c: int) -> float:
+    """The exact two-sided tail as a big-integer sum over 2**m, correctly rounded."""
+    m = b + c
+    if m == 0:
+        return 1.0
+    term = tail = 1
+    for i in range(min(b, c)):
+        term = term * (m - i) // (i + 1)  # C(m, i + 1)
+        tail += term
+    return 1.0 if 2 * tail >= 1 << m else 2 * tail / (1 << m)
+
+
+def test_mcnemar_equals_the_exact_sum_up_to_m_20000() -> None:
+    for m in range(0, 60):  # every table, also against exact fractions
         for b in range(m + 1):
             c = m - b
             tail = sum(Fraction(math.comb(m, i), 2**m) for i in range(min(b, c) + 1))
             expected = 1.0 if m == 0 else float(min(Fraction(1), 2 * tail))
-            assert mcnemar_exact_p(b, c) == expected
-            assert mcnemar_exact_p(c, b) == expected
+            assert math.isclose(mcnemar_exact_p(b, c), expected, rel_tol=1e-12)
+            assert mcnemar_exact_p(c, b) == mcnemar_exact_p(b, c)
+    rng = random.Random(SEED + 9)
+    sizes = [rng.randint(60, 20_000) for _ in range(40)] + [20_000]
+    checked = 0
+    for m in sizes:
+        spread = math.sqrt(m) / 2
+        for z in (0.0, 0.5, 1, 2, 3, 5, 8, 13, 21, 34, 55):
+            k = int(m / 2 - z * spread)
+            if k < 0:
+                continue
+            exact = exact_mcnemar(k, m - k)
+            if exact < sys.float_info.min:
+                continue  # below the normal doubles: no relative precision to compare
+            assert math.isclose(mcnemar_exact_p(k, m - k), exact, rel_tol=1e-9), (k, m)
+            checked += 1
+    assert checked > 300
+
+
+def test_mcnemar_scales_to_millions_of_pairs() -> None:
+    # The exact sum would take minutes here; the tail is O(1).
+    p = mcnemar_exact_p(4_999_000, 5_001_000)
+    assert 0.5 < p < 0.6
+    assert mcnemar_exact_p(4_900_000, 5_100_000) == 0.0  # far below the doubles
 
 
 def test_mcnemar_edge_cases() -> None:

@@ -135,8 +135,12 @@ def workflow_runner() -> SandboxedWorkflowRunner:
     """Temporal's workflow sandbox, passing ``cryptography`` through: the approval gate
     verifies Ed25519 signatures in the workflow, and a Rust extension module cannot be
     imported a second time inside the sandbox (the process aborts). Verifying is pure and
-    deterministic, so sharing the host's module is safe."""
-    restrictions = SandboxRestrictions.default.with_passthrough_modules("cryptography")
+    deterministic, so sharing the host's module is safe. ``numpy`` and ``scipy`` (the
+    analysis, imported with the activities) are C extensions that cannot be loaded twice
+    either; no workflow calls them."""
+    restrictions = SandboxRestrictions.default.with_passthrough_modules(
+        "cryptography", "numpy", "scipy"
+    )
     return SandboxedWorkflowRunner(restrictions=restrictions)
 
 

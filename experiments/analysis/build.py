@@ -8,9 +8,16 @@ anything at all.
 from __future__ import annotations
 
 from experiments.analysis.checks import validity_checks
+from experiments.analysis.columns import Bools, FeatureColumns, as_bools
 from experiments.analysis.evidence import rank_evidence
-from experiments.analysis.guard import HeldOutRunner, guard_policy, guard_world, twin_held_out
-from experiments.analysis.pairs import CONFIDENCE, paired_effect, paired_table, slice_counts
+from experiments.analysis.guard import HeldOutRunner, guard_policy, guard_world
+from experiments.analysis.pairs import (
+    CONFIDENCE,
+    PairedEffect,
+    paired_effect,
+    paired_table,
+    slice_counts,
+)
 from experiments.analysis.power import PowerAnalysis, power_row, power_warnings
 from experiments.analysis.slices import Dimension, SliceEffect, dimensions, slice_effects
 from experiments.analysis.verdicts import effect_check, expected_direction, world_verdict
@@ -79,16 +86,23 @@ def _interaction_dims(
 
 
 def comparison_rows(
-    spec: ExperimentSpec, out: ExperimentOutcomes, dims: dict[str, Dimension]
+    spec: ExperimentSpec,
+    out: ExperimentOutcomes,
+    dims: dict[str, Dimension],
+    columns: FeatureColumns | None = None,
 ) -> list[ComparisonRow]:
     """Every comparison with its paired statistics and slices; Holm across all of them."""
     interactions = _interaction_dims(spec, dims)
+    features = columns if columns is not None else FeatureColumns(out.features)
+    arrays: dict[str, Bools] = {}
     rows: list[ComparisonRow] = []
     for world, vs in comparison_pairs(spec):
         a, b = out.world(vs), out.world(world)
         if not (_whole(a, out) and _whole(b, out)):
             continue  # the completion check reports it; pairs need both worlds whole
-        effect = paired_effect(paired_table(a.outcomes, b.outcomes), CONFIDENCE)
+        ref = arrays.setdefault(vs, as_bools(a.outcomes))
+        w = arrays.setdefault(world, as_bools(b.outcomes))
+        effect = paired_effect(paired_table(ref, w), CONFIDENCE)
         singles: list[SliceEffect] = []
         for dim in dims.values():
             singles += slice_effects(a.outcomes, b.outcomes, out.features, [dim], CONFIDENCE)
@@ -103,7 +117,7 @@ def comparison_rows(
                 harm=effect.harm,
                 unchanged=effect.n - effect.rescue - effect.harm,
                 net=effect.net,
-                slices=slice_counts(a.outcomes, b.outcomes, out.features),
+                slices=slice_counts(ref, w, features),
                 n=effect.n,
                 difference=effect.difference,
                 ci_low=effect.ci_low,
@@ -124,8 +138,11 @@ def build_report(
     out: ExperimentOutcomes,
     code_digest: str,
     infra: InfraUsage | None = None,
-    held_out: HeldOutRunner = twin_held_out,
+    held_out: HeldOutRunner | None = None,
+    processes: int | None = None,
 ) -> Report:
+    """The report. The guard's held-out episodes run in ``held_out`` (a sandbox on the
+    durable path), else on the twin with ``processes``."""
     settings = AnalysisSettings(
         confidence=CONFIDENCE,
         alpha=spec.analysis.alpha,
@@ -133,8 +150,9 @@ def build_report(
         quantile_bins=spec.analysis.quantile_bins,
         forks_per_checkpoint=spec.analysis.forks_per_checkpoint,
     )
+    columns = FeatureColumns(out.features)
     dims = dimensions(out.features, spec.analysis.quantile_bins)
-    comparisons = comparison_rows(spec, out, dims)
+    comparisons = comparison_rows(spec, out, dims, columns)
     checks = validity_checks(spec, out, code_digest, infra)
     failed = [c.name for c in checks if not c.passed]
     base = spec.baseline.name
@@ -146,9 +164,7 @@ def build_report(
         if w.role is Role.baseline or row is None:
             continue
         expected = expected_direction(spec, w.name, w.role)
-        effect = paired_effect(
-            paired_table(out.world(base).outcomes, out.world(w.name).outcomes), CONFIDENCE
-        )
+        effect = _effect_of(row)
         verdicts.append(
             world_verdict(w.name, w.role, expected, effect, row.holm_p, settings.alpha, failed)
         )
@@ -184,6 +200,7 @@ def build_report(
             world_out.outcomes,
             world_out.intervened,
             held_out,
+            processes,
         )
     return Report(
         experiment=ExperimentInfo(
@@ -213,6 +230,21 @@ def build_report(
         ),
         guard=guard,
         infra=infra,
+    )
+
+
+def _effect_of(row: ComparisonRow) -> PairedEffect:
+    """The paired effect a comparison row already holds (each table is computed once)."""
+    return PairedEffect(
+        n=row.n,
+        rescue=row.rescue,
+        harm=row.harm,
+        net=row.net,
+        difference=row.difference,
+        ci_low=row.ci_low,
+        ci_high=row.ci_high,
+        confidence=row.confidence,
+        mcnemar_p=row.mcnemar_p,
     )
 
 

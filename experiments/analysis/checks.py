@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from enum import StrEnum
 
 from pydantic import BaseModel
@@ -59,7 +60,7 @@ def common_checkpoints(out: ExperimentOutcomes) -> Check:
             passed=False,
             reason=f"worlds did not inherit the recorded checkpoints: {', '.join(bad)}",
         )
-    boundary_miss = sum(r != q for r, q in zip(out.requested, out.resolved, strict=True))
+    boundary_miss = sum(map(operator.ne, out.requested, out.resolved))
     if boundary_miss:
         return Check(
             name="common_checkpoints",
@@ -109,7 +110,7 @@ def placebo_fidelity(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check | N
         if len(world.outcomes) != len(base.outcomes):
             diffs.append(f"{name} ran {len(world.outcomes)} of {len(base.outcomes)} episodes")
             continue
-        n = sum(a != b for a, b in zip(world.outcomes, base.outcomes, strict=True))
+        n = sum(map(operator.ne, world.outcomes, base.outcomes))
         if n:
             diffs.append(f"{name} differs from the baseline in {n} episodes")
     if diffs:

@@ -12,10 +12,12 @@ The partition with the most rescues wins (ties: fewer harms, then fewer interven
 since each one costs, then one feature before an interaction, then fewer clauses). The
 rule is the runner's JSON, so the guarded world runs exactly what was learned.
 
-Validation (on held-out episodes: fresh seeds after the training ones): the baseline,
-the treatment and a ``guarded`` world that intervenes only when the rule fires, all
-from the same checkpoints: on the local twin by default; the durable path passes a
-``HeldOutRunner`` that runs them in a sandbox, so no workload code runs beside the analysis.
+Validation (on held-out episodes: fresh seeds after the training ones, capped by
+default): the baseline and the treatment on the local twin, and the ``guarded`` world,
+which intervenes only where the rule fires, derived from those two (docs/analysis.md says
+why that is exact and why held-out episodes rather than cross-fitting). The durable path
+passes a ``HeldOutRunner`` that runs baseline, treatment and guarded in a sandbox, so no
+workload code runs beside the analysis (its answer carries no features to derive from).
 The rule *validates* only when its held-out net is at least that of both simple policies,
 always intervening and never intervening (net 0); otherwise the report says it did not,
 in words and in the verdict table.
@@ -32,19 +34,14 @@ from experiments.analysis.pairs import paired_table
 from experiments.analysis.slices import Clause, SliceEffect, feature_text
 from experiments.engine import run_twin, world_plan
 from experiments.runtime.file_format import WorldColumns, WorldPlan
+from experiments.runtime.runner import rule_fires
+from experiments.runtime.workload import Feature
 from experiments.spec import ExperimentSpec, Role, World
 
 #: Runs ``worlds`` over ``episodes`` of a spec and returns each world's columns by name.
 HeldOutRunner = Callable[
     [ExperimentSpec, Sequence[int], Sequence[WorldPlan]], dict[str, WorldColumns]
 ]
-
-
-def twin_held_out(
-    spec: ExperimentSpec, episodes: Sequence[int], worlds: Sequence[WorldPlan]
-) -> dict[str, WorldColumns]:
-    """The held-out runner of the local twin (in-process)."""
-    return run_twin(spec, episodes=episodes, worlds=worlds).batch["worlds"]
 
 
 class GuardCounts(BaseModel):
@@ -189,30 +186,71 @@ def _counts(reference: Sequence[bool], world: Sequence[bool], fired: Sequence[bo
     )
 
 
+#: Held-out episodes when the spec does not say: enough to read the held-out rescue and
+#: harm rates to about half a percentage point (one standard error ≤ 0.5 / sqrt(10,000)),
+#: while a large experiment does not pay for a second full simulation.
+DEFAULT_HOLDOUT_CAP = 10_000
+
+
+def holdout_size(spec: ExperimentSpec) -> int:
+    """``analysis.guard.holdout_episodes``, else as many as the spec has, capped."""
+    return spec.analysis.guard.holdout_episodes or min(spec.episodes, DEFAULT_HOLDOUT_CAP)
+
+
+def guarded_outcomes(
+    rule: dict[str, Any],
+    features: Sequence[dict[str, Feature]],
+    reference: Sequence[bool],
+    treated: Sequence[bool],
+    intervened: Sequence[bool],
+) -> tuple[list[bool], list[bool]]:
+    """The guarded world, derived: (outcomes, intervened) of applying the treatment only
+    where ``rule`` fires on the features recorded at the boundary.
+
+    Exact, not an estimate: a world is a pure function of its checkpoint, its
+    intervention and the episode's common random numbers (the workload contract), and the
+    runner's guarded world decides on the same boundary features. Where the rule fires it
+    *is* the treatment world of that episode; elsewhere it is the baseline world.
+    """
+    fires = [rule_fires(rule, f) for f in features]
+    outcomes = [t if on else r for on, t, r in zip(fires, treated, reference, strict=True)]
+    return outcomes, [on and did for on, did in zip(fires, intervened, strict=True)]
+
+
 def validate_guard(
     spec: ExperimentSpec,
     treatment: World,
     rule: dict[str, Any],
     holdout: int,
-    held_out: HeldOutRunner = twin_held_out,
+    held_out: HeldOutRunner | None = None,
+    processes: int | None = None,
 ) -> GuardEvaluation:
-    """Baseline, treatment and guarded on ``holdout`` fresh episodes after the spec's."""
+    """Baseline, treatment and guarded on ``holdout`` fresh episodes after the spec's.
+
+    On the twin (``held_out`` is None) only baseline and treatment run, with
+    ``processes``, and the guarded world is derived (``guarded_outcomes``); a sandboxed
+    ``held_out`` runner runs all three."""
     forks = spec.analysis.forks_per_checkpoint
-    guarded = "guarded" if treatment.name != "guarded" else "guarded-policy"
-    plans = [
-        world_plan(spec.baseline, forks),
-        world_plan(treatment, forks),
-        world_plan(treatment, forks, guard=rule, name=guarded),
-    ]
+    plans = [world_plan(spec.baseline, forks), world_plan(treatment, forks)]
     episodes = range(spec.episodes, spec.episodes + holdout)
-    cols = held_out(spec, episodes, plans)
-    base = cols[spec.baseline.name]["outcomes"]
-    before, after = cols[treatment.name], cols[guarded]
+    if held_out is None:
+        batch = run_twin(spec, episodes=episodes, worlds=plans, processes=processes).batch
+        base = batch["worlds"][spec.baseline.name]["outcomes"]
+        before = batch["worlds"][treatment.name]
+        after, fired = guarded_outcomes(
+            rule, batch["features"], base, before["outcomes"], before["intervened"]
+        )
+    else:
+        guarded = "guarded" if treatment.name != "guarded" else "guarded-policy"
+        cols = held_out(spec, episodes, [*plans, world_plan(treatment, forks, rule, guarded)])
+        base = cols[spec.baseline.name]["outcomes"]
+        before = cols[treatment.name]
+        after, fired = cols[guarded]["outcomes"], cols[guarded]["intervened"]
     return GuardEvaluation(
         first_episode=episodes.start,
         last_episode=episodes.stop - 1,
         before=_counts(base, before["outcomes"], before["intervened"]),
-        after=_counts(base, after["outcomes"], after["intervened"]),
+        after=_counts(base, after, fired),
     )
 
 
@@ -222,7 +260,8 @@ def guard_policy(
     reference: Sequence[bool],
     treated: Sequence[bool],
     intervened: Sequence[bool],
-    held_out: HeldOutRunner = twin_held_out,
+    held_out: HeldOutRunner | None = None,
+    processes: int | None = None,
 ) -> GuardPolicy | None:
     """Learn the guard from ``partitions`` (the gated world's slices against the baseline
     on the training episodes, whose outcomes are ``reference`` and ``treated``) and
@@ -233,7 +272,7 @@ def guard_policy(
     cap = spec.analysis.guard.harm_cap
     basis, clauses, chosen = learn_rule(partitions, cap)
     rule: dict[str, list[Clause]] = {"any": clauses}
-    holdout = spec.analysis.guard.holdout_episodes or spec.episodes
+    holdout = holdout_size(spec)
     training = GuardEvaluation(
         first_episode=0,
         last_episode=spec.episodes - 1,
@@ -246,7 +285,7 @@ def guard_policy(
             net=sum(s.net for s in chosen),
         ),
     )
-    evaluation = validate_guard(spec, world, rule, holdout, held_out)
+    evaluation = validate_guard(spec, world, rule, holdout, held_out, processes)
     validated, validation = held_out_validation(evaluation)
     return GuardPolicy(
         world=world.name,

@@ -8,11 +8,18 @@ test is McNemar's (exact, two-sided) and the interval is Newcombe's for paired d
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 
+import numpy as np
 from pydantic import BaseModel
 
+from experiments.analysis.columns import (
+    MISSING,
+    Bools,
+    FeatureColumns,
+    feature_columns,
+    pair_kinds,
+)
 from experiments.runtime.workload import Feature
 from experiments.stats import mcnemar_exact_p, paired_difference_ci
 
@@ -49,12 +56,10 @@ class PairedTable(BaseModel):
         return self.n01 - self.n10
 
 
-def paired_table(reference: Sequence[bool], world: Sequence[bool]) -> PairedTable:
+def paired_table(reference: Sequence[bool] | Bools, world: Sequence[bool] | Bools) -> PairedTable:
     """rescue (``n01``): the reference failed and the world succeeded; harm: the other way."""
-    counts = [0, 0, 0, 0]  # n11, n10, n01, n00
-    for ref, w in zip(reference, world, strict=True):
-        counts[(0 if ref else 2) + (0 if w else 1)] += 1
-    return PairedTable(n11=counts[0], n10=counts[1], n01=counts[2], n00=counts[3])
+    n11, n10, n01, n00 = (int(c) for c in np.bincount(pair_kinds(reference, world), minlength=4))
+    return PairedTable(n11=n11, n10=n10, n01=n01, n00=n00)
 
 
 class PairedEffect(BaseModel):
@@ -116,20 +121,31 @@ class SliceCounts(BaseModel):
 
 
 def slice_counts(
-    reference: Sequence[bool],
-    world: Sequence[bool],
-    features: Sequence[dict[str, Feature]],
+    reference: Sequence[bool] | Bools,
+    world: Sequence[bool] | Bools,
+    features: Sequence[dict[str, Feature]] | FeatureColumns,
 ) -> list[SliceCounts]:
     """Counts per (feature, value), features as recorded at the boundary, sorted."""
-    groups: dict[tuple[str, Feature], list[int]] = defaultdict(lambda: [0, 0, 0])
-    for ref, w, feats in zip(reference, world, features, strict=True):
-        idx = 0 if (w and not ref) else 1 if (ref and not w) else 2
-        for name, value in feats.items():
-            groups[(name, value)][idx] += 1
-    return [
-        SliceCounts(feature=f, value=v, rescue=c[0], harm=c[1], unchanged=c[2])
-        for (f, v), c in sorted(groups.items(), key=lambda kv: (kv[0][0], _order(kv[0][1])))
-    ]
+    columns = feature_columns(features)
+    # per episode: 0 rescue, 1 harm, 2 unchanged (from the table cells n11 n10 n01 n00)
+    kind = np.array([2, 1, 0, 2], dtype=np.intp)[pair_kinds(reference, world)]
+    out: list[SliceCounts] = []
+    for name, column in columns.items():
+        counts = np.bincount(column.codes * 3 + kind, minlength=len(column.values) * 3)
+        for value, c in sorted(
+            zip(column.values, counts.reshape(-1, 3), strict=True), key=lambda vc: _order(vc[0])
+        ):
+            if c.sum() and value is not MISSING:
+                out.append(
+                    SliceCounts(
+                        feature=name,
+                        value=value,
+                        rescue=int(c[0]),
+                        harm=int(c[1]),
+                        unchanged=int(c[2]),
+                    )
+                )
+    return out
 
 
 def _order(value: Feature) -> tuple[int, float, str]:

@@ -6,10 +6,13 @@ import hashlib
 import json
 from typing import Any
 
+#: One encoder for every call: ``json.dumps`` with options builds a new one each time.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+
 
 def canonical_json(value: Any) -> str:
     """Serialise ``value`` deterministically: sorted keys, no whitespace, no NaN."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def sha256_hex(data: str | bytes) -> str:

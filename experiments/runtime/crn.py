@@ -4,55 +4,104 @@ A draw is a pure function of its coordinates ``(seed, episode, entity, tick, str
 never of how many numbers were drawn before. Two worlds whose control flow diverges
 therefore still see identical exogenous shocks: a world that draws an extra number
 for its own purposes cannot shift anybody else's sequence.
+
+Every world of an episode asks for mostly the same coordinates, so the words are kept
+in one table per episode (:class:`EpisodeDraws`) that all its worlds share: each
+coordinate is hashed once per episode, not once per world.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
-
-from experiments.runtime.canon import sha256_hex
 
 _SCALE = 1.0 / (1 << 53)
+_MASK64 = (1 << 64) - 1
+
+#: A coordinate of an exogenous draw: (entity, tick, stream).
+Coordinate = tuple[int, int, str]
+
+
+def _word(seed: int, episode: int, entity: int, tick: int, stream: str) -> int:
+    """The 64-bit word of a coordinate: the first 8 bytes of its BLAKE2b hash."""
+    key = f"{seed}|{episode}|{entity}|{tick}|{stream}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
 
 
 def uniform(seed: int, episode: int, entity: int, tick: int, stream: str) -> float:
-    """A uniform draw in [0, 1) addressed by its coordinates."""
-    key = f"{seed}|{episode}|{entity}|{tick}|{stream}".encode()
-    word = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
-    return (word >> 11) * _SCALE
+    """A uniform draw in [0, 1) addressed by its coordinates (the top 53 bits of the word)."""
+    return (_word(seed, episode, entity, tick, stream) >> 11) * _SCALE
+
+
+class EpisodeDraws:
+    """The words of one episode, shared by its prefix and every world (and replicate).
+
+    A pure cache: a word is a function of its coordinates alone, so sharing it cannot
+    change a value; it only spares each world hashing the same coordinates again.
+    """
+
+    __slots__ = ("agent", "episode", "exogenous", "seed")
+
+    def __init__(self, seed: int, episode: int) -> None:
+        self.seed = seed
+        self.episode = episode
+        self.exogenous: dict[Coordinate, int] = {}
+        self.agent: dict[tuple[int, int, str], float] = {}
 
 
 class Shocks:
-    """The random numbers one world sees in one episode.
+    """The random numbers one world (or the prefix) sees in one episode.
 
     ``exogenous`` draws are the shocks of the environment: identical in every world and
-    every replicate. They are memoised and remembered so that each world can report a
-    fingerprint of the shocks it saw. ``agent`` draws are the agent's own randomness
+    every replicate. Each world remembers which coordinates it drew, so that it can report
+    a fingerprint of the shocks it saw. ``agent`` draws are the agent's own randomness
     (e.g. a noisy model); they are common across worlds too, but each replicate of a
-    majority vote gets its own stream.
+    majority vote gets its own stream, and they are not part of the fingerprint.
     """
 
-    __slots__ = ("_agent_drawn", "_seen", "episode", "replicate", "seed")
+    __slots__ = ("_agent_drawn", "_draws", "_seen", "_sum", "episode", "replicate", "seed")
 
-    def __init__(self, seed: int, episode: int, replicate: int = 0) -> None:
+    def __init__(
+        self, seed: int, episode: int, replicate: int = 0, draws: EpisodeDraws | None = None
+    ) -> None:
+        if draws is not None and (draws.seed != seed or draws.episode != episode):
+            raise ValueError("the draw table belongs to another (seed, episode)")
         self.seed = seed
         self.episode = episode
         self.replicate = replicate
-        self._seen: dict[tuple[int, int, str], float] = {}
+        self._draws = draws  # made on the first draw: many runs never draw at all
+        self._seen: dict[Coordinate, float] = {}
+        self._sum = 0
         self._agent_drawn = False
 
     def exogenous(self, entity: int, tick: int, stream: str) -> float:
         coord = (entity, tick, stream)
         value = self._seen.get(coord)
-        if value is None:
-            value = uniform(self.seed, self.episode, entity, tick, stream)
-            self._seen[coord] = value
+        if value is not None:
+            return value
+        words = self.draws.exogenous
+        word = words.get(coord)
+        if word is None:
+            word = words[coord] = _word(self.seed, self.episode, entity, tick, stream)
+        self._sum += word
+        value = self._seen[coord] = (word >> 11) * _SCALE
         return value
 
     def agent(self, entity: int, tick: int, stream: str) -> float:
         self._agent_drawn = True
-        return uniform(self.seed, self.episode, entity, tick, f"{stream}#r{self.replicate}")
+        label = f"{stream}#r{self.replicate}"
+        table = self.draws.agent
+        key = (entity, tick, label)
+        value = table.get(key)
+        if value is None:
+            value = table[key] = uniform(self.seed, self.episode, entity, tick, label)
+        return value
+
+    @property
+    def draws(self) -> EpisodeDraws:
+        """The episode's table of words (to share with the other runs of the episode)."""
+        if self._draws is None:
+            self._draws = EpisodeDraws(self.seed, self.episode)
+        return self._draws
 
     @property
     def drawn(self) -> bool:
@@ -61,12 +110,19 @@ class Shocks:
         return self._agent_drawn or bool(self._seen)
 
     def fingerprint(self) -> str:
-        """sha256 over every exogenous (coordinate, value) this world drew, order-free."""
+        """An order-free fingerprint of every exogenous draw this world made.
+
+        Each coordinate's 64-bit word is a hash of the coordinate whose top 53 bits are
+        the value drawn, so the sum of the words (mod 2**64) changes when a world draws
+        another set of coordinates or another value for one of them, whatever the order
+        of the draws. Two worlds with equal fingerprints saw the same shocks, up to a
+        2**-64 collision; nothing here needs to resist a forger (workload code could
+        report anything it likes; the check catches honest mistakes in the randomness).
+        """
         if not self._seen:
             return NO_SHOCKS
-        items: list[Any] = sorted(self._seen.items())
-        return sha256_hex(repr(items))
+        return f"{len(self._seen):x}:{self._sum & _MASK64:016x}"
 
 
 #: The fingerprint of a run that drew no exogenous shock.
-NO_SHOCKS = sha256_hex(repr([]))
+NO_SHOCKS = "0:0000000000000000"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import marshal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -27,7 +28,7 @@ from experiments.runtime.contract import (
     method_place,
     where,
 )
-from experiments.runtime.crn import Shocks
+from experiments.runtime.crn import EpisodeDraws, Shocks
 from experiments.runtime.file_format import (
     Batch,
     Checkpoint,
@@ -99,8 +100,10 @@ def run_prefix(workload: Workload, seed: int, episode: int) -> Checkpoint:
     return _prefix_from(workload, seed, episode, *_start(workload, seed, episode))[0]
 
 
-def _start(workload: Workload, seed: int, episode: int) -> tuple[State, Shocks]:
-    shocks = Shocks(seed, episode)
+def _start(
+    workload: Workload, seed: int, episode: int, draws: EpisodeDraws | None = None
+) -> tuple[State, Shocks]:
+    shocks = Shocks(seed, episode, 0, draws)
     try:
         state = workload.initial_state(seed + episode, shocks)
     except Exception as exc:
@@ -152,15 +155,44 @@ def _prefix_from(
     return checkpoint, shocks.drawn
 
 
-def continue_world(
-    workload: Workload, checkpoint: str, seed: int, episode: int, world: WorldPlan
-) -> tuple[bool, bool, str, bool]:
-    """Fork ``checkpoint`` into ``world`` and finish it.
+class _Fork:
+    """Hands out copies of one checkpoint, each exactly ``json.loads(checkpoint)``.
 
-    Returns (success, intervened, shock fingerprint, drew randomness). With ``forks``
-    > 1 the world runs that many replicates from the same checkpoint (distinct agent
-    streams) and the outcome is their majority vote. ``intervene`` receives the
-    intervention's declared defaults overlaid with the world's params.
+    The text is parsed once; further copies come from ``marshal`` (a C copy of plain
+    JSON values that keeps the sorted key order of the parse), and the last copy asked
+    for is the parsed state itself, so one world of an episode needs no copy at all.
+    """
+
+    __slots__ = ("_blob", "_left", "_state")
+
+    def __init__(self, checkpoint: str, copies: int) -> None:
+        self._state: State = json.loads(checkpoint)
+        self._left = copies
+        self._blob = marshal.dumps(self._state) if copies > 1 else b""
+
+    def take(self) -> State:
+        self._left -= 1
+        if self._left == 0:
+            return self._state
+        if self._left < 0:
+            raise RuntimeError("more copies taken than announced")
+        state: State = marshal.loads(self._blob)
+        return state
+
+
+def _finish(
+    workload: Workload,
+    fork: _Fork,
+    seed: int,
+    episode: int,
+    world: WorldPlan,
+    draws: EpisodeDraws,
+) -> tuple[bool, bool, str, bool]:
+    """Fork into ``world`` and finish it: (success, intervened, fingerprint, drew).
+
+    With ``forks`` > 1 the world runs that many replicates from the same checkpoint
+    (distinct agent streams) and the outcome is their majority vote. ``intervene``
+    receives the intervention's declared defaults overlaid with the world's params.
     """
     votes = 0
     intervened = drawn = False
@@ -168,9 +200,10 @@ def continue_world(
     name = world.intervention
     params = {**workload.interventions.get(name, {}), **world.params} if name else {}
     limit = workload.max_steps
+    done, step = workload.done, workload.step
     for replicate in range(world.forks):
-        state = json.loads(checkpoint)
-        shocks = Shocks(seed, episode, replicate)
+        state = fork.take()
+        shocks = Shocks(seed, episode, replicate, draws)
         steps = 0
         try:
             workload.schedule_shocks(state, shocks)
@@ -179,7 +212,7 @@ def continue_world(
             ):
                 workload.intervene(state, name, params, shocks)
                 intervened = True
-            while not workload.done(state):
+            while not done(state):
                 steps += 1  # counted first, so a failing step reports its own number
                 if steps > limit:
                     raise StuckWorldError(
@@ -187,7 +220,7 @@ def continue_world(
                         f"{limit} steps at {method_place(workload, 'done')} "
                         f"({where(episode, world.name, steps)})"
                     )
-                workload.step(state, shocks)
+                step(state, shocks)
             ok = workload.outcome(state)
         except ContractViolation:
             raise
@@ -197,6 +230,17 @@ def continue_world(
         fingerprint = shocks.fingerprint()
         drawn = drawn or shocks.drawn
     return votes * 2 > world.forks, intervened, fingerprint, drawn
+
+
+def continue_world(
+    workload: Workload, checkpoint: str, seed: int, episode: int, world: WorldPlan
+) -> tuple[bool, bool, str, bool]:
+    """Fork ``checkpoint`` into ``world`` and finish it.
+
+    Returns (success, intervened, shock fingerprint, drew randomness).
+    """
+    fork = _Fork(checkpoint, world.forks)
+    return _finish(workload, fork, seed, episode, world, EpisodeDraws(seed, episode))
 
 
 def continue_checkpoints(
@@ -217,56 +261,77 @@ def continue_checkpoints(
 
 
 def run_batch(
-    workload: Workload, seed: int, episodes: Sequence[int], worlds: Sequence[WorldPlan]
+    workload: Workload,
+    seed: int,
+    episodes: Sequence[int],
+    worlds: Sequence[WorldPlan],
+    memo: bool = True,
 ) -> Batch:
     """The local twin's inner loop: each prefix once, then every world from it.
 
-    A prefix or continuation that drew no randomness is a pure function of the state it
-    started from (the workload contract: state, params and shock draws decide
-    everything), so its result is reused for every episode that reaches an identical
-    state. Continuations that drew anything are always run.
+    All the runs of one episode share one table of random words (each coordinate is
+    hashed once per episode). With ``memo``, a prefix or continuation that drew no
+    randomness is reused for every episode that reaches an identical state: it is a pure
+    function of the state it started from (the workload contract: state, params and
+    shock draws decide everything). Continuations that drew anything are always run.
+    ``memo=False`` runs every episode in full (what the engine benchmark also reports).
     """
-    # Rows are collected per episode (one append per world) and turned into columns at
-    # the end: the loop body is the engine's hot path.
-    checkpoints: list[Checkpoint] = []
-    results: list[list[tuple[bool, bool, str]]] = [[] for _ in worlds]
-    plans = list(zip(range(len(worlds)), worlds, results, strict=True))
+    # Only the columns are kept (never the checkpoint text), appended to as the episodes
+    # run, and equal feature dicts are shared: memory per episode is a few pointers.
+    # The columns are the caller's to read, not to change in place (lists are shared).
+    requested: list[int] = []
+    resolved: list[int] = []
+    shas: list[str] = []
+    features: list[dict[str, Feature]] = []
+    same_features: dict[str, dict[str, Feature]] = {}
+    columns = [empty_columns() for _ in worlds]
+    plans = [
+        (index, world, cols["outcomes"].append, cols["intervened"].append, cols["shocks"].append)
+        for index, (world, cols) in enumerate(zip(worlds, columns, strict=True))
+    ]
+    # copies[i]: how many states worlds i.. need (the count a fork made at world i hands out)
+    copies = [sum(w.forks for w in worlds[i:]) for i in range(len(worlds))]
     prefixes: dict[str, Checkpoint] = {}
     continuations: dict[tuple[str, int], tuple[bool, bool, str]] = {}
     for episode in episodes:
         state, shocks = _start(workload, seed, episode)
-        key = repr(state)  # exact for JSON values; only needs to be stable in-process
-        cp = prefixes.get(key)
+        cp = None
+        if memo:
+            key = repr(state)  # exact for JSON values; only needs to be stable in-process
+            cp = prefixes.get(key)
         if cp is None:
             cp, drawn = _prefix_from(workload, seed, episode, state, shocks)
-            if not drawn:
+            # repr tells True from 1 and -0.0 from 0.0, which dict equality would merge
+            cp["features"] = same_features.setdefault(repr(cp["features"]), cp["features"])
+            if memo and not drawn:
                 prefixes[key] = cp
-        checkpoints.append(cp)
         sha = cp["sha256"]
-        for index, world, rows in plans:
-            result = continuations.get((sha, index))
+        requested.append(cp["requested"])
+        resolved.append(cp["resolved"])
+        shas.append(sha)
+        features.append(cp["features"])
+        fork: _Fork | None = None
+        for index, world, add_outcome, add_intervened, add_shocks in plans:
+            result = continuations.get((sha, index)) if memo else None
             if result is None:
-                ok, did, fp, drawn = continue_world(workload, cp["state"], seed, episode, world)
+                if fork is None:
+                    fork = _Fork(cp["state"], copies[index])
+                ok, did, fp, drawn = _finish(workload, fork, seed, episode, world, shocks.draws)
                 result = (ok, did, fp)
-                if not drawn:
+                if memo and not drawn:
                     continuations[(sha, index)] = result
-            rows.append(result)
-    shas = [cp["sha256"] for cp in checkpoints]
+            add_outcome(result[0])
+            add_intervened(result[1])
+            add_shocks(result[2])
+    for cols in columns:
+        cols["inherited"] = shas  # one list for every world (the twin forks them all)
     return {
         "episodes": list(episodes),
-        "requested": [cp["requested"] for cp in checkpoints],
-        "resolved": [cp["resolved"] for cp in checkpoints],
+        "requested": requested,
+        "resolved": resolved,
         "checkpoints": shas,
-        "features": [cp["features"] for cp in checkpoints],
-        "worlds": {
-            world.name: {
-                "outcomes": [r[0] for r in rows],
-                "intervened": [r[1] for r in rows],
-                "shocks": [r[2] for r in rows],
-                "inherited": list(shas),
-            }
-            for world, rows in zip(worlds, results, strict=True)
-        },
+        "features": features,
+        "worlds": {world.name: cols for world, cols in zip(worlds, columns, strict=True)},
     }
 
 

@@ -125,6 +125,10 @@ class RetryCascade(Workload):
         self._horizon: int = p["horizon"]
         # An agent gets work when its 6-bit lane is below this, so P = ceil(64 rate) / 64.
         self._arrival_lane = float(p["arrival_rate"]) * (1 << _LANE_BITS)
+        self._groups = [
+            (group, min(_LANES, self._n - group * _LANES))
+            for group in range((self._n + _LANES - 1) // _LANES)
+        ]
         self._capacity = float(p["capacity"])
         self._noise = float(p["capacity_noise"])
         self._dip_prob = float(p["dip_prob"])
@@ -232,7 +236,9 @@ class RetryCascade(Workload):
             state["placebo_token"] = shocks.agent(_UPSTREAM, tick, "placebo")
 
     def step(self, state: State, shocks: Shocks) -> None:
-        t = int(state["tick"])
+        # The hot loop of every world: written for CPython (locals, no generator
+        # expressions, agents without calls skipped); the model is docs/retry-cascade.md.
+        t: int = state["tick"]
         if t >= self._horizon:
             return
         n = self._n
@@ -243,9 +249,9 @@ class RetryCascade(Workload):
         # Arrivals: one draw per group of eight agents, split into 6-bit lanes.
         arrivals: list[bool] = []
         threshold = self._arrival_lane
-        for group in range((n + _LANES - 1) // _LANES):
+        for group, lanes in self._groups:
             word = int(exogenous(group, t, "work") * _WORD)
-            for _ in range(min(_LANES, n - group * _LANES)):
+            for _ in range(lanes):
                 arrivals.append((word & _LANE_MASK) < threshold)
                 word >>= _LANE_BITS
 
@@ -261,17 +267,22 @@ class RetryCascade(Workload):
         # What each agent would send now: its due retries (oldest first), then new work.
         queues: list[list[list[int]]] = state["queues"]
         sends: list[list[int]] = []
+        offered = 0
         for i in range(n):
             queue = queues[i]
-            calls = [e[1] for e in queue if e[0] <= t] if queue else []
-            if calls:
-                queues[i] = [e for e in queue if e[0] > t]
-            if arrivals[i]:
-                calls.append(0)
+            if queue:
+                calls = [e[1] for e in queue if e[0] <= t]
+                if calls:
+                    queues[i] = [e for e in queue if e[0] > t]
+                if arrivals[i]:
+                    calls.append(0)
+            else:
+                calls = [0] if arrivals[i] else []
+            offered += len(calls)
             sends.append(calls)
 
         # Who may send: everyone, unless restarting or held back by the shared circuit.
-        queue_cap = int(state["queue_cap"])
+        queue_cap: int = state["queue_cap"]
         bc = state["broadcast"]
         dropped = 0
         limits: list[int] | None = None
@@ -299,8 +310,10 @@ class RetryCascade(Workload):
                         else:
                             dropped += 1
                     sends[i] = calls[: limits[i]]
+            offered = 0
+            for calls in sends:
+                offered += len(calls)
 
-        offered = sum(len(c) for c in sends)
         ratio = self._healthy  # background errors: a small share of calls fails anyway
         if offered:
             load = offered * (1.0 + state["latency"])
@@ -308,9 +321,6 @@ class RetryCascade(Workload):
                 # Thrashing: every unit of excess load costs the upstream goodput.
                 ratio *= max(0.0, cap - self._thrash * (load - cap)) / load
 
-        jitter = state["jitter"]
-        backoff = self._backoff
-        max_attempts = self._max_attempts
         failures = 0
         served = 0
         # Systematic rounding: agent i is served floor(C_i + u) - floor(C_{i-1} + u) calls,
@@ -321,28 +331,17 @@ class RetryCascade(Workload):
             calls = sends[i]
             if not calls:
                 continue
-            cumulative += len(calls) * ratio
+            sent = len(calls)
+            cumulative += sent * ratio
             upto = int(cumulative)
-            ok = min(upto - below, len(calls))
+            ok = upto - below
             below = upto
-            served += ok
-            if ok >= len(calls):
+            if ok >= sent:
+                served += sent
                 continue
-            queue = queues[i]
-            for j, attempts in enumerate(calls[ok:]):
-                failures += 1
-                made = attempts + 1
-                if made >= max_attempts:
-                    dropped += 1
-                    continue
-                wait = backoff[made]
-                if jitter is not None:
-                    spread = jitter["spread"] * (shocks.agent(i, t, f"jitter{j}") - 0.5)
-                    wait = max(1, round(wait * (1.0 + spread)))
-                if len(queue) < queue_cap:
-                    queue.append([t + wait, made])
-                else:
-                    dropped += 1
+            served += ok
+            failures += sent - ok
+            dropped += self._retry(state, shocks, queues[i], calls[ok:], i, t)
 
         state["served"] += served
         state["failed_calls"] += failures
@@ -355,3 +354,33 @@ class RetryCascade(Workload):
             if bc is not None and (t < state["circuit_until"] or failures >= bc["trip"] * offered):
                 state["circuit_until"] = t + 1 + bc["cooldown"]
         state["tick"] = t + 1
+
+    def _retry(
+        self,
+        state: State,
+        shocks: Shocks,
+        queue: list[list[int]],
+        failed: list[int],
+        i: int,
+        t: int,
+    ) -> int:
+        """Queue agent ``i``'s failed calls for a retry after their backoff; returns how
+        many were dropped instead (out of attempts, or the queue was full)."""
+        jitter = state["jitter"]
+        backoff = self._backoff
+        queue_cap: int = state["queue_cap"]
+        dropped = 0
+        for j, attempts in enumerate(failed):
+            made = attempts + 1
+            if made >= self._max_attempts:
+                dropped += 1
+                continue
+            wait = backoff[made]
+            if jitter is not None:
+                spread = jitter["spread"] * (shocks.agent(i, t, f"jitter{j}") - 0.5)
+                wait = max(1, round(wait * (1.0 + spread)))
+            if len(queue) < queue_cap:
+                queue.append([t + wait, made])
+            else:
+                dropped += 1
+        return dropped
