@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from experiments.analysis.guard import (
+    DEFAULT_HOLDOUT_CAP,
     GuardCounts,
     GuardEvaluation,
+    guarded_outcomes,
     held_out_validation,
+    holdout_size,
     learn_rule,
     rule_words,
 )
 from experiments.analysis.slices import Dimension, SliceEffect, dimensions, slice_effects
+from experiments.engine import run_twin, world_plan
 from experiments.plan import rehearse
 from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
 from experiments.report.render_text import render_text
 from experiments.runtime.runner import rule_fires
-from experiments.spec import parse_spec
+from experiments.spec import ExperimentSpec, parse_spec
 from tests.helpers import ROOT
 
 RECOVERY = ROOT / "experiments" / "recovery-counter.yaml"
@@ -146,3 +154,71 @@ def test_a_rule_below_always_or_never_does_not_validate_in_words_and_verdicts() 
     assert row in render_markdown(bad)
     badge = f'<span class="badge refuted">not validated</span></td><td>{why}</td>'
     assert badge in render_html(bad)
+
+
+@pytest.mark.parametrize(
+    ("workload", "params", "treatment", "rule", "forks"),
+    [
+        ("counter-recovery", {}, "refresh", {"any": [{"obs_repeated": {"eq": True}}]}, 1),
+        (
+            "counter-recovery",
+            {"noise": 0.2},
+            "refresh",
+            {"any": [{"obs_repeated": {"eq": True}}]},
+            3,
+        ),
+        (
+            "retry-cascade",
+            {},
+            "restart",
+            {"any": [{"queue_depth": {"ge": 1}}, {"upstream": {"eq": "healthy"}}]},
+            1,
+        ),
+    ],
+)
+def test_the_derived_guarded_world_is_the_simulated_one(
+    workload: str, params: dict[str, Any], treatment: str, rule: dict[str, Any], forks: int
+) -> None:
+    """Deriving the guarded world (treatment where the rule fires, baseline elsewhere)
+    gives exactly what running it gives, outcome and intervention, episode by episode."""
+    spec = ExperimentSpec.model_validate(
+        {
+            "id": "derive",
+            "hypothesis": {"text": "h"},
+            "seed": 3,
+            "episodes": 300,
+            "workload": {"name": workload, "params": params},
+            "worlds": [
+                {"name": "baseline", "role": "baseline"},
+                {"name": treatment, "role": "treatment", "intervention": {"name": treatment}},
+            ],
+        }
+    )
+    plans = [
+        world_plan(spec.worlds[0], forks),
+        world_plan(spec.worlds[1], forks),
+        world_plan(spec.worlds[1], forks, guard=rule, name="guarded"),
+    ]
+    batch = run_twin(spec, worlds=plans, processes=1).batch
+    cols = batch["worlds"]
+    derived = guarded_outcomes(
+        rule,
+        batch["features"],
+        cols["baseline"]["outcomes"],
+        cols[treatment]["outcomes"],
+        cols[treatment]["intervened"],
+    )
+    assert derived == (cols["guarded"]["outcomes"], cols["guarded"]["intervened"])
+    fired = sum(derived[1])
+    assert 0 < fired < 300  # the rule splits the episodes, so both branches are checked
+    assert derived[0] != cols[treatment]["outcomes"] and derived[0] != cols["baseline"]["outcomes"]
+
+
+def test_held_out_episodes_are_capped_by_default() -> None:
+    spec = parse_spec(RECOVERY.read_text(), str(RECOVERY))
+    assert holdout_size(spec) == spec.episodes == 300
+    big = spec.model_copy(update={"episodes": 2_000_000})
+    assert holdout_size(big) == DEFAULT_HOLDOUT_CAP
+    chosen = big.analysis.guard.model_copy(update={"holdout_episodes": 50_000})
+    asked = big.model_copy(update={"analysis": big.analysis.model_copy(update={"guard": chosen})})
+    assert holdout_size(asked) == 50_000
