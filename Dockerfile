@@ -12,6 +12,7 @@ COPY experiments ./experiments
 COPY workflows ./workflows
 COPY activities ./activities
 COPY workers ./workers
+COPY evals ./evals
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}

@@ -4,12 +4,13 @@ wrong-key approvals are answered (Update) and recorded, and change nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from concurrent.futures import Executor
 
 import pytest
 from orchestration_lab import SANDBOX_ACTIVITIES, Lab, make_spec, signed
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
 from activities.approval_keys import key_path, new_private_key, public_key_hex, read_private_key
@@ -212,7 +213,9 @@ async def test_hostile_workload_cannot_read_the_key_a_worker_made(lab: Lab) -> N
         task_queue=lab.settings.task_queue,
         result_type=ExperimentResult,
     )
-    result = await handle.result()
+    with pytest.raises(WorkflowFailureError):  # failed before approval: restartable
+        await asyncio.wait_for(handle.result(), timeout=120)
+    result = await lab.status(handle)
     keys = list((home / "approval-keys").rglob("*.key"))
     assert len(keys) == 1  # the key was there to steal
     assert result.status is Status.failed and result.error is not None
