@@ -175,6 +175,18 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bundle(args: argparse.Namespace) -> int:
+    """Ship the spec's workload bundle and print its digest: the ``workload_bundle`` of a
+    workflow input started some other way (``temporal workflow start``)."""
+    spec = load_spec(args.spec)
+    bundle = ship_spec_workload(settings_from(args), spec)
+    if bundle is None:
+        print(f"workload {spec.workload.name!r} is built into ForkLab: nothing to ship")
+    else:
+        print(bundle.digest)
+    return 0
+
+
 # --- status / cancel / report ---------------------------------------------------------
 @dataclass(frozen=True)
 class ReportFiles:
@@ -338,6 +350,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_connection_flags(p, ui=True)
     p.set_defaults(func=cmd_start)
+
+    p = sub.add_parser(
+        "bundle",
+        help="ship the spec's workload bundle to the artifact store and print its digest "
+        "(the workload_bundle of a raw `temporal workflow start`)",
+    )
+    p.add_argument("spec", help="path to the experiment spec (.yaml or .json)")
+    add_connection_flags(p)
+    p.set_defaults(func=cmd_bundle)
 
     p = sub.add_parser("status", help="stage, plan, approval attempts, progress and budget")
     p.add_argument("experiment", help="experiment id")
