@@ -411,6 +411,7 @@ class ExperimentWorkflow:
             workload=self._spec.workload.name,
             params=dict(self._spec.workload.params),
             seed=self._spec.seed,
+            workspace=state.plan.rehearsal.workspace,
         )
         options: dict[str, Any] = {
             "start_to_close_timeout": timeouts.BATCH_START_TO_CLOSE,

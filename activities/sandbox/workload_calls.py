@@ -59,6 +59,8 @@ def _check_rehearsal(answer: dict[str, Any], worlds: list[str]) -> None:
         raise WorkloadCallError("the rehearsal answered no episode count")
     if not _is_rate(answer.get("prefix_seconds_per_episode")):
         raise WorkloadCallError("the rehearsal answered no valid prefix rate")
+    if not isinstance(answer.get("workspace"), bool):
+        raise WorkloadCallError("the rehearsal did not say whether the workload has a workspace")
     seen = answer.get("worlds")
     if not isinstance(seen, list) or [w.get("name") for w in seen] != worlds:
         raise WorkloadCallError("the rehearsal did not answer for exactly the spec's worlds")
