@@ -132,12 +132,13 @@ class SandboxActivities:
         mode: str,
         allowance: float,
         files: _Files | None = None,
-    ) -> tuple[ExecResult, bytes | None]:
+    ) -> tuple[ExecResult, bytes | None, str]:
         """Clear what an earlier attempt of this unit left, then create a sandbox, upload
         ``inputs``, run the runner, fetch its output (``None`` when the runner did not
-        succeed) and delete the sandbox. A fault of the infrastructure is raised as a
-        retryable ``ApplicationError`` carrying the attempt's last heartbeat. ``files``
-        gives the sandbox a workspace and reads it once the runner succeeded."""
+        succeed) and delete the sandbox; returns the sandbox's id too. A fault of the
+        infrastructure is raised as a retryable ``ApplicationError`` carrying the attempt's
+        last heartbeat. ``files`` gives the sandbox a workspace and reads it once the
+        runner succeeded."""
         beat = _Beat(self._dies_with_worker)
         activity.heartbeat(beat.details())
         try:
@@ -165,7 +166,7 @@ class SandboxActivities:
         allowance: float,
         beat: _Beat,
         files: _Files | None,
-    ) -> tuple[ExecResult, bytes | None]:
+    ) -> tuple[ExecResult, bytes | None, str]:
         sandbox_id = await self._blocking(
             self._backend.create, snapshot_id, labels, _limits(allowance)
         )
@@ -185,15 +186,16 @@ class SandboxActivities:
             result = await heartbeat_until(job, details)
             beat.charged = result.seconds
             if result.timed_out or result.exit_code != 0:
-                return result, None
+                return result, None, sandbox_id
             wanted = CHECKPOINTS_FILE if mode == "prefix" else OUT_FILE
             try:
                 data = await self._blocking(self._backend.download, sandbox_id, wanted)
             except SandboxError:
-                return result, None  # the runner exited cleanly without writing its output
+                # the runner exited cleanly without writing its output
+                return result, None, sandbox_id
             if files is not None:
                 await self._blocking(files.read, sandbox_id)
-            return result, data
+            return result, data, sandbox_id
         finally:
             await self._blocking(self._backend.delete, sandbox_id)
 
@@ -217,7 +219,7 @@ class SandboxActivities:
             BATCH_LABEL: str(inp.chunk.index),
         }
         inputs = {REQUEST_FILE: request.encode(), CHECKPOINTS_FILE: b""}
-        result, data = await self._in_sandbox(
+        result, data, sandbox_id = await self._in_sandbox(
             labels, inp.snapshot_id, inputs, "prefix", allowance, files
         )
         why = _failure(result, allowance) or "the runner wrote no checkpoints"
@@ -252,6 +254,7 @@ class SandboxActivities:
             network_isolated=result.network_isolated,
             note=result.note,
             confinement=result.confinement,
+            sandbox_id=sandbox_id,
         )
 
     @activity.defn(name="run_world_batch")
@@ -265,7 +268,7 @@ class SandboxActivities:
         name = inp.world.name
         attempts = inp.attempt
 
-        def failed(error: str, seconds: float, ran: ExecResult | None = None) -> BatchOutcome:
+        def failed(error: str, seconds: float, ran: ExecResult, sandbox_id: str) -> BatchOutcome:
             return BatchOutcome(
                 world=name,
                 chunk=inp.chunk,
@@ -273,9 +276,10 @@ class SandboxActivities:
                 error=error,
                 seconds=seconds,
                 attempts=attempts,
-                network_isolated=ran.network_isolated if ran else True,
-                note=ran.note if ran else None,
-                confinement=ran.confinement if ran else None,
+                network_isolated=ran.network_isolated,
+                note=ran.note,
+                confinement=ran.confinement,
+                sandbox_id=sandbox_id,
             )
 
         allowance = inp.reservation_seconds
@@ -298,17 +302,17 @@ class SandboxActivities:
             BATCH_LABEL: str(inp.chunk.index),
         }
         inputs = {REQUEST_FILE: request.encode(), CHECKPOINTS_FILE: checkpoints}
-        result, data = await self._in_sandbox(
+        result, data, sandbox_id = await self._in_sandbox(
             labels, inp.snapshot_id, inputs, "continue", allowance, files
         )
         spent = result.seconds
         why = _failure(result, allowance)
         if data is None or why:
-            return failed(why or "the runner wrote no output file", spent, result)
+            return failed(why or "the runner wrote no output file", spent, result, sandbox_id)
         try:
             columns = parse_columns(data, inp.chunk.size)
         except FormatError as exc:
-            return failed(f"the runner printed garbage: {exc}", spent, result)
+            return failed(f"the runner printed garbage: {exc}", spent, result, sandbox_id)
         digest = await self._stored(spent, self._store.put_json, columns)
         evidence = None
         if files is not None:
@@ -325,6 +329,7 @@ class SandboxActivities:
             network_isolated=result.network_isolated,
             note=result.note,
             confinement=result.confinement,
+            sandbox_id=sandbox_id,
         )
 
     @activity.defn(name="cleanup_sandboxes")
