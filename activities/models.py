@@ -133,6 +133,7 @@ class PrefixResult(Model):
     network_isolated: bool = True
     note: str | None = None
     confinement: str | None = None  # "bubblewrap", or "process" on a host without it
+    sandbox_id: str | None = Field(default=None, description="The backend's id of its sandbox.")
 
 
 class BatchInput(Model):
@@ -168,6 +169,9 @@ class BatchOutcome(Model):
     network_isolated: bool = True
     note: str | None = Field(default=None, description="e.g. why network isolation fell back")
     confinement: str | None = None  # "bubblewrap", or "process" on a host without it
+    #: The backend's id of the sandbox this attempt ran in (``lsb-…`` locally, Daytona's
+    #: own id there); None when no attempt reached a sandbox (skipped, or died before).
+    sandbox_id: str | None = None
 
 
 class CleanupInput(Model):

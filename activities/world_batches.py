@@ -122,11 +122,12 @@ class SandboxActivities:
         inputs: dict[str, bytes],
         mode: str,
         allowance: float,
-    ) -> tuple[ExecResult, bytes | None]:
+    ) -> tuple[ExecResult, bytes | None, str]:
         """Clear what an earlier attempt of this unit left, then create a sandbox, upload
         ``inputs``, run the runner, fetch its output (``None`` when the runner did not
-        succeed) and delete the sandbox. A fault of the infrastructure is raised as a
-        retryable ``ApplicationError`` carrying the attempt's last heartbeat."""
+        succeed) and delete the sandbox; returns the sandbox's id too. A fault of the
+        infrastructure is raised as a retryable ``ApplicationError`` carrying the attempt's
+        last heartbeat."""
         beat = _Beat(self._dies_with_worker)
         activity.heartbeat(beat.details())
         try:
@@ -151,7 +152,7 @@ class SandboxActivities:
         mode: str,
         allowance: float,
         beat: _Beat,
-    ) -> tuple[ExecResult, bytes | None]:
+    ) -> tuple[ExecResult, bytes | None, str]:
         sandbox_id = await self._blocking(
             self._backend.create, snapshot_id, labels, _limits(allowance)
         )
@@ -169,13 +170,14 @@ class SandboxActivities:
             result = await heartbeat_until(job, details)
             beat.charged = result.seconds
             if result.timed_out or result.exit_code != 0:
-                return result, None
+                return result, None, sandbox_id
             wanted = CHECKPOINTS_FILE if mode == "prefix" else OUT_FILE
             try:
                 data = await self._blocking(self._backend.download, sandbox_id, wanted)
             except SandboxError:
-                return result, None  # the runner exited cleanly without writing its output
-            return result, data
+                # the runner exited cleanly without writing its output
+                return result, None, sandbox_id
+            return result, data, sandbox_id
         finally:
             await self._blocking(self._backend.delete, sandbox_id)
 
@@ -192,7 +194,9 @@ class SandboxActivities:
             BATCH_LABEL: str(inp.chunk.index),
         }
         inputs = {REQUEST_FILE: request.encode(), CHECKPOINTS_FILE: b""}
-        result, data = await self._in_sandbox(labels, inp.snapshot_id, inputs, "prefix", allowance)
+        result, data, sandbox_id = await self._in_sandbox(
+            labels, inp.snapshot_id, inputs, "prefix", allowance
+        )
         why = _failure(result, allowance) or "the runner wrote no checkpoints"
         if data is None or _failure(result, allowance):
             raise ApplicationError(
@@ -216,6 +220,7 @@ class SandboxActivities:
             network_isolated=result.network_isolated,
             note=result.note,
             confinement=result.confinement,
+            sandbox_id=sandbox_id,
         )
 
     @activity.defn(name="run_world_batch")
@@ -229,7 +234,7 @@ class SandboxActivities:
         name = inp.world.name
         attempts = inp.attempt
 
-        def failed(error: str, seconds: float, ran: ExecResult | None = None) -> BatchOutcome:
+        def failed(error: str, seconds: float, ran: ExecResult, sandbox_id: str) -> BatchOutcome:
             return BatchOutcome(
                 world=name,
                 chunk=inp.chunk,
@@ -237,9 +242,10 @@ class SandboxActivities:
                 error=error,
                 seconds=seconds,
                 attempts=attempts,
-                network_isolated=ran.network_isolated if ran else True,
-                note=ran.note if ran else None,
-                confinement=ran.confinement if ran else None,
+                network_isolated=ran.network_isolated,
+                note=ran.note,
+                confinement=ran.confinement,
+                sandbox_id=sandbox_id,
             )
 
         allowance = inp.reservation_seconds
@@ -252,17 +258,17 @@ class SandboxActivities:
             BATCH_LABEL: str(inp.chunk.index),
         }
         inputs = {REQUEST_FILE: request.encode(), CHECKPOINTS_FILE: checkpoints}
-        result, data = await self._in_sandbox(
+        result, data, sandbox_id = await self._in_sandbox(
             labels, inp.snapshot_id, inputs, "continue", allowance
         )
         spent = result.seconds
         why = _failure(result, allowance)
         if data is None or why:
-            return failed(why or "the runner wrote no output file", spent, result)
+            return failed(why or "the runner wrote no output file", spent, result, sandbox_id)
         try:
             columns = parse_columns(data, inp.chunk.size)
         except FormatError as exc:
-            return failed(f"the runner printed garbage: {exc}", spent, result)
+            return failed(f"the runner printed garbage: {exc}", spent, result, sandbox_id)
         digest = await self._stored(spent, self._store.put_json, columns)
         return BatchOutcome(
             world=name,
@@ -275,6 +281,7 @@ class SandboxActivities:
             network_isolated=result.network_isolated,
             note=result.note,
             confinement=result.confinement,
+            sandbox_id=sandbox_id,
         )
 
     @activity.defn(name="cleanup_sandboxes")

@@ -592,11 +592,20 @@ class ExperimentWorkflow:
         """Braintrust, after the local ledger: the activity queues the trace and reports
         whether it was sent; its failure is shown, never the experiment's."""
         state = self._state
-        digests = [state.prefixes[i].checkpoints_digest for i in sorted(state.prefixes)]
+        prefixes = [state.prefixes[i] for i in sorted(state.prefixes)]
+        sandboxes: dict[str, list[str]] = {}
+        for (world, _), batch in sorted(state.batches.items(), key=lambda kv: kv[0][1]):
+            if batch.sandbox_id:
+                sandboxes.setdefault(world, []).append(batch.sandbox_id)
         try:
             logged = await workflow.execute_activity_method(
                 EvidenceActivities.log_evidence,
-                EvidenceInput(ledger=ledger, checkpoint_digests=digests),
+                EvidenceInput(
+                    ledger=ledger,
+                    checkpoint_digests=[p.checkpoints_digest for p in prefixes],
+                    prefix_sandbox_ids=[p.sandbox_id for p in prefixes if p.sandbox_id],
+                    sandbox_ids=sandboxes,
+                ),
                 start_to_close_timeout=timeouts.EVIDENCE_LOG_TIMEOUT,
                 retry_policy=timeouts.TRANSIENT_RETRY,
                 summary="evidence log: Braintrust root span and one child per world",

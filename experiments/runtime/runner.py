@@ -12,9 +12,10 @@ import json
 import marshal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from hashlib import sha256
 from typing import Any
 
-from experiments.runtime.canon import canonical_json, sha256_hex
+from experiments.runtime.canon import canonical_json, parse_canonical, sha256_hex
 from experiments.runtime.contract import (
     BoundaryMissingError,
     ContractViolation,
@@ -97,7 +98,8 @@ def rule_fires(rule: Mapping[str, Any], features: Mapping[str, Feature]) -> bool
 
 def run_prefix(workload: Workload, seed: int, episode: int) -> Checkpoint:
     """Run one episode to its boundary, once, and take the checkpoint."""
-    return _prefix_from(workload, seed, episode, *_start(workload, seed, episode))[0]
+    state, shocks = _start(workload, seed, episode)
+    return _prefix_from(workload, seed, episode, state, shocks, {})[0]
 
 
 def _start(
@@ -111,11 +113,26 @@ def _start(
     return state, shocks
 
 
+#: Feature dicts already checked, by a key that spells out their values and types.
+SeenFeatures = dict[tuple[Any, ...], dict[str, Feature]]
+
+
 def _prefix_from(
-    workload: Workload, seed: int, episode: int, state: State, shocks: Shocks
-) -> tuple[Checkpoint, bool]:
+    workload: Workload,
+    seed: int,
+    episode: int,
+    state: State,
+    shocks: Shocks,
+    seen: SeenFeatures,
+) -> tuple[Checkpoint, bool, State]:
     """Step ``state`` to its boundary and check what the contract promises there (state
-    is JSON, features as declared); also says whether the prefix drew randomness."""
+    is JSON, features as declared).
+
+    Returns the checkpoint, whether the prefix drew randomness, and the state read back
+    from the checkpoint text (what the worlds fork from). A feature dict equal to one in
+    ``seen`` (same values of the same types) is not checked again, and the one in ``seen``
+    is returned in its place, so equal dicts are shared.
+    """
     steps = 0
     try:
         requested = workload.boundary(state)
@@ -126,49 +143,59 @@ def _prefix_from(
         ended = workload.done(state)
     except Exception as exc:
         raise from_exception(workload, exc, where(episode, None, steps)) from exc
-    at = where(episode, None, steps)
     if resolved != requested:
         raise BoundaryMissingError(
             f"{type(workload).__name__}.boundary() asked for cursor {requested} but the run "
             f"{'ended' if ended else 'jumped'} at {resolved}; boundary() is defined at "
-            f"{method_place(workload, 'boundary')} ({at})"
+            f"{method_place(workload, 'boundary')} ({where(episode, None, steps)})"
         )
+    # The text is the checkpoint. Reading it back once both checks the contract (the
+    # state is JSON that reads back equal) and gives the state the worlds fork from.
     try:
         text: str | None = canonical_json(state)
     except (TypeError, ValueError):
         text = None
-    check_state(workload, state, text, "step" if steps else "initial_state", at)
-    assert text is not None  # check_state raised otherwise
+    parsed: State | None = None if text is None else parse_canonical(text)
+    if parsed is None or text is None or parsed != state:
+        method = "step" if steps else "initial_state"
+        check_state(workload, state, text, method, where(episode, None, steps))
+    assert text is not None and parsed is not None  # check_state raised otherwise
     try:
-        features = workload.features(state)
+        found = workload.features(state)
     except Exception as exc:
-        raise from_exception(workload, exc, at) from exc
-    check_features(workload, features, feature_kinds(type(workload)), at)
+        raise from_exception(workload, exc, where(episode, None, steps)) from exc
+    # repr tells True from 1 and -0.0 from 0.0, which dict equality would merge
+    key = (repr(found), *map(type, found.values())) if type(found) is dict else ()
+    features = seen.get(key) if key else None
+    if features is None:
+        kinds = feature_kinds(type(workload))
+        check_features(workload, found, kinds, where(episode, None, steps))
+        features = seen[key] = found
     checkpoint: Checkpoint = {
         "episode": episode,
         "requested": requested,
         "resolved": resolved,
-        "sha256": sha256_hex(text),
+        "sha256": sha256(text.encode()).hexdigest(),
         "state": text,
         "features": features,
     }
-    return checkpoint, shocks.drawn
+    return checkpoint, shocks.drawn, parsed
 
 
 class _Fork:
-    """Hands out copies of one checkpoint, each exactly ``json.loads(checkpoint)``.
+    """Hands out copies of one checkpoint's state, each equal to ``json.loads`` of it.
 
-    The text is parsed once; further copies come from ``marshal`` (a C copy of plain
-    JSON values that keeps the sorted key order of the parse), and the last copy asked
-    for is the parsed state itself, so one world of an episode needs no copy at all.
+    Copies come from ``marshal`` (a C copy of plain JSON values that keeps the sorted key
+    order of the parse); the last copy asked for is the parsed state itself, so one world
+    of an episode needs no copy at all.
     """
 
     __slots__ = ("_blob", "_left", "_state")
 
-    def __init__(self, checkpoint: str, copies: int) -> None:
-        self._state: State = json.loads(checkpoint)
+    def __init__(self, parsed: State, copies: int) -> None:
+        self._state = parsed
         self._left = copies
-        self._blob = marshal.dumps(self._state) if copies > 1 else b""
+        self._blob = marshal.dumps(parsed) if copies > 1 else b""
 
     def take(self) -> State:
         self._left -= 1
@@ -180,25 +207,32 @@ class _Fork:
         return state
 
 
+def _intervention_params(workload: Workload, world: WorldPlan) -> dict[str, Any]:
+    """What ``intervene`` receives: the intervention's declared defaults overlaid with the
+    world's params."""
+    name = world.intervention
+    return {**workload.interventions.get(name, {}), **world.params} if name else {}
+
+
 def _finish(
     workload: Workload,
     fork: _Fork,
     seed: int,
     episode: int,
     world: WorldPlan,
+    params: dict[str, Any],
     draws: EpisodeDraws,
 ) -> tuple[bool, bool, str, bool]:
     """Fork into ``world`` and finish it: (success, intervened, fingerprint, drew).
 
     With ``forks`` > 1 the world runs that many replicates from the same checkpoint
-    (distinct agent streams) and the outcome is their majority vote. ``intervene``
-    receives the intervention's declared defaults overlaid with the world's params.
+    (distinct agent streams) and the outcome is their majority vote.
     """
     votes = 0
     intervened = drawn = False
     fingerprint = ""
     name = world.intervention
-    params = {**workload.interventions.get(name, {}), **world.params} if name else {}
+    guard = world.guard
     limit = workload.max_steps
     done, step = workload.done, workload.step
     for replicate in range(world.forks):
@@ -207,9 +241,7 @@ def _finish(
         steps = 0
         try:
             workload.schedule_shocks(state, shocks)
-            if name is not None and (
-                world.guard is None or rule_fires(world.guard, workload.features(state))
-            ):
+            if name is not None and (guard is None or rule_fires(guard, workload.features(state))):
                 workload.intervene(state, name, params, shocks)
                 intervened = True
             while not done(state):
@@ -226,7 +258,10 @@ def _finish(
             raise
         except Exception as exc:
             raise from_exception(workload, exc, where(episode, world.name, steps)) from exc
-        votes += check_outcome(workload, ok, where(episode, world.name, steps))
+        if ok is True:
+            votes += 1
+        elif ok is not False:
+            check_outcome(workload, ok, where(episode, world.name, steps))
         fingerprint = shocks.fingerprint()
         drawn = drawn or shocks.drawn
     return votes * 2 > world.forks, intervened, fingerprint, drawn
@@ -239,8 +274,9 @@ def continue_world(
 
     Returns (success, intervened, shock fingerprint, drew randomness).
     """
-    fork = _Fork(checkpoint, world.forks)
-    return _finish(workload, fork, seed, episode, world, EpisodeDraws(seed, episode))
+    fork = _Fork(parse_canonical(checkpoint), world.forks)
+    params = _intervention_params(workload, world)
+    return _finish(workload, fork, seed, episode, world, params, EpisodeDraws(seed, episode))
 
 
 def continue_checkpoints(
@@ -283,10 +319,17 @@ def run_batch(
     resolved: list[int] = []
     shas: list[str] = []
     features: list[dict[str, Feature]] = []
-    same_features: dict[str, dict[str, Feature]] = {}
+    same_features: SeenFeatures = {}  # equal feature dicts are shared
     columns = [empty_columns() for _ in worlds]
     plans = [
-        (index, world, cols["outcomes"].append, cols["intervened"].append, cols["shocks"].append)
+        (
+            index,
+            world,
+            _intervention_params(workload, world),
+            cols["outcomes"].append,
+            cols["intervened"].append,
+            cols["shocks"].append,
+        )
         for index, (world, cols) in enumerate(zip(worlds, columns, strict=True))
     ]
     # copies[i]: how many states worlds i.. need (the count a fork made at world i hands out)
@@ -295,28 +338,31 @@ def run_batch(
     continuations: dict[tuple[str, int], tuple[bool, bool, str]] = {}
     for episode in episodes:
         state, shocks = _start(workload, seed, episode)
-        cp = None
+        hit: Checkpoint | None = None
         if memo:
             key = repr(state)  # exact for JSON values; only needs to be stable in-process
-            cp = prefixes.get(key)
-        if cp is None:
-            cp, drawn = _prefix_from(workload, seed, episode, state, shocks)
-            # repr tells True from 1 and -0.0 from 0.0, which dict equality would merge
-            cp["features"] = same_features.setdefault(repr(cp["features"]), cp["features"])
+            hit = prefixes.get(key)
+        if hit is None:
+            cp, drawn, parsed = _prefix_from(workload, seed, episode, state, shocks, same_features)
             if memo and not drawn:
                 prefixes[key] = cp
+        else:
+            cp = hit
+            parsed = parse_canonical(cp["state"])  # the last world changes what it is given
         sha = cp["sha256"]
         requested.append(cp["requested"])
         resolved.append(cp["resolved"])
         shas.append(sha)
         features.append(cp["features"])
         fork: _Fork | None = None
-        for index, world, add_outcome, add_intervened, add_shocks in plans:
+        for index, world, params, add_outcome, add_intervened, add_shocks in plans:
             result = continuations.get((sha, index)) if memo else None
             if result is None:
                 if fork is None:
-                    fork = _Fork(cp["state"], copies[index])
-                ok, did, fp, drawn = _finish(workload, fork, seed, episode, world, shocks.draws)
+                    fork = _Fork(parsed, copies[index])
+                ok, did, fp, drawn = _finish(
+                    workload, fork, seed, episode, world, params, shocks.draws
+                )
                 result = (ok, did, fp)
                 if memo and not drawn:
                     continuations[(sha, index)] = result
