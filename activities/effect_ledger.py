@@ -1,8 +1,10 @@
-"""The effect ledger: one SQLite file of side-effecting tool calls, keyed by
-(lineage root, key name), so retries and forks meet the effects already applied.
+"""The effect ledger: side-effecting tool calls keyed by (lineage root, key name), so
+retries and forks meet the effects already applied.
 
-Each call opens its own connection and decides inside ``BEGIN IMMEDIATE``, so several
-worker processes can share the file (WAL). The rules are in ``experiments.runfork.effects``.
+Two backends with one contract (:class:`EffectLedger`): :class:`SqliteEffectLedger`, one
+file for the workers of one host (each call opens its own connection and decides inside
+``BEGIN IMMEDIATE``; WAL), and ``activities.effect_ledger_postgres.PostgresEffectLedger``
+for workers on many hosts. The rules are in ``experiments.runfork.effects``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sqlite3
 import uuid
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -58,37 +60,76 @@ class Claim(BaseModel):
     entry: LedgerEntry | None = None
 
 
-class EffectLedger:
+class EffectLedger(Protocol):
+    """What the tools and ``forklab trail`` need of an effect ledger."""
+
+    @property
+    def location(self) -> str: ...
+
+    def claim(
+        self, root: str, key: str, tool: str, request_sha: str, holder: str, epoch: int
+    ) -> Claim:
+        """Claim the key for one attempt. ``new`` and ``ambiguous`` hand out a fresh claim
+        token (the previous holder's completion will be rejected); the others hand none."""
+        ...
+
+    def complete(self, root: str, key: str, claim_token: str, result: dict[str, Any]) -> bool:
+        """Record the result; False (and nothing written) unless ``claim_token`` still holds
+        the claim — a zombie attempt's completion is rejected here."""
+        ...
+
+    def entries(self, root: str) -> list[LedgerEntry]: ...
+
+    def events(self, root: str) -> list[dict[str, Any]]:
+        """Every claim and completion of the lineage, in the order they were decided."""
+        ...
+
+
+#: Columns of an entry, in :class:`LedgerEntry` order (both backends select them so).
+ENTRY_COLUMNS = (
+    "lineage_root, key_name, tool, request_sha256, state, claim_token, epoch, holder, result_json"
+)
+EVENT_FIELDS = ("seq", "key_name", "event", "holder", "epoch")
+
+
+def entry_of(row: tuple[Any, ...] | None) -> LedgerEntry | None:
+    if row is None:
+        return None
+    return LedgerEntry(
+        lineage_root=row[0],
+        key_name=row[1],
+        tool=row[2],
+        request_sha256=row[3],
+        state=EntryState(row[4]),
+        claim_token=row[5],
+        epoch=row[6],
+        holder=row[7],
+        result=json.loads(row[8]) if row[8] else None,
+    )
+
+
+def result_json(result: dict[str, Any]) -> str:
+    return json.dumps(result, sort_keys=True)
+
+
+class SqliteEffectLedger:
     def __init__(self, path: Path) -> None:
         self.path = path
         init_schema(path, _SCHEMA)
 
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
     def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
         return transaction(self.path)
 
-    @staticmethod
-    def _entry(row: tuple[Any, ...] | None) -> LedgerEntry | None:
-        if row is None:
-            return None
-        return LedgerEntry(
-            lineage_root=row[0],
-            key_name=row[1],
-            tool=row[2],
-            request_sha256=row[3],
-            state=EntryState(row[4]),
-            claim_token=row[5],
-            epoch=row[6],
-            holder=row[7],
-            result=json.loads(row[8]) if row[8] else None,
-        )
-
     def _get(self, db: sqlite3.Connection, root: str, key: str) -> LedgerEntry | None:
         row = db.execute(
-            "SELECT lineage_root, key_name, tool, request_sha256, state, claim_token, epoch,"
-            " holder, result_json FROM effects WHERE lineage_root=? AND key_name=?",
+            f"SELECT {ENTRY_COLUMNS} FROM effects WHERE lineage_root=? AND key_name=?",
             (root, key),
         ).fetchone()
-        return self._entry(row)
+        return entry_of(row)
 
     def _event(
         self, db: sqlite3.Connection, root: str, key: str, event: str, holder: str, epoch: int
@@ -102,8 +143,6 @@ class EffectLedger:
     def claim(
         self, root: str, key: str, tool: str, request_sha: str, holder: str, epoch: int
     ) -> Claim:
-        """Claim the key for one attempt. ``new`` and ``ambiguous`` hand out a fresh claim
-        token (the previous holder's completion will be rejected); the others hand none."""
         with self._tx() as db:
             entry = self._get(db, root, key)
             outcome = on_claim(entry, request_sha, holder, epoch)
@@ -120,8 +159,6 @@ class EffectLedger:
             return Claim(outcome=outcome, claim_token=token, entry=entry)
 
     def complete(self, root: str, key: str, claim_token: str, result: dict[str, Any]) -> bool:
-        """Record the result; False (and nothing written) unless ``claim_token`` still holds
-        the claim — a zombie attempt's completion is rejected here."""
         with self._tx() as db:
             entry = self._get(db, root, key)
             ok = completion_accepted(entry, claim_token)
@@ -138,18 +175,17 @@ class EffectLedger:
                 db.execute(
                     "UPDATE effects SET state='completed', result_json=? WHERE lineage_root=?"
                     " AND key_name=?",
-                    (json.dumps(result, sort_keys=True), root, key),
+                    (result_json(result), root, key),
                 )
             return ok
 
     def entries(self, root: str) -> list[LedgerEntry]:
         with self._tx() as db:
             rows = db.execute(
-                "SELECT lineage_root, key_name, tool, request_sha256, state, claim_token, epoch,"
-                " holder, result_json FROM effects WHERE lineage_root=? ORDER BY key_name",
+                f"SELECT {ENTRY_COLUMNS} FROM effects WHERE lineage_root=? ORDER BY key_name",
                 (root,),
             ).fetchall()
-        return [e for e in (self._entry(r) for r in rows) if e is not None]
+        return [e for e in (entry_of(r) for r in rows) if e is not None]
 
     def events(self, root: str) -> list[dict[str, Any]]:
         with self._tx() as db:
@@ -158,6 +194,4 @@ class EffectLedger:
                 " WHERE lineage_root=? ORDER BY seq",
                 (root,),
             ).fetchall()
-        return [
-            dict(zip(("seq", "key_name", "event", "holder", "epoch"), r, strict=True)) for r in rows
-        ]
+        return [dict(zip(EVENT_FIELDS, r, strict=True)) for r in rows]

@@ -41,7 +41,7 @@ async def worker(args: argparse.Namespace) -> None:
     from temporalio.worker import Worker
 
     from activities.agent_tools import EffectTools, LedgerMode
-    from activities.effect_ledger import EffectLedger
+    from activities.effect_ledger import SqliteEffectLedger
     from activities.run_context import RunContextInterceptor
     from activities.run_log import RunLog
     from workflows.runfork.interceptor import ForkInterceptor
@@ -50,7 +50,7 @@ async def worker(args: argparse.Namespace) -> None:
     home = Path(args.home)
     tools = EffectTools(
         args.effects,
-        EffectLedger(home / "effects.sqlite"),
+        SqliteEffectLedger(home / "effects.sqlite"),
         LedgerMode(args.mode),
         crash_point=args.point,
         crash_flag=home / "crashed",

@@ -16,7 +16,6 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttributes
 
-from activities.effect_ledger import EffectLedger
 from activities.fork_models import MARKER_MEMO_KEY, RECEIPT_MEMO_KEY, ForkMarker, ModelSwap
 from activities.fork_registry import ForkRegistry
 from activities.run_history import RunRecord, chain_steps, locate_step, read_chain
@@ -33,6 +32,7 @@ from experiments.runfork.receipt import (
 )
 from experiments.runfork.steps import Step
 from workers.agent_config import AgentSettings
+from workers.stores import effect_ledger
 from workflows.runfork.search_attributes import BOUNDARY, LINEAGE_ROOT, PARENT, RUN
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
@@ -74,7 +74,7 @@ class AgentLab:
         self.agent = agent
         self.registry = ForkRegistry(agent.forks_path)
         self.run_log = RunLog(agent.run_log_path)
-        self.ledger = EffectLedger(agent.effect_ledger_path)
+        self.ledger = effect_ledger(agent)
 
     async def chain(self, run: str) -> list[RunRecord]:
         return await read_chain(self.client, run)

@@ -45,7 +45,9 @@ from workers.worker import ensure_search_attributes
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
     DEFAULT_BATCH_EPISODES,
+    DEFAULT_HISTORY_EVENTS,
     DEFAULT_REHEARSAL_EPISODES,
+    HISTORY_EVENTS_RANGE,
     ExperimentInput,
     ExperimentResult,
     Stage,
@@ -97,6 +99,7 @@ async def start_experiment(
     spec: ExperimentSpec,
     batch_episodes: int = DEFAULT_BATCH_EPISODES,
     rehearsal_episodes: int = DEFAULT_REHEARSAL_EPISODES,
+    history_events: int = DEFAULT_HISTORY_EVENTS,
 ) -> Started:
     """Ship the workload's bundle, then start the experiment's workflow with a fresh
     approver key. The workflow gets only the public key and the bundle's digest."""
@@ -127,6 +130,7 @@ async def start_experiment(
                 batch_episodes=batch_episodes,
                 rehearsal_episodes=rehearsal_episodes,
                 workload_bundle=bundle.digest if bundle is not None else None,
+                history_events=history_events,
             ),
             id=wid,
             task_queue=settings.task_queue,
@@ -159,8 +163,17 @@ async def start_experiment(
 def cmd_start(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     settings = settings_from(args)
+    low, high = HISTORY_EVENTS_RANGE
+    if not low <= args.history_events <= high:
+        raise CliError(
+            f"--history-events is {args.history_events}; give a number from {low} to {high} "
+            f"(default {DEFAULT_HISTORY_EVENTS})",
+            2,
+        )
     started = run(
-        lambda: start_experiment(settings, spec, args.batch_episodes, args.rehearsal_episodes)
+        lambda: start_experiment(
+            settings, spec, args.batch_episodes, args.rehearsal_episodes, args.history_events
+        )
     )
     print(f"started experiment {spec.id} (workflow {workflow_id(spec.id)})")
     if started.workload_bundle is not None:
@@ -347,6 +360,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=DEFAULT_REHEARSAL_EPISODES,
         help="episodes the rehearsal times for the estimate (0: all)",
+    )
+    p.add_argument(
+        "--history-events",
+        type=int,
+        default=DEFAULT_HISTORY_EVENTS,
+        help="events one workflow run records at most before it continues as new",
     )
     add_connection_flags(p, ui=True)
     p.set_defaults(func=cmd_start)

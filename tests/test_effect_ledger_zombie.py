@@ -1,33 +1,159 @@
-"""A zombie attempt on a real dev server: attempt 1 applies the charge and hangs past its
+"""The effect ledger, one contract over both backends (a real SQLite file; a real
+PostgreSQL database of the test's own, dropped afterwards): claims, epochs, zombie
+completions, replays, mismatches, racing claimers, two workers sharing the store; and a
+zombie attempt on a real dev server: attempt 1 applies the charge and hangs past its
 timeout; attempt 2 finds the key claimed without a result (the ambiguous window), asks
 the payments service, records what it found; attempt 1's late completion is rejected."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
+import pytest
 from agent_fixtures import Services
 from fork_workloads import ChargeOnceWorkflow
+from stores_lab import postgres_database
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.agent_tools import EffectTools, LedgerMode
-from activities.effect_ledger import EffectLedger
+from activities.effect_ledger import EffectLedger, SqliteEffectLedger
+from activities.effect_ledger_postgres import PostgresEffectLedger
+from activities.postgres import Conn, PostgresDatabase
+from experiments.runfork.effects import ClaimOutcome, request_sha256
+from workers.agent_config import AgentSettings
+from workers.config import Settings
+from workers.stores import effect_ledger
 from workflows.runfork.interceptor import ForkInterceptor
+
+_T = TypeVar("_T")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], EffectLedger]]:
+    """Makes ledgers on one store: each call is another worker's handle on it."""
+    if request.param == "sqlite":
+        yield lambda: effect_ledger(AgentSettings(home=tmp_path))
+        return
+    with postgres_database() as url:
+        settings = Settings.load({"home": tmp_path}, env={"FORKLAB_LEDGER": url})
+        agent = AgentSettings.load(settings, env={})
+        yield lambda: effect_ledger(agent)
+
+
+def test_settings_choose_the_backend(tmp_path: Path) -> None:
+    local = AgentSettings.load(Settings.load({"home": tmp_path}, env={}), env={})
+    assert isinstance(effect_ledger(local), SqliteEffectLedger)
+    url = "postgresql://u:secret@db:5432/forklab"
+    shared = Settings.load({"home": tmp_path}, env={"FORKLAB_LEDGER": url})
+    ledger = effect_ledger(AgentSettings.load(shared, env={}))
+    assert isinstance(ledger, PostgresEffectLedger)
+    assert ledger.location == "postgresql://u:***@db:5432/forklab"
+
+
+def test_a_zombie_completion_is_rejected(store: Callable[[], EffectLedger]) -> None:
+    ledger = store()
+    req = request_sha256({"amount": 4900})
+    first = ledger.claim("root", "charge:inv-1", "charge_customer", req, "wf/run/1", 1)
+    assert first.outcome is ClaimOutcome.new and first.claim_token
+    # attempt 1 hangs; attempt 2 of the same activity takes over in the ambiguous window
+    again = ledger.claim("root", "charge:inv-1", "charge_customer", req, "wf/run/1", 1)
+    assert again.outcome is ClaimOutcome.fenced and again.claim_token is None
+    second = ledger.claim("root", "charge:inv-1", "charge_customer", req, "wf/run/1", 2)
+    assert second.outcome is ClaimOutcome.ambiguous and second.claim_token
+    assert not ledger.complete("root", "charge:inv-1", first.claim_token, {"effect_id": "z"})
+    assert ledger.complete("root", "charge:inv-1", second.claim_token, {"effect_id": "e2"})
+    # completed: replays; a different request under the key is a mismatch
+    replay = ledger.claim("root", "charge:inv-1", "charge_customer", req, "fork/run/4", 1)
+    assert replay.outcome is ClaimOutcome.replay and replay.entry is not None
+    assert replay.entry.result == {"effect_id": "e2"}
+    other = request_sha256({"amount": 5000})
+    mismatch = ledger.claim("root", "charge:inv-1", "charge_customer", other, "x", 1)
+    assert mismatch.outcome is ClaimOutcome.mismatch
+    assert [(e["event"], e["epoch"]) for e in ledger.events("root")] == [
+        ("claim:new", 1),
+        ("claim:fenced", 1),
+        ("claim:ambiguous", 2),
+        ("complete:rejected", 2),
+        ("complete", 2),
+        ("claim:replay", 1),
+        ("claim:mismatch", 1),
+    ]
+    (entry,) = ledger.entries("root")
+    assert entry.epoch == 2 and entry.result == {"effect_id": "e2"}
+    # another lineage root is another key
+    fresh = ledger.claim("other-root", "charge:inv-1", "charge_customer", req, "y", 1)
+    assert fresh.outcome is ClaimOutcome.new
+
+
+def test_two_workers_share_the_store(store: Callable[[], EffectLedger]) -> None:
+    a, b = store(), store()
+    req = request_sha256({"to": "x@y"})
+    claim = a.claim("root", "email:1", "send_email", req, "wf/run/7", 1)
+    assert claim.claim_token and a.complete("root", "email:1", claim.claim_token, {"id": 1})
+    seen = b.claim("root", "email:1", "send_email", req, "fork/run/2", 1)
+    assert seen.outcome is ClaimOutcome.replay and seen.entry and seen.entry.result == {"id": 1}
+
+
+def test_racing_claims_of_a_new_key_make_one_owner(store: Callable[[], EffectLedger]) -> None:
+    """Eight workers claim a key nobody holds at once, as one attempt: exactly one owns
+    it, the others are fenced (nothing fails on the missing row)."""
+    req = request_sha256({"amount": 1})
+    ledgers = [store() for _ in range(8)]
+    for ledger in ledgers:  # schema ready before the race
+        ledger.entries("warm-up")
+    gate = threading.Barrier(len(ledgers))
+    outcomes: list[ClaimOutcome] = []
+
+    def claim(ledger: EffectLedger) -> None:
+        gate.wait()
+        outcomes.append(ledger.claim("race", "k", "t", req, "wf/run/1", 1).outcome)
+
+    threads = [threading.Thread(target=claim, args=(ledger,)) for ledger in ledgers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == sorted([ClaimOutcome.new] + [ClaimOutcome.fenced] * 7)
+
+
+class _LostAnswers(PostgresDatabase):
+    """Every unit of work commits, then runs again: what ``run`` does when the
+    connection drops after a commit and before its answer arrives."""
+
+    def run(self, work: Callable[[Conn], _T]) -> _T:
+        super().run(work)
+        return super().run(work)
+
+
+def test_postgres_retry_after_a_lost_commit_decides_nothing_twice() -> None:
+    with postgres_database() as url:
+        ledger = PostgresEffectLedger(_LostAnswers(url))
+        req = request_sha256({"amount": 1})
+        claim = ledger.claim("root", "k", "t", req, "wf/run/1", 1)
+        assert claim.outcome is ClaimOutcome.new and claim.claim_token
+        assert ledger.complete("root", "k", claim.claim_token, {"ok": True})
+        assert [e["event"] for e in ledger.events("root")] == ["claim:new", "complete"]
 
 
 async def test_zombie_completion_is_rejected_and_nothing_is_charged_twice(
-    temporal_env: WorkflowEnvironment, services: Services, tmp_path: Path
+    temporal_env: WorkflowEnvironment,
+    services: Services,
+    store: Callable[[], EffectLedger],
+    tmp_path: Path,
 ) -> None:
     client = await Client.connect(
         temporal_env.client.service_client.config.target_host,
         data_converter=pydantic_data_converter,
     )
-    ledger = EffectLedger(tmp_path / "effects.sqlite")
+    ledger = store()
     tools = EffectTools(
         services.effects_url,
         ledger,

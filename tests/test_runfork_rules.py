@@ -1,4 +1,5 @@
-"""The pure rules of run forks, and the SQLite stores that apply them (real files)."""
+"""The pure rules of run forks, and the SQLite run log that applies them (a real file);
+the effect ledger's tests are in ``test_effect_ledger_zombie.py``, over both backends."""
 
 from __future__ import annotations
 
@@ -6,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from activities.effect_ledger import EffectLedger
 from activities.run_log import RunLog
 from experiments.runfork.diff import diff_states, divergence_step
-from experiments.runfork.effects import ClaimOutcome, request_sha256
+from experiments.runfork.effects import request_sha256
 from experiments.runfork.fencing import Verdict
 from experiments.runfork.policy import (
     Decision,
@@ -88,32 +88,6 @@ def test_request_digest_ignores_volatile_fields() -> None:
     a = request_sha256({"amount": 1, "nonce": "x"}, volatile=["nonce"])
     assert a == request_sha256({"nonce": "y", "amount": 1}, volatile=["nonce"])
     assert a != request_sha256({"amount": 2, "nonce": "x"}, volatile=["nonce"])
-
-
-def test_effect_ledger_rejects_a_zombie_completion(tmp_path: Path) -> None:
-    ledger = EffectLedger(tmp_path / "effects.sqlite")
-    req = request_sha256({"amount": 4900})
-    first = ledger.claim("root", "charge:inv-1", "charge_customer", req, "wf/run/1", 1)
-    assert first.outcome is ClaimOutcome.new and first.claim_token
-    # attempt 1 hangs; attempt 2 of the same activity takes over in the ambiguous window
-    again = ledger.claim("root", "charge:inv-1", "charge_customer", req, "wf/run/1", 1)
-    assert again.outcome is ClaimOutcome.fenced
-    second = ledger.claim("root", "charge:inv-1", "charge_customer", req, "wf/run/1", 2)
-    assert second.outcome is ClaimOutcome.ambiguous and second.claim_token
-    assert not ledger.complete("root", "charge:inv-1", first.claim_token, {"effect_id": "z"})
-    assert ledger.complete("root", "charge:inv-1", second.claim_token, {"effect_id": "e2"})
-    # completed: replays; a different request under the key is a mismatch
-    replay = ledger.claim("root", "charge:inv-1", "charge_customer", req, "fork/run/4", 1)
-    assert replay.outcome is ClaimOutcome.replay and replay.entry is not None
-    assert replay.entry.result == {"effect_id": "e2"}
-    other = request_sha256({"amount": 5000})
-    mismatch = ledger.claim("root", "charge:inv-1", "charge_customer", other, "x", 1)
-    assert mismatch.outcome is ClaimOutcome.mismatch
-    events = [e["event"] for e in ledger.events("root")]
-    assert "complete:rejected" in events
-    # another lineage root is another key
-    fresh = ledger.claim("other-root", "charge:inv-1", "charge_customer", req, "y", 1)
-    assert fresh.outcome is ClaimOutcome.new
 
 
 def test_run_log_fences_writers_and_resumes_from_any_offset(tmp_path: Path) -> None:

@@ -40,11 +40,20 @@ class AgentSettings(BaseModel):
     effects_port: int = Field(default=8301, ge=1, le=65535)
     model_seed: int = 0
     home: Path = Path("~/.forklab")
+    #: the effect ledger's PostgreSQL database: ``FORKLAB_LEDGER`` when that is a
+    #: postgresql:// URL (the experiment ledger's database, shared by every worker);
+    #: empty: ``<home>/effects.sqlite``
+    effects_database: str = ""
+    store_retry_seconds: float = Field(default=60.0, gt=0, le=600)
 
     @classmethod
     def load(cls, settings: Settings, env: Mapping[str, str] | None = None) -> AgentSettings:
         env = os.environ if env is None else env
-        values: dict[str, object] = {"home": settings.home}
+        values: dict[str, object] = {
+            "home": settings.home,
+            "effects_database": settings.ledger if settings.shared_ledger else "",
+            "store_retry_seconds": settings.store_retry_seconds,
+        }
         for field, var in AGENT_ENV.items():
             if env.get(var):
                 values[field] = env[var]
@@ -77,6 +86,7 @@ class AgentSettings(BaseModel):
 
     @property
     def effect_ledger_path(self) -> Path:
+        """The SQLite effect ledger (when ``effects_database`` is empty)."""
         return self.home / "effects.sqlite"
 
     @property

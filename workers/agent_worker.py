@@ -19,12 +19,12 @@ from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
 from temporalio.worker import Worker
 
 from activities.agent_tools import EffectTools, LedgerMode, ModelActivities
-from activities.effect_ledger import EffectLedger
 from activities.run_context import RunContextInterceptor
 from activities.run_history import ForkActivities
 from activities.run_log import RunLog
 from workers.agent_config import AgentSettings
 from workers.config import Settings
+from workers.stores import effect_ledger
 from workflows.agents.research import ResearchPipelineWorkflow
 from workflows.agents.support import SupportAgentWorkflow
 from workflows.runfork.interceptor import ForkInterceptor
@@ -66,7 +66,7 @@ def build_agent_worker(
     mode: LedgerMode = LedgerMode.ledger_query,
     workflows: list[type] | None = None,
 ) -> Worker:
-    tools = EffectTools(agent.resolved_effects_url, EffectLedger(agent.effect_ledger_path), mode)
+    tools = EffectTools(agent.resolved_effects_url, effect_ledger(agent), mode)
     models = ModelActivities(openai_client(agent))
     forks = ForkActivities(client)
     return Worker(

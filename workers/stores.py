@@ -7,7 +7,12 @@ FORKLAB_ARTIFACTS      empty (default) or a folder                ``LocalArtifac
 FORKLAB_ARTIFACTS      ``s3://bucket/prefix``                     ``S3ArtifactStore``
 FORKLAB_LEDGER         empty (default) or a SQLite file           ``SqliteLedger``
 FORKLAB_LEDGER         ``postgresql://user:pw@host:port/db``      ``PostgresLedger``
+(agent runs)           FORKLAB_LEDGER empty or a SQLite file      ``SqliteEffectLedger``
+(agent runs)           FORKLAB_LEDGER ``postgresql://…``          ``PostgresEffectLedger``
 =====================  =========================================  ==========================
+
+The effect ledger of forked agent runs follows the experiment ledger: in its PostgreSQL
+database when there is one (its own tables), else ``<home>/effects.sqlite``.
 
 The S3 client takes its endpoint from ``FORKLAB_S3_ENDPOINT`` (MinIO, R2, …; empty for
 AWS) and its credentials and region from boto3's standard chain (``AWS_ACCESS_KEY_ID``,
@@ -26,10 +31,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from activities.artifacts import ArtifactStore, LocalArtifactStore
 from activities.artifacts_s3 import S3ArtifactStore
+from activities.effect_ledger import EffectLedger, SqliteEffectLedger
+from activities.effect_ledger_postgres import PostgresEffectLedger
 from activities.ledger import Ledger, LedgerError, SqliteLedger
 from activities.ledger_postgres import PostgresLedger
 from activities.outages import StoreUnavailableError
 from activities.postgres import PostgresDatabase, SchemaError
+from workers.agent_config import AgentSettings
 from workers.config import ENV, ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -68,6 +76,12 @@ def shared_database(settings: Settings) -> PostgresDatabase | None:
 def ledger(settings: Settings) -> Ledger:
     db = shared_database(settings)
     return SqliteLedger(settings.ledger_path) if db is None else PostgresLedger(db)
+
+
+def effect_ledger(agent: AgentSettings) -> EffectLedger:
+    if not agent.effects_database:
+        return SqliteEffectLedger(agent.effect_ledger_path)
+    return PostgresEffectLedger(PostgresDatabase(agent.effects_database, agent.store_retry_seconds))
 
 
 def check_stores(settings: Settings) -> None:
