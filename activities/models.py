@@ -42,6 +42,8 @@ class Rehearsal(Model):
     worlds: list[SampleWorld]
     confinement: str | None = None  # "bubblewrap", or "process" on a host without it
     note: str | None = None  # what that fallback did not protect
+    #: The workload keeps files (``Workload.has_workspace``): its sandboxes get workspaces.
+    workspace: bool = False
 
 
 class SnapshotInput(Model):
@@ -114,6 +116,9 @@ class RunnerJob(Model):
     workload: str
     params: dict[str, Any]
     seed: int
+    #: The workload keeps files: the prefix sandbox gets an empty workspace, frozen into a
+    #: layer at the boundary, and each world's sandbox attaches that layer.
+    workspace: bool = False
 
 
 class PrefixInput(Model):
@@ -129,6 +134,8 @@ class PrefixInput(Model):
 class PrefixResult(Model):
     chunk: EpisodeChunk
     checkpoints_digest: str
+    #: A workload with files: the ``WorkspaceEvidence`` of the chunk's frozen workspace.
+    workspace_digest: str | None = None
     seconds: float
     network_isolated: bool = True
     note: str | None = None
@@ -163,6 +170,8 @@ class BatchOutcome(Model):
     status: BatchStatus
     error: str | None = None
     columns_digest: str | None = None
+    #: A workload with files: the ``WorkspaceEvidence`` of the world's workspace at its end.
+    workspace_digest: str | None = None
     seconds: float = 0.0
     failures: int = 0
     attempts: int = 0
@@ -185,6 +194,7 @@ class CleanupResult(Model):
     removed: int
     rounds: int
     left: int
+    layers_removed: int = 0  # workspace layers nothing needed any more
 
 
 # --- records ----------------------------------------------------------------------------

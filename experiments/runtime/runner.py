@@ -10,9 +10,12 @@ import argparse
 import importlib
 import json
 import marshal
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from hashlib import sha256
+from pathlib import Path
 from typing import Any
 
 from experiments.runtime.canon import (
@@ -32,6 +35,7 @@ from experiments.runtime.contract import (
     feature_kinds,
     from_exception,
     method_place,
+    violation,
     where,
 )
 from experiments.runtime.crn import EpisodeDraws, Shocks
@@ -40,9 +44,16 @@ from experiments.runtime.file_format import (
     Checkpoint,
     WorldColumns,
     WorldPlan,
+    checkpoint_id,
     checkpoint_line,
     empty_columns,
     read_request,
+)
+from experiments.runtime.files import (
+    FolderFork,
+    WorkspaceContentError,
+    checkpoint_digest,
+    folder_digest,
 )
 from experiments.runtime.workload import Feature, State, Workload, WorkloadError
 
@@ -101,10 +112,31 @@ def rule_fires(rule: Mapping[str, Any], features: Mapping[str, Feature]) -> bool
     return False
 
 
-def run_prefix(workload: Workload, seed: int, episode: int) -> Checkpoint:
-    """Run one episode to its boundary, once, and take the checkpoint."""
+def run_prefix(
+    workload: Workload, seed: int, episode: int, folder: Path | None = None
+) -> Checkpoint:
+    """Run one episode to its boundary, once, and take the checkpoint. A workload with
+    ``has_workspace`` runs in ``folder`` (made empty here) and its checkpoint carries the
+    digest of what the folder holds at the boundary."""
+    if workload.has_workspace:
+        if folder is None:
+            name = type(workload).__name__
+            raise ValueError(f"{name} has a workspace: run_prefix needs a folder")
+        folder.mkdir(parents=True)
+        workload.workspace = folder
     state, shocks = _start(workload, seed, episode)
-    return _prefix_from(workload, seed, episode, state, shocks, {})[0]
+    checkpoint = _prefix_from(workload, seed, episode, state, shocks, {})[0]
+    if folder is not None and workload.has_workspace:
+        checkpoint["workspace"] = _folder_digest(workload, folder, where(episode, None, 0))
+    return checkpoint
+
+
+def _folder_digest(workload: Workload, folder: Path, at: str) -> str:
+    try:
+        return folder_digest(folder)
+    except (WorkspaceContentError, OSError) as exc:
+        what = f"left a workspace the runner cannot pin ({exc})"
+        raise violation(workload, "step", what, at) from None
 
 
 def _start(
@@ -233,11 +265,13 @@ def _finish(
     world: WorldPlan,
     params: dict[str, Any],
     draws: EpisodeDraws,
+    folders: FolderFork | None = None,
 ) -> tuple[bool, bool, str, bool]:
     """Fork into ``world`` and finish it: (success, intervened, fingerprint, drew).
 
     With ``forks`` > 1 the world runs that many replicates from the same checkpoint
-    (distinct agent streams) and the outcome is their majority vote.
+    (distinct agent streams) and the outcome is their majority vote. ``folders`` hands
+    each replicate its folder (workloads with a workspace).
     """
     votes = 0
     intervened = drawn = False
@@ -248,6 +282,8 @@ def _finish(
     done, step = workload.done, workload.step
     for replicate in range(world.forks):
         state = fork.take()
+        if folders is not None:
+            workload.workspace = folders.take()
         shocks = Shocks(seed, episode, replicate, draws)
         steps = 0
         try:
@@ -279,31 +315,64 @@ def _finish(
 
 
 def continue_world(
-    workload: Workload, checkpoint: str, seed: int, episode: int, world: WorldPlan
+    workload: Workload,
+    checkpoint: str,
+    seed: int,
+    episode: int,
+    world: WorldPlan,
+    folder: Path | None = None,
+    own: bool = False,
 ) -> tuple[bool, bool, str, bool]:
     """Fork ``checkpoint`` into ``world`` and finish it.
 
+    A workload with a workspace continues from the episode's ``folder``: each replicate
+    works in a copy of it, except that with ``own`` (the folder is this world's own
+    copy-on-write view, as in a world's sandbox) the last one works in it directly.
     Returns (success, intervened, shock fingerprint, drew randomness).
     """
     fork = _Fork(parse_canonical(checkpoint), checkpoint, world.forks)
     params = _intervention_params(workload, world)
-    return _finish(workload, fork, seed, episode, world, params, EpisodeDraws(seed, episode))
+    draws = EpisodeDraws(seed, episode)
+    if not workload.has_workspace:
+        return _finish(workload, fork, seed, episode, world, params, draws)
+    if folder is None:
+        name = type(workload).__name__
+        raise ValueError(f"{name} has a workspace: continue_world needs a folder")
+    folders = FolderFork(folder, world.forks, Path(tempfile.gettempdir()), own)
+    try:
+        return _finish(workload, fork, seed, episode, world, params, draws, folders)
+    finally:
+        folders.close()
 
 
 def continue_checkpoints(
-    workload: Workload, seed: int, checkpoints: Iterable[Checkpoint], world: WorldPlan
+    workload: Workload,
+    seed: int,
+    checkpoints: Iterable[Checkpoint],
+    world: WorldPlan,
+    root: Path | None = None,
+    own: bool = False,
 ) -> WorldColumns:
     """Continue one world from many checkpoints (the sandbox's job).
 
-    ``inherited`` is recomputed from the checkpoint text this world actually received.
+    ``inherited`` is recomputed from the checkpoint text this world actually received
+    and, for a workload with a workspace, from the files it found in ``root/<episode>``
+    before it touched them (see ``continue_world`` for ``own``).
     """
     cols = empty_columns()
     for cp in checkpoints:
-        ok, did, fp, _ = continue_world(workload, cp["state"], seed, cp["episode"], world)
+        episode = cp["episode"]
+        folder = None if root is None else root / str(episode)
+        files = None
+        if workload.has_workspace:
+            if folder is None or not folder.is_dir():
+                raise ValueError(f"episode {episode} has no workspace folder under {root}")
+            files = _folder_digest(workload, folder, where(episode, world.name, 0))
+        ok, did, fp, _ = continue_world(workload, cp["state"], seed, episode, world, folder, own)
         cols["outcomes"].append(ok)
         cols["intervened"].append(did)
         cols["shocks"].append(fp)
-        cols["inherited"].append(sha256_hex(cp["state"]))
+        cols["inherited"].append(checkpoint_digest(sha256_hex(cp["state"]), files))
     return cols
 
 
@@ -322,7 +391,10 @@ def run_batch(
     function of the state it started from (the workload contract: state, params and
     shock draws decide everything). Continuations that drew anything are always run.
     ``memo=False`` runs every episode in full (what the engine benchmark also reports).
+    A workload with a workspace takes ``_run_batch_files`` (files are not memoised).
     """
+    if workload.has_workspace:
+        return _run_batch_files(workload, seed, episodes, worlds)
     # Only the columns are kept (never the checkpoint text), appended to as the episodes
     # run, and equal feature dicts are shared: memory per episode is a few pointers.
     # The columns are the caller's to read, not to change in place (lists are shared).
@@ -392,6 +464,55 @@ def run_batch(
     }
 
 
+def _run_batch_files(
+    workload: Workload, seed: int, episodes: Sequence[int], worlds: Sequence[WorldPlan]
+) -> Batch:
+    """``run_batch`` for a workload with a workspace, in a temporary folder: each prefix
+    once in its own folder, then every world replicate in a copy of it (the last one in
+    the folder itself). The copies stand in for the overlay layers of the durable path;
+    the checkpoint identities are the same, because they digest content only."""
+    batch: Batch = {
+        "episodes": list(episodes),
+        "requested": [],
+        "resolved": [],
+        "checkpoints": [],
+        "features": [],
+        "worlds": {world.name: empty_columns() for world in worlds},
+    }
+    params = [_intervention_params(workload, world) for world in worlds]
+    total = sum(w.forks for w in worlds)
+    scratch = Path(tempfile.mkdtemp(prefix="forklab-files-"))
+    try:
+        for episode in episodes:
+            folder = scratch / "prefix"
+            shutil.rmtree(folder, ignore_errors=True)
+            cp = run_prefix(workload, seed, episode, folder)
+            identity = checkpoint_id(cp)
+            batch["requested"].append(cp["requested"])
+            batch["resolved"].append(cp["resolved"])
+            batch["checkpoints"].append(identity)
+            batch["features"].append(cp["features"])
+            fork = _Fork(parse_canonical(cp["state"]), total)
+            folders = FolderFork(folder, total, scratch, own=True)
+            draws = EpisodeDraws(seed, episode)
+            try:
+                for world, world_params in zip(worlds, params, strict=True):
+                    ok, did, fp, _ = _finish(
+                        workload, fork, seed, episode, world, world_params, draws, folders
+                    )
+                    cols = batch["worlds"][world.name]
+                    cols["outcomes"].append(ok)
+                    cols["intervened"].append(did)
+                    cols["shocks"].append(fp)
+                    cols["inherited"].append(identity)
+            finally:
+                folders.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        workload.workspace = None
+    return batch
+
+
 # --- the sandbox entry point ----------------------------------------------------------
 def _read_jsonl(path: str) -> list[Any]:
     with open(path, encoding="utf-8") as fh:
@@ -418,14 +539,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(mode: str, request: dict[str, Any], checkpoints: str, out: str) -> int:
     workload = workload_class(request["workload"])(request["params"])
     seed = int(request["seed"])
+    # A workload with a workspace: one folder per episode under the request's folder (in
+    # a sandbox, the workspace the activity attached; a world's is its own overlay).
+    root = Path(request["workspace"]) if "workspace" in request else None
+    if workload.has_workspace and root is None:
+        raise ValueError(f"{type(workload).__name__} has a workspace; the request names none")
     if mode == "prefix":
         with open(checkpoints, "w", encoding="utf-8") as fh:
             for episode in request["episodes"]:
-                fh.write(checkpoint_line(run_prefix(workload, seed, episode)))
+                folder = None if root is None else root / str(episode)
+                fh.write(checkpoint_line(run_prefix(workload, seed, episode, folder)))
         result: Any = {"episodes": len(request["episodes"])}
     else:
         result = continue_checkpoints(
-            workload, seed, _read_jsonl(checkpoints), WorldPlan.from_json(request["world"])
+            workload,
+            seed,
+            _read_jsonl(checkpoints),
+            WorldPlan.from_json(request["world"]),
+            root,
+            own=True,
         )
     with open(out, "w", encoding="utf-8") as fh:
         fh.write(canonical_json(result))
