@@ -492,7 +492,7 @@ def _run_batch_files(
             batch["resolved"].append(cp["resolved"])
             batch["checkpoints"].append(identity)
             batch["features"].append(cp["features"])
-            fork = _Fork(parse_canonical(cp["state"]), total)
+            fork = _Fork(parse_canonical(cp["state"]), cp["state"], total)
             folders = FolderFork(folder, total, scratch, own=True)
             draws = EpisodeDraws(seed, episode)
             try:
