@@ -1,7 +1,7 @@
 """The Braintrust evidence log: each finished experiment as one root span (hypothesis,
 spec, plan fingerprint, budget, approval) with one child span per world (outcomes
-summary, world-seconds, snapshot, inherited checkpoint digests), the validity checks as
-scores in [0, 1].
+summary, world-seconds, snapshot, the sandboxes it ran in, inherited checkpoint digests
+and the sandboxes that made them), the validity checks as scores in [0, 1].
 
 It is an addition to the ledger, never a replacement: the local ledger row is written
 first, by ``record_ledger``. Here a trace is first written to an outbox folder, then sent;
@@ -50,6 +50,14 @@ class EvidenceInput(BaseModel):
     ledger: LedgerInput
     checkpoint_digests: list[str] = Field(
         default_factory=list, description="The prefix checkpoints every world inherited."
+    )
+    prefix_sandbox_ids: list[str] = Field(
+        default_factory=list, description="The sandboxes that made those checkpoints, in order."
+    )
+    sandbox_ids: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Per world, the backend's ids of the sandboxes its batches ran in, in "
+        "chunk order (local ``lsb-…``, Daytona's own ids).",
     )
 
 
@@ -131,7 +139,9 @@ def build_trace(inp: EvidenceInput, report: Report | None) -> Trace:
                     "snapshot_id": led.snapshot_id,
                     "code_digest": led.code_digest,
                     "outcomes_digest": w.outcomes_digest,
+                    "sandbox_ids": inp.sandbox_ids.get(w.name, []),
                     "inherited_checkpoint_digests": inp.checkpoint_digests,
+                    "prefix_sandbox_ids": inp.prefix_sandbox_ids,
                 },
                 metrics={"world_seconds": w.world_seconds},
                 scores=world_scores(report, w.name, checks) if report else {},

@@ -42,6 +42,8 @@ class Rehearsal(Model):
     worlds: list[SampleWorld]
     confinement: str | None = None  # "bubblewrap", or "process" on a host without it
     note: str | None = None  # what that fallback did not protect
+    #: The workload keeps files (``Workload.has_workspace``): its sandboxes get workspaces.
+    workspace: bool = False
 
 
 class SnapshotInput(Model):
@@ -114,6 +116,9 @@ class RunnerJob(Model):
     workload: str
     params: dict[str, Any]
     seed: int
+    #: The workload keeps files: the prefix sandbox gets an empty workspace, frozen into a
+    #: layer at the boundary, and each world's sandbox attaches that layer.
+    workspace: bool = False
 
 
 class PrefixInput(Model):
@@ -129,10 +134,13 @@ class PrefixInput(Model):
 class PrefixResult(Model):
     chunk: EpisodeChunk
     checkpoints_digest: str
+    #: A workload with files: the ``WorkspaceEvidence`` of the chunk's frozen workspace.
+    workspace_digest: str | None = None
     seconds: float
     network_isolated: bool = True
     note: str | None = None
     confinement: str | None = None  # "bubblewrap", or "process" on a host without it
+    sandbox_id: str | None = Field(default=None, description="The backend's id of its sandbox.")
 
 
 class BatchInput(Model):
@@ -162,12 +170,17 @@ class BatchOutcome(Model):
     status: BatchStatus
     error: str | None = None
     columns_digest: str | None = None
+    #: A workload with files: the ``WorkspaceEvidence`` of the world's workspace at its end.
+    workspace_digest: str | None = None
     seconds: float = 0.0
     failures: int = 0
     attempts: int = 0
     network_isolated: bool = True
     note: str | None = Field(default=None, description="e.g. why network isolation fell back")
     confinement: str | None = None  # "bubblewrap", or "process" on a host without it
+    #: The backend's id of the sandbox this attempt ran in (``lsb-…`` locally, Daytona's
+    #: own id there); None when no attempt reached a sandbox (skipped, or died before).
+    sandbox_id: str | None = None
 
 
 class CleanupInput(Model):
@@ -181,6 +194,7 @@ class CleanupResult(Model):
     removed: int
     rounds: int
     left: int
+    layers_removed: int = 0  # workspace layers nothing needed any more
 
 
 # --- records ----------------------------------------------------------------------------

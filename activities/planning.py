@@ -147,6 +147,7 @@ class PlanningActivities:
             ],
             confinement=ran.confinement,
             note=ran.note,
+            workspace=answer["workspace"],
         )
 
     @activity.defn(name="resolve_snapshot")

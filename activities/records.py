@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import Executor
 from datetime import UTC, datetime
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -65,21 +66,29 @@ def assemble_outcomes(inp: AnalyseInput, store: ArtifactStore) -> ExperimentOutc
     """The durable run as the same ``ExperimentOutcomes`` the local twin produces."""
     progress = Progress.model_validate(store.get_json(inp.progress_digest))
     prefixes = sorted(progress.prefixes, key=lambda p: p.chunk.index)
-    outcomes = ExperimentOutcomes(
-        episodes=[], requested=[], resolved=[], checkpoints=[], features=[], worlds=[]
-    )
+    columns: dict[str, list[Any]] = {
+        key: [] for key in ("episodes", "requested", "resolved", "checkpoints", "features")
+    }
     for prefix in prefixes:
         data = store.get_bytes(prefix.checkpoints_digest)
         for cp in parse_checkpoints(data, prefix.chunk.first, prefix.chunk.size):
-            outcomes.episodes.append(cp["episode"])
-            outcomes.requested.append(cp["requested"])
-            outcomes.resolved.append(cp["resolved"])
-            outcomes.checkpoints.append(cp["sha256"])
-            outcomes.features.append(cp["features"])
-    for world in inp.spec.worlds:
-        batches = [b for b in progress.batches if b.world == world.name]
-        outcomes.worlds.append(_world_outcomes(world.name, batches, progress.chunks, store, inp))
-    return outcomes
+            columns["episodes"].append(cp["episode"])
+            columns["requested"].append(cp["requested"])
+            columns["resolved"].append(cp["resolved"])
+            columns["checkpoints"].append(cp["sha256"])
+            columns["features"].append(cp["features"])
+    worlds = [
+        _world_outcomes(
+            world.name,
+            [b for b in progress.batches if b.world == world.name],
+            progress.chunks,
+            store,
+            inp,
+        )
+        for world in inp.spec.worlds
+    ]
+    # Validated here, at the boundary: the lists come from sandboxes and the store.
+    return ExperimentOutcomes(**columns, worlds=worlds)
 
 
 def _world_checks(world: WorldOutcomes, inp: AnalyseInput, episodes: int) -> list[Check]:
@@ -120,7 +129,7 @@ def analyse_run(inp: AnalyseInput, store: ArtifactStore, calls: WorkloadCalls) -
             status=w.status,
             error=w.error,
             episodes=len(w.outcomes),
-            failures=len(w.outcomes) - sum(w.outcomes),
+            failures=len(w.outcomes) - w.successes,
             world_seconds=round(w.world_seconds, 6),
             outcomes_digest=outcomes_digest(outcomes, [w.name]),
             checks=_world_checks(w, inp, inp.spec.episodes),

@@ -42,7 +42,9 @@ from workers.worker import ensure_search_attributes
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
     DEFAULT_BATCH_EPISODES,
+    DEFAULT_HISTORY_EVENTS,
     DEFAULT_REHEARSAL_EPISODES,
+    HISTORY_EVENTS_RANGE,
     ExperimentInput,
     ExperimentResult,
     Stage,
@@ -75,6 +77,7 @@ async def start_experiment(
     spec: ExperimentSpec,
     batch_episodes: int = DEFAULT_BATCH_EPISODES,
     rehearsal_episodes: int = DEFAULT_REHEARSAL_EPISODES,
+    history_events: int = DEFAULT_HISTORY_EVENTS,
 ) -> Path:
     """Start the experiment's workflow with a fresh approver key; returns the private key
     file (owner-only, keyed by workflow id and run). The workflow gets only the public key."""
@@ -103,6 +106,7 @@ async def start_experiment(
                 requested_by=requested_by,
                 batch_episodes=batch_episodes,
                 rehearsal_episodes=rehearsal_episodes,
+                history_events=history_events,
             ),
             id=wid,
             task_queue=settings.task_queue,
@@ -135,8 +139,17 @@ async def start_experiment(
 def cmd_start(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     settings = settings_from(args)
+    low, high = HISTORY_EVENTS_RANGE
+    if not low <= args.history_events <= high:
+        raise CliError(
+            f"--history-events is {args.history_events}; give a number from {low} to {high} "
+            f"(default {DEFAULT_HISTORY_EVENTS})",
+            2,
+        )
     path = run(
-        lambda: start_experiment(settings, spec, args.batch_episodes, args.rehearsal_episodes)
+        lambda: start_experiment(
+            settings, spec, args.batch_episodes, args.rehearsal_episodes, args.history_events
+        )
     )
     print(f"started experiment {spec.id} (workflow {workflow_id(spec.id)})")
     print(f"approver key (private, readable only by you): {path}")
@@ -303,6 +316,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=DEFAULT_REHEARSAL_EPISODES,
         help="episodes the rehearsal times for the estimate (0: all)",
+    )
+    p.add_argument(
+        "--history-events",
+        type=int,
+        default=DEFAULT_HISTORY_EVENTS,
+        help="events one workflow run records at most before it continues as new",
     )
     add_connection_flags(p, ui=True)
     p.set_defaults(func=cmd_start)

@@ -281,7 +281,7 @@ class _Handler(BaseHTTPRequestHandler):
         (root / "home" / "daytona").mkdir(parents=True)
         with st.lock:
             st.boxes[sid] = Box(dto=dto, root=root)
-            st.created.append(req)
+            st.created.append({**req, "id": sid})  # the request, with the id it got
         self._send(200, dto)
 
     def _box(self, sid: str) -> Box | None:

@@ -81,6 +81,10 @@ async def test_span_tree_and_scores(bt_lab: tuple[Lab, FakeBraintrust]) -> None:
     assert scores["completion"] == 1.0 and scores["common_snapshot"] == 1.0
 
     assert sorted(c["input"]["world"] for c in children) == ["baseline", "boost", "placebo"]
+    # the local backend's sandbox ids: one per chunk (24 episodes in batches of 12), all
+    # distinct; test_daytona_flow matches them against the ids Daytona handed out
+    ran = [i for c in children for i in c["metadata"]["sandbox_ids"]]
+    assert len(ran) == len(set(ran)) == 3 * 2 and all(i.startswith("lsb-") for i in ran)
     for child in children:
         assert child["metadata"]["snapshot_id"] == result.snapshot_id
         assert child["metadata"]["inherited_checkpoint_digests"]

@@ -45,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.records import RecordActivities
     from activities.world_batches import SNAPSHOT_CORRUPTED, SandboxActivities
     from experiments.engine import spec_world_plans
-    from workflows import inbox, timeouts, views
+    from workflows import history, inbox, timeouts, views
     from workflows.approval_gate import ApprovalGate, Moment
     from workflows.attempts import failed_attempt
     from workflows.budget_ledger import BudgetLedger
@@ -147,6 +147,9 @@ class ExperimentWorkflow:
         if carry:  # status answers where the chain is, not "starting"
             self._state.stage, self._state.message = carry.stage, carry.message
         self._tasks: dict[asyncio.Task[None], Unit] = {}
+        #: Units this run has started: every run starts at least one, so a chain always
+        #: advances however low the history limit.
+        self._units_started = 0
 
     # --- messages ---------------------------------------------------------------------
     # Handlers are dynamic and take raw payloads: the SDK decodes nothing a sender wrote,
@@ -327,11 +330,14 @@ class ExperimentWorkflow:
     # --- sandbox work -----------------------------------------------------------------
     async def _run_units(self, units: list[Unit]) -> None:
         """Run units with at most ``max_concurrent_sandboxes`` at once, never starting one
-        whose reservation exceeds what the budget has left; continue-as-new when asked."""
+        whose reservation exceeds what the budget has left; continue as new when this run's
+        history has no room for another unit (or Temporal suggests it)."""
         state, ledger = self._state, self._state.ledger
         queue = deque(units)
         while queue or self._tasks:
             while queue and ledger.has_room():
+                if not self._history_has_room():
+                    break
                 unit = queue[0]
                 blocked = state.blocked(unit)
                 need = state.need(unit)
@@ -345,6 +351,7 @@ class ExperimentWorkflow:
                     continue
                 ledger.reserve(unit.key, need)
                 self._tasks[asyncio.create_task(self._run_unit(unit, need))] = unit
+                self._units_started += 1
                 self._show()
             if self._tasks:
                 await workflow.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
@@ -352,8 +359,18 @@ class ExperimentWorkflow:
                     del self._tasks[task]
                     task.result()  # a failed prefix ends the experiment here
             self._show()
-            if queue and workflow.info().is_continue_as_new_suggested():
+            if queue and (
+                not self._history_has_room() or workflow.info().is_continue_as_new_suggested()
+            ):
                 await self._continue_as_new()
+
+    def _history_has_room(self) -> bool:
+        """Whether this run may start another unit (always, if it has started none)."""
+        return self._units_started == 0 or history.room_for_unit(
+            workflow.info().get_current_history_length(),
+            len(self._tasks),
+            self._inp.history_events,
+        )
 
     async def _run_unit(self, unit: Unit, need: float) -> None:
         """Run ``unit`` under its reservation, one activity execution per attempt. An
@@ -411,6 +428,7 @@ class ExperimentWorkflow:
             workload=self._spec.workload.name,
             params=dict(self._spec.workload.params),
             seed=self._spec.seed,
+            workspace=state.plan.rehearsal.workspace,
         )
         options: dict[str, Any] = {
             "start_to_close_timeout": timeouts.BATCH_START_TO_CLOSE,
@@ -592,11 +610,20 @@ class ExperimentWorkflow:
         """Braintrust, after the local ledger: the activity queues the trace and reports
         whether it was sent; its failure is shown, never the experiment's."""
         state = self._state
-        digests = [state.prefixes[i].checkpoints_digest for i in sorted(state.prefixes)]
+        prefixes = [state.prefixes[i] for i in sorted(state.prefixes)]
+        sandboxes: dict[str, list[str]] = {}
+        for (world, _), batch in sorted(state.batches.items(), key=lambda kv: kv[0][1]):
+            if batch.sandbox_id:
+                sandboxes.setdefault(world, []).append(batch.sandbox_id)
         try:
             logged = await workflow.execute_activity_method(
                 EvidenceActivities.log_evidence,
-                EvidenceInput(ledger=ledger, checkpoint_digests=digests),
+                EvidenceInput(
+                    ledger=ledger,
+                    checkpoint_digests=[p.checkpoints_digest for p in prefixes],
+                    prefix_sandbox_ids=[p.sandbox_id for p in prefixes if p.sandbox_id],
+                    sandbox_ids=sandboxes,
+                ),
                 start_to_close_timeout=timeouts.EVIDENCE_LOG_TIMEOUT,
                 retry_policy=timeouts.TRANSIENT_RETRY,
                 summary="evidence log: Braintrust root span and one child per world",
