@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 from itertools import combinations
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from experiments.workloads.coding_fix import (
     STRATEGIES,
     apply_strategy,
     package_files,
-    run_cases,
+    run_suite,
     vendored_chunks,
 )
 from experiments.workspace_report import PYCACHE, WorkspaceDemoSummary
@@ -138,7 +139,8 @@ def test_bad_input_exits_2_with_one_line(
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_the_workload_judges_as_real_unittest_does(bug: str, tmp_path: Path) -> None:
-    """The in-memory verdict of the workload against ``python3 -m unittest`` on real files."""
+    """The workload's in-process run of the test file against ``python3 -m unittest`` in a
+    process of its own, on the same files."""
     cases = (*CORE_CASES, *OPTIONAL_CASES)
     for strategy in (None, *STRATEGIES):
         files = package_files(bug, cases)
@@ -156,12 +158,12 @@ def test_the_workload_judges_as_real_unittest_does(bug: str, tmp_path: Path) -> 
             text=True,
             timeout=60,
         )
-        model = run_cases(
-            files["calc/arith.py"], [list(c) for c in cases], xfail=strategy == "skip"
-        )
+        model = run_suite(folder)
         assert (real.returncode == 0) == model["passed"], (bug, strategy, real.stderr)
+        assert len(model["tests"]) == len(cases)
         if model["unexpected"]:
             assert f"unexpected successes={len(model['unexpected'])}" in real.stderr
+        assert "calc.arith" not in sys.modules  # the workload's run left no module behind
 
 
 def test_strategies_as_worlds_count_rescues_and_harms() -> None:

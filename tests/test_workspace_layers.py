@@ -19,13 +19,20 @@ from activities.sandbox.workspace import (
     mounts_under,
     unmount_under,
 )
+from experiments.analysis.checks import common_checkpoints
 from experiments.bundle import bundle_files
+from experiments.engine import spec_world_plans
+from experiments.outcomes import ExperimentOutcomes, WorldOutcomes
+from experiments.runtime.file_format import checkpoint_id
+from experiments.runtime.runner import continue_checkpoints, run_prefix
+from experiments.workloads.coding_fix import CodingFix
 from experiments.workspace import (
     FileRecord,
     WorkspaceCheckpoint,
     WorkspaceManifest,
     diff_manifests,
 )
+from forklab.specfile import load_spec
 from tests.helpers import ROOT
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="overlayfs mounts need root")
@@ -314,3 +321,38 @@ def test_the_owner_can_write_its_workspace_and_its_childrens(
     assert refused.returncode != 0 and "Permission denied" in refused.stderr
     for ws_id in owned.ids():
         owned.remove(ws_id)
+
+
+def test_a_world_that_sees_other_files_fails_common_checkpoints(tmp_path: Path) -> None:
+    """The checkpoint of a workload with files pins them: a world handed a folder whose
+    files differ from the prefix's reports another inherited checkpoint, and the validity
+    check says so (the state alone is the same)."""
+    spec = load_spec(str(ROOT / "experiments" / "coding-fix.yaml"))
+    workload = CodingFix(dict(spec.workload.params))
+    root = tmp_path / "chunk"
+    checkpoints = [run_prefix(workload, spec.seed, e, root / str(e)) for e in range(4)]
+    assert all("workspace" in cp for cp in checkpoints)
+    plan = spec_world_plans(spec)[0]
+    honest = continue_checkpoints(workload, spec.seed, checkpoints, plan, root)
+    assert honest["inherited"] == [checkpoint_id(cp) for cp in checkpoints]
+    assert all(checkpoint_id(cp) != cp["sha256"] for cp in checkpoints)  # files count
+
+    arith = root / "2" / "calc" / "arith.py"
+    arith.write_text(arith.read_text().replace("return a", "return  a"))  # same behaviour
+    tampered = continue_checkpoints(workload, spec.seed, checkpoints, plan, root)
+    assert tampered["outcomes"] == honest["outcomes"]
+    assert [
+        i
+        for i, (a, b) in enumerate(zip(tampered["inherited"], honest["inherited"], strict=True))
+        if a != b
+    ] == [2]
+    outcomes = ExperimentOutcomes(
+        episodes=[0, 1, 2, 3],
+        requested=[1] * 4,
+        resolved=[1] * 4,
+        checkpoints=[checkpoint_id(cp) for cp in checkpoints],
+        features=[cp["features"] for cp in checkpoints],
+        worlds=[WorldOutcomes(name=plan.name, **tampered)],
+    )
+    check = common_checkpoints(outcomes)
+    assert not check.passed and plan.name in check.reason
