@@ -187,7 +187,8 @@ real = run_twin(spec, episodes=range(sample)).batch
 
 def copy(k):
     # The k-th copy: the sample's outcomes and features, its own strings.
-    checkpoints = StrColumn(real["checkpoints"].codes, [f"{v}#{k}" for v in real["checkpoints"].values])
+    shas = real["checkpoints"]
+    checkpoints = StrColumn(shas.codes, [f"{v}#{k}" for v in shas.values])
     tables = {}
     worlds = {}
     for name, cols in real["worlds"].items():
