@@ -116,13 +116,7 @@ class AgentLab:
             )
         except BoundaryError as exc:
             raise ForkError(str(exc)) from None
-        first = located.first
-        parent_receipt = (
-            ForkReceipt.model_validate_json(first.receipt_json) if first.receipt_json else None
-        )
-        first_marker = (
-            ForkMarker.model_validate_json(first.marker_json) if first.marker_json else None
-        )
+        parent_receipt, first_marker = located.receipt, located.marker
         lineage = [*(parent_receipt.lineage if parent_receipt else []), run]
         receipt = make_receipt(
             resolution,

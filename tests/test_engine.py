@@ -293,6 +293,11 @@ def test_shared_draws_change_no_value_and_fingerprints_see_every_coordinate() ->
     for t in range(30):
         assert shared.exogenous(0, t, "x") == alone.exogenous(0, t, "x") == uniform(1, 2, 0, t, "x")
     assert shared.fingerprint() == alone.fingerprint()
+    # The table hashes the episode's part of the key once and continues a copy per
+    # coordinate: the same word as hashing the whole key (agent draws too).
+    for entity, stream in ((-1, "capacity"), (12, "wörk|7")):
+        assert shared.exogenous(entity, 3, stream) == uniform(1, 2, entity, 3, stream)
+        assert Shocks(1, 2, 1).agent(entity, 3, stream) == uniform(1, 2, entity, 3, stream + "#r1")
     # A world that draws one more coordinate, or sees another value for one, differs.
     extra = Shocks(1, 2, draws=draws)
     for t in range(30):

@@ -35,6 +35,24 @@ _ENCODE: Callable[[Any, int], Any] | None = (
     if _C_ENCODER is not None
     else None
 )
+#: The same encoder without the circular-reference check, for a workload's state at each
+#: checkpoint (the hot path): a state that contains itself ends in ``RecursionError``
+#: instead, which :func:`canonical_state` turns into the same ``ValueError``.
+_ENCODE_STATE: Callable[[Any, int], Any] | None = (
+    _C_ENCODER(
+        None,
+        _CANONICAL.default,
+        json.encoder.encode_basestring_ascii,
+        None,
+        ":",
+        ",",
+        True,
+        False,
+        False,
+    )
+    if _C_ENCODER is not None
+    else None
+)
 _SCAN: Callable[[str, int], tuple[Any, int]] = _SCANNER(json.decoder.JSONDecoder())
 
 
@@ -47,6 +65,16 @@ def canonical_json(value: Any) -> str:
     except BaseException:
         _MARKERS.clear()
         raise
+
+
+def canonical_state(value: Any) -> str:
+    """:func:`canonical_json` of a workload's state, the same text, a little faster."""
+    if _ENCODE_STATE is None or isinstance(value, str):
+        return canonical_json(value)
+    try:
+        return "".join(_ENCODE_STATE(value, 0))
+    except RecursionError:
+        raise ValueError("Circular reference detected (or nesting deeper than the limit)") from None
 
 
 def parse_canonical(text: str) -> Any:

@@ -18,7 +18,12 @@ from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
-from experiments.runtime.canon import canonical_json, parse_canonical, sha256_hex
+from experiments.runtime.canon import (
+    canonical_json,
+    canonical_state,
+    parse_canonical,
+    sha256_hex,
+)
 from experiments.runtime.contract import (
     BoundaryMissingError,
     ContractViolation,
@@ -184,7 +189,7 @@ def _prefix_from(
     # The text is the checkpoint. Reading it back once both checks the contract (the
     # state is JSON that reads back equal) and gives the state the worlds fork from.
     try:
-        text: str | None = canonical_json(state)
+        text: str | None = canonical_state(state)
     except (TypeError, ValueError):
         text = None
     parsed: State | None = None if text is None else parse_canonical(text)
@@ -217,17 +222,21 @@ def _prefix_from(
 class _Fork:
     """Hands out copies of one checkpoint's state, each equal to ``json.loads`` of it.
 
-    Copies come from ``marshal`` (a C copy of plain JSON values that keeps the sorted key
-    order of the parse); the last copy asked for is the parsed state itself, so one world
-    of an episode needs no copy at all.
+    The last copy asked for is the parsed state itself, so one world of an episode needs
+    no copy at all. A flat state (one JSON object of scalars, which its text shows: one
+    ``{`` and no ``[``; a brace inside a string only sends it down the general path) is
+    copied with ``dict.copy``, exact because its values are immutable; any other with
+    ``marshal`` (a C copy of plain JSON values that keeps the sorted key order of the
+    parse).
     """
 
-    __slots__ = ("_blob", "_left", "_state")
+    __slots__ = ("_blob", "_flat", "_left", "_state")
 
-    def __init__(self, parsed: State, copies: int) -> None:
+    def __init__(self, parsed: State, text: str, copies: int) -> None:
         self._state = parsed
         self._left = copies
-        self._blob = marshal.dumps(parsed) if copies > 1 else b""
+        self._flat = text.count("{") == 1 and "[" not in text
+        self._blob = marshal.dumps(parsed) if copies > 1 and not self._flat else b""
 
     def take(self) -> State:
         self._left -= 1
@@ -235,6 +244,8 @@ class _Fork:
             return self._state
         if self._left < 0:
             raise RuntimeError("more copies taken than announced")
+        if self._flat:
+            return self._state.copy()
         state: State = marshal.loads(self._blob)
         return state
 
@@ -319,7 +330,7 @@ def continue_world(
     copy-on-write view, as in a world's sandbox) the last one works in it directly.
     Returns (success, intervened, shock fingerprint, drew randomness).
     """
-    fork = _Fork(parse_canonical(checkpoint), world.forks)
+    fork = _Fork(parse_canonical(checkpoint), checkpoint, world.forks)
     params = _intervention_params(workload, world)
     draws = EpisodeDraws(seed, episode)
     if not workload.has_workspace:
@@ -431,7 +442,7 @@ def run_batch(
             result = continuations.get((sha, index)) if memo else None
             if result is None:
                 if fork is None:
-                    fork = _Fork(parsed, copies[index])
+                    fork = _Fork(parsed, cp["state"], copies[index])
                 ok, did, fp, drawn = _finish(
                     workload, fork, seed, episode, world, params, shocks.draws
                 )
@@ -481,7 +492,7 @@ def _run_batch_files(
             batch["resolved"].append(cp["resolved"])
             batch["checkpoints"].append(identity)
             batch["features"].append(cp["features"])
-            fork = _Fork(parse_canonical(cp["state"]), total)
+            fork = _Fork(parse_canonical(cp["state"]), cp["state"], total)
             folders = FolderFork(folder, total, scratch, own=True)
             draws = EpisodeDraws(seed, episode)
             try:
