@@ -29,6 +29,10 @@ class ExperimentInfo(BaseModel):
     fingerprint: str
     spec_digest: str
     code_digest: str
+    workload_bundle: str | None = Field(
+        default=None,
+        description="Digest of the workload bundle the code digest includes (None: built in).",
+    )
     seed: int
     episodes: int
     workload: str

@@ -115,7 +115,8 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
         f'<p class="meta">{escape(e.hypothesis)}</p>',
         f'<p class="meta">workload <code>{escape(e.workload)}</code>, seed {e.seed}, '
         f"{e.episodes} episodes per world · fingerprint {_hash(e.fingerprint)}"
-        f" · outcomes digest {_hash(report.outcomes_digest)}</p>",
+        + (f" · workload bundle {_hash(e.workload_bundle)}" if e.workload_bundle else "")
+        + f" · outcomes digest {_hash(report.outcomes_digest)}</p>",
     ]
     valid, validity = validity_text(report)
     parts.append(f'<p class="banner {"pass" if valid else "fail"}">{escape(validity)}</p>')

@@ -49,6 +49,7 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
         f"- **{hypothesis_text(report)[1]}**",
         "",
         f"Fingerprint `{e.fingerprint}`  ",
+        *([f"Workload bundle `{e.workload_bundle}`  "] if e.workload_bundle else []),
         f"Outcomes digest `{report.outcomes_digest}`",
         "",
     ]
