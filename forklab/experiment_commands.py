@@ -82,7 +82,9 @@ class Started:
     workload_bundle: WorkloadBundle | None  # None: the workload is built into ForkLab
 
 
-def ship_spec_workload(settings: Settings, spec: ExperimentSpec) -> WorkloadBundle | None:
+def ship_spec_workload(
+    settings: Settings, spec: ExperimentSpec, source: str = "spec"
+) -> WorkloadBundle | None:
     """Bundle the spec's workload as this process imports it and ship it through the
     artifact store, before anything starts: a workload that cannot be bundled stops here,
     with one sentence, before a plan, an approval or any compute."""
@@ -90,7 +92,7 @@ def ship_spec_workload(settings: Settings, spec: ExperimentSpec) -> WorkloadBund
         files = collect_workload(spec.workload.name)
         return None if files is None else ship_workload(artifact_store(settings), files)
     except BundleError as exc:
-        raise CliError(f"field workload.name: {exc}", SPEC_EXIT) from None
+        raise CliError(f"{source}: field workload.name: {exc}", SPEC_EXIT) from None
     except (ArtifactError, StoreUnavailableError, WorkloadBundleError) as exc:
         raise CliError(f"cannot ship the workload bundle: {exc}") from None
 
@@ -101,10 +103,11 @@ async def start_experiment(
     batch_episodes: int = DEFAULT_BATCH_EPISODES,
     rehearsal_episodes: int = DEFAULT_REHEARSAL_EPISODES,
     history_events: int = DEFAULT_HISTORY_EVENTS,
+    source: str = "spec",
 ) -> Started:
     """Ship the workload's bundle, then start the experiment's workflow with a fresh
     approver key. The workflow gets only the public key and the bundle's digest."""
-    bundle = await asyncio.to_thread(ship_spec_workload, settings, spec)
+    bundle = await asyncio.to_thread(ship_spec_workload, settings, spec, source)
     client = await open_client(settings)
     try:
         await ensure_search_attributes(client, settings.namespace)
@@ -173,7 +176,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         )
     started = run(
         lambda: start_experiment(
-            settings, spec, args.batch_episodes, args.rehearsal_episodes, args.history_events
+            settings,
+            spec,
+            args.batch_episodes,
+            args.rehearsal_episodes,
+            args.history_events,
+            args.spec,
         )
     )
     print(f"started experiment {spec.id} (workflow {workflow_id(spec.id)})")
@@ -193,7 +201,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     """Ship the spec's workload bundle and print its digest: the ``workload_bundle`` of a
     workflow input started some other way (``temporal workflow start``)."""
     spec = load_spec(args.spec)
-    bundle = ship_spec_workload(settings_from(args), spec)
+    bundle = ship_spec_workload(settings_from(args), spec, args.spec)
     if bundle is None:
         print(f"workload {spec.workload.name!r} is built into ForkLab: nothing to ship")
     else:
