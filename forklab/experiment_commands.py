@@ -7,9 +7,10 @@ import asyncio
 import getpass
 import json
 import os
+import re
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
@@ -209,6 +210,10 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
 
 # --- status / cancel / report ---------------------------------------------------------
+#: The workspace evidence files a report folder may receive (see ``workspace_section``).
+_WORKSPACE_FILE = re.compile(r"workspace-[A-Za-z0-9_.-]+\.json")
+
+
 @dataclass(frozen=True)
 class ReportFiles:
     """A durable run's report as written to ``folder``."""
@@ -217,6 +222,8 @@ class ReportFiles:
     markdown: str
     report_json: str
     html: str
+    #: A workload with files: its workspace manifests and diffs, written beside the report.
+    workspace_files: tuple[str, ...] = ()
 
 
 def render_status(view: StatusView) -> str:
@@ -331,10 +338,23 @@ def save_report(settings: Settings, result: ExperimentResult, folder: Path | Non
             report_json=json.dumps(store.get_json(analysis.report_digest), indent=2) + "\n",
             html=store.get_bytes(analysis.html_digest).decode(),
         )
+        extra: dict[str, str] = (
+            store.get_json(analysis.workspace_files_digest)
+            if analysis.workspace_files_digest
+            else {}
+        )
     except (ArtifactError, StoreUnavailableError) as exc:
         raise CliError(str(exc)) from None
+    if not all(_WORKSPACE_FILE.fullmatch(name) for name in extra):
+        raise CliError("the stored workspace evidence names a file outside the report folder")
+    files = replace(files, workspace_files=tuple(sorted(extra)))
     write_report(
-        {"report.md": files.markdown, "report.json": files.report_json, "report.html": files.html},
+        {
+            "report.md": files.markdown,
+            "report.json": files.report_json,
+            "report.html": files.html,
+            **extra,
+        },
         files.folder,
     )
     return files
@@ -345,6 +365,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     result = run(lambda: fetch_result(settings, args.experiment))
     files = save_report(settings, result, args.out)
     wrote = f"wrote report.md, report.json and report.html to {files.folder}"
+    if files.workspace_files:
+        wrote += f" (and {len(files.workspace_files)} workspace manifest and diff files)"
     if args.json:
         print(files.report_json, end="")
         print(wrote, file=sys.stderr)
