@@ -259,6 +259,9 @@ class AnalysisResult(Model):
     report_digest: str
     markdown_digest: str
     html_digest: str
+    #: A workload with files: the manifest and diff files that go next to the report
+    #: (a JSON object, file name → text).
+    workspace_files_digest: str | None = None
     outcomes_digest: str
     valid: bool
     worlds: list[WorldSummary]

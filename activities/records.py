@@ -38,8 +38,10 @@ from experiments.outcomes import (
 from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
 from experiments.runtime.canon import canonical_json
-from experiments.runtime.file_format import parse_checkpoints
+from experiments.runtime.file_format import checkpoint_id, parse_checkpoints
 from experiments.spec import ExperimentSpec, Role
+from experiments.workspace import WorkspaceEvidence, WorkspaceManifest
+from experiments.workspace_report import WorkspaceSection, workspace_section
 
 
 def _world_outcomes(
@@ -80,7 +82,7 @@ def assemble_outcomes(inp: AnalyseInput, store: ArtifactStore) -> ExperimentOutc
             columns["episodes"].append(cp["episode"])
             columns["requested"].append(cp["requested"])
             columns["resolved"].append(cp["resolved"])
-            columns["checkpoints"].append(cp["sha256"])
+            columns["checkpoints"].append(checkpoint_id(cp))  # with its files, if any
             columns["features"].append(cp["features"])
     worlds = [
         _world_outcomes(
@@ -133,6 +135,12 @@ def analyse_run(
         held_out,
         workload_bundle=inp.workload_bundle,
     )
+    workspace_files = None
+    evidence = workspace_evidence(inp, store)
+    if evidence is not None:
+        section, manifests = evidence
+        report = report.model_copy(update={"workspaces": section})
+        workspace_files = store.put_json(manifests)
     report_digest = store.put_json(report.model_dump(mode="json"))
     markdown_digest = store.put_bytes(render_markdown(report, inp.provenance).encode())
     html_digest = store.put_bytes(render_html(report, inp.provenance).encode())
@@ -158,7 +166,36 @@ def analyse_run(
         outcomes_digest=report.outcomes_digest,
         valid=report.valid,
         worlds=worlds,
+        workspace_files_digest=workspace_files,
     )
+
+
+def workspace_evidence(
+    inp: AnalyseInput, store: ArtifactStore
+) -> tuple[WorkspaceSection, dict[str, str]] | None:
+    """The workspace section and files of a run whose workload keeps files (None for
+    others): each chunk's manifest at the branch, and each world's at the end of every
+    chunk; a world that did not complete every chunk is left out (its row says why)."""
+    progress = Progress.model_validate(store.get_json(inp.progress_digest))
+    if not any(p.workspace_digest for p in progress.prefixes):
+        return None
+
+    def load(digest: str) -> WorkspaceEvidence:
+        return WorkspaceEvidence.model_validate_json(store.get_bytes(digest))
+
+    branch = [load(p.workspace_digest) for p in progress.prefixes if p.workspace_digest]
+    worlds: dict[str, tuple[list[str], list[WorkspaceManifest]]] = {}
+    for world in inp.spec.worlds:
+        done = {
+            b.chunk.index: b.workspace_digest
+            for b in progress.batches
+            if b.world == world.name and b.status is BatchStatus.completed and b.workspace_digest
+        }
+        if len(done) != progress.chunks:
+            continue
+        ends = [load(digest) for _, digest in sorted(done.items())]
+        worlds[world.name] = ([e.layer for e in ends], [e.manifest for e in ends])
+    return workspace_section([b.manifest for b in branch], worlds)
 
 
 def ledger_rows(inp: LedgerInput, now: datetime) -> tuple[ExperimentRecord, list[WorldRecord]]:

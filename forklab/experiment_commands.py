@@ -7,9 +7,10 @@ import asyncio
 import getpass
 import json
 import os
+import re
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
@@ -81,7 +82,9 @@ class Started:
     workload_bundle: WorkloadBundle | None  # None: the workload is built into ForkLab
 
 
-def ship_spec_workload(settings: Settings, spec: ExperimentSpec) -> WorkloadBundle | None:
+def ship_spec_workload(
+    settings: Settings, spec: ExperimentSpec, source: str = "spec"
+) -> WorkloadBundle | None:
     """Bundle the spec's workload as this process imports it and ship it through the
     artifact store, before anything starts: a workload that cannot be bundled stops here,
     with one sentence, before a plan, an approval or any compute."""
@@ -89,7 +92,7 @@ def ship_spec_workload(settings: Settings, spec: ExperimentSpec) -> WorkloadBund
         files = collect_workload(spec.workload.name)
         return None if files is None else ship_workload(artifact_store(settings), files)
     except BundleError as exc:
-        raise CliError(f"field workload.name: {exc}", SPEC_EXIT) from None
+        raise CliError(f"{source}: field workload.name: {exc}", SPEC_EXIT) from None
     except (ArtifactError, StoreUnavailableError, WorkloadBundleError) as exc:
         raise CliError(f"cannot ship the workload bundle: {exc}") from None
 
@@ -100,10 +103,11 @@ async def start_experiment(
     batch_episodes: int = DEFAULT_BATCH_EPISODES,
     rehearsal_episodes: int = DEFAULT_REHEARSAL_EPISODES,
     history_events: int = DEFAULT_HISTORY_EVENTS,
+    source: str = "spec",
 ) -> Started:
     """Ship the workload's bundle, then start the experiment's workflow with a fresh
     approver key. The workflow gets only the public key and the bundle's digest."""
-    bundle = await asyncio.to_thread(ship_spec_workload, settings, spec)
+    bundle = await asyncio.to_thread(ship_spec_workload, settings, spec, source)
     client = await open_client(settings)
     try:
         await ensure_search_attributes(client, settings.namespace)
@@ -172,7 +176,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         )
     started = run(
         lambda: start_experiment(
-            settings, spec, args.batch_episodes, args.rehearsal_episodes, args.history_events
+            settings,
+            spec,
+            args.batch_episodes,
+            args.rehearsal_episodes,
+            args.history_events,
+            args.spec,
         )
     )
     print(f"started experiment {spec.id} (workflow {workflow_id(spec.id)})")
@@ -192,7 +201,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     """Ship the spec's workload bundle and print its digest: the ``workload_bundle`` of a
     workflow input started some other way (``temporal workflow start``)."""
     spec = load_spec(args.spec)
-    bundle = ship_spec_workload(settings_from(args), spec)
+    bundle = ship_spec_workload(settings_from(args), spec, args.spec)
     if bundle is None:
         print(f"workload {spec.workload.name!r} is built into ForkLab: nothing to ship")
     else:
@@ -201,6 +210,10 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
 
 # --- status / cancel / report ---------------------------------------------------------
+#: The workspace evidence files a report folder may receive (see ``workspace_section``).
+_WORKSPACE_FILE = re.compile(r"workspace-[A-Za-z0-9_.-]+\.json")
+
+
 @dataclass(frozen=True)
 class ReportFiles:
     """A durable run's report as written to ``folder``."""
@@ -209,6 +222,8 @@ class ReportFiles:
     markdown: str
     report_json: str
     html: str
+    #: A workload with files: its workspace manifests and diffs, written beside the report.
+    workspace_files: tuple[str, ...] = ()
 
 
 def render_status(view: StatusView) -> str:
@@ -323,10 +338,23 @@ def save_report(settings: Settings, result: ExperimentResult, folder: Path | Non
             report_json=json.dumps(store.get_json(analysis.report_digest), indent=2) + "\n",
             html=store.get_bytes(analysis.html_digest).decode(),
         )
+        extra: dict[str, str] = (
+            store.get_json(analysis.workspace_files_digest)
+            if analysis.workspace_files_digest
+            else {}
+        )
     except (ArtifactError, StoreUnavailableError) as exc:
         raise CliError(str(exc)) from None
+    if not all(_WORKSPACE_FILE.fullmatch(name) for name in extra):
+        raise CliError("the stored workspace evidence names a file outside the report folder")
+    files = replace(files, workspace_files=tuple(sorted(extra)))
     write_report(
-        {"report.md": files.markdown, "report.json": files.report_json, "report.html": files.html},
+        {
+            "report.md": files.markdown,
+            "report.json": files.report_json,
+            "report.html": files.html,
+            **extra,
+        },
         files.folder,
     )
     return files
@@ -337,6 +365,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     result = run(lambda: fetch_result(settings, args.experiment))
     files = save_report(settings, result, args.out)
     wrote = f"wrote report.md, report.json and report.html to {files.folder}"
+    if files.workspace_files:
+        wrote += f" (and {len(files.workspace_files)} workspace manifest and diff files)"
     if args.json:
         print(files.report_json, end="")
         print(wrote, file=sys.stderr)

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from orchestration_lab import FORKLAB, ROOT, Lab, cli_env, make_spec
 from temporalio.client import WorkflowFailureError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.approval_keys import key_path
 from activities.artifacts import LocalArtifactStore
@@ -472,3 +473,39 @@ def test_the_flaky_tool_example_plans_without_pythonpath(tmp_path: Path) -> None
     report = json.loads(done.stdout)
     assert report["experiment"]["workload"] == "flaky_tool:FlakyTool"
     assert len(report["experiment"]["workload_bundle"]) == 64
+
+
+async def test_start_refuses_a_bundle_it_cannot_ship_before_anything_starts(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """One sentence naming the file and the limit, exit 2; no workflow, no key, no blob."""
+    project = tmp_path / "project"
+    _write(project, NEWCOMER)
+    table = project / "ticketlab" / "table.py"
+    table.write_text("#" * (MAX_FILE_BYTES + 1))
+    spec = yaml.safe_load((ROOT / "examples" / "flaky-tool.yaml").read_text())
+    spec |= {"id": "desk-too-big", "workload": {"name": "ticketlab.workload:Desk", "params": {}}}
+    spec["worlds"][1]["intervention"]["name"] = "escalate"
+    spec["hypothesis"]["expected"] = {"backup": "decrease"}
+    (project / "desk.yaml").write_text(yaml.safe_dump(spec))
+    env = {k: v for k, v in cli_env(lab.settings).items() if k != "PYTHONPATH"}
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [FORKLAB, "start", "desk.yaml"],
+        env=env,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"forklab: error: desk.yaml: field workload.name: workload file {table} is "
+        f"{MAX_FILE_BYTES + 1:,} bytes, over the {MAX_FILE_BYTES:,}-byte (1 MiB) limit per "
+        "bundled file; make it smaller or move it out of the bundle\n"
+    )
+    with pytest.raises(RPCError) as missing:  # never started
+        await lab.client.get_workflow_handle(workflow_id("desk-too-big")).describe()
+    assert missing.value.status is RPCStatusCode.NOT_FOUND
+    assert not (lab.settings.home / "approval-keys").exists()
+    assert not lab.settings.artifacts_dir.exists() or not any(lab.settings.artifacts_dir.iterdir())
