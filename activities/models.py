@@ -25,6 +25,11 @@ class Model(BaseModel):
 class RehearseInput(Model):
     spec: ExperimentSpec
     sample_episodes: int = Field(ge=0, description="Episodes rehearsed; 0 means all of them.")
+    workload_bundle: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Digest of the workload bundle; None for a workload built into ForkLab.",
+    )
 
 
 class SampleWorld(Model):
@@ -42,10 +47,17 @@ class Rehearsal(Model):
     worlds: list[SampleWorld]
     confinement: str | None = None  # "bubblewrap", or "process" on a host without it
     note: str | None = None  # what that fallback did not protect
+    #: The workload keeps files (``Workload.has_workspace``): its sandboxes get workspaces.
+    workspace: bool = False
 
 
 class SnapshotInput(Model):
     spec: ExperimentSpec
+    workload_bundle: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Digest of the workload bundle; None for a workload built into ForkLab.",
+    )
 
 
 class PlanSnapshot(Model):
@@ -56,6 +68,11 @@ class PlanSnapshot(Model):
     code_digest: str
     files: int
     fingerprint: str
+    workload_bundle: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Digest of the workload bundle; None for a workload built into ForkLab.",
+    )
     provenance: str = Field(
         default="", description="What every world starts from, as the report states it."
     )
@@ -114,6 +131,9 @@ class RunnerJob(Model):
     workload: str
     params: dict[str, Any]
     seed: int
+    #: The workload keeps files: the prefix sandbox gets an empty workspace, frozen into a
+    #: layer at the boundary, and each world's sandbox attaches that layer.
+    workspace: bool = False
 
 
 class PrefixInput(Model):
@@ -129,6 +149,8 @@ class PrefixInput(Model):
 class PrefixResult(Model):
     chunk: EpisodeChunk
     checkpoints_digest: str
+    #: A workload with files: the ``WorkspaceEvidence`` of the chunk's frozen workspace.
+    workspace_digest: str | None = None
     seconds: float
     network_isolated: bool = True
     note: str | None = None
@@ -163,6 +185,8 @@ class BatchOutcome(Model):
     status: BatchStatus
     error: str | None = None
     columns_digest: str | None = None
+    #: A workload with files: the ``WorkspaceEvidence`` of the world's workspace at its end.
+    workspace_digest: str | None = None
     seconds: float = 0.0
     failures: int = 0
     attempts: int = 0
@@ -185,6 +209,7 @@ class CleanupResult(Model):
     removed: int
     rounds: int
     left: int
+    layers_removed: int = 0  # workspace layers nothing needed any more
 
 
 # --- records ----------------------------------------------------------------------------
@@ -199,6 +224,11 @@ class Progress(Model):
 class AnalyseInput(Model):
     spec: ExperimentSpec
     code_digest: str
+    workload_bundle: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Digest of the workload bundle; None for a workload built into ForkLab.",
+    )
     snapshot_id: str
     progress_digest: str
     infra: InfraUsage
@@ -229,6 +259,9 @@ class AnalysisResult(Model):
     report_digest: str
     markdown_digest: str
     html_digest: str
+    #: A workload with files: the manifest and diff files that go next to the report
+    #: (a JSON object, file name → text).
+    workspace_files_digest: str | None = None
     outcomes_digest: str
     valid: bool
     worlds: list[WorldSummary]
@@ -251,3 +284,8 @@ class LedgerInput(Model):
     worlds: list[WorldSummary]
     snapshot_id: str
     code_digest: str
+    workload_bundle: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Digest of the workload bundle; None for a workload built into ForkLab.",
+    )

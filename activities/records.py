@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import Executor
 from datetime import UTC, datetime
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -22,8 +23,10 @@ from activities.models import (
     WorldSummary,
 )
 from activities.sandbox.workload_calls import WorkloadCallError, WorkloadCalls, WorkloadSpecError
+from activities.workload_bundles import WorkloadBundleError, WorkloadBundles
 from experiments.analysis.build import build_report
 from experiments.analysis.checks import Check
+from experiments.bundle import BundleFile
 from experiments.outcomes import (
     ExperimentOutcomes,
     WorldOutcomes,
@@ -33,8 +36,15 @@ from experiments.outcomes import (
 from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
 from experiments.runtime.canon import canonical_json
-from experiments.runtime.file_format import empty_columns, extend_columns, parse_checkpoints
+from experiments.runtime.file_format import (
+    checkpoint_id,
+    empty_columns,
+    extend_columns,
+    parse_checkpoints,
+)
 from experiments.spec import ExperimentSpec, Role
+from experiments.workspace import WorkspaceEvidence, WorkspaceManifest
+from experiments.workspace_report import WorkspaceSection, workspace_section
 
 
 def _world_outcomes(
@@ -65,21 +75,29 @@ def assemble_outcomes(inp: AnalyseInput, store: ArtifactStore) -> ExperimentOutc
     """The durable run as the same ``ExperimentOutcomes`` the local twin produces."""
     progress = Progress.model_validate(store.get_json(inp.progress_digest))
     prefixes = sorted(progress.prefixes, key=lambda p: p.chunk.index)
-    outcomes = ExperimentOutcomes(
-        episodes=[], requested=[], resolved=[], checkpoints=[], features=[], worlds=[]
-    )
+    columns: dict[str, list[Any]] = {
+        key: [] for key in ("episodes", "requested", "resolved", "checkpoints", "features")
+    }
     for prefix in prefixes:
         data = store.get_bytes(prefix.checkpoints_digest)
         for cp in parse_checkpoints(data, prefix.chunk.first, prefix.chunk.size):
-            outcomes.episodes.append(cp["episode"])
-            outcomes.requested.append(cp["requested"])
-            outcomes.resolved.append(cp["resolved"])
-            outcomes.checkpoints.append(cp["sha256"])
-            outcomes.features.append(cp["features"])
-    for world in inp.spec.worlds:
-        batches = [b for b in progress.batches if b.world == world.name]
-        outcomes.worlds.append(_world_outcomes(world.name, batches, progress.chunks, store, inp))
-    return outcomes
+            columns["episodes"].append(cp["episode"])
+            columns["requested"].append(cp["requested"])
+            columns["resolved"].append(cp["resolved"])
+            columns["checkpoints"].append(checkpoint_id(cp))  # with its files, if any
+            columns["features"].append(cp["features"])
+    worlds = [
+        _world_outcomes(
+            world.name,
+            [b for b in progress.batches if b.world == world.name],
+            progress.chunks,
+            store,
+            inp,
+        )
+        for world in inp.spec.worlds
+    ]
+    # Validated here, at the boundary: the lists come from sandboxes and the store.
+    return ExperimentOutcomes(**columns, worlds=worlds)
 
 
 def _world_checks(world: WorldOutcomes, inp: AnalyseInput, episodes: int) -> list[Check]:
@@ -103,12 +121,28 @@ def _world_checks(world: WorldOutcomes, inp: AnalyseInput, episodes: int) -> lis
     ]
 
 
-def analyse_run(inp: AnalyseInput, store: ArtifactStore, calls: WorkloadCalls) -> AnalysisResult:
+def analyse_run(
+    inp: AnalyseInput, store: ArtifactStore, calls: WorkloadCalls, files: list[BundleFile]
+) -> AnalysisResult:
     """The analysis, in the worker's process pool; the guard's held-out episodes (the one
-    part that runs workload code) run in a box, from the code the plan named."""
+    part that runs workload code) run in a box, from ``files``, which must be the code
+    the plan named."""
     outcomes = assemble_outcomes(inp, store)
-    held_out = calls.held_out_runner(inp.code_digest)
-    report = build_report(inp.spec, outcomes, inp.code_digest, inp.infra, held_out)
+    held_out = calls.held_out_runner(files, inp.code_digest)
+    report = build_report(
+        inp.spec,
+        outcomes,
+        inp.code_digest,
+        inp.infra,
+        held_out,
+        workload_bundle=inp.workload_bundle,
+    )
+    workspace_files = None
+    evidence = workspace_evidence(inp, store)
+    if evidence is not None:
+        section, manifests = evidence
+        report = report.model_copy(update={"workspaces": section})
+        workspace_files = store.put_json(manifests)
     report_digest = store.put_json(report.model_dump(mode="json"))
     markdown_digest = store.put_bytes(render_markdown(report, inp.provenance).encode())
     html_digest = store.put_bytes(render_html(report, inp.provenance).encode())
@@ -120,7 +154,7 @@ def analyse_run(inp: AnalyseInput, store: ArtifactStore, calls: WorkloadCalls) -
             status=w.status,
             error=w.error,
             episodes=len(w.outcomes),
-            failures=len(w.outcomes) - sum(w.outcomes),
+            failures=len(w.outcomes) - w.successes,
             world_seconds=round(w.world_seconds, 6),
             outcomes_digest=outcomes_digest(outcomes, [w.name]),
             checks=_world_checks(w, inp, inp.spec.episodes),
@@ -134,7 +168,36 @@ def analyse_run(inp: AnalyseInput, store: ArtifactStore, calls: WorkloadCalls) -
         outcomes_digest=report.outcomes_digest,
         valid=report.valid,
         worlds=worlds,
+        workspace_files_digest=workspace_files,
     )
+
+
+def workspace_evidence(
+    inp: AnalyseInput, store: ArtifactStore
+) -> tuple[WorkspaceSection, dict[str, str]] | None:
+    """The workspace section and files of a run whose workload keeps files (None for
+    others): each chunk's manifest at the branch, and each world's at the end of every
+    chunk; a world that did not complete every chunk is left out (its row says why)."""
+    progress = Progress.model_validate(store.get_json(inp.progress_digest))
+    if not any(p.workspace_digest for p in progress.prefixes):
+        return None
+
+    def load(digest: str) -> WorkspaceEvidence:
+        return WorkspaceEvidence.model_validate_json(store.get_bytes(digest))
+
+    branch = [load(p.workspace_digest) for p in progress.prefixes if p.workspace_digest]
+    worlds: dict[str, tuple[list[str], list[WorkspaceManifest]]] = {}
+    for world in inp.spec.worlds:
+        done = {
+            b.chunk.index: b.workspace_digest
+            for b in progress.batches
+            if b.world == world.name and b.status is BatchStatus.completed and b.workspace_digest
+        }
+        if len(done) != progress.chunks:
+            continue
+        ends = [load(digest) for _, digest in sorted(done.items())]
+        worlds[world.name] = ([e.layer for e in ends], [e.manifest for e in ends])
+    return workspace_section([b.manifest for b in branch], worlds)
 
 
 def ledger_rows(inp: LedgerInput, now: datetime) -> tuple[ExperimentRecord, list[WorldRecord]]:
@@ -150,6 +213,7 @@ def ledger_rows(inp: LedgerInput, now: datetime) -> tuple[ExperimentRecord, list
         approval_json=canonical_json(inp.approval),
         report_digest=inp.report_digest,
         error=inp.error,
+        workload_bundle=inp.workload_bundle,
         created_at=now,
         updated_at=now,
     )
@@ -179,14 +243,21 @@ class RecordActivities:
     """Writes to the artifact store and the ledger; every write is idempotent."""
 
     def __init__(
-        self, store: ArtifactStore, ledger: Ledger, cpu: Executor, calls: WorkloadCalls
+        self,
+        store: ArtifactStore,
+        ledger: Ledger,
+        cpu: Executor,
+        calls: WorkloadCalls,
+        bundles: WorkloadBundles,
     ) -> None:
         """``cpu`` runs the analysis in another process, away from the workflow tasks;
-        ``calls`` runs the guard validation's workload code in a box."""
+        ``calls`` runs the guard validation's workload code in a box, from the files
+        ``bundles`` unpacks."""
         self._store = store
         self._ledger = ledger
         self._cpu = cpu
         self._calls = calls
+        self._bundles = bundles
 
     @activity.defn(name="save_progress")
     async def save_progress(self, progress: Progress) -> str:
@@ -199,8 +270,14 @@ class RecordActivities:
     @activity.defn(name="analyse")
     async def analyse(self, inp: AnalyseInput) -> AnalysisResult:
         """Heartbeats while the pool works, so a dead worker is noticed in seconds."""
+        try:
+            files = await asyncio.to_thread(
+                self._bundles.runner_files, inp.spec.workload.name, inp.workload_bundle
+            )
+        except WorkloadBundleError as exc:
+            raise ApplicationError(str(exc), type="WorkloadBundle", non_retryable=True) from None
         loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(self._cpu, analyse_run, inp, self._store, self._calls)
+        job = loop.run_in_executor(self._cpu, analyse_run, inp, self._store, self._calls, files)
         try:
             return await heartbeat_until(job)
         except (WorkloadCallError, WorkloadSpecError) as exc:

@@ -19,10 +19,16 @@ from temporalio import activity
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowHistory,
+)
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.fork_models import (
+    BASE_STEP_MEMO_KEY,
     FETCH_PREFIX,
     INTERNAL_PREFIX,
     MARKER_MEMO_KEY,
@@ -110,21 +116,51 @@ def _seconds(event: HistoryEvent) -> float:
     return event.event_time.seconds + event.event_time.nanos / 1e9
 
 
+@dataclass(frozen=True)
+class RunStart:
+    """What a run's first event says: its input, its place in the chain, its fork."""
+
+    run_id: str
+    previous_run_id: str | None
+    #: steps of the chain before this run; None when unknown (a run that continued from
+    #: one not written by the fork interceptor: count the earlier runs' steps instead)
+    base_step: int | None
+    marker: ForkMarker | None
+    receipt: ForkReceipt | None
+    input: list[Payload]
+
+
+def run_start(event: HistoryEvent, run_id: str) -> RunStart:
+    started = event.workflow_execution_started_event_attributes
+    fields = started.memo.fields
+    marker = None
+    if MARKER_MEMO_KEY in fields and fields[MARKER_MEMO_KEY].data:
+        marker = ForkMarker.model_validate_json(fields[MARKER_MEMO_KEY].data)
+    receipt = None
+    if RECEIPT_MEMO_KEY in fields and fields[RECEIPT_MEMO_KEY].data:
+        receipt = ForkReceipt.model_validate_json(fields[RECEIPT_MEMO_KEY].data)
+    previous = started.continued_execution_run_id or None
+    base: int | None = None
+    if BASE_STEP_MEMO_KEY in fields and fields[BASE_STEP_MEMO_KEY].data:
+        base = int(json.loads(fields[BASE_STEP_MEMO_KEY].data))
+    elif marker is not None and not marker.continued:
+        base = marker.base_step  # a fork's first run
+    elif previous is None:
+        base = 0
+    return RunStart(run_id, previous, base, marker, receipt, list(started.input.payloads))
+
+
 def parse_run(
     workflow_id: str, history: WorkflowHistory, base_step: int, run_id: str = ""
 ) -> RunRecord:
-    """The steps and other inputs of one run's history (payloads assumed codec-free)."""
+    """The steps and other inputs of one run's history (payloads assumed codec-free);
+    ``base_step`` counts the chain's earlier steps when the run's memo does not."""
     events = list(history.events)
     started = events[0].workflow_execution_started_event_attributes
-    marker = None
-    memo_field = started.memo.fields.get(MARKER_MEMO_KEY)
-    if memo_field is not None and memo_field.data:
-        marker = ForkMarker.model_validate_json(memo_field.data)
-        base_step = marker.base_step
-    receipt = None
-    receipt_field = started.memo.fields.get(RECEIPT_MEMO_KEY)
-    if receipt_field is not None and receipt_field.data:
-        receipt = ForkReceipt.model_validate_json(receipt_field.data)
+    start = run_start(events[0], run_id)
+    marker, receipt = start.marker, start.receipt
+    if start.base_step is not None:
+        base_step = start.base_step
     rec = RunRecord(
         workflow_id=workflow_id,
         run_id=run_id,
@@ -301,15 +337,17 @@ async def read_chain(client: Client, workflow_id: str) -> list[RunRecord]:
 
 
 class RunSummary(BaseModel):
-    """What a fork needs of a run that is not the one holding its boundary. Runs that
-    continued-as-new never change again, so their summaries may be cached."""
+    """What locating a step needs of a run whose first event does not record its place in
+    the chain (a run continued-as-new by a worker without this interceptor's memo). Runs
+    that continued-as-new never change again, so their summaries may be cached."""
 
     model_config = ConfigDict(frozen=True)
 
     run_id: str
     steps: int
     previous_run_id: str | None
-    #: set on the first run of a fork: its steps are numbered after this
+    #: the run's own base when its first event records it (a fork's first run, a run the
+    #: fork interceptor continued-as-new); its steps are numbered after this
     fork_base_step: int | None = None
     marker_json: str | None = None
     receipt_json: str | None = None
@@ -321,12 +359,12 @@ class SummaryCache(Protocol):
     def put(self, summary: RunSummary) -> None: ...
 
 
-def summarize(rec: RunRecord) -> RunSummary:
+def summarize(rec: RunRecord, start: RunStart) -> RunSummary:
     return RunSummary(
         run_id=rec.run_id,
         steps=len(rec.steps),
         previous_run_id=rec.previous_run_id,
-        fork_base_step=rec.marker.base_step if rec.marker else None,
+        fork_base_step=start.base_step,
         marker_json=rec.marker.model_dump_json() if rec.marker else None,
         receipt_json=rec.receipt.model_dump_json() if rec.receipt else None,
     )
@@ -334,20 +372,42 @@ def summarize(rec: RunRecord) -> RunSummary:
 
 @dataclass
 class Located:
-    """The run of a chain that holds a step, parsed, plus the chain's first run."""
+    """The run of a chain that holds a step, parsed, and the chain's fork identity."""
 
     source: RunRecord
-    first: RunSummary
+    #: the chain's own fork marker and receipt (None for a run that is not a fork)
+    marker: ForkMarker | None
+    receipt: ForkReceipt | None
     latest_run_id: str
-    runs: int
+    #: the run that continued-as-new from ``source`` (None: ``source`` is the latest)
+    next_run: RunStart | None = None
+    #: histories read in full, and runs known from their first event alone
+    histories_read: int = 1
+    starts_read: int = 0
+
+
+async def _first_event(client: Client, workflow_id: str, run_id: str) -> HistoryEvent:
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    try:
+        async for event in handle.fetch_history_events(page_size=1):
+            return event
+    except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:
+            raise RunNotFound(f"no run {workflow_id!r} (run {run_id})") from None
+        raise
+    raise RunNotFound(f"run {run_id} of {workflow_id!r} has no history")
 
 
 async def locate_step(
     client: Client, workflow_id: str, at_step: int, cache: SummaryCache | None = None
 ) -> Located:
     """Find the run of ``workflow_id``'s continue-as-new chain that scheduled ``at_step``
-    (the first run for step 0, the latest for a step past the end). Only that run is
-    parsed in full; the others are counted, from ``cache`` when it knows them."""
+    (the first run for step 0, the latest for a step past the end) and parse it.
+
+    Every run continued by the fork interceptor records the chain's steps before it in its
+    memo, so the walk back from the latest run reads one event per run, and only runs
+    later than the one holding ``at_step``: the cost does not grow with ``at_step``. A run
+    without that record sends the walk to :func:`_locate_by_counting`."""
     handle = client.get_workflow_handle(workflow_id)
     try:
         desc = await handle.describe()
@@ -355,16 +415,56 @@ async def locate_step(
         if exc.status is RPCStatusCode.NOT_FOUND:
             raise RunNotFound(f"no run {workflow_id!r} in this namespace") from None
         raise
+    starts = 0
+    later: RunStart | None = None
+    run_id: str | None = desc.run_id
+    while True:
+        assert run_id is not None
+        start = run_start(await _first_event(client, workflow_id, run_id), run_id)
+        starts += 1
+        if start.base_step is None:
+            return await _locate_by_counting(client, workflow_id, at_step, desc, cache)
+        if at_step > start.base_step or start.previous_run_id is None:
+            break
+        later, run_id = start, start.previous_run_id
+    source = parse_run(workflow_id, await _history(client, workflow_id, run_id), 0, run_id)
+    _set_status(source, desc)
+    return Located(
+        source=source,
+        marker=start.marker,
+        receipt=start.receipt,
+        latest_run_id=desc.run_id,
+        next_run=later,
+        starts_read=starts,
+    )
+
+
+def _set_status(source: RunRecord, desc: WorkflowExecutionDescription) -> None:
+    status = desc.status or WorkflowExecutionStatus.RUNNING
+    source.status = status.name.lower() if source.run_id == desc.run_id else "continued_as_new"
+
+
+async def _locate_by_counting(
+    client: Client,
+    workflow_id: str,
+    at_step: int,
+    desc: WorkflowExecutionDescription,
+    cache: SummaryCache | None,
+) -> Located:
+    """:func:`locate_step` for chains whose runs do not record their base: count the steps
+    of every earlier run (from ``cache`` when it knows the run)."""
+    latest_run_id = desc.run_id
     summaries: list[RunSummary] = []
     parsed: dict[str, RunRecord] = {}
-    run_id: str | None = desc.run_id
+    run_id: str | None = latest_run_id
     while run_id:
-        known = cache.get(run_id) if cache is not None and run_id != desc.run_id else None
+        known = cache.get(run_id) if cache is not None and run_id != latest_run_id else None
         if known is None:
-            rec = parse_run(workflow_id, await _history(client, workflow_id, run_id), 0, run_id)
+            history = await _history(client, workflow_id, run_id)
+            rec = parse_run(workflow_id, history, 0, run_id)
             parsed[run_id] = rec
-            known = summarize(rec)
-            if cache is not None and run_id != desc.run_id:
+            known = summarize(rec, run_start(history.events[0], run_id))
+            if cache is not None and run_id != latest_run_id:
                 cache.put(known)
         summaries.append(known)
         run_id = known.previous_run_id
@@ -387,10 +487,22 @@ async def locate_step(
     else:
         history = await _history(client, workflow_id, chosen.run_id)
         source = parse_run(workflow_id, history, chosen_base, chosen.run_id)
-    status = desc.status or WorkflowExecutionStatus.RUNNING
-    source.status = status.name.lower() if chosen.run_id == desc.run_id else "continued_as_new"
+    _set_status(source, desc)
+    next_run = None
+    if pick + 1 < len(summaries):
+        later_id = summaries[pick + 1].run_id
+        next_run = run_start(await _first_event(client, workflow_id, later_id), later_id)
+    first = summaries[0]
     return Located(
-        source=source, first=summaries[0], latest_run_id=desc.run_id, runs=len(summaries)
+        source=source,
+        marker=ForkMarker.model_validate_json(first.marker_json) if first.marker_json else None,
+        receipt=(
+            ForkReceipt.model_validate_json(first.receipt_json) if first.receipt_json else None
+        ),
+        latest_run_id=latest_run_id,
+        next_run=next_run,
+        histories_read=len(parsed) + (source is not earlier),
+        starts_read=int(next_run is not None),
     )
 
 

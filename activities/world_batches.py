@@ -38,6 +38,7 @@ from activities.sandbox.base import (
     SandboxBackend,
     SandboxError,
     SnapshotCorruptedError,
+    WorkspaceBackend,
 )
 from activities.shared_snapshots import SharedSnapshots
 from experiments.runtime.contract import CONTRACT_EXIT
@@ -46,11 +47,15 @@ from experiments.runtime.file_format import (
     OUT_FILE,
     REQUEST_FILE,
     RUNNER_MODULE,
+    Checkpoint,
     FormatError,
+    checkpoint_line,
     parse_checkpoints,
     parse_columns,
     request_text,
 )
+from experiments.runtime.files import WorkspaceContentError, folder_digest
+from experiments.workspace import WorkspaceEvidence, WorkspaceManifest
 
 #: Rounds of list-and-delete before cleanup reports what is still left.
 CLEANUP_ROUNDS = 5
@@ -64,6 +69,10 @@ BATCH_LABEL = "forklab.batch"
 SNAPSHOT_CORRUPTED = "SnapshotCorrupted"
 #: The label value of the sandbox that runs the prefixes (it is no world).
 PREFIX_WORLD = "prefix"
+
+#: Where a workload with files finds its workspace, relative to the runner's folder (one
+#: sub-folder per episode; the backend mounts it there).
+WORKSPACE_DIR = "workspace"
 
 _RUNNER = ["python", "-m", RUNNER_MODULE]
 _FILES = ["--request", REQUEST_FILE, "--checkpoints", CHECKPOINTS_FILE, "--out", OUT_FILE]
@@ -122,19 +131,23 @@ class SandboxActivities:
         inputs: dict[str, bytes],
         mode: str,
         allowance: float,
+        files: _Files | None = None,
     ) -> tuple[ExecResult, bytes | None, str]:
         """Clear what an earlier attempt of this unit left, then create a sandbox, upload
         ``inputs``, run the runner, fetch its output (``None`` when the runner did not
         succeed) and delete the sandbox; returns the sandbox's id too. A fault of the
         infrastructure is raised as a retryable ``ApplicationError`` carrying the attempt's
-        last heartbeat."""
+        last heartbeat. ``files`` gives the sandbox a workspace and reads it once the
+        runner succeeded."""
         beat = _Beat(self._dies_with_worker)
         activity.heartbeat(beat.details())
         try:
             await self._stored(0.0, self._snapshots.ensure, snapshot_id)
             for leftover in await self._blocking(self._backend.list, labels):
                 await self._blocking(self._backend.delete, leftover)
-            return await self._in_fresh_sandbox(labels, snapshot_id, inputs, mode, allowance, beat)
+            return await self._in_fresh_sandbox(
+                labels, snapshot_id, inputs, mode, allowance, beat, files
+            )
         except SnapshotCorruptedError as exc:
             raise ApplicationError(str(exc), type=SNAPSHOT_CORRUPTED, non_retryable=True) from None
         except (ApplicationError, asyncio.CancelledError):
@@ -152,11 +165,14 @@ class SandboxActivities:
         mode: str,
         allowance: float,
         beat: _Beat,
+        files: _Files | None,
     ) -> tuple[ExecResult, bytes | None, str]:
         sandbox_id = await self._blocking(
             self._backend.create, snapshot_id, labels, _limits(allowance)
         )
         try:
+            if files is not None:
+                await self._blocking(files.attach, sandbox_id)
             for relpath, data in inputs.items():
                 await self._blocking(self._backend.upload, sandbox_id, relpath, data)
             start = time.monotonic()
@@ -177,6 +193,8 @@ class SandboxActivities:
             except SandboxError:
                 # the runner exited cleanly without writing its output
                 return result, None, sandbox_id
+            if files is not None:
+                await self._blocking(files.read, sandbox_id)
             return result, data, sandbox_id
         finally:
             await self._blocking(self._backend.delete, sandbox_id)
@@ -186,7 +204,14 @@ class SandboxActivities:
         """Run the prefix of every episode of one chunk, once, in a sandbox."""
         allowance = inp.reservation_seconds
         episodes = range(inp.chunk.first, inp.chunk.stop)
-        request = request_text(inp.job.workload, inp.job.params, inp.job.seed, episodes=episodes)
+        files = self._files(inp.job.workspace, None, inp.run_key, freeze=True)
+        request = request_text(
+            inp.job.workload,
+            inp.job.params,
+            inp.job.seed,
+            episodes=episodes,
+            workspace=WORKSPACE_DIR if files else None,
+        )
         labels = {
             EXPERIMENT_LABEL: inp.experiment_id,
             RUN_LABEL: inp.run_key,
@@ -195,7 +220,7 @@ class SandboxActivities:
         }
         inputs = {REQUEST_FILE: request.encode(), CHECKPOINTS_FILE: b""}
         result, data, sandbox_id = await self._in_sandbox(
-            labels, inp.snapshot_id, inputs, "prefix", allowance
+            labels, inp.snapshot_id, inputs, "prefix", allowance, files
         )
         why = _failure(result, allowance) or "the runner wrote no checkpoints"
         if data is None or _failure(result, allowance):
@@ -205,17 +230,26 @@ class SandboxActivities:
                 non_retryable=True,
             )
         try:
-            await self._blocking(parse_checkpoints, data, inp.chunk.first, inp.chunk.size)
+            checkpoints = await self._blocking(
+                parse_checkpoints, data, inp.chunk.first, inp.chunk.size
+            )
         except FormatError as exc:
             raise ApplicationError(
                 f"the prefix runner printed invalid checkpoints: {exc}",
                 type="PrefixFailed",
                 non_retryable=True,
             ) from None
+        evidence = None
+        if files is not None:
+            data = _with_layer(checkpoints, files)
+            evidence = await self._stored(
+                result.seconds, self._store.put_bytes, files.evidence().encode()
+            )
         digest = await self._stored(result.seconds, self._store.put_bytes, data)
         return PrefixResult(
             chunk=inp.chunk,
             checkpoints_digest=digest,
+            workspace_digest=evidence,
             seconds=result.seconds,
             network_isolated=result.network_isolated,
             note=result.note,
@@ -250,7 +284,17 @@ class SandboxActivities:
 
         allowance = inp.reservation_seconds
         checkpoints = await self._stored(0.0, self._store.get_bytes, inp.checkpoints_digest)
-        request = request_text(inp.job.workload, inp.job.params, inp.job.seed, world=inp.world)
+        files = None
+        if inp.job.workspace:
+            layer = _layer_of(parse_checkpoints(checkpoints, inp.chunk.first, inp.chunk.size))
+            files = self._files(True, layer, inp.run_key, freeze=False)
+        request = request_text(
+            inp.job.workload,
+            inp.job.params,
+            inp.job.seed,
+            world=inp.world,
+            workspace=WORKSPACE_DIR if files else None,
+        )
         labels = {
             EXPERIMENT_LABEL: inp.experiment_id,
             RUN_LABEL: inp.run_key,
@@ -259,7 +303,7 @@ class SandboxActivities:
         }
         inputs = {REQUEST_FILE: request.encode(), CHECKPOINTS_FILE: checkpoints}
         result, data, sandbox_id = await self._in_sandbox(
-            labels, inp.snapshot_id, inputs, "continue", allowance
+            labels, inp.snapshot_id, inputs, "continue", allowance, files
         )
         spent = result.seconds
         why = _failure(result, allowance)
@@ -270,11 +314,15 @@ class SandboxActivities:
         except FormatError as exc:
             return failed(f"the runner printed garbage: {exc}", spent, result, sandbox_id)
         digest = await self._stored(spent, self._store.put_json, columns)
+        evidence = None
+        if files is not None:
+            evidence = await self._stored(spent, self._store.put_bytes, files.evidence().encode())
         return BatchOutcome(
             world=name,
             chunk=inp.chunk,
             status=BatchStatus.completed,
             columns_digest=digest,
+            workspace_digest=evidence,
             seconds=spent,
             failures=inp.chunk.size - sum(columns["outcomes"]),
             attempts=attempts,
@@ -301,7 +349,102 @@ class SandboxActivities:
         left = await self._blocking(self._backend.list, labels)
         # a sandbox asked to delete that is still listed was not removed (it never deletes)
         removed = len(found - set(left))
-        return CleanupResult(found=len(found), removed=removed, rounds=rounds, left=len(left))
+        layers = 0
+        if isinstance(self._backend, WorkspaceBackend):
+            # The run's workspace layers are needed no longer: unpin them and collect
+            # what nothing else holds (a run still going keeps its own pins).
+            await self._blocking(self._backend.release_layers, inp.run_key)
+            layers = len((await self._blocking(self._backend.collect_layers)).removed)
+        return CleanupResult(
+            found=len(found), removed=removed, rounds=rounds, left=len(left), layers_removed=layers
+        )
+
+    def _files(self, wanted: bool, layer: str | None, run_key: str, freeze: bool) -> _Files | None:
+        if not wanted:
+            return None
+        if not isinstance(self._backend, WorkspaceBackend):
+            raise ApplicationError(
+                f"the workload keeps files, and the {self._backend.name} sandbox backend has no "
+                "workspaces; run it on the local backend",
+                type="NoWorkspaces",
+                non_retryable=True,
+            )
+        return _Files(self._backend, layer, run_key, freeze)
+
+
+class _Files:
+    """The workspace of one sandbox of a workload with files. ``attach`` mounts it over
+    ``layer`` (None: empty) before the runner starts; once the runner succeeded, ``read``
+    freezes it into a layer (a prefix: that layer is what every world attaches, pinned for
+    the run) and takes the manifest of what it holds, the state evidence of the report."""
+
+    def __init__(
+        self, backend: WorkspaceBackend, layer: str | None, run_key: str, freeze: bool
+    ) -> None:
+        self.backend = backend
+        self.layer = layer
+        self.run_key = run_key
+        self.freeze = freeze
+        self.frozen: str | None = None
+        self.folders: dict[str, str] = {}  # episode → digest of its folder, read by the host
+        self.manifest: WorkspaceManifest | None = None
+
+    def attach(self, sandbox_id: str) -> None:
+        self.backend.attach_workspace(sandbox_id, self.layer)
+
+    def read(self, sandbox_id: str) -> None:
+        if self.freeze:
+            self.frozen = self.backend.freeze_workspace(sandbox_id).digest
+            self.backend.pin_layer(self.run_key, self.frozen)
+            root = self.backend.workspace_folder(sandbox_id)
+            try:
+                self.folders = {p.name: folder_digest(p) for p in root.iterdir()}
+            except (WorkspaceContentError, OSError) as exc:
+                raise _prefix_failed(f"its workspace cannot be pinned: {exc}") from None
+        self.manifest = self.backend.workspace_manifest(sandbox_id)
+
+    def evidence(self) -> str:
+        assert self.manifest is not None
+        return WorkspaceEvidence(
+            layer=self.frozen or self.layer or "", manifest=self.manifest
+        ).model_dump_json()
+
+
+def _prefix_failed(why: str) -> ApplicationError:
+    return ApplicationError(
+        f"the prefix runner's workspace: {why}", type="PrefixFailed", non_retryable=True
+    )
+
+
+def _with_layer(checkpoints: list[Checkpoint], files: _Files) -> bytes:
+    """The checkpoint lines with the layer the prefix's workspace was frozen into, after
+    checking every episode's files digest against what the host itself read there."""
+    assert files.frozen is not None
+    expected = {str(cp["episode"]) for cp in checkpoints}
+    if set(files.folders) != expected:
+        extra = sorted(set(files.folders) ^ expected)
+        raise _prefix_failed(f"it holds {extra[:3]} besides one folder per episode")
+    lines = []
+    for cp in checkpoints:
+        if cp.get("workspace") != files.folders[str(cp["episode"])]:
+            raise _prefix_failed(
+                f"episode {cp['episode']}'s files are not what its checkpoint says"
+            )
+        lines.append(checkpoint_line({**cp, "layer": files.frozen}))
+    return "".join(lines).encode()
+
+
+def _layer_of(checkpoints: list[Checkpoint]) -> str:
+    layers = {cp.get("layer") for cp in checkpoints}
+    if len(layers) != 1 or None in layers:
+        raise ApplicationError(
+            "the chunk's checkpoints do not name one workspace layer; run the prefix again",
+            type="PrefixFailed",
+            non_retryable=True,
+        )
+    (layer,) = layers
+    assert layer is not None
+    return layer
 
 
 def _failure(result: ExecResult, allowance: float) -> str:

@@ -96,7 +96,7 @@ def naive(workload: Workload, seed: int, episodes: int, worlds: Sequence[WorldPl
 
 def engine(spec: ExperimentSpec, processes: int, memo: bool) -> Outcomes:
     batch = run_twin(spec, processes=processes, memo=memo).batch
-    return {name: cols["outcomes"] for name, cols in batch["worlds"].items()}
+    return {name: cols["outcomes"].tolist() for name, cols in batch["worlds"].items()}
 
 
 def timed(fn: Callable[[], Outcomes]) -> tuple[float, Outcomes]:

@@ -2,7 +2,9 @@
 
 The work is split into contiguous chunks of episodes; each chunk runs the stdlib
 runner's ``run_batch`` and the chunks are concatenated in episode order, so the
-result is identical whatever the number of processes.
+result is identical whatever the number of processes. A chunk's lists become columns
+(``experiments.columnar``) in the process that ran it, so memory holds one chunk of
+Python objects per process, never one per episode of the experiment.
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.runtime.file_format import Batch, WorldPlan, merge_batches
+from experiments.columnar import ColumnBatch, merge_columns, to_columns
+from experiments.runtime.file_format import WorldPlan
 from experiments.runtime.runner import run_batch, workload_class
 from experiments.spec import ExperimentSpec, World, resolve_workload
 
 #: Below this many world-episodes, starting processes costs more than it saves.
 PARALLEL_THRESHOLD = 40_000
+
+#: Episodes run (and held as Python lists) at a time, before they become columns.
+CHUNK_EPISODES = 50_000
 
 
 def world_plan(
@@ -43,14 +49,24 @@ def spec_world_plans(spec: ExperimentSpec) -> list[WorldPlan]:
 
 @dataclass(frozen=True)
 class TwinRun:
-    batch: Batch
+    batch: ColumnBatch
     seconds: float
     processes: int
 
 
-def _run_chunk(args: tuple[str, dict[str, Any], int, list[int], list[WorldPlan], bool]) -> Batch:
+def _run_chunk(
+    args: tuple[str, dict[str, Any], int, Sequence[int], list[WorldPlan], bool],
+) -> ColumnBatch:
     ref, params, seed, episodes, worlds, memo = args
-    return run_batch(workload_class(ref)(params), seed, episodes, worlds, memo)
+    return to_columns(run_batch(workload_class(ref)(params), seed, episodes, worlds, memo))
+
+
+def _chunks(episodes: Sequence[int], count: int) -> list[Sequence[int]]:
+    """At least ``count`` contiguous chunks, none over ``CHUNK_EPISODES`` (a range's
+    slices are ranges: nothing per episode is built to hand them out)."""
+    n = max(count, -(-len(episodes) // CHUNK_EPISODES), 1)
+    size = max(1, -(-len(episodes) // n))
+    return [episodes[i : i + size] for i in range(0, len(episodes), size)] or [episodes]
 
 
 def default_processes() -> int:
@@ -68,25 +84,26 @@ def run_twin(
 
     ``memo=False`` disables the runner's reuse of randomness-free runs (benchmarks)."""
     workload = resolve_workload(spec)
-    eps = list(range(spec.episodes)) if episodes is None else list(episodes)
+    eps: Sequence[int] = range(spec.episodes) if episodes is None else episodes
     plans = spec_world_plans(spec) if worlds is None else list(worlds)
     if processes is None:
         big = len(eps) * len(plans) >= PARALLEL_THRESHOLD
         processes = default_processes() if big else 1
     start = time.perf_counter()
     if processes <= 1 or len(eps) < 2 * processes:
-        batch = run_batch(workload, spec.seed, eps, plans, memo)
+        parts = [
+            to_columns(run_batch(workload, spec.seed, chunk, plans, memo))
+            for chunk in _chunks(eps, 1)
+        ]
         processes = 1
     else:
         # Two chunks per process keep both cores busy when chunks differ in cost.
-        n_chunks = processes * 2
-        size = -(-len(eps) // n_chunks)
-        chunks = [eps[i : i + size] for i in range(0, len(eps), size)]
         args = [
             (spec.workload.name, dict(workload.params), spec.seed, chunk, plans, memo)
-            for chunk in chunks
+            for chunk in _chunks(eps, processes * 2)
         ]
         ctx = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
         with ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
-            batch = merge_batches(list(pool.map(_run_chunk, args)))
+            parts = list(pool.map(_run_chunk, args))
+    batch = merge_columns(parts)
     return TwinRun(batch=batch, seconds=time.perf_counter() - start, processes=processes)

@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from experiments.runtime.canon import digest
+from experiments.runtime.files import checkpoint_digest
 
 #: Version of the layer manifest format; a stored manifest of another version is refused.
 LAYER_MANIFEST_VERSION = 1
@@ -152,6 +153,15 @@ class WorkspaceCheckpoint(BaseModel):
 
     @property
     def digest(self) -> str:
-        if self.layer is None:
-            return self.state_sha256
-        return digest({"state": self.state_sha256, "workspace": self.layer})
+        return checkpoint_digest(self.state_sha256, self.layer)
+
+
+class WorkspaceEvidence(BaseModel):
+    """One sandbox's workspace, as the host read it once its runner succeeded: for a
+    prefix chunk, at the branch (``layer`` is what it was frozen into); for a world batch,
+    at the end (``layer`` is what it was forked from)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layer: str = Field(pattern=_HEX64)
+    manifest: WorkspaceManifest

@@ -282,7 +282,7 @@ async def test_sigkill_at_five_stages_and_a_server_kill_lose_nothing(cluster: Cl
     await _wait(client, wid, lambda v: v.progress.batches_completed >= 5, 180)
     cluster.kill_worker()
     kills.append("world batches (after the server came back)")
-    # 4. analysis: the guard's held-out box sleeps 0.4 s per outcome (4 × 3)
+    # 4. analysis: the guard's held-out box sleeps 0.4 s per outcome (4 × 2 worlds)
     await _wait(client, wid, stage_is(Stage.analysing), 240)
     await asyncio.sleep(1.5)
     cluster.kill_worker()

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from experiments.columnar import to_lists
 from experiments.engine import run_twin
 from experiments.runtime.crn import Shocks, uniform
 from experiments.runtime.file_format import WorldPlan
@@ -200,7 +201,7 @@ def test_two_processes_give_identical_results(params: dict[str, Any]) -> None:
     one = run_twin(spec, processes=1)
     two = run_twin(spec, processes=2)
     assert two.processes == 2
-    assert one.batch == two.batch
+    assert to_lists(one.batch) == to_lists(two.batch)
 
 
 def test_majority_vote_over_replicates() -> None:
@@ -292,6 +293,11 @@ def test_shared_draws_change_no_value_and_fingerprints_see_every_coordinate() ->
     for t in range(30):
         assert shared.exogenous(0, t, "x") == alone.exogenous(0, t, "x") == uniform(1, 2, 0, t, "x")
     assert shared.fingerprint() == alone.fingerprint()
+    # The table hashes the episode's part of the key once and continues a copy per
+    # coordinate: the same word as hashing the whole key (agent draws too).
+    for entity, stream in ((-1, "capacity"), (12, "wörk|7")):
+        assert shared.exogenous(entity, 3, stream) == uniform(1, 2, entity, 3, stream)
+        assert Shocks(1, 2, 1).agent(entity, 3, stream) == uniform(1, 2, entity, 3, stream + "#r1")
     # A world that draws one more coordinate, or sees another value for one, differs.
     extra = Shocks(1, 2, draws=draws)
     for t in range(30):

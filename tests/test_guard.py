@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from activities.sandbox.workload_calls import WorkloadCallError, WorkloadCalls, _held_out_batch
 from experiments.analysis.guard import (
     DEFAULT_HOLDOUT_CAP,
     GuardCounts,
@@ -15,15 +18,19 @@ from experiments.analysis.guard import (
     holdout_size,
     learn_rule,
     rule_words,
+    validate_guard,
 )
 from experiments.analysis.slices import Dimension, SliceEffect, dimensions, slice_effects
+from experiments.bundle import bundle_files
 from experiments.engine import run_twin, world_plan
-from experiments.plan import rehearse
+from experiments.plan import rehearse, workload_code_digest
 from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
 from experiments.report.render_text import render_text
-from experiments.runtime.runner import rule_fires
+from experiments.runtime.file_format import WorldPlan
+from experiments.runtime.runner import rule_fires, run_batch
 from experiments.spec import ExperimentSpec, parse_spec
+from experiments.workloads.counter_recovery import CounterRecovery
 from tests.helpers import ROOT
 
 RECOVERY = ROOT / "experiments" / "recovery-counter.yaml"
@@ -208,10 +215,12 @@ def test_the_derived_guarded_world_is_the_simulated_one(
         cols[treatment]["outcomes"],
         cols[treatment]["intervened"],
     )
-    assert derived == (cols["guarded"]["outcomes"], cols["guarded"]["intervened"])
-    fired = sum(derived[1])
+    assert derived[0].tolist() == cols["guarded"]["outcomes"].tolist()
+    assert derived[1].tolist() == cols["guarded"]["intervened"].tolist()
+    fired = int(derived[1].sum())
     assert 0 < fired < 300  # the rule splits the episodes, so both branches are checked
-    assert derived[0] != cols[treatment]["outcomes"] and derived[0] != cols["baseline"]["outcomes"]
+    for other in (cols[treatment]["outcomes"], cols["baseline"]["outcomes"]):
+        assert derived[0].tolist() != other.tolist()
 
 
 def test_held_out_episodes_are_capped_by_default() -> None:
@@ -222,3 +231,50 @@ def test_held_out_episodes_are_capped_by_default() -> None:
     chosen = big.analysis.guard.model_copy(update={"holdout_episodes": 50_000})
     asked = big.model_copy(update={"analysis": big.analysis.model_copy(update={"guard": chosen})})
     assert holdout_size(asked) == 50_000
+
+
+def test_the_durable_guard_runs_two_worlds_in_its_box_and_equals_the_twin(
+    tmp_path: Path,
+) -> None:
+    """The sandboxed held-out check (the durable path) runs baseline and treatment only,
+    answers the features with them, and derives the guarded world as the twin does."""
+    spec = ExperimentSpec.model_validate(
+        {
+            "id": "durable-guard",
+            "hypothesis": {"text": "h"},
+            "seed": 5,
+            "episodes": 100,
+            "workload": {"name": "retry-cascade"},
+            "worlds": [
+                {"name": "baseline", "role": "baseline"},
+                {"name": "restart", "role": "treatment", "intervention": {"name": "restart"}},
+            ],
+        }
+    )
+    rule = {"any": [{"queue_depth": {"ge": 1}}, {"upstream": {"eq": "healthy"}}]}
+    calls = WorkloadCalls(tmp_path / "calls")
+    in_box = calls.held_out_runner(bundle_files(spec.workload.name), workload_code_digest(spec))
+    asked: list[list[str]] = []
+
+    def sandboxed(spec: ExperimentSpec, episodes: Sequence[int], plans: Sequence[WorldPlan]) -> Any:
+        asked.append([p.name for p in plans])
+        return in_box(spec, episodes, plans)
+
+    twin = validate_guard(spec, spec.worlds[1], rule, 150)
+    durable = validate_guard(spec, spec.worlds[1], rule, 150, sandboxed)
+    assert asked == [["baseline", "restart"]]
+    assert durable == twin
+    assert 0 < twin.after.intervened < twin.before.intervened  # the rule splits the episodes
+    assert twin.after != twin.before
+
+
+def test_a_held_out_box_that_answers_no_features_is_refused(tmp_path: Path) -> None:
+    answer = dict(run_batch(CounterRecovery({}), 0, range(4), [WorldPlan("baseline")]))
+    assert _held_out_batch(answer, ["baseline"], [0, 1, 2, 3])["episodes"] == [0, 1, 2, 3]
+    for broken, why in (
+        ({**answer, "features": []}, "features are not 4 entries"),
+        ({**answer, "features": [{"x": [1]}] * 4}, "other than feature values"),
+        ({**answer, "episodes": [0, 1, 2, 5]}, "the episodes asked"),
+    ):
+        with pytest.raises(WorkloadCallError, match=why):
+            _held_out_batch(broken, ["baseline"], [0, 1, 2, 3])

@@ -150,3 +150,14 @@ def test_schema_lists_the_spec_fields(capsys: pytest.CaptureFixture[str]) -> Non
     for field in ("id", "hypothesis", "seed", "episodes", "workload", "worlds", "budget"):
         assert field in schema["properties"]
     assert set(schema["required"]) >= {"id", "hypothesis", "seed", "episodes", "workload"}
+
+
+def test_start_refuses_a_history_limit_out_of_bounds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD)
+    code, _, err = run_cli(capsys, "start", str(path), "--history-events", "5")
+    assert code == 2
+    assert err == (
+        "forklab: error: --history-events is 5; give a number from 100 to 40000 (default 3500)\n"
+    )

@@ -35,6 +35,8 @@ async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> Non
     report = lab.store.get_json(result.analysis.report_digest)
     assert report["outcomes_digest"] == twin.outcomes_digest
     assert report["comparisons"] == json.loads(twin.model_dump_json())["comparisons"]
+    # the guard's held-out check ran two worlds in a box; the guarded one is derived
+    assert report["guard"] == json.loads(twin.model_dump_json())["guard"]
     markdown = lab.store.get_bytes(result.analysis.markdown_digest).decode()
     assert "recovery" in markdown and result.snapshot_id and result.snapshot_id in markdown
     # no model configured: the report shows the deterministic readout and says so

@@ -15,7 +15,7 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from workflows.experiment import ExperimentWorkflow
-from workflows.messages import ExperimentInput, ExperimentResult, Status
+from workflows.messages import ExperimentInput, ExperimentResult, Stage, Status, workflow_id
 
 # This module defines a workflow, so the workflow sandbox re-imports it: pass the helpers
 # (which touch the file system at import) and the worker wiring through instead of
@@ -23,6 +23,8 @@ from workflows.messages import ExperimentInput, ExperimentResult, Status
 with workflow.unsafe.imports_passed_through():
     from orchestration_lab import Lab, lab_settings, make_spec, science, start_dev_server
 
+    from activities.approval_keys import new_private_key, public_key_hex
+    from bench.campaign import chain_runs
     from workers.worker import build_worker, workflow_runner  # store clients import urllib3
 
 
@@ -93,3 +95,53 @@ async def test_recorded_history_replays(lab: Lab) -> None:
     )
     with pytest.raises(NondeterminismError):
         await changed.replay_workflow(history)
+
+
+async def test_a_run_continued_mid_execution_gives_the_same_outcomes_and_carries_little(
+    lab: Lab,
+) -> None:
+    """A low history limit makes the run continue as new between its prefix chunks and
+    world batches; the chain reports the same outcomes as one run, each run stays under
+    the limit, and what a continued run inherits does not grow with the work done."""
+    spec = make_spec(episodes=36)
+    handle, key = await lab.start(spec, batch_episodes=6)
+    await lab.approve(handle, key)
+    plain = await handle.result()
+    assert plain.status is Status.completed and plain.runs == 1
+
+    limit = 120
+    spec2 = spec.model_copy(update={"id": f"{spec.id}-chain"})
+    key2 = new_private_key()
+    chained_handle = await lab.client.start_workflow(
+        ExperimentWorkflow.run,
+        ExperimentInput(
+            spec=spec2,
+            approver_public_key=public_key_hex(key2),
+            batch_episodes=6,
+            rehearsal_episodes=0,
+            history_events=limit,
+            workload_bundle=lab.ship(spec2),
+        ),
+        id=workflow_id(spec2.id),
+        task_queue=lab.settings.task_queue,
+        result_type=ExperimentResult,
+    )
+    await lab.approve(chained_handle, key2)
+    chained = await chained_handle.result()
+    assert chained.status is Status.completed, chained.error
+    assert plain.analysis is not None and chained.analysis is not None
+    assert chained.analysis.outcomes_digest == plain.analysis.outcomes_digest
+    assert [w.episodes for w in chained.worlds] == [36, 36, 36]  # nothing counted twice
+
+    first = chained_handle.first_execution_run_id or chained_handle.result_run_id or ""
+    runs = await chain_runs(lab.client, chained_handle.id, first)
+    assert len(runs) == chained.runs >= 3
+    assert all(r.events < limit for r in runs), [r.events for r in runs]
+    # it continued as new in the middle of the work, not only while awaiting approval
+    assert {r.carry_stage for r in runs[1:]} >= {Stage.running_worlds.value}
+    # the carry is aggregates and one digest: the same size whatever the progress (a few
+    # bytes move with the digits of the budget's numbers)
+    carries = [r.carry_bytes for r in runs[1:]]
+    assert max(carries) - min(carries) < 32, carries
+    # every world batch ran once across the chain
+    assert sum(sum(r.world_runs.values()) for r in runs) == 36 * 3

@@ -19,14 +19,21 @@ from activities.sandbox.workspace import (
     mounts_under,
     unmount_under,
 )
+from experiments.analysis.checks import common_checkpoints
 from experiments.bundle import bundle_files
+from experiments.engine import spec_world_plans
+from experiments.outcomes import ExperimentOutcomes, WorldOutcomes
+from experiments.runtime.file_format import checkpoint_id
+from experiments.runtime.runner import continue_checkpoints, run_prefix
+from experiments.workloads.coding_fix import CodingFix
 from experiments.workspace import (
     FileRecord,
     WorkspaceCheckpoint,
     WorkspaceManifest,
     diff_manifests,
 )
-from tests.helpers import ROOT
+from forklab.specfile import load_spec
+from tests.helpers import ROOT, run_cli
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="overlayfs mounts need root")
 
@@ -314,3 +321,89 @@ def test_the_owner_can_write_its_workspace_and_its_childrens(
     assert refused.returncode != 0 and "Permission denied" in refused.stderr
     for ws_id in owned.ids():
         owned.remove(ws_id)
+
+
+def test_a_world_that_sees_other_files_fails_common_checkpoints(tmp_path: Path) -> None:
+    """The checkpoint of a workload with files pins them: a world handed a folder whose
+    files differ from the prefix's reports another inherited checkpoint, and the validity
+    check says so (the state alone is the same)."""
+    spec = load_spec(str(ROOT / "experiments" / "coding-fix.yaml"))
+    workload = CodingFix(dict(spec.workload.params))
+    root = tmp_path / "chunk"
+    checkpoints = [run_prefix(workload, spec.seed, e, root / str(e)) for e in range(4)]
+    assert all("workspace" in cp for cp in checkpoints)
+    plan = spec_world_plans(spec)[0]
+    honest = continue_checkpoints(workload, spec.seed, checkpoints, plan, root)
+    assert honest["inherited"] == [checkpoint_id(cp) for cp in checkpoints]
+    assert all(checkpoint_id(cp) != cp["sha256"] for cp in checkpoints)  # files count
+
+    arith = root / "2" / "calc" / "arith.py"
+    arith.write_text(arith.read_text().replace("return a", "return  a"))  # same behaviour
+    tampered = continue_checkpoints(workload, spec.seed, checkpoints, plan, root)
+    assert tampered["outcomes"] == honest["outcomes"]
+    assert [
+        i
+        for i, (a, b) in enumerate(zip(tampered["inherited"], honest["inherited"], strict=True))
+        if a != b
+    ] == [2]
+    outcomes = ExperimentOutcomes(
+        episodes=[0, 1, 2, 3],
+        requested=[1] * 4,
+        resolved=[1] * 4,
+        checkpoints=[checkpoint_id(cp) for cp in checkpoints],
+        features=[cp["features"] for cp in checkpoints],
+        worlds=[WorldOutcomes(name=plan.name, **tampered)],
+    )
+    check = common_checkpoints(outcomes)
+    assert not check.passed and plan.name in check.reason
+
+
+def test_gc_keeps_what_a_live_run_or_workspace_needs_and_removes_the_rest(
+    workspaces: Workspaces, root: Path, tmp_path: Path
+) -> None:
+    base = workspaces.layers.import_tree(_start(tmp_path / "base")).digest
+    workspaces.attach("ws-live", root / "live", base)
+    (root / "live" / "new.txt").write_text("written by the live sandbox\n")
+    top = workspaces.freeze("ws-live").digest  # over ``base`` (overlay) or alone (copy)
+    pinned_src = tmp_path / "pinned"
+    pinned_src.mkdir()
+    (pinned_src / "only.txt").write_text("pinned by a run\n")
+    pinned = workspaces.layers.import_tree(pinned_src).digest
+    workspaces.pin("wf-1/run-1", pinned)
+    orphan_src = tmp_path / "orphan"
+    orphan_src.mkdir()
+    (orphan_src / "gone.txt").write_text("nobody needs me\n")
+    orphan = workspaces.layers.import_tree(orphan_src).digest
+    workspaces.attach("ws-done", root / "done", orphan)
+    workspaces.remove("ws-done")  # its sandbox was deleted
+
+    assert workspaces.gc(min_age_seconds=3600).removed == ()  # everything is too young
+    result = workspaces.gc(min_age_seconds=0)
+    live = {top, pinned} | ({base} if workspaces.overlay else set())
+    assert orphan in result.removed and not live & set(result.removed)
+    assert result.bytes_freed > 0
+    for digest in live:
+        workspaces.layers.verify(digest, full=True)  # untouched
+    assert _tree(root / "live")["new.txt"] == b"written by the live sandbox\n"
+
+    workspaces.release("wf-1/run-1")  # the run cleaned up
+    assert pinned in workspaces.gc(min_age_seconds=0).removed
+    workspaces.remove("ws-live")
+    left = workspaces.gc(min_age_seconds=0)
+    assert top in left.removed and left.kept == 0
+    assert not list(workspaces.layers.root.iterdir())
+
+
+def test_layers_gc_through_the_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    backend = LocalSandboxBackend(home / "sandboxes", overlay=False)
+    orphan = backend.import_workspace(_start(tmp_path / "orphan")).digest
+    kept = backend.import_workspace(_start(tmp_path / "kept") / "pkg").digest
+    backend.pin_layer("wf/run", kept)
+    code, out, err = run_cli(capsys, "layers", "gc", "--min-age", "0", "--home", str(home))
+    assert code == 0, err
+    assert out.startswith("removed 1 layers") and "kept 1 (1 pinned" in out
+    assert not (backend.workspaces.layers.root / orphan).exists()
+    backend.workspaces.layers.verify(kept, full=True)
+    code, _, err = run_cli(capsys, "layers", "gc", "--min-age", "-1", "--home", str(home))
+    assert code == 2 and err == "forklab: error: --min-age: must be 0 or more seconds\n"

@@ -45,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.records import RecordActivities
     from activities.world_batches import SNAPSHOT_CORRUPTED, SandboxActivities
     from experiments.engine import spec_world_plans
-    from workflows import inbox, timeouts, views
+    from workflows import history, inbox, timeouts, views
     from workflows.approval_gate import ApprovalGate, Moment
     from workflows.attempts import failed_attempt
     from workflows.budget_ledger import BudgetLedger
@@ -147,6 +147,9 @@ class ExperimentWorkflow:
         if carry:  # status answers where the chain is, not "starting"
             self._state.stage, self._state.message = carry.stage, carry.message
         self._tasks: dict[asyncio.Task[None], Unit] = {}
+        #: Units this run has started: every run starts at least one, so a chain always
+        #: advances however low the history limit.
+        self._units_started = 0
 
     # --- messages ---------------------------------------------------------------------
     # Handlers are dynamic and take raw payloads: the SDK decodes nothing a sender wrote,
@@ -251,7 +254,11 @@ class ExperimentWorkflow:
         self._enter(Stage.rehearsing, "rehearsing on the local twin (free)")
         rehearsal = await workflow.execute_activity_method(
             PlanningActivities.rehearse,
-            RehearseInput(spec=spec, sample_episodes=self._inp.rehearsal_episodes),
+            RehearseInput(
+                spec=spec,
+                sample_episodes=self._inp.rehearsal_episodes,
+                workload_bundle=self._inp.workload_bundle,
+            ),
             start_to_close_timeout=timeouts.REHEARSE_TIMEOUT,
             heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
@@ -260,7 +267,7 @@ class ExperimentWorkflow:
         self._enter(Stage.resolving_snapshot, "resolving the snapshot every world starts from")
         snapshot = await workflow.execute_activity_method(
             PlanningActivities.resolve_snapshot,
-            SnapshotInput(spec=spec),
+            SnapshotInput(spec=spec, workload_bundle=self._inp.workload_bundle),
             start_to_close_timeout=timeouts.SHORT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary="resolve the runner + workload snapshot",
@@ -327,11 +334,14 @@ class ExperimentWorkflow:
     # --- sandbox work -----------------------------------------------------------------
     async def _run_units(self, units: list[Unit]) -> None:
         """Run units with at most ``max_concurrent_sandboxes`` at once, never starting one
-        whose reservation exceeds what the budget has left; continue-as-new when asked."""
+        whose reservation exceeds what the budget has left; continue as new when this run's
+        history has no room for another unit (or Temporal suggests it)."""
         state, ledger = self._state, self._state.ledger
         queue = deque(units)
         while queue or self._tasks:
             while queue and ledger.has_room():
+                if not self._history_has_room():
+                    break
                 unit = queue[0]
                 blocked = state.blocked(unit)
                 need = state.need(unit)
@@ -345,6 +355,7 @@ class ExperimentWorkflow:
                     continue
                 ledger.reserve(unit.key, need)
                 self._tasks[asyncio.create_task(self._run_unit(unit, need))] = unit
+                self._units_started += 1
                 self._show()
             if self._tasks:
                 await workflow.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
@@ -352,8 +363,18 @@ class ExperimentWorkflow:
                     del self._tasks[task]
                     task.result()  # a failed prefix ends the experiment here
             self._show()
-            if queue and workflow.info().is_continue_as_new_suggested():
+            if queue and (
+                not self._history_has_room() or workflow.info().is_continue_as_new_suggested()
+            ):
                 await self._continue_as_new()
+
+    def _history_has_room(self) -> bool:
+        """Whether this run may start another unit (always, if it has started none)."""
+        return self._units_started == 0 or history.room_for_unit(
+            workflow.info().get_current_history_length(),
+            len(self._tasks),
+            self._inp.history_events,
+        )
 
     async def _run_unit(self, unit: Unit, need: float) -> None:
         """Run ``unit`` under its reservation, one activity execution per attempt. An
@@ -411,6 +432,7 @@ class ExperimentWorkflow:
             workload=self._spec.workload.name,
             params=dict(self._spec.workload.params),
             seed=self._spec.seed,
+            workspace=state.plan.rehearsal.workspace,
         )
         options: dict[str, Any] = {
             "start_to_close_timeout": timeouts.BATCH_START_TO_CLOSE,
@@ -529,6 +551,7 @@ class ExperimentWorkflow:
             AnalyseInput(
                 spec=self._spec,
                 code_digest=state.plan.snapshot.code_digest,
+                workload_bundle=self._inp.workload_bundle,
                 snapshot_id=state.plan.snapshot.snapshot_id,
                 progress_digest=digest,
                 infra=views.infra(state),
@@ -574,6 +597,7 @@ class ExperimentWorkflow:
             worlds=analysis.worlds if analysis else [],
             snapshot_id=plan.snapshot.snapshot_id if plan else "",
             code_digest=plan.snapshot.code_digest if plan else "",
+            workload_bundle=self._inp.workload_bundle,
         )
 
     async def _record(self, analysis: AnalysisResult | None) -> None:

@@ -23,6 +23,14 @@ WORKFLOW_TYPE = "ForkLabExperiment"
 DEFAULT_BATCH_EPISODES = 1000
 #: Default episodes the rehearsal times (0 would rehearse them all).
 DEFAULT_REHEARSAL_EPISODES = 100
+#: Default most events one run of the chain records before it continues as new. Temporal
+#: suggests continue-as-new only *at* 4,096 events (its default), and draining the batches
+#: then in flight goes past it; the workflow stops starting units earlier, leaving room for
+#: that drain, retried attempts and the final stages (see ``workflows.history``).
+DEFAULT_HISTORY_EVENTS = 3_500
+#: The bounds of ``ExperimentInput.history_events``: room for the closing stages, and well
+#: under Temporal's own limits (50,000 events).
+HISTORY_EVENTS_RANGE = (100, 40_000)
 
 
 def workflow_id(experiment_id: str) -> str:
@@ -179,6 +187,20 @@ class ExperimentInput(Model):
     requested_by: str = Field(default="", max_length=MAX_NAME)
     batch_episodes: int = Field(default=DEFAULT_BATCH_EPISODES, ge=1, le=10_000_000)
     rehearsal_episodes: int = Field(default=DEFAULT_REHEARSAL_EPISODES, ge=0, le=10_000_000)
+    workload_bundle: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description=(
+            "Digest of the workload bundle forklab start shipped through the artifact store "
+            "(docs/workloads.md, What is bundled); None for a workload built into ForkLab."
+        ),
+    )
+    history_events: int = Field(
+        default=DEFAULT_HISTORY_EVENTS,
+        ge=HISTORY_EVENTS_RANGE[0],
+        le=HISTORY_EVENTS_RANGE[1],
+        description="Events one run records at most before it continues as new.",
+    )
     carry: Carry | None = None
 
 

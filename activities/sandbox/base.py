@@ -8,11 +8,14 @@ runner, downloads the result, and deletes — then lists by label until nothing 
 from __future__ import annotations
 
 import re
-from typing import Protocol
+from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from activities.sandbox.workspace import GcResult, LayerInfo, WorkspaceInfo
 from experiments.bundle import BundleFile
+from experiments.workspace import WorkspaceManifest
 
 
 class SandboxError(RuntimeError):
@@ -115,4 +118,31 @@ class SandboxBackend(Protocol):
     def list(self, labels: dict[str, str]) -> list[str]:
         """Ids whose labels include every given pair, reconciled with what actually exists,
         so that leftovers of a crash are listed (and can be deleted) too."""
+        ...
+
+
+@runtime_checkable
+class WorkspaceBackend(Protocol):
+    """A backend whose sandboxes can have copy-on-write workspaces (the local one): what
+    the durable path needs to run a workload with files (``Workload.has_workspace``)."""
+
+    def attach_workspace(self, sandbox_id: str, layer: str | None) -> WorkspaceInfo:
+        """A workspace over ``layer`` (verified first; a tampered one raises
+        ``SnapshotCorruptedError``) at ``workspace/`` in the sandbox's folder."""
+        ...
+
+    def freeze_workspace(self, sandbox_id: str) -> LayerInfo: ...
+
+    def workspace_manifest(self, sandbox_id: str) -> WorkspaceManifest: ...
+
+    def workspace_folder(self, sandbox_id: str) -> Path: ...
+
+    def pin_layer(self, run_key: str, digest: str) -> None:
+        """Keep ``digest`` (and the layers below it) until ``release_layers(run_key)``."""
+        ...
+
+    def release_layers(self, run_key: str) -> None: ...
+
+    def collect_layers(self) -> GcResult:
+        """Remove the layers nothing pins or sits on any more."""
         ...

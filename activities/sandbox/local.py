@@ -52,6 +52,8 @@ from activities.sandbox.jail import (
     sandbox_uid,
 )
 from activities.sandbox.workspace import (
+    GcResult,
+    LayerCorruptedError,
     LayerInfo,
     WorkspaceError,
     WorkspaceFork,
@@ -64,6 +66,9 @@ from experiments.workspace import WorkspaceManifest
 #: Where a sandbox's workspace appears, relative to its working folder.
 WORKSPACE_DIR = "workspace"
 SNAPSHOT_PREFIX = "local:"
+#: A layer sealed less than this long ago is never collected: between its seal and its
+#: pin or mount, nothing refers to it yet.
+LAYER_GRACE_SECONDS = 60.0
 _ID = re.compile(r"lsb-[0-9a-f]{16}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 #: Where a sandbox sees its snapshot (read-only) under bubblewrap.
@@ -433,6 +438,33 @@ class LocalSandboxBackend(SandboxBackend):
         _, box = self._live(sandbox_id)
         try:
             return self.workspaces.attach(sandbox_id, box / WORKSPACE_DIR, layer)
+        except LayerCorruptedError as exc:
+            raise SnapshotCorruptedError(
+                f"workspace {exc}; the worlds forked from it cannot be trusted, so the run "
+                "stops here"
+            ) from None
+        except WorkspaceError as exc:
+            raise SandboxError(str(exc)) from None
+
+    def pin_layer(self, run_key: str, digest: str) -> None:
+        """Keep ``digest`` (and what it sits on) until the run ``run_key`` releases it."""
+        try:
+            self.workspaces.pin(run_key, digest)
+        except WorkspaceError as exc:
+            raise SandboxError(str(exc)) from None
+
+    def release_layers(self, run_key: str) -> None:
+        self.workspaces.release(run_key)
+
+    def collect_layers(self, min_age_seconds: float = LAYER_GRACE_SECONDS) -> GcResult:
+        """Remove the layers no run pins and no workspace sits on (``Workspaces.gc``)."""
+        return self.workspaces.gc(min_age_seconds)
+
+    def workspace_folder(self, sandbox_id: str) -> Path:
+        """The host folder where the sandbox's workspace is mounted (or copied)."""
+        self._live(sandbox_id)
+        try:
+            return Path(self.workspaces.info(sandbox_id).target)
         except WorkspaceError as exc:
             raise SandboxError(str(exc)) from None
 

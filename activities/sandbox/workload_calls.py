@@ -16,14 +16,15 @@ import secrets
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from activities.files import atomic_write
 from activities.sandbox.base import ExecResult, Limits
 from activities.sandbox.confine import run_confined
 from activities.sandbox.jail import SCRATCH_INSIDE, Mount, interpreter, sandbox_uid
-from experiments.bundle import BundleFile, bundle_files, code_digest
-from experiments.runtime.file_format import WorldColumns, WorldPlan
+from experiments.bundle import BundleFile, code_digest
+from experiments.columnar import ColumnBatch, to_columns
+from experiments.runtime.file_format import COLUMN_TYPES, Batch, WorldPlan
 from experiments.spec import ExperimentSpec
 
 #: Limits of one call: a rehearsal or a held-out validation is one process, a few minutes.
@@ -59,6 +60,8 @@ def _check_rehearsal(answer: dict[str, Any], worlds: list[str]) -> None:
         raise WorkloadCallError("the rehearsal answered no episode count")
     if not _is_rate(answer.get("prefix_seconds_per_episode")):
         raise WorkloadCallError("the rehearsal answered no valid prefix rate")
+    if not isinstance(answer.get("workspace"), bool):
+        raise WorkloadCallError("the rehearsal did not say whether the workload has a workspace")
     seen = answer.get("worlds")
     if not isinstance(seen, list) or [w.get("name") for w in seen] != worlds:
         raise WorkloadCallError("the rehearsal did not answer for exactly the spec's worlds")
@@ -68,20 +71,40 @@ def _check_rehearsal(answer: dict[str, Any], worlds: list[str]) -> None:
             raise WorkloadCallError(f"the rehearsal answered invalid rates for {w['name']!r}")
 
 
-def _check_columns(answer: dict[str, Any], worlds: list[str], episodes: int) -> None:
+def _held_out_batch(answer: dict[str, Any], worlds: list[str], episodes: list[int]) -> Batch:
+    """The box's batch, checked like any untrusted output: the episodes asked for, every
+    world's four columns and each episode's pre-decision features (the guarded world is
+    derived from them), all of the right length and types."""
+    n = len(episodes)
+    if answer.get("episodes") != episodes:
+        raise WorkloadCallError("the held-out batch did not answer for the episodes asked")
+    kinds: list[tuple[str, type]] = [("requested", int), ("resolved", int), ("checkpoints", str)]
+    for key, kind in kinds:
+        col = answer.get(key)
+        if not (isinstance(col, list) and len(col) == n and all(isinstance(v, kind) for v in col)):
+            raise WorkloadCallError(f"held-out column {key} is not {n} entries of {kind.__name__}")
+    features = answer.get("features")
+    if not (isinstance(features, list) and len(features) == n):
+        raise WorkloadCallError(f"held-out features are not {n} entries")
+    for f in features:
+        if not isinstance(f, dict) or not all(
+            isinstance(k, str) and (v is None or isinstance(v, bool | int | float | str))
+            for k, v in f.items()
+        ):
+            raise WorkloadCallError("held-out features hold something other than feature values")
     columns = answer.get("worlds")
     if not isinstance(columns, dict) or sorted(columns) != sorted(worlds):
         raise WorkloadCallError("the held-out batch did not answer for exactly its worlds")
-    kinds = {"outcomes": bool, "intervened": bool, "shocks": str, "inherited": str}
     for name, cols in columns.items():
-        if not isinstance(cols, dict) or sorted(cols) != sorted(kinds):
+        if not isinstance(cols, dict) or sorted(cols) != sorted(COLUMN_TYPES):
             raise WorkloadCallError(f"held-out world {name!r} lacks its four columns")
-        for key, kind in kinds.items():
+        for key, kind in COLUMN_TYPES.items():
             col = cols[key]
-            if not (isinstance(col, list) and len(col) == episodes):
-                raise WorkloadCallError(f"held-out column {name}.{key} is not {episodes} long")
+            if not (isinstance(col, list) and len(col) == n):
+                raise WorkloadCallError(f"held-out column {name}.{key} is not {n} long")
             if not all(isinstance(v, kind) for v in col):
                 raise WorkloadCallError(f"held-out column {name}.{key} holds wrong types")
+    return cast(Batch, answer)
 
 
 class WorkloadCalls:
@@ -102,44 +125,41 @@ class WorkloadCalls:
         spec: ExperimentSpec,
         plans: Sequence[WorldPlan],
         episodes: int,
+        files: list[BundleFile],
         started: Callable[[int], None] = lambda pid: None,
     ) -> tuple[dict[str, Any], str, ExecResult]:
-        """The rehearsal's answer, the code digest it ran, and how the box ran; ``started``
-        gets the box's process group id (to kill it when the activity is cancelled)."""
+        """The rehearsal's answer, the code digest it ran (``files``, as they are now),
+        and how the box ran; ``started`` gets the box's process group id (to kill it when
+        the activity is cancelled)."""
         request = self._request(spec, plans) | {
             "episodes": episodes,
             "all_episodes": spec.episodes,
         }
-        files = bundle_files(spec.workload.name)
-        answer, result = self._call("rehearse", files, request, started)
+        digest = code_digest(files)
+        answer, result = self._call("rehearse", files, request, digest, started)
         _check_rehearsal(answer, [p.name for p in plans])
-        return answer, code_digest(files), result
+        return answer, digest, result
 
     def held_out(
         self,
         spec: ExperimentSpec,
         episodes: Sequence[int],
         plans: Sequence[WorldPlan],
+        files: list[BundleFile],
         expected_digest: str,
-    ) -> dict[str, WorldColumns]:
-        """Every world's columns over ``episodes``, run from the code the plan named."""
-        files = bundle_files(spec.workload.name)
-        found = code_digest(files)
-        if found != expected_digest:
-            raise WorkloadCallError(
-                f"the workload code is now {found[:12]} but the plan ran {expected_digest[:12]}; "
-                "the guard cannot be validated on other code, start the experiment again"
-            )
+    ) -> ColumnBatch:
+        """Every world's columns and the features over ``episodes``, run from the code the
+        plan named."""
         request = self._request(spec, plans) | {"episodes": list(episodes)}
-        answer, _ = self._call("batch", files, request)
-        _check_columns(answer, [p.name for p in plans], len(episodes))
-        worlds: dict[str, WorldColumns] = answer["worlds"]
-        return worlds
+        answer, _ = self._call("batch", files, request, expected_digest)
+        return to_columns(_held_out_batch(answer, [p.name for p in plans], list(episodes)))
 
     def held_out_runner(
-        self, expected_digest: str
-    ) -> Callable[[ExperimentSpec, Sequence[int], Sequence[WorldPlan]], dict[str, WorldColumns]]:
-        return lambda spec, episodes, plans: self.held_out(spec, episodes, plans, expected_digest)
+        self, files: list[BundleFile], expected_digest: str
+    ) -> Callable[[ExperimentSpec, Sequence[int], Sequence[WorldPlan]], ColumnBatch]:
+        return lambda spec, episodes, plans: self.held_out(
+            spec, episodes, plans, files, expected_digest
+        )
 
     @staticmethod
     def _request(spec: ExperimentSpec, plans: Sequence[WorldPlan]) -> dict[str, Any]:
@@ -155,18 +175,23 @@ class WorkloadCalls:
         op: str,
         files: list[BundleFile],
         request: dict[str, Any],
+        expected_digest: str,
         started: Callable[[int], None] = lambda pid: None,
     ) -> tuple[dict[str, Any], ExecResult]:
+        """Copy ``files`` into a fresh box folder, check that the copies are the code
+        ``expected_digest`` names (what runs is what was planned), run ``op`` there."""
         folder = self.root / f"call-{os.getpid()}-{secrets.token_hex(6)}"
         code, work = folder / "code", folder / "work"
         try:
             for f in files:
                 (code / f.relpath).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(f.source, code / f.relpath)
-            if code_digest([BundleFile(f.relpath, code / f.relpath) for f in files]) != (
-                code_digest(files)
-            ):
-                raise WorkloadCallError("the workload files changed while being copied; retry")
+            found = code_digest([BundleFile(f.relpath, code / f.relpath) for f in files])
+            if found != expected_digest:
+                raise WorkloadCallError(
+                    f"the workload code is now {found[:12]} but the plan ran "
+                    f"{expected_digest[:12]}; start the experiment again"
+                )
             work.mkdir()
             uid = sandbox_uid(folder.name)
             atomic_write(work / "in.json", json.dumps(request).encode())

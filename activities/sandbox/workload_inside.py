@@ -18,8 +18,11 @@ contract (``experiments.runtime.contract``) as ``{"contract": sentence}``.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from experiments.runtime.canon import canonical_json
@@ -59,20 +62,42 @@ def _plans(request: dict[str, Any]) -> list[WorldPlan]:
 
 def rehearse(request: dict[str, Any]) -> dict[str, Any]:
     workload = _workload(request)
+    # A workload with a workspace: one folder per episode, in the box's scratch folder;
+    # the worlds continue from copies of the first ``n`` (the folders stay as they are).
+    root = Path(tempfile.mkdtemp(prefix="rehearse-")) if workload.has_workspace else None
+    try:
+        return _rehearse(workload, request, root)
+    finally:
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _rehearse(workload: Workload, request: dict[str, Any], root: Path | None) -> dict[str, Any]:
     seed, n, total = request["seed"], request["episodes"], request["all_episodes"]
+
+    def folder(episode: int) -> Path | None:
+        return None if root is None else root / str(episode)
+
     start = time.perf_counter()
-    checkpoints = [run_prefix(workload, seed, e) for e in range(n)]
+    checkpoints = [run_prefix(workload, seed, e, folder(e)) for e in range(n)]
     prefix_rate = (time.perf_counter() - start) / n
     for episode in range(n, total):  # the contract on every prefix, before any approval
-        run_prefix(workload, seed, episode)
+        run_prefix(workload, seed, episode, folder(episode))
+        if root is not None:
+            shutil.rmtree(root / str(episode))
     worlds = []
     for plan in _plans(request):
         start = time.perf_counter()
-        cols = continue_checkpoints(workload, seed, checkpoints, plan)
+        cols = continue_checkpoints(workload, seed, checkpoints, plan, root)
         rate = (time.perf_counter() - start) / n
         failure = (n - sum(cols["outcomes"])) / n
         worlds.append({"name": plan.name, "seconds_per_episode": rate, "failure_rate": failure})
-    return {"episodes": n, "prefix_seconds_per_episode": prefix_rate, "worlds": worlds}
+    return {
+        "episodes": n,
+        "prefix_seconds_per_episode": prefix_rate,
+        "worlds": worlds,
+        "workspace": workload.has_workspace,
+    }
 
 
 def batch(request: dict[str, Any]) -> dict[str, Any]:

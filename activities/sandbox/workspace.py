@@ -69,6 +69,10 @@ class WorkspaceError(RuntimeError):
     """A workspace or layer operation failed; the message says what and how to fix it."""
 
 
+class LayerCorruptedError(WorkspaceError):
+    """A sealed layer no longer matches its digest or its seal: it must not be used."""
+
+
 class LayerInfo(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -242,7 +246,7 @@ class LayerStore:
                 f"layer {digest}: manifest unreadable ({exc.__class__.__name__})"
             ) from None
         if manifest.digest() != digest:
-            raise WorkspaceError(f"layer {digest}: its manifest does not hash to its name")
+            raise LayerCorruptedError(f"layer {digest}: its manifest does not hash to its name")
         return manifest
 
     def verify(self, digest: str, full: bool = False) -> LayerManifest:
@@ -255,7 +259,7 @@ class LayerStore:
             changed = sorted(
                 p for p in now.keys() | seal.stats.keys() if now.get(p) != seal.stats.get(p)
             )
-            raise WorkspaceError(
+            raise LayerCorruptedError(
                 f"layer {digest} was modified after sealing (first difference: "
                 f"{changed[0] if changed else 'manifest paths'}); do not use it"
             )
@@ -264,7 +268,7 @@ class LayerStore:
                 if e.kind is EntryKind.file:
                     (sha,) = _hash_file(self.tree(digest) / e.path, "sha256")
                     if sha != e.sha256:
-                        raise WorkspaceError(f"layer {digest}: content of {e.path!r} changed")
+                        raise LayerCorruptedError(f"layer {digest}: content of {e.path!r} changed")
         return manifest
 
     def stack(self, digest: str) -> list[str]:
@@ -578,6 +582,80 @@ class Workspaces:
 
     def ids(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+
+    # --- pins and garbage collection --------------------------------------------------
+    def _pins(self, owner: str) -> Path:
+        return self.layers.root.parent / "pins" / hashlib.sha256(owner.encode()).hexdigest()
+
+    def pin(self, owner: str, digest: str) -> None:
+        """Keep layer ``digest`` and the layers below it while ``owner`` (a run) holds it:
+        one empty file per layer, so concurrent pins of one run need no lock."""
+        self.layers.manifest(digest)  # exists, and is what its name says
+        folder = self._pins(owner)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / digest).touch()
+
+    def release(self, owner: str) -> None:
+        """Drop every pin ``owner`` holds (its layers go at the next ``gc``)."""
+        shutil.rmtree(self._pins(owner), ignore_errors=True)
+
+    def live_layers(self) -> set[str]:
+        """Layers something still needs: each pinned layer and each layer a workspace sits
+        on, with every layer below them."""
+        tops: set[str] = set()
+        pins = self.layers.root.parent / "pins"
+        if pins.is_dir():
+            tops |= {p.name for owner in pins.iterdir() for p in owner.iterdir()}
+        for ws_id in self.ids():
+            try:
+                tops |= set(self._state(ws_id).stack)
+            except (WorkspaceError, ValidationError):
+                continue  # half-made: its layers are pinned or young, or already gone
+        live: set[str] = set()
+        for top in tops:
+            current: str | None = top
+            while current is not None and current not in live:
+                live.add(current)
+                try:
+                    current = self.layers.manifest(current).parent
+                except WorkspaceError:
+                    current = None  # gone or damaged: nothing below it to keep
+        return live
+
+    def gc(self, min_age_seconds: float = 600.0) -> GcResult:
+        """Remove every layer nothing needs (see ``live_layers``) that was sealed at least
+        ``min_age_seconds`` ago — a layer sealed a moment ago may not be pinned or mounted
+        yet — and set-aside leftovers (damaged layers, interrupted seals) as old."""
+        live = self.live_layers()
+        now = time.time()
+        removed: list[str] = []
+        freed = 0
+        for folder in sorted(self.layers.root.iterdir()):
+            name = folder.name
+            marker = folder / "seal.json" if not name.startswith(".") else folder
+            try:
+                age = now - os.stat(marker).st_mtime
+            except FileNotFoundError:
+                continue
+            if name in live or age < min_age_seconds:
+                continue
+            freed += sum(os.lstat(p).st_blocks * 512 for _, p in _walk(folder))
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(name)
+        kept = sum(1 for f in self.layers.root.iterdir() if not f.name.startswith("."))
+        return GcResult(kept=kept, live=len(live), removed=tuple(removed), bytes_freed=freed)
+
+
+class GcResult(BaseModel):
+    """What ``Workspaces.gc`` did: layers left (``live`` of them needed), those removed
+    (digests, or names of set-aside leftovers) and the disk they held."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kept: int
+    live: int
+    removed: tuple[str, ...]
+    bytes_freed: int
 
 
 class WorkspaceFork(BaseModel):

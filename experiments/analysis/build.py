@@ -8,7 +8,7 @@ anything at all.
 from __future__ import annotations
 
 from experiments.analysis.checks import validity_checks
-from experiments.analysis.columns import Bools, FeatureColumns, as_bools
+from experiments.analysis.columns import FeatureColumns, as_bools
 from experiments.analysis.evidence import rank_evidence
 from experiments.analysis.guard import HeldOutRunner, guard_policy, guard_world
 from experiments.analysis.pairs import (
@@ -21,6 +21,7 @@ from experiments.analysis.pairs import (
 from experiments.analysis.power import PowerAnalysis, power_row, power_warnings
 from experiments.analysis.slices import Dimension, SliceEffect, dimensions, slice_effects
 from experiments.analysis.verdicts import effect_check, expected_direction, world_verdict
+from experiments.columnar import Bools, as_features
 from experiments.outcomes import (
     ExperimentOutcomes,
     InfraUsage,
@@ -46,7 +47,7 @@ def _world_rows(spec: ExperimentSpec, out: ExperimentOutcomes) -> list[WorldRow]
     rows = []
     for w in out.worlds:
         n = len(w.outcomes)
-        failures = n - sum(w.outcomes)
+        failures = n - w.successes
         low, high = wilson_interval(failures, n, CONFIDENCE) if n else (0.0, 1.0)
         rows.append(
             WorldRow(
@@ -93,7 +94,8 @@ def comparison_rows(
 ) -> list[ComparisonRow]:
     """Every comparison with its paired statistics and slices; Holm across all of them."""
     interactions = _interaction_dims(spec, dims)
-    features = columns if columns is not None else FeatureColumns(out.features)
+    table = as_features(out.features)
+    features = columns if columns is not None else FeatureColumns(table)
     arrays: dict[str, Bools] = {}
     rows: list[ComparisonRow] = []
     for world, vs in comparison_pairs(spec):
@@ -105,10 +107,10 @@ def comparison_rows(
         effect = paired_effect(paired_table(ref, w), CONFIDENCE)
         singles: list[SliceEffect] = []
         for dim in dims.values():
-            singles += slice_effects(a.outcomes, b.outcomes, out.features, [dim], CONFIDENCE)
+            singles += slice_effects(ref, w, table, [dim], CONFIDENCE)
         crossed: list[SliceEffect] = []
         for pair in interactions:
-            crossed += slice_effects(a.outcomes, b.outcomes, out.features, list(pair), CONFIDENCE)
+            crossed += slice_effects(ref, w, table, list(pair), CONFIDENCE)
         rows.append(
             ComparisonRow(
                 world=world,
@@ -140,9 +142,11 @@ def build_report(
     infra: InfraUsage | None = None,
     held_out: HeldOutRunner | None = None,
     processes: int | None = None,
+    workload_bundle: str | None = None,
 ) -> Report:
     """The report. The guard's held-out episodes run in ``held_out`` (a sandbox on the
-    durable path), else on the twin with ``processes``."""
+    durable path), else on the twin with ``processes``. ``workload_bundle`` is the digest
+    of the workload's bundle (None for a built-in workload)."""
     settings = AnalysisSettings(
         confidence=CONFIDENCE,
         alpha=spec.analysis.alpha,
@@ -150,8 +154,9 @@ def build_report(
         quantile_bins=spec.analysis.quantile_bins,
         forks_per_checkpoint=spec.analysis.forks_per_checkpoint,
     )
-    columns = FeatureColumns(out.features)
-    dims = dimensions(out.features, spec.analysis.quantile_bins)
+    features = as_features(out.features)
+    columns = FeatureColumns(features)
+    dims = dimensions(features, spec.analysis.quantile_bins)
     comparisons = comparison_rows(spec, out, dims, columns)
     checks = validity_checks(spec, out, code_digest, infra)
     failed = [c.name for c in checks if not c.passed]
@@ -209,6 +214,7 @@ def build_report(
             fingerprint=experiment_fingerprint(spec, code_digest),
             spec_digest=spec.digest(),
             code_digest=code_digest,
+            workload_bundle=workload_bundle,
             seed=spec.seed,
             episodes=spec.episodes,
             workload=spec.workload.name,

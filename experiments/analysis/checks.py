@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import operator
+from collections.abc import Sequence
 from enum import StrEnum
 
+import numpy as np
 from pydantic import BaseModel
 
+from experiments.columnar import Bools, bools
 from experiments.outcomes import ExperimentOutcomes, InfraUsage, WorldStatus
 from experiments.spec import Direction, ExperimentSpec, Role
 
@@ -60,7 +62,7 @@ def common_checkpoints(out: ExperimentOutcomes) -> Check:
             passed=False,
             reason=f"worlds did not inherit the recorded checkpoints: {', '.join(bad)}",
         )
-    boundary_miss = sum(map(operator.ne, out.requested, out.resolved))
+    boundary_miss = int(np.count_nonzero(np.asarray(out.requested) != np.asarray(out.resolved)))
     if boundary_miss:
         return Check(
             name="common_checkpoints",
@@ -110,7 +112,7 @@ def placebo_fidelity(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check | N
         if len(world.outcomes) != len(base.outcomes):
             diffs.append(f"{name} ran {len(world.outcomes)} of {len(base.outcomes)} episodes")
             continue
-        n = sum(map(operator.ne, world.outcomes, base.outcomes))
+        n = int(np.count_nonzero(bools(world.outcomes) != bools(base.outcomes)))
         if n:
             diffs.append(f"{name} differs from the baseline in {n} episodes")
     if diffs:
@@ -122,8 +124,9 @@ def placebo_fidelity(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check | N
     )
 
 
-def failure_rate(outcomes: list[bool]) -> float:
-    return (len(outcomes) - sum(outcomes)) / len(outcomes) if outcomes else 0.0
+def failure_rate(outcomes: Sequence[bool] | Bools) -> float:
+    n = len(outcomes)
+    return (n - int(np.count_nonzero(bools(outcomes)))) / n if n else 0.0
 
 
 def positive_control(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check | None:

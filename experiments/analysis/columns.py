@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from experiments.columnar import Bools, FeatureRows, as_features, bools
 from experiments.runtime.workload import Feature
-
-Bools = npt.NDArray[np.bool_]
 
 #: The value of a feature an episode did not record (counted in no slice).
 MISSING: Any = object()
@@ -25,9 +24,7 @@ Codes = npt.NDArray[np.intp]
 
 def as_bools(values: Sequence[bool] | Bools) -> Bools:
     """A boolean array of ``values`` (itself when it already is one)."""
-    if isinstance(values, np.ndarray) and values.dtype == np.bool_:
-        return values
-    return np.asarray(values, dtype=np.bool_)
+    return bools(values)
 
 
 def pair_kinds(reference: Sequence[bool] | Bools, world: Sequence[bool] | Bools) -> Codes:
@@ -70,21 +67,11 @@ class FeatureColumn:
 class FeatureColumns(Mapping[str, FeatureColumn]):
     """Every recorded feature as a column, built once per analysis."""
 
-    def __init__(self, features: Sequence[Mapping[str, Feature]]) -> None:
-        self.episodes = len(features)
-        # The twin shares one features dict between episodes that stood in the same state,
-        # so the distinct dicts are far fewer than the episodes: code those once.
-        distinct: dict[int, int] = {}
-        rows: list[Mapping[str, Feature]] = []
-
-        def row(f: Mapping[str, Feature]) -> int:
-            k = distinct.get(id(f))
-            if k is None:
-                k = distinct[id(f)] = len(rows)
-                rows.append(f)
-            return k
-
-        row_of = np.fromiter(map(row, features), dtype=np.intp, count=len(features))
+    def __init__(self, features: FeatureRows | Sequence[Mapping[str, Feature]]) -> None:
+        # Coded once per distinct features dict (the rows), then spread to the episodes.
+        table = as_features(features)
+        self.episodes = len(table)
+        rows = table.rows
         names = sorted({name for f in rows for name in f})
         self._columns: dict[str, FeatureColumn] = {}
         for name in names:
@@ -98,7 +85,7 @@ class FeatureColumns(Mapping[str, FeatureColumn]):
                     code = index[value] = len(values)
                     values.append(value)
                 row_codes[i] = code
-            self._columns[name] = FeatureColumn(name, values, row_codes[row_of])
+            self._columns[name] = FeatureColumn(name, values, row_codes[table.codes])
 
     def __getitem__(self, name: str) -> FeatureColumn:
         return self._columns[name]
@@ -111,6 +98,6 @@ class FeatureColumns(Mapping[str, FeatureColumn]):
 
 
 def feature_columns(
-    features: Sequence[Mapping[str, Feature]] | FeatureColumns,
+    features: FeatureRows | Sequence[Mapping[str, Feature]] | FeatureColumns,
 ) -> FeatureColumns:
     return features if isinstance(features, FeatureColumns) else FeatureColumns(features)

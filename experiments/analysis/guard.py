@@ -13,11 +13,12 @@ since each one costs, then one feature before an interaction, then fewer clauses
 rule is the runner's JSON, so the guarded world runs exactly what was learned.
 
 Validation (on held-out episodes: fresh seeds after the training ones, capped by
-default): the baseline and the treatment on the local twin, and the ``guarded`` world,
-which intervenes only where the rule fires, derived from those two (docs/analysis.md says
-why that is exact and why held-out episodes rather than cross-fitting). The durable path
-passes a ``HeldOutRunner`` that runs baseline, treatment and guarded in a sandbox, so no
-workload code runs beside the analysis (its answer carries no features to derive from).
+default): the baseline and the treatment, and the ``guarded`` world, which intervenes
+only where the rule fires, derived from those two and the pre-decision features
+(docs/analysis.md says why that is exact and why held-out episodes rather than
+cross-fitting). The twin runs the two worlds itself; the durable path passes a
+``HeldOutRunner`` that runs them in a sandbox, so no workload code runs beside the
+analysis, and derives the guarded world from its answer the same way.
 The rule *validates* only when its held-out net is at least that of both simple policies,
 always intervening and never intervening (net 0); otherwise the report says it did not,
 in words and in the verdict table.
@@ -28,20 +29,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel
 
 from experiments.analysis.pairs import paired_table
 from experiments.analysis.slices import Clause, SliceEffect, feature_text
+from experiments.columnar import Bools, ColumnBatch, FeatureRows, as_features, bools
 from experiments.engine import run_twin, world_plan
-from experiments.runtime.file_format import WorldColumns, WorldPlan
+from experiments.runtime.file_format import WorldPlan
 from experiments.runtime.runner import rule_fires
 from experiments.runtime.workload import Feature
 from experiments.spec import ExperimentSpec, Role, World
 
-#: Runs ``worlds`` over ``episodes`` of a spec and returns each world's columns by name.
-HeldOutRunner = Callable[
-    [ExperimentSpec, Sequence[int], Sequence[WorldPlan]], dict[str, WorldColumns]
-]
+#: Runs ``worlds`` over ``episodes`` of a spec: every world's columns and the features.
+HeldOutRunner = Callable[[ExperimentSpec, Sequence[int], Sequence[WorldPlan]], ColumnBatch]
 
 
 class GuardCounts(BaseModel):
@@ -179,10 +180,16 @@ def rule_words(intervention: str, clauses: list[Clause], harm_cap: int | None) -
     return f"apply {intervention} only when " + " or ".join(parts)
 
 
-def _counts(reference: Sequence[bool], world: Sequence[bool], fired: Sequence[bool]) -> GuardCounts:
+def _counts(
+    reference: Sequence[bool] | Bools, world: Sequence[bool] | Bools, fired: Sequence[bool] | Bools
+) -> GuardCounts:
     c = paired_table(reference, world)
     return GuardCounts(
-        episodes=len(reference), intervened=sum(fired), rescue=c.rescue, harm=c.harm, net=c.net
+        episodes=len(reference),
+        intervened=int(np.count_nonzero(bools(fired))),
+        rescue=c.rescue,
+        harm=c.harm,
+        net=c.net,
     )
 
 
@@ -199,22 +206,26 @@ def holdout_size(spec: ExperimentSpec) -> int:
 
 def guarded_outcomes(
     rule: dict[str, Any],
-    features: Sequence[dict[str, Feature]],
-    reference: Sequence[bool],
-    treated: Sequence[bool],
-    intervened: Sequence[bool],
-) -> tuple[list[bool], list[bool]]:
+    features: FeatureRows | Sequence[dict[str, Feature]],
+    reference: Sequence[bool] | Bools,
+    treated: Sequence[bool] | Bools,
+    intervened: Sequence[bool] | Bools,
+) -> tuple[Bools, Bools]:
     """The guarded world, derived: (outcomes, intervened) of applying the treatment only
     where ``rule`` fires on the features recorded at the boundary.
 
     Exact, not an estimate: a world is a pure function of its checkpoint, its
     intervention and the episode's common random numbers (the workload contract), and the
     runner's guarded world decides on the same boundary features. Where the rule fires it
-    *is* the treatment world of that episode; elsewhere it is the baseline world.
+    *is* the treatment world of that episode; elsewhere it is the baseline world. The rule
+    is asked once per distinct features row, with the runner's own ``rule_fires``.
     """
-    fires = [rule_fires(rule, f) for f in features]
-    outcomes = [t if on else r for on, t, r in zip(fires, treated, reference, strict=True)]
-    return outcomes, [on and did for on, did in zip(fires, intervened, strict=True)]
+    table = as_features(features)
+    on_row = np.fromiter(
+        (rule_fires(rule, f) for f in table.rows), dtype=np.bool_, count=len(table.rows)
+    )
+    fires = on_row[table.codes]
+    return np.where(fires, bools(treated), bools(reference)), fires & bools(intervened)
 
 
 def validate_guard(
@@ -225,27 +236,21 @@ def validate_guard(
     held_out: HeldOutRunner | None = None,
     processes: int | None = None,
 ) -> GuardEvaluation:
-    """Baseline, treatment and guarded on ``holdout`` fresh episodes after the spec's.
-
-    On the twin (``held_out`` is None) only baseline and treatment run, with
-    ``processes``, and the guarded world is derived (``guarded_outcomes``); a sandboxed
-    ``held_out`` runner runs all three."""
+    """Baseline and treatment on ``holdout`` fresh episodes after the spec's, and the
+    guarded world derived from them (``guarded_outcomes``): on the twin with
+    ``processes``, or in the sandbox of a ``held_out`` runner."""
     forks = spec.analysis.forks_per_checkpoint
     plans = [world_plan(spec.baseline, forks), world_plan(treatment, forks)]
     episodes = range(spec.episodes, spec.episodes + holdout)
     if held_out is None:
         batch = run_twin(spec, episodes=episodes, worlds=plans, processes=processes).batch
-        base = batch["worlds"][spec.baseline.name]["outcomes"]
-        before = batch["worlds"][treatment.name]
-        after, fired = guarded_outcomes(
-            rule, batch["features"], base, before["outcomes"], before["intervened"]
-        )
     else:
-        guarded = "guarded" if treatment.name != "guarded" else "guarded-policy"
-        cols = held_out(spec, episodes, [*plans, world_plan(treatment, forks, rule, guarded)])
-        base = cols[spec.baseline.name]["outcomes"]
-        before = cols[treatment.name]
-        after, fired = cols[guarded]["outcomes"], cols[guarded]["intervened"]
+        batch = held_out(spec, episodes, plans)
+    base = batch["worlds"][spec.baseline.name]["outcomes"]
+    before = batch["worlds"][treatment.name]
+    after, fired = guarded_outcomes(
+        rule, batch["features"], base, before["outcomes"], before["intervened"]
+    )
     return GuardEvaluation(
         first_episode=episodes.start,
         last_episode=episodes.stop - 1,
@@ -257,9 +262,9 @@ def validate_guard(
 def guard_policy(
     spec: ExperimentSpec,
     partitions: Sequence[Sequence[SliceEffect]],
-    reference: Sequence[bool],
-    treated: Sequence[bool],
-    intervened: Sequence[bool],
+    reference: Sequence[bool] | Bools,
+    treated: Sequence[bool] | Bools,
+    intervened: Sequence[bool] | Bools,
     held_out: HeldOutRunner | None = None,
     processes: int | None = None,
 ) -> GuardPolicy | None:

@@ -15,11 +15,11 @@ from pydantic import BaseModel
 
 from experiments.analysis.columns import (
     MISSING,
-    Bools,
     FeatureColumns,
     feature_columns,
     pair_kinds,
 )
+from experiments.columnar import Bools, FeatureRows
 from experiments.runtime.workload import Feature
 from experiments.stats import mcnemar_exact_p, paired_difference_ci
 
@@ -123,7 +123,7 @@ class SliceCounts(BaseModel):
 def slice_counts(
     reference: Sequence[bool] | Bools,
     world: Sequence[bool] | Bools,
-    features: Sequence[dict[str, Feature]] | FeatureColumns,
+    features: FeatureRows | Sequence[dict[str, Feature]] | FeatureColumns,
 ) -> list[SliceCounts]:
     """Counts per (feature, value), features as recorded at the boundary, sorted."""
     columns = feature_columns(features)

@@ -11,13 +11,16 @@ policy learned from slices is the same object the runner executes.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel
 
+from experiments.analysis.columns import pair_kinds
 from experiments.analysis.pairs import CONFIDENCE, PairedTable, paired_effect
+from experiments.columnar import Bools, FeatureRows, as_features
 from experiments.runtime.workload import Feature
 from experiments.stats import bin_bounds, bin_label, quantile_edges
 
@@ -78,14 +81,21 @@ def _numeric(values: Sequence[Feature]) -> bool:
     )
 
 
-def dimensions(features: Sequence[dict[str, Feature]], bins: int) -> dict[str, Dimension]:
-    """One dimension per recorded feature; numeric ones binned into ``bins`` quantiles."""
-    names = sorted({name for feats in features for name in feats})
+def dimensions(
+    features: FeatureRows | Sequence[Mapping[str, Feature]], bins: int
+) -> dict[str, Dimension]:
+    """One dimension per recorded feature; numeric ones binned into ``bins`` quantiles
+    (of the episodes' values: each distinct row counts as often as episodes stand in it)."""
+    table = as_features(features)
+    counts = table.counts()
+    names = sorted({name for feats in table.rows for name in feats})
     dims: dict[str, Dimension] = {}
     for name in names:
-        values = [feats[name] for feats in features if name in feats]
+        present = [(feats[name], k) for k, feats in enumerate(table.rows) if name in feats]
+        values = [v for v, k in present if counts[k]]
         if _numeric(values):
-            numbers = [float(v) for v in values if isinstance(v, int | float)]
+            numbered = [(float(v), counts[k]) for v, k in present if isinstance(v, int | float)]
+            numbers = np.repeat([v for v, _ in numbered], [c for _, c in numbered])
             edges = quantile_edges(numbers, bins)
             dims[name] = Dimension(name, tuple(edges))
         else:
@@ -94,17 +104,27 @@ def dimensions(features: Sequence[dict[str, Feature]], bins: int) -> dict[str, D
 
 
 def slice_effects(
-    reference: Sequence[bool],
-    world: Sequence[bool],
-    features: Sequence[dict[str, Feature]],
+    reference: Sequence[bool] | Bools,
+    world: Sequence[bool] | Bools,
+    features: FeatureRows | Sequence[Mapping[str, Feature]],
     dims: Sequence[Dimension],
     confidence: float = CONFIDENCE,
 ) -> list[SliceEffect]:
     """Slices over the cells of ``dims`` jointly: one dimension gives the plain slices,
-    two give their interaction. Sorted by cell; empty cells are left out."""
+    two give their interaction. Sorted by cell; empty cells are left out.
+
+    Each distinct features row is placed in its cell once; the episodes are then counted
+    per (cell, table cell) with one ``bincount``. A cell shows the value (and clause) of
+    its first episode, as the rows are in order of first appearance."""
+    table = as_features(features)
     label = " × ".join(d.name for d in dims)
-    cells: dict[tuple[Any, ...], tuple[Feature, Clause, list[int]]] = {}
-    for ref, w, feats in zip(reference, world, features, strict=True):
+    cells: dict[tuple[Any, ...], int] = {}
+    shown_of: list[tuple[Feature, Clause]] = []
+    cell_of_row = np.zeros(len(table.rows), dtype=np.intp)
+    seen = table.counts() > 0  # a row no episode stands in must not name a cell
+    for k, feats in enumerate(table.rows):
+        if not seen[k]:
+            continue
         order: list[Any] = []
         shown: list[Feature] = []
         clause: Clause = {}
@@ -113,16 +133,27 @@ def slice_effects(
             order.append(rank)
             shown.append(value)
             clause[dim.name] = matcher
-        slot = cells.get(tuple(order))
-        if slot is None:
+        cell = cells.get(tuple(order))
+        if cell is None:
             value_out: Feature = (
                 shown[0] if len(shown) == 1 else " × ".join(map(feature_text, shown))
             )
-            slot = cells[tuple(order)] = (value_out, clause, [0, 0, 0, 0])
-        slot[2][(0 if ref else 2) + (0 if w else 1)] += 1
+            cell = cells[tuple(order)] = len(shown_of)
+            shown_of.append((value_out, clause))
+        cell_of_row[k] = cell
+    kinds = pair_kinds(reference, world)  # 0 n11, 1 n10, 2 n01, 3 n00
+    if len(kinds) != len(table):
+        raise ValueError(f"{len(kinds)} outcomes but {len(table)} episodes of features")
+    counts = np.bincount(cell_of_row[table.codes] * 4 + kinds, minlength=len(shown_of) * 4).reshape(
+        -1, 4
+    )
     out = []
     for key in sorted(cells):
-        value_out, clause, c = cells[key]
+        cell = cells[key]
+        c = [int(x) for x in counts[cell]]
+        if not sum(c):
+            continue
+        value_out, clause = shown_of[cell]
         effect = paired_effect(PairedTable(n11=c[0], n10=c[1], n01=c[2], n00=c[3]), confidence)
         out.append(
             SliceEffect(

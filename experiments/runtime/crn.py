@@ -13,6 +13,7 @@ coordinate is hashed once per episode, not once per world.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 _SCALE = 1.0 / (1 << 53)
 _MASK64 = (1 << 64) - 1
@@ -39,13 +40,27 @@ class EpisodeDraws:
     change a value; it only spares each world hashing the same coordinates again.
     """
 
-    __slots__ = ("agent", "episode", "exogenous", "seed")
+    __slots__ = ("_prefix", "agent", "episode", "exogenous", "seed")
 
     def __init__(self, seed: int, episode: int) -> None:
         self.seed = seed
         self.episode = episode
         self.exogenous: dict[Coordinate, int] = {}
         self.agent: dict[tuple[int, int, str], float] = {}
+        self._prefix: Any = None  # BLAKE2b state after "seed|episode|", made on first use
+
+    def word(self, entity: int, tick: int, stream: str) -> int:
+        """``_word(seed, episode, entity, tick, stream)``: BLAKE2b is a streaming hash, so
+        the episode's part of the key is hashed once and each coordinate continues a copy
+        of that state (a copy costs less than setting up a new hash)."""
+        prefix = self._prefix
+        if prefix is None:
+            prefix = self._prefix = hashlib.blake2b(
+                f"{self.seed}|{self.episode}|".encode(), digest_size=8
+            )
+        h = prefix.copy()
+        h.update(f"{entity}|{tick}|{stream}".encode())
+        return int.from_bytes(h.digest(), "little")
 
 
 class Shocks:
@@ -78,10 +93,13 @@ class Shocks:
         value = self._seen.get(coord)
         if value is not None:
             return value
-        words = self.draws.exogenous
+        table = self._draws
+        if table is None:
+            table = self._draws = EpisodeDraws(self.seed, self.episode)
+        words = table.exogenous
         word = words.get(coord)
         if word is None:
-            word = words[coord] = _word(self.seed, self.episode, entity, tick, stream)
+            word = words[coord] = table.word(entity, tick, stream)
         self._sum += word
         value = self._seen[coord] = (word >> 11) * _SCALE
         return value
@@ -93,7 +111,7 @@ class Shocks:
         key = (entity, tick, label)
         value = table.get(key)
         if value is None:
-            value = table[key] = uniform(self.seed, self.episode, entity, tick, label)
+            value = table[key] = (self.draws.word(entity, tick, label) >> 11) * _SCALE
         return value
 
     @property

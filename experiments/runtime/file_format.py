@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 from experiments.runtime.canon import canonical_json, sha256_hex
+from experiments.runtime.files import checkpoint_digest
 from experiments.runtime.workload import Feature
 
 #: Bump when any shape below changes.
@@ -62,14 +63,19 @@ def request_text(
     *,
     episodes: Sequence[int] | None = None,
     world: WorldPlan | None = None,
+    workspace: str | None = None,
 ) -> str:
-    """The runner's request: ``episodes`` for a ``prefix`` run, ``world`` for ``continue``."""
+    """The runner's request: ``episodes`` for a ``prefix`` run, ``world`` for ``continue``;
+    ``workspace``: the folder (relative to the runner's) holding one sub-folder per
+    episode, for a workload with ``has_workspace``."""
     request: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "workload": workload,
         "params": params,
         "seed": seed,
     }
+    if workspace is not None:
+        request["workspace"] = workspace
     if episodes is not None:
         request["episodes"] = list(episodes)
     if world is not None:
@@ -90,7 +96,12 @@ def read_request(text: str) -> dict[str, Any]:
 
 class Checkpoint(TypedDict):
     """One episode stopped at its boundary: the state (canonical JSON), its sha256, where
-    the workload asked to stop and where it stood, and the features recorded there."""
+    the workload asked to stop and where it stood, and the features recorded there.
+
+    A workload with files adds ``workspace``, the digest of the episode's folder
+    (``experiments.runtime.files.folder_digest``), and on the durable path the prefix
+    activity adds ``layer``, the sealed workspace layer that holds that folder (one per
+    chunk of episodes), which every world's sandbox attaches."""
 
     episode: int
     requested: int
@@ -98,10 +109,18 @@ class Checkpoint(TypedDict):
     sha256: str
     state: str
     features: dict[str, Feature]
+    workspace: NotRequired[str]
+    layer: NotRequired[str]
 
 
 def checkpoint_line(checkpoint: Checkpoint) -> str:
     return canonical_json(checkpoint) + "\n"
+
+
+def checkpoint_id(checkpoint: Checkpoint) -> str:
+    """What a world inherits from this checkpoint: the state's sha256, joined with the
+    digest of the episode's files when it has any."""
+    return checkpoint_digest(checkpoint["sha256"], checkpoint.get("workspace"))
 
 
 def parse_checkpoints(data: bytes, first: int, count: int) -> list[Checkpoint]:
@@ -119,8 +138,17 @@ def parse_checkpoints(data: bytes, first: int, count: int) -> list[Checkpoint]:
             raise FormatError(f"checkpoint line for episode {expected} is out of order")
         if sha256_hex(str(cp.get("state", ""))) != cp.get("sha256"):
             raise FormatError(f"checkpoint of episode {expected} fails its sha256")
+        for key in ("workspace", "layer"):
+            if key in cp and not _is_hex64(cp[key]):
+                raise FormatError(f"checkpoint of episode {expected}: {key} is no sha256 digest")
         checkpoints.append(cast(Checkpoint, cp))
     return checkpoints
+
+
+def _is_hex64(value: object) -> bool:
+    return (
+        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    )
 
 
 class WorldColumns(TypedDict):

@@ -10,11 +10,20 @@ import argparse
 import importlib
 import json
 import marshal
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
+from hashlib import sha256
+from pathlib import Path
 from typing import Any
 
-from experiments.runtime.canon import canonical_json, sha256_hex
+from experiments.runtime.canon import (
+    canonical_json,
+    canonical_state,
+    parse_canonical,
+    sha256_hex,
+)
 from experiments.runtime.contract import (
     BoundaryMissingError,
     ContractViolation,
@@ -26,6 +35,7 @@ from experiments.runtime.contract import (
     feature_kinds,
     from_exception,
     method_place,
+    violation,
     where,
 )
 from experiments.runtime.crn import EpisodeDraws, Shocks
@@ -34,9 +44,16 @@ from experiments.runtime.file_format import (
     Checkpoint,
     WorldColumns,
     WorldPlan,
+    checkpoint_id,
     checkpoint_line,
     empty_columns,
     read_request,
+)
+from experiments.runtime.files import (
+    FolderFork,
+    WorkspaceContentError,
+    checkpoint_digest,
+    folder_digest,
 )
 from experiments.runtime.workload import Feature, State, Workload, WorkloadError
 
@@ -62,8 +79,8 @@ def workload_class(ref: str) -> type[Workload]:
     except ImportError as exc:
         raise WorkloadError(
             "workload.name",
-            f"cannot import module {module_name!r} ({exc}); run forklab from the folder that "
-            "holds it, or add that folder to PYTHONPATH",
+            f"cannot import module {module_name!r} ({exc}); put it beside the spec file, run "
+            "forklab in the folder that holds it, or add that folder to PYTHONPATH",
         ) from exc
     except Exception as exc:  # the module's own code failed while importing
         raise WorkloadError(
@@ -95,9 +112,31 @@ def rule_fires(rule: Mapping[str, Any], features: Mapping[str, Feature]) -> bool
     return False
 
 
-def run_prefix(workload: Workload, seed: int, episode: int) -> Checkpoint:
-    """Run one episode to its boundary, once, and take the checkpoint."""
-    return _prefix_from(workload, seed, episode, *_start(workload, seed, episode))[0]
+def run_prefix(
+    workload: Workload, seed: int, episode: int, folder: Path | None = None
+) -> Checkpoint:
+    """Run one episode to its boundary, once, and take the checkpoint. A workload with
+    ``has_workspace`` runs in ``folder`` (made empty here) and its checkpoint carries the
+    digest of what the folder holds at the boundary."""
+    if workload.has_workspace:
+        if folder is None:
+            name = type(workload).__name__
+            raise ValueError(f"{name} has a workspace: run_prefix needs a folder")
+        folder.mkdir(parents=True)
+        workload.workspace = folder
+    state, shocks = _start(workload, seed, episode)
+    checkpoint = _prefix_from(workload, seed, episode, state, shocks, {})[0]
+    if folder is not None and workload.has_workspace:
+        checkpoint["workspace"] = _folder_digest(workload, folder, where(episode, None, 0))
+    return checkpoint
+
+
+def _folder_digest(workload: Workload, folder: Path, at: str) -> str:
+    try:
+        return folder_digest(folder)
+    except (WorkspaceContentError, OSError) as exc:
+        what = f"left a workspace the runner cannot pin ({exc})"
+        raise violation(workload, "step", what, at) from None
 
 
 def _start(
@@ -111,11 +150,26 @@ def _start(
     return state, shocks
 
 
+#: Feature dicts already checked, by a key that spells out their values and types.
+SeenFeatures = dict[tuple[Any, ...], dict[str, Feature]]
+
+
 def _prefix_from(
-    workload: Workload, seed: int, episode: int, state: State, shocks: Shocks
-) -> tuple[Checkpoint, bool]:
+    workload: Workload,
+    seed: int,
+    episode: int,
+    state: State,
+    shocks: Shocks,
+    seen: SeenFeatures,
+) -> tuple[Checkpoint, bool, State]:
     """Step ``state`` to its boundary and check what the contract promises there (state
-    is JSON, features as declared); also says whether the prefix drew randomness."""
+    is JSON, features as declared).
+
+    Returns the checkpoint, whether the prefix drew randomness, and the state read back
+    from the checkpoint text (what the worlds fork from). A feature dict equal to one in
+    ``seen`` (same values of the same types) is not checked again, and the one in ``seen``
+    is returned in its place, so equal dicts are shared.
+    """
     steps = 0
     try:
         requested = workload.boundary(state)
@@ -126,49 +180,63 @@ def _prefix_from(
         ended = workload.done(state)
     except Exception as exc:
         raise from_exception(workload, exc, where(episode, None, steps)) from exc
-    at = where(episode, None, steps)
     if resolved != requested:
         raise BoundaryMissingError(
             f"{type(workload).__name__}.boundary() asked for cursor {requested} but the run "
             f"{'ended' if ended else 'jumped'} at {resolved}; boundary() is defined at "
-            f"{method_place(workload, 'boundary')} ({at})"
+            f"{method_place(workload, 'boundary')} ({where(episode, None, steps)})"
         )
+    # The text is the checkpoint. Reading it back once both checks the contract (the
+    # state is JSON that reads back equal) and gives the state the worlds fork from.
     try:
-        text: str | None = canonical_json(state)
+        text: str | None = canonical_state(state)
     except (TypeError, ValueError):
         text = None
-    check_state(workload, state, text, "step" if steps else "initial_state", at)
-    assert text is not None  # check_state raised otherwise
+    parsed: State | None = None if text is None else parse_canonical(text)
+    if parsed is None or text is None or parsed != state:
+        method = "step" if steps else "initial_state"
+        check_state(workload, state, text, method, where(episode, None, steps))
+    assert text is not None and parsed is not None  # check_state raised otherwise
     try:
-        features = workload.features(state)
+        found = workload.features(state)
     except Exception as exc:
-        raise from_exception(workload, exc, at) from exc
-    check_features(workload, features, feature_kinds(type(workload)), at)
+        raise from_exception(workload, exc, where(episode, None, steps)) from exc
+    # repr tells True from 1 and -0.0 from 0.0, which dict equality would merge
+    key = (repr(found), *map(type, found.values())) if type(found) is dict else ()
+    features = seen.get(key) if key else None
+    if features is None:
+        kinds = feature_kinds(type(workload))
+        check_features(workload, found, kinds, where(episode, None, steps))
+        features = seen[key] = found
     checkpoint: Checkpoint = {
         "episode": episode,
         "requested": requested,
         "resolved": resolved,
-        "sha256": sha256_hex(text),
+        "sha256": sha256(text.encode()).hexdigest(),
         "state": text,
         "features": features,
     }
-    return checkpoint, shocks.drawn
+    return checkpoint, shocks.drawn, parsed
 
 
 class _Fork:
-    """Hands out copies of one checkpoint, each exactly ``json.loads(checkpoint)``.
+    """Hands out copies of one checkpoint's state, each equal to ``json.loads`` of it.
 
-    The text is parsed once; further copies come from ``marshal`` (a C copy of plain
-    JSON values that keeps the sorted key order of the parse), and the last copy asked
-    for is the parsed state itself, so one world of an episode needs no copy at all.
+    The last copy asked for is the parsed state itself, so one world of an episode needs
+    no copy at all. A flat state (one JSON object of scalars, which its text shows: one
+    ``{`` and no ``[``; a brace inside a string only sends it down the general path) is
+    copied with ``dict.copy``, exact because its values are immutable; any other with
+    ``marshal`` (a C copy of plain JSON values that keeps the sorted key order of the
+    parse).
     """
 
-    __slots__ = ("_blob", "_left", "_state")
+    __slots__ = ("_blob", "_flat", "_left", "_state")
 
-    def __init__(self, checkpoint: str, copies: int) -> None:
-        self._state: State = json.loads(checkpoint)
+    def __init__(self, parsed: State, text: str, copies: int) -> None:
+        self._state = parsed
         self._left = copies
-        self._blob = marshal.dumps(self._state) if copies > 1 else b""
+        self._flat = text.count("{") == 1 and "[" not in text
+        self._blob = marshal.dumps(parsed) if copies > 1 and not self._flat else b""
 
     def take(self) -> State:
         self._left -= 1
@@ -176,8 +244,17 @@ class _Fork:
             return self._state
         if self._left < 0:
             raise RuntimeError("more copies taken than announced")
+        if self._flat:
+            return self._state.copy()
         state: State = marshal.loads(self._blob)
         return state
+
+
+def _intervention_params(workload: Workload, world: WorldPlan) -> dict[str, Any]:
+    """What ``intervene`` receives: the intervention's declared defaults overlaid with the
+    world's params."""
+    name = world.intervention
+    return {**workload.interventions.get(name, {}), **world.params} if name else {}
 
 
 def _finish(
@@ -186,30 +263,32 @@ def _finish(
     seed: int,
     episode: int,
     world: WorldPlan,
+    params: dict[str, Any],
     draws: EpisodeDraws,
+    folders: FolderFork | None = None,
 ) -> tuple[bool, bool, str, bool]:
     """Fork into ``world`` and finish it: (success, intervened, fingerprint, drew).
 
     With ``forks`` > 1 the world runs that many replicates from the same checkpoint
-    (distinct agent streams) and the outcome is their majority vote. ``intervene``
-    receives the intervention's declared defaults overlaid with the world's params.
+    (distinct agent streams) and the outcome is their majority vote. ``folders`` hands
+    each replicate its folder (workloads with a workspace).
     """
     votes = 0
     intervened = drawn = False
     fingerprint = ""
     name = world.intervention
-    params = {**workload.interventions.get(name, {}), **world.params} if name else {}
+    guard = world.guard
     limit = workload.max_steps
     done, step = workload.done, workload.step
     for replicate in range(world.forks):
         state = fork.take()
+        if folders is not None:
+            workload.workspace = folders.take()
         shocks = Shocks(seed, episode, replicate, draws)
         steps = 0
         try:
             workload.schedule_shocks(state, shocks)
-            if name is not None and (
-                world.guard is None or rule_fires(world.guard, workload.features(state))
-            ):
+            if name is not None and (guard is None or rule_fires(guard, workload.features(state))):
                 workload.intervene(state, name, params, shocks)
                 intervened = True
             while not done(state):
@@ -226,37 +305,74 @@ def _finish(
             raise
         except Exception as exc:
             raise from_exception(workload, exc, where(episode, world.name, steps)) from exc
-        votes += check_outcome(workload, ok, where(episode, world.name, steps))
+        if ok is True:
+            votes += 1
+        elif ok is not False:
+            check_outcome(workload, ok, where(episode, world.name, steps))
         fingerprint = shocks.fingerprint()
         drawn = drawn or shocks.drawn
     return votes * 2 > world.forks, intervened, fingerprint, drawn
 
 
 def continue_world(
-    workload: Workload, checkpoint: str, seed: int, episode: int, world: WorldPlan
+    workload: Workload,
+    checkpoint: str,
+    seed: int,
+    episode: int,
+    world: WorldPlan,
+    folder: Path | None = None,
+    own: bool = False,
 ) -> tuple[bool, bool, str, bool]:
     """Fork ``checkpoint`` into ``world`` and finish it.
 
+    A workload with a workspace continues from the episode's ``folder``: each replicate
+    works in a copy of it, except that with ``own`` (the folder is this world's own
+    copy-on-write view, as in a world's sandbox) the last one works in it directly.
     Returns (success, intervened, shock fingerprint, drew randomness).
     """
-    fork = _Fork(checkpoint, world.forks)
-    return _finish(workload, fork, seed, episode, world, EpisodeDraws(seed, episode))
+    fork = _Fork(parse_canonical(checkpoint), checkpoint, world.forks)
+    params = _intervention_params(workload, world)
+    draws = EpisodeDraws(seed, episode)
+    if not workload.has_workspace:
+        return _finish(workload, fork, seed, episode, world, params, draws)
+    if folder is None:
+        name = type(workload).__name__
+        raise ValueError(f"{name} has a workspace: continue_world needs a folder")
+    folders = FolderFork(folder, world.forks, Path(tempfile.gettempdir()), own)
+    try:
+        return _finish(workload, fork, seed, episode, world, params, draws, folders)
+    finally:
+        folders.close()
 
 
 def continue_checkpoints(
-    workload: Workload, seed: int, checkpoints: Iterable[Checkpoint], world: WorldPlan
+    workload: Workload,
+    seed: int,
+    checkpoints: Iterable[Checkpoint],
+    world: WorldPlan,
+    root: Path | None = None,
+    own: bool = False,
 ) -> WorldColumns:
     """Continue one world from many checkpoints (the sandbox's job).
 
-    ``inherited`` is recomputed from the checkpoint text this world actually received.
+    ``inherited`` is recomputed from the checkpoint text this world actually received
+    and, for a workload with a workspace, from the files it found in ``root/<episode>``
+    before it touched them (see ``continue_world`` for ``own``).
     """
     cols = empty_columns()
     for cp in checkpoints:
-        ok, did, fp, _ = continue_world(workload, cp["state"], seed, cp["episode"], world)
+        episode = cp["episode"]
+        folder = None if root is None else root / str(episode)
+        files = None
+        if workload.has_workspace:
+            if folder is None or not folder.is_dir():
+                raise ValueError(f"episode {episode} has no workspace folder under {root}")
+            files = _folder_digest(workload, folder, where(episode, world.name, 0))
+        ok, did, fp, _ = continue_world(workload, cp["state"], seed, episode, world, folder, own)
         cols["outcomes"].append(ok)
         cols["intervened"].append(did)
         cols["shocks"].append(fp)
-        cols["inherited"].append(sha256_hex(cp["state"]))
+        cols["inherited"].append(checkpoint_digest(sha256_hex(cp["state"]), files))
     return cols
 
 
@@ -275,7 +391,10 @@ def run_batch(
     function of the state it started from (the workload contract: state, params and
     shock draws decide everything). Continuations that drew anything are always run.
     ``memo=False`` runs every episode in full (what the engine benchmark also reports).
+    A workload with a workspace takes ``_run_batch_files`` (files are not memoised).
     """
+    if workload.has_workspace:
+        return _run_batch_files(workload, seed, episodes, worlds)
     # Only the columns are kept (never the checkpoint text), appended to as the episodes
     # run, and equal feature dicts are shared: memory per episode is a few pointers.
     # The columns are the caller's to read, not to change in place (lists are shared).
@@ -283,10 +402,17 @@ def run_batch(
     resolved: list[int] = []
     shas: list[str] = []
     features: list[dict[str, Feature]] = []
-    same_features: dict[str, dict[str, Feature]] = {}
+    same_features: SeenFeatures = {}  # equal feature dicts are shared
     columns = [empty_columns() for _ in worlds]
     plans = [
-        (index, world, cols["outcomes"].append, cols["intervened"].append, cols["shocks"].append)
+        (
+            index,
+            world,
+            _intervention_params(workload, world),
+            cols["outcomes"].append,
+            cols["intervened"].append,
+            cols["shocks"].append,
+        )
         for index, (world, cols) in enumerate(zip(worlds, columns, strict=True))
     ]
     # copies[i]: how many states worlds i.. need (the count a fork made at world i hands out)
@@ -295,28 +421,31 @@ def run_batch(
     continuations: dict[tuple[str, int], tuple[bool, bool, str]] = {}
     for episode in episodes:
         state, shocks = _start(workload, seed, episode)
-        cp = None
+        hit: Checkpoint | None = None
         if memo:
             key = repr(state)  # exact for JSON values; only needs to be stable in-process
-            cp = prefixes.get(key)
-        if cp is None:
-            cp, drawn = _prefix_from(workload, seed, episode, state, shocks)
-            # repr tells True from 1 and -0.0 from 0.0, which dict equality would merge
-            cp["features"] = same_features.setdefault(repr(cp["features"]), cp["features"])
+            hit = prefixes.get(key)
+        if hit is None:
+            cp, drawn, parsed = _prefix_from(workload, seed, episode, state, shocks, same_features)
             if memo and not drawn:
                 prefixes[key] = cp
+        else:
+            cp = hit
+            parsed = parse_canonical(cp["state"])  # the last world changes what it is given
         sha = cp["sha256"]
         requested.append(cp["requested"])
         resolved.append(cp["resolved"])
         shas.append(sha)
         features.append(cp["features"])
         fork: _Fork | None = None
-        for index, world, add_outcome, add_intervened, add_shocks in plans:
+        for index, world, params, add_outcome, add_intervened, add_shocks in plans:
             result = continuations.get((sha, index)) if memo else None
             if result is None:
                 if fork is None:
-                    fork = _Fork(cp["state"], copies[index])
-                ok, did, fp, drawn = _finish(workload, fork, seed, episode, world, shocks.draws)
+                    fork = _Fork(parsed, cp["state"], copies[index])
+                ok, did, fp, drawn = _finish(
+                    workload, fork, seed, episode, world, params, shocks.draws
+                )
                 result = (ok, did, fp)
                 if memo and not drawn:
                     continuations[(sha, index)] = result
@@ -333,6 +462,55 @@ def run_batch(
         "features": features,
         "worlds": {world.name: cols for world, cols in zip(worlds, columns, strict=True)},
     }
+
+
+def _run_batch_files(
+    workload: Workload, seed: int, episodes: Sequence[int], worlds: Sequence[WorldPlan]
+) -> Batch:
+    """``run_batch`` for a workload with a workspace, in a temporary folder: each prefix
+    once in its own folder, then every world replicate in a copy of it (the last one in
+    the folder itself). The copies stand in for the overlay layers of the durable path;
+    the checkpoint identities are the same, because they digest content only."""
+    batch: Batch = {
+        "episodes": list(episodes),
+        "requested": [],
+        "resolved": [],
+        "checkpoints": [],
+        "features": [],
+        "worlds": {world.name: empty_columns() for world in worlds},
+    }
+    params = [_intervention_params(workload, world) for world in worlds]
+    total = sum(w.forks for w in worlds)
+    scratch = Path(tempfile.mkdtemp(prefix="forklab-files-"))
+    try:
+        for episode in episodes:
+            folder = scratch / "prefix"
+            shutil.rmtree(folder, ignore_errors=True)
+            cp = run_prefix(workload, seed, episode, folder)
+            identity = checkpoint_id(cp)
+            batch["requested"].append(cp["requested"])
+            batch["resolved"].append(cp["resolved"])
+            batch["checkpoints"].append(identity)
+            batch["features"].append(cp["features"])
+            fork = _Fork(parse_canonical(cp["state"]), cp["state"], total)
+            folders = FolderFork(folder, total, scratch, own=True)
+            draws = EpisodeDraws(seed, episode)
+            try:
+                for world, world_params in zip(worlds, params, strict=True):
+                    ok, did, fp, _ = _finish(
+                        workload, fork, seed, episode, world, world_params, draws, folders
+                    )
+                    cols = batch["worlds"][world.name]
+                    cols["outcomes"].append(ok)
+                    cols["intervened"].append(did)
+                    cols["shocks"].append(fp)
+                    cols["inherited"].append(identity)
+            finally:
+                folders.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        workload.workspace = None
+    return batch
 
 
 # --- the sandbox entry point ----------------------------------------------------------
@@ -361,14 +539,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(mode: str, request: dict[str, Any], checkpoints: str, out: str) -> int:
     workload = workload_class(request["workload"])(request["params"])
     seed = int(request["seed"])
+    # A workload with a workspace: one folder per episode under the request's folder (in
+    # a sandbox, the workspace the activity attached; a world's is its own overlay).
+    root = Path(request["workspace"]) if "workspace" in request else None
+    if workload.has_workspace and root is None:
+        raise ValueError(f"{type(workload).__name__} has a workspace; the request names none")
     if mode == "prefix":
         with open(checkpoints, "w", encoding="utf-8") as fh:
             for episode in request["episodes"]:
-                fh.write(checkpoint_line(run_prefix(workload, seed, episode)))
+                folder = None if root is None else root / str(episode)
+                fh.write(checkpoint_line(run_prefix(workload, seed, episode, folder)))
         result: Any = {"episodes": len(request["episodes"])}
     else:
         result = continue_checkpoints(
-            workload, seed, _read_jsonl(checkpoints), WorldPlan.from_json(request["world"])
+            workload,
+            seed,
+            _read_jsonl(checkpoints),
+            WorldPlan.from_json(request["world"]),
+            root,
+            own=True,
         )
     with open(out, "w", encoding="utf-8") as fh:
         fh.write(canonical_json(result))

@@ -9,6 +9,7 @@ not JSON (sets, tuples, objects) is not allowed in state.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from experiments.runtime.crn import Shocks
@@ -47,6 +48,14 @@ class Workload:
     feature_types: ClassVar[Mapping[str, Any]] = {}
     #: Longest continuation, in steps, a world may take before it is declared stuck.
     max_steps: ClassVar[int] = 100_000
+    #: True when an episode's state includes files (a workspace): the runner then gives
+    #: each episode its own folder, ``self.workspace``, empty at ``initial_state``; the
+    #: prefix writes there, the folder is frozen with the checkpoint at the boundary, and
+    #: every world continues in its own copy-on-write view of it (docs/workspaces.md).
+    has_workspace: ClassVar[bool] = False
+    #: The folder of the episode (or world replicate) being run, while a method runs;
+    #: None for a workload without ``has_workspace``.
+    workspace: Path | None = None
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         params = dict(params or {})

@@ -1,8 +1,9 @@
 """``coding-fix``: a coding agent facing a failing test suite, and three fix strategies.
 
 A small package, ``calc``, has a bug in ``calc/arith.py`` (``add`` returns ``a - b``, or
-another wrong expression, or nothing is wrong at all); its test suite says so. The agent
-runs the tests once (the prefix), then a world applies one strategy and runs them again:
+another wrong expression, or nothing is wrong at all); its test suite says so. The package
+lives in the episode's workspace, as files. The agent runs the tests once (the prefix),
+then a world applies one strategy to the files and runs the tests again:
 
 - ``minimal``: the one-line fix an agent makes after reading the failure — turn the
   ``a - b`` on the ``return`` line into ``a + b``, and nothing else;
@@ -14,15 +15,19 @@ runs the tests once (the prefix), then a world applies one strategy and runs the
 Which bug and which tests an episode gets are seeded variants. This module is the one
 source of the package's files (``package_files``), of the strategies (``apply_strategy``,
 used by the agents of ``forklab demo workspace`` inside their sandboxes via ``python -m
-experiments.workloads.coding_fix apply STRATEGY FOLDER``) and of the workload, which
-evaluates the same tests in memory with unittest's rules. Standard library only.
+experiments.workloads.coding_fix apply STRATEGY FOLDER``) and of the workload, which runs
+the test file of its workspace with unittest in its own process (``run_suite``) and
+keeps only the verdicts in its JSON state. Standard library only.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import random
 import sys
+import types
+import unittest
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -49,6 +54,11 @@ OPTIONAL_CASES: tuple[tuple[str, Any, Any, Any], ...] = (
 STRATEGIES = ("minimal", "rewrite", "skip")
 ARITH = "calc/arith.py"
 TESTS = "tests/test_arith.py"
+#: What the experiment's workspace holds per episode: the package and its ``add`` tests
+#: (the demo's workspace has the whole checkout, see ``package_files``), and the report
+#: of the last test run, which the agent writes.
+WORKLOAD_FILES = ("calc/__init__.py", ARITH, "tests/__init__.py", TESTS)
+REPORT = "test-report.txt"
 XFAIL = "    @unittest.expectedFailure\n"
 #: The demo's variant: seed 002's bug and its accidental pass.
 DEMO_CASES = (*CORE_CASES, OPTIONAL_CASES[0])
@@ -182,31 +192,65 @@ def apply_strategy(strategy: str, files: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-# --- unittest's verdict, in memory ------------------------------------------------------
-def run_cases(arith: str, cases: list[list[Any]], xfail: bool) -> dict[str, Any]:
-    """What ``python -m unittest`` says about the ``add`` tests: a test passes when the
-    call returns the expected value; with ``xfail`` every test is an expected failure,
-    and one that passes is an unexpected success, which fails the suite."""
-    namespace: dict[str, Any] = {"__name__": "calc.arith"}
-    exec(compile(arith, ARITH, "exec"), namespace)
-    add = namespace["add"]
-    failed, unexpected = [], []
-    for name, a, b, expected in cases:
-        try:
-            ok = bool(add(a, b) == expected)
-        except Exception:
-            ok = False
-        if xfail and ok:
-            unexpected.append(name)
-        elif not xfail and not ok:
-            failed.append(name)
-    return {"passed": not failed and not unexpected, "failed": failed, "unexpected": unexpected}
+# --- unittest's verdict, in this process ---------------------------------------------------
+def run_suite(folder: Path) -> dict[str, Any]:
+    """Run ``tests/test_arith.py`` of ``folder`` against its ``calc/arith.py`` with unittest,
+    in this process (a sandbox's runner may not start another): the names of the tests,
+    those that failed or raised, and the unexpected successes (an expected failure that
+    passed, which fails the suite). ``sys.modules`` is restored afterwards."""
+    arith = types.ModuleType("calc.arith")
+    exec(compile((folder / ARITH).read_text(), str(folder / ARITH), "exec"), arith.__dict__)
+    package = types.ModuleType("calc")
+    package.__path__ = []
+    package.arith = arith  # type: ignore[attr-defined]
+    saved = {name: sys.modules.get(name) for name in ("calc", "calc.arith")}
+    sys.modules.update({"calc": package, "calc.arith": arith})
+    try:
+        tests = types.ModuleType("tests.test_arith")
+        exec(compile((folder / TESTS).read_text(), str(folder / TESTS), "exec"), tests.__dict__)
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+    suite = unittest.defaultTestLoader.loadTestsFromModule(tests)
+
+    def names(tests: list[Any]) -> list[str]:
+        return sorted(t._testMethodName.removeprefix("test_") for t in tests)
+
+    every = names(list(_leaves(suite)))  # before running: a suite drops its tests as it runs
+    result = unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(suite)
+    return {
+        "tests": every,
+        "failed": names([t for t, _ in (*result.failures, *result.errors)]),
+        "unexpected": names(list(result.unexpectedSuccesses)),
+        "passed": result.wasSuccessful(),
+    }
+
+
+def _leaves(suite: unittest.TestSuite) -> Iterator[unittest.TestCase]:
+    for test in suite:
+        if isinstance(test, unittest.TestSuite):
+            yield from _leaves(test)
+        else:
+            yield test
+
+
+def _report(result: Mapping[str, Any]) -> str:
+    verdict = "OK" if result["passed"] else "FAILED"
+    return (
+        f"{verdict}: {len(result['tests'])} tests; failed: {', '.join(result['failed']) or '-'}; "
+        f"unexpected successes: {', '.join(result['unexpected']) or '-'}\n"
+    )
 
 
 class CodingFix(Workload):
-    """Seeded variants of the ``calc`` package; the strategies are the interventions."""
+    """Seeded variants of the ``calc`` package; the strategies are the interventions. The
+    package is the episode's workspace; the state holds the bug's name and the verdicts."""
 
     name = "coding-fix"
+    has_workspace = True
     default_params: ClassVar[Mapping[str, Any]] = {
         "bugs": ["sub", "sub", "mul", "first", "none"],
         "p_optional": 0.4,
@@ -229,12 +273,21 @@ class CodingFix(Workload):
         if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
             raise WorkloadError("workload.params.p_optional", "must be a probability in [0, 1]")
 
+    def _folder(self) -> Path:
+        if self.workspace is None:
+            raise RuntimeError("coding-fix runs in a workspace; the runner gave it none")
+        return self.workspace
+
     def initial_state(self, episode_seed: int, shocks: Shocks) -> State:
         r = random.Random(episode_seed)
         bug = r.choice(self.params["bugs"])
-        cases = [list(c) for c in CORE_CASES]
-        cases += [list(c) for c in OPTIONAL_CASES if r.random() < self.params["p_optional"]]
-        return {"bug": bug, "arith": arith_source(bug), "cases": cases, "xfail": False, "runs": 0}
+        p = self.params["p_optional"]
+        cases = (*CORE_CASES, *(c for c in OPTIONAL_CASES if r.random() < p))
+        files = package_files(bug, cases)
+        for rel in WORKLOAD_FILES:
+            (self._folder() / rel).parent.mkdir(parents=True, exist_ok=True)
+            (self._folder() / rel).write_text(files[rel])
+        return {"bug": bug, "runs": 0}
 
     def boundary(self, state: State) -> int:
         return 1  # after the agent has run the failing tests once
@@ -243,7 +296,9 @@ class CodingFix(Workload):
         return int(state["runs"])
 
     def step(self, state: State, shocks: Shocks) -> None:
-        state["result"] = run_cases(state["arith"], state["cases"], state["xfail"])
+        """The agent runs the test suite and writes what it saw into the workspace."""
+        state["result"] = run_suite(self._folder())
+        (self._folder() / REPORT).write_text(_report(state["result"]))
         state["runs"] += 1
 
     def done(self, state: State) -> bool:
@@ -257,15 +312,17 @@ class CodingFix(Workload):
         result = state["result"]
         return {
             "failing_tests": len(result["failed"]),
-            "passing_add_tests": len(state["cases"]) - len(result["failed"]),
-            "string_test": any(c[0] == "strings" for c in state["cases"]),
+            "passing_add_tests": len(result["tests"]) - len(result["failed"]),
+            "string_test": "strings" in result["tests"],
         }
 
     def intervene(self, state: State, name: str, params: Mapping[str, Any], shocks: Shocks) -> None:
-        if name == "skip":
-            state["xfail"] = True
-        else:
-            state["arith"] = apply_strategy(name, {ARITH: state["arith"]})[ARITH]
+        """The strategy edits the files of the workspace, as the demo's agents do."""
+        folder = self._folder()
+        files = {p: (folder / p).read_text() for p in (ARITH, TESTS)}
+        for path, text in apply_strategy(name, files).items():
+            if text != files[path]:
+                (folder / path).write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:

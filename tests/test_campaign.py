@@ -1,0 +1,33 @@
+"""The campaign benchmark, small: two ``forklab worker`` processes on one task queue run a
+retry-cascade whose workflow continues as new mid-run; its outcomes equal the twin's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.campaign import HISTORY_GOAL, campaign_spec, report, run_campaign
+from workflows.messages import Stage
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def test_a_small_campaign_on_two_workers_equals_the_twin(tmp_path: Path) -> None:
+    spec = campaign_spec(ROOT / "experiments" / "retry-cascade.yaml", episodes=200, sandboxes=2)
+    limit = 150
+    c = await run_campaign(
+        spec, tmp_path, workers=2, batch_episodes=50, rehearsal_episodes=20, history_events=limit
+    )
+    assert c.result.analysis is not None, c.result.error
+    assert c.same_digest, (c.result.analysis.outcomes_digest, c.twin_digest)
+    assert len(c.runs) == c.result.runs > 1
+    assert c.largest_run_events < limit < HISTORY_GOAL
+    assert Stage.running_worlds.value in {r.carry_stage for r in c.runs}
+    carries = [r.carry_bytes for r in c.runs[1:]]
+    assert max(carries) - min(carries) < 32, carries
+    # every world-run was done once, by one of the two worker processes
+    pids = {w.proc.pid for w in c.workers}
+    done = {pid for r in c.runs for pid in r.world_runs}
+    assert done <= pids
+    assert sum(c.world_runs(w) for w in c.workers) == 200 * 8
+    assert all(w.peak_rss_kib > 0 for w in c.workers)
+    assert any("durable/twin" in line for line in report(c))
