@@ -29,19 +29,16 @@ from experiments.analysis.checks import Check
 from experiments.bundle import BundleFile
 from experiments.outcomes import (
     ExperimentOutcomes,
+    StoredColumns,
     WorldOutcomes,
     WorldStatus,
+    concat_stored,
     outcomes_digest,
 )
 from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
 from experiments.runtime.canon import canonical_json
-from experiments.runtime.file_format import (
-    checkpoint_id,
-    empty_columns,
-    extend_columns,
-    parse_checkpoints,
-)
+from experiments.runtime.file_format import checkpoint_id, parse_checkpoints
 from experiments.spec import ExperimentSpec, Role
 from experiments.workspace import WorkspaceEvidence, WorkspaceManifest
 from experiments.workspace_report import WorkspaceSection, workspace_section
@@ -65,10 +62,11 @@ def _world_outcomes(
         why = skipped[0].error if skipped else "not run"
         error = f"{chunks - len(done)} of {chunks} batches skipped ({why})"
         return WorldOutcomes(**base, status=WorldStatus.skipped, error=error, world_seconds=seconds)
-    columns = empty_columns()
-    for batch in sorted(done, key=lambda b: b.chunk.index):
-        extend_columns(columns, store.get_json(batch.columns_digest or ""))
-    return WorldOutcomes(**base, **columns, world_seconds=seconds)
+    parts = [
+        StoredColumns.model_validate(store.get_json(batch.columns_digest or ""))
+        for batch in sorted(done, key=lambda b: b.chunk.index)
+    ]
+    return WorldOutcomes(**base, **concat_stored(parts), world_seconds=seconds)
 
 
 def assemble_outcomes(inp: AnalyseInput, store: ArtifactStore) -> ExperimentOutcomes:

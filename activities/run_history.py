@@ -127,6 +127,7 @@ class RunStart:
     base_step: int | None
     marker: ForkMarker | None
     receipt: ForkReceipt | None
+    input: list[Payload]
 
 
 def run_start(event: HistoryEvent, run_id: str) -> RunStart:
@@ -146,7 +147,7 @@ def run_start(event: HistoryEvent, run_id: str) -> RunStart:
         base = marker.base_step  # a fork's first run
     elif previous is None:
         base = 0
-    return RunStart(run_id, previous, base, marker, receipt)
+    return RunStart(run_id, previous, base, marker, receipt, list(started.input.payloads))
 
 
 def parse_run(
@@ -378,6 +379,8 @@ class Located:
     marker: ForkMarker | None
     receipt: ForkReceipt | None
     latest_run_id: str
+    #: the run that continued-as-new from ``source`` (None: ``source`` is the latest)
+    next_run: RunStart | None = None
     #: histories read in full, and runs known from their first event alone
     histories_read: int = 1
     starts_read: int = 0
@@ -413,6 +416,7 @@ async def locate_step(
             raise RunNotFound(f"no run {workflow_id!r} in this namespace") from None
         raise
     starts = 0
+    later: RunStart | None = None
     run_id: str | None = desc.run_id
     while True:
         assert run_id is not None
@@ -422,7 +426,7 @@ async def locate_step(
             return await _locate_by_counting(client, workflow_id, at_step, desc, cache)
         if at_step > start.base_step or start.previous_run_id is None:
             break
-        run_id = start.previous_run_id
+        later, run_id = start, start.previous_run_id
     source = parse_run(workflow_id, await _history(client, workflow_id, run_id), 0, run_id)
     _set_status(source, desc)
     return Located(
@@ -430,6 +434,7 @@ async def locate_step(
         marker=start.marker,
         receipt=start.receipt,
         latest_run_id=desc.run_id,
+        next_run=later,
         starts_read=starts,
     )
 
@@ -483,6 +488,10 @@ async def _locate_by_counting(
         history = await _history(client, workflow_id, chosen.run_id)
         source = parse_run(workflow_id, history, chosen_base, chosen.run_id)
     _set_status(source, desc)
+    next_run = None
+    if pick + 1 < len(summaries):
+        later_id = summaries[pick + 1].run_id
+        next_run = run_start(await _first_event(client, workflow_id, later_id), later_id)
     first = summaries[0]
     return Located(
         source=source,
@@ -491,8 +500,9 @@ async def _locate_by_counting(
             ForkReceipt.model_validate_json(first.receipt_json) if first.receipt_json else None
         ),
         latest_run_id=latest_run_id,
+        next_run=next_run,
         histories_read=len(parsed) + (source is not earlier),
-        starts_read=0,
+        starts_read=int(next_run is not None),
     )
 
 

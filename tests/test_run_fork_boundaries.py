@@ -18,9 +18,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
-from activities.run_history import ForkActivities
+from activities.run_history import ForkActivities, digest_payloads
 from experiments.runfork.policy import ToolPolicy
 from experiments.runfork.receipt import BoundaryMode
+from experiments.runfork.steps import prefix_sha256
 from forklab.agent_lab import AgentLab, ForkError
 from workers.agent_worker import ensure_run_fork_attributes
 from workflows.runfork.interceptor import ForkInterceptor
@@ -242,3 +243,38 @@ async def test_exact_fork_inside_an_earlier_run_of_a_running_chain(steps_lab: St
     after = [list((await h.fetch_history()).events) for h in runs]
     assert after == before  # forking wrote nothing to any run of the parent
     await parent.terminate("test over")
+
+
+async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
+    steps_lab: StepsLab,
+) -> None:
+    """Step 6 is the last of the parent's second run: the third run's recorded input is the
+    state after step 6, so the fork starts from it and is served nothing (and does not
+    continue-as-new where the parent did)."""
+    wid = await steps_lab.start(steps=9, can_every=3)
+    expected = await steps_lab.client.get_workflow_handle(wid).result()
+    chain = await steps_lab.lab.chain(wid)
+    live = await steps_lab.lab.fork(wid, 6, tool_policies={"*": ToolPolicy.live})
+    r = live.receipt
+    assert (r.requested_step, r.resolved_step, r.base_step) == (6, 6, 6) and r.restorable
+    assert r.source_run_id == chain[2].run_id
+    assert r.source_input_sha256 == digest_payloads(chain[2].input)
+    assert r.prefix_sha256 == prefix_sha256([s for s in chain[1].steps if s.index <= 6])
+    assert await live.handle.result() == expected
+    assert [t for t, _ in await _scheduled(live.handle)] == ["echo"] * 3  # no prefix read
+    assert [(s.index, s.origin) for s in await steps_lab.lab.steps(live.handle.id)] == [
+        (7, "own"),
+        (8, "own"),
+        (9, "own"),
+    ]
+    # auto: the parent's own calls after the boundary (its third run) are served
+    auto = await steps_lab.lab.fork(wid, 6)
+    assert await auto.handle.result() == expected
+    assert [s.origin for s in await steps_lab.lab.steps(auto.handle.id)] == ["replayed"] * 3
+    # a timer after the run's last step keeps the boundary inside its run
+    timed = await steps_lab.start(steps=6, can_every=3, sleep_after=3)
+    await steps_lab.client.get_workflow_handle(timed).result()
+    inside = await steps_lab.lab.fork(timed, 3)
+    assert inside.receipt.base_step == 0 and inside.receipt.source_run_id == (
+        (await steps_lab.lab.chain(timed))[0].run_id
+    )

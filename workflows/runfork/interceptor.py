@@ -58,7 +58,7 @@ with workflow.unsafe.imports_passed_through():
         PrefixPage,
         StepDecisionInput,
     )
-    from experiments.runfork.policy import Decision, decide, policy_for
+    from experiments.runfork.policy import Decision, decide, policy_for, uses_records
     from experiments.runfork.receipt import BoundaryMode
     from experiments.runfork.steps import Step, StepStatus, payload_digest
 
@@ -121,9 +121,18 @@ class _ForkInbound(WorkflowInboundInterceptor):
         if marker is not None:
             state.marker = marker
             state.lineage_root = marker.lineage_root
-            if marker.boundary is not BoundaryMode.lineage_only and not marker.continued:
+            if _inherits(marker):
                 await _load_prefix(state, marker)
         return await super().execute_workflow(input)
+
+
+def _inherits(marker: ForkMarker) -> bool:
+    """Whether the fork reads its parent's record: steps to serve, or recorded calls its
+    policies may serve (none when it starts from a checkpoint at the boundary and every
+    policy is ``live`` or ``block``)."""
+    if marker.boundary is BoundaryMode.lineage_only or marker.continued:
+        return False
+    return marker.at_step > marker.base_step or uses_records(marker.tool_policies)
 
 
 async def _load_prefix(state: _ForkState, marker: ForkMarker) -> None:
