@@ -16,9 +16,10 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
-from temporalio.api.common.v1 import Payload
+from temporalio.api.common.v1 import Payload, WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
 from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
@@ -128,6 +129,8 @@ class RunStart:
     marker: ForkMarker | None
     receipt: ForkReceipt | None
     input: list[Payload]
+    workflow_type: str
+    task_queue: str
 
 
 def run_start(event: HistoryEvent, run_id: str) -> RunStart:
@@ -147,7 +150,16 @@ def run_start(event: HistoryEvent, run_id: str) -> RunStart:
         base = marker.base_step  # a fork's first run
     elif previous is None:
         base = 0
-    return RunStart(run_id, previous, base, marker, receipt, list(started.input.payloads))
+    return RunStart(
+        run_id,
+        previous,
+        base,
+        marker,
+        receipt,
+        list(started.input.payloads),
+        started.workflow_type.name,
+        started.task_queue.name,
+    )
 
 
 def parse_run(
@@ -175,14 +187,34 @@ def parse_run(
         previous_run_id=started.continued_execution_run_id or None,
         event_count=len(events),
     )
+    rec.steps, rec.others = _parse_events(events, base_step, run_id)
+    last = events[-1]
+    if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+        r = last.workflow_execution_completed_event_attributes.result.payloads
+        rec.close = {"result": _json(r[0]) if r else None}
+    elif last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+        f = last.workflow_execution_failed_event_attributes.failure
+        details = f.application_failure_info.details.payloads
+        rec.close = {"error": f.message, "details": _json(details[0]) if details else None}
+    return rec
+
+
+def _parse_events(
+    events: list[HistoryEvent], base_step: int, run_id: str
+) -> tuple[list[Step], list[PrefixEvent]]:
+    """The steps (numbered after ``base_step``) and other inputs in ``events``: a whole
+    run's history, or its tail from a step's scheduling on."""
     items: list[Step | _Own] = []
     own: dict[int, _Own] = {}
+    others: list[PrefixEvent] = []
+    scheduled: dict[int, str] = {}
     next_index = base_step + 1
     for ev in events:
         kind = ev.WhichOneof("attributes")
         if kind == "activity_task_scheduled_event_attributes":
             a = ev.activity_task_scheduled_event_attributes
             name = a.activity_type.name
+            scheduled[ev.event_id] = name
             payloads = list(a.input.payloads)
             if name == STEP_DECISION:
                 d = StepDecisionInput.model_validate_json(payloads[0].data)
@@ -219,7 +251,7 @@ def parse_run(
             mine = own.get(c.scheduled_event_id)
             if mine is None:
                 # a ForkLab activity: the inherited prefix arrives in fetch_prefix results
-                if results and _scheduled_type(events, c.scheduled_event_id) == FETCH_PREFIX:
+                if results and scheduled.get(c.scheduled_event_id) == FETCH_PREFIX:
                     page = PrefixPage.model_validate_json(results[0].data)
                     items.extend(s.model_copy(update={"origin": "inherited"}) for s in page.steps)
                     next_index = base_step + len(items) + 1
@@ -237,12 +269,12 @@ def parse_run(
             if mine is not None:
                 mine.status = StepStatus.failed
         elif kind in _OTHER_INPUTS:
-            rec.others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=next_index - 1))
+            others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=next_index - 1))
         elif kind == "marker_recorded_event_attributes":
             name = ev.marker_recorded_event_attributes.marker_name
             if name == "core_local_activity":
-                rec.others.append(PrefixEvent(kind="local activity", after_step=next_index - 1))
-    rec.steps = [
+                others.append(PrefixEvent(kind="local activity", after_step=next_index - 1))
+    steps = [
         item
         if isinstance(item, Step)
         else Step(
@@ -258,22 +290,7 @@ def parse_run(
         )
         for item in items
     ]
-    last = events[-1]
-    if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
-        r = last.workflow_execution_completed_event_attributes.result.payloads
-        rec.close = {"result": _json(r[0]) if r else None}
-    elif last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
-        f = last.workflow_execution_failed_event_attributes.failure
-        details = f.application_failure_info.details.payloads
-        rec.close = {"error": f.message, "details": _json(details[0]) if details else None}
-    return rec
-
-
-def _scheduled_type(events: list[HistoryEvent], event_id: int) -> str:
-    # event ids are 1-based and dense
-    if 0 < event_id <= len(events):
-        return events[event_id - 1].activity_task_scheduled_event_attributes.activity_type.name
-    return ""
+    return steps, others
 
 
 def _json(p: Payload) -> Any:
@@ -381,6 +398,9 @@ class Located:
     latest_run_id: str
     #: the run that continued-as-new from ``source`` (None: ``source`` is the latest)
     next_run: RunStart | None = None
+    #: ``source`` holds only the boundary step, read from the end of its history: the
+    #: boundary ends the run with nothing after it (see :func:`_boundary_at_run_end`)
+    tail_only: bool = False
     #: histories read in full, and runs known from their first event alone
     histories_read: int = 1
     starts_read: int = 0
@@ -427,6 +447,19 @@ async def locate_step(
         if at_step > start.base_step or start.previous_run_id is None:
             break
         later, run_id = start, start.previous_run_id
+    if later is not None and later.base_step == at_step:
+        tail = await _boundary_at_run_end(client, workflow_id, start, at_step)
+        if tail is not None:
+            return Located(
+                source=tail,
+                marker=start.marker,
+                receipt=start.receipt,
+                latest_run_id=desc.run_id,
+                next_run=later,
+                tail_only=True,
+                histories_read=0,
+                starts_read=starts,
+            )
     source = parse_run(workflow_id, await _history(client, workflow_id, run_id), 0, run_id)
     _set_status(source, desc)
     return Located(
@@ -436,6 +469,66 @@ async def locate_step(
         latest_run_id=desc.run_id,
         next_run=later,
         starts_read=starts,
+    )
+
+
+#: How far back from a run's end its last step is looked for (events).
+TAIL_EVENTS = 1000
+
+
+async def _boundary_at_run_end(
+    client: Client, workflow_id: str, start: RunStart, at_step: int
+) -> RunRecord | None:
+    """The run's last step, ``at_step``, read from the end of its history (newest events
+    first), when it completed and nothing else (timer, signal, update, child, local
+    activity) reached the run after it: then the next run's recorded input is the state
+    right after ``at_step``. None when that is not so or cannot be seen within
+    ``TAIL_EVENTS`` events — the caller then reads the whole run."""
+    if client.data_converter.payload_codec is not None:
+        return None  # the whole-run reader refuses codecs with the reason
+    tail: list[HistoryEvent] = []
+    token = b""
+    found = False
+    while not found and len(tail) < TAIL_EVENTS:
+        page = await client.workflow_service.get_workflow_execution_history_reverse(
+            GetWorkflowExecutionHistoryReverseRequest(
+                namespace=client.namespace,
+                execution=WorkflowExecution(workflow_id=workflow_id, run_id=start.run_id),
+                maximum_page_size=200,
+                next_page_token=token,
+            )
+        )
+        for ev in page.history.events:
+            tail.append(ev)
+            if ev.HasField("activity_task_scheduled_event_attributes"):
+                name = ev.activity_task_scheduled_event_attributes.activity_type.name
+                if name == FETCH_PREFIX:
+                    return None  # the last steps were inherited: read the whole run
+                if name == STEP_DECISION or not name.startswith(INTERNAL_PREFIX):
+                    found = True
+                    break
+        token = page.next_page_token
+        if not token:
+            break
+    if not found:
+        return None
+    tail.reverse()
+    steps, others = _parse_events(tail, at_step - 1, start.run_id)
+    if len(steps) != 1 or steps[0].status is not StepStatus.completed or others:
+        return None
+    return RunRecord(
+        workflow_id=workflow_id,
+        run_id=start.run_id,
+        workflow_type=start.workflow_type,
+        task_queue=start.task_queue,
+        input=start.input,
+        base_step=at_step - 1,
+        steps=steps,
+        others=[],
+        marker=start.marker,
+        receipt=start.receipt,
+        previous_run_id=start.previous_run_id,
+        status="continued_as_new",
     )
 
 

@@ -136,6 +136,7 @@ class AgentLab:
             and ends_its_run(resolution, source.steps, source.others)
         ):
             start_run, start_input, base_step = nxt.run_id, nxt.input, resolution.resolved_step
+            resolution = resolution.model_copy(update={"prefix": []})  # nothing is served
         parent_receipt, first_marker = located.receipt, located.marker
         lineage = [*(parent_receipt.lineage if parent_receipt else []), run]
         receipt = make_receipt(

@@ -18,7 +18,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
-from activities.run_history import ForkActivities, digest_payloads
+from activities.run_history import ForkActivities, digest_payloads, locate_step
 from experiments.runfork.policy import ToolPolicy
 from experiments.runfork.receipt import BoundaryMode
 from experiments.runfork.steps import prefix_sha256
@@ -254,12 +254,14 @@ async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
     wid = await steps_lab.start(steps=9, can_every=3)
     expected = await steps_lab.client.get_workflow_handle(wid).result()
     chain = await steps_lab.lab.chain(wid)
+    located = await locate_step(steps_lab.client, wid, 6)  # from the ends of runs 3 and 2
+    assert located.tail_only and located.histories_read == 0 and located.starts_read == 2
     live = await steps_lab.lab.fork(wid, 6, tool_policies={"*": ToolPolicy.live})
     r = live.receipt
     assert (r.requested_step, r.resolved_step, r.base_step) == (6, 6, 6) and r.restorable
     assert r.source_run_id == chain[2].run_id
     assert r.source_input_sha256 == digest_payloads(chain[2].input)
-    assert r.prefix_sha256 == prefix_sha256([s for s in chain[1].steps if s.index <= 6])
+    assert r.prefix_sha256 == prefix_sha256([])  # served nothing: the input is the state
     assert await live.handle.result() == expected
     assert [t for t, _ in await _scheduled(live.handle)] == ["echo"] * 3  # no prefix read
     assert [(s.index, s.origin) for s in await steps_lab.lab.steps(live.handle.id)] == [
@@ -274,6 +276,7 @@ async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
     # a timer after the run's last step keeps the boundary inside its run
     timed = await steps_lab.start(steps=6, can_every=3, sleep_after=3)
     await steps_lab.client.get_workflow_handle(timed).result()
+    assert not (await locate_step(steps_lab.client, timed, 3)).tail_only
     inside = await steps_lab.lab.fork(timed, 3)
     assert inside.receipt.base_step == 0 and inside.receipt.source_run_id == (
         (await steps_lab.lab.chain(timed))[0].run_id

@@ -150,6 +150,8 @@ class ForkReceipt(BaseModel):
     #: root first: every workflow id from the lineage root down to the parent
     lineage: list[str]
     boundary: BoundaryMode
+    #: sha256 over the steps the fork is served from the record (after ``base_step``, up
+    #: to ``resolved_step``): index, type, input and result digests
     prefix_sha256: str
     restorable: bool
     why: str
