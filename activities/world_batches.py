@@ -41,6 +41,7 @@ from activities.sandbox.base import (
     WorkspaceBackend,
 )
 from activities.shared_snapshots import SharedSnapshots
+from experiments.outcomes import StoredColumns
 from experiments.runtime.contract import CONTRACT_EXIT
 from experiments.runtime.file_format import (
     CHECKPOINTS_FILE,
@@ -310,10 +311,10 @@ class SandboxActivities:
         if data is None or why:
             return failed(why or "the runner wrote no output file", spent, result, sandbox_id)
         try:
-            columns = parse_columns(data, inp.chunk.size)
+            columns = StoredColumns.model_validate(parse_columns(data, inp.chunk.size))
         except FormatError as exc:
             return failed(f"the runner printed garbage: {exc}", spent, result, sandbox_id)
-        digest = await self._stored(spent, self._store.put_json, columns)
+        digest = await self._stored(spent, self._store.put_json, columns.model_dump(mode="json"))
         evidence = None
         if files is not None:
             evidence = await self._stored(spent, self._store.put_bytes, files.evidence().encode())
@@ -324,7 +325,7 @@ class SandboxActivities:
             columns_digest=digest,
             workspace_digest=evidence,
             seconds=spent,
-            failures=inp.chunk.size - sum(columns["outcomes"]),
+            failures=inp.chunk.size - columns.successes,
             attempts=attempts,
             network_isolated=result.network_isolated,
             note=result.note,

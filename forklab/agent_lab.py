@@ -18,7 +18,13 @@ from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttribut
 
 from activities.fork_models import MARKER_MEMO_KEY, RECEIPT_MEMO_KEY, ForkMarker, ModelSwap
 from activities.fork_registry import ForkRegistry
-from activities.run_history import RunRecord, chain_steps, locate_step, read_chain
+from activities.run_history import (
+    RunRecord,
+    chain_steps,
+    digest_payloads,
+    locate_step,
+    read_chain,
+)
 from activities.run_log import LogEvent, RunLog
 from experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
@@ -26,6 +32,7 @@ from experiments.runfork.receipt import (
     BoundaryError,
     BoundaryMode,
     ForkReceipt,
+    ends_its_run,
     make_receipt,
     receipt_markdown,
     resolve_boundary,
@@ -116,13 +123,21 @@ class AgentLab:
             )
         except BoundaryError as exc:
             raise ForkError(str(exc)) from None
-        first = located.first
-        parent_receipt = (
-            ForkReceipt.model_validate_json(first.receipt_json) if first.receipt_json else None
-        )
-        first_marker = (
-            ForkMarker.model_validate_json(first.marker_json) if first.marker_json else None
-        )
+        # where the fork starts: the recorded input of the run holding the boundary (its
+        # earlier steps served from that run's history), or — when the boundary ends a run
+        # that continued-as-new — the next run's recorded input, a checkpoint at the
+        # boundary itself: nothing is served and the parent's continue-as-new (which the
+        # server may delay) is not repeated
+        start_run, start_input, base_step = source.run_id, source.input, source.base_step
+        nxt = located.next_run
+        if (
+            boundary is not BoundaryMode.lineage_only
+            and nxt is not None
+            and ends_its_run(resolution, source.steps, source.others)
+        ):
+            start_run, start_input, base_step = nxt.run_id, nxt.input, resolution.resolved_step
+            resolution = resolution.model_copy(update={"prefix": []})  # nothing is served
+        parent_receipt, first_marker = located.receipt, located.marker
         lineage = [*(parent_receipt.lineage if parent_receipt else []), run]
         receipt = make_receipt(
             resolution,
@@ -130,8 +145,9 @@ class AgentLab:
             name=name or fork_id,
             parent_workflow_id=run,
             parent_run_id=located.latest_run_id,
-            source_run_id=source.run_id,
-            base_step=source.base_step,
+            source_run_id=start_run,
+            base_step=base_step,
+            source_input_sha256=digest_payloads(start_input),
             lineage=lineage,
             boundary=boundary,
             intervention=intervention,
@@ -149,8 +165,8 @@ class AgentLab:
         own_swap = [ModelSwap(after_step=at_step, model=model)] if model is not None else []
         marker = ForkMarker(
             parent_workflow_id=run,
-            source_run_id=source.run_id,
-            base_step=source.base_step,
+            source_run_id=start_run,
+            base_step=base_step,
             at_step=resolution.resolved_step if boundary is not BoundaryMode.lineage_only else 0,
             boundary=boundary,
             lineage_root=lineage[0],
@@ -161,7 +177,7 @@ class AgentLab:
         )
         handle = await self.client.start_workflow(
             source.workflow_type,
-            args=[RawValue(p) for p in source.input],
+            args=[RawValue(p) for p in start_input],
             id=fork_id,
             task_queue=source.task_queue,
             memo={

@@ -26,8 +26,11 @@ from activities.approval_keys import approval_payload, new_private_key, public_k
 from activities.artifacts import LocalArtifactStore
 from activities.ledger import SqliteLedger
 from activities.sandbox.local import LocalSandboxBackend
+from activities.workload_bundles import ship_workload
+from experiments.bundle import collect_workload
 from experiments.spec import ExperimentSpec, resolve_workload
 from workers.config import ENV, Settings
+from workers.stores import artifact_store
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
     ApprovalAttempt,
@@ -169,6 +172,12 @@ class Lab:
     def ledger(self) -> SqliteLedger:
         return SqliteLedger(self.settings.ledger_path)
 
+    def ship(self, spec: ExperimentSpec) -> str | None:
+        """Ship ``spec``'s workload bundle as ``forklab start`` does; returns its digest."""
+        files = collect_workload(spec.workload.name)
+        # the store the workers use: the local folder, or the shared (S3) store if set
+        return None if files is None else ship_workload(artifact_store(self.settings), files).digest
+
     async def start(
         self, spec: ExperimentSpec, batch_episodes: int = 12, rehearsal_episodes: int = 0
     ) -> tuple[WorkflowHandle[ExperimentWorkflow, ExperimentResult], Ed25519PrivateKey]:
@@ -182,6 +191,7 @@ class Lab:
                 requested_by="tests",
                 batch_episodes=batch_episodes,
                 rehearsal_episodes=rehearsal_episodes,
+                workload_bundle=self.ship(spec),
             ),
             id=workflow_id(spec.id),
             task_queue=self.settings.task_queue,

@@ -246,7 +246,16 @@ async def test_a_key_issued_on_one_worker_approves_work_run_on_another(
         lab = Lab(client=temporal_env.client, settings=operator)
         spec = make_spec(episodes=12)
         wid = workflow_id(spec.id)
-        body = {"spec": spec.model_dump(mode="json"), "requested_by": "cli", "batch_episodes": 6}
+        spec_file = tmp_path / "spec.json"
+        spec_file.write_text(spec.model_dump_json())
+        shipped = forklab(host_env(operator, operator.home, shared), "bundle", str(spec_file))
+        assert shipped.returncode == 0, shipped.stderr
+        body = {
+            "spec": spec.model_dump(mode="json"),
+            "requested_by": "cli",
+            "batch_episodes": 6,
+            "workload_bundle": shipped.stdout.strip(),
+        }
         started = await asyncio.to_thread(
             subprocess.run,
             [temporal_path(), "--address", operator.address, "workflow", "start",

@@ -120,6 +120,7 @@ async def test_a_run_continued_mid_execution_gives_the_same_outcomes_and_carries
             batch_episodes=6,
             rehearsal_episodes=0,
             history_events=limit,
+            workload_bundle=lab.ship(spec2),
         ),
         id=workflow_id(spec2.id),
         task_queue=lab.settings.task_queue,

@@ -33,7 +33,7 @@ from experiments.workspace import (
     diff_manifests,
 )
 from forklab.specfile import load_spec
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_cli
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="overlayfs mounts need root")
 
@@ -206,10 +206,11 @@ def test_a_tampered_layer_is_refused(root: Path) -> None:
     third_start = _start(root / "start3")
     (third_start / "marker").write_text("3\n")
     third = store.layers.import_tree(third_start)
+    store.layers.verify(third.digest)  # checked once and cached by the files' identity...
     manifest = store.layers.root / third.digest / "manifest.json"
     manifest.write_text(manifest.read_text().replace('"mode":420', '"mode":511', 1))
     with pytest.raises(WorkspaceError, match="does not hash to its name"):
-        store.layers.verify(third.digest)
+        store.layers.verify(third.digest)  # ...which a rewrite changes: checked again
     for bad in ("../" * 3 + "etc", "0" * 64):
         with pytest.raises(WorkspaceError, match=r"not a sha256|does not exist"):
             store.attach("x", root / "mnt-x", bad)
@@ -356,3 +357,54 @@ def test_a_world_that_sees_other_files_fails_common_checkpoints(tmp_path: Path) 
     )
     check = common_checkpoints(outcomes)
     assert not check.passed and plan.name in check.reason
+
+
+def test_gc_keeps_what_a_live_run_or_workspace_needs_and_removes_the_rest(
+    workspaces: Workspaces, root: Path, tmp_path: Path
+) -> None:
+    base = workspaces.layers.import_tree(_start(tmp_path / "base")).digest
+    workspaces.attach("ws-live", root / "live", base)
+    (root / "live" / "new.txt").write_text("written by the live sandbox\n")
+    top = workspaces.freeze("ws-live").digest  # over ``base`` (overlay) or alone (copy)
+    pinned_src = tmp_path / "pinned"
+    pinned_src.mkdir()
+    (pinned_src / "only.txt").write_text("pinned by a run\n")
+    pinned = workspaces.layers.import_tree(pinned_src).digest
+    workspaces.pin("wf-1/run-1", pinned)
+    orphan_src = tmp_path / "orphan"
+    orphan_src.mkdir()
+    (orphan_src / "gone.txt").write_text("nobody needs me\n")
+    orphan = workspaces.layers.import_tree(orphan_src).digest
+    workspaces.attach("ws-done", root / "done", orphan)
+    workspaces.remove("ws-done")  # its sandbox was deleted
+
+    assert workspaces.gc(min_age_seconds=3600).removed == ()  # everything is too young
+    result = workspaces.gc(min_age_seconds=0)
+    live = {top, pinned} | ({base} if workspaces.overlay else set())
+    assert orphan in result.removed and not live & set(result.removed)
+    assert result.bytes_freed > 0
+    for digest in live:
+        workspaces.layers.verify(digest, full=True)  # untouched
+    assert _tree(root / "live")["new.txt"] == b"written by the live sandbox\n"
+
+    workspaces.release("wf-1/run-1")  # the run cleaned up
+    assert pinned in workspaces.gc(min_age_seconds=0).removed
+    workspaces.remove("ws-live")
+    left = workspaces.gc(min_age_seconds=0)
+    assert top in left.removed and left.kept == 0
+    assert not list(workspaces.layers.root.iterdir())
+
+
+def test_layers_gc_through_the_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    backend = LocalSandboxBackend(home / "sandboxes", overlay=False)
+    orphan = backend.import_workspace(_start(tmp_path / "orphan")).digest
+    kept = backend.import_workspace(_start(tmp_path / "kept") / "pkg").digest
+    backend.pin_layer("wf/run", kept)
+    code, out, err = run_cli(capsys, "layers", "gc", "--min-age", "0", "--home", str(home))
+    assert code == 0, err
+    assert out.startswith("removed 1 layers") and "kept 1 (1 pinned" in out
+    assert not (backend.workspaces.layers.root / orphan).exists()
+    backend.workspaces.layers.verify(kept, full=True)
+    code, _, err = run_cli(capsys, "layers", "gc", "--min-age", "-1", "--home", str(home))
+    assert code == 2 and err == "forklab: error: --min-age: must be 0 or more seconds\n"

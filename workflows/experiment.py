@@ -254,7 +254,11 @@ class ExperimentWorkflow:
         self._enter(Stage.rehearsing, "rehearsing on the local twin (free)")
         rehearsal = await workflow.execute_activity_method(
             PlanningActivities.rehearse,
-            RehearseInput(spec=spec, sample_episodes=self._inp.rehearsal_episodes),
+            RehearseInput(
+                spec=spec,
+                sample_episodes=self._inp.rehearsal_episodes,
+                workload_bundle=self._inp.workload_bundle,
+            ),
             start_to_close_timeout=timeouts.REHEARSE_TIMEOUT,
             heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
@@ -263,7 +267,7 @@ class ExperimentWorkflow:
         self._enter(Stage.resolving_snapshot, "resolving the snapshot every world starts from")
         snapshot = await workflow.execute_activity_method(
             PlanningActivities.resolve_snapshot,
-            SnapshotInput(spec=spec),
+            SnapshotInput(spec=spec, workload_bundle=self._inp.workload_bundle),
             start_to_close_timeout=timeouts.SHORT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary="resolve the runner + workload snapshot",
@@ -547,6 +551,7 @@ class ExperimentWorkflow:
             AnalyseInput(
                 spec=self._spec,
                 code_digest=state.plan.snapshot.code_digest,
+                workload_bundle=self._inp.workload_bundle,
                 snapshot_id=state.plan.snapshot.snapshot_id,
                 progress_digest=digest,
                 infra=views.infra(state),
@@ -592,6 +597,7 @@ class ExperimentWorkflow:
             worlds=analysis.worlds if analysis else [],
             snapshot_id=plan.snapshot.snapshot_id if plan else "",
             code_digest=plan.snapshot.code_digest if plan else "",
+            workload_bundle=self._inp.workload_bundle,
         )
 
     async def _record(self, analysis: AnalysisResult | None) -> None:

@@ -115,6 +115,20 @@ def resolve_boundary(
     )
 
 
+def ends_its_run(resolution: Resolution, steps: list[Step], events: list[PrefixEvent]) -> bool:
+    """Whether the boundary is the last step of its run with nothing after it: then the
+    run that continued-as-new from it starts exactly at the boundary, and its recorded
+    input is a checkpoint of the parent's state after the boundary step (a fork can start
+    from it and be served nothing)."""
+    at = resolution.resolved_step
+    return (
+        bool(steps)
+        and bool(resolution.prefix)
+        and steps[-1].index == at
+        and not any(e.after_step >= at for e in events)
+    )
+
+
 class ForkReceipt(BaseModel):
     """What a fork asked for and what it inherited. Written once, never changed."""
 
@@ -131,9 +145,13 @@ class ForkReceipt(BaseModel):
     source_run_id: str
     #: step numbers before the source run (inherited through its input)
     base_step: int = 0
+    #: sha256 of the source run's recorded input: the parent's state after ``base_step``
+    source_input_sha256: str | None = None
     #: root first: every workflow id from the lineage root down to the parent
     lineage: list[str]
     boundary: BoundaryMode
+    #: sha256 over the steps the fork is served from the record (after ``base_step``, up
+    #: to ``resolved_step``): index, type, input and result digests
     prefix_sha256: str
     restorable: bool
     why: str
@@ -160,6 +178,7 @@ def make_receipt(
     parent_run_id: str,
     source_run_id: str,
     base_step: int,
+    source_input_sha256: str,
     lineage: list[str],
     boundary: BoundaryMode,
     intervention: dict[str, Any] | None,
@@ -178,6 +197,7 @@ def make_receipt(
         parent_run_id=parent_run_id,
         source_run_id=source_run_id,
         base_step=base_step,
+        source_input_sha256=source_input_sha256,
         lineage=lineage,
         boundary=boundary,
         prefix_sha256=prefix_sha256(resolution.prefix),
@@ -200,6 +220,7 @@ def receipt_markdown(r: ForkReceipt) -> str:
         ("fork of", f"`{r.parent_workflow_id}` run `{r.parent_run_id}`"),
         ("step", f"requested {r.requested_step}, resolved {r.resolved_step}"),
         ("boundary", f"{r.boundary.value} (restorable: {r.restorable}; {r.why})"),
+        ("starts from", f"run `{r.source_run_id}`'s input (state after step {r.base_step})"),
         ("prefix sha256", f"`{r.prefix_sha256}`"),
         ("lineage", " → ".join(f"`{w}`" for w in r.lineage)),
         ("model", r.model or "(unchanged)"),

@@ -79,8 +79,8 @@ def workload_class(ref: str) -> type[Workload]:
     except ImportError as exc:
         raise WorkloadError(
             "workload.name",
-            f"cannot import module {module_name!r} ({exc}); run forklab from the folder that "
-            "holds it, or add that folder to PYTHONPATH",
+            f"cannot import module {module_name!r} ({exc}); put it beside the spec file, run "
+            "forklab in the folder that holds it, or add that folder to PYTHONPATH",
         ) from exc
     except Exception as exc:  # the module's own code failed while importing
         raise WorkloadError(
