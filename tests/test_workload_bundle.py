@@ -37,6 +37,7 @@ from experiments.bundle import (
     workload_sources,
 )
 from experiments.runtime.canon import digest, sha256_hex
+from tests.helpers import run_cli
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import ExperimentInput, ExperimentResult, Stage, Status, workflow_id
 
@@ -527,3 +528,25 @@ async def test_start_refuses_a_bundle_it_cannot_ship_before_anything_starts(
     assert missing.value.status is RPCStatusCode.NOT_FOUND
     assert not (lab.settings.home / "approval-keys").exists()
     assert not lab.settings.artifacts_dir.exists() or not any(lab.settings.artifacts_dir.iterdir())
+
+
+def test_a_workload_found_nowhere_says_where_forklab_looks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = yaml.safe_load((ROOT / "examples" / "flaky-tool.yaml").read_text())
+    spec["workload"]["name"] = "nowhere_to_be_found:FlakyTool"
+    path = tmp_path / "lost.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code, out, err = run_cli(capsys, "plan", str(path))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"forklab: error: {path}: field workload.name: cannot import module "
+        "'nowhere_to_be_found' (No module named 'nowhere_to_be_found'); put it beside the spec "
+        "file, run forklab in the folder that holds it, or add that folder to PYTHONPATH\n"
+    )
+    (tmp_path / "nowhere_to_be_found.py").write_text(
+        (ROOT / "examples" / "flaky_tool.py").read_text()
+    )
+    code, out, err = run_cli(capsys, "plan", str(path), "--json")  # beside the spec: found
+    assert code == 0, err
+    assert json.loads(out)["experiment"]["workload_bundle"] is not None
