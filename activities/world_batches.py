@@ -40,6 +40,7 @@ from activities.sandbox.base import (
     SnapshotCorruptedError,
     WorkspaceBackend,
 )
+from activities.sandbox.workspace import WorkspaceError
 from activities.shared_snapshots import SharedSnapshots
 from experiments.outcomes import StoredColumns
 from experiments.runtime.contract import CONTRACT_EXIT
@@ -355,7 +356,12 @@ class SandboxActivities:
             # The run's workspace layers are needed no longer: unpin them and collect
             # what nothing else holds (a run still going keeps its own pins).
             await self._blocking(self._backend.release_layers, inp.run_key)
-            layers = len((await self._blocking(self._backend.collect_layers)).removed)
+            try:
+                layers = len((await self._blocking(self._backend.collect_layers)).removed)
+            except (OSError, SandboxError, WorkspaceError) as exc:
+                # Collecting is housekeeping: it must not hold up the run's end (the next
+                # cleanup, or `forklab layers gc`, collects what is left).
+                activity.logger.warning("layer collection failed: %s", exc)
         return CleanupResult(
             found=len(found), removed=removed, rounds=rounds, left=len(left), layers_removed=layers
         )

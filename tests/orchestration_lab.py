@@ -30,6 +30,7 @@ from activities.workload_bundles import ship_workload
 from experiments.bundle import collect_workload
 from experiments.spec import ExperimentSpec, resolve_workload
 from workers.config import ENV, Settings
+from workers.stores import artifact_store
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
     ApprovalAttempt,
@@ -174,7 +175,8 @@ class Lab:
     def ship(self, spec: ExperimentSpec) -> str | None:
         """Ship ``spec``'s workload bundle as ``forklab start`` does; returns its digest."""
         files = collect_workload(spec.workload.name)
-        return None if files is None else ship_workload(self.store, files).digest
+        # the store the workers use: the local folder, or the shared (S3) store if set
+        return None if files is None else ship_workload(artifact_store(self.settings), files).digest
 
     async def start(
         self, spec: ExperimentSpec, batch_episodes: int = 12, rehearsal_episodes: int = 0

@@ -37,6 +37,7 @@ from experiments.bundle import (
     workload_sources,
 )
 from experiments.runtime.canon import digest, sha256_hex
+from tests.helpers import run_cli
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import ExperimentInput, ExperimentResult, Stage, Status, workflow_id
 
@@ -388,22 +389,39 @@ NEWCOMER = {
 }
 
 
-async def test_a_newcomer_package_with_a_sibling_import_runs_durably_without_pythonpath(
-    lab: Lab, tmp_path: Path
+#: The same workload as a top-level module that imports a sibling module.
+NEWCOMER_MODULE = {
+    "desk.py": NEWCOMER["ticketlab/workload.py"].replace(
+        "from ticketlab import odds", "import desk_odds as odds"
+    ),
+    "desk_odds.py": NEWCOMER["ticketlab/odds.py"],
+}
+LAYOUTS = {
+    "package": (NEWCOMER, "ticketlab.workload:Desk", 3),
+    "module with a sibling": (NEWCOMER_MODULE, "desk:Desk", 2),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+async def test_a_newcomer_workload_with_a_sibling_import_runs_durably_without_pythonpath(
+    lab: Lab, tmp_path: Path, layout: str
 ) -> None:
     """Started from a folder the worker does not have on its path, with no PYTHONPATH: the
-    bundle carries the package, and the durable run gives ``forklab plan``'s outcomes."""
+    bundle carries the package (or the module and its sibling), and the durable run gives
+    ``forklab plan``'s outcomes and code digest."""
+    files, name, count = LAYOUTS[layout]
     project = tmp_path / "project"
-    _write(project, NEWCOMER)
+    _write(project, files)
+    experiment = f"desk-{count}"
     spec = {
-        "id": "desk-bundled",
+        "id": experiment,
         "hypothesis": {
             "text": "escalating solves more tickets",
             "expected": {"escalate": "decrease"},
         },
         "seed": 5,
         "episodes": 24,
-        "workload": {"name": "ticketlab.workload:Desk", "params": {}},
+        "workload": {"name": name, "params": {}},
         "worlds": [
             {"name": "baseline", "role": "baseline"},
             {"name": "escalate", "role": "treatment", "intervention": {"name": "escalate"}},
@@ -411,7 +429,7 @@ async def test_a_newcomer_package_with_a_sibling_import_runs_durably_without_pyt
         "budget": {"max_world_seconds": 300, "max_concurrent_sandboxes": 2},
     }
     (project / "desk.yaml").write_text(yaml.safe_dump(spec))
-    assert importlib.util.find_spec("ticketlab") is None  # not on the worker's path
+    assert importlib.util.find_spec(name.split(".")[0].split(":")[0]) is None  # not on our path
     assert not any(str(project) in p for p in sys.path)
     env = {k: v for k, v in cli_env(lab.settings).items() if k != "PYTHONPATH"}
 
@@ -435,16 +453,14 @@ async def test_a_newcomer_package_with_a_sibling_import_runs_durably_without_pyt
     )
     assert started.returncode == 0, started.stderr
     bundle = twin["experiment"]["workload_bundle"]
-    assert f"workload bundle {bundle} (3 files, " in started.stdout
-    handle = lab.client.get_workflow_handle(
-        workflow_id("desk-bundled"), result_type=ExperimentResult
-    )
+    assert f"workload bundle {bundle} ({count} files, " in started.stdout
+    handle = lab.client.get_workflow_handle(workflow_id(experiment), result_type=ExperimentResult)
     view = await lab.wait_for(handle, Stage.awaiting_approval, timeout=120)
     assert view.error is None and view.plan is not None
     assert view.plan.snapshot.workload_bundle == bundle
     assert view.plan.snapshot.code_digest == twin["experiment"]["code_digest"]
     assert key_path(lab.settings.home, handle.id, view.approval.run_id).is_file()
-    approved = await forklab("approve", "desk-bundled", "--approver", "kim")
+    approved = await forklab("approve", experiment, "--approver", "kim")
     assert approved.returncode == 0, approved.stderr
     result = await handle.result()
     assert result.status is Status.completed, result.error
@@ -453,8 +469,11 @@ async def test_a_newcomer_package_with_a_sibling_import_runs_durably_without_pyt
     report = lab.store.get_json(result.analysis.report_digest)
     assert report["experiment"]["workload_bundle"] == bundle
     assert report["experiment"]["code_digest"] == twin["experiment"]["code_digest"]
-    row = lab.ledger.experiment("desk-bundled")
+    row = lab.ledger.experiment(experiment)
     assert row is not None and row.workload_bundle == bundle
+    markdown = lab.store.get_bytes(result.analysis.markdown_digest).decode()
+    assert f"Workload bundle `{bundle}`" in markdown
+    assert f"| workload bundle | `{bundle}` (shipped by forklab start) |" in markdown
 
 
 def test_the_flaky_tool_example_plans_without_pythonpath(tmp_path: Path) -> None:
@@ -509,3 +528,25 @@ async def test_start_refuses_a_bundle_it_cannot_ship_before_anything_starts(
     assert missing.value.status is RPCStatusCode.NOT_FOUND
     assert not (lab.settings.home / "approval-keys").exists()
     assert not lab.settings.artifacts_dir.exists() or not any(lab.settings.artifacts_dir.iterdir())
+
+
+def test_a_workload_found_nowhere_says_where_forklab_looks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = yaml.safe_load((ROOT / "examples" / "flaky-tool.yaml").read_text())
+    spec["workload"]["name"] = "nowhere_to_be_found:FlakyTool"
+    path = tmp_path / "lost.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code, out, err = run_cli(capsys, "plan", str(path))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"forklab: error: {path}: field workload.name: cannot import module "
+        "'nowhere_to_be_found' (No module named 'nowhere_to_be_found'); put it beside the spec "
+        "file, run forklab in the folder that holds it, or add that folder to PYTHONPATH\n"
+    )
+    (tmp_path / "nowhere_to_be_found.py").write_text(
+        (ROOT / "examples" / "flaky_tool.py").read_text()
+    )
+    code, out, err = run_cli(capsys, "plan", str(path), "--json")  # beside the spec: found
+    assert code == 0, err
+    assert json.loads(out)["experiment"]["workload_bundle"] is not None

@@ -1,4 +1,4 @@
-"""The sandbox interface every backend implements (local processes now, Daytona later).
+"""The sandbox interface every backend implements (local processes, Daytona).
 
 The orchestrator codes against :class:`SandboxBackend` only: it prepares one snapshot per
 experiment, creates a labelled sandbox per world batch, uploads the inputs, runs the
@@ -7,6 +7,7 @@ runner, downloads the result, and deletes — then lists by label until nothing 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -42,6 +43,21 @@ class Limits(BaseModel):
     file_mb: int = Field(256, ge=1)  # the largest file a command may write
 
 
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def snapshot_code_digest(snapshot_id: str) -> str:
+    """The code digest every backend's snapshot id ends with (``local:<digest>``,
+    ``daytona:<Daytona snapshot id>:<digest>``): the name under which the snapshot's
+    bundle manifest travels through the artifact store."""
+    digest = snapshot_id.rpartition(":")[2]
+    if ":" not in snapshot_id or not _DIGEST.fullmatch(digest):
+        raise SandboxError(
+            f"snapshot id {snapshot_id!r} does not end with ':' and a sha256 code digest"
+        )
+    return digest
+
+
 class SnapshotInfo(BaseModel):
     """The image worlds start from; for local sandboxes ``id`` is ``"local:" + code_digest``."""
 
@@ -74,6 +90,12 @@ class SandboxBackend(Protocol):
 
     def prepare_snapshot(self, files: list[BundleFile]) -> SnapshotInfo:
         """Make ``files`` available as a snapshot; idempotent (same files → same id)."""
+        ...
+
+    def restore_snapshot(self, snapshot_id: str, files: list[BundleFile]) -> None:
+        """Make ``snapshot_id``, prepared by another worker, usable here from its bundle
+        ``files`` (fetched from the artifact store). Raises ``SandboxError`` unless the
+        files make exactly that snapshot; never re-resolves anything by name."""
         ...
 
     def create(self, snapshot_id: str, labels: dict[str, str], limits: Limits) -> str:
