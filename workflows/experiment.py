@@ -467,6 +467,7 @@ class ExperimentWorkflow:
                 snapshot_id=snapshot,
                 chunk=unit.chunk,
                 checkpoints_digest=state.prefixes[unit.chunk.index].checkpoints_digest,
+                workspace_digest=state.prefixes[unit.chunk.index].workspace_digest,
                 reservation_seconds=need,
                 attempt=attempt,
             ),
