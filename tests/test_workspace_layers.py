@@ -7,7 +7,6 @@ import dataclasses
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +42,7 @@ from experiments.workspace import (
 )
 from forklab.specfile import load_spec
 from tests.helpers import ROOT, run_cli
+from tests.sandbox_lab import without_sys_admin
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="overlayfs mounts need root")
 
@@ -166,21 +166,9 @@ ws.remove("child")
 
 @needs_root
 def test_without_permission_to_mount_it_falls_back_and_says_so(root: Path) -> None:
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("setpriv (util-linux) is needed to take CAP_SYS_ADMIN away")
     store = Workspaces(root / "store")
     base = store.layers.import_tree(_start(root / "start"))
-    ran = subprocess.run(
-        [
-            *(setpriv, "--bounding-set=-sys_admin", "--", sys.executable, "-c", FALLBACK),
-            *(str(root / "store"), base.digest),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    ran = without_sys_admin(FALLBACK, str(root / "store"), base.digest)
     assert ran.returncode == 0, ran.stderr
     assert '"mode":"copy"' in ran.stdout or '"mode":"reflink"' in ran.stdout
     assert "overlay mount not permitted (Operation not permitted)" in ran.stdout
