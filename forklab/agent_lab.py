@@ -19,6 +19,7 @@ from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttribut
 from activities.fork_models import MARKER_MEMO_KEY, RECEIPT_MEMO_KEY, ForkMarker, ModelSwap
 from activities.fork_registry import ForkRegistry
 from activities.run_history import (
+    ClosedRuns,
     RunRecord,
     chain_steps,
     digest_payloads,
@@ -82,6 +83,7 @@ class AgentLab:
         self.registry = ForkRegistry(agent.forks_path)
         self.run_log = RunLog(agent.run_log_path)
         self.ledger = effect_ledger(agent)
+        self.runs = ClosedRuns()
 
     async def chain(self, run: str) -> list[RunRecord]:
         return await read_chain(self.client, run)
@@ -111,7 +113,7 @@ class AgentLab:
             )
         policies = dict(tool_policies or {})
         policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
-        located = await locate_step(self.client, run, at_step, self.registry)
+        located = await locate_step(self.client, run, at_step, self.registry, self.runs)
         source = located.source
         try:
             resolution = resolve_boundary(
