@@ -615,14 +615,14 @@ async def _locate_by_counting(
     of every earlier run (from ``cache`` when it knows the run)."""
     latest_run_id = desc.run_id
     summaries: list[RunSummary] = []
-    parsed: dict[str, RunRecord] = {}
+    fetched: dict[str, WorkflowHistory] = {}
     run_id: str | None = latest_run_id
     while run_id:
         known = cache.get(run_id) if cache is not None and run_id != latest_run_id else None
         if known is None:
             history = await _history(client, workflow_id, run_id)
             rec = parse_run(workflow_id, history, 0, run_id)
-            parsed[run_id] = rec
+            fetched[run_id] = history
             known = summarize(rec, run_start(history.events[0], run_id))
             if cache is not None and run_id != latest_run_id:
                 cache.put(known)
@@ -641,12 +641,8 @@ async def _locate_by_counting(
             pick = i
             break
     chosen, chosen_base = summaries[pick], bases[pick]
-    earlier = parsed.get(chosen.run_id)
-    if earlier is not None and earlier.base_step == chosen_base:
-        source = earlier
-    else:
-        history = await _history(client, workflow_id, chosen.run_id)
-        source = parse_run(workflow_id, history, chosen_base, chosen.run_id)
+    history = fetched.get(chosen.run_id) or await _history(client, workflow_id, chosen.run_id)
+    source = parse_run(workflow_id, history, chosen_base, chosen.run_id)
     _set_status(source, desc)
     next_run = None
     if pick + 1 < len(summaries):
@@ -661,7 +657,7 @@ async def _locate_by_counting(
         ),
         latest_run_id=latest_run_id,
         next_run=next_run,
-        histories_read=len(parsed) + (source is not earlier),
+        histories_read=len(fetched) + (chosen.run_id not in fetched),
         starts_read=int(next_run is not None),
     )
 

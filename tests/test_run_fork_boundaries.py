@@ -291,3 +291,34 @@ async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
     assert inside.receipt.base_step == 0 and inside.receipt.source_run_id == (
         (await steps_lab.lab.chain(timed))[0].run_id
     )
+
+
+async def test_a_chain_without_step_counts_in_its_memo_is_located_by_counting(
+    steps_lab: StepsLab,
+) -> None:
+    """A parent whose worker had no fork interceptor continued-as-new without recording
+    its step counts: the run holding N is found by reading and counting the runs."""
+    queue = f"plain-{uuid.uuid4().hex[:8]}"
+    wid = f"plain-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        steps_lab.client, task_queue=queue, workflows=[StepsWorkflow], activities=[echo]
+    ):
+        expected = await steps_lab.client.execute_workflow(
+            StepsWorkflow.run, StepsInput(steps=9, can_every=3), id=wid, task_queue=queue
+        )
+    forks = ForkActivities(steps_lab.client)
+    async with Worker(
+        steps_lab.client,
+        task_queue=queue,
+        workflows=[StepsWorkflow],
+        activities=[echo, forks.fetch_prefix, forks.step_decision],
+        interceptors=[ForkInterceptor()],
+    ):
+        located = await locate_step(steps_lab.client, wid, 5)
+        assert located.histories_read == 3 and not located.tail_only
+        inside = await steps_lab.lab.fork(wid, 5)
+        assert inside.receipt.base_step == 3 and await inside.handle.result() == expected
+        at_end = await steps_lab.lab.fork(wid, 6, tool_policies={"*": ToolPolicy.live})
+        chain = await steps_lab.lab.chain(wid)
+        assert at_end.receipt.base_step == 6 and at_end.receipt.source_run_id == chain[2].run_id
+        assert await at_end.handle.result() == expected
