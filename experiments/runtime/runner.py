@@ -310,14 +310,15 @@ def _finish(
     episode: int,
     world: WorldPlan,
     params: dict[str, Any],
-    draws: EpisodeDraws,
+    prefix: Shocks,
     folders: FolderFork | None = None,
 ) -> tuple[bool, bool, str, bool]:
     """Fork into ``world`` and finish it: (success, intervened, fingerprint, drew).
 
     With ``forks`` > 1 the world runs that many replicates from the same checkpoint
     (distinct agent streams) and the outcome is their majority vote. ``folders`` hands
-    each replicate its folder (workloads with a workspace).
+    each replicate its folder (workloads with a workspace). Every replicate shares the
+    table of random words of ``prefix`` (the episode's prefix run, or a stand-in).
     """
     votes = 0
     intervened = drawn = False
@@ -330,7 +331,7 @@ def _finish(
         state = fork.take()
         if folders is not None:
             workload.workspace = folders.take()
-        shocks = Shocks(seed, episode, replicate, draws)
+        shocks = Shocks(seed, episode, replicate, source=prefix)
         steps = 0
         try:
             workload.schedule_shocks(state, shocks)
@@ -378,15 +379,15 @@ def continue_world(
     """
     fork = _Fork(parse_canonical(checkpoint), world.forks, False, _is_flat(checkpoint))
     params = _intervention_params(workload, world)
-    draws = EpisodeDraws(seed, episode)
+    prefix = Shocks(seed, episode)  # holds the table the replicates share
     if not workload.has_workspace:
-        return _finish(workload, fork, seed, episode, world, params, draws)
+        return _finish(workload, fork, seed, episode, world, params, prefix)
     if folder is None:
         name = type(workload).__name__
         raise ValueError(f"{name} has a workspace: continue_world needs a folder")
     folders = FolderFork(folder, world.forks, Path(tempfile.gettempdir()), own)
     try:
-        return _finish(workload, fork, seed, episode, world, params, draws, folders)
+        return _finish(workload, fork, seed, episode, world, params, prefix, folders)
     finally:
         folders.close()
 
@@ -494,9 +495,7 @@ def run_batch(
             if result is None:
                 if fork is None:
                     fork = _Fork(parsed, copies[index], shared, flat)
-                ok, did, fp, drawn = _finish(
-                    workload, fork, seed, episode, world, params, shocks.draws
-                )
+                ok, did, fp, drawn = _finish(workload, fork, seed, episode, world, params, shocks)
                 result = (ok, did, fp)
                 if memo and not drawn:
                     continuations[(sha, index)] = result
@@ -545,11 +544,11 @@ def _run_batch_files(
             batch["features"].append(cp["features"])
             fork = _Fork(parse_canonical(cp["state"]), total, False, _is_flat(cp["state"]))
             folders = FolderFork(folder, total, scratch, own=True)
-            draws = EpisodeDraws(seed, episode)
+            prefix = Shocks(seed, episode)  # holds the table the replicates share
             try:
                 for world, world_params in zip(worlds, params, strict=True):
                     ok, did, fp, _ = _finish(
-                        workload, fork, seed, episode, world, world_params, draws, folders
+                        workload, fork, seed, episode, world, world_params, prefix, folders
                     )
                     cols = batch["worlds"][world.name]
                     cols["outcomes"].append(ok)
