@@ -11,8 +11,14 @@ from experiments.runfork.policy import ToolPolicy
 from experiments.runfork.receipt import BoundaryMode
 from experiments.runfork.steps import Step
 
-#: Memo key of the fork marker (cleared on continue-as-new: only the first run is a fork).
+#: Memo key of the fork marker (kept on continue-as-new with ``continued`` set: the later
+#: runs of a fork inherit nothing more, but keep its lineage, policies, model and
+#: intervention).
 MARKER_MEMO_KEY = "forklab_fork"
+#: Memo key the interceptor writes on every continue-as-new: the number of steps the
+#: chain made before the new run. It indexes the chain: the run holding step N is found
+#: from the runs' first events alone, without reading (or counting) earlier histories.
+BASE_STEP_MEMO_KEY = "forklab_base_step"
 #: Memo key of the receipt (a copy of what the fork receipt file says).
 RECEIPT_MEMO_KEY = "forklab_receipt"
 #: Activity header naming the lineage root, read by the effect ledger.
@@ -26,6 +32,9 @@ STEP_DECISION = "forklab.step_decision"
 #: Activity types whose input names a model, and the field: ``--model`` rewrites it on
 #: every live call (the OpenAI Agents SDK's model activity and ForkLab's chat call).
 MODEL_FIELDS = {"invoke_model_activity": "model_name", "chat_model": "model"}
+#: A step whose (JSON) result has this key says which sealed layer holds the run's
+#: workspace after it; a fork at step N starts from the last such layer at or before N.
+WORKSPACE_LAYER_FIELD = "workspace_layer"
 #: The error type of a call a fork refuses (block policy, replay miss).
 BLOCKED_ERROR = "fork_tool_blocked"
 DIVERGED_ERROR = "fork_prefix_diverged"
@@ -57,6 +66,8 @@ class ForkMarker(BaseModel):
     model_swaps: list[ModelSwap] = Field(default_factory=list)
     tool_policies: dict[str, ToolPolicy] = Field(default_factory=dict)
     intervention: dict[str, Any] | None = None
+    #: a later run of the fork (it continued-as-new): nothing to inherit any more
+    continued: bool = False
 
     def model_at(self, index: int) -> str | None:
         """The model a call at step ``index`` uses (None: the workflow's own choice)."""

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
@@ -43,6 +43,7 @@ CREATE TABLE experiments (
     error            TEXT,
     created_at       TEXT NOT NULL,
     updated_at       TEXT NOT NULL,
+    workload_bundle  TEXT,
     PRIMARY KEY (experiment_id, run_id)
 );
 CREATE TABLE worlds (
@@ -63,6 +64,9 @@ CREATE TABLE worlds (
     PRIMARY KEY (experiment_id, run_id, world)
 );
 """
+
+#: Upgrades of a ledger file from the version before each key (1 is ``_SCHEMA`` as it was).
+_UPGRADES = {2: "ALTER TABLE experiments ADD COLUMN workload_bundle TEXT"}
 
 
 class LedgerError(RuntimeError):
@@ -92,6 +96,9 @@ class ExperimentRecord(BaseModel):
     error: str | None = None
     created_at: AwareDatetime
     updated_at: AwareDatetime
+    workload_bundle: str | None = Field(
+        default=None, description="Digest of the workload bundle the run was started with."
+    )
 
     @field_validator("spec_json", "budget_json", "approval_json")
     @classmethod
@@ -259,6 +266,10 @@ class SqliteLedger:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif 0 < version < SCHEMA_VERSION:  # an older ledger: upgrade it in place
+                for step in range(version + 1, SCHEMA_VERSION + 1):
+                    conn.execute(_UPGRADES[step])
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             elif version != SCHEMA_VERSION:
                 raise LedgerError(

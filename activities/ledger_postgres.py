@@ -65,6 +65,11 @@ CREATE TABLE {WORLDS} (
 );
 """,
     ),
+    Migration(
+        version=2,
+        name="workload bundle digest",
+        sql=f"ALTER TABLE {EXPERIMENTS} ADD COLUMN workload_bundle TEXT",
+    ),
 )
 
 

@@ -25,6 +25,11 @@ class Model(BaseModel):
 class RehearseInput(Model):
     spec: ExperimentSpec
     sample_episodes: int = Field(ge=0, description="Episodes rehearsed; 0 means all of them.")
+    workload_bundle: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Digest of the workload bundle; None for a workload built into ForkLab.",
+    )
 
 
 class SampleWorld(Model):
@@ -48,6 +53,11 @@ class Rehearsal(Model):
 
 class SnapshotInput(Model):
     spec: ExperimentSpec
+    workload_bundle: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Digest of the workload bundle; None for a workload built into ForkLab.",
+    )
 
 
 class PlanSnapshot(Model):
@@ -58,6 +68,11 @@ class PlanSnapshot(Model):
     code_digest: str
     files: int
     fingerprint: str
+    workload_bundle: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Digest of the workload bundle; None for a workload built into ForkLab.",
+    )
     provenance: str = Field(
         default="", description="What every world starts from, as the report states it."
     )
@@ -152,6 +167,9 @@ class BatchInput(Model):
     snapshot_id: str
     chunk: EpisodeChunk
     checkpoints_digest: str
+    #: A workload with files: the prefix's ``WorkspaceEvidence`` (to rebuild the chunk's
+    #: layer on a host that does not have it).
+    workspace_digest: str | None = None
     reservation_seconds: float = Field(gt=0)
     attempt: int = Field(default=1, ge=1)  # which attempt of this unit (the workflow counts)
 
@@ -209,6 +227,11 @@ class Progress(Model):
 class AnalyseInput(Model):
     spec: ExperimentSpec
     code_digest: str
+    workload_bundle: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Digest of the workload bundle; None for a workload built into ForkLab.",
+    )
     snapshot_id: str
     progress_digest: str
     infra: InfraUsage
@@ -239,6 +262,9 @@ class AnalysisResult(Model):
     report_digest: str
     markdown_digest: str
     html_digest: str
+    #: A workload with files: the manifest and diff files that go next to the report
+    #: (a JSON object, file name → text).
+    workspace_files_digest: str | None = None
     outcomes_digest: str
     valid: bool
     worlds: list[WorldSummary]
@@ -261,3 +287,8 @@ class LedgerInput(Model):
     worlds: list[WorldSummary]
     snapshot_id: str
     code_digest: str
+    workload_bundle: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Digest of the workload bundle; None for a workload built into ForkLab.",
+    )

@@ -29,7 +29,8 @@ from activities.sandbox.workload_calls import (
     WorkloadSpecError,
 )
 from activities.shared_snapshots import SharedSnapshots
-from experiments.bundle import bundle_files, code_digest
+from activities.workload_bundles import WorkloadBundleError, WorkloadBundles
+from experiments.bundle import BundleFile, code_digest
 from experiments.engine import spec_world_plans
 from experiments.runtime.canon import digest
 from experiments.runtime.workload import WorkloadError
@@ -97,13 +98,27 @@ class PlanningActivities:
     """Rehearsal, snapshot and capacity: free, and safe to retry."""
 
     def __init__(
-        self, snapshots: SharedSnapshots, max_sandboxes: int, calls: WorkloadCalls
+        self,
+        snapshots: SharedSnapshots,
+        max_sandboxes: int,
+        calls: WorkloadCalls,
+        bundles: WorkloadBundles,
     ) -> None:
         """``calls`` runs the rehearsal's workload code in a box, never in the worker;
-        ``snapshots`` prepares the snapshot and publishes it for workers on other hosts."""
+        ``snapshots`` prepares the snapshot and publishes it for workers on other hosts;
+        ``bundles`` unpacks the workload bundle the experiment was started with."""
         self._snapshots = snapshots
         self._max_sandboxes = max_sandboxes
         self._calls = calls
+        self._bundles = bundles
+
+    async def _runner_files(self, spec: ExperimentSpec, bundle: str | None) -> list[BundleFile]:
+        """The runtime and the workload's files, the bundle verified just now; a bundle
+        that cannot be used fails the run before approval, never retried."""
+        try:
+            return await asyncio.to_thread(self._bundles.runner_files, spec.workload.name, bundle)
+        except WorkloadBundleError as exc:
+            raise ApplicationError(str(exc), type="WorkloadBundle", non_retryable=True) from None
 
     @activity.defn(name="rehearse")
     async def rehearse(self, inp: RehearseInput) -> Rehearsal:
@@ -111,8 +126,11 @@ class PlanningActivities:
         first ``sample_episodes`` episodes, in a box; a cancellation kills the box."""
         spec = inp.spec
         n = spec.episodes if inp.sample_episodes == 0 else min(inp.sample_episodes, spec.episodes)
+        files = await self._runner_files(spec, inp.workload_bundle)
         boxes: list[int] = []
-        job = asyncio.to_thread(self._calls.rehearse, spec, spec_world_plans(spec), n, boxes.append)
+        job = asyncio.to_thread(
+            self._calls.rehearse, spec, spec_world_plans(spec), n, files, boxes.append
+        )
         try:
             answer, code, ran = await heartbeat_until(job)
         except asyncio.CancelledError:
@@ -152,7 +170,7 @@ class PlanningActivities:
 
     @activity.defn(name="resolve_snapshot")
     async def resolve_snapshot(self, inp: SnapshotInput) -> PlanSnapshot:
-        files = bundle_files(inp.spec.workload.name)
+        files = await self._runner_files(inp.spec, inp.workload_bundle)
         try:
             info = await asyncio.to_thread(self._snapshots.prepare, files)
         except SandboxUnavailableError:
@@ -177,6 +195,7 @@ class PlanningActivities:
             code_digest=info.code_digest,
             files=info.files,
             fingerprint=plan_fingerprint(inp.spec, info.code_digest, info.id),
+            workload_bundle=inp.workload_bundle,
             provenance=(
                 self._snapshots.backend.provenance(info.id)
                 if isinstance(self._snapshots.backend, Preflight)

@@ -23,19 +23,25 @@ from activities.models import (
     WorldSummary,
 )
 from activities.sandbox.workload_calls import WorkloadCallError, WorkloadCalls, WorkloadSpecError
+from activities.workload_bundles import WorkloadBundleError, WorkloadBundles
 from experiments.analysis.build import build_report
 from experiments.analysis.checks import Check
+from experiments.bundle import BundleFile
 from experiments.outcomes import (
     ExperimentOutcomes,
+    StoredColumns,
     WorldOutcomes,
     WorldStatus,
+    concat_stored,
     outcomes_digest,
 )
 from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
 from experiments.runtime.canon import canonical_json
-from experiments.runtime.file_format import empty_columns, extend_columns, parse_checkpoints
+from experiments.runtime.file_format import checkpoint_id, parse_checkpoints
 from experiments.spec import ExperimentSpec, Role
+from experiments.workspace import WorkspaceEvidence, WorkspaceManifest
+from experiments.workspace_report import WorkspaceSection, workspace_section
 
 
 def _world_outcomes(
@@ -56,10 +62,11 @@ def _world_outcomes(
         why = skipped[0].error if skipped else "not run"
         error = f"{chunks - len(done)} of {chunks} batches skipped ({why})"
         return WorldOutcomes(**base, status=WorldStatus.skipped, error=error, world_seconds=seconds)
-    columns = empty_columns()
-    for batch in sorted(done, key=lambda b: b.chunk.index):
-        extend_columns(columns, store.get_json(batch.columns_digest or ""))
-    return WorldOutcomes(**base, **columns, world_seconds=seconds)
+    parts = [
+        StoredColumns.model_validate(store.get_json(batch.columns_digest or ""))
+        for batch in sorted(done, key=lambda b: b.chunk.index)
+    ]
+    return WorldOutcomes(**base, **concat_stored(parts), world_seconds=seconds)
 
 
 def assemble_outcomes(inp: AnalyseInput, store: ArtifactStore) -> ExperimentOutcomes:
@@ -75,7 +82,7 @@ def assemble_outcomes(inp: AnalyseInput, store: ArtifactStore) -> ExperimentOutc
             columns["episodes"].append(cp["episode"])
             columns["requested"].append(cp["requested"])
             columns["resolved"].append(cp["resolved"])
-            columns["checkpoints"].append(cp["sha256"])
+            columns["checkpoints"].append(checkpoint_id(cp))  # with its files, if any
             columns["features"].append(cp["features"])
     worlds = [
         _world_outcomes(
@@ -112,12 +119,28 @@ def _world_checks(world: WorldOutcomes, inp: AnalyseInput, episodes: int) -> lis
     ]
 
 
-def analyse_run(inp: AnalyseInput, store: ArtifactStore, calls: WorkloadCalls) -> AnalysisResult:
+def analyse_run(
+    inp: AnalyseInput, store: ArtifactStore, calls: WorkloadCalls, files: list[BundleFile]
+) -> AnalysisResult:
     """The analysis, in the worker's process pool; the guard's held-out episodes (the one
-    part that runs workload code) run in a box, from the code the plan named."""
+    part that runs workload code) run in a box, from ``files``, which must be the code
+    the plan named."""
     outcomes = assemble_outcomes(inp, store)
-    held_out = calls.held_out_runner(inp.code_digest)
-    report = build_report(inp.spec, outcomes, inp.code_digest, inp.infra, held_out)
+    held_out = calls.held_out_runner(files, inp.code_digest)
+    report = build_report(
+        inp.spec,
+        outcomes,
+        inp.code_digest,
+        inp.infra,
+        held_out,
+        workload_bundle=inp.workload_bundle,
+    )
+    workspace_files = None
+    evidence = workspace_evidence(inp, store)
+    if evidence is not None:
+        section, manifests = evidence
+        report = report.model_copy(update={"workspaces": section})
+        workspace_files = store.put_json(manifests)
     report_digest = store.put_json(report.model_dump(mode="json"))
     markdown_digest = store.put_bytes(render_markdown(report, inp.provenance).encode())
     html_digest = store.put_bytes(render_html(report, inp.provenance).encode())
@@ -143,7 +166,36 @@ def analyse_run(inp: AnalyseInput, store: ArtifactStore, calls: WorkloadCalls) -
         outcomes_digest=report.outcomes_digest,
         valid=report.valid,
         worlds=worlds,
+        workspace_files_digest=workspace_files,
     )
+
+
+def workspace_evidence(
+    inp: AnalyseInput, store: ArtifactStore
+) -> tuple[WorkspaceSection, dict[str, str]] | None:
+    """The workspace section and files of a run whose workload keeps files (None for
+    others): each chunk's manifest at the branch, and each world's at the end of every
+    chunk; a world that did not complete every chunk is left out (its row says why)."""
+    progress = Progress.model_validate(store.get_json(inp.progress_digest))
+    if not any(p.workspace_digest for p in progress.prefixes):
+        return None
+
+    def load(digest: str) -> WorkspaceEvidence:
+        return WorkspaceEvidence.model_validate_json(store.get_bytes(digest))
+
+    branch = [load(p.workspace_digest) for p in progress.prefixes if p.workspace_digest]
+    worlds: dict[str, tuple[list[str], list[WorkspaceManifest]]] = {}
+    for world in inp.spec.worlds:
+        done = {
+            b.chunk.index: b.workspace_digest
+            for b in progress.batches
+            if b.world == world.name and b.status is BatchStatus.completed and b.workspace_digest
+        }
+        if len(done) != progress.chunks:
+            continue
+        ends = [load(digest) for _, digest in sorted(done.items())]
+        worlds[world.name] = ([e.layer for e in ends], [e.manifest for e in ends])
+    return workspace_section([b.manifest for b in branch], worlds)
 
 
 def ledger_rows(inp: LedgerInput, now: datetime) -> tuple[ExperimentRecord, list[WorldRecord]]:
@@ -159,6 +211,7 @@ def ledger_rows(inp: LedgerInput, now: datetime) -> tuple[ExperimentRecord, list
         approval_json=canonical_json(inp.approval),
         report_digest=inp.report_digest,
         error=inp.error,
+        workload_bundle=inp.workload_bundle,
         created_at=now,
         updated_at=now,
     )
@@ -188,14 +241,21 @@ class RecordActivities:
     """Writes to the artifact store and the ledger; every write is idempotent."""
 
     def __init__(
-        self, store: ArtifactStore, ledger: Ledger, cpu: Executor, calls: WorkloadCalls
+        self,
+        store: ArtifactStore,
+        ledger: Ledger,
+        cpu: Executor,
+        calls: WorkloadCalls,
+        bundles: WorkloadBundles,
     ) -> None:
         """``cpu`` runs the analysis in another process, away from the workflow tasks;
-        ``calls`` runs the guard validation's workload code in a box."""
+        ``calls`` runs the guard validation's workload code in a box, from the files
+        ``bundles`` unpacks."""
         self._store = store
         self._ledger = ledger
         self._cpu = cpu
         self._calls = calls
+        self._bundles = bundles
 
     @activity.defn(name="save_progress")
     async def save_progress(self, progress: Progress) -> str:
@@ -208,8 +268,14 @@ class RecordActivities:
     @activity.defn(name="analyse")
     async def analyse(self, inp: AnalyseInput) -> AnalysisResult:
         """Heartbeats while the pool works, so a dead worker is noticed in seconds."""
+        try:
+            files = await asyncio.to_thread(
+                self._bundles.runner_files, inp.spec.workload.name, inp.workload_bundle
+            )
+        except WorkloadBundleError as exc:
+            raise ApplicationError(str(exc), type="WorkloadBundle", non_retryable=True) from None
         loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(self._cpu, analyse_run, inp, self._store, self._calls)
+        job = loop.run_in_executor(self._cpu, analyse_run, inp, self._store, self._calls, files)
         try:
             return await heartbeat_until(job)
         except (WorkloadCallError, WorkloadSpecError) as exc:

@@ -10,19 +10,28 @@ numbering. Everything read here comes from history and is treated as untrusted d
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
-from temporalio.api.common.v1 import Payload
+from temporalio.api.common.v1 import Payload, WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
+from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowHistory,
+)
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.fork_models import (
+    BASE_STEP_MEMO_KEY,
     FETCH_PREFIX,
     INTERNAL_PREFIX,
     MARKER_MEMO_KEY,
@@ -44,6 +53,16 @@ _OTHER_INPUTS = {
     "workflow_execution_signaled_event_attributes": "signal",
     "workflow_execution_update_accepted_event_attributes": "update",
     "nexus_operation_scheduled_event_attributes": "nexus operation",
+}
+
+
+_CLOSE_EVENTS = {
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
 }
 
 
@@ -89,6 +108,8 @@ class RunRecord:
     status: str = ""
     close: dict[str, Any] = field(default_factory=dict)
     event_count: int = 0
+    #: the run has closed (completed, failed, continued-as-new, …): its history is final
+    closed: bool = False
 
 
 @dataclass
@@ -110,21 +131,62 @@ def _seconds(event: HistoryEvent) -> float:
     return event.event_time.seconds + event.event_time.nanos / 1e9
 
 
+@dataclass(frozen=True)
+class RunStart:
+    """What a run's first event says: its input, its place in the chain, its fork."""
+
+    run_id: str
+    previous_run_id: str | None
+    #: steps of the chain before this run; None when unknown (a run that continued from
+    #: one not written by the fork interceptor: count the earlier runs' steps instead)
+    base_step: int | None
+    marker: ForkMarker | None
+    receipt: ForkReceipt | None
+    input: list[Payload]
+    workflow_type: str
+    task_queue: str
+
+
+def run_start(event: HistoryEvent, run_id: str) -> RunStart:
+    started = event.workflow_execution_started_event_attributes
+    fields = started.memo.fields
+    marker = None
+    if MARKER_MEMO_KEY in fields and fields[MARKER_MEMO_KEY].data:
+        marker = ForkMarker.model_validate_json(fields[MARKER_MEMO_KEY].data)
+    receipt = None
+    if RECEIPT_MEMO_KEY in fields and fields[RECEIPT_MEMO_KEY].data:
+        receipt = ForkReceipt.model_validate_json(fields[RECEIPT_MEMO_KEY].data)
+    previous = started.continued_execution_run_id or None
+    base: int | None = None
+    if BASE_STEP_MEMO_KEY in fields and fields[BASE_STEP_MEMO_KEY].data:
+        base = int(json.loads(fields[BASE_STEP_MEMO_KEY].data))
+    elif marker is not None and not marker.continued:
+        base = marker.base_step  # a fork's first run
+    elif previous is None:
+        base = 0
+    return RunStart(
+        run_id,
+        previous,
+        base,
+        marker,
+        receipt,
+        list(started.input.payloads),
+        started.workflow_type.name,
+        started.task_queue.name,
+    )
+
+
 def parse_run(
     workflow_id: str, history: WorkflowHistory, base_step: int, run_id: str = ""
 ) -> RunRecord:
-    """The steps and other inputs of one run's history (payloads assumed codec-free)."""
+    """The steps and other inputs of one run's history (payloads assumed codec-free);
+    ``base_step`` counts the chain's earlier steps when the run's memo does not."""
     events = list(history.events)
     started = events[0].workflow_execution_started_event_attributes
-    marker = None
-    memo_field = started.memo.fields.get(MARKER_MEMO_KEY)
-    if memo_field is not None and memo_field.data:
-        marker = ForkMarker.model_validate_json(memo_field.data)
-        base_step = marker.base_step
-    receipt = None
-    receipt_field = started.memo.fields.get(RECEIPT_MEMO_KEY)
-    if receipt_field is not None and receipt_field.data:
-        receipt = ForkReceipt.model_validate_json(receipt_field.data)
+    start = run_start(events[0], run_id)
+    marker, receipt = start.marker, start.receipt
+    if start.base_step is not None:
+        base_step = start.base_step
     rec = RunRecord(
         workflow_id=workflow_id,
         run_id=run_id,
@@ -139,14 +201,35 @@ def parse_run(
         previous_run_id=started.continued_execution_run_id or None,
         event_count=len(events),
     )
+    rec.steps, rec.others = _parse_events(events, base_step, run_id)
+    last = events[-1]
+    rec.closed = last.event_type in _CLOSE_EVENTS
+    if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+        r = last.workflow_execution_completed_event_attributes.result.payloads
+        rec.close = {"result": _json(r[0]) if r else None}
+    elif last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+        f = last.workflow_execution_failed_event_attributes.failure
+        details = f.application_failure_info.details.payloads
+        rec.close = {"error": f.message, "details": _json(details[0]) if details else None}
+    return rec
+
+
+def _parse_events(
+    events: list[HistoryEvent], base_step: int, run_id: str
+) -> tuple[list[Step], list[PrefixEvent]]:
+    """The steps (numbered after ``base_step``) and other inputs in ``events``: a whole
+    run's history, or its tail from a step's scheduling on."""
     items: list[Step | _Own] = []
     own: dict[int, _Own] = {}
+    others: list[PrefixEvent] = []
+    scheduled: dict[int, str] = {}
     next_index = base_step + 1
     for ev in events:
         kind = ev.WhichOneof("attributes")
         if kind == "activity_task_scheduled_event_attributes":
             a = ev.activity_task_scheduled_event_attributes
             name = a.activity_type.name
+            scheduled[ev.event_id] = name
             payloads = list(a.input.payloads)
             if name == STEP_DECISION:
                 d = StepDecisionInput.model_validate_json(payloads[0].data)
@@ -183,7 +266,7 @@ def parse_run(
             mine = own.get(c.scheduled_event_id)
             if mine is None:
                 # a ForkLab activity: the inherited prefix arrives in fetch_prefix results
-                if results and _scheduled_type(events, c.scheduled_event_id) == FETCH_PREFIX:
+                if results and scheduled.get(c.scheduled_event_id) == FETCH_PREFIX:
                     page = PrefixPage.model_validate_json(results[0].data)
                     items.extend(s.model_copy(update={"origin": "inherited"}) for s in page.steps)
                     next_index = base_step + len(items) + 1
@@ -201,12 +284,12 @@ def parse_run(
             if mine is not None:
                 mine.status = StepStatus.failed
         elif kind in _OTHER_INPUTS:
-            rec.others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=next_index - 1))
+            others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=next_index - 1))
         elif kind == "marker_recorded_event_attributes":
             name = ev.marker_recorded_event_attributes.marker_name
             if name == "core_local_activity":
-                rec.others.append(PrefixEvent(kind="local activity", after_step=next_index - 1))
-    rec.steps = [
+                others.append(PrefixEvent(kind="local activity", after_step=next_index - 1))
+    steps = [
         item
         if isinstance(item, Step)
         else Step(
@@ -222,22 +305,7 @@ def parse_run(
         )
         for item in items
     ]
-    last = events[-1]
-    if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
-        r = last.workflow_execution_completed_event_attributes.result.payloads
-        rec.close = {"result": _json(r[0]) if r else None}
-    elif last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
-        f = last.workflow_execution_failed_event_attributes.failure
-        details = f.application_failure_info.details.payloads
-        rec.close = {"error": f.message, "details": _json(details[0]) if details else None}
-    return rec
-
-
-def _scheduled_type(events: list[HistoryEvent], event_id: int) -> str:
-    # event ids are 1-based and dense
-    if 0 < event_id <= len(events):
-        return events[event_id - 1].activity_task_scheduled_event_attributes.activity_type.name
-    return ""
+    return steps, others
 
 
 def _json(p: Payload) -> Any:
@@ -264,9 +332,57 @@ async def _history(client: Client, workflow_id: str, run_id: str | None) -> Work
     return history
 
 
-async def read_run(client: Client, workflow_id: str, run_id: str, base_step: int) -> RunRecord:
+class ClosedRuns:
+    """Parsed runs that have closed, least recently used out past ``max_bytes`` of
+    results: a closed run's history never changes, so forks of one parent run (several
+    steps, several interventions) read and parse it once per process. A run still running
+    is never kept."""
+
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._runs: OrderedDict[tuple[str, str, int], tuple[RunRecord, int]] = OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+
+    def get(self, workflow_id: str, run_id: str, base_step: int) -> RunRecord | None:
+        key = (workflow_id, run_id, base_step)
+        found = self._runs.get(key)
+        if found is None:
+            return None
+        self._runs.move_to_end(key)
+        self.hits += 1
+        return dataclasses.replace(found[0])
+
+    def put(self, rec: RunRecord, base_step: int) -> None:
+        if not rec.closed:
+            return
+        size = sum(len(s.result_b64 or "") + 400 for s in rec.steps)
+        key = (rec.workflow_id, rec.run_id, base_step)
+        if size > self.max_bytes or key in self._runs:
+            return
+        self._runs[key] = (dataclasses.replace(rec), size)
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            _, (_, dropped) = self._runs.popitem(last=False)
+            self._bytes -= dropped
+
+
+async def read_run(
+    client: Client,
+    workflow_id: str,
+    run_id: str,
+    base_step: int,
+    runs: ClosedRuns | None = None,
+) -> RunRecord:
+    """One run, parsed; from ``runs`` when it holds it (and kept there once closed)."""
+    known = runs.get(workflow_id, run_id, base_step) if runs is not None else None
+    if known is not None:
+        return known
     history = await _history(client, workflow_id, run_id)
-    return parse_run(workflow_id, history, base_step, run_id)
+    rec = parse_run(workflow_id, history, base_step, run_id)
+    if runs is not None:
+        runs.put(rec, base_step)
+    return rec
 
 
 async def read_chain(client: Client, workflow_id: str) -> list[RunRecord]:
@@ -301,15 +417,17 @@ async def read_chain(client: Client, workflow_id: str) -> list[RunRecord]:
 
 
 class RunSummary(BaseModel):
-    """What a fork needs of a run that is not the one holding its boundary. Runs that
-    continued-as-new never change again, so their summaries may be cached."""
+    """What locating a step needs of a run whose first event does not record its place in
+    the chain (a run continued-as-new by a worker without this interceptor's memo). Runs
+    that continued-as-new never change again, so their summaries may be cached."""
 
     model_config = ConfigDict(frozen=True)
 
     run_id: str
     steps: int
     previous_run_id: str | None
-    #: set on the first run of a fork: its steps are numbered after this
+    #: the run's own base when its first event records it (a fork's first run, a run the
+    #: fork interceptor continued-as-new); its steps are numbered after this
     fork_base_step: int | None = None
     marker_json: str | None = None
     receipt_json: str | None = None
@@ -321,12 +439,12 @@ class SummaryCache(Protocol):
     def put(self, summary: RunSummary) -> None: ...
 
 
-def summarize(rec: RunRecord) -> RunSummary:
+def summarize(rec: RunRecord, start: RunStart) -> RunSummary:
     return RunSummary(
         run_id=rec.run_id,
         steps=len(rec.steps),
         previous_run_id=rec.previous_run_id,
-        fork_base_step=rec.marker.base_step if rec.marker else None,
+        fork_base_step=start.base_step,
         marker_json=rec.marker.model_dump_json() if rec.marker else None,
         receipt_json=rec.receipt.model_dump_json() if rec.receipt else None,
     )
@@ -334,20 +452,49 @@ def summarize(rec: RunRecord) -> RunSummary:
 
 @dataclass
 class Located:
-    """The run of a chain that holds a step, parsed, plus the chain's first run."""
+    """The run of a chain that holds a step, parsed, and the chain's fork identity."""
 
     source: RunRecord
-    first: RunSummary
+    #: the chain's own fork marker and receipt (None for a run that is not a fork)
+    marker: ForkMarker | None
+    receipt: ForkReceipt | None
     latest_run_id: str
-    runs: int
+    #: the run that continued-as-new from ``source`` (None: ``source`` is the latest)
+    next_run: RunStart | None = None
+    #: ``source`` holds only the boundary step, read from the end of its history: the
+    #: boundary ends the run with nothing after it (see :func:`_boundary_at_run_end`)
+    tail_only: bool = False
+    #: histories read in full, and runs known from their first event alone
+    histories_read: int = 1
+    starts_read: int = 0
+
+
+async def _first_event(client: Client, workflow_id: str, run_id: str) -> HistoryEvent:
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    try:
+        async for event in handle.fetch_history_events(page_size=1):
+            return event
+    except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:
+            raise RunNotFound(f"no run {workflow_id!r} (run {run_id})") from None
+        raise
+    raise RunNotFound(f"run {run_id} of {workflow_id!r} has no history")
 
 
 async def locate_step(
-    client: Client, workflow_id: str, at_step: int, cache: SummaryCache | None = None
+    client: Client,
+    workflow_id: str,
+    at_step: int,
+    cache: SummaryCache | None = None,
+    runs: ClosedRuns | None = None,
 ) -> Located:
     """Find the run of ``workflow_id``'s continue-as-new chain that scheduled ``at_step``
-    (the first run for step 0, the latest for a step past the end). Only that run is
-    parsed in full; the others are counted, from ``cache`` when it knows them."""
+    (the first run for step 0, the latest for a step past the end) and parse it.
+
+    Every run continued by the fork interceptor records the chain's steps before it in its
+    memo, so the walk back from the latest run reads one event per run, and only runs
+    later than the one holding ``at_step``: the cost does not grow with ``at_step``. A run
+    without that record sends the walk to :func:`_locate_by_counting`."""
     handle = client.get_workflow_handle(workflow_id)
     try:
         desc = await handle.describe()
@@ -355,16 +502,129 @@ async def locate_step(
         if exc.status is RPCStatusCode.NOT_FOUND:
             raise RunNotFound(f"no run {workflow_id!r} in this namespace") from None
         raise
-    summaries: list[RunSummary] = []
-    parsed: dict[str, RunRecord] = {}
+    starts = 0
+    later: RunStart | None = None
     run_id: str | None = desc.run_id
+    while True:
+        assert run_id is not None
+        start = run_start(await _first_event(client, workflow_id, run_id), run_id)
+        starts += 1
+        if start.base_step is None:
+            return await _locate_by_counting(client, workflow_id, at_step, desc, cache)
+        if at_step > start.base_step or start.previous_run_id is None:
+            break
+        later, run_id = start, start.previous_run_id
+    if later is not None and later.base_step == at_step:
+        tail = await _boundary_at_run_end(client, workflow_id, start, at_step)
+        if tail is not None:
+            return Located(
+                source=tail,
+                marker=start.marker,
+                receipt=start.receipt,
+                latest_run_id=desc.run_id,
+                next_run=later,
+                tail_only=True,
+                histories_read=0,
+                starts_read=starts,
+            )
+    source = await read_run(client, workflow_id, run_id, 0, runs)
+    _set_status(source, desc)
+    return Located(
+        source=source,
+        marker=start.marker,
+        receipt=start.receipt,
+        latest_run_id=desc.run_id,
+        next_run=later,
+        starts_read=starts,
+    )
+
+
+#: How far back from a run's end its last step is looked for (events).
+TAIL_EVENTS = 1000
+
+
+async def _boundary_at_run_end(
+    client: Client, workflow_id: str, start: RunStart, at_step: int
+) -> RunRecord | None:
+    """The run's last step, ``at_step``, read from the end of its history (newest events
+    first), when it completed and nothing else (timer, signal, update, child, local
+    activity) reached the run after it: then the next run's recorded input is the state
+    right after ``at_step``. None when that is not so or cannot be seen within
+    ``TAIL_EVENTS`` events — the caller then reads the whole run."""
+    if client.data_converter.payload_codec is not None:
+        return None  # the whole-run reader refuses codecs with the reason
+    tail: list[HistoryEvent] = []
+    token = b""
+    found = False
+    while not found and len(tail) < TAIL_EVENTS:
+        page = await client.workflow_service.get_workflow_execution_history_reverse(
+            GetWorkflowExecutionHistoryReverseRequest(
+                namespace=client.namespace,
+                execution=WorkflowExecution(workflow_id=workflow_id, run_id=start.run_id),
+                maximum_page_size=200,
+                next_page_token=token,
+            )
+        )
+        for ev in page.history.events:
+            tail.append(ev)
+            if ev.HasField("activity_task_scheduled_event_attributes"):
+                name = ev.activity_task_scheduled_event_attributes.activity_type.name
+                if name == FETCH_PREFIX:
+                    return None  # the last steps were inherited: read the whole run
+                if name == STEP_DECISION or not name.startswith(INTERNAL_PREFIX):
+                    found = True
+                    break
+        token = page.next_page_token
+        if not token:
+            break
+    if not found:
+        return None
+    tail.reverse()
+    steps, others = _parse_events(tail, at_step - 1, start.run_id)
+    if len(steps) != 1 or steps[0].status is not StepStatus.completed or others:
+        return None
+    return RunRecord(
+        workflow_id=workflow_id,
+        run_id=start.run_id,
+        workflow_type=start.workflow_type,
+        task_queue=start.task_queue,
+        input=start.input,
+        base_step=start.base_step if start.base_step is not None else at_step - 1,
+        steps=steps,  # only the last one
+        others=[],
+        marker=start.marker,
+        receipt=start.receipt,
+        previous_run_id=start.previous_run_id,
+        status="continued_as_new",
+    )
+
+
+def _set_status(source: RunRecord, desc: WorkflowExecutionDescription) -> None:
+    status = desc.status or WorkflowExecutionStatus.RUNNING
+    source.status = status.name.lower() if source.run_id == desc.run_id else "continued_as_new"
+
+
+async def _locate_by_counting(
+    client: Client,
+    workflow_id: str,
+    at_step: int,
+    desc: WorkflowExecutionDescription,
+    cache: SummaryCache | None,
+) -> Located:
+    """:func:`locate_step` for chains whose runs do not record their base: count the steps
+    of every earlier run (from ``cache`` when it knows the run)."""
+    latest_run_id = desc.run_id
+    summaries: list[RunSummary] = []
+    fetched: dict[str, WorkflowHistory] = {}
+    run_id: str | None = latest_run_id
     while run_id:
-        known = cache.get(run_id) if cache is not None and run_id != desc.run_id else None
+        known = cache.get(run_id) if cache is not None and run_id != latest_run_id else None
         if known is None:
-            rec = parse_run(workflow_id, await _history(client, workflow_id, run_id), 0, run_id)
-            parsed[run_id] = rec
-            known = summarize(rec)
-            if cache is not None and run_id != desc.run_id:
+            history = await _history(client, workflow_id, run_id)
+            rec = parse_run(workflow_id, history, 0, run_id)
+            fetched[run_id] = history
+            known = summarize(rec, run_start(history.events[0], run_id))
+            if cache is not None and run_id != latest_run_id:
                 cache.put(known)
         summaries.append(known)
         run_id = known.previous_run_id
@@ -381,16 +641,24 @@ async def locate_step(
             pick = i
             break
     chosen, chosen_base = summaries[pick], bases[pick]
-    earlier = parsed.get(chosen.run_id)
-    if earlier is not None and earlier.base_step == chosen_base:
-        source = earlier
-    else:
-        history = await _history(client, workflow_id, chosen.run_id)
-        source = parse_run(workflow_id, history, chosen_base, chosen.run_id)
-    status = desc.status or WorkflowExecutionStatus.RUNNING
-    source.status = status.name.lower() if chosen.run_id == desc.run_id else "continued_as_new"
+    history = fetched.get(chosen.run_id) or await _history(client, workflow_id, chosen.run_id)
+    source = parse_run(workflow_id, history, chosen_base, chosen.run_id)
+    _set_status(source, desc)
+    next_run = None
+    if pick + 1 < len(summaries):
+        later_id = summaries[pick + 1].run_id
+        next_run = run_start(await _first_event(client, workflow_id, later_id), later_id)
+    first = summaries[0]
     return Located(
-        source=source, first=summaries[0], latest_run_id=desc.run_id, runs=len(summaries)
+        source=source,
+        marker=ForkMarker.model_validate_json(first.marker_json) if first.marker_json else None,
+        receipt=(
+            ForkReceipt.model_validate_json(first.receipt_json) if first.receipt_json else None
+        ),
+        latest_run_id=latest_run_id,
+        next_run=next_run,
+        histories_read=len(fetched) + (chosen.run_id not in fetched),
+        starts_read=int(next_run is not None),
     )
 
 
@@ -403,12 +671,13 @@ class ForkActivities:
 
     def __init__(self, client: Client) -> None:
         self._client = client
+        self.runs = ClosedRuns()
 
     @activity.defn(name=FETCH_PREFIX)
     async def fetch_prefix(self, req: FetchPrefixInput) -> PrefixPage:
         """Steps ``from_step..upto_step`` of the parent's run, with their results, in pages
         of at most ``max_bytes`` (a Temporal payload must stay small)."""
-        rec = await read_run(self._client, req.workflow_id, req.run_id, req.base_step)
+        rec = await read_run(self._client, req.workflow_id, req.run_id, req.base_step, self.runs)
         wanted = [s for s in rec.steps if req.from_step <= s.index <= req.upto_step]
         out: list[Step] = []
         size = 0

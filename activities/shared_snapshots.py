@@ -1,12 +1,16 @@
-"""Local snapshots that travel between hosts through the artifact store.
+"""Snapshots that travel between hosts through the artifact store.
 
-A local snapshot lives under one worker's home, but the worker that resolves it and the
-ones that run the worlds may be on different hosts. So whoever prepares a snapshot also
-publishes its bundle to the artifact store: each file under its sha256, and the manifest
-``[[relpath, sha256], ...]`` — whose canonical-JSON digest *is* the code digest, so the
-snapshot id alone names it. A host that lacks the snapshot rebuilds it from the store;
-``prepare_snapshot`` re-hashes the copies, so a damaged or substituted file cannot become
-the snapshot the plan fingerprint approved.
+A snapshot's runner bundle lives under one worker's home (a local snapshot's folder, a
+Daytona snapshot's bundle that is uploaded into each sandbox), but the worker that
+resolves it and the ones that run the worlds may be on different hosts. So whoever
+prepares a snapshot also publishes its bundle to the artifact store: each file under its
+sha256, and the manifest ``[[relpath, sha256], ...]`` — whose canonical-JSON digest *is*
+the code digest every snapshot id ends with, so the snapshot id alone names it. A host
+that lacks the snapshot restores it from the store: the store re-hashes each object it
+returns and the backend's ``restore_snapshot`` re-hashes the bundle against the id, so a
+damaged or substituted file cannot become the snapshot the plan fingerprint approved. A
+Daytona snapshot stays pinned by the image id in the snapshot id; no host resolves its
+name again.
 """
 
 from __future__ import annotations
@@ -15,8 +19,12 @@ import tempfile
 from pathlib import Path
 
 from activities.artifacts import ArtifactStore
-from activities.sandbox.base import SandboxBackend, SandboxError, SnapshotInfo
-from activities.sandbox.local import SNAPSHOT_PREFIX
+from activities.sandbox.base import (
+    SandboxBackend,
+    SandboxError,
+    SnapshotInfo,
+    snapshot_code_digest,
+)
 from experiments.bundle import BundleFile, code_digest
 
 
@@ -45,9 +53,9 @@ class SharedSnapshots:
 
     def ensure(self, snapshot_id: str) -> None:
         """Make ``snapshot_id`` available to this host's backend (once per process)."""
-        if snapshot_id in self._ready or not snapshot_id.startswith(SNAPSHOT_PREFIX):
-            return  # prepared here already, or a backend whose snapshots are shared anyway
-        manifest = self._store.get_json(snapshot_id.removeprefix(SNAPSHOT_PREFIX))
+        if snapshot_id in self._ready:
+            return  # prepared or restored here already
+        manifest = self._store.get_json(snapshot_code_digest(snapshot_id))
         with tempfile.TemporaryDirectory(prefix="forklab-bundle-") as tmp:
             files = []
             for relpath, digest in manifest:
@@ -55,10 +63,5 @@ class SharedSnapshots:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(self._store.get_bytes(digest))
                 files.append(BundleFile(relpath, path))
-            info = self._backend.prepare_snapshot(files)
-        if info.id != snapshot_id:
-            raise SandboxError(
-                f"the bundle stored for snapshot {snapshot_id} rebuilds as {info.id}; "
-                "the artifact store is inconsistent, start the experiment again"
-            )
+            self._backend.restore_snapshot(snapshot_id, files)
         self._ready.add(snapshot_id)

@@ -28,6 +28,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.approval_keys import approval_payload, new_private_key, public_key_hex, sign
 from experiments.plan import rehearse
 from experiments.spec import ExperimentSpec
+from forklab.experiment_commands import ship_spec_workload
 from forklab.specfile import load_spec
 from workers.config import Settings
 from workers.server import temporal_binary
@@ -79,6 +80,7 @@ async def durable(
             async with build_worker(env.client, settings, cpu):
                 key = new_private_key()
                 start = time.perf_counter()
+                shipped = ship_spec_workload(settings, spec)  # as forklab start does
                 handle = await env.client.start_workflow(
                     ExperimentWorkflow.run,
                     ExperimentInput(
@@ -86,6 +88,7 @@ async def durable(
                         approver_public_key=public_key_hex(key),
                         batch_episodes=batch_episodes,
                         rehearsal_episodes=rehearsal_episodes,
+                        workload_bundle=shipped.digest if shipped else None,
                     ),
                     id=workflow_id(spec.id),
                     task_queue=settings.task_queue,

@@ -7,15 +7,32 @@ One run prints:
    and the slices) over N counter-recovery episodes, in a fresh process;
 2. ``forklab plan`` of the same N episodes (baseline + refresh), end to end — interpreter
    start, spec, twin, analysis, guard validation, report — in a fresh process, with the
-   memo on (the default) and off (every episode simulated in full);
-3. with ``--scale M``: the same plan at M episodes, its time as a multiple of the N run
-   and its peak RSS;
-4. with ``--cascade K``: ``forklab plan`` of K retry-cascade episodes × 8 worlds, peak RSS.
+   memo on (the default) and off (every episode simulated in full), side by side. The
+   three run round robin, ``--repeat`` rounds, best round each; wall seconds and CPU
+   seconds (the process tree's) are both printed: the wall ratio is what a user waits,
+   the CPU ratio the steadier figure on a loaded machine (two processes show in wall);
+3. with ``--scale M[,M2…]``: the same plan at M episodes (memo on and off), its time as a
+   multiple of the N run and its peak RSS;
+4. with ``--cascade K[,K2…]``: ``forklab plan`` of K retry-cascade episodes × 8 worlds,
+   its time and peak RSS;
+5. with ``--cascade-replay R``: the storage and analysis side of R retry-cascade episodes
+   × 8 worlds without simulating all of them (a retry-cascade episode costs ~50 ms of
+   workload code on this machine, so 1,000,000 of them take hours): ``SAMPLE`` episodes
+   run on the twin, and R / ``SAMPLE`` copies of their columns, each with its own
+   checkpoint digests and shock fingerprints (as many distinct strings as R real episodes
+   have), are merged and analysed by ``build_report`` — the guard's held-out episodes
+   (capped) really run. The simulation itself holds one chunk of Python objects per
+   process (``experiments.engine.CHUNK_EPISODES``), whatever R.
 
-Peak RSS is the largest resident set of the measured process and its children
-(``ru_maxrss`` of a wrapper process), so a process pool's worker counts when it is larger.
+Two peaks are printed. ``largest`` is the largest resident set of any one measured process
+(``ru_maxrss`` of a wrapper process: the plan or a worker of its pool). ``tree`` is the
+largest sum of the resident sets of the plan and all its descendants, sampled from /proc
+every 50 ms (what the machine must hold at once; a sample can miss a short spike, the
+``largest`` figure cannot). With several sizes, the growth per added episode between two
+sizes shows whether memory is linear (a constant slope) or worse.
 
     python bench/plan_scale.py [--episodes 300000] [--scale 10000000] [--cascade 1000000]
+    python bench/plan_scale.py --scale 1000000,3000000 --cascade 20000,40000
 """
 
 from __future__ import annotations
@@ -91,13 +108,39 @@ print(dict(totals), {str(k): dict(v) for k, v in slices.items()})
 """
 
 WRAP = r"""
-import json, resource, subprocess, sys, time
+import json, os, resource, subprocess, sys, tempfile, time
+
+
+def tree_kib(root):
+    # Resident KiB of root and every descendant, from /proc (the pool's workers included).
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                total += next(int(l.split()[1]) for l in fh if l.startswith("VmRSS:"))
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except (OSError, StopIteration, ValueError):
+            pass  # it ended between the listing and the read
+    return total
+
+
+out = tempfile.TemporaryFile(mode="w+")
 start = time.perf_counter()
-done = subprocess.run(json.loads(sys.argv[1]), stdout=subprocess.PIPE, text=True)
+child = subprocess.Popen(json.loads(sys.argv[1]), stdout=out, text=True)
+tree = 0
+while child.poll() is None:
+    tree = max(tree, tree_kib(child.pid))
+    time.sleep(0.05)
 seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
-print(json.dumps({"seconds": seconds, "peak_kib": peak, "rc": done.returncode,
-                  "stdout": done.stdout}))
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+peak = usage.ru_maxrss  # KiB on Linux
+cpu = usage.ru_utime + usage.ru_stime  # the plan and its pool's workers (waited for)
+out.seek(0)
+print(json.dumps({"seconds": seconds, "cpu": cpu, "peak_kib": peak, "tree_kib": tree,
+                  "rc": child.returncode, "stdout": out.read()}))
 """
 
 
@@ -130,6 +173,48 @@ def spec(path: Path, workload: str, episodes: int, worlds: list[str]) -> Path:
     return path
 
 
+#: Episodes really simulated by ``--cascade-replay``.
+SAMPLE = 10_000
+
+REPLAY = r"""
+import json, sys
+from experiments.analysis.build import build_report
+from experiments.columnar import StrColumn, merge_columns
+from experiments.engine import run_twin
+from experiments.outcomes import from_batch
+from experiments.plan import workload_code_digest
+from experiments.spec import ExperimentSpec
+
+spec = ExperimentSpec.model_validate_json(open(sys.argv[1]).read())
+sample = int(sys.argv[2])
+real = run_twin(spec, episodes=range(sample)).batch
+
+
+def copy(k):
+    # The k-th copy: the sample's outcomes and features, its own strings.
+    shas = real["checkpoints"]
+    checkpoints = StrColumn(shas.codes, [f"{v}#{k}" for v in shas.values])
+    tables = {}
+    worlds = {}
+    for name, cols in real["worlds"].items():
+        values = cols["shocks"].values
+        table = tables.setdefault(id(values), [f"{v}#{k}" for v in values])
+        worlds[name] = {"outcomes": cols["outcomes"].copy(),
+                        "intervened": cols["intervened"].copy(),
+                        "shocks": StrColumn(cols["shocks"].codes, table),
+                        "inherited": checkpoints}
+    return {"episodes": real["episodes"] + k * sample, "requested": real["requested"].copy(),
+            "resolved": real["resolved"].copy(), "checkpoints": checkpoints,
+            "features": real["features"], "worlds": worlds}
+
+
+batch = merge_columns([copy(k) for k in range(spec.episodes // sample)])
+out = from_batch(batch, workload_code_digest(spec), "replay", 0.0)
+report = build_report(spec, out, workload_code_digest(spec))
+print(report.model_dump_json())
+"""
+
+
 def plan(path: Path, memo: bool = True) -> dict[str, Any]:
     argv = [sys.executable, "-m", "forklab.cli", "plan", str(path), "--json"]
     if not memo:
@@ -141,45 +226,106 @@ def plan(path: Path, memo: bool = True) -> dict[str, Any]:
     return result
 
 
-def row(label: str, r: dict[str, Any], base: float) -> None:
+def row(label: str, r: dict[str, Any], base: dict[str, Any]) -> None:
     print(
-        f"{label:<44}{r['seconds']:>9.2f}{base / r['seconds']:>10.2f}x"
-        f"{r['peak_kib'] / 1024:>10.0f} MiB  {r.get('counts', '')}"
+        f"{label:<44}{r['seconds']:>8.2f}{base['seconds'] / r['seconds']:>9.2f}x"
+        f"{r['cpu']:>8.2f}{base['cpu'] / r['cpu']:>9.2f}x"
+        f"{r['peak_kib'] / 1024:>9.0f} MiB  {r.get('counts', '')}"
     )
+
+
+def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest of a path's rounds (its CPU seconds the least of any round)."""
+    fastest = dict(min(runs, key=lambda r: r["seconds"]))
+    fastest["cpu"] = min(r["cpu"] for r in runs)
+    return fastest
+
+
+def gib(kib: int) -> str:
+    return f"{kib / 1024 / 1024:.2f} GiB"
+
+
+def scaled(
+    label: str, runs: list[tuple[int, dict[str, Any]]], small: dict[str, Any] | None
+) -> None:
+    """Each size's time (as a multiple of ``small``'s), both peaks, and the slope between
+    consecutive sizes in KiB per added episode."""
+    for k, (size, r) in enumerate(runs):
+        ratio = (
+            f" = {r['seconds'] / small['seconds']:.1f}x the {small['size']:,} run" if small else ""
+        )
+        slope = ""
+        if k:
+            prev_size, prev = runs[k - 1]
+            per = (r["tree_kib"] - prev["tree_kib"]) / (size - prev_size)
+            slope = f", +{per:.3f} KiB/episode from {prev_size:,}"
+        print(
+            f"  {label} {size:>12,}: {r['seconds']:>8.1f} s{ratio}; peak RSS largest "
+            f"{gib(r['peak_kib'])}, tree {gib(r['tree_kib'])}{slope}"
+        )
+
+
+def sizes(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()] if text else []
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--episodes", type=int, default=300_000)
-    parser.add_argument("--scale", type=int, default=0, help="also plan this many episodes")
-    parser.add_argument("--cascade", type=int, default=0, help="retry-cascade episodes")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of the N-episode runs")
+    parser.add_argument("--scale", default="", help="also plan these many episodes (a,b,…)")
+    parser.add_argument("--cascade", default="", help="retry-cascade episodes (a,b,…)")
+    parser.add_argument(
+        "--cascade-replay", type=int, default=0, help="retry-cascade storage+analysis size"
+    )
+    parser.add_argument(
+        "--memo-off-up-to",
+        type=int,
+        default=None,
+        help="plan --scale sizes without the memo only up to this size (default: all)",
+    )
     args = parser.parse_args()
     n = args.episodes
     print(f"load average at start: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})")
     with tempfile.TemporaryDirectory() as tmp:
         counter = spec(Path(tmp) / "counter.json", "counter-recovery", n, ["refresh"])
-        ref = measure([sys.executable, "-c", REFERENCE, str(n)])
-        totals = json.loads(ref.pop("stdout").split(" {")[0].replace("'", '"'))
-        ref["counts"] = (totals.get("rescue", 0), totals.get("harm", 0), totals["unchanged"])
-        print(f"\ncounter-recovery, {n:,} episodes, baseline + refresh")
-        print(f"{'path':<44}{'seconds':>9}{'vs ref':>11}{'peak RSS':>14}  counts")
-        row("seed's reference loop (1 process)", ref, ref["seconds"])
-        on = plan(counter)
-        row("forklab plan (memo on, default processes)", on, ref["seconds"])
-        off = plan(counter, memo=False)
-        row("forklab plan (memo off)", off, ref["seconds"])
-        same = ref["counts"] == on["counts"] == off["counts"]
+        # Round robin (reference, memo on, memo off), best of --repeat rounds each: a burst
+        # of load on the shared machine hits one round of one path, not a whole path.
+        rounds: dict[str, list[dict[str, Any]]] = {"ref": [], "on": [], "off": []}
+        for _ in range(args.repeat):
+            ref = measure([sys.executable, "-c", REFERENCE, str(n)])
+            totals = json.loads(ref.pop("stdout").split(" {")[0].replace("'", '"'))
+            ref["counts"] = (totals.get("rescue", 0), totals.get("harm", 0), totals["unchanged"])
+            rounds["ref"].append(ref)
+            rounds["on"].append(plan(counter) | {"size": n})
+            rounds["off"].append(plan(counter, memo=False) | {"size": n})
+        ref, on, off = best(rounds["ref"]), best(rounds["on"]), best(rounds["off"])
+        print(f"\ncounter-recovery, {n:,} episodes, baseline + refresh (best of {args.repeat})")
+        print(
+            f"{'path':<44}{'wall s':>8}{'vs ref':>10}{'CPU s':>8}{'vs ref':>10}"
+            f"{'peak RSS':>13}  counts"
+        )
+        row("seed's reference loop (1 process)", ref, ref)
+        row("forklab plan (memo on, default processes)", on, ref)
+        row("forklab plan --no-memo (default processes)", off, ref)
+        print(
+            f"vs the reference loop, wall: memo on {ref['seconds'] / on['seconds']:.2f}x, "
+            f"memo off {ref['seconds'] / off['seconds']:.2f}x (CPU s: memo on "
+            f"{ref['cpu'] / on['cpu']:.2f}x, memo off {ref['cpu'] / off['cpu']:.2f}x)"
+        )
+        runs = [r for path in rounds.values() for r in path]
+        same = all(r["counts"] == ref["counts"] for r in runs)
         print("same counts:", same)
         if args.scale:
-            big = spec(Path(tmp) / "big.json", "counter-recovery", args.scale, ["refresh"])
-            for memo in (True, False):
-                r = plan(big, memo)
-                label = f"forklab plan {args.scale:,} (memo {'on' if memo else 'off'})"
-                small = on if memo else off
-                print(
-                    f"{label:<44}{r['seconds']:>9.2f}s = {r['seconds'] / small['seconds']:.1f}x "
-                    f"the {n:,} run, peak RSS {r['peak_kib'] / 1024 / 1024:.2f} GiB"
-                )
+            print("\ncounter-recovery at scale (baseline + refresh), end to end")
+            for memo, small in ((True, on), (False, off)):
+                runs = []
+                for size in sizes(args.scale):
+                    if not memo and args.memo_off_up_to is not None and size > args.memo_off_up_to:
+                        continue
+                    big = spec(Path(tmp) / "big.json", "counter-recovery", size, ["refresh"])
+                    runs.append((size, plan(big, memo)))
+                scaled(f"memo {'on ' if memo else 'off'}", runs, small)
         if args.cascade:
             names = [
                 "jitter",
@@ -190,11 +336,24 @@ def main() -> int:
                 "restart",
                 "placebo",
             ]
-            cascade = spec(Path(tmp) / "cascade.json", "retry-cascade", args.cascade, names)
-            r = plan(cascade)
+            print("\nretry-cascade x 8 worlds, end to end")
+            runs = []
+            for size in sizes(args.cascade):
+                cascade = spec(Path(tmp) / "cascade.json", "retry-cascade", size, names)
+                runs.append((size, plan(cascade)))
+            scaled("episodes", runs, None)
+        if args.cascade_replay:
+            names = ["jitter", "broadcast", "queue-memory", "latency", "broadcast-jitter"]
+            names += ["restart", "placebo"]
+            size = args.cascade_replay - args.cascade_replay % SAMPLE
+            path = spec(Path(tmp) / "replay.json", "retry-cascade", size, names)
+            r = measure([sys.executable, "-c", REPLAY, str(path), str(SAMPLE)])
+            report = json.loads(r.pop("stdout"))
             print(
-                f"retry-cascade plan, {args.cascade:,} episodes x 8 worlds: {r['seconds']:.1f} s, "
-                f"peak RSS {r['peak_kib'] / 1024 / 1024:.2f} GiB"
+                f"\nretry-cascade x 8 worlds, {size:,} episodes replayed from {SAMPLE:,} "
+                f"simulated ({len(report['comparisons'])} comparisons, guard "
+                f"{'present' if report['guard'] else 'absent'}): {r['seconds']:.1f} s; "
+                f"peak RSS largest {gib(r['peak_kib'])}, tree {gib(r['tree_kib'])}"
             )
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     return 0 if same else 1

@@ -17,7 +17,9 @@ since). Measured, in one process, median of ``--repeat`` runs:
 - the fork when the source wrote the blob itself since its last freeze (the freeze then
   hashes it: this is the cost a fork does pay per byte written, shown beside the rest);
 - the whole sandbox fork (``LocalSandboxBackend.fork``: three new sandboxes, registry
-  entries written with fsync, and the workspaces).
+  entries written with fsync, and the workspaces);
+- the fork without the layer cache (``LayerStore(cache=False)``: every use re-reads and
+  re-hashes each layer's manifest and seal), in the same rounds.
 """
 
 from __future__ import annotations
@@ -75,8 +77,10 @@ def _run_tests(folder: Path) -> None:
 class Case:
     """One workspace (sealed starting layer + a source on it) in a scratch root."""
 
-    def __init__(self, root: Path, blob_bytes: int, blob_in_base: bool = True) -> None:
-        self.ws = Workspaces(root / "store")
+    def __init__(
+        self, root: Path, blob_bytes: int, blob_in_base: bool = True, cache: bool = True
+    ) -> None:
+        self.ws = Workspaces(root / "store", cache=cache)
         self.root = root
         start = root / "start"
         start.mkdir()
@@ -176,8 +180,9 @@ def main() -> int:
         small = Case(root / "small", args.blob_mib * MIB)
         big = Case(root / "big", int(args.big_gib * 1024) * MIB) if args.big_gib > 0 else None
         written = Case(root / "written", args.blob_mib * MIB, blob_in_base=False)
+        uncached = Case(root / "uncached", args.blob_mib * MIB, cache=False)
         # One round = every variant once, so that the machine's load hits them alike.
-        fork_s, copy_s, big_s, written_s = [], [], [], []
+        fork_s, copy_s, big_s, written_s, uncached_s = [], [], [], [], []
         fork_disk = copy_disk = big_disk = hashed = written_hashed = 0
         for _ in range(args.repeat):
             seconds, fork_disk, hashed = small.fork()
@@ -189,6 +194,7 @@ def main() -> int:
                 big_s.append(seconds)
             seconds, _, written_hashed = written.fork()
             written_s.append(seconds)
+            uncached_s.append(uncached.fork()[0])
         files = len(package_files("sub", DEMO_CASES))
         print(
             f"workspace: {args.blob_mib} MiB blob + {files} source files; {CHILDREN} children; "
@@ -199,6 +205,7 @@ def main() -> int:
         )
         print(f"  fork (freeze + {CHILDREN} overlays, blob read):   {_stats(fork_s)}")
         print(f"    bytes hashed by the freeze (what the source wrote): {hashed}")
+        print(f"  the same fork without the layer cache:       {_stats(uncached_s)}")
         print(f"  plain recursive copy x{CHILDREN}, blob read:     {_stats(copy_s)}")
         ratio = statistics.median(copy_s) / statistics.median(fork_s)
         print(f"  copy / fork (medians): {ratio:.1f}x")

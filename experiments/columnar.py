@@ -268,6 +268,15 @@ class _Recode:
         return recoded
 
 
+def concat_strings(parts: Sequence[StrColumn]) -> StrColumn:
+    """One string column of many, in the order given (one table of their distinct values)."""
+    recode = _Recode()
+    codes = [recode.codes(p) for p in parts]
+    return StrColumn(
+        np.concatenate(codes) if codes else np.zeros(0, np.uint32), recode.table.values
+    )
+
+
 def merge_columns(parts: Sequence[ColumnBatch]) -> ColumnBatch:
     """Concatenate column batches of consecutive episode ranges, in the order given."""
     if len(parts) == 1:

@@ -23,6 +23,7 @@ from experiments.columnar import (
     Ints,
     StrColumn,
     bools,
+    concat_strings,
     ints,
     to_columns,
 )
@@ -194,6 +195,34 @@ class WorldOutcomes(BaseModel):
     @property
     def successes(self) -> int:
         return int(np.count_nonzero(self.outcomes))
+
+
+class StoredColumns(BaseModel):
+    """One world's columns over one chunk, as the durable path stores them (the artifact a
+    ``BatchOutcome`` names): validated once from the runner's lists, written compactly."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    outcomes: BoolColumn
+    intervened: BoolColumn
+    shocks: TextColumn
+    inherited: TextColumn
+
+    @property
+    def successes(self) -> int:
+        return int(np.count_nonzero(self.outcomes))
+
+
+def concat_stored(parts: Sequence[StoredColumns]) -> dict[str, Any]:
+    """A world's chunks in the order given, as ``WorldOutcomes`` columns."""
+    if not parts:
+        return {}
+    return {
+        "outcomes": np.concatenate([p.outcomes for p in parts]),
+        "intervened": np.concatenate([p.intervened for p in parts]),
+        "shocks": concat_strings([p.shocks for p in parts]),
+        "inherited": concat_strings([p.inherited for p in parts]),
+    }
 
 
 class ExperimentOutcomes(BaseModel):

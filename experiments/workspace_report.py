@@ -1,9 +1,14 @@
 """The state evidence of a workspace fork: per agent, the manifest at the branch and at the
 end and what diverged, the test verdicts, and named checks over them. Pure: built from
-what the sandboxes reported, rendered as ``summary.json`` and ``summary.md``."""
+what the sandboxes reported, rendered as ``summary.json`` and ``summary.md``.
+
+The same evidence for an experiment (``workspace_section``): per world, the workspace at
+the branch and at the end of every episode, and what diverged, as a report section and as
+manifest and diff files next to the report."""
 
 from __future__ import annotations
 
+import json
 import re
 from itertools import combinations
 from typing import Literal
@@ -212,3 +217,156 @@ def render_markdown(summary: WorkspaceDemoSummary) -> str:
     lines += ["", "## Blob md5", ""]
     lines += [f"- {a.name}: `{_md5(a.end, summary.blob)}`" for a in summary.agents]
     return "\n".join(lines) + "\n"
+
+
+# --- workspaces in experiment reports -----------------------------------------------------
+class PathChange(BaseModel):
+    """One path inside an episode's folder and in how many episodes a world changed it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    added: int = Field(ge=0)
+    changed: int = Field(ge=0)
+    removed: int = Field(ge=0)
+
+
+class WorldWorkspace(BaseModel):
+    """One world's workspace over the whole run: what it forked from (the chunks' layers)
+    and held at the branch, what it held at its end, and what diverged, counted in files
+    and in episodes, with the paths (within an episode's folder) it changed most."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    world: str
+    layers: tuple[str, ...]
+    files_at_branch: int
+    bytes_at_branch: int
+    files_at_end: int
+    bytes_at_end: int
+    added: int
+    removed: int
+    changed: int
+    unchanged: int
+    episodes_diverged: int
+    paths: tuple[PathChange, ...]
+    end_manifest: str  # digest of the end manifest (the file written next to the report)
+
+
+class WorkspaceSection(BaseModel):
+    """The workspace evidence of an experiment whose workload keeps files. The full
+    manifests and diffs are files next to the report (``files``), named here."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    episodes: int
+    branch_manifest: str  # digest of the manifest at the branch, every world's start
+    files: tuple[str, ...]
+    worlds: tuple[WorldWorkspace, ...]
+
+
+#: How many changed paths per world the report lists (the diff file has them all).
+TOP_PATHS = 8
+
+
+def _merge(manifests: list[WorkspaceManifest]) -> WorkspaceManifest:
+    files = sorted((f for m in manifests for f in m.files), key=lambda f: f.path)
+    return WorkspaceManifest(files=tuple(files))
+
+
+def _episode_path(path: str) -> tuple[str, str]:
+    episode, _, rest = path.partition("/")
+    return episode, rest
+
+
+def _file_name(world: str, what: str) -> str:
+    return f"workspace-{world}-{what}.json"
+
+
+def workspace_section(
+    branch: list[WorkspaceManifest],
+    worlds: dict[str, tuple[list[str], list[WorkspaceManifest]]],
+) -> tuple[WorkspaceSection, dict[str, str]]:
+    """The section and the files it names: ``branch`` holds each chunk's manifest at the
+    branch; ``worlds`` maps a world to the layers it forked from and each of its batches'
+    manifests at the end. The paths in a manifest start with the episode's number."""
+    start = _merge(branch)
+    files = {"workspace-branch.json": _dump(start)}
+    rows = []
+    for name, (layers, ends) in worlds.items():
+        end = _merge(ends)
+        diff = diff_manifests(start, end)
+        counts: dict[str, dict[str, int]] = {}
+        episodes: set[str] = set()
+        for kind, paths in (
+            ("added", diff.added),
+            ("changed", diff.changed),
+            ("removed", diff.removed),
+        ):
+            for path in paths:
+                episode, rest = _episode_path(path)
+                episodes.add(episode)
+                row = counts.setdefault(rest, {"added": 0, "changed": 0, "removed": 0})
+                row[kind] += 1
+        top = sorted(counts.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))[:TOP_PATHS]
+        files[_file_name(name, "end")] = _dump(end)
+        files[_file_name(name, "diff")] = _dump(diff)
+        rows.append(
+            WorldWorkspace(
+                world=name,
+                layers=tuple(sorted(set(layers))),
+                files_at_branch=len(start.files),
+                bytes_at_branch=start.bytes,
+                files_at_end=len(end.files),
+                bytes_at_end=end.bytes,
+                added=len(diff.added),
+                removed=len(diff.removed),
+                changed=len(diff.changed),
+                unchanged=diff.unchanged,
+                episodes_diverged=len(episodes),
+                paths=tuple(PathChange(path=p, **c) for p, c in top),
+                end_manifest=end.digest(),
+            )
+        )
+    section = WorkspaceSection(
+        episodes=len({_episode_path(f.path)[0] for f in start.files}),
+        branch_manifest=start.digest(),
+        files=tuple(sorted(files)),
+        worlds=tuple(rows),
+    )
+    return section, files
+
+
+def _dump(model: BaseModel) -> str:
+    return json.dumps(model.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
+
+
+def workspace_markdown(section: WorkspaceSection) -> list[str]:
+    """The report's "Workspaces" section, as Markdown lines."""
+    lines = [
+        "## Workspaces",
+        "",
+        f"Every world forked each of {section.episodes} episodes from the files its prefix "
+        f"left (manifest `{section.branch_manifest[:16]}`); the full manifests and diffs "
+        f"(path, size, md5, sha256) are next to this report: "
+        + ", ".join(f"`{f}`" for f in section.files)
+        + ".",
+        "",
+        "| world | files at branch → end | bytes at branch → end | added | changed | removed "
+        "| episodes diverged | most changed paths |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for w in section.worlds:
+        paths = ", ".join(f"`{p.path}` ×{p.added + p.changed + p.removed}" for p in w.paths)
+        lines.append(
+            f"| {w.world} | {w.files_at_branch} → {w.files_at_end} | {w.bytes_at_branch} → "
+            f"{w.bytes_at_end} | {w.added} | {w.changed} | {w.removed} | "
+            f"{w.episodes_diverged} of {section.episodes} | {paths or 'none'} |"
+        )
+    lines += [
+        "",
+        "Layers forked from: "
+        + ", ".join(sorted({f"`{d[:12]}`" for w in section.worlds for d in w.layers})),
+        "",
+    ]
+    return lines

@@ -6,26 +6,45 @@ shells around this class. A fork is a new workflow; the parent is only read.
 
 from __future__ import annotations
 
+import base64
 import getpass
+import json
 import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttributes
 
-from activities.fork_models import MARKER_MEMO_KEY, RECEIPT_MEMO_KEY, ForkMarker, ModelSwap
+from activities.agent_workspace import agent_workspaces_root
+from activities.fork_models import (
+    MARKER_MEMO_KEY,
+    RECEIPT_MEMO_KEY,
+    WORKSPACE_LAYER_FIELD,
+    ForkMarker,
+    ModelSwap,
+)
 from activities.fork_registry import ForkRegistry
-from activities.run_history import RunRecord, chain_steps, locate_step, read_chain
+from activities.run_history import (
+    ClosedRuns,
+    RunRecord,
+    chain_steps,
+    digest_payloads,
+    locate_step,
+    read_chain,
+)
 from activities.run_log import LogEvent, RunLog
+from activities.sandbox.workspace import LayerStore, WorkspaceError
 from experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
 from experiments.runfork.receipt import (
     BoundaryError,
     BoundaryMode,
     ForkReceipt,
+    ends_its_run,
     make_receipt,
     receipt_markdown,
     resolve_boundary,
@@ -61,6 +80,21 @@ def receipt_of(run: RunRecord) -> ForkReceipt | None:
     return run.receipt
 
 
+def workspace_layer_at(prefix: list[Step]) -> str | None:
+    """The workspace layer the last step of ``prefix`` that reported one returned."""
+    for step in reversed(prefix):
+        if step.result_b64 is None:
+            continue
+        payload = Payload.FromString(base64.b64decode(step.result_b64))
+        try:
+            result = json.loads(payload.data)
+        except ValueError:
+            continue
+        if isinstance(result, dict) and isinstance(result.get(WORKSPACE_LAYER_FIELD), str):
+            return str(result[WORKSPACE_LAYER_FIELD])
+    return None
+
+
 def final_state(chain: list[RunRecord]) -> Any:
     close = chain[-1].close
     if "result" in close:
@@ -75,6 +109,7 @@ class AgentLab:
         self.registry = ForkRegistry(agent.forks_path)
         self.run_log = RunLog(agent.run_log_path)
         self.ledger = effect_ledger(agent)
+        self.runs = ClosedRuns()
 
     async def chain(self, run: str) -> list[RunRecord]:
         return await read_chain(self.client, run)
@@ -93,9 +128,12 @@ class AgentLab:
         tool_policies: dict[str, ToolPolicy] | None = None,
         boundary: BoundaryMode = BoundaryMode.exact,
         requested_by: str | None = None,
-        workspace_layer_sha256: str | None = None,
     ) -> Fork:
-        """Start a fork of ``run`` that inherits steps 1..at_step and continues live."""
+        """Start a fork of ``run`` that inherits steps 1..at_step and continues live.
+
+        When the run keeps a workspace, the fork's files start from the layer step
+        ``at_step`` left (verified first; a damaged layer refuses the fork), recorded in
+        the receipt's ``workspace_layer_sha256``."""
         fork_id = name or f"{run}--fork-{uuid.uuid4().hex[:8]}"
         if not _NAME.match(fork_id):
             raise ForkError(
@@ -104,7 +142,7 @@ class AgentLab:
             )
         policies = dict(tool_policies or {})
         policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
-        located = await locate_step(self.client, run, at_step, self.registry)
+        located = await locate_step(self.client, run, at_step, self.registry, self.runs)
         source = located.source
         try:
             resolution = resolve_boundary(
@@ -116,13 +154,26 @@ class AgentLab:
             )
         except BoundaryError as exc:
             raise ForkError(str(exc)) from None
-        first = located.first
-        parent_receipt = (
-            ForkReceipt.model_validate_json(first.receipt_json) if first.receipt_json else None
+        layer = (
+            self._checked_layer(resolution.prefix, at_step)
+            if boundary is not BoundaryMode.lineage_only
+            else None
         )
-        first_marker = (
-            ForkMarker.model_validate_json(first.marker_json) if first.marker_json else None
-        )
+        # where the fork starts: the recorded input of the run holding the boundary (its
+        # earlier steps served from that run's history), or — when the boundary ends a run
+        # that continued-as-new — the next run's recorded input, a checkpoint at the
+        # boundary itself: nothing is served and the parent's continue-as-new (which the
+        # server may delay) is not repeated
+        start_run, start_input, base_step = source.run_id, source.input, source.base_step
+        nxt = located.next_run
+        if (
+            boundary is not BoundaryMode.lineage_only
+            and nxt is not None
+            and ends_its_run(resolution, source.steps, source.others)
+        ):
+            start_run, start_input, base_step = nxt.run_id, nxt.input, resolution.resolved_step
+            resolution = resolution.model_copy(update={"prefix": []})  # nothing is served
+        parent_receipt, first_marker = located.receipt, located.marker
         lineage = [*(parent_receipt.lineage if parent_receipt else []), run]
         receipt = make_receipt(
             resolution,
@@ -130,8 +181,9 @@ class AgentLab:
             name=name or fork_id,
             parent_workflow_id=run,
             parent_run_id=located.latest_run_id,
-            source_run_id=source.run_id,
-            base_step=source.base_step,
+            source_run_id=start_run,
+            base_step=base_step,
+            source_input_sha256=digest_payloads(start_input),
             lineage=lineage,
             boundary=boundary,
             intervention=intervention,
@@ -139,7 +191,7 @@ class AgentLab:
             tool_policies=policies,
             requested_by=requested_by or getpass.getuser(),
             created_at=datetime.now(UTC),
-            workspace_layer_sha256=workspace_layer_sha256,
+            workspace_layer_sha256=layer,
         )
         inherited_swaps = [
             swap
@@ -149,8 +201,8 @@ class AgentLab:
         own_swap = [ModelSwap(after_step=at_step, model=model)] if model is not None else []
         marker = ForkMarker(
             parent_workflow_id=run,
-            source_run_id=source.run_id,
-            base_step=source.base_step,
+            source_run_id=start_run,
+            base_step=base_step,
             at_step=resolution.resolved_step if boundary is not BoundaryMode.lineage_only else 0,
             boundary=boundary,
             lineage_root=lineage[0],
@@ -161,7 +213,7 @@ class AgentLab:
         )
         handle = await self.client.start_workflow(
             source.workflow_type,
-            args=[RawValue(p) for p in source.input],
+            args=[RawValue(p) for p in start_input],
             id=fork_id,
             task_queue=source.task_queue,
             memo={
@@ -181,6 +233,25 @@ class AgentLab:
         )
         self.registry.add_receipt(receipt)
         return Fork(receipt=receipt, handle=handle)
+
+    def _checked_layer(self, prefix: list[Step], at_step: int) -> str | None:
+        """The layer holding the run's workspace after ``at_step`` (None: no workspace
+        step so far in this run), verified against its manifest digest and seal when the
+        layer store is on this host (the worker verifies it again before mounting it)."""
+        layer = workspace_layer_at(prefix)
+        if layer is None:
+            return None
+        root = agent_workspaces_root(self.agent.home)
+        if not (root / "layers").is_dir():
+            return layer
+        try:
+            LayerStore(root).stack(layer)
+        except WorkspaceError as exc:
+            raise ForkError(
+                f"cannot fork at step {at_step}: the workspace layer of that step is unusable: "
+                f"{exc}"
+            ) from None
+        return layer
 
     async def diff(self, a: str, b: str) -> RunDiff:
         chain_a, chain_b = await self.chain(a), await self.chain(b)

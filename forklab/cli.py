@@ -36,6 +36,7 @@ def build_parser(local_only: bool = False) -> argparse.ArgumentParser:
             evals_command,
             experiment_commands,
             service_commands,
+            workspace_command,
         )
 
         experiment_commands.register(sub)
@@ -46,6 +47,7 @@ def build_parser(local_only: bool = False) -> argparse.ArgumentParser:
         agent_services.register(sub)
         doctor_command.register(sub)
         evals_command.register(sub)
+        workspace_command.register_layers(sub)
     return parser
 
 

@@ -103,7 +103,7 @@ async def _follow(settings: Settings, experiment: str) -> ExperimentResult:
 async def demo_flow(settings: Settings, spec_path: Path, yes: bool) -> int:
     spec = load_spec(str(spec_path))
     spec = spec.model_copy(update={"id": f"{spec.id}-{time.strftime('%Y%m%d-%H%M%S')}"})
-    key_file = await start_experiment(settings, spec)
+    key_file = (await start_experiment(settings, spec)).key_path
     print(f"1. started experiment {spec.id} from {spec_path.name}")
     print(f"   Web UI: {settings.experiment_url(workflow_id(spec.id))}")
     print(f"   approver key written to {key_file} (owner-only)")

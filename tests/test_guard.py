@@ -21,6 +21,7 @@ from experiments.analysis.guard import (
     validate_guard,
 )
 from experiments.analysis.slices import Dimension, SliceEffect, dimensions, slice_effects
+from experiments.bundle import bundle_files
 from experiments.engine import run_twin, world_plan
 from experiments.plan import rehearse, workload_code_digest
 from experiments.report.render_html import render_html
@@ -252,7 +253,7 @@ def test_the_durable_guard_runs_two_worlds_in_its_box_and_equals_the_twin(
     )
     rule = {"any": [{"queue_depth": {"ge": 1}}, {"upstream": {"eq": "healthy"}}]}
     calls = WorkloadCalls(tmp_path / "calls")
-    in_box = calls.held_out_runner(workload_code_digest(spec))
+    in_box = calls.held_out_runner(bundle_files(spec.workload.name), workload_code_digest(spec))
     asked: list[list[str]] = []
 
     def sandboxed(spec: ExperimentSpec, episodes: Sequence[int], plans: Sequence[WorldPlan]) -> Any:

@@ -131,6 +131,26 @@ def test_foreign_schema_and_non_ledger_files_are_refused(tmp_path: Path) -> None
         SqliteLedger(garbage).experiment("x")
 
 
+def test_a_ledger_of_schema_1_is_upgraded_in_place(tmp_path: Path) -> None:
+    """Version 2 added the workload bundle digest to the experiment rows; an older ledger
+    keeps its rows and gains the column (NULL: those runs predate bundles)."""
+    old = tmp_path / "old.sqlite"
+    ledger = SqliteLedger(old)
+    ledger.record_experiment(experiment())
+    with closing(sqlite3.connect(old)) as conn:  # back to what schema 1 wrote
+        conn.execute("ALTER TABLE experiments DROP COLUMN workload_bundle")
+        conn.execute("PRAGMA user_version = 1")
+        conn.commit()
+    upgraded = SqliteLedger(old)
+    assert upgraded.experiment("recovery-counter") == experiment()
+    upgraded.record_experiment(experiment("run-2", workload_bundle="c" * 64))
+    assert upgraded.experiment("recovery-counter", "run-2") == experiment(
+        "run-2", workload_bundle="c" * 64
+    )
+    with closing(sqlite3.connect(old)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (2,)
+
+
 WRITER = """
 import sys
 from datetime import UTC, datetime

@@ -8,18 +8,20 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agent_fixtures import Services, agent_settings
 from fork_workloads import StepsInput, StepsWorkflow, echo, hold
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
-from activities.run_history import ForkActivities
+from activities.run_history import ForkActivities, digest_payloads, locate_step
 from experiments.runfork.policy import ToolPolicy
 from experiments.runfork.receipt import BoundaryMode
+from experiments.runfork.steps import prefix_sha256
 from forklab.agent_lab import AgentLab, ForkError
 from workers.agent_worker import ensure_run_fork_attributes
 from workflows.runfork.interceptor import ForkInterceptor
@@ -160,9 +162,163 @@ async def test_fork_across_continue_as_new_and_fork_of_fork(steps_lab: StepsLab)
     assert [s.index for s in steps] == list(range(1, 10))
     fork = await steps_lab.lab.fork(wid, 5)
     assert fork.receipt.base_step == 3 and fork.receipt.source_run_id != fork.receipt.parent_run_id
+    # the second run has closed: a second fork inside it parses it from memory
+    assert steps_lab.lab.runs.hits == 0
+    again = await steps_lab.lab.fork(wid, 4)
+    assert steps_lab.lab.runs.hits == 1
+    assert again.receipt.source_run_id == fork.receipt.source_run_id
+    assert len(await again.handle.result()) == len(expected)
     assert await fork.handle.result() == expected
     fork_steps = await steps_lab.lab.steps(fork.handle.id)
     assert [s.index for s in fork_steps][:3] == [4, 5, 6]
     grandchild = await steps_lab.lab.fork(fork.handle.id, 7)
     assert grandchild.receipt.lineage == [wid, fork.handle.id]
     assert await grandchild.handle.result() == expected
+
+
+async def _scheduled(handle: WorkflowHandle[Any, Any]) -> list[tuple[str, str]]:
+    """(activity type, summary) of every activity a run scheduled."""
+    conv = pydantic_data_converter.payload_converter
+    return [
+        (
+            e.activity_task_scheduled_event_attributes.activity_type.name,
+            str(conv.from_payload(e.user_metadata.summary)),
+        )
+        for e in (await handle.fetch_history()).events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+
+
+async def test_exact_fork_inside_an_earlier_run_of_a_running_chain(steps_lab: StepsLab) -> None:
+    """The parent continued-as-new twice and its third run is running (held at step 8);
+    a fork at step 5 (inside the second run) is exact: steps 1..3 arrive through the second
+    run's recorded input, 4..5 are served from its recorded history, none runs again. The
+    fork's own later run keeps its numbering, lineage and tool policies."""
+    wid = await steps_lab.start(steps=9, can_every=3, hold_at=8)
+    parent = steps_lab.client.get_workflow_handle(wid)
+    for _ in range(300):
+        if len(await steps_lab.lab.steps(wid)) == 8:
+            break
+        await asyncio.sleep(0.1)
+    chain = await steps_lab.lab.chain(wid)
+    assert [r.status for r in chain] == ["continued_as_new"] * 2 + ["running"]
+    runs = [steps_lab.client.get_workflow_handle(wid, run_id=r.run_id) for r in chain]
+    before = [list((await h.fetch_history()).events) for h in runs]
+    # the parent's later runs number their steps after the earlier runs'
+    assert await _scheduled(runs[1]) == [("echo", f"step {i}: echo") for i in (4, 5, 6)]
+    with pytest.raises(ForkError, match=r"step 8 .*never completed"):
+        await steps_lab.lab.fork(wid, 8)
+    policies = {"*": ToolPolicy.live, "hold": ToolPolicy.block}
+    fork = await steps_lab.lab.fork(wid, 5, tool_policies=policies, intervention={"v": 2})
+    r = fork.receipt
+    assert r.boundary is BoundaryMode.exact and r.restorable
+    assert (r.requested_step, r.resolved_step, r.base_step) == (5, 5, 3)
+    assert r.source_run_id == chain[1].run_id and r.parent_run_id == chain[2].run_id
+    with pytest.raises(WorkflowFailureError) as failure:  # step 8 (hold) is blocked
+        await fork.handle.result()
+    assert "fork_tool_blocked" in str(failure.value.cause) and "step 8" in str(failure.value.cause)
+    steps = await steps_lab.lab.steps(fork.handle.id)
+    assert [(s.index, s.origin) for s in steps] == [
+        (4, "inherited"),
+        (5, "inherited"),
+        (6, "own"),
+        (7, "own"),
+        (8, "blocked"),
+    ]
+    fork_chain = await steps_lab.lab.chain(fork.handle.id)
+    assert len(fork_chain) == 2  # the fork continued-as-new after its step 6, as the parent
+    first, later = (
+        steps_lab.client.get_workflow_handle(fork.handle.id, run_id=x.run_id) for x in fork_chain
+    )
+    assert await _scheduled(first) == [
+        ("forklab.fetch_prefix", f"fork: inherit steps 4..5 of {wid}"),
+        ("echo", "step 6: echo"),
+    ]
+    assert [t for t, _ in await _scheduled(later)] == ["echo", "forklab.step_decision"]
+    assert fork_chain[1].marker is not None and fork_chain[1].marker.intervention == {"v": 2}
+    assert fork_chain[1].marker.lineage_root == wid
+    # a fork of the fork, inside its later run, is exact too
+    grandchild = await steps_lab.lab.fork(fork.handle.id, 7, tool_policies=policies)
+    assert grandchild.receipt.base_step == 6 and grandchild.receipt.lineage == [wid, fork.handle.id]
+    with pytest.raises(WorkflowFailureError):
+        await grandchild.handle.result()
+    assert [s.origin for s in await steps_lab.lab.steps(grandchild.handle.id)] == [
+        "inherited",
+        "blocked",
+    ]
+    after = [list((await h.fetch_history()).events) for h in runs]
+    assert after == before  # forking wrote nothing to any run of the parent
+    await parent.terminate("test over")
+
+
+async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
+    steps_lab: StepsLab,
+) -> None:
+    """Step 6 is the last of the parent's second run: the third run's recorded input is the
+    state after step 6, so the fork starts from it and is served nothing (and does not
+    continue-as-new where the parent did)."""
+    wid = await steps_lab.start(steps=9, can_every=3)
+    expected = await steps_lab.client.get_workflow_handle(wid).result()
+    chain = await steps_lab.lab.chain(wid)
+    located = await locate_step(steps_lab.client, wid, 6)  # from the ends of runs 3 and 2
+    assert located.tail_only and located.histories_read == 0 and located.starts_read == 2
+    live = await steps_lab.lab.fork(wid, 6, tool_policies={"*": ToolPolicy.live})
+    r = live.receipt
+    assert (r.requested_step, r.resolved_step, r.base_step) == (6, 6, 6) and r.restorable
+    assert r.source_run_id == chain[2].run_id
+    assert r.source_input_sha256 == digest_payloads(chain[2].input)
+    assert r.prefix_sha256 == prefix_sha256([])  # served nothing: the input is the state
+    assert await live.handle.result() == expected
+    assert [t for t, _ in await _scheduled(live.handle)] == ["echo"] * 3  # no prefix read
+    assert [(s.index, s.origin) for s in await steps_lab.lab.steps(live.handle.id)] == [
+        (7, "own"),
+        (8, "own"),
+        (9, "own"),
+    ]
+    # lineage_only inherits nothing: it re-runs the run holding step 6 from its start
+    lineage = await steps_lab.lab.fork(wid, 6, boundary=BoundaryMode.lineage_only)
+    assert (lineage.receipt.base_step, lineage.receipt.source_run_id) == (3, chain[1].run_id)
+    assert await lineage.handle.result() == expected
+    # auto: the parent's own calls after the boundary (its third run) are served
+    auto = await steps_lab.lab.fork(wid, 6)
+    assert await auto.handle.result() == expected
+    assert [s.origin for s in await steps_lab.lab.steps(auto.handle.id)] == ["replayed"] * 3
+    # a timer after the run's last step keeps the boundary inside its run
+    timed = await steps_lab.start(steps=6, can_every=3, sleep_after=3)
+    await steps_lab.client.get_workflow_handle(timed).result()
+    assert not (await locate_step(steps_lab.client, timed, 3)).tail_only
+    inside = await steps_lab.lab.fork(timed, 3)
+    assert inside.receipt.base_step == 0 and inside.receipt.source_run_id == (
+        (await steps_lab.lab.chain(timed))[0].run_id
+    )
+
+
+async def test_a_chain_without_step_counts_in_its_memo_is_located_by_counting(
+    steps_lab: StepsLab,
+) -> None:
+    """A parent whose worker had no fork interceptor continued-as-new without recording
+    its step counts: the run holding N is found by reading and counting the runs."""
+    queue = f"plain-{uuid.uuid4().hex[:8]}"
+    wid = f"plain-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        steps_lab.client, task_queue=queue, workflows=[StepsWorkflow], activities=[echo]
+    ):
+        expected = await steps_lab.client.execute_workflow(
+            StepsWorkflow.run, StepsInput(steps=9, can_every=3), id=wid, task_queue=queue
+        )
+    forks = ForkActivities(steps_lab.client)
+    async with Worker(
+        steps_lab.client,
+        task_queue=queue,
+        workflows=[StepsWorkflow],
+        activities=[echo, forks.fetch_prefix, forks.step_decision],
+        interceptors=[ForkInterceptor()],
+    ):
+        located = await locate_step(steps_lab.client, wid, 5)
+        assert located.histories_read == 3 and not located.tail_only
+        inside = await steps_lab.lab.fork(wid, 5)
+        assert inside.receipt.base_step == 3 and await inside.handle.result() == expected
+        at_end = await steps_lab.lab.fork(wid, 6, tool_policies={"*": ToolPolicy.live})
+        chain = await steps_lab.lab.chain(wid)
+        assert at_end.receipt.base_step == 6 and at_end.receipt.source_run_id == chain[2].run_id
+        assert await at_end.handle.result() == expected

@@ -202,16 +202,20 @@ def test_both_ledgers_round_trip_and_upsert_alike(any_ledger: Ledger) -> None:
 
 def test_postgres_schema_is_migrated_once_and_a_newer_one_refused(database: str) -> None:
     db = PostgresDatabase(database)
-    assert db.migrate("ledger", MIGRATIONS) == 1
-    assert db.migrate("ledger", MIGRATIONS) == 1  # a no-op the second time
+    assert db.migrate("ledger", MIGRATIONS) == 2
+    assert db.migrate("ledger", MIGRATIONS) == 2  # a no-op the second time
     extra = Migration(
-        version=2, name="an index", sql="CREATE INDEX w_status ON ledger_worlds (status)"
+        version=3, name="an index", sql="CREATE INDEX w_status ON ledger_worlds (status)"
     )
-    assert db.migrate("ledger", [*MIGRATIONS, extra]) == 2
+    assert db.migrate("ledger", [*MIGRATIONS, extra]) == 3
     with psycopg.connect(database) as conn:
         rows = conn.execute("SELECT component, version, name FROM forklab_schema").fetchall()
-    assert rows == [("ledger", 1, "experiments and worlds"), ("ledger", 2, "an index")]
-    with pytest.raises(SchemaError, match="schema version 2 but this ForkLab knows version 1"):
+    assert rows == [
+        ("ledger", 1, "experiments and worlds"),
+        ("ledger", 2, "workload bundle digest"),
+        ("ledger", 3, "an index"),
+    ]
+    with pytest.raises(SchemaError, match="schema version 3 but this ForkLab knows version 2"):
         PostgresLedger(db).experiment("x")
     with pytest.raises(ValueError, match=r"numbered 1\.\.n"):
         db.migrate("effects", [extra])
@@ -233,7 +237,7 @@ def test_workers_starting_together_migrate_once(database: str) -> None:
     ]
     assert [p.wait(timeout=120) for p in procs] == [0] * 6
     with psycopg.connect(database) as conn:
-        assert conn.execute("SELECT count(*) FROM forklab_schema").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM forklab_schema").fetchone() == (len(MIGRATIONS),)
         assert conn.execute("SELECT count(*) FROM ledger_worlds").fetchone() == (6,)
 
 

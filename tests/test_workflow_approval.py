@@ -145,7 +145,9 @@ async def test_without_a_key_a_worker_makes_one_keyed_by_workflow_and_run(lab: L
     spec = make_spec(episodes=12)
     handle = await lab.client.start_workflow(
         ExperimentWorkflow.run,
-        ExperimentInput(spec=spec, batch_episodes=12, rehearsal_episodes=0),
+        ExperimentInput(
+            spec=spec, batch_episodes=12, rehearsal_episodes=0, workload_bundle=lab.ship(spec)
+        ),
         id=workflow_id(spec.id),
         task_queue=lab.settings.task_queue,
         result_type=ExperimentResult,
@@ -183,7 +185,9 @@ async def test_the_worker_not_the_spec_decides_whether_approval_may_be_skipped(
     async with build_worker(lab.client, lenient, cpu):
         result = await lab.client.execute_workflow(
             ExperimentWorkflow.run,
-            ExperimentInput(spec=other, batch_episodes=12, rehearsal_episodes=0),
+            ExperimentInput(
+                spec=other, batch_episodes=12, rehearsal_episodes=0, workload_bundle=lab.ship(other)
+            ),
             id=workflow_id(other.id),
             task_queue=lenient.task_queue,
             result_type=ExperimentResult,
@@ -208,7 +212,9 @@ async def test_hostile_workload_cannot_read_the_key_a_worker_made(lab: Lab) -> N
     )
     handle = await lab.client.start_workflow(
         ExperimentWorkflow.run,
-        ExperimentInput(spec=spec, batch_episodes=12, rehearsal_episodes=0),
+        ExperimentInput(
+            spec=spec, batch_episodes=12, rehearsal_episodes=0, workload_bundle=lab.ship(spec)
+        ),
         id=workflow_id(spec.id),
         task_queue=lab.settings.task_queue,
         result_type=ExperimentResult,

@@ -34,6 +34,7 @@ async def test_cancelling_one_run_leaves_the_other_runs_sandboxes_alone(lab: Lab
                 requested_by="tests",
                 batch_episodes=6,
                 rehearsal_episodes=4,
+                workload_bundle=lab.ship(spec),
             ),
             id=f"forklab-{spec.id}-{suffix}",  # e.g. raw `temporal workflow start`
             task_queue=lab.settings.task_queue,

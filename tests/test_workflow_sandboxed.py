@@ -12,6 +12,8 @@ import pytest
 from orchestration_lab import Lab, make_spec
 from temporalio.client import WorkflowFailureError
 
+from forklab.specfile import load_spec
+from tests.helpers import ROOT
 from workflows.messages import Stage, Status
 
 
@@ -67,3 +69,28 @@ async def test_a_snapshot_poisoned_mid_run_fails_the_run_and_never_validates(lab
     assert result.error is not None and "modified after it was made" in result.error
     assert result.analysis is None  # no report, so never `valid: true`
     assert lab.sandboxes(spec.id) == []
+
+
+async def test_a_workspace_layer_tampered_mid_run_fails_the_run_and_never_validates(
+    lab: Lab,
+) -> None:
+    """The coding-fix workload keeps its package as files: each prefix chunk's workspace
+    is frozen into a sealed layer that every world attaches. A layer changed after it was
+    sealed (one source file of one episode) is refused before any world runs on it."""
+    spec = load_spec(str(ROOT / "experiments" / "coding-fix.yaml"))
+    spec = spec.model_copy(update={"id": "tampered-layer", "episodes": 40})
+    handle, token = await lab.start(spec, batch_episodes=5, rehearsal_episodes=5)
+    await lab.approve(handle, token)
+    await lab.wait_for(handle, Stage.running_worlds, timeout=180)
+    layers = lab.settings.sandboxes_dir / "layers"
+    tampered = 0
+    for arith in layers.glob("*/t/*/calc/arith.py"):
+        arith.write_text(arith.read_text().replace("a - b", "a + b"))  # a silent "fix"
+        tampered += 1
+    assert tampered > 0
+    result = await asyncio.wait_for(handle.result(), timeout=180)
+    assert result.status is Status.failed, result
+    assert result.error is not None and "modified after sealing" in result.error, result.error
+    assert result.analysis is None  # no report, so never `valid: true`
+    assert lab.sandboxes(spec.id) == []
+    assert lab.backend.workspaces.live_layers() == set()  # the run released its layers

@@ -150,7 +150,13 @@ class Settings(BaseModel):
 
     @property
     def artifacts_dir(self) -> Path:
-        """The local artifact folder (when the store is not in S3)."""
+        """The local artifact folder; there is none when the store is in S3 (a folder
+        named after the ``s3://`` URL would silently take the objects)."""
+        if self.shared_artifacts:
+            raise ConfigError(
+                f"FORKLAB_ARTIFACTS is the S3 store {self.artifacts}; there is no local "
+                "artifact folder (use workers.stores.artifact_store)"
+            )
         return Path(self.artifacts).expanduser() if self.artifacts else self.home / "artifacts"
 
     @property

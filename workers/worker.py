@@ -31,6 +31,7 @@ from activities.records import RecordActivities
 from activities.sandbox.base import SandboxBackend
 from activities.sandbox.workload_calls import WorkloadCalls
 from activities.shared_snapshots import SharedSnapshots
+from activities.workload_bundles import WorkloadBundles
 from activities.world_batches import SandboxActivities
 from workers.config import Settings
 from workers.providers import braintrust_config, readout_config, sandbox_backend
@@ -107,10 +108,11 @@ def build_activities(
     store = artifact_store(settings)
     snapshots = SharedSnapshots(backend, store)
     calls = WorkloadCalls(settings.sandboxes_dir / "calls")
-    planning = PlanningActivities(snapshots, settings.max_sandboxes, calls)
+    bundles = WorkloadBundles(store, settings.home / "workload-bundles")
+    planning = PlanningActivities(snapshots, settings.max_sandboxes, calls, bundles)
     approval = ApprovalActivities(settings.home, settings.allow_unapproved)
     sandboxes = SandboxActivities(backend, store, snapshots)
-    records = RecordActivities(store, ledger(settings), cpu, calls)
+    records = RecordActivities(store, ledger(settings), cpu, calls, bundles)
     readout = ReadoutActivities(store, readout_config())
     evidence = EvidenceActivities(store, settings.home / "braintrust-outbox", braintrust_config())
     return [

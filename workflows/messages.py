@@ -187,6 +187,14 @@ class ExperimentInput(Model):
     requested_by: str = Field(default="", max_length=MAX_NAME)
     batch_episodes: int = Field(default=DEFAULT_BATCH_EPISODES, ge=1, le=10_000_000)
     rehearsal_episodes: int = Field(default=DEFAULT_REHEARSAL_EPISODES, ge=0, le=10_000_000)
+    workload_bundle: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description=(
+            "Digest of the workload bundle forklab start shipped through the artifact store "
+            "(docs/workloads.md, What is bundled); None for a workload built into ForkLab."
+        ),
+    )
     history_events: int = Field(
         default=DEFAULT_HISTORY_EVENTS,
         ge=HISTORY_EVENTS_RANGE[0],

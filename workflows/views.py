@@ -100,6 +100,11 @@ def provenance(state: RunState) -> dict[str, str]:
     return {
         "plan fingerprint": f"`{state.plan.fingerprint}`",
         "snapshot": f"`{state.plan.snapshot.snapshot_id}` ({state.plan.snapshot.backend})",
+        "workload bundle": (
+            f"`{state.plan.snapshot.workload_bundle}` (shipped by forklab start)"
+            if state.plan.snapshot.workload_bundle
+            else "none: the workload is built into ForkLab"
+        ),
         "provenance": state.plan.snapshot.provenance or "not recorded",
         "approval": (
             f"{approval.status.value} by {approval.decided_by}"

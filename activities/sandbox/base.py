@@ -1,4 +1,4 @@
-"""The sandbox interface every backend implements (local processes now, Daytona later).
+"""The sandbox interface every backend implements (local processes, Daytona).
 
 The orchestrator codes against :class:`SandboxBackend` only: it prepares one snapshot per
 experiment, creates a labelled sandbox per world batch, uploads the inputs, runs the
@@ -7,6 +7,7 @@ runner, downloads the result, and deletes — then lists by label until nothing 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -40,6 +41,21 @@ class Limits(BaseModel):
     wall_seconds: float = Field(900.0, gt=0)
     processes: int = Field(64, ge=4)  # processes and threads, all of the sandbox's together
     file_mb: int = Field(256, ge=1)  # the largest file a command may write
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def snapshot_code_digest(snapshot_id: str) -> str:
+    """The code digest every backend's snapshot id ends with (``local:<digest>``,
+    ``daytona:<Daytona snapshot id>:<digest>``): the name under which the snapshot's
+    bundle manifest travels through the artifact store."""
+    digest = snapshot_id.rpartition(":")[2]
+    if ":" not in snapshot_id or not _DIGEST.fullmatch(digest):
+        raise SandboxError(
+            f"snapshot id {snapshot_id!r} does not end with ':' and a sha256 code digest"
+        )
+    return digest
 
 
 class SnapshotInfo(BaseModel):
@@ -76,6 +92,12 @@ class SandboxBackend(Protocol):
         """Make ``files`` available as a snapshot; idempotent (same files → same id)."""
         ...
 
+    def restore_snapshot(self, snapshot_id: str, files: list[BundleFile]) -> None:
+        """Make ``snapshot_id``, prepared by another worker, usable here from its bundle
+        ``files`` (fetched from the artifact store). Raises ``SandboxError`` unless the
+        files make exactly that snapshot; never re-resolves anything by name."""
+        ...
+
     def create(self, snapshot_id: str, labels: dict[str, str], limits: Limits) -> str:
         """A fresh sandbox whose working folder holds the snapshot's files; returns its id."""
         ...
@@ -110,6 +132,12 @@ class WorkspaceBackend(Protocol):
         ...
 
     def freeze_workspace(self, sandbox_id: str) -> LayerInfo: ...
+
+    def has_layer(self, digest: str) -> bool:
+        """Whether this host's layer store holds ``digest`` (sealed; not verified here)."""
+        ...
+
+    def import_workspace(self, folder: Path) -> LayerInfo: ...
 
     def workspace_manifest(self, sandbox_id: str) -> WorkspaceManifest: ...
 

@@ -4,7 +4,9 @@ resolved, immutable snapshot (pinned by id, not by name).
 What ForkLab's snapshot id means here: ``daytona:<Daytona snapshot id>:<bundle digest>``.
 The Daytona snapshot is the image (an interpreter, nothing of ForkLab); the runner bundle
 — the exact files whose digest is the workload's code identity — is kept by the worker
-and uploaded into each sandbox when it is created. Every sandbox is labelled (experiment,
+and uploaded into each sandbox when it is created. A worker on another host gets the
+bundle from the artifact store (``activities.shared_snapshots``) and keeps the image the
+id pins; it never resolves the snapshot name again. Every sandbox is labelled (experiment,
 world, batch, plus ``forklab.managed``), cut off the network (``network_block_all``),
 ephemeral (deleted as soon as it stops), auto-stopped when idle and capped by a TTL, so a
 worker that dies mid-batch leaves nothing running for long; cleanup lists by label
@@ -18,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import secrets
 import shlex
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +54,7 @@ from activities.sandbox.base import (
     Limits,
     SandboxError,
     SandboxNotFoundError,
+    SnapshotCorruptedError,
     SnapshotInfo,
 )
 from activities.sandbox.preflight import SandboxUnavailableError
@@ -157,13 +162,7 @@ class DaytonaSandboxBackend:
             lambda: self._client.snapshot.get(self._options.snapshot),
         )
         digest = code_digest(files)
-        folder = self._bundles / digest
-        if not folder.is_dir():
-            staging = self._bundles / f".{digest}.tmp"
-            shutil.rmtree(staging, ignore_errors=True)
-            for f in files:
-                atomic_write(staging / f.relpath, f.source.read_bytes())
-            staging.replace(folder)
+        self._keep(files, digest)
         return SnapshotInfo(
             id=f"{SNAPSHOT_PREFIX}{snap.id}:{digest}",
             backend=self.name,
@@ -171,16 +170,64 @@ class DaytonaSandboxBackend:
             files=len(files),
         )
 
+    def restore_snapshot(self, snapshot_id: str, files: list[BundleFile]) -> None:
+        """Keep the runner bundle of a snapshot another worker prepared; no Daytona call:
+        the image stays the one ``snapshot_id`` pins (its name may point elsewhere now)."""
+        _, digest = parse_snapshot_id(snapshot_id)
+        found = code_digest(files)
+        if found != digest:
+            raise SandboxError(
+                f"the bundle stored for snapshot {snapshot_id} hashes to {found[:12]}; the "
+                "artifact store is inconsistent, start the experiment again"
+            )
+        self._keep(files, digest)
+
+    def _keep(self, files: list[BundleFile], digest: str) -> None:
+        """Copy ``files`` (whose code digest is ``digest``) to this worker's bundle folder,
+        atomically and safely against a concurrent keeper; a folder there that no longer
+        hashes to its name is replaced."""
+        folder = self._bundles / digest
+        if folder.is_dir() and self._hashed(folder) == digest:
+            return
+        self._bundles.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=self._bundles, prefix=".keep-"))
+        try:
+            for f in files:
+                atomic_write(staging / f.relpath, f.source.read_bytes())
+            if self._hashed(staging) != digest:
+                raise SandboxError("the bundle files changed while they were kept; retry")
+            if folder.is_dir() and self._hashed(folder) != digest:
+                aside = self._bundles / f".modified-{digest[:12]}-{secrets.token_hex(4)}"
+                with contextlib.suppress(OSError):
+                    folder.rename(aside)
+                shutil.rmtree(aside, ignore_errors=True)
+            try:
+                staging.rename(folder)
+            except OSError:
+                if not folder.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    @staticmethod
+    def _hashed(folder: Path) -> str:
+        paths = sorted(p for p in folder.rglob("*") if p.is_file())
+        return code_digest([BundleFile(str(p.relative_to(folder)), p) for p in paths])
+
     def _bundle(self, digest: str) -> list[FileUpload]:
         folder = self._bundles / digest
         if not folder.is_dir():
             raise SandboxError(
-                f"runner bundle {digest[:12]} is not on this worker; resolve the snapshot "
-                "again (start the experiment again) or give every worker the same FORKLAB_HOME"
+                f"runner bundle {digest[:12]} is not on this worker and was not restored from "
+                "the artifact store; check FORKLAB_ARTIFACTS is the store the planning worker "
+                "uses"
             )
         paths = sorted(p for p in folder.rglob("*") if p.is_file())
-        if code_digest([BundleFile(str(p.relative_to(folder)), p) for p in paths]) != digest:
-            raise SandboxError(f"runner bundle {digest[:12]} on this worker was modified")
+        if self._hashed(folder) != digest:
+            raise SnapshotCorruptedError(
+                f"runner bundle {digest[:12]} on this worker was modified after it was kept; "
+                "its worlds cannot be trusted, so the run stops here"
+            )
         return [
             FileUpload(p.read_bytes(), f"{self._options.workdir}/{p.relative_to(folder)}")
             for p in paths

@@ -210,6 +210,14 @@ class LocalSandboxBackend(SandboxBackend):
             id=SNAPSHOT_PREFIX + digest, backend=self.name, code_digest=digest, files=len(files)
         )
 
+    def restore_snapshot(self, snapshot_id: str, files: list[BundleFile]) -> None:
+        info = self.prepare_snapshot(files)
+        if info.id != snapshot_id:
+            raise SandboxError(
+                f"the bundle stored for snapshot {snapshot_id} rebuilds as {info.id}; "
+                "the artifact store is inconsistent, start the experiment again"
+            )
+
     def _snapshot_dir(self, snapshot_id: str) -> Path:
         """The snapshot's folder, after checking that its files still hash to its id."""
         digest = snapshot_id.removeprefix(SNAPSHOT_PREFIX)
@@ -423,6 +431,12 @@ class LocalSandboxBackend(SandboxBackend):
             return self.workspaces.layers.import_tree(folder, owner=self.workspaces.owner)
         except WorkspaceError as exc:
             raise SandboxError(str(exc)) from None
+
+    def has_layer(self, digest: str) -> bool:
+        return (
+            _DIGEST.fullmatch(digest) is not None
+            and (self.workspaces.layers.root / digest / "seal.json").is_file()
+        )
 
     def attach_workspace(self, sandbox_id: str, layer: str | None) -> WorkspaceInfo:
         """Give the sandbox a workspace at ``<box>/workspace`` over ``layer`` (verified

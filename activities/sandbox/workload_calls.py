@@ -22,7 +22,7 @@ from activities.files import atomic_write
 from activities.sandbox.base import ExecResult, Limits
 from activities.sandbox.confine import run_confined
 from activities.sandbox.jail import SCRATCH_INSIDE, Mount, interpreter, sandbox_uid
-from experiments.bundle import BundleFile, bundle_files, code_digest
+from experiments.bundle import BundleFile, code_digest
 from experiments.columnar import ColumnBatch, to_columns
 from experiments.runtime.file_format import COLUMN_TYPES, Batch, WorldPlan
 from experiments.spec import ExperimentSpec
@@ -125,43 +125,41 @@ class WorkloadCalls:
         spec: ExperimentSpec,
         plans: Sequence[WorldPlan],
         episodes: int,
+        files: list[BundleFile],
         started: Callable[[int], None] = lambda pid: None,
     ) -> tuple[dict[str, Any], str, ExecResult]:
-        """The rehearsal's answer, the code digest it ran, and how the box ran; ``started``
-        gets the box's process group id (to kill it when the activity is cancelled)."""
+        """The rehearsal's answer, the code digest it ran (``files``, as they are now),
+        and how the box ran; ``started`` gets the box's process group id (to kill it when
+        the activity is cancelled)."""
         request = self._request(spec, plans) | {
             "episodes": episodes,
             "all_episodes": spec.episodes,
         }
-        files = bundle_files(spec.workload.name)
-        answer, result = self._call("rehearse", files, request, started)
+        digest = code_digest(files)
+        answer, result = self._call("rehearse", files, request, digest, started)
         _check_rehearsal(answer, [p.name for p in plans])
-        return answer, code_digest(files), result
+        return answer, digest, result
 
     def held_out(
         self,
         spec: ExperimentSpec,
         episodes: Sequence[int],
         plans: Sequence[WorldPlan],
+        files: list[BundleFile],
         expected_digest: str,
     ) -> ColumnBatch:
         """Every world's columns and the features over ``episodes``, run from the code the
         plan named."""
-        files = bundle_files(spec.workload.name)
-        found = code_digest(files)
-        if found != expected_digest:
-            raise WorkloadCallError(
-                f"the workload code is now {found[:12]} but the plan ran {expected_digest[:12]}; "
-                "the guard cannot be validated on other code, start the experiment again"
-            )
         request = self._request(spec, plans) | {"episodes": list(episodes)}
-        answer, _ = self._call("batch", files, request)
+        answer, _ = self._call("batch", files, request, expected_digest)
         return to_columns(_held_out_batch(answer, [p.name for p in plans], list(episodes)))
 
     def held_out_runner(
-        self, expected_digest: str
+        self, files: list[BundleFile], expected_digest: str
     ) -> Callable[[ExperimentSpec, Sequence[int], Sequence[WorldPlan]], ColumnBatch]:
-        return lambda spec, episodes, plans: self.held_out(spec, episodes, plans, expected_digest)
+        return lambda spec, episodes, plans: self.held_out(
+            spec, episodes, plans, files, expected_digest
+        )
 
     @staticmethod
     def _request(spec: ExperimentSpec, plans: Sequence[WorldPlan]) -> dict[str, Any]:
@@ -177,18 +175,23 @@ class WorkloadCalls:
         op: str,
         files: list[BundleFile],
         request: dict[str, Any],
+        expected_digest: str,
         started: Callable[[int], None] = lambda pid: None,
     ) -> tuple[dict[str, Any], ExecResult]:
+        """Copy ``files`` into a fresh box folder, check that the copies are the code
+        ``expected_digest`` names (what runs is what was planned), run ``op`` there."""
         folder = self.root / f"call-{os.getpid()}-{secrets.token_hex(6)}"
         code, work = folder / "code", folder / "work"
         try:
             for f in files:
                 (code / f.relpath).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(f.source, code / f.relpath)
-            if code_digest([BundleFile(f.relpath, code / f.relpath) for f in files]) != (
-                code_digest(files)
-            ):
-                raise WorkloadCallError("the workload files changed while being copied; retry")
+            found = code_digest([BundleFile(f.relpath, code / f.relpath) for f in files])
+            if found != expected_digest:
+                raise WorkloadCallError(
+                    f"the workload code is now {found[:12]} but the plan ran "
+                    f"{expected_digest[:12]}; start the experiment again"
+                )
             work.mkdir()
             uid = sandbox_uid(folder.name)
             atomic_write(work / "in.json", json.dumps(request).encode())

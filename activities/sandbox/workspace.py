@@ -36,6 +36,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -104,7 +105,9 @@ class _Seal(BaseModel):
     stats: dict[str, tuple[int, int, int, int]]  # path -> (inode, ctime_ns, size, mode)
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL:
+    """The C library, loaded once (loading it builds a class: about a millisecond)."""
     return ctypes.CDLL(None, use_errno=True)
 
 
@@ -218,13 +221,26 @@ def _stats(tree: Path) -> dict[str, tuple[int, int, int, int]]:
     return stats
 
 
-class LayerStore:
-    """Sealed, content-addressed layers under ``root/layers``."""
+def _identity(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_ctime_ns, st.st_size
 
-    def __init__(self, root: Path) -> None:
+
+class LayerStore:
+    """Sealed, content-addressed layers under ``root/layers``.
+
+    ``cache``: a layer's manifest (re-hashed to its digest) and seal are read and checked
+    once per process and kept, keyed by the identity of the two files (inode, ctime, size):
+    replacing or rewriting either changes its ctime, so the check is redone. The walk that
+    compares the layer's files with the seal is never cached: it runs on every use.
+    """
+
+    def __init__(self, root: Path, cache: bool = True) -> None:
         self.root = root / "layers"
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)  # reachable by the worker's user only
+        self.cache = cache
+        self._checked: dict[str, tuple[object, LayerManifest, _Seal]] = {}
 
     def tree(self, digest: str) -> Path:
         return self.root / digest / "t"
@@ -238,22 +254,31 @@ class LayerStore:
         return folder
 
     def manifest(self, digest: str) -> LayerManifest:
+        return self._sealed(digest)[0]
+
+    def _sealed(self, digest: str) -> tuple[LayerManifest, _Seal]:
+        """The layer's manifest, checked to hash to ``digest``, and its seal."""
         folder = self._check_digest(digest)
         try:
+            key = (_identity(folder / "manifest.json"), _identity(folder / "seal.json"))
+            hit = self._checked.get(digest) if self.cache else None
+            if hit is not None and hit[0] == key:
+                return hit[1], hit[2]
             manifest = LayerManifest.model_validate_json((folder / "manifest.json").read_bytes())
+            seal = _Seal.model_validate_json((folder / "seal.json").read_bytes())
         except (OSError, ValidationError) as exc:
             raise WorkspaceError(
-                f"layer {digest}: manifest unreadable ({exc.__class__.__name__})"
+                f"layer {digest}: manifest or seal unreadable ({exc.__class__.__name__})"
             ) from None
         if manifest.digest() != digest:
             raise LayerCorruptedError(f"layer {digest}: its manifest does not hash to its name")
-        return manifest
+        if self.cache:
+            self._checked[digest] = (key, manifest, seal)
+        return manifest, seal
 
     def verify(self, digest: str, full: bool = False) -> LayerManifest:
         """Check the layer against its manifest and seal (see the module docstring)."""
-        manifest = self.manifest(digest)
-        folder = self.root / digest
-        seal = _Seal.model_validate_json((folder / "seal.json").read_bytes())
+        manifest, seal = self._sealed(digest)
         now = _stats(self.tree(digest))
         if now != seal.stats or set(now) != {e.path for e in manifest.entries}:
             changed = sorted(
@@ -414,19 +439,23 @@ def _write_state(folder: Path, state: _State) -> None:
 class Workspaces:
     """Mounted (or copied) workspaces over layers of one ``LayerStore``.
 
-    ``overlay=False`` forces the copy fallback (tests and hosts that forbid mounts).
+    ``overlay=False`` forces the copy fallback (tests and hosts that forbid mounts);
+    ``cache=False`` re-reads and re-hashes every layer's manifest on each use (see
+    ``LayerStore``; the benchmark shows both).
     ``owner``: the uid (and gid) sandboxed commands run as when the worker is root; each
     workspace's own layer (and a copy's files) belong to it, so that those commands can
     write. Sealed layers keep the owner of whoever wrote them, which is the same uid.
     """
 
-    def __init__(self, root: Path, overlay: bool = True, owner: int | None = None) -> None:
+    def __init__(
+        self, root: Path, overlay: bool = True, owner: int | None = None, cache: bool = True
+    ) -> None:
         if any(c in str(root.resolve()) for c in ":,\\"):
             raise WorkspaceError(
                 f"workspace root {root} contains ':', ',' or '\\', which overlayfs options "
                 "cannot carry; choose another folder"
             )
-        self.layers = LayerStore(root)
+        self.layers = LayerStore(root, cache)
         self.root = root / "workspaces"
         self.root.mkdir(parents=True, exist_ok=True)
         self.overlay = overlay
@@ -524,8 +553,10 @@ class Workspaces:
             os.rename(target, staging / "t")
             layer = self.layers.seal(staging / "t", parent=None)
             shutil.rmtree(staging, ignore_errors=True)
-        stack = self.layers.stack(layer.digest)
-        self._materialise(folder, target, stack)
+        # The new layer's seal was taken from its files a moment ago; what it sits on is
+        # verified again, as before any use.
+        below = self.layers.stack(layer.parent) if layer.parent is not None else []
+        self._materialise(folder, target, [layer.digest, *below])
         return layer
 
     def fork(

@@ -142,9 +142,11 @@ def build_report(
     infra: InfraUsage | None = None,
     held_out: HeldOutRunner | None = None,
     processes: int | None = None,
+    workload_bundle: str | None = None,
 ) -> Report:
     """The report. The guard's held-out episodes run in ``held_out`` (a sandbox on the
-    durable path), else on the twin with ``processes``."""
+    durable path), else on the twin with ``processes``. ``workload_bundle`` is the digest
+    of the workload's bundle (None for a built-in workload)."""
     settings = AnalysisSettings(
         confidence=CONFIDENCE,
         alpha=spec.analysis.alpha,
@@ -212,6 +214,7 @@ def build_report(
             fingerprint=experiment_fingerprint(spec, code_digest),
             spec_digest=spec.digest(),
             code_digest=code_digest,
+            workload_bundle=workload_bundle,
             seed=spec.seed,
             episodes=spec.episodes,
             workload=spec.workload.name,

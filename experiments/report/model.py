@@ -20,6 +20,7 @@ from experiments.analysis.verdicts import WorldVerdict
 from experiments.outcomes import InfraUsage, WorldStatus
 from experiments.runtime.canon import digest
 from experiments.spec import ExperimentSpec, Role
+from experiments.workspace_report import WorkspaceSection
 
 
 class ExperimentInfo(BaseModel):
@@ -28,6 +29,10 @@ class ExperimentInfo(BaseModel):
     fingerprint: str
     spec_digest: str
     code_digest: str
+    workload_bundle: str | None = Field(
+        default=None,
+        description="Digest of the workload bundle the code digest includes (None: built in).",
+    )
     seed: int
     episodes: int
     workload: str
@@ -99,6 +104,9 @@ class Report(BaseModel):
     power: PowerAnalysis
     guard: GuardPolicy | None
     infra: InfraUsage | None
+    #: A workload with files, on the durable path: per world, the workspace at the branch
+    #: and at the end and what diverged (the manifests are files next to the report).
+    workspaces: WorkspaceSection | None = None
 
 
 def experiment_fingerprint(spec: ExperimentSpec, code_digest: str) -> str:

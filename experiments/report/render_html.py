@@ -25,6 +25,7 @@ from experiments.report.tables import (
     worlds_table,
 )
 from experiments.spec import Role
+from experiments.workspace_report import WorkspaceSection
 
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;max-width:1100px;
@@ -114,7 +115,8 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
         f'<p class="meta">{escape(e.hypothesis)}</p>',
         f'<p class="meta">workload <code>{escape(e.workload)}</code>, seed {e.seed}, '
         f"{e.episodes} episodes per world · fingerprint {_hash(e.fingerprint)}"
-        f" · outcomes digest {_hash(report.outcomes_digest)}</p>",
+        + (f" · workload bundle {_hash(e.workload_bundle)}" if e.workload_bundle else "")
+        + f" · outcomes digest {_hash(report.outcomes_digest)}</p>",
     ]
     valid, validity = validity_text(report)
     parts.append(f'<p class="banner {"pass" if valid else "fail"}">{escape(validity)}</p>')
@@ -219,6 +221,8 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
                 ["episodes", "policy", "intervened", "rescue", "harm", "net"], rows, {2, 3, 4, 5}
             )
         )
+    if report.workspaces is not None:
+        parts.append(_workspaces(report.workspaces))
     parts.append(
         f"<h2>Verdict legend</h2><p>{_badge('supported', Verdict.supported.value)} interval "
         "and Holm p on the expected side · "
@@ -229,3 +233,48 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
     )
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _workspaces(section: WorkspaceSection) -> str:
+    """The "Workspaces" section: per world, files at the branch and at the end, and what
+    diverged (the manifests themselves are files next to the report)."""
+    rows = [
+        [
+            escape(w.world),
+            f"{w.files_at_branch} → {w.files_at_end}",
+            f"{w.bytes_at_branch} → {w.bytes_at_end}",
+            str(w.added),
+            str(w.changed),
+            str(w.removed),
+            f"{w.episodes_diverged} of {section.episodes}",
+            ", ".join(
+                f"<code>{escape(p.path)}</code> ×{p.added + p.changed + p.removed}" for p in w.paths
+            )
+            or "none",
+        ]
+        for w in section.worlds
+    ]
+    files = ", ".join(f"<code>{escape(f)}</code>" for f in section.files)
+    return "\n".join(
+        [
+            "<h2>Workspaces</h2>",
+            f'<p class="meta">Every world forked each of {section.episodes} episodes from the '
+            f"files its prefix left (manifest <code>{section.branch_manifest[:16]}</code>); "
+            f"the manifests and diffs (path, size, md5, sha256) are next to this report: "
+            f"{files}.</p>",
+            _table(
+                [
+                    "world",
+                    "files at branch → end",
+                    "bytes at branch → end",
+                    "added",
+                    "changed",
+                    "removed",
+                    "episodes diverged",
+                    "most changed paths",
+                ],
+                rows,
+                {3, 4, 5},
+            ),
+        ]
+    )

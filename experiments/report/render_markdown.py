@@ -17,6 +17,7 @@ from experiments.report.tables import (
     validity_text,
     worlds_table,
 )
+from experiments.workspace_report import workspace_markdown
 
 
 def _cell(text: str) -> str:
@@ -48,6 +49,7 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
         f"- **{hypothesis_text(report)[1]}**",
         "",
         f"Fingerprint `{e.fingerprint}`  ",
+        *([f"Workload bundle `{e.workload_bundle}`  "] if e.workload_bundle else []),
         f"Outcomes digest `{report.outcomes_digest}`",
         "",
     ]
@@ -99,6 +101,8 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
             lines.append(f"{label} episodes {ev.first_episode}..{ev.last_episode}:")
             lines += [f"- {t}" for t in guard_counts_text(ev)]
             lines.append("")
+    if report.workspaces is not None:
+        lines += ["", *workspace_markdown(report.workspaces)]
     if not report.valid:
         lines += ["", "The verdicts above are void: the experiment failed a validity check."]
     return "\n".join(lines).rstrip() + "\n"

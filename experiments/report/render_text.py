@@ -39,6 +39,7 @@ def render_text(report: Report) -> str:
         f"experiment {e.id}  ({e.workload}, seed {e.seed}, {e.episodes} episodes per world)",
         f"hypothesis  {e.hypothesis}",
         f"fingerprint {e.fingerprint}",
+        *([f"workload bundle {e.workload_bundle}"] if e.workload_bundle else []),
         validity_text(report)[1],
         hypothesis_text(report)[1],
         "",

@@ -52,6 +52,13 @@ def policy_for(tool: str, policies: Mapping[str, ToolPolicy]) -> ToolPolicy:
     return policies.get(tool, policies.get(DEFAULT_KEY, ToolPolicy.auto))
 
 
+def uses_records(policies: Mapping[str, ToolPolicy]) -> bool:
+    """Whether any policy (the default included) serves calls from the parent's record."""
+    return any(p in (ToolPolicy.auto, ToolPolicy.replay) for p in policies.values()) or (
+        DEFAULT_KEY not in policies
+    )
+
+
 def decide(tool: str, policies: Mapping[str, ToolPolicy], recorded: bool) -> Decision:
     """What a fork does with a live call of ``tool``; ``recorded`` says whether the lineage
     holds an exact inherited call (same tool and request digest) with a result."""

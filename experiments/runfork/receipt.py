@@ -115,6 +115,20 @@ def resolve_boundary(
     )
 
 
+def ends_its_run(resolution: Resolution, steps: list[Step], events: list[PrefixEvent]) -> bool:
+    """Whether the boundary is the last step of its run with nothing after it: then the
+    run that continued-as-new from it starts exactly at the boundary, and its recorded
+    input is a checkpoint of the parent's state after the boundary step (a fork can start
+    from it and be served nothing)."""
+    at = resolution.resolved_step
+    return (
+        bool(steps)
+        and bool(resolution.prefix)
+        and steps[-1].index == at
+        and not any(e.after_step >= at for e in events)
+    )
+
+
 class ForkReceipt(BaseModel):
     """What a fork asked for and what it inherited. Written once, never changed."""
 
@@ -131,9 +145,13 @@ class ForkReceipt(BaseModel):
     source_run_id: str
     #: step numbers before the source run (inherited through its input)
     base_step: int = 0
+    #: sha256 of the source run's recorded input: the parent's state after ``base_step``
+    source_input_sha256: str | None = None
     #: root first: every workflow id from the lineage root down to the parent
     lineage: list[str]
     boundary: BoundaryMode
+    #: sha256 over the steps the fork is served from the record (after ``base_step``, up
+    #: to ``resolved_step``): index, type, input and result digests
     prefix_sha256: str
     restorable: bool
     why: str
@@ -141,7 +159,9 @@ class ForkReceipt(BaseModel):
     intervention: dict[str, Any] | None = None
     model: str | None = None
     tool_policies: dict[str, ToolPolicy]
-    #: digest of the workspace layer a fork's sandbox inherits (copy-on-write workspaces)
+    #: the sealed layer holding the parent's workspace after ``resolved_step`` (the last
+    #: step at or before it whose result names a ``workspace_layer``); the fork's files
+    #: start from it, copy-on-write. None: the run kept no workspace by then.
     workspace_layer_sha256: str | None = None
     requested_by: str
     created_at: AwareDatetime
@@ -160,6 +180,7 @@ def make_receipt(
     parent_run_id: str,
     source_run_id: str,
     base_step: int,
+    source_input_sha256: str,
     lineage: list[str],
     boundary: BoundaryMode,
     intervention: dict[str, Any] | None,
@@ -178,6 +199,7 @@ def make_receipt(
         parent_run_id=parent_run_id,
         source_run_id=source_run_id,
         base_step=base_step,
+        source_input_sha256=source_input_sha256,
         lineage=lineage,
         boundary=boundary,
         prefix_sha256=prefix_sha256(resolution.prefix),
@@ -200,11 +222,16 @@ def receipt_markdown(r: ForkReceipt) -> str:
         ("fork of", f"`{r.parent_workflow_id}` run `{r.parent_run_id}`"),
         ("step", f"requested {r.requested_step}, resolved {r.resolved_step}"),
         ("boundary", f"{r.boundary.value} (restorable: {r.restorable}; {r.why})"),
+        ("starts from", f"run `{r.source_run_id}`'s input (state after step {r.base_step})"),
         ("prefix sha256", f"`{r.prefix_sha256}`"),
         ("lineage", " → ".join(f"`{w}`" for w in r.lineage)),
         ("model", r.model or "(unchanged)"),
         ("intervention", f"`{r.intervention}`" if r.intervention is not None else "(none)"),
         ("tool policies", policies),
+        (
+            "workspace layer",
+            f"`{r.workspace_layer_sha256}`" if r.workspace_layer_sha256 else "(none)",
+        ),
         ("by", f"{r.requested_by} at {r.created_at.isoformat()}"),
     ]
     return "**ForkLab fork receipt**\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in rows)

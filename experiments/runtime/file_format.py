@@ -175,13 +175,6 @@ def empty_columns() -> WorldColumns:
     return {"outcomes": [], "intervened": [], "shocks": [], "inherited": []}
 
 
-def extend_columns(into: WorldColumns, part: WorldColumns) -> None:
-    into["outcomes"].extend(part["outcomes"])
-    into["intervened"].extend(part["intervened"])
-    into["shocks"].extend(part["shocks"])
-    into["inherited"].extend(part["inherited"])
-
-
 def parse_columns(data: bytes, episodes: int) -> WorldColumns:
     """The runner's ``continue`` output: every column, ``episodes`` entries of its type."""
     try:
@@ -206,7 +199,8 @@ def parse_columns(data: bytes, episodes: int) -> WorldColumns:
 
 
 class Batch(TypedDict):
-    """The local twin's columnar result for a run of episodes (lists in episode order)."""
+    """The runner's result for a run of episodes (lists in episode order; the twin turns
+    each into columns, ``experiments.columnar``)."""
 
     episodes: list[int]
     requested: list[int]
@@ -214,24 +208,3 @@ class Batch(TypedDict):
     checkpoints: list[str]
     features: list[dict[str, Feature]]
     worlds: dict[str, WorldColumns]
-
-
-def merge_batches(parts: Sequence[Batch]) -> Batch:
-    """Concatenate batches of consecutive episode ranges, in the order given."""
-    merged: Batch = {
-        "episodes": [],
-        "requested": [],
-        "resolved": [],
-        "checkpoints": [],
-        "features": [],
-        "worlds": {name: empty_columns() for name in parts[0]["worlds"]},
-    }
-    for part in parts:
-        merged["episodes"].extend(part["episodes"])
-        merged["requested"].extend(part["requested"])
-        merged["resolved"].extend(part["resolved"])
-        merged["checkpoints"].extend(part["checkpoints"])
-        merged["features"].extend(part["features"])
-        for name, cols in part["worlds"].items():
-            extend_columns(merged["worlds"][name], cols)
-    return merged

@@ -9,6 +9,13 @@ activity, ``forklab.fetch_prefix``, whose result (the parent's steps 1..N with t
 results) lands in the fork's own history — so a replay after a crash serves the same
 prefix without reading the parent again. Every worker that may run or replay a fork needs
 this interceptor (a ``Replayer`` too).
+
+On continue-as-new the interceptor writes the chain's step count so far into the next
+run's memo (``BASE_STEP_MEMO_KEY``), so steps keep their chain-wide numbers in headers and
+summaries, and a fork finds the run holding step N from first events alone. A fork's
+marker stays on its later runs, marked ``continued``: they inherit nothing more, but keep
+the fork's lineage root (the effect ledger's key), tool policies, model swaps and
+intervention.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel
 
     from activities.fork_models import (
+        BASE_STEP_MEMO_KEY,
         BLOCKED_ERROR,
         DIVERGED_ERROR,
         FETCH_PREFIX,
@@ -50,7 +58,7 @@ with workflow.unsafe.imports_passed_through():
         PrefixPage,
         StepDecisionInput,
     )
-    from experiments.runfork.policy import Decision, decide, policy_for
+    from experiments.runfork.policy import Decision, decide, policy_for, uses_records
     from experiments.runfork.receipt import BoundaryMode
     from experiments.runfork.steps import Step, StepStatus, payload_digest
 
@@ -74,13 +82,14 @@ class _ForkState:
         self.marker: ForkMarker | None = None
         self.prefix: dict[int, Step] = {}
         self.recorded: dict[tuple[str, str], Step] = {}
+        #: steps of the chain before this run
+        self.base = 0
         self.calls = 0
         self.lineage_root = ""
 
     def next_index(self) -> int:
         self.calls += 1
-        base = self.marker.base_step if self.marker else 0
-        return base + self.calls
+        return self.base + self.calls
 
 
 def current_fork() -> ForkMarker | None:
@@ -92,6 +101,13 @@ def current_fork() -> ForkMarker | None:
     return ForkMarker.model_validate(raw if isinstance(raw, dict) else dict(raw))
 
 
+def _base_step(marker: ForkMarker | None) -> int:
+    raw = workflow.memo().get(BASE_STEP_MEMO_KEY) if workflow.memo() else None
+    if isinstance(raw, int):
+        return raw
+    return marker.base_step if marker is not None else 0
+
+
 class _ForkInbound(WorkflowInboundInterceptor):
     def init(self, outbound: WorkflowOutboundInterceptor) -> None:
         self._state = _ForkState()
@@ -101,12 +117,22 @@ class _ForkInbound(WorkflowInboundInterceptor):
         state = self._state
         state.lineage_root = workflow.info().workflow_id
         marker = current_fork()
+        state.base = _base_step(marker)
         if marker is not None:
             state.marker = marker
             state.lineage_root = marker.lineage_root
-            if marker.boundary is not BoundaryMode.lineage_only:
+            if _inherits(marker):
                 await _load_prefix(state, marker)
         return await super().execute_workflow(input)
+
+
+def _inherits(marker: ForkMarker) -> bool:
+    """Whether the fork reads its parent's record: steps to serve, or recorded calls its
+    policies may serve (none when it starts from a checkpoint at the boundary and every
+    policy is ``live`` or ``block``)."""
+    if marker.boundary is BoundaryMode.lineage_only or marker.continued:
+        return False
+    return marker.at_step > marker.base_step or uses_records(marker.tool_policies)
 
 
 async def _load_prefix(state: _ForkState, marker: ForkMarker) -> None:
@@ -194,7 +220,11 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         model = marker.model_at(index)
         if model is not None:
             input = _swap_model(input, model)
-        if marker.boundary is not BoundaryMode.lineage_only and index <= marker.at_step:
+        if (
+            marker.boundary is not BoundaryMode.lineage_only
+            and not marker.continued
+            and index <= marker.at_step
+        ):
             return self._serve_prefix(input, index, marker)
         digest = _input_digest(input.args)
         recorded = state.recorded.get((input.activity, digest))
@@ -275,7 +305,11 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         return _decode(step, input.ret_type)
 
     def continue_as_new(self, input: ContinueAsNewInput) -> Any:
-        # only the first run of a fork is a fork: the next run must not serve a prefix again
         memo = dict(input.memo) if input.memo is not None else dict(workflow.memo())
-        memo.pop(MARKER_MEMO_KEY, None)
+        memo[BASE_STEP_MEMO_KEY] = self._state.base + self._state.calls
+        marker = self._state.marker
+        if marker is not None:  # the next run serves no prefix, and stays this fork
+            memo[MARKER_MEMO_KEY] = marker.model_copy(update={"continued": True}).model_dump(
+                mode="json"
+            )
         return super().continue_as_new(dataclasses.replace(input, memo=memo))
