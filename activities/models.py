@@ -167,6 +167,9 @@ class BatchInput(Model):
     snapshot_id: str
     chunk: EpisodeChunk
     checkpoints_digest: str
+    #: A workload with files: the prefix's ``WorkspaceEvidence`` (to rebuild the chunk's
+    #: layer on a host that does not have it).
+    workspace_digest: str | None = None
     reservation_seconds: float = Field(gt=0)
     attempt: int = Field(default=1, ge=1)  # which attempt of this unit (the workflow counts)
 

@@ -10,7 +10,9 @@ numbering. Everything read here comes from history and is treated as untrusted d
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -51,6 +53,16 @@ _OTHER_INPUTS = {
     "workflow_execution_signaled_event_attributes": "signal",
     "workflow_execution_update_accepted_event_attributes": "update",
     "nexus_operation_scheduled_event_attributes": "nexus operation",
+}
+
+
+_CLOSE_EVENTS = {
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
 }
 
 
@@ -96,6 +108,8 @@ class RunRecord:
     status: str = ""
     close: dict[str, Any] = field(default_factory=dict)
     event_count: int = 0
+    #: the run has closed (completed, failed, continued-as-new, …): its history is final
+    closed: bool = False
 
 
 @dataclass
@@ -189,6 +203,7 @@ def parse_run(
     )
     rec.steps, rec.others = _parse_events(events, base_step, run_id)
     last = events[-1]
+    rec.closed = last.event_type in _CLOSE_EVENTS
     if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
         r = last.workflow_execution_completed_event_attributes.result.payloads
         rec.close = {"result": _json(r[0]) if r else None}
@@ -317,9 +332,57 @@ async def _history(client: Client, workflow_id: str, run_id: str | None) -> Work
     return history
 
 
-async def read_run(client: Client, workflow_id: str, run_id: str, base_step: int) -> RunRecord:
+class ClosedRuns:
+    """Parsed runs that have closed, least recently used out past ``max_bytes`` of
+    results: a closed run's history never changes, so forks of one parent run (several
+    steps, several interventions) read and parse it once per process. A run still running
+    is never kept."""
+
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._runs: OrderedDict[tuple[str, str, int], tuple[RunRecord, int]] = OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+
+    def get(self, workflow_id: str, run_id: str, base_step: int) -> RunRecord | None:
+        key = (workflow_id, run_id, base_step)
+        found = self._runs.get(key)
+        if found is None:
+            return None
+        self._runs.move_to_end(key)
+        self.hits += 1
+        return dataclasses.replace(found[0])
+
+    def put(self, rec: RunRecord, base_step: int) -> None:
+        if not rec.closed:
+            return
+        size = sum(len(s.result_b64 or "") + 400 for s in rec.steps)
+        key = (rec.workflow_id, rec.run_id, base_step)
+        if size > self.max_bytes or key in self._runs:
+            return
+        self._runs[key] = (dataclasses.replace(rec), size)
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            _, (_, dropped) = self._runs.popitem(last=False)
+            self._bytes -= dropped
+
+
+async def read_run(
+    client: Client,
+    workflow_id: str,
+    run_id: str,
+    base_step: int,
+    runs: ClosedRuns | None = None,
+) -> RunRecord:
+    """One run, parsed; from ``runs`` when it holds it (and kept there once closed)."""
+    known = runs.get(workflow_id, run_id, base_step) if runs is not None else None
+    if known is not None:
+        return known
     history = await _history(client, workflow_id, run_id)
-    return parse_run(workflow_id, history, base_step, run_id)
+    rec = parse_run(workflow_id, history, base_step, run_id)
+    if runs is not None:
+        runs.put(rec, base_step)
+    return rec
 
 
 async def read_chain(client: Client, workflow_id: str) -> list[RunRecord]:
@@ -419,7 +482,11 @@ async def _first_event(client: Client, workflow_id: str, run_id: str) -> History
 
 
 async def locate_step(
-    client: Client, workflow_id: str, at_step: int, cache: SummaryCache | None = None
+    client: Client,
+    workflow_id: str,
+    at_step: int,
+    cache: SummaryCache | None = None,
+    runs: ClosedRuns | None = None,
 ) -> Located:
     """Find the run of ``workflow_id``'s continue-as-new chain that scheduled ``at_step``
     (the first run for step 0, the latest for a step past the end) and parse it.
@@ -460,7 +527,7 @@ async def locate_step(
                 histories_read=0,
                 starts_read=starts,
             )
-    source = parse_run(workflow_id, await _history(client, workflow_id, run_id), 0, run_id)
+    source = await read_run(client, workflow_id, run_id, 0, runs)
     _set_status(source, desc)
     return Located(
         source=source,
@@ -522,8 +589,8 @@ async def _boundary_at_run_end(
         workflow_type=start.workflow_type,
         task_queue=start.task_queue,
         input=start.input,
-        base_step=at_step - 1,
-        steps=steps,
+        base_step=start.base_step if start.base_step is not None else at_step - 1,
+        steps=steps,  # only the last one
         others=[],
         marker=start.marker,
         receipt=start.receipt,
@@ -548,14 +615,14 @@ async def _locate_by_counting(
     of every earlier run (from ``cache`` when it knows the run)."""
     latest_run_id = desc.run_id
     summaries: list[RunSummary] = []
-    parsed: dict[str, RunRecord] = {}
+    fetched: dict[str, WorkflowHistory] = {}
     run_id: str | None = latest_run_id
     while run_id:
         known = cache.get(run_id) if cache is not None and run_id != latest_run_id else None
         if known is None:
             history = await _history(client, workflow_id, run_id)
             rec = parse_run(workflow_id, history, 0, run_id)
-            parsed[run_id] = rec
+            fetched[run_id] = history
             known = summarize(rec, run_start(history.events[0], run_id))
             if cache is not None and run_id != latest_run_id:
                 cache.put(known)
@@ -574,12 +641,8 @@ async def _locate_by_counting(
             pick = i
             break
     chosen, chosen_base = summaries[pick], bases[pick]
-    earlier = parsed.get(chosen.run_id)
-    if earlier is not None and earlier.base_step == chosen_base:
-        source = earlier
-    else:
-        history = await _history(client, workflow_id, chosen.run_id)
-        source = parse_run(workflow_id, history, chosen_base, chosen.run_id)
+    history = fetched.get(chosen.run_id) or await _history(client, workflow_id, chosen.run_id)
+    source = parse_run(workflow_id, history, chosen_base, chosen.run_id)
     _set_status(source, desc)
     next_run = None
     if pick + 1 < len(summaries):
@@ -594,7 +657,7 @@ async def _locate_by_counting(
         ),
         latest_run_id=latest_run_id,
         next_run=next_run,
-        histories_read=len(parsed) + (source is not earlier),
+        histories_read=len(fetched) + (chosen.run_id not in fetched),
         starts_read=int(next_run is not None),
     )
 
@@ -608,12 +671,13 @@ class ForkActivities:
 
     def __init__(self, client: Client) -> None:
         self._client = client
+        self.runs = ClosedRuns()
 
     @activity.defn(name=FETCH_PREFIX)
     async def fetch_prefix(self, req: FetchPrefixInput) -> PrefixPage:
         """Steps ``from_step..upto_step`` of the parent's run, with their results, in pages
         of at most ``max_bytes`` (a Temporal payload must stay small)."""
-        rec = await read_run(self._client, req.workflow_id, req.run_id, req.base_step)
+        rec = await read_run(self._client, req.workflow_id, req.run_id, req.base_step, self.runs)
         wanted = [s for s in rec.steps if req.from_step <= s.index <= req.upto_step]
         out: list[Step] = []
         size = 0

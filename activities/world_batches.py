@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from temporalio import activity
@@ -288,8 +290,11 @@ class SandboxActivities:
         checkpoints = await self._stored(0.0, self._store.get_bytes, inp.checkpoints_digest)
         files = None
         if inp.job.workspace:
-            layer = _layer_of(parse_checkpoints(checkpoints, inp.chunk.first, inp.chunk.size))
-            files = self._files(True, layer, inp.run_key, freeze=False)
+            parsed = parse_checkpoints(checkpoints, inp.chunk.first, inp.chunk.size)
+            files = self._files(True, _layer_of(parsed), inp.run_key, freeze=False)
+            assert files is not None
+            files.shipped = inp.workspace_digest
+            files.expected = {str(cp["episode"]): cp.get("workspace", "") for cp in parsed}
         request = request_text(
             inp.job.workload,
             inp.job.params,
@@ -376,28 +381,75 @@ class SandboxActivities:
                 type="NoWorkspaces",
                 non_retryable=True,
             )
-        return _Files(self._backend, layer, run_key, freeze)
+        return _Files(self._backend, self._store, layer, run_key, freeze)
 
 
 class _Files:
     """The workspace of one sandbox of a workload with files. ``attach`` mounts it over
     ``layer`` (None: empty) before the runner starts; once the runner succeeded, ``read``
     freezes it into a layer (a prefix: that layer is what every world attaches, pinned for
-    the run) and takes the manifest of what it holds, the state evidence of the report."""
+    the run), takes the manifest of what it holds (the state evidence of the report) and,
+    for a prefix, ships every file's bytes to the artifact store.
+
+    Layers live on the worker host that sealed them. A world batch on another host
+    rebuilds its chunk's workspace from the prefix's manifest (``shipped``) and those
+    bytes, checks every episode's folder against its checkpoint's files digest, and seals
+    it as a layer of its own (owned by this host's sandbox uid, so another digest)."""
 
     def __init__(
-        self, backend: WorkspaceBackend, layer: str | None, run_key: str, freeze: bool
+        self,
+        backend: WorkspaceBackend,
+        store: ArtifactStore,
+        layer: str | None,
+        run_key: str,
+        freeze: bool,
+        shipped: str | None = None,
+        expected: dict[str, str] | None = None,
     ) -> None:
         self.backend = backend
+        self.store = store
         self.layer = layer
         self.run_key = run_key
         self.freeze = freeze
+        self.shipped = shipped
+        self.expected = expected or {}  # episode → its checkpoint's files digest
+        self.attached: str | None = None
         self.frozen: str | None = None
         self.folders: dict[str, str] = {}  # episode → digest of its folder, read by the host
         self.manifest: WorkspaceManifest | None = None
 
     def attach(self, sandbox_id: str) -> None:
-        self.backend.attach_workspace(sandbox_id, self.layer)
+        layer = self.layer
+        if layer is not None and not self.backend.has_layer(layer) and self.shipped:
+            layer = self._rebuild(layer, self.shipped)
+        self.backend.attach_workspace(sandbox_id, layer)
+        self.attached = layer
+
+    def _rebuild(self, layer: str, shipped: str) -> str:
+        evidence = WorkspaceEvidence.model_validate_json(self.store.get_bytes(shipped))
+        if evidence.layer != layer:
+            raise _world_failed(f"the shipped workspace is of layer {evidence.layer[:12]}")
+        with tempfile.TemporaryDirectory(prefix="forklab-layer-") as tmp:
+            root = Path(tmp)
+            for f in evidence.manifest.files:
+                parts = Path(f.path).parts
+                if Path(f.path).is_absolute() or ".." in parts:
+                    raise _world_failed(f"the shipped workspace names the path {f.path!r}")
+                dest = root.joinpath(*parts)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(self.store.get_bytes(f.sha256))
+            try:
+                found = {p.name: folder_digest(p) for p in root.iterdir()}
+            except (WorkspaceContentError, OSError) as exc:
+                raise _world_failed(f"the shipped workspace cannot be read: {exc}") from None
+            if found != self.expected:
+                raise _world_failed(
+                    "the files shipped for this chunk are not what its checkpoints pin "
+                    "(folders, symlinks and modes do not travel between hosts)"
+                )
+            rebuilt = self.backend.import_workspace(root).digest
+        self.backend.pin_layer(self.run_key, rebuilt)
+        return rebuilt
 
     def read(self, sandbox_id: str) -> None:
         if self.freeze:
@@ -409,12 +461,23 @@ class _Files:
             except (WorkspaceContentError, OSError) as exc:
                 raise _prefix_failed(f"its workspace cannot be pinned: {exc}") from None
         self.manifest = self.backend.workspace_manifest(sandbox_id)
+        if self.freeze:
+            root = self.backend.workspace_folder(sandbox_id)
+            for sha256, path in {f.sha256: f.path for f in self.manifest.files}.items():
+                if self.store.put_bytes((root / path).read_bytes()) != sha256:
+                    raise _prefix_failed(f"{path} changed while it was being shipped")
 
     def evidence(self) -> str:
         assert self.manifest is not None
         return WorkspaceEvidence(
-            layer=self.frozen or self.layer or "", manifest=self.manifest
+            layer=self.frozen or self.attached or "", manifest=self.manifest
         ).model_dump_json()
+
+
+def _world_failed(why: str) -> ApplicationError:
+    return ApplicationError(
+        f"the world's workspace: {why}", type="WorkspaceUnavailable", non_retryable=True
+    )
 
 
 def _prefix_failed(why: str) -> ApplicationError:

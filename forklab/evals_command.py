@@ -1,8 +1,9 @@
 """``forklab evals``: run the causal, capacity and acquisition suites (``evals/``).
 
-Locally by default (nothing leaves the machine); ``--send`` uploads each suite as a
-Braintrust experiment, which needs ``BRAINTRUST_API_KEY``. Exit status 1 when a suite
-has a failing case.
+With ``BRAINTRUST_API_KEY`` set each suite is also uploaded as a Braintrust experiment
+(project ``forklab-evals``); without it, or with ``--local``, nothing leaves the machine.
+``--send`` insists on uploading (exit 2 without a key). Exit status 1 when a suite has a
+failing case.
 """
 
 from __future__ import annotations
@@ -16,17 +17,26 @@ from forklab.errors import CliError
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("evals", help="run the causal, capacity and acquisition eval suites")
-    p.add_argument(
-        "--send", action="store_true", help="upload to Braintrust (needs BRAINTRUST_API_KEY)"
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--send",
+        action="store_true",
+        help="upload to Braintrust (fails without BRAINTRUST_API_KEY)",
+    )
+    where.add_argument(
+        "--local", action="store_true", help="never upload, even with BRAINTRUST_API_KEY set"
     )
     p.set_defaults(func=evals)
 
 
 def evals(args: argparse.Namespace) -> int:
-    if args.send and not os.environ.get("BRAINTRUST_API_KEY"):
+    keyed = bool(os.environ.get("BRAINTRUST_API_KEY", "").strip())
+    if args.send and not keyed:
         raise CliError("--send needs BRAINTRUST_API_KEY; set it or run without --send", code=2)
-    results = [suite.run(send=args.send) for suite in (causal, capacity, acquisition)]
+    send = keyed and not args.local
+    results = [suite.run(send=send) for suite in (causal, capacity, acquisition)]
     for r in results:
         mark = "ok" if r.passed else "FAILED: " + "; ".join(r.failed)
         print(f"{r.suite}: {r.cases - len(r.failed)}/{r.cases} cases · {mark}")
+    print("uploaded to Braintrust project forklab-evals" if send else "ran locally, nothing sent")
     return 0 if all(r.passed for r in results) else 1

@@ -20,7 +20,12 @@ if str(TESTS) not in sys.path:  # test workloads load by import path from this f
     sys.path.insert(0, str(TESTS))
 
 from agent_fixtures import agent_lab, services  # noqa: E402, F401 (agent-run fixtures)
-from orchestration_lab import Lab, lab_settings, start_dev_server  # noqa: E402
+from orchestration_lab import (  # noqa: E402
+    Lab,
+    WorkerProcesses,
+    lab_settings,
+    start_dev_server,
+)
 
 from workers.worker import build_worker, cpu_pool  # noqa: E402
 
@@ -30,6 +35,15 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await start_dev_server()
     yield env
     await env.shutdown()
+
+
+@pytest.fixture
+def worker_processes() -> Iterator[WorkerProcesses]:
+    """``forklab worker`` processes the test starts; any still running at the end is
+    killed with its process group."""
+    workers = WorkerProcesses()
+    yield workers
+    workers.kill_all()
 
 
 @pytest.fixture(scope="session")

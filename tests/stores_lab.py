@@ -12,9 +12,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import boto3
 import psycopg
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 #: The machine's PostgreSQL (trust auth); tests create and drop their own database.
 POSTGRES_ADMIN = "postgresql://root@127.0.0.1:5432/postgres"
@@ -68,13 +72,17 @@ def moto_server() -> Iterator[str]:
         proc.wait()
 
 
-def make_bucket(endpoint: str, bucket: str) -> None:
-    client = boto3.session.Session(
+def s3_admin(endpoint: str) -> S3Client:
+    """A client of the test's S3 server with the test credentials (not the environment's)."""
+    return boto3.session.Session(
         aws_access_key_id=S3_ENV["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=S3_ENV["AWS_SECRET_ACCESS_KEY"],
         region_name=S3_ENV["AWS_REGION"],
     ).client("s3", endpoint_url=endpoint)
-    client.create_bucket(Bucket=bucket)
+
+
+def make_bucket(endpoint: str, bucket: str) -> None:
+    s3_admin(endpoint).create_bucket(Bucket=bucket)
 
 
 class Proxy:

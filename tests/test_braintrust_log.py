@@ -34,8 +34,8 @@ async def bt_lab(
             yield Lab(client=temporal_env.client, settings=settings), fake
 
 
-async def _run(lab: Lab) -> ExperimentResult:
-    spec = make_spec()
+async def _run(lab: Lab, **fields: Any) -> ExperimentResult:
+    spec = make_spec(**fields)
     handle, token = await lab.start(spec)
     await lab.approve(handle, token)
     result = await handle.result()
@@ -56,7 +56,11 @@ def _tree(fake: FakeBraintrust, experiment: str) -> tuple[dict[str, Any], list[d
 
 async def test_span_tree_and_scores(bt_lab: tuple[Lab, FakeBraintrust]) -> None:
     lab, fake = bt_lab
-    result = await _run(lab)
+    # a positive control that is no control: boosting lowers failures, so its pre-registered
+    # increase fails to show and its check scores 0
+    worlds = make_spec().model_dump(mode="json")["worlds"]
+    control = {"name": "control", "role": "positive_control", "intervention": {"name": "boost"}}
+    result = await _run(lab, worlds=[*worlds, control])
     assert result.evidence_log is not None and result.evidence_log.startswith("sent"), (
         result.evidence_log
     )
@@ -79,12 +83,18 @@ async def test_span_tree_and_scores(bt_lab: tuple[Lab, FakeBraintrust]) -> None:
     assert {"placebo_fidelity", "infrastructure_fit", "intervention_effect"} <= set(scores)
     assert all(0.0 <= v <= 1.0 for v in scores.values())
     assert scores["completion"] == 1.0 and scores["common_snapshot"] == 1.0
+    assert scores["positive_control_direction"] == 0.0
 
-    assert sorted(c["input"]["world"] for c in children) == ["baseline", "boost", "placebo"]
+    assert sorted(c["input"]["world"] for c in children) == [
+        "baseline",
+        "boost",
+        "control",
+        "placebo",
+    ]
     # the local backend's sandbox ids: one per chunk (24 episodes in batches of 12), all
     # distinct; test_daytona_flow matches them against the ids Daytona handed out
     ran = [i for c in children for i in c["metadata"]["sandbox_ids"]]
-    assert len(ran) == len(set(ran)) == 3 * 2 and all(i.startswith("lsb-") for i in ran)
+    assert len(ran) == len(set(ran)) == 4 * 2 and all(i.startswith("lsb-") for i in ran)
     for child in children:
         assert child["metadata"]["snapshot_id"] == result.snapshot_id
         assert child["metadata"]["inherited_checkpoint_digests"]
@@ -92,6 +102,12 @@ async def test_span_tree_and_scores(bt_lab: tuple[Lab, FakeBraintrust]) -> None:
         assert child["output"]["episodes"] == 24
         assert child["scores"]["completion"] == 1.0
         assert all(0.0 <= v <= 1.0 for v in child["scores"].values())
+    # each world's score is its part of the experiment's check; the failed control makes
+    # the run invalid, so the treatment claims no effect, but the placebo still held
+    by_world = {c["input"]["world"]: c["scores"] for c in children}
+    assert by_world["control"]["positive_control_direction"] == 0.0
+    assert by_world["placebo"]["placebo_fidelity"] == scores["placebo_fidelity"] == 1.0
+    assert by_world["boost"]["intervention_effect"] == scores["intervention_effect"] == 0.0
     boost = next(c for c in children if c["input"]["world"] == "boost")
     summary = next(w for w in result.worlds if w.name == "boost")
     assert boost["output"]["failures"] == summary.failures

@@ -7,6 +7,7 @@ account cannot hold, refused before any sandbox exists."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
@@ -16,7 +17,7 @@ import pytest
 from fake_braintrust import API_KEY as BRAINTRUST_KEY
 from fake_braintrust import FakeBraintrust, fake_braintrust
 from fake_daytona import API_KEY, FakeDaytona, fake_daytona
-from orchestration_lab import Lab, lab_settings, make_spec, signed
+from orchestration_lab import Lab, cli_env, forklab, lab_settings, make_spec, signed
 from stores_lab import S3_ENV, make_bucket, moto_server
 from temporalio.testing import WorkflowEnvironment
 
@@ -75,10 +76,12 @@ async def test_durable_flow_on_daytona_matches_the_local_twin(
     assert view.plan is not None and view.plan.capacity.ok, view.plan
     assert fake.created == []  # planning spent no compute
     assert view.plan.snapshot.backend == "daytona"
+    fake.fail("create", 429)  # Daytona rate-limits one create: that unit runs again
     await lab.approve(handle, token)
     result = await handle.result()
 
     assert result.status is Status.completed, result.error
+    assert fake.faults["create"] == []  # the 429 was answered, and ridden out
     assert result.analysis is not None
     assert result.analysis.outcomes_digest == rehearse(spec).outcomes_digest
     # every prefix chunk and world batch had a labelled, isolated, ephemeral sandbox
@@ -175,13 +178,23 @@ async def test_a_worker_on_another_host_runs_the_bundle_the_planner_published(
 async def test_quota_infeasible_plan_is_refused_before_any_sandbox(
     daytona_lab: tuple[Lab, FakeDaytona, FakeBraintrust],
 ) -> None:
-    lab, fake, _ = daytona_lab
+    lab, fake, braintrust = daytona_lab
     fake.set_region("eu", cpu=8, mem=16, disk=30, used_disk=28)
     spec = make_spec()
     handle, _ = await lab.start(spec)
     result = await handle.result()
     assert result.status is Status.refused
-    assert result.error is not None and "region eu has 2 of 30 GiB free" in result.error
+    reason = "region eu has 2 of 30 GiB free"
+    assert result.error is not None and reason in result.error
     view = await lab.status(handle)
     assert view.error == result.error
     assert fake.created == [] and fake.live() == []
+    # the reason is on record: the ledger row, `forklab report`, the Braintrust root span
+    row = lab.ledger.experiment(spec.id)
+    assert row is not None and row.status == "refused" and reason in (row.error or "")
+    report = await asyncio.to_thread(forklab, cli_env(lab.settings), "report", spec.id)
+    assert report.returncode == 1 and "ended refused without a report" in report.stderr
+    assert reason in report.stderr
+    [experiment] = braintrust.experiments.values()
+    [root] = braintrust.spans(experiment["name"])
+    assert root["output"]["status"] == "refused" and reason in root["output"]["error"]

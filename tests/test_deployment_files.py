@@ -18,6 +18,7 @@ import compose
 import pytest
 
 from tests.helpers import ROOT
+from workers.agent_config import AgentSettings
 from workers.config import ENV, Settings
 
 COMPOSE = str(Path(compose.__file__).parent / "docker-compose")  # the wrapper loses exit codes
@@ -146,3 +147,21 @@ def test_the_dockerfile_lints_clean_and_bakes_everything_in() -> None:
         line.split()[1] for line in lines if line.startswith("COPY ") and "--from" not in line
     }
     assert declared <= copied, f"packages the image lacks: {declared - copied}"
+
+
+def test_agent_workers_share_the_effect_ledger_and_reach_their_services() -> None:
+    done = compose_config(
+        "--env-file", str(EXAMPLE_ENV), "--profile", "agents", "config", "--format", "json"
+    )
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    worker = services["forklab-agent-worker"]
+    assert worker["command"] == ["agent-worker"] and not worker.get("volumes")
+    assert worker["deploy"]["replicas"] >= 2
+    env = worker["environment"]
+    agent = AgentSettings.load(Settings.load(env=env), env=env)
+    assert agent.effects_database == env["FORKLAB_LEDGER"]  # shared, not a file per host
+    for url in (agent.resolved_model_url, agent.resolved_effects_url):
+        host, port = re.sub(r"^https?://|/.*$", "", url).split(":")
+        service = services[host]
+        assert service["command"][-1] == port and "0.0.0.0" in service["command"]

@@ -375,3 +375,54 @@ def test_shared_feature_dicts_keep_true_apart_from_one() -> None:
         expected = run_prefix(wl, 0, episode)["features"]
         assert repr(feats) == repr(expected)
     assert len({repr(f) for f in batch["features"]}) >= 3
+
+
+class LateTuple(CounterRecovery):
+    """A JSON state in every episode but one, where a list becomes a tuple: the same
+    canonical text as the list, but not a state that reads back equal."""
+
+    def initial_state(self, episode_seed: int, shocks: Shocks) -> dict[str, Any]:
+        state = super().initial_state(episode_seed, shocks)
+        state["path"] = (1, 2) if episode_seed == 150 else [1, 2]
+        return state
+
+
+def test_a_state_met_before_is_still_checked_in_every_episode() -> None:
+    """The batch keeps the digest and parse of states it met (memo off too); a state
+    that only encodes like one of them is not let through."""
+    from experiments.runtime.contract import ContractViolation
+
+    with pytest.raises(ContractViolation, match=r"a tuple at state\['path'\].*episode 150"):
+        run_batch(LateTuple({}), 0, range(200), WORLDS, memo=False)
+
+
+@pytest.mark.parametrize("kept", [0, 1, 4096])
+@pytest.mark.parametrize("memo", [False, True])
+def test_kept_checkpoint_states_change_no_result(
+    kept: int, memo: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether a checkpoint's state is kept (shared: every world copies it) or not (the
+    last world takes it), on a flat state and a nested one, every column equals the
+    sandbox's path (run_prefix + continue_world, nothing kept)."""
+    from experiments.runtime import runner
+
+    monkeypatch.setattr(runner, "STATES_KEPT", kept)
+    for wl, worlds in (
+        (CounterRecovery({"noise": 0.15}), WORLDS),
+        (
+            runner.workload_class("retry-cascade")({}),
+            [WorldPlan(name="baseline"), WorldPlan(name="restart", intervention="restart")],
+        ),
+    ):
+        batch = run_batch(wl, 3, range(40), worlds, memo)
+        for i in range(40):
+            cp = run_prefix(wl, 3, i)
+            assert (batch["checkpoints"][i], batch["features"][i]) == (cp["sha256"], cp["features"])
+            for world in worlds:
+                ok, did, fp, _ = continue_world(wl, cp["state"], 3, i, world)
+                cols = batch["worlds"][world.name]
+                assert (cols["outcomes"][i], cols["intervened"][i], cols["shocks"][i]) == (
+                    ok,
+                    did,
+                    fp,
+                )

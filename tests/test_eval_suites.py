@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+from fake_braintrust import API_KEY, fake_braintrust
+from helpers import run_cli
+
 from evals import acquisition, capacity, causal
 from experiments.analysis.guard import learn_rule
 from experiments.analysis.power import PowerRow, power_row
@@ -108,3 +112,42 @@ def test_acquisition_suite_passes_and_catches_broken_policies() -> None:
         "the feature with more rescues wins",
     ]
     assert len(acquisition.run(power=always_powered).failed) == 3
+
+
+def test_forklab_evals_uploads_with_a_key_and_only_then(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real SDK against the local Braintrust-speaking server: with a key each suite is
+    an experiment whose rows carry every case and its score; with ``--local``, or without
+    a key, nothing reaches the server."""
+    with fake_braintrust() as fake:
+        monkeypatch.setenv("BRAINTRUST_APP_URL", fake.url)
+        monkeypatch.delenv("BRAINTRUST_API_KEY", raising=False)
+        code, out, _ = run_cli(capsys, "evals")
+        assert code == 0 and "ran locally, nothing sent" in out
+        code, _, err = run_cli(capsys, "evals", "--send")
+        assert code == 2 and "--send needs BRAINTRUST_API_KEY" in err
+        monkeypatch.setenv("BRAINTRUST_API_KEY", API_KEY)
+        code, out, _ = run_cli(capsys, "evals", "--local")
+        assert code == 0 and "ran locally, nothing sent" in out
+        assert fake.experiments == {} and fake.rows == {}
+
+        code, out, _ = run_cli(capsys, "evals")
+        assert code == 0 and "uploaded to Braintrust project forklab-evals" in out
+        assert sorted(e["name"] for e in fake.experiments.values()) == [
+            "acquisition",
+            "capacity",
+            "causal",
+        ]
+        suites = {"causal": causal.CASES, "capacity": capacity.CASES}
+        suites["acquisition"] = acquisition.CASES
+        for suite, cases in suites.items():
+            rows = fake.spans(suite)
+            roots = {r["span_id"]: r["metadata"]["case"] for r in rows if not r.get("span_parents")}
+            assert sorted(roots.values()) == sorted(c.name for c in cases), suite
+            scored = {
+                roots[r["span_parents"][0]]: r["scores"]["ExactMatch"]
+                for r in rows
+                if r.get("span_attributes", {}).get("name") == "ExactMatch"
+            }
+            assert scored == {c.name: 1 for c in cases}, suite

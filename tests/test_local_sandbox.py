@@ -13,7 +13,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +33,14 @@ from experiments.runtime.file_format import checkpoint_line, request_text
 from experiments.runtime.runner import continue_checkpoints, run_prefix
 from experiments.spec import parse_spec, resolve_workload
 from tests.helpers import ROOT
+from tests.sandbox_lab import (
+    marked_sleeper,
+    pids_running,
+    process_gone,
+    run_python,
+    wait_for,
+    without_sys_admin,
+)
 
 LABELS = {"forklab.experiment": "exp-1", "forklab.world": "baseline", "forklab.batch": "0"}
 
@@ -52,30 +60,6 @@ def listener() -> Iterator[int]:
     """A TCP server listening on 127.0.0.1 in the test's (the host's) network namespace."""
     with socket.create_server(("127.0.0.1", 0)) as server:
         yield server.getsockname()[1]
-
-
-def run_python(
-    backend: LocalSandboxBackend, box: str, code: str, timeout: float = 30
-) -> ExecResult:
-    return backend.exec(box, ["python", "-c", textwrap.dedent(code)], timeout)
-
-
-def process_gone(pid: int) -> bool:
-    """No such process, or only its zombie (reaping orphans is init's job, not ours)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rpartition(")")[2].split()[0] == "Z"
-
-
-def wait_for(predicate: Callable[[], object], seconds: float = 15) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not reached in time")
 
 
 def connect_snippet(port: int) -> str:
@@ -215,20 +199,6 @@ backend.exec(box, ["python", "-c", code], 600)
 """
 
 
-def pids_running(marker: str) -> list[int]:
-    """Host pids of live processes whose command line holds ``marker``."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        pid = int(cmdline.parent.name)
-        if marker in text and "pytest" not in text and not process_gone(pid):
-            found.append(pid)
-    return found
-
-
 def test_crash_recovery_no_sandbox_outlives_its_dead_worker_and_cleanup_finds_it(
     backend: LocalSandboxBackend, snapshot: SnapshotInfo
 ) -> None:
@@ -358,18 +328,8 @@ print(result.model_dump_json())
 def test_without_permission_for_a_network_namespace_it_falls_back_and_says_so(
     backend: LocalSandboxBackend, snapshot: SnapshotInfo, listener: int
 ) -> None:
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("setpriv (util-linux) is needed to take CAP_SYS_ADMIN away")
-    host = subprocess.run(
-        [
-            *(setpriv, "--bounding-set=-sys_admin", "--", sys.executable, "-c", FALLBACK_HOST),
-            *(str(backend.root), snapshot.id, connect_snippet(listener)),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
+    host = without_sys_admin(
+        FALLBACK_HOST, str(backend.root), snapshot.id, connect_snippet(listener)
     )
     assert host.returncode == 0, host.stderr
     result = ExecResult.model_validate_json(host.stdout)
@@ -402,14 +362,14 @@ def test_cpu_time_and_open_file_limits(
 def test_wall_timeout_kills_the_whole_process_group(
     backend: LocalSandboxBackend, snapshot: SnapshotInfo
 ) -> None:
-    marker = f"wall-{time.monotonic_ns()}"
+    marker, sleeper = marked_sleeper("wall")
     box = backend.create(snapshot.id, LABELS, Limits())
     result = run_python(
         backend,
         box,
         f"""
         import subprocess, sys, time
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)  # {marker}"])
+        child = subprocess.Popen({sleeper})
         open("child", "w").write(str(child.pid))
         while True:
             time.sleep(0.05)

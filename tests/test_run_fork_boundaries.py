@@ -162,6 +162,12 @@ async def test_fork_across_continue_as_new_and_fork_of_fork(steps_lab: StepsLab)
     assert [s.index for s in steps] == list(range(1, 10))
     fork = await steps_lab.lab.fork(wid, 5)
     assert fork.receipt.base_step == 3 and fork.receipt.source_run_id != fork.receipt.parent_run_id
+    # the second run has closed: a second fork inside it parses it from memory
+    assert steps_lab.lab.runs.hits == 0
+    again = await steps_lab.lab.fork(wid, 4)
+    assert steps_lab.lab.runs.hits == 1
+    assert again.receipt.source_run_id == fork.receipt.source_run_id
+    assert len(await again.handle.result()) == len(expected)
     assert await fork.handle.result() == expected
     fork_steps = await steps_lab.lab.steps(fork.handle.id)
     assert [s.index for s in fork_steps][:3] == [4, 5, 6]
@@ -269,6 +275,10 @@ async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
         (8, "own"),
         (9, "own"),
     ]
+    # lineage_only inherits nothing: it re-runs the run holding step 6 from its start
+    lineage = await steps_lab.lab.fork(wid, 6, boundary=BoundaryMode.lineage_only)
+    assert (lineage.receipt.base_step, lineage.receipt.source_run_id) == (3, chain[1].run_id)
+    assert await lineage.handle.result() == expected
     # auto: the parent's own calls after the boundary (its third run) are served
     auto = await steps_lab.lab.fork(wid, 6)
     assert await auto.handle.result() == expected
@@ -281,3 +291,34 @@ async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
     assert inside.receipt.base_step == 0 and inside.receipt.source_run_id == (
         (await steps_lab.lab.chain(timed))[0].run_id
     )
+
+
+async def test_a_chain_without_step_counts_in_its_memo_is_located_by_counting(
+    steps_lab: StepsLab,
+) -> None:
+    """A parent whose worker had no fork interceptor continued-as-new without recording
+    its step counts: the run holding N is found by reading and counting the runs."""
+    queue = f"plain-{uuid.uuid4().hex[:8]}"
+    wid = f"plain-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        steps_lab.client, task_queue=queue, workflows=[StepsWorkflow], activities=[echo]
+    ):
+        expected = await steps_lab.client.execute_workflow(
+            StepsWorkflow.run, StepsInput(steps=9, can_every=3), id=wid, task_queue=queue
+        )
+    forks = ForkActivities(steps_lab.client)
+    async with Worker(
+        steps_lab.client,
+        task_queue=queue,
+        workflows=[StepsWorkflow],
+        activities=[echo, forks.fetch_prefix, forks.step_decision],
+        interceptors=[ForkInterceptor()],
+    ):
+        located = await locate_step(steps_lab.client, wid, 5)
+        assert located.histories_read == 3 and not located.tail_only
+        inside = await steps_lab.lab.fork(wid, 5)
+        assert inside.receipt.base_step == 3 and await inside.handle.result() == expected
+        at_end = await steps_lab.lab.fork(wid, 6, tool_policies={"*": ToolPolicy.live})
+        chain = await steps_lab.lab.chain(wid)
+        assert at_end.receipt.base_step == 6 and at_end.receipt.source_run_id == chain[2].run_id
+        assert await at_end.handle.result() == expected

@@ -9,8 +9,6 @@ and say so (the fallback is covered in test_local_sandbox.py).
 from __future__ import annotations
 
 import json
-import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ from activities.sandbox import (
 )
 from activities.sandbox.jail import bubblewrap
 from experiments.bundle import bundle_files
-from tests.test_local_sandbox import pids_running, wait_for
+from tests.sandbox_lab import marked_sleeper, pids_running, run_python, wait_for
 
 LABELS = {"forklab.experiment": "attack", "forklab.world": "hostile", "forklab.batch": "0"}
 
@@ -55,7 +53,8 @@ def snapshot(backend: LocalSandboxBackend) -> SnapshotInfo:
 
 
 def hostile(backend: LocalSandboxBackend, box: str, code: str, timeout: float = 60) -> ExecResult:
-    result = backend.exec(box, ["python", "-c", textwrap.dedent(code)], timeout)
+    """``code`` run in the box, which must really be a bubblewrap box."""
+    result = run_python(backend, box, code, timeout)
     assert result.confinement == "bubblewrap", result.note
     return result
 
@@ -195,14 +194,14 @@ def test_a_fork_bomb_hits_the_process_limit(
 def test_a_detached_setsid_child_dies_with_its_sandbox(
     backend: LocalSandboxBackend, snapshot: SnapshotInfo
 ) -> None:
-    marker = f"detached-{time.monotonic_ns()}"
+    marker, sleeper = marked_sleeper("detached")
     box = backend.create(snapshot.id, LABELS, Limits())
     result = hostile(
         backend,
         box,
         f"""
         import os, subprocess, sys
-        subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(300)  # {marker}"],
+        subprocess.Popen({sleeper},
                          start_new_session=True, stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         os.fork() or (os.setsid(), __import__("time").sleep(300))

@@ -12,28 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import psycopg
-import pytest
 from cryptography.hazmat.primitives import serialization
 from orchestration_lab import (
-    FORKLAB,
     Lab,
+    WorkerProcesses,
     cli_env,
     forklab,
     lab_settings,
     make_spec,
     temporal_path,
 )
-from stores_lab import S3_ENV, Proxy, make_bucket, moto_server, postgres_database
+from stores_lab import S3_ENV, Proxy, make_bucket, moto_server, postgres_database, s3_admin
 from temporalio.testing import WorkflowEnvironment
 
 from activities.approval_keys import key_path
@@ -43,29 +38,20 @@ from workers.config import Settings
 from workflows.messages import ExperimentResult, Stage, Status, workflow_id
 
 
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [FORKLAB, "worker"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
 def host_env(settings: Settings, home: Path, shared: dict[str, str]) -> dict[str, str]:
     return {**cli_env(settings), "FORKLAB_HOME": str(home), **S3_ENV, **shared}
+
+
+def start_hosts(
+    processes: WorkerProcesses, operator: Settings, shared: dict[str, str], folder: Path
+) -> tuple[dict[str, Path], dict[str, subprocess.Popen[bytes]]]:
+    """Workers on hosts ``a`` and ``b``: a home each under ``folder``, the shared stores."""
+    homes = {name: folder / f"host-{name}" for name in ("a", "b")}
+    workers = {
+        name: processes.start(host_env(operator, home, shared), folder / f"worker-{name}.log")
+        for name, home in homes.items()
+    }
+    return homes, workers
 
 
 def private_key_bytes(path: Path) -> bytes:
@@ -77,11 +63,7 @@ def private_key_bytes(path: Path) -> bytes:
 
 
 def everything_stored(endpoint: str, bucket: str) -> bytes:
-    client = boto3.session.Session(
-        aws_access_key_id=S3_ENV["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=S3_ENV["AWS_SECRET_ACCESS_KEY"],
-        region_name=S3_ENV["AWS_REGION"],
-    ).client("s3", endpoint_url=endpoint)
+    client = s3_admin(endpoint)
     blobs = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         for obj in page.get("Contents", []):
@@ -92,7 +74,7 @@ def everything_stored(endpoint: str, bucket: str) -> bytes:
 async def test_two_workers_with_two_homes_share_one_experiment(
     temporal_env: WorkflowEnvironment,
     tmp_path: Path,
-    processes: list[subprocess.Popen[bytes]],
+    worker_processes: WorkerProcesses,
 ) -> None:
     bucket = f"forklab-{uuid.uuid4().hex[:8]}"
     with moto_server() as s3, postgres_database() as database:
@@ -107,12 +89,7 @@ async def test_two_workers_with_two_homes_share_one_experiment(
             "FORKLAB_STORE_RETRY_SECONDS": "60",
         }
         operator = lab_settings(temporal_env, tmp_path / "operator")
-        homes = {name: tmp_path / f"host-{name}" for name in ("a", "b")}
-        workers = {}
-        for name, home in homes.items():
-            env = host_env(operator, home, shared)
-            workers[name] = start_worker(env, tmp_path / f"worker-{name}.log")
-            processes.append(workers[name])
+        homes, workers = start_hosts(worker_processes, operator, shared, tmp_path)
         lab = Lab(client=temporal_env.client, settings=operator)
 
         spec = make_spec(params={"sandbox_sleep": 0.15, "twin_sleep": 0.15})
@@ -145,8 +122,7 @@ async def test_two_workers_with_two_homes_share_one_experiment(
                         victim = name
             assert time.monotonic() < deadline, "no world batch started"
             await asyncio.sleep(0.05)
-        os.killpg(workers[victim].pid, signal.SIGKILL)
-        workers[victim].wait()
+        worker_processes.kill(workers[victim])
         survivor = "b" if victim == "a" else "a"
 
         # the object store goes away for a while: the surviving worker waits, then goes on
@@ -222,7 +198,7 @@ async def test_two_workers_with_two_homes_share_one_experiment(
 async def test_a_key_issued_on_one_worker_approves_work_run_on_another(
     temporal_env: WorkflowEnvironment,
     tmp_path: Path,
-    processes: list[subprocess.Popen[bytes]],
+    worker_processes: WorkerProcesses,
 ) -> None:
     """Started without a key (`temporal workflow start`), the run asks a worker to make the
     key pair: the private key lands in THAT worker's home. The issuing worker is then
@@ -237,12 +213,7 @@ async def test_a_key_issued_on_one_worker_approves_work_run_on_another(
             "FORKLAB_LEDGER": database,
         }
         operator = lab_settings(temporal_env, tmp_path / "operator")
-        homes = {name: tmp_path / f"host-{name}" for name in ("a", "b")}
-        workers = {}
-        for name, home in homes.items():
-            env = host_env(operator, home, shared)
-            workers[name] = start_worker(env, tmp_path / f"worker-{name}.log")
-            processes.append(workers[name])
+        homes, workers = start_hosts(worker_processes, operator, shared, tmp_path)
         lab = Lab(client=temporal_env.client, settings=operator)
         spec = make_spec(episodes=12)
         wid = workflow_id(spec.id)
@@ -274,8 +245,7 @@ async def test_a_key_issued_on_one_worker_approves_work_run_on_another(
         assert len(holders) == 1, holders  # the key is on the issuing worker's host only
         issuer = holders[0]
         other = "b" if issuer == "a" else "a"
-        os.killpg(workers[issuer].pid, signal.SIGKILL)  # gone before anything runs
-        workers[issuer].wait()
+        worker_processes.kill(workers[issuer])  # gone before anything runs
         on_issuer = host_env(operator, homes[issuer], shared)  # the approver, on that host
         approved = await asyncio.to_thread(
             forklab, on_issuer, "approve", spec.id, "--approver", "kim"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from temporalio import workflow
-from temporalio.client import WorkflowHistory
+from temporalio.client import WorkflowFailureError, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
@@ -145,3 +145,28 @@ async def test_a_run_continued_mid_execution_gives_the_same_outcomes_and_carries
     assert max(carries) - min(carries) < 32, carries
     # every world batch ran once across the chain
     assert sum(sum(r.world_runs.values()) for r in runs) == 36 * 3
+
+    # An attacker who reads a continued run's input (an approved carry) cannot start
+    # another experiment with it: only the workflow's own continue-as-new hands one over.
+    continued = await lab.client.get_workflow_handle(
+        chained_handle.id, run_id=runs[1].run_id
+    ).fetch_history()
+    started = continued.events[0].workflow_execution_started_event_attributes
+    (recorded,) = await pydantic_data_converter.decode(started.input.payloads, [ExperimentInput])
+    assert recorded.carry is not None and recorded.carry.approval.status.value == "approved"
+    forged_spec = spec.model_copy(update={"id": f"{spec.id}-forged"})
+    forged = lab.client.get_workflow_handle(
+        (
+            await lab.client.start_workflow(
+                ExperimentWorkflow.run,
+                recorded.model_copy(update={"spec": forged_spec}),
+                id=workflow_id(forged_spec.id),
+                task_queue=lab.settings.task_queue,
+            )
+        ).id
+    )
+    with pytest.raises(WorkflowFailureError) as refused:
+        await forged.result()
+    assert "carry" in str(refused.value.cause)
+    assert lab.ledger.experiment(forged_spec.id) is None
+    assert lab.sandbox_folders() == []

@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from orchestration_lab import FORKLAB, Lab, cli_env, forklab, lab_settings, make_spec
+from orchestration_lab import Lab, WorkerProcesses, cli_env, forklab, lab_settings, make_spec
 from temporalio.testing import WorkflowEnvironment
 
 from activities.approval_keys import key_path
@@ -22,29 +17,8 @@ from experiments.plan import rehearse
 from workflows.messages import ExperimentResult, Stage, Status, workflow_id
 
 
-@pytest.fixture
-def workers() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [FORKLAB, "worker"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
 async def test_sigkilled_worker_is_replaced_and_nothing_counts_twice(
-    temporal_env: WorkflowEnvironment, tmp_path: Path, workers: list[subprocess.Popen[bytes]]
+    temporal_env: WorkflowEnvironment, tmp_path: Path, worker_processes: WorkerProcesses
 ) -> None:
     settings = lab_settings(temporal_env, tmp_path / "home")
     env = cli_env(settings)
@@ -55,7 +29,7 @@ async def test_sigkilled_worker_is_replaced_and_nothing_counts_twice(
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(spec.model_dump_json())
     log = tmp_path / "worker.log"
-    workers.append(start_worker(env, log))
+    first = worker_processes.start(env, log)
 
     started = await asyncio.to_thread(
         forklab,
@@ -86,9 +60,8 @@ async def test_sigkilled_worker_is_replaced_and_nothing_counts_twice(
             break
         await asyncio.sleep(0.05)
     assert lab.backend.list(labels), "the baseline world should be running"
-    os.killpg(workers[0].pid, signal.SIGKILL)  # mid-world: its sandbox is still running
-    workers[0].wait()
-    workers.append(start_worker(env, log))
+    worker_processes.kill(first)  # mid-world: its sandbox is still running
+    worker_processes.start(env, log)
 
     result = await asyncio.wait_for(handle.result(), timeout=120)
     assert result.status is Status.completed, result.error

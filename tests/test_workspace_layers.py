@@ -7,13 +7,16 @@ import dataclasses
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
 
+from activities.artifacts import LocalArtifactStore
+from activities.models import BatchInput, BatchStatus, EpisodeChunk, PrefixInput, RunnerJob
 from activities.sandbox import Limits, LocalSandboxBackend, SandboxError
 from activities.sandbox.workspace import (
     WorkspaceError,
@@ -21,6 +24,8 @@ from activities.sandbox.workspace import (
     mounts_under,
     unmount_under,
 )
+from activities.shared_snapshots import SharedSnapshots
+from activities.world_batches import SandboxActivities
 from experiments.analysis.checks import common_checkpoints
 from experiments.bundle import bundle_files
 from experiments.engine import spec_world_plans
@@ -31,11 +36,13 @@ from experiments.workloads.coding_fix import CodingFix
 from experiments.workspace import (
     FileRecord,
     WorkspaceCheckpoint,
+    WorkspaceEvidence,
     WorkspaceManifest,
     diff_manifests,
 )
 from forklab.specfile import load_spec
 from tests.helpers import ROOT, run_cli
+from tests.sandbox_lab import without_sys_admin
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="overlayfs mounts need root")
 
@@ -159,21 +166,9 @@ ws.remove("child")
 
 @needs_root
 def test_without_permission_to_mount_it_falls_back_and_says_so(root: Path) -> None:
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("setpriv (util-linux) is needed to take CAP_SYS_ADMIN away")
     store = Workspaces(root / "store")
     base = store.layers.import_tree(_start(root / "start"))
-    ran = subprocess.run(
-        [
-            *(setpriv, "--bounding-set=-sys_admin", "--", sys.executable, "-c", FALLBACK),
-            *(str(root / "store"), base.digest),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    ran = without_sys_admin(FALLBACK, str(root / "store"), base.digest)
     assert ran.returncode == 0, ran.stderr
     assert '"mode":"copy"' in ran.stdout or '"mode":"reflink"' in ran.stdout
     assert "overlay mount not permitted (Operation not permitted)" in ran.stdout
@@ -432,3 +427,63 @@ def test_replicates_of_a_world_with_files_each_get_their_own_folder(tmp_path: Pa
     assert own["outcomes"] == one["outcomes"]
     assert "@unittest.expectedFailure" in (root / "0" / "tests" / "test_arith.py").read_text()
     assert not list(Path(tempfile.gettempdir()).glob(f"fork-{os.getpid()}-*"))
+
+
+@needs_root
+async def test_a_world_on_another_host_rebuilds_the_chunks_layer(tmp_path: Path) -> None:
+    """Two worker hosts share an artifact store, not their disks: the prefix runs on host
+    A, one world batch on A and the same world on B, which has no copy of A's layer. B
+    rebuilds it from the shipped files, checked against the checkpoints, and gets the same
+    columns; a shipped file that does not match fails the world, named."""
+    store = LocalArtifactStore(tmp_path / "artifacts")
+    hosts = [LocalSandboxBackend(tmp_path / name) for name in ("host-a", "host-b")]
+    acts = [SandboxActivities(h, store, SharedSnapshots(h, store)) for h in hosts]
+    spec = load_spec(str(ROOT / "experiments" / "coding-fix.yaml"))
+    info = SharedSnapshots(hosts[0], store).prepare(bundle_files("coding-fix"))
+    job = RunnerJob(
+        workload="coding-fix", params=dict(spec.workload.params), seed=spec.seed, workspace=True
+    )
+    chunk = EpisodeChunk(index=0, first=0, stop=6)
+    common = {"experiment_id": "exp", "run_key": "wf/run", "job": job, "snapshot_id": info.id}
+    prefix = await ActivityEnvironment().run(
+        acts[0].run_prefixes, PrefixInput(**common, chunk=chunk, reservation_seconds=120)
+    )
+    world = spec_world_plans(spec)[3]  # skip: it edits the tests
+    batch = BatchInput(
+        **common,
+        world=world,
+        chunk=chunk,
+        checkpoints_digest=prefix.checkpoints_digest,
+        workspace_digest=prefix.workspace_digest,
+        reservation_seconds=120,
+    )
+    on_a, on_b = [await ActivityEnvironment().run(a.run_world_batch, batch) for a in acts]
+    assert on_a.status is on_b.status is BatchStatus.completed, (on_a.error, on_b.error)
+    assert store.get_json(on_a.columns_digest or "") == store.get_json(on_b.columns_digest or "")
+    layer_a = WorkspaceEvidence.model_validate_json(store.get_bytes(prefix.workspace_digest or ""))
+    end_b = WorkspaceEvidence.model_validate_json(store.get_bytes(on_b.workspace_digest or ""))
+    assert hosts[1].has_layer(end_b.layer) and not hosts[0].has_layer(end_b.layer)
+    assert end_b.layer != layer_a.layer  # B's own seal (its sandbox uid owns the files)
+
+    # the shipped bytes of one file replaced: B refuses to rebuild the chunk from them
+    hosts[1].release_layers("wf/run")
+    hosts[1].collect_layers(0)
+    arith = next(f for f in layer_a.manifest.files if f.path == "0/calc/arith.py")
+    forged = layer_a.manifest.model_copy(
+        update={
+            "files": tuple(
+                f.model_copy(update={"sha256": store.put_bytes(b"def add(a, b):\n    return 0\n")})
+                if f == arith
+                else f
+                for f in layer_a.manifest.files
+            )
+        }
+    )
+    bad = store.put_bytes(
+        layer_a.model_copy(update={"manifest": forged}).model_dump_json().encode()
+    )
+    with pytest.raises(ApplicationError, match="not what its checkpoints pin"):
+        await ActivityEnvironment().run(
+            acts[1].run_world_batch, batch.model_copy(update={"workspace_digest": bad})
+        )
+    assert hosts[1].list({}) == []

@@ -110,6 +110,15 @@ class ExperimentWorkflow:
                 type="BadInput",
                 non_retryable=True,
             )
+        if inp.carry is not None and workflow.info().continued_run_id is None:
+            # A carry holds the approval decision: only this workflow's own
+            # continue-as-new may hand one over, never a start request.
+            raise ApplicationError(
+                "the workflow input has a carry, which only the workflow's own "
+                "continue-as-new may set; start it with forklab start",
+                type="BadInput",
+                non_retryable=True,
+            )
         self._inp = inp
         self._spec = inp.spec
         carry = inp.carry
@@ -181,11 +190,12 @@ class ExperimentWorkflow:
         try:
             if inp.carry is None:
                 await self._plan_and_approve()
-            approved = True
-            if inp.carry is not None:
+            else:
                 await self._resume(inp.carry)
-                if state.gate.pending:
-                    await self._await_approval()
+                # Whatever the carry says, the decision is read here: a rejection that
+                # arrived while the previous run was continuing as new stops this one.
+                await self._await_approval()
+            approved = True
             self._enter(Stage.running_prefixes, "running each episode's prefix once")
             await self._run_units(state.prefix_units())
             self._enter(Stage.running_worlds, "running world batches")
@@ -289,10 +299,22 @@ class ExperimentWorkflow:
         self._state.ledger.use.estimated_world_seconds = capacity.estimated_world_seconds
         if not capacity.ok:
             raise _Stop(Status.refused, f"capacity check refused the plan: {capacity.reason}")
-        if gate.pending:
-            await self._await_approval()
+        await self._await_approval()
 
     async def _await_approval(self) -> None:
+        """Stop unless the plan was approved (or approval was not required), waiting for
+        the decision while it is pending. Every run of a chain passes here, so no run goes
+        on under a rejected or expired decision, e.g. a rejection that arrived while the
+        previous run was continuing as new."""
+        gate = self._state.gate
+        if gate.pending:
+            await self._wait_for_decision()
+        if gate.state.status is ApprovalStatus.rejected:
+            raise _Stop(Status.rejected, f"rejected by {gate.state.decided_by}")
+        if gate.state.status is ApprovalStatus.expired:
+            raise _Stop(Status.expired, "nobody approved the plan before it expired")
+
+    async def _wait_for_decision(self) -> None:
         """Wait for a decision until expiry. Messages keep arriving meanwhile (each one in
         history): when Temporal suggests it, continue as new and wait on there."""
         gate = self._state.gate
@@ -316,10 +338,6 @@ class ExperimentWorkflow:
                 gate.expire()
             if gate.pending:
                 await self._continue_as_new()
-        if gate.state.status is ApprovalStatus.rejected:
-            raise _Stop(Status.rejected, f"rejected by {gate.state.decided_by}")
-        if gate.state.status is ApprovalStatus.expired:
-            raise _Stop(Status.expired, "nobody approved the plan before it expired")
 
     async def _resume(self, carry: Carry) -> None:
         progress = await workflow.execute_activity_method(
@@ -467,6 +485,7 @@ class ExperimentWorkflow:
                 snapshot_id=snapshot,
                 chunk=unit.chunk,
                 checkpoints_digest=state.prefixes[unit.chunk.index].checkpoints_digest,
+                workspace_digest=state.prefixes[unit.chunk.index].workspace_digest,
                 reservation_seconds=need,
                 attempt=attempt,
             ),

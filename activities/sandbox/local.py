@@ -432,6 +432,12 @@ class LocalSandboxBackend(SandboxBackend):
         except WorkspaceError as exc:
             raise SandboxError(str(exc)) from None
 
+    def has_layer(self, digest: str) -> bool:
+        return (
+            _DIGEST.fullmatch(digest) is not None
+            and (self.workspaces.layers.root / digest / "seal.json").is_file()
+        )
+
     def attach_workspace(self, sandbox_id: str, layer: str | None) -> WorkspaceInfo:
         """Give the sandbox a workspace at ``<box>/workspace`` over ``layer`` (verified
         first; None: empty). Its writes go to its own upper layer."""

@@ -73,17 +73,36 @@ class Shocks:
     majority vote gets its own stream, and they are not part of the fingerprint.
     """
 
-    __slots__ = ("_agent_drawn", "_draws", "_seen", "_sum", "episode", "replicate", "seed")
+    __slots__ = (
+        "_agent_drawn",
+        "_draws",
+        "_seen",
+        "_source",
+        "_sum",
+        "episode",
+        "replicate",
+        "seed",
+    )
 
     def __init__(
-        self, seed: int, episode: int, replicate: int = 0, draws: EpisodeDraws | None = None
+        self,
+        seed: int,
+        episode: int,
+        replicate: int = 0,
+        draws: EpisodeDraws | None = None,
+        source: Shocks | None = None,
     ) -> None:
+        """``draws``: the episode's table to use; ``source``: another run of the episode
+        whose table to share, made (for both) only when one of them first draws."""
         if draws is not None and (draws.seed != seed or draws.episode != episode):
             raise ValueError("the draw table belongs to another (seed, episode)")
-        self.seed = seed
-        self.episode = episode
+        if source is not None and (source.seed != seed or source.episode != episode):
+            raise ValueError("the source run belongs to another (seed, episode)")
+        self.seed: int = seed
+        self.episode: int = episode
         self.replicate = replicate
         self._draws = draws  # made on the first draw: many runs never draw at all
+        self._source = source
         self._seen: dict[Coordinate, float] = {}
         self._sum = 0
         self._agent_drawn = False
@@ -95,7 +114,7 @@ class Shocks:
             return value
         table = self._draws
         if table is None:
-            table = self._draws = EpisodeDraws(self.seed, self.episode)
+            table = self.draws
         words = table.exogenous
         word = words.get(coord)
         if word is None:
@@ -118,7 +137,10 @@ class Shocks:
     def draws(self) -> EpisodeDraws:
         """The episode's table of words (to share with the other runs of the episode)."""
         if self._draws is None:
-            self._draws = EpisodeDraws(self.seed, self.episode)
+            source = self._source
+            self._draws = (
+                source.draws if source is not None else EpisodeDraws(self.seed, self.episode)
+            )
         return self._draws
 
     @property

@@ -125,7 +125,7 @@ def run_prefix(
         folder.mkdir(parents=True)
         workload.workspace = folder
     state, shocks = _start(workload, seed, episode)
-    checkpoint = _prefix_from(workload, seed, episode, state, shocks, {})[0]
+    checkpoint = _prefix_from(workload, seed, episode, state, shocks, _Known(0))[0]
     if folder is not None and workload.has_workspace:
         checkpoint["workspace"] = _folder_digest(workload, folder, where(episode, None, 0))
     return checkpoint
@@ -150,8 +150,45 @@ def _start(
     return state, shocks
 
 
-#: Feature dicts already checked, by a key that spells out their values and types.
-SeenFeatures = dict[tuple[Any, ...], dict[str, Feature]]
+class _Known:
+    """What a batch has already worked out about the checkpoints it met, keyed by exact
+    bytes (``marshal``: equal only for identical types and contents, so True is not 1,
+    -0.0 is not 0.0, and key order counts):
+
+    - ``features``: each distinct feature dict, checked against ``feature_types`` once
+      and then shared by every episode that records an identical one;
+    - ``states``: for up to ``keep`` distinct checkpoint states, the canonical text, its
+      sha256, the state read back from it and whether it is flat. All are functions of
+      the state alone, so an identical state met again is neither encoded, hashed nor
+      parsed again (and passed the JSON check when first met). Nothing of the workload
+      is skipped: every episode still runs its prefix and every world in full.
+    """
+
+    __slots__ = ("features", "keep", "states")
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.features: dict[bytes, dict[str, Feature]] = {}
+        self.states: dict[bytes, tuple[str, str, State, bool]] = {}
+
+
+#: How many distinct checkpoint states a batch keeps (a few MB at most).
+STATES_KEPT = 4096
+
+
+def _exact_key(value: Any) -> bytes | None:
+    """``marshal`` bytes of ``value``, or None for what marshal cannot write (a subclass
+    of a builtin type, an object): such values are simply never shared."""
+    try:
+        return marshal.dumps(value)
+    except ValueError:
+        return None
+
+
+def _is_flat(text: str) -> bool:
+    """Whether a canonical text is one JSON object of scalars: one ``{`` and no ``[`` (a
+    brace inside a string only makes this False, which is always safe)."""
+    return text.count("{") == 1 and "[" not in text
 
 
 def _prefix_from(
@@ -160,15 +197,14 @@ def _prefix_from(
     episode: int,
     state: State,
     shocks: Shocks,
-    seen: SeenFeatures,
-) -> tuple[Checkpoint, bool, State]:
+    known: _Known,
+) -> tuple[Checkpoint, bool, State, bool, bool]:
     """Step ``state`` to its boundary and check what the contract promises there (state
     is JSON, features as declared).
 
-    Returns the checkpoint, whether the prefix drew randomness, and the state read back
-    from the checkpoint text (what the worlds fork from). A feature dict equal to one in
-    ``seen`` (same values of the same types) is not checked again, and the one in ``seen``
-    is returned in its place, so equal dicts are shared.
+    Returns the checkpoint, whether the prefix drew randomness, the state read back from
+    the checkpoint text (what the worlds fork from), whether that state is shared (kept
+    in ``known``: the worlds must copy it, never change it) and whether it is flat.
     """
     steps = 0
     try:
@@ -186,61 +222,71 @@ def _prefix_from(
             f"{'ended' if ended else 'jumped'} at {resolved}; boundary() is defined at "
             f"{method_place(workload, 'boundary')} ({where(episode, None, steps)})"
         )
-    # The text is the checkpoint. Reading it back once both checks the contract (the
-    # state is JSON that reads back equal) and gives the state the worlds fork from.
-    try:
-        text: str | None = canonical_state(state)
-    except (TypeError, ValueError):
-        text = None
-    parsed: State | None = None if text is None else parse_canonical(text)
-    if parsed is None or text is None or parsed != state:
-        method = "step" if steps else "initial_state"
-        check_state(workload, state, text, method, where(episode, None, steps))
-    assert text is not None and parsed is not None  # check_state raised otherwise
+    key = _exact_key(state) if known.keep else None
+    entry = known.states.get(key) if key is not None else None
+    shared = entry is not None
+    if entry is None:
+        # The text is the checkpoint. Reading it back once both checks the contract (the
+        # state is JSON that reads back equal) and gives the state the worlds fork from.
+        try:
+            text: str | None = canonical_state(state)
+        except (TypeError, ValueError):
+            text = None
+        parsed = None if text is None else parse_canonical(text)
+        if parsed is None or text is None or parsed != state:
+            method = "step" if steps else "initial_state"
+            check_state(workload, state, text, method, where(episode, None, steps))
+        assert text is not None and parsed is not None  # check_state raised otherwise
+        entry = (text, sha256(text.encode()).hexdigest(), parsed, _is_flat(text))
+        if key is not None and len(known.states) < known.keep:
+            known.states[key] = entry
+            shared = True
+    text, digest, parsed, flat = entry
     try:
         found = workload.features(state)
     except Exception as exc:
         raise from_exception(workload, exc, where(episode, None, steps)) from exc
-    # repr tells True from 1 and -0.0 from 0.0, which dict equality would merge
-    key = (repr(found), *map(type, found.values())) if type(found) is dict else ()
-    features = seen.get(key) if key else None
+    fkey = _exact_key(found) if type(found) is dict else None
+    features = known.features.get(fkey) if fkey is not None else None
     if features is None:
         kinds = feature_kinds(type(workload))
         check_features(workload, found, kinds, where(episode, None, steps))
-        features = seen[key] = found
+        features = found
+        if fkey is not None:
+            known.features[fkey] = found
     checkpoint: Checkpoint = {
         "episode": episode,
         "requested": requested,
         "resolved": resolved,
-        "sha256": sha256(text.encode()).hexdigest(),
+        "sha256": digest,
         "state": text,
         "features": features,
     }
-    return checkpoint, shocks.drawn, parsed
+    return checkpoint, shocks.drawn, parsed, shared, flat
 
 
 class _Fork:
     """Hands out copies of one checkpoint's state, each equal to ``json.loads`` of it.
 
-    The last copy asked for is the parsed state itself, so one world of an episode needs
-    no copy at all. A flat state (one JSON object of scalars, which its text shows: one
-    ``{`` and no ``[``; a brace inside a string only sends it down the general path) is
+    The last copy asked for is the parsed state itself (unless it is ``shared``), so one
+    world of an episode needs no copy at all. A ``flat`` state (see :func:`_is_flat`) is
     copied with ``dict.copy``, exact because its values are immutable; any other with
     ``marshal`` (a C copy of plain JSON values that keeps the sorted key order of the
     parse).
     """
 
-    __slots__ = ("_blob", "_flat", "_left", "_state")
+    __slots__ = ("_blob", "_flat", "_left", "_own", "_state")
 
-    def __init__(self, parsed: State, text: str, copies: int) -> None:
+    def __init__(self, parsed: State, copies: int, shared: bool, flat: bool) -> None:
         self._state = parsed
         self._left = copies
-        self._flat = text.count("{") == 1 and "[" not in text
-        self._blob = marshal.dumps(parsed) if copies > 1 and not self._flat else b""
+        self._own = not shared
+        self._flat = flat
+        self._blob = marshal.dumps(parsed) if (copies > 1 or shared) and not flat else b""
 
     def take(self) -> State:
         self._left -= 1
-        if self._left == 0:
+        if self._left == 0 and self._own:
             return self._state
         if self._left < 0:
             raise RuntimeError("more copies taken than announced")
@@ -264,14 +310,15 @@ def _finish(
     episode: int,
     world: WorldPlan,
     params: dict[str, Any],
-    draws: EpisodeDraws,
+    prefix: Shocks,
     folders: FolderFork | None = None,
 ) -> tuple[bool, bool, str, bool]:
     """Fork into ``world`` and finish it: (success, intervened, fingerprint, drew).
 
     With ``forks`` > 1 the world runs that many replicates from the same checkpoint
     (distinct agent streams) and the outcome is their majority vote. ``folders`` hands
-    each replicate its folder (workloads with a workspace).
+    each replicate its folder (workloads with a workspace). Every replicate shares the
+    table of random words of ``prefix`` (the episode's prefix run, or a stand-in).
     """
     votes = 0
     intervened = drawn = False
@@ -284,7 +331,7 @@ def _finish(
         state = fork.take()
         if folders is not None:
             workload.workspace = folders.take()
-        shocks = Shocks(seed, episode, replicate, draws)
+        shocks = Shocks(seed, episode, replicate, source=prefix)
         steps = 0
         try:
             workload.schedule_shocks(state, shocks)
@@ -330,17 +377,17 @@ def continue_world(
     copy-on-write view, as in a world's sandbox) the last one works in it directly.
     Returns (success, intervened, shock fingerprint, drew randomness).
     """
-    fork = _Fork(parse_canonical(checkpoint), checkpoint, world.forks)
+    fork = _Fork(parse_canonical(checkpoint), world.forks, False, _is_flat(checkpoint))
     params = _intervention_params(workload, world)
-    draws = EpisodeDraws(seed, episode)
+    prefix = Shocks(seed, episode)  # holds the table the replicates share
     if not workload.has_workspace:
-        return _finish(workload, fork, seed, episode, world, params, draws)
+        return _finish(workload, fork, seed, episode, world, params, prefix)
     if folder is None:
         name = type(workload).__name__
         raise ValueError(f"{name} has a workspace: continue_world needs a folder")
     folders = FolderFork(folder, world.forks, Path(tempfile.gettempdir()), own)
     try:
-        return _finish(workload, fork, seed, episode, world, params, draws, folders)
+        return _finish(workload, fork, seed, episode, world, params, prefix, folders)
     finally:
         folders.close()
 
@@ -402,7 +449,7 @@ def run_batch(
     resolved: list[int] = []
     shas: list[str] = []
     features: list[dict[str, Feature]] = []
-    same_features: SeenFeatures = {}  # equal feature dicts are shared
+    known = _Known(STATES_KEPT)
     columns = [empty_columns() for _ in worlds]
     plans = [
         (
@@ -417,21 +464,26 @@ def run_batch(
     ]
     # copies[i]: how many states worlds i.. need (the count a fork made at world i hands out)
     copies = [sum(w.forks for w in worlds[i:]) for i in range(len(worlds))]
-    prefixes: dict[str, Checkpoint] = {}
+    # a reused prefix: its checkpoint, its state when kept in ``known`` (else None: read
+    # back again, since the last world changes the state it is given), whether it is flat
+    prefixes: dict[str, tuple[Checkpoint, State | None, bool]] = {}
     continuations: dict[tuple[str, int], tuple[bool, bool, str]] = {}
     for episode in episodes:
         state, shocks = _start(workload, seed, episode)
-        hit: Checkpoint | None = None
+        hit: tuple[Checkpoint, State | None, bool] | None = None
         if memo:
             key = repr(state)  # exact for JSON values; only needs to be stable in-process
             hit = prefixes.get(key)
         if hit is None:
-            cp, drawn, parsed = _prefix_from(workload, seed, episode, state, shocks, same_features)
+            cp, drawn, parsed, shared, flat = _prefix_from(
+                workload, seed, episode, state, shocks, known
+            )
             if memo and not drawn:
-                prefixes[key] = cp
+                prefixes[key] = (cp, parsed if shared else None, flat)
         else:
-            cp = hit
-            parsed = parse_canonical(cp["state"])  # the last world changes what it is given
+            cp, kept, flat = hit
+            shared = kept is not None
+            parsed = kept if kept is not None else parse_canonical(cp["state"])
         sha = cp["sha256"]
         requested.append(cp["requested"])
         resolved.append(cp["resolved"])
@@ -442,10 +494,8 @@ def run_batch(
             result = continuations.get((sha, index)) if memo else None
             if result is None:
                 if fork is None:
-                    fork = _Fork(parsed, cp["state"], copies[index])
-                ok, did, fp, drawn = _finish(
-                    workload, fork, seed, episode, world, params, shocks.draws
-                )
+                    fork = _Fork(parsed, copies[index], shared, flat)
+                ok, did, fp, drawn = _finish(workload, fork, seed, episode, world, params, shocks)
                 result = (ok, did, fp)
                 if memo and not drawn:
                     continuations[(sha, index)] = result
@@ -492,13 +542,13 @@ def _run_batch_files(
             batch["resolved"].append(cp["resolved"])
             batch["checkpoints"].append(identity)
             batch["features"].append(cp["features"])
-            fork = _Fork(parse_canonical(cp["state"]), cp["state"], total)
+            fork = _Fork(parse_canonical(cp["state"]), total, False, _is_flat(cp["state"]))
             folders = FolderFork(folder, total, scratch, own=True)
-            draws = EpisodeDraws(seed, episode)
+            prefix = Shocks(seed, episode)  # holds the table the replicates share
             try:
                 for world, world_params in zip(worlds, params, strict=True):
                     ok, did, fp, _ = _finish(
-                        workload, fork, seed, episode, world, world_params, draws, folders
+                        workload, fork, seed, episode, world, world_params, prefix, folders
                     )
                     cols = batch["worlds"][world.name]
                     cols["outcomes"].append(ok)

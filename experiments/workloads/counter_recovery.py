@@ -12,12 +12,23 @@ numbers, so every world shares the same misreads).
 
 from __future__ import annotations
 
-import random
-from collections.abc import Mapping
+import _random
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from experiments.runtime.crn import Shocks
 from experiments.runtime.workload import Feature, State, Workload, WorkloadError
+
+
+def _choice(bits: Callable[[int], int], seq: Sequence[Any]) -> Any:
+    """``random.Random.choice`` over ``bits`` (its ``getrandbits``): the same rejection
+    sampling of ``len(seq).bit_length()`` bits, so the same element for the same words."""
+    n = len(seq)
+    k = n.bit_length()
+    r = bits(k)
+    while r >= n:
+        r = bits(k)
+    return seq[r]
 
 
 class CounterRecovery(Workload):
@@ -55,10 +66,12 @@ class CounterRecovery(Workload):
         self._noise = float(noise)
 
     def initial_state(self, episode_seed: int, shocks: Shocks) -> State:
-        # The draw order (slack, then freeze) matches the seed's reference world exactly.
-        r = random.Random(episode_seed)
-        budget = self.params["budget_base"] + r.choice(self.params["slack_choices"])
-        freeze_at = r.choice(self.params["freeze_choices"])
+        # The draw order (slack, then freeze) matches the seed's reference world exactly:
+        # random.Random(episode_seed).choice, twice, spelled out on the C generator (the
+        # same seeding and words, without the Python layers around them).
+        bits = _random.Random(episode_seed).getrandbits
+        budget = self.params["budget_base"] + _choice(bits, self.params["slack_choices"])
+        freeze_at = _choice(bits, self.params["freeze_choices"])
         return {
             "v": 0,
             "obs": 0,
