@@ -32,6 +32,9 @@ STEP_DECISION = "forklab.step_decision"
 #: Activity types whose input names a model, and the field: ``--model`` rewrites it on
 #: every live call (the OpenAI Agents SDK's model activity and ForkLab's chat call).
 MODEL_FIELDS = {"invoke_model_activity": "model_name", "chat_model": "model"}
+#: A step whose (JSON) result has this key says which sealed layer holds the run's
+#: workspace after it; a fork at step N starts from the last such layer at or before N.
+WORKSPACE_LAYER_FIELD = "workspace_layer"
 #: The error type of a call a fork refuses (block policy, replay miss).
 BLOCKED_ERROR = "fork_tool_blocked"
 DIVERGED_ERROR = "fork_prefix_diverged"

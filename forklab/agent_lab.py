@@ -6,17 +6,27 @@ shells around this class. A fork is a new workflow; the parent is only read.
 
 from __future__ import annotations
 
+import base64
 import getpass
+import json
 import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttributes
 
-from activities.fork_models import MARKER_MEMO_KEY, RECEIPT_MEMO_KEY, ForkMarker, ModelSwap
+from activities.agent_workspace import agent_workspaces_root
+from activities.fork_models import (
+    MARKER_MEMO_KEY,
+    RECEIPT_MEMO_KEY,
+    WORKSPACE_LAYER_FIELD,
+    ForkMarker,
+    ModelSwap,
+)
 from activities.fork_registry import ForkRegistry
 from activities.run_history import (
     ClosedRuns,
@@ -27,6 +37,7 @@ from activities.run_history import (
     read_chain,
 )
 from activities.run_log import LogEvent, RunLog
+from activities.sandbox.workspace import LayerStore, WorkspaceError
 from experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
 from experiments.runfork.receipt import (
@@ -69,6 +80,21 @@ def receipt_of(run: RunRecord) -> ForkReceipt | None:
     return run.receipt
 
 
+def workspace_layer_at(prefix: list[Step]) -> str | None:
+    """The workspace layer the last step of ``prefix`` that reported one returned."""
+    for step in reversed(prefix):
+        if step.result_b64 is None:
+            continue
+        payload = Payload.FromString(base64.b64decode(step.result_b64))
+        try:
+            result = json.loads(payload.data)
+        except ValueError:
+            continue
+        if isinstance(result, dict) and isinstance(result.get(WORKSPACE_LAYER_FIELD), str):
+            return str(result[WORKSPACE_LAYER_FIELD])
+    return None
+
+
 def final_state(chain: list[RunRecord]) -> Any:
     close = chain[-1].close
     if "result" in close:
@@ -102,9 +128,12 @@ class AgentLab:
         tool_policies: dict[str, ToolPolicy] | None = None,
         boundary: BoundaryMode = BoundaryMode.exact,
         requested_by: str | None = None,
-        workspace_layer_sha256: str | None = None,
     ) -> Fork:
-        """Start a fork of ``run`` that inherits steps 1..at_step and continues live."""
+        """Start a fork of ``run`` that inherits steps 1..at_step and continues live.
+
+        When the run keeps a workspace, the fork's files start from the layer step
+        ``at_step`` left (verified first; a damaged layer refuses the fork), recorded in
+        the receipt's ``workspace_layer_sha256``."""
         fork_id = name or f"{run}--fork-{uuid.uuid4().hex[:8]}"
         if not _NAME.match(fork_id):
             raise ForkError(
@@ -125,6 +154,11 @@ class AgentLab:
             )
         except BoundaryError as exc:
             raise ForkError(str(exc)) from None
+        layer = (
+            self._checked_layer(resolution.prefix, at_step)
+            if boundary is not BoundaryMode.lineage_only
+            else None
+        )
         # where the fork starts: the recorded input of the run holding the boundary (its
         # earlier steps served from that run's history), or — when the boundary ends a run
         # that continued-as-new — the next run's recorded input, a checkpoint at the
@@ -157,7 +191,7 @@ class AgentLab:
             tool_policies=policies,
             requested_by=requested_by or getpass.getuser(),
             created_at=datetime.now(UTC),
-            workspace_layer_sha256=workspace_layer_sha256,
+            workspace_layer_sha256=layer,
         )
         inherited_swaps = [
             swap
@@ -199,6 +233,25 @@ class AgentLab:
         )
         self.registry.add_receipt(receipt)
         return Fork(receipt=receipt, handle=handle)
+
+    def _checked_layer(self, prefix: list[Step], at_step: int) -> str | None:
+        """The layer holding the run's workspace after ``at_step`` (None: no workspace
+        step so far in this run), verified against its manifest digest and seal when the
+        layer store is on this host (the worker verifies it again before mounting it)."""
+        layer = workspace_layer_at(prefix)
+        if layer is None:
+            return None
+        root = agent_workspaces_root(self.agent.home)
+        if not (root / "layers").is_dir():
+            return layer
+        try:
+            LayerStore(root).stack(layer)
+        except WorkspaceError as exc:
+            raise ForkError(
+                f"cannot fork at step {at_step}: the workspace layer of that step is unusable: "
+                f"{exc}"
+            ) from None
+        return layer
 
     async def diff(self, a: str, b: str) -> RunDiff:
         chain_a, chain_b = await self.chain(a), await self.chain(b)

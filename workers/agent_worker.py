@@ -19,6 +19,7 @@ from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
 from temporalio.worker import Worker
 
 from activities.agent_tools import EffectTools, LedgerMode, ModelActivities
+from activities.agent_workspace import WorkspaceTools, agent_workspaces_root
 from activities.run_context import RunContextInterceptor
 from activities.run_history import ForkActivities
 from activities.run_log import RunLog
@@ -65,8 +66,11 @@ def build_agent_worker(
     agent: AgentSettings,
     mode: LedgerMode = LedgerMode.ledger_query,
     workflows: list[type] | None = None,
+    overlay: bool = True,
 ) -> Worker:
+    """``overlay=False``: agent workspaces are copies, never overlay mounts."""
     tools = EffectTools(agent.resolved_effects_url, effect_ledger(agent), mode)
+    files = WorkspaceTools(agent_workspaces_root(agent.home), overlay=overlay)
     models = ModelActivities(openai_client(agent))
     forks = ForkActivities(client)
     return Worker(
@@ -77,6 +81,7 @@ def build_agent_worker(
             models.chat_model,
             tools.charge_customer,
             tools.send_email,
+            files.write,
             forks.fetch_prefix,
             forks.step_decision,
         ],

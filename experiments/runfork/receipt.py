@@ -159,7 +159,9 @@ class ForkReceipt(BaseModel):
     intervention: dict[str, Any] | None = None
     model: str | None = None
     tool_policies: dict[str, ToolPolicy]
-    #: digest of the workspace layer a fork's sandbox inherits (copy-on-write workspaces)
+    #: the sealed layer holding the parent's workspace after ``resolved_step`` (the last
+    #: step at or before it whose result names a ``workspace_layer``); the fork's files
+    #: start from it, copy-on-write. None: the run kept no workspace by then.
     workspace_layer_sha256: str | None = None
     requested_by: str
     created_at: AwareDatetime
@@ -226,6 +228,10 @@ def receipt_markdown(r: ForkReceipt) -> str:
         ("model", r.model or "(unchanged)"),
         ("intervention", f"`{r.intervention}`" if r.intervention is not None else "(none)"),
         ("tool policies", policies),
+        (
+            "workspace layer",
+            f"`{r.workspace_layer_sha256}`" if r.workspace_layer_sha256 else "(none)",
+        ),
         ("by", f"{r.requested_by} at {r.created_at.isoformat()}"),
     ]
     return "**ForkLab fork receipt**\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in rows)

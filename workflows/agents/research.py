@@ -1,6 +1,11 @@
 """Example agent (a): the research pipeline — research, insights, risks, recommendations
 (which charges the customer first), summary, finalize (a deterministic scorer).
 
+With ``workspace`` set, the run also keeps files: after each section a ``workspace_write``
+tool call writes ``report/<section>.md`` into the run's workspace and returns the sealed
+layer that now holds it; the state's ``workspace_layer`` is that digest (the run's files
+at that step), and a fork at step N continues from step N's layer.
+
 Every model call and the charge are activities, so any step can be forked. The model is
 named in the input; a fork swaps it with ``--model`` without touching this code.
 """
@@ -17,6 +22,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.agent_tools import ChargeRequest, ChatAnswer, ChatCall, EffectResult
+    from activities.agent_workspace import WorkspaceStep, WorkspaceWrite
     from activities.fork_models import BLOCKED_ERROR
     from experiments.runfork.research_score import PIPELINE, passes, score_sections
 
@@ -36,6 +42,8 @@ class ResearchInput(BaseModel):
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     #: end the run as failed (not completed) when the scorer fails the report
     fail_on_low_score: bool = True
+    #: keep each section as a file in the run's workspace (a sealed layer per step)
+    workspace: bool = False
 
 
 def _blocked(exc: BaseException) -> bool:
@@ -57,6 +65,8 @@ class ResearchPipelineWorkflow:
             "status": "running",
             "score": None,
         }
+        if inp.workspace:
+            state["workspace_layer"] = None
         self._state = state
         for step in PIPELINE:
             if step == "recommendations":
@@ -78,6 +88,10 @@ class ResearchPipelineWorkflow:
                 summary=f"{step}: model call",
             )
             state["sections"][step] = answer.content
+            if inp.workspace:
+                state["workspace_layer"] = await self._keep(
+                    state["workspace_layer"], f"report/{step}.md", answer.content
+                )
         score = score_sections(state["sections"])
         state["score"] = score
         state["status"] = "ok" if passes(score) else "failed"
@@ -107,6 +121,17 @@ class ResearchPipelineWorkflow:
                 return {"status": "blocked", "key_name": inp.invoice}
             raise
         return {"status": "charged", "key_name": result.key_name, "effect_id": result.effect_id}
+
+    async def _keep(self, layer: str | None, path: str, content: str) -> str:
+        done: WorkspaceStep = await workflow.execute_activity(
+            "workspace_write",
+            WorkspaceWrite(layer=layer, path=path, content=content),
+            result_type=WorkspaceStep,
+            start_to_close_timeout=_CALL_TIMEOUT,
+            retry_policy=_RETRY,
+            summary=f"workspace: write {path}",
+        )
+        return done.workspace_layer
 
     @workflow.query
     def state(self) -> dict[str, Any]:

@@ -1,0 +1,118 @@
+"""The workspace of an agent run: files that live in sealed, content-addressed layers.
+
+An agent run that declares a workspace keeps one value in its state: the digest of the
+layer holding its files (None: empty). Each tool call that touches files is given that
+digest; it materialises a copy-on-write workspace over the layer (overlay, copy fallback:
+``activities.sandbox.workspace``), acts, freezes what changed into a new sealed layer and
+returns its digest in its result — so the run's history says which layer holds the
+workspace after every step, and a fork at step N starts from step N's layer. A call that
+changes nothing returns the digest it was given. Nothing stays mounted between calls:
+the run's workspace IS its layer digest, and a retried call starts again from the same
+layer (content addressing gives a retry that writes the same bytes the same digest).
+
+The layers of every run live under ``<FORKLAB home>/agent-workspaces`` on the worker's
+host; a layer is verified (manifest digest, seal) before any call mounts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from pathlib import Path, PurePosixPath
+
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.sandbox.workspace import LayerCorruptedError, WorkspaceError, Workspaces
+
+#: The error type of a call whose workspace layer is damaged (it must not be used).
+LAYER_CORRUPTED_ERROR = "workspace_layer_corrupted"
+_MAX_FILE_BYTES = 1 << 20
+
+
+def agent_workspaces_root(home: Path) -> Path:
+    return home.expanduser() / "agent-workspaces"
+
+
+class WorkspaceWrite(BaseModel):
+    """Write ``content`` to ``path`` in the run's workspace, which is layer ``layer``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: the layer holding the run's workspace before this call (None: empty)
+    layer: str | None = None
+    path: str = Field(min_length=1, max_length=500)
+    content: str = Field(max_length=_MAX_FILE_BYTES)
+
+
+class WorkspaceStep(BaseModel):
+    """The result of a workspace tool call: what it touched, and the layer holding the
+    run's workspace after it (``workspace_layer``: the run's checkpoint of its files)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    sha256: str
+    changed: bool
+    #: ``fork_models.WORKSPACE_LAYER_FIELD``: how ``forklab fork`` finds step N's layer
+    workspace_layer: str
+
+
+def _relative(path: str) -> PurePosixPath:
+    rel = PurePosixPath(path)
+    if rel.is_absolute() or any(part in ("", ".", "..") for part in path.split("/")):
+        raise ApplicationError(
+            f"workspace path {path!r}: give a relative path without '.', '..' or empty parts",
+            type="workspace_bad_path",
+            non_retryable=True,
+        )
+    return rel
+
+
+class WorkspaceTools:
+    """File tools of agent runs over the layer store under ``root``. ``overlay=False``
+    forces the copy fallback (tests; hosts that forbid mounts)."""
+
+    def __init__(self, root: Path, overlay: bool = True) -> None:
+        self.workspaces = Workspaces(root, overlay=overlay)
+
+    def _write(self, req: WorkspaceWrite, ws_id: str) -> WorkspaceStep:
+        rel = _relative(req.path)
+        data = req.content.encode()
+        sha = hashlib.sha256(data).hexdigest()
+        target = self.workspaces.root.parent / "trees" / ws_id
+        try:
+            self.workspaces.attach(ws_id, target, req.layer)
+            try:
+                dest = target / rel
+                if dest.is_file() and not dest.is_symlink() and dest.read_bytes() == data:
+                    base = req.layer if req.layer is not None else self.workspaces.layers.empty()
+                    return WorkspaceStep(
+                        path=req.path, sha256=sha, changed=False, workspace_layer=base
+                    )
+                if dest.is_symlink() or (dest.exists() and not dest.is_file()):
+                    raise ApplicationError(
+                        f"workspace path {req.path!r} exists and is not a regular file",
+                        type="workspace_bad_path",
+                        non_retryable=True,
+                    )
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(data)
+                layer = self.workspaces.freeze(ws_id)
+            finally:
+                self.workspaces.remove(ws_id)
+        except LayerCorruptedError as exc:
+            raise ApplicationError(
+                str(exc), type=LAYER_CORRUPTED_ERROR, non_retryable=True
+            ) from None
+        except WorkspaceError as exc:
+            raise ApplicationError(str(exc), type="workspace_error", non_retryable=True) from None
+        return WorkspaceStep(path=req.path, sha256=sha, changed=True, workspace_layer=layer.digest)
+
+    @activity.defn(name="workspace_write")
+    async def write(self, req: WorkspaceWrite) -> WorkspaceStep:
+        # one workspace per call attempt: nothing is shared with an earlier attempt
+        ws_id = uuid.uuid4().hex
+        return await asyncio.to_thread(self._write, req, ws_id)

@@ -1,0 +1,219 @@
+"""Agent runs with a workspace, forked: the research pipeline keeps each section as a file
+(one sealed layer per write step, on a real dev server, through the real model server),
+and a fork at step N starts from step N's layer, copy-on-write, on overlay mounts and on
+the copy fallback alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from agent_fixtures import AgentTestLab, Services, agent_settings
+from orchestration_lab import forklab
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+
+from activities.agent_tools import LedgerMode
+from activities.agent_workspace import (
+    LAYER_CORRUPTED_ERROR,
+    WorkspaceStep,
+    WorkspaceTools,
+    WorkspaceWrite,
+    agent_workspaces_root,
+)
+from activities.sandbox.workspace import LayerStore, Workspaces, unmount_under
+from forklab.agent_lab import AgentLab, ForkError, workspace_layer_at
+from workers.agent_worker import build_agent_worker, connect_agents, ensure_run_fork_attributes
+from workers.config import ENV, Settings
+
+WRITE = "workspace_write"
+
+
+@pytest.fixture(params=[True, False], ids=["overlay", "copy"])
+async def ws_lab(
+    request: pytest.FixtureRequest,
+    temporal_env: WorkflowEnvironment,
+    services: Services,
+    tmp_path: Path,
+) -> AsyncIterator[AgentTestLab]:
+    agent = agent_settings(services, tmp_path / "home")
+    target = temporal_env.client.service_client.config.target_host
+    settings = Settings.load({"address": target, "home": tmp_path / "home"}, env={})
+    client = await connect_agents(settings, agent)
+    await ensure_run_fork_attributes(client)
+    try:
+        async with build_agent_worker(
+            client, agent, LedgerMode.ledger_query, overlay=request.param
+        ):
+            yield AgentTestLab(
+                lab=AgentLab(client, agent), client=client, agent=agent, services=services
+            )
+    finally:
+        unmount_under(tmp_path)
+
+
+def _files(lab: AgentTestLab, layer: str) -> dict[str, bytes]:
+    """Every file of the workspace layer ``layer`` holds (its stack, verified), by path."""
+    root = agent_workspaces_root(lab.agent.home)
+    ws = Workspaces(root, overlay=False)
+    ws_id = f"read-{uuid.uuid4().hex[:8]}"
+    target = root / "reads" / ws_id
+    ws.attach(ws_id, target, layer)
+    try:
+        return {
+            str(p.relative_to(target)): p.read_bytes()
+            for p in sorted(target.rglob("*"))
+            if p.is_file()
+        }
+    finally:
+        ws.remove(ws_id)
+
+
+def _layers(lab: AgentTestLab) -> LayerStore:
+    return LayerStore(agent_workspaces_root(lab.agent.home))
+
+
+async def _parent(lab: AgentTestLab) -> tuple[str, dict[str, str]]:
+    """A failed research run with a workspace: its id and sections."""
+    handle = await lab.start_research(model="fast", workspace=True)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    state = failure.value.cause.details[0]  # type: ignore[attr-defined]
+    return handle.id, state["sections"]
+
+
+async def test_a_fork_at_step_n_starts_from_the_parents_files_at_n(ws_lab: AgentTestLab) -> None:
+    lab = ws_lab
+    parent_id, parent_sections = await _parent(lab)
+    steps = await lab.lab.steps(parent_id)
+    kinds = [s.activity_type for s in steps]
+    assert kinds == ["chat_model", WRITE] * 3 + ["charge_customer"] + ["chat_model", WRITE] * 2
+    # the history says which layer holds the workspace after each step
+    after = {s.index: workspace_layer_at(steps[: s.index]) for s in steps}
+    assert after[1] is None and after[2] is not None
+    assert after[3] == after[2] and after[7] == after[6]  # no file touched: same layer
+    assert len({after[i] for i in (2, 4, 6, 9, 11)}) == 5
+    parent_end = after[11]
+    assert parent_end is not None
+    parent_files = _files(lab, parent_end)
+    assert parent_files == {
+        f"report/{name}.md": text.encode() for name, text in parent_sections.items()
+    }
+    store = _layers(lab)
+    parent_layers = sorted(p.name for p in store.root.iterdir() if not p.name.startswith("."))
+    for digest in {after[i] for i in (2, 4, 6, 9, 11)}:
+        assert digest is not None
+        store.verify(digest, full=True)
+
+    fork = await lab.lab.fork(parent_id, at_step=4, model="slow", requested_by="tester")
+    # the receipt carries step 4's layer, which holds exactly the parent's files at step 4
+    at_four = after[4]
+    assert at_four is not None and fork.receipt.workspace_layer_sha256 == at_four
+    assert _files(lab, at_four) == {
+        "report/research.md": parent_sections["research"].encode(),
+        "report/insights.md": parent_sections["insights"].encode(),
+    }
+    desc = await fork.handle.describe()
+    assert (await desc.memo_value("forklab_receipt"))["workspace_layer_sha256"] == at_four
+
+    state = await fork.handle.result()
+    assert state["status"] == "ok"
+    fork_steps = await lab.lab.steps(fork.handle.id)
+    assert [s.origin for s in fork_steps][:4] == ["inherited"] * 4
+    first_own = workspace_layer_at(fork_steps[:6])
+    assert first_own is not None
+    if store.manifest(first_own).parent is not None:  # overlay: a child layer over step 4's
+        assert store.manifest(first_own).parent == at_four
+    # the fork's files: the parent's up to step 4, then its own writes only
+    fork_files = _files(lab, state["workspace_layer"])
+    assert state["workspace_layer"] == workspace_layer_at(fork_steps)
+    for name in ("research", "insights"):
+        assert fork_files[f"report/{name}.md"] == parent_files[f"report/{name}.md"]
+    for name in ("risks", "recommendations", "summary"):
+        own = state["sections"][name]
+        assert own.startswith("[slow]") and own != parent_sections[name]
+        assert fork_files[f"report/{name}.md"] == own.encode()
+    assert set(fork_files) == set(parent_files)
+    # a fork of the fork finds the layer among inherited steps and among its own
+    for at, layer in ((4, at_four), (6, first_own)):
+        again = await lab.lab.fork(fork.handle.id, at_step=at, model="slow")
+        assert again.receipt.workspace_layer_sha256 == layer
+        assert again.receipt.lineage == [parent_id, fork.handle.id]
+        assert (await again.handle.result())["workspace_layer"] == state["workspace_layer"]
+    # the parent's workspace and layers are as they were
+    assert _files(lab, parent_end) == parent_files
+    for digest in parent_layers:
+        store.verify(digest, full=True)
+    now = {p.name for p in store.root.iterdir() if not p.name.startswith(".")}
+    assert set(parent_layers) <= now
+
+
+async def test_a_tampered_layer_refuses_the_fork(ws_lab: AgentTestLab, tmp_path: Path) -> None:
+    lab = ws_lab
+    parent_id, _ = await _parent(lab)
+    steps = await lab.lab.steps(parent_id)
+    at_two, at_four = workspace_layer_at(steps[:2]), workspace_layer_at(steps[:4])
+    assert at_two is not None and at_four is not None
+    store = _layers(lab)
+    victim = store.tree(at_four) / "report" / "insights.md"  # written at step 4
+    with victim.open("ab") as fh:
+        fh.write(b" tampered")
+    with pytest.raises(ForkError, match=f"step 4.*{at_four}.*modified after sealing"):
+        await lab.lab.fork(parent_id, at_step=4, name=f"{parent_id}--tampered")
+    with pytest.raises(RPCError, match="not found"):
+        await lab.client.get_workflow_handle(f"{parent_id}--tampered").describe()
+    # the real command: exit 2, one line, no workflow; a fork before that step works and
+    # its receipt names its own (intact) layer
+    a = lab.agent
+    env = {
+        **os.environ,
+        ENV["address"]: lab.client.service_client.config.target_host,
+        ENV["home"]: str(a.home),
+        "FORKLAB_MODEL_BASE_URL": a.model_base_url,
+        "FORKLAB_EFFECTS_URL": a.effects_url,
+        "FORKLAB_AGENT_TASK_QUEUE": a.agent_task_queue,
+    }
+    out = forklab(env, "fork", parent_id, "--at-step", "4")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "the workspace layer of that step is unusable" in out.stderr
+    out = forklab(env, "fork", parent_id, "--at-step", "2")
+    assert out.returncode == 0, out.stderr
+    receipt = json.loads(out.stdout.split("\n", 1)[1])
+    assert receipt["workspace_layer_sha256"] == at_two
+    # where the client cannot see the layers, the worker checks them before mounting:
+    # the fork's first file step over the tampered layer fails, and so does the fork
+    # (model `slow`: its writes differ from the parent's, so ``auto`` runs them live)
+    remote = AgentLab(lab.client, a.model_copy(update={"home": tmp_path / "elsewhere"}))
+    blind = await remote.fork(parent_id, at_step=4, name=f"{parent_id}--blind", model="slow")
+    assert blind.receipt.workspace_layer_sha256 == at_four
+    with pytest.raises(WorkflowFailureError) as failure:
+        await blind.handle.result()
+    cause = failure.value.cause.cause  # the activity's error
+    assert isinstance(cause, ApplicationError) and cause.type == LAYER_CORRUPTED_ERROR
+    assert "modified after sealing" in str(cause)
+    kinds = [(s.activity_type, s.status.value) for s in await lab.lab.steps(blind.handle.id)]
+    assert kinds[-1] == (WRITE, "failed") and len(kinds) == 6
+
+
+async def test_the_write_tool_reuses_the_digest_and_refuses_bad_paths(tmp_path: Path) -> None:
+    tools = WorkspaceTools(tmp_path / "ws", overlay=False)
+    env = ActivityEnvironment()
+    first: WorkspaceStep = await env.run(tools.write, WorkspaceWrite(path="a/b.txt", content="x"))
+    assert first.changed
+    same = await env.run(
+        tools.write, WorkspaceWrite(layer=first.workspace_layer, path="a/b.txt", content="x")
+    )
+    assert not same.changed and same.workspace_layer == first.workspace_layer
+    # content addressing: the same write from the same layer seals the same layer again
+    again = await env.run(tools.write, WorkspaceWrite(path="a/b.txt", content="x"))
+    assert again.workspace_layer == first.workspace_layer
+    for bad in ("/etc/passwd", "../x", "a/../../x", "a//b"):
+        with pytest.raises(Exception, match="workspace path"):
+            await env.run(tools.write, WorkspaceWrite(path=bad, content="x"))
+    assert Workspaces(tmp_path / "ws", overlay=False).ids() == []  # nothing left behind
