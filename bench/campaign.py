@@ -80,8 +80,9 @@ class RunFacts:
     #: the seconds its batches took from start to completion
     world_runs: dict[int, int] = field(default_factory=dict)
     busy_seconds: dict[int, float] = field(default_factory=dict)
-    first_batch: float | None = None  # epoch seconds of the first world batch scheduled
-    last_batch: float | None = None  # and of the last one completed
+    #: per activity type: epoch seconds of the first scheduled, of the last completed, and
+    #: the sum of scheduled-to-completed seconds
+    spans: dict[str, list[float]] = field(default_factory=dict)
 
 
 def _payload_json(payloads: Any) -> Any:
@@ -103,10 +104,12 @@ def run_facts(run_id: str, history: WorkflowHistory) -> RunFacts:
     )
     batches: dict[int, int] = {}  # scheduled event id -> episodes
     started: dict[int, tuple[int, float]] = {}  # scheduled event id -> (worker pid, at)
+    scheduled: dict[int, tuple[str, float]] = {}  # scheduled event id -> (type, at)
     for e in events:
         at = e.event_time.ToDatetime().timestamp()
         if e.HasField("activity_task_scheduled_event_attributes"):
             a = e.activity_task_scheduled_event_attributes
+            scheduled[e.event_id] = (a.activity_type.name, at)
             if a.activity_type.name == "analyse":
                 facts.progress_digest = AnalyseInput.model_validate(
                     _payload_json(a.input)
@@ -114,7 +117,6 @@ def run_facts(run_id: str, history: WorkflowHistory) -> RunFacts:
             if a.activity_type.name == "run_world_batch":
                 job = BatchInput.model_validate(_payload_json(a.input))
                 batches[e.event_id] = job.chunk.size
-                facts.first_batch = facts.first_batch or at
         elif e.HasField("activity_task_started_event_attributes"):
             a2 = e.activity_task_started_event_attributes
             if a2.scheduled_event_id in batches:
@@ -122,11 +124,14 @@ def run_facts(run_id: str, history: WorkflowHistory) -> RunFacts:
                 started[a2.scheduled_event_id] = (pid, at)
         elif e.HasField("activity_task_completed_event_attributes"):
             sid = e.activity_task_completed_event_attributes.scheduled_event_id
+            name, since = scheduled[sid]
+            span = facts.spans.setdefault(name, [since, at, 0.0])
+            span[1] = at
+            span[2] += at - since
             if sid in started:
                 who, since = started[sid]
                 facts.world_runs[who] = facts.world_runs.get(who, 0) + batches[sid]
                 facts.busy_seconds[who] = facts.busy_seconds.get(who, 0.0) + at - since
-                facts.last_batch = at
     return facts
 
 
@@ -241,12 +246,21 @@ class Campaign:
     def busy_seconds(self, worker: Worker) -> float:
         return sum(r.busy_seconds.get(worker.proc.pid, 0.0) for r in self.runs)
 
+    def stages(self) -> dict[str, tuple[float, float]]:
+        """Per activity type across the chain, in order of first start: seconds from its
+        first scheduling to its last completion, and its activities' summed seconds."""
+        merged: dict[str, list[float]] = {}
+        for r in self.runs:
+            for name, (first, last, busy) in r.spans.items():
+                m = merged.setdefault(name, [first, last, 0.0])
+                m[0], m[1], m[2] = min(m[0], first), max(m[1], last), m[2] + busy
+        ordered = sorted(merged.items(), key=lambda kv: kv[1][0])
+        return {name: (last - first, busy) for name, (first, last, busy) in ordered}
+
     @property
     def worlds_seconds(self) -> float:
         """From the first world batch scheduled to the last one completed, across the chain."""
-        firsts = [r.first_batch for r in self.runs if r.first_batch]
-        lasts = [r.last_batch for r in self.runs if r.last_batch]
-        return max(lasts) - min(firsts) if firsts and lasts else 0.0
+        return self.stages().get("run_world_batch", (0.0, 0.0))[0]
 
 
 def worker_env(base: dict[str, str], home: Path, shared: Path, sandboxes: int) -> dict[str, str]:
@@ -410,6 +424,8 @@ def report(c: Campaign) -> list[str]:
         f"largest event {max(r.largest_event_bytes for r in c.runs) / 1024:,.0f} KiB",
         f"sandboxes: {b.spent_world_seconds:,.0f} world-seconds, "
         f"peak {b.peak_concurrent_sandboxes} at once",
+        "activities (first scheduled to last completed / summed), s: "
+        + ", ".join(f"{n} {span:.1f}/{busy:.1f}" for n, (span, busy) in c.stages().items()),
     ]
     worlds = c.worlds_seconds
     for w in c.workers:

@@ -5,18 +5,23 @@ the copy fallback alike."""
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from agent_fixtures import AgentTestLab, Services, agent_settings
+from orchestration_lab import forklab
 from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.agent_tools import LedgerMode
 from activities.agent_workspace import (
+    LAYER_CORRUPTED_ERROR,
     WorkspaceStep,
     WorkspaceTools,
     WorkspaceWrite,
@@ -25,7 +30,7 @@ from activities.agent_workspace import (
 from activities.sandbox.workspace import LayerStore, Workspaces, unmount_under
 from forklab.agent_lab import AgentLab, ForkError, workspace_layer_at
 from workers.agent_worker import build_agent_worker, connect_agents, ensure_run_fork_attributes
-from workers.config import Settings
+from workers.config import ENV, Settings
 
 WRITE = "workspace_write"
 
@@ -135,6 +140,12 @@ async def test_a_fork_at_step_n_starts_from_the_parents_files_at_n(ws_lab: Agent
         assert own.startswith("[slow]") and own != parent_sections[name]
         assert fork_files[f"report/{name}.md"] == own.encode()
     assert set(fork_files) == set(parent_files)
+    # a fork of the fork finds the layer among inherited steps and among its own
+    for at, layer in ((4, at_four), (6, first_own)):
+        again = await lab.lab.fork(fork.handle.id, at_step=at, model="slow")
+        assert again.receipt.workspace_layer_sha256 == layer
+        assert again.receipt.lineage == [parent_id, fork.handle.id]
+        assert (await again.handle.result())["workspace_layer"] == state["workspace_layer"]
     # the parent's workspace and layers are as they were
     assert _files(lab, parent_end) == parent_files
     for digest in parent_layers:
@@ -143,12 +154,12 @@ async def test_a_fork_at_step_n_starts_from_the_parents_files_at_n(ws_lab: Agent
     assert set(parent_layers) <= now
 
 
-async def test_a_tampered_layer_refuses_the_fork(ws_lab: AgentTestLab) -> None:
+async def test_a_tampered_layer_refuses_the_fork(ws_lab: AgentTestLab, tmp_path: Path) -> None:
     lab = ws_lab
     parent_id, _ = await _parent(lab)
     steps = await lab.lab.steps(parent_id)
-    at_four = workspace_layer_at(steps[:4])
-    assert at_four is not None
+    at_two, at_four = workspace_layer_at(steps[:2]), workspace_layer_at(steps[:4])
+    assert at_two is not None and at_four is not None
     store = _layers(lab)
     victim = store.tree(at_four) / "report" / "insights.md"  # written at step 4
     with victim.open("ab") as fh:
@@ -157,9 +168,37 @@ async def test_a_tampered_layer_refuses_the_fork(ws_lab: AgentTestLab) -> None:
         await lab.lab.fork(parent_id, at_step=4, name=f"{parent_id}--tampered")
     with pytest.raises(RPCError, match="not found"):
         await lab.client.get_workflow_handle(f"{parent_id}--tampered").describe()
-    # a fork before that layer's step is unaffected and records its own (intact) layer
-    fork = await lab.lab.fork(parent_id, at_step=2)
-    assert fork.receipt.workspace_layer_sha256 == workspace_layer_at(steps[:2])
+    # the real command: exit 2, one line, no workflow; a fork before that step works and
+    # its receipt names its own (intact) layer
+    a = lab.agent
+    env = {
+        **os.environ,
+        ENV["address"]: lab.client.service_client.config.target_host,
+        ENV["home"]: str(a.home),
+        "FORKLAB_MODEL_BASE_URL": a.model_base_url,
+        "FORKLAB_EFFECTS_URL": a.effects_url,
+        "FORKLAB_AGENT_TASK_QUEUE": a.agent_task_queue,
+    }
+    out = forklab(env, "fork", parent_id, "--at-step", "4")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "the workspace layer of that step is unusable" in out.stderr
+    out = forklab(env, "fork", parent_id, "--at-step", "2")
+    assert out.returncode == 0, out.stderr
+    receipt = json.loads(out.stdout.split("\n", 1)[1])
+    assert receipt["workspace_layer_sha256"] == at_two
+    # where the client cannot see the layers, the worker checks them before mounting:
+    # the fork's first file step over the tampered layer fails, and so does the fork
+    # (model `slow`: its writes differ from the parent's, so ``auto`` runs them live)
+    remote = AgentLab(lab.client, a.model_copy(update={"home": tmp_path / "elsewhere"}))
+    blind = await remote.fork(parent_id, at_step=4, name=f"{parent_id}--blind", model="slow")
+    assert blind.receipt.workspace_layer_sha256 == at_four
+    with pytest.raises(WorkflowFailureError) as failure:
+        await blind.handle.result()
+    cause = failure.value.cause.cause  # the activity's error
+    assert isinstance(cause, ApplicationError) and cause.type == LAYER_CORRUPTED_ERROR
+    assert "modified after sealing" in str(cause)
+    kinds = [(s.activity_type, s.status.value) for s in await lab.lab.steps(blind.handle.id)]
+    assert kinds[-1] == (WRITE, "failed") and len(kinds) == 6
 
 
 async def test_the_write_tool_reuses_the_digest_and_refuses_bad_paths(tmp_path: Path) -> None:
