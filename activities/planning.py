@@ -19,7 +19,7 @@ from activities.models import (
     SampleWorld,
     SnapshotInput,
 )
-from activities.sandbox.base import SandboxError
+from activities.sandbox.base import SandboxError, WorkspaceBackend
 from activities.sandbox.confine import kill_group
 from activities.sandbox.preflight import Preflight, SandboxUnavailableError
 from activities.sandbox.workload_calls import (
@@ -206,17 +206,22 @@ class PlanningActivities:
     @activity.defn(name="check_capacity")
     async def check_capacity(self, inp: CapacityInput) -> CapacityVerdict:
         verdict = capacity_verdict(inp.spec, inp.rehearsal, inp.batch_episodes, self._max_sandboxes)
-        if not isinstance(self._snapshots.backend, Preflight) or not inp.snapshot_id:
-            return verdict
-        peak = min(inp.spec.budget.max_concurrent_sandboxes, self._max_sandboxes)
-        try:
-            problems = await asyncio.to_thread(
-                self._snapshots.backend.preflight, inp.snapshot_id, peak
+        backend = self._snapshots.backend
+        problems: list[str] = []
+        if inp.rehearsal.workspace and not isinstance(backend, WorkspaceBackend):
+            # Refused here, before approval, not by the first prefix after compute is spent.
+            problems.append(
+                f"the workload keeps files, and the {backend.name} sandbox backend has no "
+                "workspaces; run it on the local backend"
             )
-        except SandboxUnavailableError:
-            raise  # may pass: the retry policy decides
-        except SandboxError as exc:
-            problems = [str(exc)]
+        if isinstance(backend, Preflight) and inp.snapshot_id:
+            peak = min(inp.spec.budget.max_concurrent_sandboxes, self._max_sandboxes)
+            try:
+                problems += await asyncio.to_thread(backend.preflight, inp.snapshot_id, peak)
+            except SandboxUnavailableError:
+                raise  # may pass: the retry policy decides
+            except SandboxError as exc:
+                problems.append(str(exc))
         if not problems:
             return verdict
         earlier = [] if verdict.ok else [verdict.reason]

@@ -175,6 +175,24 @@ async def test_a_worker_on_another_host_runs_the_bundle_the_planner_published(
     )
 
 
+async def test_a_workload_with_files_is_refused_before_approval_on_daytona(
+    daytona_lab: tuple[Lab, FakeDaytona, FakeBraintrust],
+) -> None:
+    """Daytona sandboxes have no copy-on-write workspaces: a workload that keeps files
+    (coding-fix) is refused by the capacity check, before approval and any sandbox, not
+    by its first prefix after compute is spent."""
+    lab, fake, _ = daytona_lab
+    spec = load_spec(str(ROOT / "experiments" / "coding-fix.yaml")).model_copy(
+        update={"id": f"files-{uuid.uuid4().hex[:8]}", "episodes": 10}
+    )
+    handle, _ = await lab.start(spec)
+    result = await asyncio.wait_for(handle.result(), timeout=120)  # no approval is given
+    assert result.status is Status.refused, result.error
+    assert result.error is not None and "keeps files" in result.error
+    assert result.approval.decided_by is None
+    assert fake.created == [] and fake.live() == []
+
+
 async def test_quota_infeasible_plan_is_refused_before_any_sandbox(
     daytona_lab: tuple[Lab, FakeDaytona, FakeBraintrust],
 ) -> None:
