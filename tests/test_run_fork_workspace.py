@@ -140,6 +140,12 @@ async def test_a_fork_at_step_n_starts_from_the_parents_files_at_n(ws_lab: Agent
         assert own.startswith("[slow]") and own != parent_sections[name]
         assert fork_files[f"report/{name}.md"] == own.encode()
     assert set(fork_files) == set(parent_files)
+    # a fork of the fork finds the layer among inherited steps and among its own
+    for at, layer in ((4, at_four), (6, first_own)):
+        again = await lab.lab.fork(fork.handle.id, at_step=at, model="slow")
+        assert again.receipt.workspace_layer_sha256 == layer
+        assert again.receipt.lineage == [parent_id, fork.handle.id]
+        assert (await again.handle.result())["workspace_layer"] == state["workspace_layer"]
     # the parent's workspace and layers are as they were
     assert _files(lab, parent_end) == parent_files
     for digest in parent_layers:
