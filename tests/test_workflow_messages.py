@@ -157,7 +157,12 @@ async def test_the_temporal_cli_route_with_forklab_sign(lab: Lab) -> None:
     env = cli_env(lab.settings)
     spec = make_spec(episodes=12)
     wid = workflow_id(spec.id)
-    body = {"spec": spec.model_dump(mode="json"), "requested_by": "cli", "batch_episodes": 12}
+    body = {
+        "spec": spec.model_dump(mode="json"),
+        "requested_by": "cli",
+        "batch_episodes": 12,
+        "workload_bundle": lab.ship(spec),  # what `forklab bundle SPEC` prints
+    }
     temporal = [temporal_path(), "--address", lab.settings.address]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:

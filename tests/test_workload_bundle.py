@@ -330,75 +330,33 @@ async def test_a_workload_not_built_in_needs_its_bundle(lab: Lab) -> None:
     )
 
 
+#: A newcomer's package: the support-ticket workload of ``newcomer_workloads`` (copied
+#: in as a module of the package), and a workload that imports two sibling modules.
+TICKETS = (Path(__file__).with_name("newcomer_workloads.py")).read_text()
 NEWCOMER = {
     "ticketlab/__init__.py": '"""A support desk, as a newcomer writes it: a package."""\n',
-    "ticketlab/odds.py": """
-        # A sibling module: the workload imports it, so the worker must have it too.
-        ESCALATED = 0.4
-
-
-        def fails(luck: float, p: float) -> bool:
-            return luck < p
-        """,
+    "ticketlab/tickets.py": TICKETS,
+    "ticketlab/odds.py": "ESCALATED = {'factor': 0.8}\n",
     "ticketlab/workload.py": """
-        from collections.abc import Mapping
-        from typing import Any, ClassVar
-
-        from experiments.runtime.crn import Shocks
-        from experiments.runtime.workload import Feature, State, Workload
-
         from ticketlab import odds
+        from ticketlab.tickets import SupportTicket
 
 
-        class Desk(Workload):
-            name = "desk"
-            default_params: ClassVar[Mapping[str, Any]] = {"budget": 5, "fork_at": 2, "p": 0.6}
-            interventions: ClassVar[Mapping[str, Mapping[str, Any]]] = {"escalate": {}}
-            feature_types: ClassVar[Mapping[str, Any]] = {"fails": int}
-
-            def initial_state(self, episode_seed: int, shocks: Shocks) -> State:
-                return {"tries": 0, "fails": 0, "solved": False, "p": self.params["p"]}
-
-            def boundary(self, state: State) -> int:
-                return int(self.params["fork_at"])
-
-            def cursor(self, state: State) -> int:
-                return int(state["tries"])
-
-            def step(self, state: State, shocks: Shocks) -> None:
-                state["tries"] += 1
-                if odds.fails(shocks.exogenous(0, state["tries"], "answer"), state["p"]):
-                    state["fails"] += 1
-                elif state["tries"] > self.params["fork_at"]:
-                    state["solved"] = True
-
-            def done(self, state: State) -> bool:
-                return bool(state["solved"] or state["tries"] >= self.params["budget"])
-
-            def outcome(self, state: State) -> bool:
-                return bool(state["solved"])
-
-            def features(self, state: State) -> dict[str, Feature]:
-                return {"fails": state["fails"]}
-
-            def intervene(
-                self, state: State, name: str, params: Mapping[str, Any], shocks: Shocks
-            ) -> None:
-                state["p"] = odds.ESCALATED
+        class Desk(SupportTicket):
+            interventions = {"escalate": odds.ESCALATED}
         """,
 }
-
-
-#: The same workload as a top-level module that imports a sibling module.
+#: The same workload as a top-level module that imports its sibling modules.
 NEWCOMER_MODULE = {
-    "desk.py": NEWCOMER["ticketlab/workload.py"].replace(
-        "from ticketlab import odds", "import desk_odds as odds"
-    ),
+    "desk.py": NEWCOMER["ticketlab/workload.py"]
+    .replace("from ticketlab import odds", "import desk_odds as odds")
+    .replace("from ticketlab.tickets import", "from desk_tickets import"),
     "desk_odds.py": NEWCOMER["ticketlab/odds.py"],
+    "desk_tickets.py": TICKETS,
 }
 LAYOUTS = {
-    "package": (NEWCOMER, "ticketlab.workload:Desk", 3),
-    "module with a sibling": (NEWCOMER_MODULE, "desk:Desk", 2),
+    "package": (NEWCOMER, "ticketlab.workload:Desk", 4),
+    "module with siblings": (NEWCOMER_MODULE, "desk:Desk", 3),
 }
 
 
@@ -458,6 +416,8 @@ async def test_a_newcomer_workload_with_a_sibling_import_runs_durably_without_py
     view = await lab.wait_for(handle, Stage.awaiting_approval, timeout=120)
     assert view.error is None and view.plan is not None
     assert view.plan.snapshot.workload_bundle == bundle
+    metadata = await handle.query("__temporal_workflow_metadata")
+    assert f"- workload bundle: `{bundle}`" in metadata.current_details  # the Web UI's
     assert view.plan.snapshot.code_digest == twin["experiment"]["code_digest"]
     assert key_path(lab.settings.home, handle.id, view.approval.run_id).is_file()
     approved = await forklab("approve", experiment, "--approver", "kim")

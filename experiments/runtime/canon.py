@@ -12,33 +12,16 @@ from typing import Any
 
 #: The options of every canonical text: sorted keys, no whitespace, no NaN.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
-#: ``id()``s of the containers being encoded (the circular-reference check); empty between
-#: calls, and cleared after a failed one (the C encoder leaves its entries behind).
-_MARKERS: dict[int, Any] = {}
 # The C encoder and scanner, made once: ``JSONEncoder.encode`` builds a new C encoder on
-# every call and ``json.loads`` adds two regex matches; both dominate for small states.
-# The text is exactly ``_CANONICAL.encode(value)`` (the same C encoder, same options).
+# every call and ``json.loads`` adds two regex matches; both dominate for small values.
+# The text is exactly ``_CANONICAL.encode(value)`` (the same C encoder, same options),
+# except that the encoder keeps no circular-reference markers: a shared markers dict would
+# be state shared between threads, and a fresh one per call is what made ``encode`` slow.
+# A value that contains itself ends in ``RecursionError`` instead, which
+# :func:`canonical_json` turns into the ``ValueError`` ``json`` raises for it.
 _C_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)  # None without the C module
 _SCANNER: Any = json.scanner.make_scanner  # the C scanner when there is one
 _ENCODE: Callable[[Any, int], Any] | None = (
-    _C_ENCODER(
-        _MARKERS,
-        _CANONICAL.default,
-        json.encoder.encode_basestring_ascii,
-        None,
-        ":",
-        ",",
-        True,
-        False,
-        False,
-    )
-    if _C_ENCODER is not None
-    else None
-)
-#: The same encoder without the circular-reference check, for a workload's state at each
-#: checkpoint (the hot path): a state that contains itself ends in ``RecursionError``
-#: instead, which :func:`canonical_state` turns into the same ``ValueError``.
-_ENCODE_STATE: Callable[[Any, int], Any] | None = (
     _C_ENCODER(
         None,
         _CANONICAL.default,
@@ -62,17 +45,6 @@ def canonical_json(value: Any) -> str:
         return _CANONICAL.encode(value)
     try:
         return "".join(_ENCODE(value, 0))
-    except BaseException:
-        _MARKERS.clear()
-        raise
-
-
-def canonical_state(value: Any) -> str:
-    """:func:`canonical_json` of a workload's state, the same text, a little faster."""
-    if _ENCODE_STATE is None or isinstance(value, str):
-        return canonical_json(value)
-    try:
-        return "".join(_ENCODE_STATE(value, 0))
     except RecursionError:
         raise ValueError("Circular reference detected (or nesting deeper than the limit)") from None
 

@@ -20,7 +20,6 @@ from typing import Any
 
 from experiments.runtime.canon import (
     canonical_json,
-    canonical_state,
     parse_canonical,
     sha256_hex,
 )
@@ -229,7 +228,7 @@ def _prefix_from(
         # The text is the checkpoint. Reading it back once both checks the contract (the
         # state is JSON that reads back equal) and gives the state the worlds fork from.
         try:
-            text: str | None = canonical_state(state)
+            text: str | None = canonical_json(state)
         except (TypeError, ValueError):
             text = None
         parsed = None if text is None else parse_canonical(text)
