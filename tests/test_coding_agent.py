@@ -140,6 +140,7 @@ def test_plan_writes_the_workspaces_section(
     code, stdout, err = run_cli(capsys, "plan", str(spec), "--out", str(tmp_path / "r"))
     assert code == 0, err
     assert "and 9 workspace files" in stdout
+    assert "  baseline: 0 changed, 0 added, 0 removed in 0 of 12 episodes" in stdout
     report = Report.model_validate_json((tmp_path / "r" / "report.json").read_text())
     section = report.workspaces
     assert section is not None and section.episodes == 12
