@@ -93,15 +93,23 @@ def _tail(text: str, limit: int = 300) -> str:
 
 
 class _Beat:
-    """What one attempt reports in its heartbeats: the seconds its sandbox has run and
-    whether that sandbox dies with the worker (else a dead attempt may leave it running)."""
+    """What one attempt reports in its heartbeats: the seconds its sandbox has run,
+    whether that sandbox dies with the worker (else a dead attempt may leave it running)
+    and, once it exists, the sandbox's id (a failed unit's outcome still names it)."""
 
     def __init__(self, dies_with_worker: bool) -> None:
         self.charged = 0.0
         self.dies_with_worker = dies_with_worker
+        self.sandbox_id: str | None = None
 
     def details(self) -> dict[str, Any]:
-        return {"charged": round(self.charged, 3), "dies_with_worker": self.dies_with_worker}
+        beat: dict[str, Any] = {
+            "charged": round(self.charged, 3),
+            "dies_with_worker": self.dies_with_worker,
+        }
+        if self.sandbox_id:
+            beat["sandbox_id"] = self.sandbox_id
+        return beat
 
 
 class SandboxActivities:
@@ -174,6 +182,7 @@ class SandboxActivities:
         sandbox_id = await self._blocking(
             self._backend.create, snapshot_id, labels, _limits(allowance)
         )
+        beat.sandbox_id = sandbox_id
         try:
             if files is not None:
                 await self._blocking(files.attach, sandbox_id)

@@ -66,3 +66,11 @@ def test_a_dead_attempt_is_charged_then_the_reservation_renewed_in_full() -> Non
     ledger.reserve("boost#1", 60.0)
     ledger.charge_dead_attempt("boost#1", 60.0)
     assert ledger.renew("boost#1") is not None
+
+
+def test_the_failed_attempts_sandbox_is_named_when_its_last_beat_had_one() -> None:
+    beat = {"charged": 2.0, "dies_with_worker": False, "sandbox_id": "sbx-1"}
+    assert failed_attempt(timeout(beat), 30.0, LAG).sandbox_id == "sbx-1"
+    assert failed_attempt(ApplicationError("x", beat), 30.0, LAG).sandbox_id == "sbx-1"
+    assert failed_attempt(timeout({"charged": 1.0}), 30.0, LAG).sandbox_id is None
+    assert failed_attempt(timeout(), 30.0, LAG).sandbox_id is None

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from fake_daytona import API_KEY, FakeDaytona, fake_daytona
 from helpers import run_cli
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.artifacts import ArtifactError, LocalArtifactStore
-from activities.models import CleanupInput
+from activities.models import CleanupInput, EpisodeChunk, PrefixInput, RunnerJob
 from activities.sandbox.base import (
     Limits,
     SandboxError,
@@ -265,6 +266,32 @@ async def test_cleanup_reports_a_sandbox_that_never_deletes(
     )
     assert (result.found, result.removed, result.left) == (2, 1, 1)
     assert fake.live() == [stuck]
+
+
+async def test_an_attempt_that_fails_in_daytona_names_its_sandbox(
+    fake: FakeDaytona, backend: DaytonaSandboxBackend, tmp_path: Path
+) -> None:
+    """A 5xx from the toolbox fails the attempt (retryable); its failure's details name the
+    sandbox Daytona created, so the unit's outcome can too when no attempt succeeds."""
+    store = LocalArtifactStore(tmp_path / "artifacts")
+    snapshots = SharedSnapshots(backend, store)
+    info = snapshots.prepare(bundle_files("retry-cascade"))
+    acts = SandboxActivities(backend, store, snapshots)
+    fake.fail("exec", 500)
+    inp = PrefixInput(
+        experiment_id="exp-1",
+        run_key="forklab-exp-1/run-1",
+        job=RunnerJob(workload="retry-cascade", params={}, seed=1),
+        snapshot_id=info.id,
+        chunk=EpisodeChunk(index=0, first=0, stop=4),
+        reservation_seconds=60,
+    )
+    with pytest.raises(ApplicationError) as err:
+        await ActivityEnvironment().run(acts.run_prefixes, inp)
+    assert not err.value.non_retryable and "HTTP 500" in str(err.value)
+    [created] = fake.created
+    assert err.value.details[0]["sandbox_id"] == created["id"]
+    assert fake.live() == []  # the failed attempt deleted its sandbox all the same
 
 
 def test_doctor_reports_and_deletes_leftovers(

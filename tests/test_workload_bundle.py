@@ -416,6 +416,8 @@ async def test_a_newcomer_workload_with_a_sibling_import_runs_durably_without_py
     view = await lab.wait_for(handle, Stage.awaiting_approval, timeout=120)
     assert view.error is None and view.plan is not None
     assert view.plan.snapshot.workload_bundle == bundle
+    metadata = await handle.query("__temporal_workflow_metadata")
+    assert f"- workload bundle: `{bundle}`" in metadata.current_details  # the Web UI's
     assert view.plan.snapshot.code_digest == twin["experiment"]["code_digest"]
     assert key_path(lab.settings.home, handle.id, view.approval.run_id).is_file()
     approved = await forklab("approve", experiment, "--approver", "kim")

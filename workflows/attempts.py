@@ -26,6 +26,7 @@ from temporalio.exceptions import ApplicationError, FailureError, TimeoutError
 class FailedAttempt:
     burnt: float  # world-seconds to charge for the attempt (at most what it held)
     final: bool  # the failure is deterministic: another attempt would fail the same way
+    sandbox_id: str | None = None  # the attempt's sandbox, when its last beat named one
 
 
 def _last_beat(cause: BaseException) -> dict[str, Any] | None:
@@ -54,4 +55,9 @@ def failed_attempt(cause: BaseException | None, held: float, lag: float) -> Fail
         except (TypeError, ValueError):
             charged = held
         burnt = charged + lag if charged == charged else held  # NaN: no trust
-    return FailedAttempt(burnt=min(max(burnt, 0.0), held), final=final)
+    sandbox = beat.get("sandbox_id") if beat else None
+    return FailedAttempt(
+        burnt=min(max(burnt, 0.0), held),
+        final=final,
+        sandbox_id=sandbox if isinstance(sandbox, str) and sandbox else None,
+    )

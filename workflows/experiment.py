@@ -435,6 +435,7 @@ class ExperimentWorkflow:
                             error=f"attempt {attempt} of {timeouts.UNIT_ATTEMPTS}: {why}",
                             seconds=failed.burnt,
                             attempts=attempt,
+                            sandbox_id=failed.sandbox_id,
                         )
                     )
                     return

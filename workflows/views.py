@@ -55,6 +55,8 @@ def details(state: RunState) -> str:
     ]
     if state.plan:
         lines.append(f"- plan fingerprint: `{state.plan.fingerprint}`")
+        if state.plan.snapshot.workload_bundle:
+            lines.append(f"- workload bundle: `{state.plan.snapshot.workload_bundle}`")
     return "\n".join(lines)
 
 
