@@ -409,7 +409,7 @@ def report(c: Campaign) -> list[str]:
         f"peak RSS {_mib(c.twin.peak_rss_kib)}",
         f"durable (forklab start -> approve -> result): {c.durable_seconds:8.1f} s "
         f"(planning until approval {c.planning_seconds:.1f} s)",
-        f"durable/twin: {c.ratio:.2f}x (goal <= {RATIO_GOAL}x: "
+        f"durable/twin: {c.ratio:.3f}x (goal <= {RATIO_GOAL}x: "
         f"{'met' if c.ratio <= RATIO_GOAL else 'missed'})",
         f"outcomes digest equal to the twin's: {'yes' if c.same_digest else 'NO'} "
         f"({c.twin_digest[:16]})",

@@ -248,11 +248,15 @@ def gib(kib: int) -> str:
 def scaled(
     label: str, runs: list[tuple[int, dict[str, Any]]], small: dict[str, Any] | None
 ) -> None:
-    """Each size's time (as a multiple of ``small``'s), both peaks, and the slope between
-    consecutive sizes in KiB per added episode."""
+    """Each size's wall and CPU time (as multiples of ``small``'s), both peaks, and the slope
+    between consecutive sizes in KiB per added episode. On a shared machine the CPU ratio
+    is the steadier one: the wall ratio moves with the other processes' load."""
     for k, (size, r) in enumerate(runs):
         ratio = (
-            f" = {r['seconds'] / small['seconds']:.1f}x the {small['size']:,} run" if small else ""
+            f" = {r['seconds'] / small['seconds']:.1f}x the {small['size']:,} run "
+            f"(CPU {r['cpu']:.1f} s = {r['cpu'] / small['cpu']:.1f}x)"
+            if small
+            else f" (CPU {r['cpu']:.1f} s)"
         )
         slope = ""
         if k:

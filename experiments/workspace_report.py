@@ -363,10 +363,7 @@ def workspace_markdown(section: WorkspaceSection) -> list[str]:
             f"{w.bytes_at_end} | {w.added} | {w.changed} | {w.removed} | "
             f"{w.episodes_diverged} of {section.episodes} | {paths or 'none'} |"
         )
-    lines += [
-        "",
-        "Layers forked from: "
-        + ", ".join(sorted({f"`{d[:12]}`" for w in section.worlds for d in w.layers})),
-        "",
-    ]
-    return lines
+    layers = sorted({f"`{d[:12]}`" for w in section.worlds for d in w.layers})
+    if layers:  # none on the twin (``forklab plan``): it copies folders, seals no layers
+        lines += ["", "Layers forked from: " + ", ".join(layers)]
+    return [*lines, ""]

@@ -14,6 +14,7 @@ from experiments.report.render_text import render_text
 from experiments.runtime.contract import ContractViolation
 from experiments.runtime.workload import WorkloadError
 from experiments.spec import SpecError, json_schema
+from experiments.twin_workspace import twin_workspace_section
 from forklab.errors import CliError
 from forklab.report_files import write_report
 from forklab.specfile import SPEC_EXIT, load_spec
@@ -30,6 +31,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         # --debug runs in this process, so the traceback shows the workload's own frames.
         processes = 1 if args.debug else args.processes
         report = rehearse(spec, processes=processes, memo=not args.no_memo)
+        evidence = twin_workspace_section(spec)
     except (ContractViolation, SpecError) as exc:
         if args.debug:
             raise
@@ -44,12 +46,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); check workload.params",
             SPEC_EXIT,
         ) from None
+    workspace_files: dict[str, str] = {}
+    if evidence is not None:  # a workload with files: what each world did to them
+        section, workspace_files = evidence
+        report = report.model_copy(update={"workspaces": section})
     if args.out is not None:
         write_report(
             {
                 "report.md": render_markdown(report),
                 "report.json": report.model_dump_json(indent=2) + "\n",
                 "report.html": render_html(report),
+                **workspace_files,
             },
             Path(args.out),
         )
@@ -58,7 +65,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         print(render_text(report))
         if args.out is not None:
-            print(f"\nwrote report.md, report.json and report.html to {args.out}")
+            extra = f" and {len(workspace_files)} workspace files" if workspace_files else ""
+            print(f"\nwrote report.md, report.json and report.html{extra} to {args.out}")
     return 0
 
 

@@ -21,6 +21,7 @@ from experiments.analysis.pairs import paired_table
 from experiments.engine import run_twin
 from experiments.plan import rehearse
 from experiments.report.model import Report
+from experiments.twin_workspace import twin_workspace_section
 from experiments.workloads.coding_fix import (
     BUGS,
     CORE_CASES,
@@ -131,6 +132,29 @@ def test_the_copy_fallback_through_the_cli(
     assert mounts_under(tmp_path) == []
 
 
+def test_plan_writes_the_workspaces_section(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    spec = tmp_path / "coding-fix.yaml"
+    spec.write_text(SPEC.read_text().replace("episodes: 400", "episodes: 12"))
+    code, stdout, err = run_cli(capsys, "plan", str(spec), "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    assert "and 9 workspace files" in stdout
+    assert "  baseline: 0 changed, 0 added, 0 removed in 0 of 12 episodes" in stdout
+    report = Report.model_validate_json((tmp_path / "r" / "report.json").read_text())
+    section = report.workspaces
+    assert section is not None and section.episodes == 12
+    worlds = {w.world: w for w in section.worlds}
+    assert (worlds["baseline"].changed, worlds["baseline"].episodes_diverged) == (0, 0)
+    assert worlds["skip"].episodes_diverged == 12 and not worlds["skip"].layers
+    end = WorkspaceManifest.model_validate_json(
+        (tmp_path / "r" / "workspace-skip-end.json").read_text()
+    )
+    assert end.digest() == worlds["skip"].end_manifest
+    markdown = (tmp_path / "r" / "report.md").read_text()
+    assert "## Workspaces" in markdown and "Layers forked from" not in markdown
+
+
 def test_bad_input_exits_2_with_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -222,6 +246,17 @@ async def test_the_experiment_runs_through_the_durable_path(lab: Lab, tmp_path: 
         (tmp_path / "report" / "workspace-skip-diff.json").read_text()
     )
     assert "0/tests/test_arith.py" in diff.changed
+    # the twin's section (``forklab plan``) says the same, file for file; it seals no layers
+    twin = twin_workspace_section(spec)
+    assert twin is not None
+    twin_section, twin_files = twin
+    assert twin_section.branch_manifest == section.branch_manifest
+    assert twin_section.files == section.files
+    assert list(twin_section.worlds) == [
+        w.model_copy(update={"layers": ()}) for w in worlds.values()
+    ]
+    for name in twin_section.files:
+        assert twin_files[name] == (tmp_path / "report" / name).read_text(), name
     xfail = [f for f in end.files if f.path == "0/tests/test_arith.py"]
     assert (
         xfail

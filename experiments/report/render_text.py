@@ -89,6 +89,15 @@ def render_text(report: Report) -> str:
         for label, ev in (("training", g.training), ("held-out", g.held_out)):
             lines += [f"  {label} episodes {ev.first_episode}..{ev.last_episode}:"]
             lines += [f"    {t}" for t in guard_counts_text(ev)]
+    if report.workspaces is not None:
+        ws = report.workspaces
+        lines += ["", f"workspaces (files each world changed, of {ws.episodes} episodes)"]
+        lines += [
+            f"  {w.world}: {w.changed} changed, {w.added} added, {w.removed} removed in "
+            f"{w.episodes_diverged} of {ws.episodes} episodes"
+            + (f"; most: {', '.join(p.path for p in w.paths[:3])}" if w.paths else "")
+            for w in ws.worlds
+        ]
     lines += ["", f"outcomes digest {report.outcomes_digest}"]
     lines.append("VALID" if report.valid else "INVALID: a validity check failed")
     return "\n".join(lines)
