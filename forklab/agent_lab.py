@@ -95,6 +95,26 @@ def workspace_layer_at(prefix: list[Step]) -> str | None:
     return None
 
 
+def workspace_layer_in(inputs: list[Payload]) -> str | None:
+    """The workspace layer a run's recorded input carries: ``workspace_layer`` in its first
+    argument, or in an object one level inside it (an agent's state handed over whole).
+    This is how a run continued-as-new starts from its predecessor's files, and so the
+    layer in effect at a step when no step of its own run wrote one yet."""
+    if not inputs:
+        return None
+    try:
+        value = json.loads(inputs[0].data)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    for obj in (value, *(v for v in value.values() if isinstance(v, dict))):
+        layer = obj.get(WORKSPACE_LAYER_FIELD)
+        if isinstance(layer, str):
+            return layer
+    return None
+
+
 def final_state(chain: list[RunRecord]) -> Any:
     close = chain[-1].close
     if "result" in close:
@@ -154,11 +174,7 @@ class AgentLab:
             )
         except BoundaryError as exc:
             raise ForkError(str(exc)) from None
-        layer = (
-            self._checked_layer(resolution.prefix, at_step)
-            if boundary is not BoundaryMode.lineage_only
-            else None
-        )
+        prefix_layer = workspace_layer_at(resolution.prefix)
         # where the fork starts: the recorded input of the run holding the boundary (its
         # earlier steps served from that run's history), or — when the boundary ends a run
         # that continued-as-new — the next run's recorded input, a checkpoint at the
@@ -173,6 +189,13 @@ class AgentLab:
         ):
             start_run, start_input, base_step = nxt.run_id, nxt.input, resolution.resolved_step
             resolution = resolution.model_copy(update={"prefix": []})  # nothing is served
+        # the layer in effect at the boundary: the last one a step up to it returned, else
+        # the one the fork's start input carries (written earlier in the chain)
+        layer = (
+            self._checked_layer(prefix_layer or workspace_layer_in(start_input), at_step)
+            if boundary is not BoundaryMode.lineage_only
+            else None
+        )
         parent_receipt, first_marker = located.receipt, located.marker
         lineage = [*(parent_receipt.lineage if parent_receipt else []), run]
         receipt = make_receipt(
@@ -234,11 +257,10 @@ class AgentLab:
         self.registry.add_receipt(receipt)
         return Fork(receipt=receipt, handle=handle)
 
-    def _checked_layer(self, prefix: list[Step], at_step: int) -> str | None:
-        """The layer holding the run's workspace after ``at_step`` (None: no workspace
-        step so far in this run), verified against its manifest digest and seal when the
-        layer store is on this host (the worker verifies it again before mounting it)."""
-        layer = workspace_layer_at(prefix)
+    def _checked_layer(self, layer: str | None, at_step: int) -> str | None:
+        """``layer`` (the one holding the run's workspace after ``at_step``; None: none),
+        verified against its manifest digest and seal when the layer store is on this
+        host (the worker verifies it again before mounting it)."""
         if layer is None:
             return None
         root = agent_workspaces_root(self.agent.home)
