@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.api.common.v1 import Payload
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError, RPCStatusCode
 
-from activities.agent_workspace import agent_workspaces_root
+from activities.agent_workspace import agent_workspaces_root, collect_agent_layers, run_pins
 from activities.fork_models import (
     MARKER_MEMO_KEY,
     RECEIPT_MEMO_KEY,
@@ -37,7 +38,7 @@ from activities.run_history import (
     read_chain,
 )
 from activities.run_log import LogEvent, RunLog
-from activities.sandbox.workspace import LayerStore, WorkspaceError
+from activities.sandbox.workspace import GcResult, LayerStore, WorkspaceError
 from experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
 from experiments.runfork.receipt import (
@@ -274,6 +275,28 @@ class AgentLab:
                 f"{exc}"
             ) from None
         return layer
+
+    async def collect_layers(self, min_age_seconds: float) -> GcResult | None:
+        """Remove the agent-run workspace layers nothing needs (None: this home has no
+        agent layers): kept are each open run's current layer and each layer a recorded
+        fork receipt names. Whether a run is open is asked of Temporal; an error other
+        than "not found" stops before anything is removed."""
+        root = agent_workspaces_root(self.agent.home)
+        if not (root / "layers").is_dir():
+            return None
+        open_runs: set[str] = set()
+        for pin in run_pins(root):
+            try:
+                desc = await self.client.get_workflow_handle(pin.workflow_id).describe()
+            except RPCError as exc:
+                if exc.status is RPCStatusCode.NOT_FOUND:
+                    continue
+                raise
+            if desc.status is WorkflowExecutionStatus.RUNNING:
+                open_runs.add(pin.workflow_id)
+        return collect_agent_layers(
+            root, open_runs, self.registry.workspace_layers(), min_age_seconds
+        )
 
     async def diff(self, a: str, b: str) -> RunDiff:
         chain_a, chain_b = await self.chain(a), await self.chain(b)

@@ -91,6 +91,10 @@ class FilesInput(BaseModel):
     #: continue-as-new after this step, carrying the workspace layer in the input
     can_after: int | None = None
     workspace_layer: str | None = None
+    #: written into every file (runs with different tags write different layers)
+    tag: str = ""
+    #: this step never completes (a run that stays open)
+    hold_at: int | None = None
 
 
 @workflow.defn(name="ForkFiles")
@@ -105,17 +109,18 @@ class FilesWorkflow:
             if i in inp.write_at:
                 done: WorkspaceStep = await workflow.execute_activity(
                     "workspace_write",
-                    WorkspaceWrite(layer=layer, path=f"f{i}.txt", content=f"step {i}"),
+                    WorkspaceWrite(layer=layer, path=f"f{i}.txt", content=f"{inp.tag}step {i}"),
                     result_type=WorkspaceStep,
                     start_to_close_timeout=timedelta(minutes=1),
                 )
                 layer = done.workspace_layer
             else:
                 await workflow.execute_activity(
-                    "echo",
+                    "hold" if inp.hold_at == i else "echo",
                     EchoIn(i=i, tag="fixed"),
                     result_type=str,
-                    start_to_close_timeout=timedelta(minutes=1),
+                    start_to_close_timeout=timedelta(minutes=5),
+                    heartbeat_timeout=timedelta(seconds=30),
                 )
             if inp.can_after == i and i < inp.steps:
                 workflow.continue_as_new(
