@@ -12,20 +12,32 @@ layer (content addressing gives a retry that writes the same bytes the same dige
 
 The layers of every run live under ``<FORKLAB home>/agent-workspaces`` on the worker's
 host; a layer is verified (manifest digest, seal) before any call mounts it.
+
+Each call also records the layer it returned as its run's current one
+(``run-pins/<sha256 of the workflow id>.json``): ``forklab layers gc`` keeps the current
+layer of every run still open, and every layer a recorded fork receipt names (with the
+layers below them), and removes the rest (:func:`collect_agent_layers`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import uuid
+from collections.abc import Collection
 from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.sandbox.workspace import LayerCorruptedError, WorkspaceError, Workspaces
+from activities.sandbox.workspace import (
+    GcResult,
+    LayerCorruptedError,
+    WorkspaceError,
+    Workspaces,
+)
 
 #: The error type of a call whose workspace layer is damaged (it must not be used).
 LAYER_CORRUPTED_ERROR = "workspace_layer_corrupted"
@@ -34,6 +46,65 @@ _MAX_FILE_BYTES = 1 << 20
 
 def agent_workspaces_root(home: Path) -> Path:
     return home.expanduser() / "agent-workspaces"
+
+
+class RunPin(BaseModel):
+    """The layer holding run ``workflow_id``'s workspace now (the last one a call of it
+    returned): kept while the run is open."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workflow_id: str
+    layer: str
+
+
+def _pins(root: Path) -> Path:
+    return root / "run-pins"
+
+
+def pin_run(root: Path, pin: RunPin) -> None:
+    """Record ``pin`` (replacing the run's earlier one; atomic: a crash leaves either)."""
+    folder = _pins(root)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha256(pin.workflow_id.encode()).hexdigest()
+    tmp = folder / f".{name}.{uuid.uuid4().hex}"
+    tmp.write_text(pin.model_dump_json())
+    os.replace(tmp, folder / f"{name}.json")
+
+
+def run_pins(root: Path) -> list[RunPin]:
+    """Every run's current layer; an unreadable record (interrupted write) is skipped."""
+    folder = _pins(root)
+    if not folder.is_dir():
+        return []
+    pins: list[RunPin] = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            pins.append(RunPin.model_validate_json(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return pins
+
+
+def collect_agent_layers(
+    root: Path,
+    open_runs: Collection[str],
+    receipt_layers: Collection[str],
+    min_age_seconds: float,
+) -> GcResult:
+    """Remove the agent-run layers nothing needs: kept are the current layer of each run in
+    ``open_runs``, each of ``receipt_layers`` (a recorded fork starts from it), each layer
+    a call has mounted right now, and every layer below those; layers sealed less than
+    ``min_age_seconds`` ago stay too (their call may not have recorded them yet). The
+    records of runs no longer open are dropped."""
+    keep = set(receipt_layers)
+    for pin in run_pins(root):
+        if pin.workflow_id in open_runs:
+            keep.add(pin.layer)
+        else:
+            name = hashlib.sha256(pin.workflow_id.encode()).hexdigest()
+            (_pins(root) / f"{name}.json").unlink(missing_ok=True)
+    return Workspaces(root, overlay=False).gc(min_age_seconds, keep=keep)
 
 
 class WorkspaceWrite(BaseModel):
@@ -76,6 +147,7 @@ class WorkspaceTools:
     forces the copy fallback (tests; hosts that forbid mounts)."""
 
     def __init__(self, root: Path, overlay: bool = True) -> None:
+        self.root = root
         self.workspaces = Workspaces(root, overlay=overlay)
 
     def _write(self, req: WorkspaceWrite, ws_id: str) -> WorkspaceStep:
@@ -115,4 +187,7 @@ class WorkspaceTools:
     async def write(self, req: WorkspaceWrite) -> WorkspaceStep:
         # one workspace per call attempt: nothing is shared with an earlier attempt
         ws_id = uuid.uuid4().hex
-        return await asyncio.to_thread(self._write, req, ws_id)
+        step = await asyncio.to_thread(self._write, req, ws_id)
+        pin = RunPin(workflow_id=activity.info().workflow_id, layer=step.workspace_layer)
+        await asyncio.to_thread(pin_run, self.root, pin)
+        return step

@@ -17,10 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from activities.runner_bundle import bundle_files
 from activities.sandbox.base import Limits
 from activities.sandbox.local import WORKSPACE_DIR, LocalSandboxBackend
 from activities.sandbox.workspace import WorkspaceInfo
-from experiments.bundle import bundle_files
 from experiments.runtime.canon import canonical_json, sha256_hex
 from experiments.workloads.coding_fix import DEMO_CASES, STRATEGIES, package_files, vendored_chunks
 from experiments.workspace import WorkspaceCheckpoint, WorkspaceManifest, diff_manifests

@@ -19,6 +19,7 @@ from activities.models import (
     SampleWorld,
     SnapshotInput,
 )
+from activities.runner_bundle import code_digest
 from activities.sandbox.base import SandboxError, WorkspaceBackend
 from activities.sandbox.confine import kill_group
 from activities.sandbox.preflight import Preflight, SandboxUnavailableError
@@ -30,7 +31,7 @@ from activities.sandbox.workload_calls import (
 )
 from activities.shared_snapshots import SharedSnapshots
 from activities.workload_bundles import WorkloadBundleError, WorkloadBundles
-from experiments.bundle import BundleFile, code_digest
+from experiments.bundle import BundleFile
 from experiments.engine import spec_world_plans
 from experiments.runtime.canon import digest
 from experiments.runtime.workload import WorkloadError

@@ -19,13 +19,14 @@ import tempfile
 from pathlib import Path
 
 from activities.artifacts import ArtifactStore
+from activities.runner_bundle import code_digest
 from activities.sandbox.base import (
     SandboxBackend,
     SandboxError,
     SnapshotInfo,
     snapshot_code_digest,
 )
-from experiments.bundle import BundleFile, code_digest
+from experiments.bundle import BundleFile
 
 
 class SharedSnapshots:

@@ -1,7 +1,7 @@
 """Workload bundles travel with the experiment, through the artifact store.
 
 ``forklab start`` collects the workload's files where the operator runs it
-(``experiments.bundle.collect_workload``) and ships them: every file under its sha256,
+(``forklab.workload_files.collect_workload``) and ships them: every file under its sha256,
 then the manifest ``[[relpath, sha256, size], ...]`` whose canonical-JSON digest names the
 bundle in the workflow input. A worker unpacks a bundle into a folder of its own before
 any of its code runs (rehearsal, snapshot, held-out validation): the manifest is checked
@@ -22,11 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from activities.artifacts import ArtifactError, ArtifactStore, check_digest
+from activities.runner_bundle import bundle_files
 from experiments.bundle import (
     BundleError,
     BundleFile,
     WorkloadBundle,
-    bundle_files,
     read_manifest,
     workload_sources,
 )

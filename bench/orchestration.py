@@ -26,9 +26,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.approval_keys import approval_payload, new_private_key, public_key_hex, sign
-from experiments.plan import rehearse
 from experiments.spec import ExperimentSpec
 from forklab.experiment_commands import ship_spec_workload
+from forklab.rehearsal import rehearse
 from forklab.specfile import load_spec
 from workers.config import Settings
 from workers.server import temporal_binary

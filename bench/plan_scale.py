@@ -182,7 +182,7 @@ from experiments.analysis.build import build_report
 from experiments.columnar import StrColumn, merge_columns
 from experiments.engine import run_twin
 from experiments.outcomes import from_batch
-from experiments.plan import workload_code_digest
+from forklab.rehearsal import workload_code_digest
 from experiments.spec import ExperimentSpec
 
 spec = ExperimentSpec.model_validate_json(open(sys.argv[1]).read())

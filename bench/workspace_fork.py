@@ -37,10 +37,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from activities.coding_agent import BLOB, write_workspace
+from activities.runner_bundle import bundle_files
 from activities.sandbox.base import Limits
 from activities.sandbox.local import LocalSandboxBackend
 from activities.sandbox.workspace import Workspaces, unmount_under
-from experiments.bundle import bundle_files
 from experiments.workloads.coding_fix import DEMO_CASES, package_files, vendored_chunks
 
 CHILDREN = 3

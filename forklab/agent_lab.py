@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.api.common.v1 import Payload
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError, RPCStatusCode
 
-from activities.agent_workspace import agent_workspaces_root
+from activities.agent_workspace import agent_workspaces_root, collect_agent_layers, run_pins
 from activities.fork_models import (
     MARKER_MEMO_KEY,
     RECEIPT_MEMO_KEY,
@@ -37,7 +38,7 @@ from activities.run_history import (
     read_chain,
 )
 from activities.run_log import LogEvent, RunLog
-from activities.sandbox.workspace import LayerStore, WorkspaceError
+from activities.sandbox.workspace import GcResult, LayerStore, WorkspaceError
 from experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
 from experiments.runfork.receipt import (
@@ -92,6 +93,26 @@ def workspace_layer_at(prefix: list[Step]) -> str | None:
             continue
         if isinstance(result, dict) and isinstance(result.get(WORKSPACE_LAYER_FIELD), str):
             return str(result[WORKSPACE_LAYER_FIELD])
+    return None
+
+
+def workspace_layer_in(inputs: list[Payload]) -> str | None:
+    """The workspace layer a run's recorded input carries: ``workspace_layer`` in its first
+    argument, or in an object one level inside it (an agent's state handed over whole).
+    This is how a run continued-as-new starts from its predecessor's files, and so the
+    layer in effect at a step when no step of its own run wrote one yet."""
+    if not inputs:
+        return None
+    try:
+        value = json.loads(inputs[0].data)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    for obj in (value, *(v for v in value.values() if isinstance(v, dict))):
+        layer = obj.get(WORKSPACE_LAYER_FIELD)
+        if isinstance(layer, str):
+            return layer
     return None
 
 
@@ -154,11 +175,7 @@ class AgentLab:
             )
         except BoundaryError as exc:
             raise ForkError(str(exc)) from None
-        layer = (
-            self._checked_layer(resolution.prefix, at_step)
-            if boundary is not BoundaryMode.lineage_only
-            else None
-        )
+        prefix_layer = workspace_layer_at(resolution.prefix)
         # where the fork starts: the recorded input of the run holding the boundary (its
         # earlier steps served from that run's history), or — when the boundary ends a run
         # that continued-as-new — the next run's recorded input, a checkpoint at the
@@ -173,6 +190,13 @@ class AgentLab:
         ):
             start_run, start_input, base_step = nxt.run_id, nxt.input, resolution.resolved_step
             resolution = resolution.model_copy(update={"prefix": []})  # nothing is served
+        # the layer in effect at the boundary: the last one a step up to it returned, else
+        # the one the fork's start input carries (written earlier in the chain)
+        layer = (
+            self._checked_layer(prefix_layer or workspace_layer_in(start_input), at_step)
+            if boundary is not BoundaryMode.lineage_only
+            else None
+        )
         parent_receipt, first_marker = located.receipt, located.marker
         lineage = [*(parent_receipt.lineage if parent_receipt else []), run]
         receipt = make_receipt(
@@ -234,11 +258,10 @@ class AgentLab:
         self.registry.add_receipt(receipt)
         return Fork(receipt=receipt, handle=handle)
 
-    def _checked_layer(self, prefix: list[Step], at_step: int) -> str | None:
-        """The layer holding the run's workspace after ``at_step`` (None: no workspace
-        step so far in this run), verified against its manifest digest and seal when the
-        layer store is on this host (the worker verifies it again before mounting it)."""
-        layer = workspace_layer_at(prefix)
+    def _checked_layer(self, layer: str | None, at_step: int) -> str | None:
+        """``layer`` (the one holding the run's workspace after ``at_step``; None: none),
+        verified against its manifest digest and seal when the layer store is on this
+        host (the worker verifies it again before mounting it)."""
         if layer is None:
             return None
         root = agent_workspaces_root(self.agent.home)
@@ -252,6 +275,28 @@ class AgentLab:
                 f"{exc}"
             ) from None
         return layer
+
+    async def collect_layers(self, min_age_seconds: float) -> GcResult | None:
+        """Remove the agent-run workspace layers nothing needs (None: this home has no
+        agent layers): kept are each open run's current layer and each layer a recorded
+        fork receipt names. Whether a run is open is asked of Temporal; an error other
+        than "not found" stops before anything is removed."""
+        root = agent_workspaces_root(self.agent.home)
+        if not (root / "layers").is_dir():
+            return None
+        open_runs: set[str] = set()
+        for pin in run_pins(root):
+            try:
+                desc = await self.client.get_workflow_handle(pin.workflow_id).describe()
+            except RPCError as exc:
+                if exc.status is RPCStatusCode.NOT_FOUND:
+                    continue
+                raise
+            if desc.status is WorkflowExecutionStatus.RUNNING:
+                open_runs.add(pin.workflow_id)
+        return collect_agent_layers(
+            root, open_runs, self.registry.workspace_layers(), min_age_seconds
+        )
 
     async def diff(self, a: str, b: str) -> RunDiff:
         chain_a, chain_b = await self.chain(a), await self.chain(b)

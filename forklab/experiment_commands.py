@@ -27,7 +27,7 @@ from activities.approval_keys import key_path, new_private_key, public_key_hex, 
 from activities.artifacts import ArtifactError
 from activities.outages import StoreUnavailableError
 from activities.workload_bundles import WorkloadBundleError, ship_workload
-from experiments.bundle import BundleError, WorkloadBundle, collect_workload
+from experiments.bundle import BundleError, WorkloadBundle
 from experiments.spec import ExperimentSpec
 from forklab.errors import CliError
 from forklab.ops_common import (
@@ -40,6 +40,7 @@ from forklab.ops_common import (
 )
 from forklab.report_files import write_report
 from forklab.specfile import SPEC_EXIT, load_spec
+from forklab.workload_files import collect_workload
 from workers.config import Settings
 from workers.stores import artifact_store
 from workers.worker import ensure_search_attributes

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 from experiments.bundle import BundleError
-from experiments.plan import rehearse
 from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
 from experiments.report.render_text import render_text
@@ -16,6 +15,7 @@ from experiments.runtime.workload import WorkloadError
 from experiments.spec import SpecError, json_schema
 from experiments.twin_workspace import twin_workspace_section
 from forklab.errors import CliError
+from forklab.rehearsal import rehearse
 from forklab.report_files import write_report
 from forklab.specfile import SPEC_EXIT, load_spec
 

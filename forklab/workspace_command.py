@@ -13,11 +13,17 @@ import argparse
 import time
 from pathlib import Path
 
+from temporalio.service import RPCError
+
+from activities.agent_workspace import agent_workspaces_root
 from activities.coding_agent import DEFAULT_BLOB_BYTES, run_coding_agent_fork
 from activities.sandbox.base import SandboxError
 from activities.sandbox.local import LAYER_GRACE_SECONDS, LocalSandboxBackend
-from activities.sandbox.workspace import WorkspaceError
+from activities.sandbox.workspace import GcResult, WorkspaceError
+from forklab.agent_lab import AgentLab
+from forklab.agent_services import agent_settings
 from forklab.errors import CliError
+from forklab.ops_common import add_connection_flags, open_client, run, settings_from
 from workers.config import ConfigError, Settings
 
 _MIB = 1 << 20
@@ -63,15 +69,28 @@ def register(scenarios: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.set_defaults(func=cmd_workspace)
 
 
+async def _collect_agent_layers(settings: Settings, min_age: float) -> GcResult | None:
+    agent = agent_settings(settings)
+    if not (agent_workspaces_root(agent.home) / "layers").is_dir():
+        return None  # no agent run kept files here: no need to reach Temporal
+    client = await open_client(settings)
+    try:
+        return await AgentLab(client, agent).collect_layers(min_age)
+    except RPCError as exc:
+        raise CliError(
+            f"agent-run layers not collected: cannot ask Temporal which runs are open ({exc})"
+        ) from None
+
+
 def cmd_layers_gc(args: argparse.Namespace) -> int:
     """Remove the layers under the home's sandboxes that no run pins and no workspace sits
-    on (a run unpins its layers when it cleans up; this also runs after every run)."""
+    on (a run unpins its layers when it cleans up; this also runs after every run), and
+    the agent-run layers that no open run and no recorded fork receipt needs."""
     if args.min_age < 0:
         raise CliError("--min-age: must be 0 or more seconds", code=2)
-    try:
-        settings = Settings.load({"home": args.home})
-    except ConfigError as exc:
-        raise CliError(str(exc), code=2) from None
+    settings = settings_from(args)
+    # the agent runs first: when Temporal cannot say which runs are open, nothing is removed
+    agent_result = run(lambda: _collect_agent_layers(settings, args.min_age))
     try:
         result = LocalSandboxBackend(settings.sandboxes_dir).collect_layers(args.min_age)
     except (SandboxError, WorkspaceError) as exc:
@@ -82,6 +101,12 @@ def cmd_layers_gc(args: argparse.Namespace) -> int:
         f"removed {len(result.removed)} layers ({result.bytes_freed / _MIB:.1f} MiB); "
         f"kept {result.kept} ({result.live} pinned by a run or under a workspace)"
     )
+    if agent_result is not None:
+        print(
+            f"agent runs: removed {len(agent_result.removed)} layers "
+            f"({agent_result.bytes_freed / _MIB:.1f} MiB); kept {agent_result.kept} "
+            f"({agent_result.live} needed by an open run, a fork receipt or a mount)"
+        )
     return 0
 
 
@@ -95,5 +120,5 @@ def register_layers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=LAYER_GRACE_SECONDS,
         help=f"keep layers sealed less than this many seconds ago ({LAYER_GRACE_SECONDS:g})",
     )
-    gc.add_argument("--home", type=Path, help="ForkLab home folder (FORKLAB_HOME, ~/.forklab)")
+    add_connection_flags(gc)
     gc.set_defaults(func=cmd_layers_gc)

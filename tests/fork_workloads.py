@@ -13,6 +13,7 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.agent_tools import ChargeRequest, EffectResult
+    from activities.agent_workspace import WorkspaceStep, WorkspaceWrite
 
 
 class StepsInput(BaseModel):
@@ -80,3 +81,49 @@ class ChargeOnceWorkflow:
             retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200)),
         )
         return result.status
+
+
+class FilesInput(BaseModel):
+    steps: int
+    done: int = 0
+    #: the steps that write ``f<i>.txt`` into the run's workspace (the others echo)
+    write_at: list[int] = []
+    #: continue-as-new after this step, carrying the workspace layer in the input
+    can_after: int | None = None
+    workspace_layer: str | None = None
+    #: written into every file (runs with different tags write different layers)
+    tag: str = ""
+    #: this step never completes (a run that stays open)
+    hold_at: int | None = None
+
+
+@workflow.defn(name="ForkFiles")
+class FilesWorkflow:
+    """Echo and file steps; a continue-as-new hands the workspace layer to the next run in
+    its input (as an agent's state would). Returns the final layer."""
+
+    @workflow.run
+    async def run(self, inp: FilesInput) -> str | None:
+        layer = inp.workspace_layer
+        for i in range(inp.done + 1, inp.steps + 1):
+            if i in inp.write_at:
+                done: WorkspaceStep = await workflow.execute_activity(
+                    "workspace_write",
+                    WorkspaceWrite(layer=layer, path=f"f{i}.txt", content=f"{inp.tag}step {i}"),
+                    result_type=WorkspaceStep,
+                    start_to_close_timeout=timedelta(minutes=1),
+                )
+                layer = done.workspace_layer
+            else:
+                await workflow.execute_activity(
+                    "hold" if inp.hold_at == i else "echo",
+                    EchoIn(i=i, tag="fixed"),
+                    result_type=str,
+                    start_to_close_timeout=timedelta(minutes=5),
+                    heartbeat_timeout=timedelta(seconds=30),
+                )
+            if inp.can_after == i and i < inp.steps:
+                workflow.continue_as_new(
+                    inp.model_copy(update={"done": i, "workspace_layer": layer})
+                )
+        return layer

@@ -65,6 +65,11 @@ class OutcomeMaybe(SupportTicket):
         return True if state["solved"] else None  # type: ignore[return-value]  # MISTAKE
 
 
+class OutcomeLabel(SupportTicket):
+    def outcome(self, state: State) -> bool:
+        return "solved" if state["solved"] else "open"  # type: ignore[return-value]  # MISTAKE
+
+
 class SetInState(SupportTicket):
     def step(self, state: State, shocks: Shocks) -> None:
         super().step(state, shocks)

@@ -28,8 +28,8 @@ from activities.artifacts import LocalArtifactStore
 from activities.ledger import SqliteLedger
 from activities.sandbox.local import LocalSandboxBackend
 from activities.workload_bundles import ship_workload
-from experiments.bundle import collect_workload
 from experiments.spec import ExperimentSpec, resolve_workload
+from forklab.workload_files import collect_workload
 from workers.config import ENV, Settings
 from workers.stores import artifact_store
 from workflows.experiment import ExperimentWorkflow

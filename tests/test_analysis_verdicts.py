@@ -8,11 +8,12 @@ from experiments.analysis.build import build_report
 from experiments.analysis.pairs import paired_effect, paired_table
 from experiments.analysis.verdicts import Verdict, judge
 from experiments.outcomes import InfraUsage
-from experiments.plan import rehearse_outcomes, workload_code_digest
+from experiments.plan import rehearse_outcomes
 from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
 from experiments.report.render_text import render_text
 from experiments.spec import Direction, ExperimentSpec, parse_spec
+from forklab.rehearsal import workload_code_digest
 from tests.helpers import ROOT
 
 RECOVERY = ROOT / "experiments" / "recovery-counter.yaml"

@@ -28,7 +28,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.sandbox.jail import bubblewrap
-from experiments.plan import rehearse
+from forklab.rehearsal import rehearse
 from workers.config import Settings
 from workers.server import server_argv
 from workflows.experiment import ExperimentWorkflow

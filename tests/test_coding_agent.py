@@ -19,7 +19,6 @@ from activities.sandbox import LocalSandboxBackend
 from activities.sandbox.workspace import mounts_under, unmount_under
 from experiments.analysis.pairs import paired_table
 from experiments.engine import run_twin
-from experiments.plan import rehearse
 from experiments.report.model import Report
 from experiments.twin_workspace import twin_workspace_section
 from experiments.workloads.coding_fix import (
@@ -35,6 +34,7 @@ from experiments.workloads.coding_fix import (
 from experiments.workspace import ManifestDiff, WorkspaceManifest
 from experiments.workspace_report import PYCACHE, WorkspaceDemoSummary
 from forklab.experiment_commands import save_report
+from forklab.rehearsal import rehearse
 from forklab.specfile import load_spec
 from tests.helpers import ROOT, run_cli
 from workflows.messages import Stage, Status

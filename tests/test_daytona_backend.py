@@ -15,6 +15,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.artifacts import ArtifactError, LocalArtifactStore
 from activities.models import CleanupInput, EpisodeChunk, PrefixInput, RunnerJob
+from activities.runner_bundle import bundle_files, code_digest
 from activities.sandbox.base import (
     Limits,
     SandboxError,
@@ -25,7 +26,6 @@ from activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
 from activities.sandbox.preflight import SandboxUnavailableError
 from activities.shared_snapshots import SharedSnapshots
 from activities.world_batches import SandboxActivities
-from experiments.bundle import bundle_files, code_digest
 from workers.config import ConfigError, Settings
 from workers.providers import sandbox_backend
 

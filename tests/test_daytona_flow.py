@@ -22,7 +22,7 @@ from stores_lab import S3_ENV, make_bucket, moto_server
 from temporalio.testing import WorkflowEnvironment
 
 from activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
-from experiments.plan import rehearse
+from forklab.rehearsal import rehearse
 from forklab.specfile import load_spec
 from workers.config import Settings
 from workers.stores import artifact_store

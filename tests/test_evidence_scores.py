@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.evidence_scores import experiment_scores, world_scores
-from experiments.plan import rehearse
 from experiments.spec import Direction, ExperimentSpec
+from forklab.rehearsal import rehearse
 from forklab.specfile import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from activities.runner_bundle import bundle_files
 from activities.sandbox.workload_calls import WorkloadCallError, WorkloadCalls, _held_out_batch
 from experiments.analysis.guard import (
     DEFAULT_HOLDOUT_CAP,
@@ -21,9 +22,7 @@ from experiments.analysis.guard import (
     validate_guard,
 )
 from experiments.analysis.slices import Dimension, SliceEffect, dimensions, slice_effects
-from experiments.bundle import bundle_files
 from experiments.engine import run_twin, world_plan
-from experiments.plan import rehearse, workload_code_digest
 from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
 from experiments.report.render_text import render_text
@@ -31,6 +30,7 @@ from experiments.runtime.file_format import WorldPlan
 from experiments.runtime.runner import rule_fires, run_batch
 from experiments.spec import ExperimentSpec, parse_spec
 from experiments.workloads.counter_recovery import CounterRecovery
+from forklab.rehearsal import rehearse, workload_code_digest
 from tests.helpers import ROOT
 
 RECOVERY = ROOT / "experiments" / "recovery-counter.yaml"

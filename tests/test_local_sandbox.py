@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from activities.runner_bundle import bundle_files, code_digest
 from activities.sandbox import (
     ExecResult,
     Limits,
@@ -26,7 +27,6 @@ from activities.sandbox import (
     SandboxNotFoundError,
     SnapshotInfo,
 )
-from experiments.bundle import bundle_files, code_digest
 from experiments.engine import spec_world_plans
 from experiments.runtime.canon import canonical_json
 from experiments.runtime.file_format import checkpoint_line, request_text

@@ -16,7 +16,6 @@ from fake_openai import Answer, FakeOpenAI, fake_openai
 from activities.artifacts import LocalArtifactStore
 from activities.models import AnalysisResult
 from activities.readout import ReadoutActivities, ReadoutConfig
-from experiments.plan import rehearse
 from experiments.readout.check import check_readout, world_counts
 from experiments.readout.fallback import deterministic_readout
 from experiments.readout.packet import EvidencePacket, evidence_packet
@@ -24,6 +23,7 @@ from experiments.readout.schema import ModelReadout, ReadoutSource, ReadoutVerdi
 from experiments.report.model import Report
 from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
+from forklab.rehearsal import rehearse
 from forklab.specfile import load_spec
 from workers.config import ConfigError
 from workers.providers import readout_config

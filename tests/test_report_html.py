@@ -10,11 +10,11 @@ import pytest
 from PIL import Image
 
 from experiments.analysis.slices import SliceEffect
-from experiments.plan import rehearse
 from experiments.report.charts import difference_axis
 from experiments.report.model import Report
 from experiments.report.render_html import render_html
 from experiments.spec import parse_spec
+from forklab.rehearsal import rehearse
 from tests.helpers import ROOT, assert_self_contained
 
 RECOVERY = ROOT / "experiments" / "recovery-counter.yaml"

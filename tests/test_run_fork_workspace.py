@@ -5,19 +5,24 @@ the copy fallback alike."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 from agent_fixtures import AgentTestLab, Services, agent_settings
+from fork_workloads import FilesInput, FilesWorkflow, echo, hold
 from orchestration_lab import forklab
-from temporalio.client import WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+from temporalio.worker import Worker
 
 from activities.agent_tools import LedgerMode
 from activities.agent_workspace import (
@@ -27,10 +32,12 @@ from activities.agent_workspace import (
     WorkspaceWrite,
     agent_workspaces_root,
 )
+from activities.run_history import ForkActivities
 from activities.sandbox.workspace import LayerStore, Workspaces, unmount_under
 from forklab.agent_lab import AgentLab, ForkError, workspace_layer_at
 from workers.agent_worker import build_agent_worker, connect_agents, ensure_run_fork_attributes
 from workers.config import ENV, Settings
+from workflows.runfork.interceptor import ForkInterceptor
 
 WRITE = "workspace_write"
 
@@ -217,3 +224,128 @@ async def test_the_write_tool_reuses_the_digest_and_refuses_bad_paths(tmp_path: 
         with pytest.raises(Exception, match="workspace path"):
             await env.run(tools.write, WorkspaceWrite(path=bad, content="x"))
     assert Workspaces(tmp_path / "ws", overlay=False).ids() == []  # nothing left behind
+
+
+@asynccontextmanager
+async def _files_worker(
+    temporal_env: WorkflowEnvironment, services: Services, home: Path
+) -> AsyncIterator[AgentLab]:
+    """A worker of the plain ``ForkFiles`` workflow with the real file tool (copy
+    fallback: every layer stands alone, so which ones a gc keeps is exact)."""
+    client = await Client.connect(
+        temporal_env.client.service_client.config.target_host,
+        data_converter=pydantic_data_converter,
+    )
+    await ensure_run_fork_attributes(client)
+    agent = agent_settings(services, home)
+    tools = WorkspaceTools(agent_workspaces_root(agent.home), overlay=False)
+    forks = ForkActivities(client)
+    async with Worker(
+        client,
+        task_queue=agent.agent_task_queue,
+        workflows=[FilesWorkflow],
+        activities=[echo, hold, tools.write, forks.fetch_prefix, forks.step_decision],
+        interceptors=[ForkInterceptor()],
+    ):
+        yield AgentLab(client, agent)
+
+
+def _cli_env(lab: AgentLab) -> dict[str, str]:
+    a = lab.agent
+    return {
+        **os.environ,
+        ENV["address"]: lab.client.service_client.config.target_host,
+        ENV["home"]: str(a.home),
+        "FORKLAB_MODEL_BASE_URL": a.model_base_url,
+        "FORKLAB_EFFECTS_URL": a.effects_url,
+        "FORKLAB_AGENT_TASK_QUEUE": a.agent_task_queue,
+    }
+
+
+async def test_a_fork_finds_a_layer_written_in_an_earlier_run_of_the_chain(
+    temporal_env: WorkflowEnvironment, services: Services, tmp_path: Path
+) -> None:
+    """The parent writes at steps 1 and 2, continues as new (its input carries the layer),
+    echoes at 3 and 4 and writes at 5. A fork at 3 or 4 — in the second run, before any
+    file step of that run — starts from step 2's layer, read from that run's recorded
+    input; the fork's own write at 5 lands over it and equals the parent's."""
+    async with _files_worker(temporal_env, services, tmp_path / "home") as lab:
+        client, agent = lab.client, lab.agent
+        wid = f"files-{uuid.uuid4().hex[:8]}"
+        parent = await client.start_workflow(
+            FilesWorkflow.run,
+            FilesInput(steps=5, write_at=[1, 2, 5], can_after=2),
+            id=wid,
+            task_queue=agent.agent_task_queue,
+        )
+        final = await parent.result()
+        chain = await lab.chain(wid)
+        assert len(chain) == 2 and [s.index for s in chain[1].steps] == [3, 4, 5]
+        steps = await lab.steps(wid)
+        at = {i: workspace_layer_at(steps[:i]) for i in range(1, 6)}
+        assert at[1] is not None and at[2] not in (None, at[1]) and at[5] == final
+        for step, want in ((1, at[1]), (2, at[2]), (3, at[2]), (4, at[2]), (5, final)):
+            fork = await lab.fork(wid, at_step=step)
+            assert fork.receipt.workspace_layer_sha256 == want, step
+            assert await fork.handle.result() == final
+        store = LayerStore(agent_workspaces_root(agent.home))
+        assert at[2] is not None
+        assert {e.path for e in store.verify(at[2], full=True).entries} >= {"f1.txt", "f2.txt"}
+        # the real command finds it too
+        out = forklab(_cli_env(lab), "fork", wid, "--at-step", "4")
+        assert out.returncode == 0, out.stderr
+        receipt = json.loads(out.stdout.split("\n", 1)[1])
+        assert receipt["workspace_layer_sha256"] == at[2]
+        await client.get_workflow_handle(receipt["fork_workflow_id"]).result()
+
+
+async def test_layers_gc_keeps_what_open_runs_and_fork_receipts_need(
+    temporal_env: WorkflowEnvironment, services: Services, tmp_path: Path
+) -> None:
+    """``forklab layers gc`` on agent-run layers: a closed run's layers go, except the one a
+    recorded fork receipt names; an open run's current layer stays until the run ends."""
+    async with _files_worker(temporal_env, services, tmp_path / "home") as lab:
+        queue = lab.agent.agent_task_queue
+        store = LayerStore(agent_workspaces_root(lab.agent.home))
+
+        async def run(tag: str, **fields: object) -> str:
+            wid = f"files-{tag}-{uuid.uuid4().hex[:8]}"
+            inp = FilesInput(tag=tag, **fields)  # type: ignore[arg-type]
+            await lab.client.start_workflow(FilesWorkflow.run, inp, id=wid, task_queue=queue)
+            return wid
+
+        forked = await run("a", steps=2, write_at=[1, 2])
+        a_final = await lab.client.get_workflow_handle(forked).result()
+        a_steps = await lab.steps(forked)
+        a_one = workspace_layer_at(a_steps[:1])
+        fork = await lab.fork(forked, at_step=1)
+        assert fork.receipt.workspace_layer_sha256 == a_one
+        assert await fork.handle.result() == a_final  # its write was the parent's: replayed
+        closed = await run("c", steps=1, write_at=[1])
+        c_final = await lab.client.get_workflow_handle(closed).result()
+        held = await run("b", steps=3, write_at=[1], hold_at=2)
+        for _ in range(300):
+            if len(await lab.steps(held)) == 2:
+                break
+            await asyncio.sleep(0.1)
+        b_now = workspace_layer_at(await lab.steps(held))
+        layers = {a_one, a_final, c_final, b_now}
+        assert None not in layers and len(layers) == 4
+        assert layers <= {p.name for p in store.root.iterdir()}
+
+        out = forklab(_cli_env(lab), "layers", "gc", "--min-age", "0")
+        assert out.returncode == 0, out.stderr
+        assert "agent runs: removed" in out.stdout and "kept 2 " in out.stdout, out.stdout
+        left = {p.name for p in store.root.iterdir() if not p.name.startswith(".")}
+        assert left == {a_one, b_now}
+        for digest in left:
+            store.verify(digest, full=True)
+        # a fork at the receipt's step still works after the collection
+        again = await lab.fork(forked, at_step=1)
+        assert await again.handle.result() == a_final
+
+        await lab.client.get_workflow_handle(held).terminate("test over")
+        out = forklab(_cli_env(lab), "layers", "gc", "--min-age", "0")
+        assert out.returncode == 0, out.stderr
+        left = {p.name for p in store.root.iterdir() if not p.name.startswith(".")}
+        assert b_now not in left and a_one in left

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from activities.runner_bundle import bundle_files
 from activities.sandbox import (
     ExecResult,
     Limits,
@@ -21,7 +22,6 @@ from activities.sandbox import (
     SnapshotInfo,
 )
 from activities.sandbox.jail import bubblewrap
-from experiments.bundle import bundle_files
 from tests.sandbox_lab import marked_sleeper, pids_running, run_python, wait_for
 
 LABELS = {"forklab.experiment": "attack", "forklab.world": "hostile", "forklab.batch": "0"}

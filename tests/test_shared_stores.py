@@ -26,9 +26,9 @@ from activities.ledger import Ledger, SqliteLedger
 from activities.ledger_postgres import MIGRATIONS, PostgresLedger
 from activities.outages import StoreUnavailableError
 from activities.postgres import Migration, PostgresDatabase, SchemaError, redacted
+from activities.runner_bundle import bundle_files, code_digest
 from activities.sandbox.local import LocalSandboxBackend
 from activities.shared_snapshots import SharedSnapshots
-from experiments.bundle import bundle_files, code_digest
 from tests.helpers import ROOT
 from tests.test_ledger import T0, experiment, world
 from workers.config import ConfigError, Settings

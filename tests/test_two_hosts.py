@@ -33,7 +33,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.approval_keys import key_path
 from activities.sandbox.local import LocalSandboxBackend
-from experiments.plan import rehearse
+from forklab.rehearsal import rehearse
 from workers.config import Settings
 from workflows.messages import ExperimentResult, Stage, Status, workflow_id
 

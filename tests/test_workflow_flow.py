@@ -9,7 +9,7 @@ from pathlib import Path
 
 from orchestration_lab import Lab, cli_env, forklab
 
-from experiments.plan import rehearse
+from forklab.rehearsal import rehearse
 from forklab.specfile import load_spec
 from tests.helpers import assert_self_contained
 from workflows.messages import Stage, Status

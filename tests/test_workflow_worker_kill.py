@@ -13,7 +13,7 @@ from orchestration_lab import Lab, WorkerProcesses, cli_env, forklab, lab_settin
 from temporalio.testing import WorkflowEnvironment
 
 from activities.approval_keys import key_path
-from experiments.plan import rehearse
+from forklab.rehearsal import rehearse
 from workflows.messages import ExperimentResult, Stage, Status, workflow_id
 
 

@@ -32,11 +32,11 @@ from experiments.bundle import (
     MAX_BUNDLE_FILES,
     MAX_FILE_BYTES,
     BundleError,
-    collect_workload,
     read_manifest,
     workload_sources,
 )
 from experiments.runtime.canon import digest, sha256_hex
+from forklab.workload_files import collect_workload
 from tests.helpers import run_cli
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import ExperimentInput, ExperimentResult, Stage, Status, workflow_id

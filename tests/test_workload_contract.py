@@ -14,6 +14,7 @@ import pytest
 import yaml
 from orchestration_lab import Lab, make_spec
 from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 
 from experiments.runtime.contract import ContractViolation
 from experiments.runtime.file_format import WorldPlan
@@ -70,6 +71,13 @@ MISTAKES: dict[str, tuple[str, dict[str, Any], str]] = {
         {"p_fail": 1.0},
         f"OutcomeMaybe.outcome() returned NoneType None, not a bool (return True when the "
         f"episode succeeded) at {FILE}:{def_line(nw.OutcomeMaybe, 'outcome')} "
+        "(episode 0, world baseline, step 3 after the fork)",
+    ),
+    "outcome returns a label": (
+        "OutcomeLabel",
+        {"p_fail": 1.0},
+        f"OutcomeLabel.outcome() returned str 'open', not a bool (return True when the "
+        f"episode succeeded) at {FILE}:{def_line(nw.OutcomeLabel, 'outcome')} "
         "(episode 0, world baseline, step 3 after the fork)",
     ),
     "a set in the state": (
@@ -173,8 +181,10 @@ async def test_durable_path_refuses_before_approval_with_the_same_sentence(lab: 
     )
     await start_experiment(lab.settings, spec)
     handle = lab.client.get_workflow_handle(workflow_id(spec.id))
-    with pytest.raises(WorkflowFailureError):
+    with pytest.raises(WorkflowFailureError) as failed:
         await handle.result()
+    cause = failed.value.cause  # the workflow's failure, whose message the Temporal UI shows
+    assert isinstance(cause, ApplicationError) and cause.message == sentence
     view = await lab.status(handle)
     assert view.status is Status.failed and view.stage is Stage.done
     assert view.error == sentence

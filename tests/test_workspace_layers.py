@@ -17,6 +17,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.artifacts import LocalArtifactStore
 from activities.models import BatchInput, BatchStatus, EpisodeChunk, PrefixInput, RunnerJob
+from activities.runner_bundle import bundle_files
 from activities.sandbox import Limits, LocalSandboxBackend, SandboxError
 from activities.sandbox.workspace import (
     WorkspaceError,
@@ -27,7 +28,6 @@ from activities.sandbox.workspace import (
 from activities.shared_snapshots import SharedSnapshots
 from activities.world_batches import SandboxActivities
 from experiments.analysis.checks import common_checkpoints
-from experiments.bundle import bundle_files
 from experiments.engine import spec_world_plans
 from experiments.outcomes import ExperimentOutcomes, WorldOutcomes
 from experiments.runtime.file_format import checkpoint_id

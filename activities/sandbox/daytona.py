@@ -49,6 +49,7 @@ from daytona_api_client import OrganizationsApi
 from pydantic import BaseModel, ConfigDict, Field
 
 from activities.files import atomic_write
+from activities.runner_bundle import code_digest
 from activities.sandbox.base import (
     ExecResult,
     Limits,
@@ -58,7 +59,7 @@ from activities.sandbox.base import (
     SnapshotInfo,
 )
 from activities.sandbox.preflight import SandboxUnavailableError
-from experiments.bundle import BundleFile, code_digest
+from experiments.bundle import BundleFile
 from experiments.capacity import RegionQuota, SnapshotFacts, capacity_refusals
 
 SNAPSHOT_PREFIX = "daytona:"

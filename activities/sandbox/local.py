@@ -34,6 +34,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from activities.files import atomic_write
+from activities.runner_bundle import code_digest
 from activities.sandbox.base import (
     ExecResult,
     Limits,
@@ -60,7 +61,7 @@ from activities.sandbox.workspace import (
     WorkspaceInfo,
     Workspaces,
 )
-from experiments.bundle import BundleFile, code_digest
+from experiments.bundle import BundleFile
 from experiments.workspace import WorkspaceManifest
 
 #: Where a sandbox's workspace appears, relative to its working folder.

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from activities.files import atomic_write
+from activities.runner_bundle import code_digest
 from activities.sandbox.base import ExecResult, Limits
 from activities.sandbox.confine import run_confined
 from activities.sandbox.jail import SCRATCH_INSIDE, Mount, interpreter, sandbox_uid
-from experiments.bundle import BundleFile, code_digest
+from experiments.bundle import BundleFile
 from experiments.columnar import ColumnBatch, to_columns
 from experiments.runtime.file_format import COLUMN_TYPES, Batch, WorldPlan
 from experiments.spec import ExperimentSpec

@@ -43,7 +43,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -630,10 +630,10 @@ class Workspaces:
         """Drop every pin ``owner`` holds (its layers go at the next ``gc``)."""
         shutil.rmtree(self._pins(owner), ignore_errors=True)
 
-    def live_layers(self) -> set[str]:
-        """Layers something still needs: each pinned layer and each layer a workspace sits
-        on, with every layer below them."""
-        tops: set[str] = set()
+    def live_layers(self, keep: Iterable[str] = ()) -> set[str]:
+        """Layers something still needs: each pinned layer, each layer a workspace sits
+        on and each layer of ``keep``, with every layer below them."""
+        tops: set[str] = set(keep)
         pins = self.layers.root.parent / "pins"
         if pins.is_dir():
             tops |= {p.name for owner in pins.iterdir() for p in owner.iterdir()}
@@ -653,11 +653,12 @@ class Workspaces:
                     current = None  # gone or damaged: nothing below it to keep
         return live
 
-    def gc(self, min_age_seconds: float = 600.0) -> GcResult:
-        """Remove every layer nothing needs (see ``live_layers``) that was sealed at least
-        ``min_age_seconds`` ago — a layer sealed a moment ago may not be pinned or mounted
-        yet — and set-aside leftovers (damaged layers, interrupted seals) as old."""
-        live = self.live_layers()
+    def gc(self, min_age_seconds: float = 600.0, keep: Iterable[str] = ()) -> GcResult:
+        """Remove every layer nothing needs (see ``live_layers``; ``keep``: more layers
+        the caller knows are needed) that was sealed at least ``min_age_seconds`` ago — a
+        layer sealed a moment ago may not be pinned or mounted yet — and set-aside
+        leftovers (damaged layers, interrupted seals) as old."""
+        live = self.live_layers(keep)
         now = time.time()
         removed: list[str] = []
         freed = 0
