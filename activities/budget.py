@@ -25,10 +25,17 @@ def reservation(safety: float, rate: float, episodes: int) -> float:
 def revised_reservation(safety: float, rate: float, episodes: int, slowdown: float | None) -> float:
     """The reservation once units of the same kind have run: when sandboxes turned out
     ``slowdown`` times slower than rehearsed, the estimate grows accordingly (never shrinks)."""
+    pace = None if slowdown is None else slowdown * max(rate, MIN_RATE)
+    return paced_reservation(safety, rate, episodes, pace)
+
+
+def paced_reservation(safety: float, rate: float, episodes: int, pace: float | None) -> float:
+    """The reservation once sandboxes of the same kind were seen to run at ``pace``
+    seconds per episode: at least that pace times the safety factor (never shrinks)."""
     planned = reservation(safety, rate, episodes)
-    if slowdown is None:
+    if pace is None:
         return planned
-    return max(planned, safety * slowdown * max(rate, MIN_RATE) * episodes)
+    return max(planned, safety * pace * episodes)
 
 
 def slowdown(seconds: float, rate: float, episodes: int) -> float:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from orchestration_lab import make_spec
 
+from activities.budget import START_ALLOWANCE
 from activities.models import (
     BatchOutcome,
     BatchStatus,
@@ -117,3 +119,35 @@ def test_status_details_and_result_show_the_same_state() -> None:
     assert result.budget.spent_world_seconds == 2.0 and result.plan_fingerprint == "f" * 64
     assert views.infra(s).world_seconds_spent == 2.0
     assert views.provenance(s)["approval"] == "pending"
+
+
+def test_a_world_whose_rehearsal_caught_a_stall_is_priced_by_paces_seen() -> None:
+    """Under load, a run had its baseline world skipped as over budget: rehearsed rates
+    are microseconds per episode, baseline's sample caught a 50 ms stall, and the slowdown
+    of another world's sandbox (~10,000x its rate) was multiplied by baseline's rate."""
+    s = state(episodes=24, chunk=6)
+    assert s.plan is not None
+    rates = {"baseline": 0.0125, "boost": 1.2e-5, "placebo": 1.2e-5}  # baseline: a stall
+    s.plan.rehearsal.world_seconds_per_episode = rates
+    s.ledger.use.max_world_seconds = 300.0
+    first, second = s.chunks()[:2]
+    planned = s.need(Unit(first, "baseline"))  # nothing seen yet: as rehearsed
+    assert planned == pytest.approx(3.0 * 0.0125 * 6 + START_ALLOWANCE)
+
+    def done(world: str, chunk: EpisodeChunk, seconds: float) -> BatchOutcome:
+        return BatchOutcome(world=world, chunk=chunk, status=BatchStatus.completed, seconds=seconds)
+
+    s.record_batch(done("boost", first, 0.7))
+    # a world not seen yet: at least the slowest pace any world's batch ran at (0.7 s / 6)
+    assert s.need(Unit(first, "placebo")) == pytest.approx(3.0 * 0.7)
+    assert s.need(Unit(second, "baseline")) == pytest.approx(planned)  # was 2187 (> 300)
+    s.record_batch(done("baseline", first, 9.0))  # its own sandbox: 9 s
+    assert s.need(Unit(second, "baseline")) == pytest.approx(3.0 * 9.0)
+    assert s.need(Unit(second, "boost")) == pytest.approx(3.0 * 0.7)  # its own pace only
+    s.record_batch(done("boost", second, 0.1))  # paces never shrink
+    assert s.need(Unit(second, "boost")) == pytest.approx(3.0 * 0.7)
+    chained = state(episodes=24, chunk=6)  # the next run of a chain: paces from progress
+    assert chained.plan is not None
+    chained.plan.rehearsal.world_seconds_per_episode = rates
+    chained.restore(s.progress_record())
+    assert chained.paces == s.paces == {"boost": pytest.approx(0.7 / 6), "baseline": 1.5}

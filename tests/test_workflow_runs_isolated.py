@@ -60,5 +60,6 @@ async def test_cancelling_one_run_leaves_the_other_runs_sandboxes_alone(lab: Lab
     assert result.analysis is not None
     assert [(w.name, w.status, w.episodes) for w in result.analysis.worlds] == [
         (name, "completed", 24) for name in ("baseline", "boost", "placebo")
-    ]  # the second run's cleanup killed none of the first run's batches
+    ], [(w.name, w.error) for w in result.analysis.worlds]
+    # the second run's cleanup killed none of the first run's batches
     assert lab.sandboxes(spec.id) == []

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from activities.budget import revised_reservation, slowdown
+from activities.budget import paced_reservation, revised_reservation, slowdown
 from workflows.messages import BudgetUse
 
 
@@ -68,6 +68,11 @@ class BudgetLedger:
         """The reservation a unit of ``kind`` over ``episodes`` needs: the rehearsed
         ``rate`` times the safety factor, grown by the slowdown seen so far."""
         return revised_reservation(self.safety_factor, rate, episodes, self.slowdowns.get(kind))
+
+    def paced_need(self, rate: float, episodes: int, pace: float | None) -> float:
+        """The reservation a unit over ``episodes`` needs when units like it were seen to
+        run at ``pace`` seconds per episode (None: not seen yet; as rehearsed)."""
+        return paced_reservation(self.safety_factor, rate, episodes, pace)
 
     def refusal(self, need: float) -> str | None:
         """Why a reservation of ``need`` cannot be opened now (None: it fits)."""

@@ -24,9 +24,8 @@ from workflows.approval_gate import ApprovalGate, Moment
 from workflows.budget_ledger import BudgetLedger
 from workflows.messages import Plan, Stage, Status
 
-#: The slowdown keys of the budget ledger: prefix units and world units.
+#: The slowdown key of prefix units in the budget ledger.
 PREFIX = "prefix"
-WORLD = "world"
 
 
 @dataclass(frozen=True)
@@ -63,6 +62,9 @@ class RunState:
     batches: dict[tuple[str, int], BatchOutcome] = field(default_factory=dict)
     cleanup: CleanupResult | None = None
     evidence_log: str | None = None
+    #: Per world, the slowest pace (seconds per episode) a completed batch of it ran at;
+    #: derived from ``batches``.
+    paces: dict[str, float] = field(default_factory=dict)
 
     def moment(self, now: datetime, fresh_nonce: str) -> Moment:
         """The run as the approval gate sees it at ``now``."""
@@ -99,8 +101,14 @@ class RunState:
         rehearsal = self.plan.rehearsal
         if unit.world is None:
             return self.ledger.need(PREFIX, rehearsal.prefix_seconds_per_episode, unit.chunk.size)
+        # Once a batch of this world completed, its own pace; until then the slowest any
+        # world's batch ran at. Not another world's slowdown times this world's rehearsed
+        # rate: rates are microsecond samples, and one caught in a stall of the machine
+        # multiplied that world's reservation by the stall (under load a world was skipped
+        # as over budget while its batches cost what the others' did).
+        pace = self.paces.get(unit.world, max(self.paces.values(), default=None))
         rate = rehearsal.world_seconds_per_episode[unit.world]
-        return self.ledger.need(WORLD, rate, unit.chunk.size)
+        return self.ledger.paced_need(rate, unit.chunk.size, pace)
 
     def blocked(self, unit: Unit) -> str | None:
         """Why ``unit`` cannot be useful any more (its chunk or world is already lost)."""
@@ -129,11 +137,13 @@ class RunState:
         self.ledger.observe(PREFIX, prefix.seconds, rate, prefix.chunk.size)
 
     def record_batch(self, outcome: BatchOutcome) -> None:
-        assert self.plan is not None
         self.batches[(outcome.world, outcome.chunk.index)] = outcome
+        self._observe(outcome)
+
+    def _observe(self, outcome: BatchOutcome) -> None:
         if outcome.status is BatchStatus.completed:
-            rate = self.plan.rehearsal.world_seconds_per_episode[outcome.world]
-            self.ledger.observe(WORLD, outcome.seconds, rate, outcome.chunk.size)
+            pace = outcome.seconds / max(outcome.chunk.size, 1)
+            self.paces[outcome.world] = max(self.paces.get(outcome.world, 0.0), pace)
 
     def progress_record(self) -> Progress:
         return Progress(
@@ -145,3 +155,6 @@ class RunState:
     def restore(self, progress: Progress) -> None:
         self.prefixes = {p.chunk.index: p for p in progress.prefixes}
         self.batches = {(b.world, b.chunk.index): b for b in progress.batches}
+        self.paces = {}
+        for outcome in progress.batches:
+            self._observe(outcome)
