@@ -8,7 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import threading
 import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +21,7 @@ from orchestration_lab import (
     Lab,
     cli_env,
     forklab,
+    lab_settings,
     make_spec,
     signed,
     temporal_path,
@@ -24,8 +29,12 @@ from orchestration_lab import (
 from temporalio.api.common.v1 import Payload
 from temporalio.client import WorkflowFailureError
 from temporalio.common import RawValue
+from temporalio.testing import WorkflowEnvironment
 
 from activities.approval_keys import new_private_key, write_private_key
+from activities.sandbox.base import ExecResult
+from activities.sandbox.local import LocalSandboxBackend
+from workers.worker import build_worker
 from workflows.messages import (
     MAX_NAME,
     ExperimentResult,
@@ -113,9 +122,44 @@ async def _assert_nothing_ran(lab: Lab, handle: Any) -> None:
     assert not SANDBOX_ACTIVITIES & set(await lab.activity_types(handle))
 
 
-async def test_two_concurrent_cli_approvals_each_print_their_own_outcome(lab: Lab) -> None:
+class HeldBackend(LocalSandboxBackend):
+    """The local backend, whose runners wait while the test holds them: a run approved
+    meanwhile cannot finish (and so cannot refuse a late approval as "has ended")."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.released = threading.Event()
+        self.released.set()
+
+    def exec(self, sandbox_id: str, argv: list[str], timeout: float) -> ExecResult:
+        self.released.wait()  # in the activity's thread; the activity heartbeats meanwhile
+        return super().exec(sandbox_id, argv, timeout)
+
+
+@pytest.fixture
+async def held(
+    temporal_env: WorkflowEnvironment, cpu: Executor, tmp_path: Path
+) -> AsyncIterator[tuple[Lab, HeldBackend]]:
+    """A ``lab`` whose worker runs sandboxes on a ``HeldBackend``."""
+    settings = lab_settings(temporal_env, tmp_path / "home")
+    backend = HeldBackend(settings.sandboxes_dir)
+    try:
+        async with build_worker(temporal_env.client, settings, cpu, backend):
+            yield Lab(client=temporal_env.client, settings=settings), backend
+    finally:
+        backend.released.set()
+
+
+async def test_two_concurrent_cli_approvals_each_print_their_own_outcome(
+    held: tuple[Lab, HeldBackend],
+) -> None:
     """The CLI once polled status and printed someone else's attempt ("approved … by
-    wrong3" for a wrong key). An Update answers each request with its own attempt."""
+    wrong3" for a wrong key). An Update answers each request with its own attempt.
+
+    The run's sandboxes are held until all three CLIs have answered: otherwise the
+    approved 12-episode run could finish before the slowest CLI's update arrived (under
+    load it did), and that CLI would be told the run had ended instead of its attempt."""
+    lab, backend = held
     env = cli_env(lab.settings)
     spec = make_spec(episodes=12)
     spec_file = lab.settings.home.parent / "spec.json"
@@ -128,13 +172,18 @@ async def test_two_concurrent_cli_approvals_each_print_their_own_outcome(lab: La
     handle = lab.client.get_workflow_handle(workflow_id(spec.id), result_type=ExperimentResult)
     await lab.wait_for(handle, Stage.awaiting_approval)
     wrong_key = write_private_key(lab.settings.home.parent / "wrong.key", new_private_key())
-    right, right2, wrong = await asyncio.gather(
-        asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "right"),
-        asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "right2"),
-        asyncio.to_thread(
-            forklab, env, "approve", spec.id, "--approver", "wrong3", "--key", str(wrong_key)
-        ),
-    )
+    backend.released.clear()
+    try:
+        right, right2, wrong = await asyncio.gather(
+            asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "right"),
+            asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "right2"),
+            asyncio.to_thread(
+                forklab, env, "approve", spec.id, "--approver", "wrong3", "--key", str(wrong_key)
+            ),
+        )
+        assert (await lab.status(handle)).status is Status.running  # held, not ended
+    finally:
+        backend.released.set()
     won = [(name, p) for name, p in (("right", right), ("right2", right2)) if p.returncode == 0]
     assert len(won) == 1, (right, right2)
     name, winner = won[0]
