@@ -89,15 +89,16 @@ def run_pins(root: Path) -> list[RunPin]:
 def collect_agent_layers(
     root: Path,
     open_runs: Collection[str],
-    receipt_layers: Collection[str],
+    needed: Collection[str],
     min_age_seconds: float,
 ) -> GcResult:
     """Remove the agent-run layers nothing needs: kept are the current layer of each run in
-    ``open_runs``, each of ``receipt_layers`` (a recorded fork starts from it), each layer
+    ``open_runs``, each of ``needed`` (the layers fork receipts name, the current layers
+    of open forks), each layer
     a call has mounted right now, and every layer below those; layers sealed less than
     ``min_age_seconds`` ago stay too (their call may not have recorded them yet). The
     records of runs no longer open are dropped."""
-    keep = set(receipt_layers)
+    keep = set(needed)
     for pin in run_pins(root):
         if pin.workflow_id in open_runs:
             keep.add(pin.layer)

@@ -80,12 +80,10 @@ class ForkRegistry:
             ).fetchall()
         return [ForkReceipt.model_validate_json(r[0]) for r in rows]
 
-    def workspace_layers(self) -> set[str]:
-        """The workspace layer of every recorded fork receipt (what each fork starts from)."""
+    def receipts(self) -> list[ForkReceipt]:
         with self._tx() as db:
-            rows = db.execute("SELECT receipt_json FROM receipts").fetchall()
-        layers = (ForkReceipt.model_validate_json(r[0]).workspace_layer_sha256 for r in rows)
-        return {layer for layer in layers if layer is not None}
+            rows = db.execute("SELECT receipt_json FROM receipts ORDER BY rowid").fetchall()
+        return [ForkReceipt.model_validate_json(r[0]) for r in rows]
 
     # --- the summary cache of runs that continued-as-new (immutable once closed) ---------
     def get(self, run_id: str) -> RunSummary | None:

@@ -280,23 +280,33 @@ class AgentLab:
         """Remove the agent-run workspace layers nothing needs (None: this home has no
         agent layers): kept are each open run's current layer and each layer a recorded
         fork receipt names. Whether a run is open is asked of Temporal; an error other
-        than "not found" stops before anything is removed."""
+        than "not found" stops before anything is removed. An open fork's current layer
+        is read from its history: a write its policy served from the parent's record ran
+        no tool, so it recorded no pin."""
         root = agent_workspaces_root(self.agent.home)
         if not (root / "layers").is_dir():
             return None
+        receipts = self.registry.receipts()
+        needed = {r.workspace_layer_sha256 for r in receipts if r.workspace_layer_sha256}
         open_runs: set[str] = set()
-        for pin in run_pins(root):
-            try:
-                desc = await self.client.get_workflow_handle(pin.workflow_id).describe()
-            except RPCError as exc:
-                if exc.status is RPCStatusCode.NOT_FOUND:
-                    continue
-                raise
-            if desc.status is WorkflowExecutionStatus.RUNNING:
-                open_runs.add(pin.workflow_id)
-        return collect_agent_layers(
-            root, open_runs, self.registry.workspace_layers(), min_age_seconds
-        )
+        for wid in {pin.workflow_id for pin in run_pins(root)}:
+            if await self._is_open(wid):
+                open_runs.add(wid)
+        for r in receipts:
+            if await self._is_open(r.fork_workflow_id):
+                current = workspace_layer_at(await self.steps(r.fork_workflow_id))
+                if current is not None:
+                    needed.add(current)
+        return collect_agent_layers(root, open_runs, needed, min_age_seconds)
+
+    async def _is_open(self, workflow_id: str) -> bool:
+        try:
+            desc = await self.client.get_workflow_handle(workflow_id).describe()
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return desc.status is WorkflowExecutionStatus.RUNNING
 
     async def diff(self, a: str, b: str) -> RunDiff:
         chain_a, chain_b = await self.chain(a), await self.chain(b)

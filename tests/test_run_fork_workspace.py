@@ -34,6 +34,7 @@ from activities.agent_workspace import (
 )
 from activities.run_history import ForkActivities
 from activities.sandbox.workspace import LayerStore, Workspaces, unmount_under
+from experiments.runfork.steps import Step
 from forklab.agent_lab import AgentLab, ForkError, workspace_layer_at
 from workers.agent_worker import build_agent_worker, connect_agents, ensure_run_fork_attributes
 from workers.config import ENV, Settings
@@ -303,7 +304,8 @@ async def test_layers_gc_keeps_what_open_runs_and_fork_receipts_need(
     temporal_env: WorkflowEnvironment, services: Services, tmp_path: Path
 ) -> None:
     """``forklab layers gc`` on agent-run layers: a closed run's layers go, except the one a
-    recorded fork receipt names; an open run's current layer stays until the run ends."""
+    recorded fork receipt names; an open run's current layer stays until the run ends, and
+    so does an open fork's, even when its write was served from its ended parent's record."""
     async with _files_worker(temporal_env, services, tmp_path / "home") as lab:
         queue = lab.agent.agent_task_queue
         store = LayerStore(agent_workspaces_root(lab.agent.home))
@@ -323,21 +325,35 @@ async def test_layers_gc_keeps_what_open_runs_and_fork_receipts_need(
         assert await fork.handle.result() == a_final  # its write was the parent's: replayed
         closed = await run("c", steps=1, write_at=[1])
         c_final = await lab.client.get_workflow_handle(closed).result()
+
+        async def reach(wid: str, n: int) -> list[Step]:
+            for _ in range(300):
+                if len(steps := await lab.steps(wid)) == n:
+                    return steps
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"{wid} did not reach step {n}")
+
         held = await run("b", steps=3, write_at=[1], hold_at=2)
-        for _ in range(300):
-            if len(await lab.steps(held)) == 2:
-                break
-            await asyncio.sleep(0.1)
-        b_now = workspace_layer_at(await lab.steps(held))
-        layers = {a_one, a_final, c_final, b_now}
-        assert None not in layers and len(layers) == 4
+        b_now = workspace_layer_at(await reach(held, 2))
+        # a parent ended (terminated) while its fork is open: the fork's write at 2 was
+        # served from the parent's record (no tool ran, no pin); it holds at 3
+        ended = await run("p", steps=3, write_at=[1, 2], hold_at=3)
+        p_steps = await reach(ended, 3)
+        p_one, p_two = workspace_layer_at(p_steps[:1]), workspace_layer_at(p_steps[:2])
+        await lab.client.get_workflow_handle(ended).terminate("test: parent ends")
+        open_fork = await lab.fork(ended, at_step=1)
+        fork_steps = await reach(open_fork.handle.id, 3)
+        assert fork_steps[1].origin == "replayed"
+        assert workspace_layer_at(fork_steps) == p_two
+        layers = {a_one, a_final, c_final, b_now, p_one, p_two}
+        assert None not in layers and len(layers) == 6
         assert layers <= {p.name for p in store.root.iterdir()}
 
         out = forklab(_cli_env(lab), "layers", "gc", "--min-age", "0")
         assert out.returncode == 0, out.stderr
-        assert "agent runs: removed" in out.stdout and "kept 2 " in out.stdout, out.stdout
+        assert "agent runs: removed" in out.stdout and "kept 4 " in out.stdout, out.stdout
         left = {p.name for p in store.root.iterdir() if not p.name.startswith(".")}
-        assert left == {a_one, b_now}
+        assert left == {a_one, b_now, p_one, p_two}
         for digest in left:
             store.verify(digest, full=True)
         # a fork at the receipt's step still works after the collection
@@ -345,7 +361,8 @@ async def test_layers_gc_keeps_what_open_runs_and_fork_receipts_need(
         assert await again.handle.result() == a_final
 
         await lab.client.get_workflow_handle(held).terminate("test over")
+        await open_fork.handle.terminate("test over")
         out = forklab(_cli_env(lab), "layers", "gc", "--min-age", "0")
         assert out.returncode == 0, out.stderr
         left = {p.name for p in store.root.iterdir() if not p.name.startswith(".")}
-        assert b_now not in left and a_one in left
+        assert left == {a_one, p_one}
