@@ -425,6 +425,8 @@ async def test_a_newcomer_workload_with_a_sibling_import_runs_durably_without_py
     result = await handle.result()
     assert result.status is Status.completed, result.error
     assert result.analysis is not None
+    worlds = [(w.name, w.status, w.episodes, w.error) for w in result.analysis.worlds]
+    assert worlds == [(w, "completed", 24, None) for w in ("baseline", "escalate")], worlds
     assert result.analysis.outcomes_digest == twin["outcomes_digest"]
     report = lab.store.get_json(result.analysis.report_digest)
     assert report["experiment"]["workload_bundle"] == bundle
