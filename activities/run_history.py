@@ -385,16 +385,20 @@ async def read_run(
     return rec
 
 
-async def read_chain(client: Client, workflow_id: str) -> list[RunRecord]:
-    """Every run of a workflow's continue-as-new chain, oldest first, steps numbered
-    across the chain; the last one carries the chain's status."""
-    handle = client.get_workflow_handle(workflow_id)
+async def _describe_latest(client: Client, workflow_id: str) -> WorkflowExecutionDescription:
+    """The latest run of ``workflow_id``; ``RunNotFound`` when there is none."""
     try:
-        desc = await handle.describe()
+        return await client.get_workflow_handle(workflow_id).describe()
     except RPCError as exc:
         if exc.status is RPCStatusCode.NOT_FOUND:
             raise RunNotFound(f"no run {workflow_id!r} in this namespace") from None
         raise
+
+
+async def read_chain(client: Client, workflow_id: str) -> list[RunRecord]:
+    """Every run of a workflow's continue-as-new chain, oldest first, steps numbered
+    across the chain; the last one carries the chain's status."""
+    desc = await _describe_latest(client, workflow_id)
     # walk back through continued_execution_run_id, then number the steps forwards
     histories: list[tuple[str, WorkflowHistory]] = []
     run_id: str | None = desc.run_id
@@ -495,13 +499,7 @@ async def locate_step(
     memo, so the walk back from the latest run reads one event per run, and only runs
     later than the one holding ``at_step``: the cost does not grow with ``at_step``. A run
     without that record sends the walk to :func:`_locate_by_counting`."""
-    handle = client.get_workflow_handle(workflow_id)
-    try:
-        desc = await handle.describe()
-    except RPCError as exc:
-        if exc.status is RPCStatusCode.NOT_FOUND:
-            raise RunNotFound(f"no run {workflow_id!r} in this namespace") from None
-        raise
+    desc = await _describe_latest(client, workflow_id)
     starts = 0
     later: RunStart | None = None
     run_id: str | None = desc.run_id
