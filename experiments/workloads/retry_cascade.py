@@ -17,10 +17,10 @@ intervention and the exact failure definition are in ``docs/retry-cascade.md``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from experiments.runtime.crn import Shocks
+from experiments.runtime.crn import Block, Shocks
 from experiments.runtime.workload import Feature, State, Workload, WorkloadError
 
 _INTS = {
@@ -41,6 +41,14 @@ _LANE_BITS = 6
 _LANE_MASK = (1 << _LANE_BITS) - 1
 _LANES = 8  # 8 lanes x 6 bits fit in the 53 bits of one uniform draw
 _WORD = float(1 << 53)
+_NEW: tuple[int, ...] = (0,)  # an agent's calls when new work is all it sends
+_NONE: tuple[int, ...] = ()
+#: A tick's shocks, decoded: serve offset, capacity unless in the outage, each agent's
+#: new work (``_NEW`` or ``_NONE``: its calls if it has no due retry), how many got work,
+#: and the calls the upstream fails when those are all it is offered and it copes (as
+#: ``step`` lists failed calls: agent, its calls, how many of them were served).
+_Failed = tuple[int, Sequence[int], int]
+_Tick = tuple[float, float, tuple[tuple[int, ...], ...], int, tuple[_Failed, ...]]
 _FRACTIONS = (
     "arrival_rate",
     "error_rate",
@@ -129,11 +137,19 @@ class RetryCascade(Workload):
             (group, min(_LANES, self._n - group * _LANES))
             for group in range((self._n + _LANES - 1) // _LANES)
         ]
+        # The draws of every tick, as one block: the worlds of an episode share its decoding.
+        self._shocks = Block(
+            [(_UPSTREAM, "capacity"), (_UPSTREAM, "serve")]
+            + [(group, "work") for group, _ in self._groups],
+            self._tick_shocks,
+        )
         self._capacity = float(p["capacity"])
         self._noise = float(p["capacity_noise"])
         self._dip_prob = float(p["dip_prob"])
         self._dip_factor = float(p["dip_factor"])
         self._outage_capacity = float(p["outage_capacity"])
+        self._outage_cap = self._capacity * self._outage_capacity
+        self._jitter_streams: list[str] = []  # "jitter<j>": the agent stream of a j-th retry
         self._thrash = float(p["thrash"])
         self._healthy = 1.0 - float(p["error_rate"])
         self._max_attempts: int = p["max_attempts"]
@@ -235,152 +251,185 @@ class RetryCascade(Workload):
             # exogenous fingerprint is untouched), stored where nothing reads it.
             state["placebo_token"] = shocks.agent(_UPSTREAM, tick, "placebo")
 
-    def step(self, state: State, shocks: Shocks) -> None:
-        # The hot loop of every world: written for CPython (locals, no generator
-        # expressions, agents without calls skipped); the model is docs/retry-cascade.md.
-        t: int = state["tick"]
-        if t >= self._horizon:
-            return
-        n = self._n
-        # Exogenous shocks first: every tick and every agent, whatever the fleet does.
-        exogenous = shocks.exogenous
-        u_cap = exogenous(_UPSTREAM, t, "capacity")
-        u_serve = exogenous(_UPSTREAM, t, "serve")
-        # Arrivals: one draw per group of eight agents, split into 6-bit lanes.
-        arrivals: list[bool] = []
-        threshold = self._arrival_lane
-        for group, lanes in self._groups:
-            word = int(exogenous(group, t, "work") * _WORD)
-            for _ in range(lanes):
-                arrivals.append((word & _LANE_MASK) < threshold)
-                word >>= _LANE_BITS
-
-        if state["onset"] <= t < state["outage_end"]:
-            cap = self._capacity * self._outage_capacity
-        elif u_cap < self._dip_prob:
+    def _tick_shocks(self, values: tuple[float, ...]) -> _Tick:
+        """What a tick's exogenous draws (``capacity``, ``serve``, then ``work`` of each
+        group) decide, worked out once per episode and tick for all its worlds: see
+        :data:`_Tick`."""
+        u_cap, u_serve = values[0], values[1]
+        if u_cap < self._dip_prob:
             cap = self._capacity * self._dip_factor  # a background brown-out
         else:
             cap = self._capacity * (
                 1.0 - self._noise * (u_cap - self._dip_prob) / (1.0 - self._dip_prob)
             )
-
-        # What each agent would send now: its due retries (oldest first), then new work.
-        queues: list[list[list[int]]] = state["queues"]
-        sends: list[list[int]] = []
-        offered = 0
-        for i in range(n):
-            queue = queues[i]
-            if queue:
-                calls = [e[1] for e in queue if e[0] <= t]
-                if calls:
-                    queues[i] = [e for e in queue if e[0] > t]
-                if arrivals[i]:
-                    calls.append(0)
-            else:
-                calls = [0] if arrivals[i] else []
-            offered += len(calls)
-            sends.append(calls)
-
-        # Who may send: everyone, unless restarting or held back by the shared circuit.
-        queue_cap: int = state["queue_cap"]
-        bc = state["broadcast"]
-        dropped = 0
-        limits: list[int] | None = None
-        if t < state["down_until"]:
-            limits = [0] * n
-        elif bc is not None:
-            if t < state["circuit_until"]:
-                # Open circuit: one agent with work (round robin) probes the upstream.
-                limits = [0] * n
-                for k in range(n):
-                    j = (t + k) % n
-                    if sends[j]:
-                        limits[j] = 1
-                        break
-            else:
-                limits = [bc["pace"]] * n
-        if limits is not None:
-            for i in range(n):
-                calls = sends[i]
-                if len(calls) > limits[i]:
-                    queue = queues[i]
-                    for attempts in calls[limits[i] :]:
-                        if len(queue) < queue_cap:
-                            queue.append([t + 1, attempts])  # held: no attempt used
-                        else:
-                            dropped += 1
-                    sends[i] = calls[: limits[i]]
-            offered = 0
-            for calls in sends:
-                offered += len(calls)
-
-        ratio = self._healthy  # background errors: a small share of calls fails anyway
-        if offered:
-            load = offered * (1.0 + state["latency"])
-            if load > cap:
-                # Thrashing: every unit of excess load costs the upstream goodput.
-                ratio *= max(0.0, cap - self._thrash * (load - cap)) / load
-
-        failures = 0
-        served = 0
-        # Systematic rounding: agent i is served floor(C_i + u) - floor(C_{i-1} + u) calls,
-        # where C_i is the running sum of the fleet's fair shares, len(calls) * ratio.
+        # Arrivals: one draw per group of eight agents, split into 6-bit lanes. Alongside,
+        # the serving step of ``step`` for a fleet whose only calls are this new work and
+        # whose upstream copes (the share served is then ``1 - error_rate``).
+        fresh: list[tuple[int, ...]] = []
+        unserved: list[_Failed] = []
+        threshold = self._arrival_lane
+        healthy = self._healthy
         cumulative = u_serve
         below = 0
-        for i in range(n):
-            calls = sends[i]
-            if not calls:
-                continue
-            sent = len(calls)
-            cumulative += sent * ratio
-            upto = int(cumulative)
-            ok = upto - below
-            below = upto
-            if ok >= sent:
-                served += sent
-                continue
-            served += ok
-            failures += sent - ok
-            dropped += self._retry(state, shocks, queues[i], calls[ok:], i, t)
+        for (_, lanes), u_work in zip(self._groups, values[2:], strict=True):
+            word = int(u_work * _WORD)
+            for _ in range(lanes):
+                if (word & _LANE_MASK) < threshold:
+                    cumulative += 1 * healthy
+                    upto = int(cumulative)
+                    if upto == below:
+                        unserved.append((len(fresh), _NEW, 0))
+                    below = upto
+                    fresh.append(_NEW)
+                else:
+                    fresh.append(_NONE)
+                word >>= _LANE_BITS
+        arrived = len(fresh) - fresh.count(_NONE)
+        return u_serve, cap, tuple(fresh), arrived, tuple(unserved)
 
-        state["served"] += served
-        state["failed_calls"] += failures
-        state["dropped"] += dropped
+    def step(self, state: State, shocks: Shocks) -> None:
+        # The hot loop of every world: written for CPython (locals, no generator
+        # expressions, agents without calls skipped, the tick's shocks decoded once per
+        # episode for all worlds, a short cut for a tick with no retry in the fleet); the
+        # model is docs/retry-cascade.md.
+        t: int = state["tick"]
+        if t >= self._horizon:
+            return
+        n = self._n
+        # Exogenous shocks first: every tick and every agent, whatever the fleet does.
+        u_serve, cap, fresh, arrived, unserved = shocks.exogenous_block(self._shocks, t)
+        if state["onset"] <= t < state["outage_end"]:
+            cap = self._outage_cap
+        queues: list[list[list[int]]] = state["queues"]
+        bc = state["broadcast"]
+        dropped = 0
+        failed: Sequence[_Failed]  # (agent, its calls, how many of them were served)
+
+        if (
+            not any(queues)
+            and arrived * (1.0 + state["latency"]) <= cap
+            and t >= state["down_until"]
+            and (bc is None or t >= state["circuit_until"])
+        ):
+            # No retry anywhere and the upstream copes: each call is new work, nothing
+            # holds it back (a pace is at least one call), and which calls fail is the
+            # same in every world, so it was worked out with the tick's shocks.
+            offered = arrived
+            failures = len(unserved)
+            served = arrived - failures
+            failed = unserved
+        else:
+            # What each agent would send now: its due retries (oldest first), then new
+            # work. A call is its attempt count so far (``fresh``: tuples, never changed).
+            demand: list[Sequence[int]] = list(fresh)
+            calls: Sequence[int]
+            offered = arrived
+            for i, queue in enumerate(queues):
+                if queue:
+                    due = [e[1] for e in queue if e[0] <= t]
+                    if due:
+                        left = len(queue) - len(due)
+                        queues[i] = [e for e in queue if e[0] > t] if left else []
+                        offered += len(due)
+                        if fresh[i]:
+                            due.append(0)
+                        demand[i] = due
+
+            # Who may send: everyone, unless restarting or held back by the shared circuit.
+            limits: list[int] | None = None
+            if t < state["down_until"]:
+                limits = [0] * n
+            elif bc is not None:
+                if t < state["circuit_until"]:
+                    # Open circuit: one agent with work (round robin) probes the upstream.
+                    limits = [0] * n
+                    for k in range(n):
+                        j = (t + k) % n
+                        if demand[j]:
+                            limits[j] = 1
+                            break
+                else:
+                    limits = [bc["pace"]] * n
+            if limits is not None and offered:
+                queue_cap: int = state["queue_cap"]
+                for i in range(n):
+                    calls = demand[i]
+                    limit = limits[i]
+                    if len(calls) > limit:
+                        queue = queues[i]
+                        for attempts in calls[limit:]:
+                            if len(queue) < queue_cap:
+                                queue.append([t + 1, attempts])  # held: no attempt used
+                            else:
+                                dropped += 1
+                        demand[i] = calls[:limit]
+                        offered -= len(calls) - limit
+
+            ratio = self._healthy  # background errors: a small share of calls fails anyway
+            if offered:
+                load = offered * (1.0 + state["latency"])
+                if load > cap:
+                    # Thrashing: every unit of excess load costs the upstream goodput.
+                    ratio *= max(0.0, cap - self._thrash * (load - cap)) / load
+
+            failures = 0
+            served = 0
+            failed = []
+            # Systematic rounding: agent i is served floor(C_i + u) - floor(C_{i-1} + u)
+            # calls, where C_i is the running sum of the fair shares, len(calls) * ratio.
+            cumulative = u_serve
+            below = 0
+            for i, calls in enumerate(demand):
+                if not calls:
+                    continue
+                sent = len(calls)
+                cumulative += sent * ratio
+                upto = int(cumulative)
+                ok = upto - below
+                below = upto
+                if ok >= sent:
+                    served += sent
+                    continue
+                served += ok
+                failures += sent - ok
+                failed.append((i, calls, ok))
+
         if failures:
+            # Each failed call counts one more attempt and waits its backoff in the
+            # agent's queue, or is dropped (out of attempts, or the queue is full).
+            jitter = state["jitter"]
+            streams = self._jitter_streams
+            backoff = self._backoff
+            max_attempts = self._max_attempts
+            queue_cap = state["queue_cap"]
+            for i, calls, ok in failed:
+                queue = queues[i]
+                sent = len(calls)
+                if jitter is not None and sent - ok > len(streams):
+                    streams.extend(f"jitter{j}" for j in range(len(streams), sent - ok))
+                for j in range(ok, sent):
+                    made = calls[j] + 1
+                    if made >= max_attempts:
+                        dropped += 1
+                        continue
+                    wait = backoff[made]
+                    if jitter is not None:
+                        # the agent's (j - ok)-th failed call this tick: its own stream
+                        u = shocks.agent(i, t, streams[j - ok])
+                        wait = max(1, round(wait * (1.0 + jitter["spread"] * (u - 0.5))))
+                    if len(queue) < queue_cap:
+                        queue.append([t + wait, made])
+                    else:
+                        dropped += 1
+            state["failed_calls"] += failures
             state["last_failure"] = t
             # The fleet shares what it sees: a failed probe, or a tick in which at least a
             # ``trip`` share of the calls failed (more than background noise), opens the
             # circuit for everyone.
             if bc is not None and (t < state["circuit_until"] or failures >= bc["trip"] * offered):
                 state["circuit_until"] = t + 1 + bc["cooldown"]
+        if served:
+            state["served"] += served
+        if dropped:
+            state["dropped"] += dropped
         state["tick"] = t + 1
-
-    def _retry(
-        self,
-        state: State,
-        shocks: Shocks,
-        queue: list[list[int]],
-        failed: list[int],
-        i: int,
-        t: int,
-    ) -> int:
-        """Queue agent ``i``'s failed calls for a retry after their backoff; returns how
-        many were dropped instead (out of attempts, or the queue was full)."""
-        jitter = state["jitter"]
-        backoff = self._backoff
-        queue_cap: int = state["queue_cap"]
-        dropped = 0
-        for j, attempts in enumerate(failed):
-            made = attempts + 1
-            if made >= self._max_attempts:
-                dropped += 1
-                continue
-            wait = backoff[made]
-            if jitter is not None:
-                spread = jitter["spread"] * (shocks.agent(i, t, f"jitter{j}") - 0.5)
-                wait = max(1, round(wait * (1.0 + spread)))
-            if len(queue) < queue_cap:
-                queue.append([t + wait, made])
-            else:
-                dropped += 1
-        return dropped
