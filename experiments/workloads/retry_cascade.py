@@ -188,7 +188,8 @@ class RetryCascade(Workload):
             "tick": 0,
             "onset": onset,
             "outage_end": onset + duration,
-            "queues": [[] for _ in range(self._n)],
+            "retries": [],
+            "depth": [0] * self._n,
             "served": 0,
             "failed_calls": 0,
             "dropped": 0,
@@ -212,17 +213,17 @@ class RetryCascade(Workload):
 
     def lost(self, state: State) -> int:
         """Requests dropped so far plus requests still waiting in a retry queue."""
-        return int(state["dropped"]) + sum(len(q) for q in state["queues"])
+        return int(state["dropped"]) + sum(state["depth"])
 
     def outcome(self, state: State) -> bool:
         return self.lost(state) <= int(self.params["slo_lost"])
 
     def features(self, state: State) -> dict[str, Feature]:
-        queues = state["queues"]
+        depth = state["depth"]
         recent = state["last_failure"] >= 0 and state["tick"] - state["last_failure"] <= 3
         return {
-            "queue_depth": sum(len(q) for q in queues),
-            "agents_in_retry": sum(1 for q in queues if q),
+            "queue_depth": sum(depth),
+            "agents_in_retry": len(depth) - depth.count(0),
             "upstream": "degraded" if recent else "healthy",
         }
 
@@ -243,8 +244,9 @@ class RetryCascade(Workload):
             state["latency"] = float(p["extra"])
         elif name == "restart":
             # In-memory retry queues die with the agents: that work is lost.
-            state["dropped"] += sum(len(q) for q in state["queues"])
-            state["queues"] = [[] for _ in range(self._n)]
+            state["dropped"] += sum(state["depth"])
+            state["retries"] = []
+            state["depth"] = [0] * self._n
             state["down_until"] = tick + int(p["downtime"])
         elif name == "placebo":
             # Randomised but inert: a draw from the placebo's own agent stream (so the
@@ -289,51 +291,60 @@ class RetryCascade(Workload):
 
     def step(self, state: State, shocks: Shocks) -> None:
         # The hot loop of every world: written for CPython (locals, no generator
-        # expressions, agents without calls skipped, the tick's shocks decoded once per
-        # episode for all worlds, a short cut for a tick with no retry in the fleet); the
-        # model is docs/retry-cascade.md.
+        # expressions, the tick's shocks decoded once per episode for all worlds, the
+        # retry queues kept by due tick, a short cut for a tick in which no retry is due);
+        # the model is docs/retry-cascade.md.
         t: int = state["tick"]
         if t >= self._horizon:
             return
-        n = self._n
         # Exogenous shocks first: every tick and every agent, whatever the fleet does.
         u_serve, cap, fresh, arrived, unserved = shocks.exogenous_block(self._shocks, t)
         if state["onset"] <= t < state["outage_end"]:
             cap = self._outage_cap
-        queues: list[list[list[int]]] = state["queues"]
+        # The retry queues: ``retries[k]`` holds the calls due at tick t + k, each one
+        # [agent, attempts so far], in the order they were queued; ``depth[i]`` counts
+        # agent i's queued calls.
+        retries: list[list[list[int]]] = state["retries"]
+        depth: list[int] = state["depth"]
+        due = retries.pop(0) if retries else None
         bc = state["broadcast"]
         dropped = 0
         failed: Sequence[_Failed]  # (agent, its calls, how many of them were served)
 
         if (
-            not any(queues)
+            not due
             and arrived * (1.0 + state["latency"]) <= cap
             and t >= state["down_until"]
             and (bc is None or t >= state["circuit_until"])
         ):
-            # No retry anywhere and the upstream copes: each call is new work, nothing
-            # holds it back (a pace is at least one call), and which calls fail is the
-            # same in every world, so it was worked out with the tick's shocks.
+            # No retry due and the upstream copes: each call is new work, nothing holds
+            # it back (a pace is at least one call), and which calls fail is the same in
+            # every world, so it was worked out with the tick's shocks.
             offered = arrived
             failures = len(unserved)
             served = arrived - failures
             failed = unserved
         else:
+            n = self._n
             # What each agent would send now: its due retries (oldest first), then new
             # work. A call is its attempt count so far (``fresh``: tuples, never changed).
             demand: list[Sequence[int]] = list(fresh)
             calls: Sequence[int]
             offered = arrived
-            for i, queue in enumerate(queues):
-                if queue:
-                    due = [e[1] for e in queue if e[0] <= t]
-                    if due:
-                        left = len(queue) - len(due)
-                        queues[i] = [e for e in queue if e[0] > t] if left else []
-                        offered += len(due)
-                        if fresh[i]:
-                            due.append(0)
-                        demand[i] = due
+            if due:
+                offered += len(due)
+                retrying: dict[int, list[int]] = {}
+                for i, attempts in due:
+                    mine = retrying.get(i)
+                    if mine is None:
+                        retrying[i] = [attempts]
+                    else:
+                        mine.append(attempts)
+                    depth[i] -= 1
+                for i, mine in retrying.items():
+                    if fresh[i]:
+                        mine.append(0)
+                    demand[i] = mine
 
             # Who may send: everyone, unless restarting or held back by the shared circuit.
             limits: list[int] | None = None
@@ -356,10 +367,12 @@ class RetryCascade(Workload):
                     calls = demand[i]
                     limit = limits[i]
                     if len(calls) > limit:
-                        queue = queues[i]
                         for attempts in calls[limit:]:
-                            if len(queue) < queue_cap:
-                                queue.append([t + 1, attempts])  # held: no attempt used
+                            if depth[i] < queue_cap:  # held: due next tick, no attempt used
+                                if not retries:
+                                    retries.append([])
+                                retries[0].append([i, attempts])
+                                depth[i] += 1
                             else:
                                 dropped += 1
                         demand[i] = calls[:limit]
@@ -403,7 +416,6 @@ class RetryCascade(Workload):
             max_attempts = self._max_attempts
             queue_cap = state["queue_cap"]
             for i, calls, ok in failed:
-                queue = queues[i]
                 sent = len(calls)
                 if jitter is not None and sent - ok > len(streams):
                     streams.extend(f"jitter{j}" for j in range(len(streams), sent - ok))
@@ -417,8 +429,11 @@ class RetryCascade(Workload):
                         # the agent's (j - ok)-th failed call this tick: its own stream
                         u = shocks.agent(i, t, streams[j - ok])
                         wait = max(1, round(wait * (1.0 + jitter["spread"] * (u - 0.5))))
-                    if len(queue) < queue_cap:
-                        queue.append([t + wait, made])
+                    if depth[i] < queue_cap:
+                        while len(retries) < wait:
+                            retries.append([])
+                        retries[wait - 1].append([i, made])  # due at t + wait
+                        depth[i] += 1
                     else:
                         dropped += 1
             state["failed_calls"] += failures
