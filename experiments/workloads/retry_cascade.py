@@ -133,14 +133,17 @@ class RetryCascade(Workload):
         self._horizon: int = p["horizon"]
         # An agent gets work when its 6-bit lane is below this, so P = ceil(64 rate) / 64.
         self._arrival_lane = float(p["arrival_rate"]) * (1 << _LANE_BITS)
-        self._groups = [
-            (group, min(_LANES, self._n - group * _LANES))
-            for group in range((self._n + _LANES - 1) // _LANES)
+        # Agents per group of arrivals, and each pair of 6-bit lanes -> the two agents' new
+        # work (``_NEW`` when the lane is below the threshold), low lane first.
+        self._lanes = [min(_LANES, self._n - g * _LANES) for g in range(-(-self._n // _LANES))]
+        lane = [_NEW if k < self._arrival_lane else _NONE for k in range(1 << _LANE_BITS)]
+        self._two_lanes = [
+            (lane[k & _LANE_MASK], lane[k >> _LANE_BITS]) for k in range(1 << 2 * _LANE_BITS)
         ]
         # The draws of every tick, as one block: the worlds of an episode share its decoding.
         self._shocks = Block(
             [(_UPSTREAM, "capacity"), (_UPSTREAM, "serve")]
-            + [(group, "work") for group, _ in self._groups],
+            + [(group, "work") for group in range(len(self._lanes))],
             self._tick_shocks,
         )
         self._capacity = float(p["capacity"])
@@ -264,30 +267,34 @@ class RetryCascade(Workload):
             cap = self._capacity * (
                 1.0 - self._noise * (u_cap - self._dip_prob) / (1.0 - self._dip_prob)
             )
-        # Arrivals: one draw per group of eight agents, split into 6-bit lanes. Alongside,
-        # the serving step of ``step`` for a fleet whose only calls are this new work and
+        # Arrivals: one draw per group of eight agents, split into 6-bit lanes (read two
+        # lanes at a time from a table).
+        fresh: tuple[tuple[int, ...], ...] = ()
+        two = self._two_lanes
+        for lanes, u_work in zip(self._lanes, values[2:], strict=True):
+            word = int(u_work * _WORD)
+            group: tuple[tuple[int, ...], ...] = (
+                two[word & 0xFFF]
+                + two[word >> 12 & 0xFFF]
+                + two[word >> 24 & 0xFFF]
+                + two[word >> 36 & 0xFFF]
+            )
+            fresh += group[:lanes]
+        # The serving step of ``step`` for a fleet whose only calls are this new work and
         # whose upstream copes (the share served is then ``1 - error_rate``).
-        fresh: list[tuple[int, ...]] = []
         unserved: list[_Failed] = []
-        threshold = self._arrival_lane
         healthy = self._healthy
         cumulative = u_serve
         below = 0
-        for (_, lanes), u_work in zip(self._groups, values[2:], strict=True):
-            word = int(u_work * _WORD)
-            for _ in range(lanes):
-                if (word & _LANE_MASK) < threshold:
-                    cumulative += 1 * healthy
-                    upto = int(cumulative)
-                    if upto == below:
-                        unserved.append((len(fresh), _NEW, 0))
-                    below = upto
-                    fresh.append(_NEW)
-                else:
-                    fresh.append(_NONE)
-                word >>= _LANE_BITS
+        for i, calls in enumerate(fresh):
+            if calls:
+                cumulative += 1 * healthy
+                upto = int(cumulative)
+                if upto == below:
+                    unserved.append((i, _NEW, 0))
+                below = upto
         arrived = len(fresh) - fresh.count(_NONE)
-        return u_serve, cap, tuple(fresh), arrived, tuple(unserved)
+        return u_serve, cap, fresh, arrived, tuple(unserved)
 
     def step(self, state: State, shocks: Shocks) -> None:
         # The hot loop of every world: written for CPython (locals, no generator
@@ -359,8 +366,8 @@ class RetryCascade(Workload):
                         if demand[j]:
                             limits[j] = 1
                             break
-                else:
-                    limits = [bc["pace"]] * n
+                elif offered > bc["pace"] and max(map(len, demand)) > bc["pace"]:
+                    limits = [bc["pace"]] * n  # (a pace nobody exceeds holds nothing back)
             if limits is not None and offered:
                 queue_cap: int = state["queue_cap"]
                 for i in range(n):
