@@ -426,3 +426,37 @@ def test_kept_checkpoint_states_change_no_result(
                     did,
                     fp,
                 )
+
+
+def test_a_block_is_its_coordinates_drawn_one_by_one_and_decoded_once_per_episode() -> None:
+    from experiments.runtime.crn import Block, EpisodeDraws
+
+    decoded: list[tuple[float, ...]] = []
+
+    def decode(values: tuple[float, ...]) -> tuple[float, ...]:
+        decoded.append(values)
+        return values
+
+    block = Block([(-1, "cap"), (0, "work"), (1, "work")], decode)
+    draws = EpisodeDraws(5, 6)
+    worlds = [Shocks(5, 6, draws=draws) for _ in range(3)]
+    plain = Shocks(5, 6)
+    for t in range(20):
+        expected = tuple(uniform(5, 6, e, t, s) for e, s in block.pairs)
+        for shocks in worlds:
+            assert shocks.exogenous_block(block, t) == expected
+        for entity, stream in block.pairs:
+            plain.exogenous(entity, t, stream)
+    assert len(decoded) == 20  # once per tick for the episode, not once per world
+    # The same fingerprint as drawing the coordinates one by one, and a coordinate drawn
+    # both ways (or a block drawn twice) counts once.
+    mixed = Shocks(5, 6, draws=draws)
+    for t in range(20):
+        mixed.exogenous(0, t, "work")
+        mixed.exogenous_block(block, t)
+        mixed.exogenous_block(block, t)
+    assert {s.fingerprint() for s in (*worlds, mixed)} == {plain.fingerprint()}
+    short = Shocks(5, 6, draws=draws)
+    for t in range(19):
+        short.exogenous_block(block, t)
+    assert short.fingerprint() != plain.fingerprint()

@@ -213,7 +213,7 @@ def test_restart_loses_queued_retries_and_holds_traffic() -> None:
     before = state["dropped"]
     wl.intervene(state, "restart", {"downtime": 3}, Shocks(0, episode))
     assert state["dropped"] == before + cp["features"]["queue_depth"]
-    assert all(q == [] for q in state["queues"])
+    assert state["retries"] == [] and state["depth"] == [0] * wl.params["agents"]
     served = state["served"]
     shocks = Shocks(0, episode)
     for _ in range(3):
@@ -234,11 +234,12 @@ def test_outcome_is_the_slo_on_lost_requests() -> None:
     wl = RetryCascade()
     state = json.loads(run_prefix(wl, 0, 0)["state"])
     state["dropped"] = wl.params["slo_lost"] - 1
-    state["queues"] = [[] for _ in state["queues"]]
-    state["queues"][0] = [[state["tick"] + 5, 1]]
+    state["retries"] = [[], [], [], [], [[0, 1]]]  # agent 0's call, due in 5 ticks
+    state["depth"] = [1] + [0] * (wl.params["agents"] - 1)
     assert wl.lost(state) == wl.params["slo_lost"]
     assert wl.outcome(state)
-    state["queues"][1] = [[state["tick"] + 5, 2]]
+    state["retries"][4].append([1, 2])
+    state["depth"][1] = 1
     assert not wl.outcome(state)
 
 
