@@ -21,6 +21,8 @@ _T = TypeVar("_T")
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
+    """The settings from the command's flags and the environment; a bad one is bad input
+    (exit 2, like a bad spec or flag), not a failure of the command."""
     flags = {
         name: getattr(args, name, None)
         for name in ("address", "namespace", "task_queue", "home", "ui_port")
@@ -28,7 +30,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     try:
         return Settings.load(flags)
     except ConfigError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(str(exc), code=2) from None
 
 
 def add_connection_flags(p: argparse.ArgumentParser, ui: bool = False) -> None:
