@@ -181,7 +181,7 @@ def _start(workload: Workload, seed: int, episodes: Sequence[int]) -> Cols:
     return {k: np.array(_column(v, n, "biuf", "batch_initial")) for k, v in found.items()}
 
 
-def _checked(workload: Workload, cols: Cols, n: int, method: str) -> Cols:
+def _checked(cols: Cols, n: int, method: str) -> Cols:
     """The workload's columns after ``method``: still fields of ``n`` numbers each."""
     if not isinstance(cols, dict) or not all(isinstance(k, str) for k in cols):
         raise _Unsure(f"{method}() left something other than a dict of fields")
@@ -248,7 +248,7 @@ def _run(
     resolved = cursor(cols)
     if not np.array_equal(resolved, requested):
         raise _Unsure("an episode ended or jumped past its boundary")
-    cols = _checked(workload, cols, n, "batch_step")
+    cols = _checked(cols, n, "batch_step")
 
     # Per distinct boundary state: the checkpoint text, its sha256, the read-back check
     # and the features (functions of the state alone), as the scalar runner keeps them.
@@ -348,7 +348,7 @@ def _spot_check(
     own functions — what a sandbox runs — and compare every column."""
     n = len(episodes)
     picks = sorted({round(i * (n - 1) / max(1, SPOT_EPISODES - 1)) for i in range(SPOT_EPISODES)})
-    for i in picks[:n]:
+    for i in picks:
         episode = episodes[i]
         cp = run_prefix(workload, seed, episode)
         expected: list[tuple[str, Any, Any]] = [
