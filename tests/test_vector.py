@@ -134,7 +134,9 @@ class RareSlip(CounterRecovery):
 
     def batch_initial(self, episode_seeds: Sequence[int]) -> Mapping[str, Any]:
         cols = dict(super().batch_initial(episode_seeds))
-        cols["budget"] = [b + (s % 997 == 0) for b, s in zip(cols["budget"], episode_seeds)]
+        cols["budget"] = [
+            b + (s % 997 == 0) for b, s in zip(cols["budget"], episode_seeds, strict=True)
+        ]
         return cols
 
 
