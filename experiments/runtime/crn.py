@@ -65,7 +65,7 @@ class EpisodeDraws:
     change a value; it only spares each world hashing the same coordinates again.
     """
 
-    __slots__ = ("_prefix", "agent", "blocks", "episode", "exogenous", "seed")
+    __slots__ = ("_prefix", "agent", "blocks", "episode", "exogenous", "runs", "seed")
 
     def __init__(self, seed: int, episode: int) -> None:
         self.seed = seed
@@ -74,6 +74,8 @@ class EpisodeDraws:
         self.agent: dict[tuple[int, int, str], float] = {}
         # (block, tick) -> (the block's words by coordinate, what its decode returned)
         self.blocks: dict[tuple[Block[Any], int], tuple[dict[Coordinate, int], Any]] = {}
+        # (block, start, stop) -> (the words of those ticks, what decode returned for each)
+        self.runs: dict[tuple[Block[Any], int, int], tuple[dict[Coordinate, int], Any]] = {}
         self._prefix: Any = None  # BLAKE2b state after "seed|episode|", made on first use
 
     def word(self, entity: int, tick: int, stream: str) -> int:
@@ -165,18 +167,28 @@ class Shocks:
             self._seen[coord] = word
         return (word >> 11) * _SCALE
 
-    def exogenous_block(self, block: Block[T], tick: int) -> T:
-        """Draw every coordinate of ``block`` at ``tick`` (exactly as ``exogenous`` would,
-        one by one) and return its ``decode`` of their values."""
+    def exogenous_blocks(self, block: Block[T], start: int, stop: int) -> tuple[T, ...]:
+        """Draw every coordinate of ``block`` at each tick of ``start..stop-1`` (exactly
+        as ``exogenous`` would, one by one) and return its ``decode`` of each tick's
+        values. The worlds of an episode that ask for the same ticks share the result."""
         table = self._draws
         if table is None:
             table = self.draws
-        entry = table.blocks.get((block, tick))
-        if entry is None:
-            entry = table.block(block, tick)
-        self._seen.update(entry[0])
-        decoded: T = entry[1]
-        return decoded
+        key = (block, start, stop)
+        run = table.runs.get(key)
+        if run is None:
+            words: dict[Coordinate, int] = {}
+            decoded: list[T] = []
+            for tick in range(start, stop):
+                entry = table.blocks.get((block, tick))
+                if entry is None:
+                    entry = table.block(block, tick)
+                words.update(entry[0])
+                decoded.append(entry[1])
+            run = table.runs[key] = (words, tuple(decoded))
+        self._seen.update(run[0])
+        ticks: tuple[T, ...] = run[1]
+        return ticks
 
     def agent(self, entity: int, tick: int, stream: str) -> float:
         self._agent_drawn = True

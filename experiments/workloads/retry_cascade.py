@@ -41,6 +41,7 @@ _LANE_BITS = 6
 _LANE_MASK = (1 << _LANE_BITS) - 1
 _LANES = 8  # 8 lanes x 6 bits fit in the 53 bits of one uniform draw
 _WORD = float(1 << 53)
+_BROADCAST = ("pace", "trip", "cooldown")
 _NEW: tuple[int, ...] = (0,)  # an agent's calls when new work is all it sends
 _NONE: tuple[int, ...] = ()
 #: A tick's shocks, decoded: serve offset, capacity unless in the outage, each agent's
@@ -297,161 +298,176 @@ class RetryCascade(Workload):
         return u_serve, cap, fresh, arrived, tuple(unserved)
 
     def step(self, state: State, shocks: Shocks) -> None:
-        # The hot loop of every world: written for CPython (locals, no generator
-        # expressions, the tick's shocks decoded once per episode for all worlds, the
-        # retry queues kept by due tick, a short cut for a tick in which no retry is due);
-        # the model is docs/retry-cascade.md.
-        t: int = state["tick"]
-        if t >= self._horizon:
+        """Run the ticks up to the boundary (in the prefix) or the horizon (in a world),
+        one by one: a tick is docs/retry-cascade.md, *One tick*. Between two ticks
+        nothing but ``step`` reads or changes the state, so one call runs them all."""
+        # The hot loop of every world, written for CPython: the state's fields in locals
+        # for the run, the ticks' shocks decoded once per episode for all worlds, the
+        # retry queues kept by due tick, a short cut for a tick in which no retry is due.
+        start: int = state["tick"]
+        onset: int = state["onset"]
+        stop = onset if start < onset else self._horizon
+        if start >= stop:
             return
         # Exogenous shocks first: every tick and every agent, whatever the fleet does.
-        u_serve, cap, fresh, arrived, unserved = shocks.exogenous_block(self._shocks, t)
-        if state["onset"] <= t < state["outage_end"]:
-            cap = self._outage_cap
+        ticks = shocks.exogenous_blocks(self._shocks, start, stop)
+        outage_end: int = state["outage_end"]
+        outage_cap = self._outage_cap
         # The retry queues: ``retries[k]`` holds the calls due at tick t + k, each one
         # [agent, attempts so far], in the order they were queued; ``depth[i]`` counts
         # agent i's queued calls.
         retries: list[list[list[int]]] = state["retries"]
         depth: list[int] = state["depth"]
-        due = retries.pop(0) if retries else None
+        n = self._n
+        healthy = self._healthy
+        thrash = self._thrash
+        backoff = self._backoff
+        max_attempts = self._max_attempts
+        streams = self._jitter_streams
+        cost = 1.0 + state["latency"]
+        queue_cap: int = state["queue_cap"]
+        down_until: int = state["down_until"]
+        jitter = state["jitter"]
+        spread = 0.0 if jitter is None else jitter["spread"]
         bc = state["broadcast"]
-        dropped = 0
+        pace, trip, cooldown = (0, 0.0, 0) if bc is None else (bc[k] for k in _BROADCAST)
+        circuit_until: int = state["circuit_until"]
+        last_failure: int = state["last_failure"]
+        all_served = all_failed = all_dropped = 0
         failed: Sequence[_Failed]  # (agent, its calls, how many of them were served)
+        t = start
+        for u_serve, cap, fresh, arrived, unserved in ticks:
+            if onset <= t < outage_end:
+                cap = outage_cap
+            due = retries.pop(0) if retries else None
+            if (
+                not due
+                and arrived * cost <= cap
+                and t >= down_until
+                and (bc is None or t >= circuit_until)
+            ):
+                # No retry due and the upstream copes: each call is new work, nothing
+                # holds it back (a pace is at least one call), and which calls fail is the
+                # same in every world, so it was worked out with the tick's shocks.
+                offered = arrived
+                failures = len(unserved)
+                all_served += arrived - failures
+                failed = unserved
+            else:
+                # What each agent would send now: its due retries (oldest first), then
+                # new work. A call is its attempt count so far (``fresh``: never changed).
+                demand: list[Sequence[int]] = list(fresh)
+                calls: Sequence[int]
+                offered = arrived
+                if due:
+                    offered += len(due)
+                    retrying: dict[int, list[int]] = {}
+                    for i, attempts in due:
+                        mine = retrying.get(i)
+                        if mine is None:
+                            retrying[i] = [attempts]
+                        else:
+                            mine.append(attempts)
+                        depth[i] -= 1
+                    for i, mine in retrying.items():
+                        if fresh[i]:
+                            mine.append(0)
+                        demand[i] = mine
 
-        if (
-            not due
-            and arrived * (1.0 + state["latency"]) <= cap
-            and t >= state["down_until"]
-            and (bc is None or t >= state["circuit_until"])
-        ):
-            # No retry due and the upstream copes: each call is new work, nothing holds
-            # it back (a pace is at least one call), and which calls fail is the same in
-            # every world, so it was worked out with the tick's shocks.
-            offered = arrived
-            failures = len(unserved)
-            served = arrived - failures
-            failed = unserved
-        else:
-            n = self._n
-            # What each agent would send now: its due retries (oldest first), then new
-            # work. A call is its attempt count so far (``fresh``: tuples, never changed).
-            demand: list[Sequence[int]] = list(fresh)
-            calls: Sequence[int]
-            offered = arrived
-            if due:
-                offered += len(due)
-                retrying: dict[int, list[int]] = {}
-                for i, attempts in due:
-                    mine = retrying.get(i)
-                    if mine is None:
-                        retrying[i] = [attempts]
-                    else:
-                        mine.append(attempts)
-                    depth[i] -= 1
-                for i, mine in retrying.items():
-                    if fresh[i]:
-                        mine.append(0)
-                    demand[i] = mine
-
-            # Who may send: everyone, unless restarting or held back by the shared circuit.
-            limits: list[int] | None = None
-            if t < state["down_until"]:
-                limits = [0] * n
-            elif bc is not None:
-                if t < state["circuit_until"]:
-                    # Open circuit: one agent with work (round robin) probes the upstream.
+                # Who may send: everyone, unless restarting or held back by the circuit.
+                limits: list[int] | None = None
+                if t < down_until:
                     limits = [0] * n
-                    for k in range(n):
-                        j = (t + k) % n
-                        if demand[j]:
-                            limits[j] = 1
-                            break
-                elif offered > bc["pace"] and max(map(len, demand)) > bc["pace"]:
-                    limits = [bc["pace"]] * n  # (a pace nobody exceeds holds nothing back)
-            if limits is not None and offered:
-                queue_cap: int = state["queue_cap"]
-                for i in range(n):
-                    calls = demand[i]
-                    limit = limits[i]
-                    if len(calls) > limit:
-                        for attempts in calls[limit:]:
-                            if depth[i] < queue_cap:  # held: due next tick, no attempt used
-                                if not retries:
-                                    retries.append([])
-                                retries[0].append([i, attempts])
-                                depth[i] += 1
-                            else:
-                                dropped += 1
-                        demand[i] = calls[:limit]
-                        offered -= len(calls) - limit
+                elif bc is not None:
+                    if t < circuit_until:
+                        # Open circuit: one agent with work (round robin) probes.
+                        limits = [0] * n
+                        for k in range(n):
+                            j = (t + k) % n
+                            if demand[j]:
+                                limits[j] = 1
+                                break
+                    elif offered > pace and max(map(len, demand)) > pace:
+                        limits = [pace] * n  # (a pace nobody exceeds holds nothing back)
+                if limits is not None and offered:
+                    for i in range(n):
+                        calls = demand[i]
+                        limit = limits[i]
+                        if len(calls) > limit:
+                            for attempts in calls[limit:]:
+                                if depth[i] < queue_cap:  # held: due next tick, same attempts
+                                    if not retries:
+                                        retries.append([])
+                                    retries[0].append([i, attempts])
+                                    depth[i] += 1
+                                else:
+                                    all_dropped += 1
+                            demand[i] = calls[:limit]
+                            offered -= len(calls) - limit
 
-            ratio = self._healthy  # background errors: a small share of calls fails anyway
-            if offered:
-                load = offered * (1.0 + state["latency"])
-                if load > cap:
-                    # Thrashing: every unit of excess load costs the upstream goodput.
-                    ratio *= max(0.0, cap - self._thrash * (load - cap)) / load
+                ratio = healthy  # background errors: a small share of calls fails anyway
+                if offered:
+                    load = offered * cost
+                    if load > cap:
+                        # Thrashing: every unit of excess load costs the upstream goodput.
+                        ratio *= max(0.0, cap - thrash * (load - cap)) / load
 
-            failures = 0
-            served = 0
-            failed = []
-            # Systematic rounding: agent i is served floor(C_i + u) - floor(C_{i-1} + u)
-            # calls, where C_i is the running sum of the fair shares, len(calls) * ratio.
-            cumulative = u_serve
-            below = 0
-            for i, calls in enumerate(demand):
-                if not calls:
-                    continue
-                sent = len(calls)
-                cumulative += sent * ratio
-                upto = int(cumulative)
-                ok = upto - below
-                below = upto
-                if ok >= sent:
-                    served += sent
-                    continue
-                served += ok
-                failures += sent - ok
-                failed.append((i, calls, ok))
-
-        if failures:
-            # Each failed call counts one more attempt and waits its backoff in the
-            # agent's queue, or is dropped (out of attempts, or the queue is full).
-            jitter = state["jitter"]
-            streams = self._jitter_streams
-            backoff = self._backoff
-            max_attempts = self._max_attempts
-            queue_cap = state["queue_cap"]
-            for i, calls, ok in failed:
-                sent = len(calls)
-                if jitter is not None and sent - ok > len(streams):
-                    streams.extend(f"jitter{j}" for j in range(len(streams), sent - ok))
-                for j in range(ok, sent):
-                    made = calls[j] + 1
-                    if made >= max_attempts:
-                        dropped += 1
+                failures = 0
+                failed = []
+                # Systematic rounding: agent i is served floor(C_i + u) - floor(C_{i-1} + u)
+                # calls, where C_i is the running sum of the fair shares, len(calls) * ratio.
+                cumulative = u_serve
+                below = 0
+                for i, calls in enumerate(demand):
+                    if not calls:
                         continue
-                    wait = backoff[made]
-                    if jitter is not None:
-                        # the agent's (j - ok)-th failed call this tick: its own stream
-                        u = shocks.agent(i, t, streams[j - ok])
-                        wait = max(1, round(wait * (1.0 + jitter["spread"] * (u - 0.5))))
-                    if depth[i] < queue_cap:
-                        while len(retries) < wait:
-                            retries.append([])
-                        retries[wait - 1].append([i, made])  # due at t + wait
-                        depth[i] += 1
-                    else:
-                        dropped += 1
-            state["failed_calls"] += failures
-            state["last_failure"] = t
-            # The fleet shares what it sees: a failed probe, or a tick in which at least a
-            # ``trip`` share of the calls failed (more than background noise), opens the
-            # circuit for everyone.
-            if bc is not None and (t < state["circuit_until"] or failures >= bc["trip"] * offered):
-                state["circuit_until"] = t + 1 + bc["cooldown"]
-        if served:
-            state["served"] += served
-        if dropped:
-            state["dropped"] += dropped
-        state["tick"] = t + 1
+                    sent = len(calls)
+                    cumulative += sent * ratio
+                    upto = int(cumulative)
+                    ok = upto - below
+                    below = upto
+                    if ok >= sent:
+                        all_served += sent
+                        continue
+                    all_served += ok
+                    failures += sent - ok
+                    failed.append((i, calls, ok))
+
+            if failures:
+                # Each failed call counts one more attempt and waits its backoff in the
+                # agent's queue, or is dropped (out of attempts, or the queue is full).
+                for i, calls, ok in failed:
+                    sent = len(calls)
+                    if jitter is not None and sent - ok > len(streams):
+                        streams.extend(f"jitter{j}" for j in range(len(streams), sent - ok))
+                    for j in range(ok, sent):
+                        made = calls[j] + 1
+                        if made >= max_attempts:
+                            all_dropped += 1
+                            continue
+                        wait = backoff[made]
+                        if jitter is not None:
+                            # the agent's (j - ok)-th failed call this tick: its own stream
+                            u = shocks.agent(i, t, streams[j - ok])
+                            wait = max(1, round(wait * (1.0 + spread * (u - 0.5))))
+                        if depth[i] < queue_cap:
+                            while len(retries) < wait:
+                                retries.append([])
+                            retries[wait - 1].append([i, made])  # due at t + wait
+                            depth[i] += 1
+                        else:
+                            all_dropped += 1
+                all_failed += failures
+                last_failure = t
+                # The fleet shares what it sees: a failed probe, or a tick in which at
+                # least a ``trip`` share of the calls failed (more than background noise),
+                # opens the circuit for everyone.
+                if bc is not None and (t < circuit_until or failures >= trip * offered):
+                    circuit_until = t + 1 + cooldown
+            t += 1
+        state["tick"] = stop
+        state["served"] += all_served
+        state["failed_calls"] += all_failed
+        state["dropped"] += all_dropped
+        state["last_failure"] = last_failure
+        state["circuit_until"] = circuit_until
