@@ -44,6 +44,7 @@ from activities.sandbox.base import (
     SnapshotCorruptedError,
     SnapshotInfo,
 )
+from activities.sandbox.bytecode import BytecodeCache, mount_points, pycache_folders
 from activities.sandbox.confine import kill_group, run_confined
 from activities.sandbox.jail import (
     SCRATCH_INSIDE,
@@ -151,7 +152,7 @@ class LocalSandboxBackend(SandboxBackend):
 
     name = "local"
 
-    def __init__(self, root: Path, overlay: bool = True) -> None:
+    def __init__(self, root: Path, overlay: bool = True, bytecode: bool = True) -> None:
         self.root = root
         self._snapshots = root / "snapshots"
         self._registry = root / "registry"
@@ -164,6 +165,9 @@ class LocalSandboxBackend(SandboxBackend):
         self.uid = sandbox_uid(str(root.resolve()))
         # Copy-on-write workspaces; ``overlay=False`` forces the copy fallback.
         self.workspaces = Workspaces(root, overlay=overlay, owner=self.uid)
+        # Modules compiled once per snapshot by this process (``bytecode=False``: every
+        # box compiles them from source, as the benchmark shows).
+        self._bytecode = BytecodeCache(root / "bytecode") if bytecode else None
 
     @property
     def dies_with_worker(self) -> bool:
@@ -199,6 +203,7 @@ class LocalSandboxBackend(SandboxBackend):
                     raise SandboxError(
                         "the bundle files changed while the snapshot was being prepared; retry"
                     )
+                mount_points(tmp)
                 _freeze(tmp)
                 try:
                     os.rename(tmp, final)  # atomic; fails if another preparer won the race
@@ -338,10 +343,17 @@ class LocalSandboxBackend(SandboxBackend):
         entry, box = self._live(sandbox_id)
         code = self._snapshot_dir(entry.snapshot_id)  # re-verified before every use
         command = [str(interpreter()), "-S", "-B", *argv[1:]] if argv[0] == "python" else argv
+        mounts = [Mount(code, CODE_INSIDE)]
+        # (without bubblewrap the code is not at CODE_INSIDE, where the bytecode says it is)
+        if self._bytecode is not None and bubblewrap()[0] is not None:
+            digest = entry.snapshot_id.removeprefix(SNAPSHOT_PREFIX)
+            bytecode = self._bytecode.folder(digest, code, CODE_INSIDE)
+            for cache, rel in pycache_folders(bytecode, code):
+                mounts.append(Mount(cache, f"{CODE_INSIDE}/{rel}"))
         try:
             return run_confined(
                 command,
-                mounts=[Mount(code, CODE_INSIDE)],
+                mounts=mounts,
                 scratch=box,
                 env=self._environment(SCRATCH_INSIDE, CODE_INSIDE),
                 fallback_env=self._environment(str(box), str(code)),
