@@ -268,8 +268,11 @@ class LocalSandboxBackend(SandboxBackend):
             return None
         return RegistryEntry.model_validate_json(text)
 
-    def _write(self, entry: RegistryEntry) -> None:
-        atomic_write(self._entry_path(entry.id), entry.model_dump_json().encode())
+    def _write(self, entry: RegistryEntry, durable: bool = True) -> None:
+        """``durable=False`` for what only a running worker needs (the pid of the command
+        running now, the mark of a deletion under way): after the machine went down no
+        command runs, and a sandbox's folder is listed with or without its entry."""
+        atomic_write(self._entry_path(entry.id), entry.model_dump_json().encode(), durable)
 
     def _live(self, sandbox_id: str) -> tuple[RegistryEntry, Path]:
         """The entry and folder of a sandbox that exists and is not being deleted."""
@@ -312,7 +315,7 @@ class LocalSandboxBackend(SandboxBackend):
     def upload(self, sandbox_id: str, relpath: str, data: bytes) -> None:
         entry, box = self._live(sandbox_id)
         path = self._inside(box, relpath)
-        atomic_write(path, data)
+        atomic_write(path, data, durable=False)  # a sandbox does not outlive its machine
         if entry.uid is not None:  # the sandbox's own uid may read, replace and remove it
             for made in [path, *path.relative_to(box.resolve()).parents]:
                 target = made if made.is_absolute() else box.resolve() / made
@@ -384,7 +387,8 @@ class LocalSandboxBackend(SandboxBackend):
         with self._locked():
             entry = self._read(sandbox_id)
             if entry is not None and not entry.deleting:
-                self._write(entry.model_copy(update={"pid": pid, "pid_start": _process_start(pid)}))
+                update = {"pid": pid, "pid_start": _process_start(pid)}
+                self._write(entry.model_copy(update=update), durable=False)
                 return
         kill_group(pid)
 
@@ -392,7 +396,7 @@ class LocalSandboxBackend(SandboxBackend):
         with self._locked():
             entry = self._read(sandbox_id)
             if entry is not None and entry.pid == pid and not entry.deleting:
-                self._write(entry.model_copy(update={"pid": None, "pid_start": None}))
+                self._write(entry.model_copy(update={"pid": None, "pid_start": None}), False)
 
     def delete(self, sandbox_id: str) -> None:
         path = self._entry_path(sandbox_id)
@@ -403,7 +407,7 @@ class LocalSandboxBackend(SandboxBackend):
                 entry = None  # unreadable: nothing to kill, but still removed below
             if entry is not None:
                 entry = entry.model_copy(update={"deleting": True})
-                self._write(entry)
+                self._write(entry, durable=False)
         if entry is not None:
             _stop(entry)
         try:
