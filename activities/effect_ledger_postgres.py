@@ -24,7 +24,7 @@ from activities.effect_ledger import (
     entry_of,
     result_json,
 )
-from activities.postgres import Conn, Migration, PostgresDatabase
+from activities.postgres import Conn, Migration, PostgresDatabase, PostgresTables
 from experiments.runfork.effects import (
     ClaimOutcome,
     EntryState,
@@ -85,22 +85,15 @@ def _event(conn: Conn, root: str, key: str, event: str, holder: str, epoch: int)
 
 class PostgresEffectLedger:
     def __init__(self, db: PostgresDatabase) -> None:
-        self.db = db
-        self._ready = False
+        self._tables = PostgresTables(db, COMPONENT, MIGRATIONS)
 
     @property
     def location(self) -> str:
-        return self.db.location
-
-    def _prepare(self) -> None:
-        if not self._ready:
-            self.db.migrate(COMPONENT, MIGRATIONS)
-            self._ready = True
+        return self._tables.location
 
     def claim(
         self, root: str, key: str, tool: str, request_sha: str, holder: str, epoch: int
     ) -> Claim:
-        self._prepare()
         token = uuid.uuid4().hex
 
         def work(conn: Conn) -> Claim:
@@ -129,10 +122,9 @@ class PostgresEffectLedger:
             )
             return Claim(outcome=outcome, claim_token=token, entry=entry)
 
-        return self.db.run(work)
+        return self._tables.run(work)
 
     def complete(self, root: str, key: str, claim_token: str, result: dict[str, Any]) -> bool:
-        self._prepare()
         text = result_json(result)
 
         def work(conn: Conn) -> bool:
@@ -161,17 +153,15 @@ class PostgresEffectLedger:
                 )
             return ok
 
-        return self.db.run(work)
+        return self._tables.run(work)
 
     def entries(self, root: str) -> list[LedgerEntry]:
-        self._prepare()
         sql = f"SELECT {ENTRY_COLUMNS} FROM effects WHERE lineage_root=%s ORDER BY key_name"
-        rows = self.db.run(lambda conn: conn.execute(sql.encode(), (root,)).fetchall())
+        rows = self._tables.run(lambda conn: conn.execute(sql.encode(), (root,)).fetchall())
         return [e for e in (entry_of(r) for r in rows) if e is not None]
 
     def events(self, root: str) -> list[dict[str, Any]]:
-        self._prepare()
-        rows = self.db.run(
+        rows = self._tables.run(
             lambda conn: conn.execute(
                 "SELECT seq, key_name, event, holder, epoch FROM effect_events"
                 " WHERE lineage_root=%s ORDER BY seq",

@@ -21,7 +21,7 @@ from activities.ledger import (
     upsert_sql,
     worlds_sql,
 )
-from activities.postgres import Conn, Migration, PostgresDatabase
+from activities.postgres import Conn, Migration, PostgresDatabase, PostgresTables
 
 COMPONENT = "ledger"
 EXPERIMENTS = "ledger_experiments"
@@ -80,25 +80,18 @@ def _values(record: BaseModel, columns: tuple[str, ...]) -> list[Any]:
 
 class PostgresLedger:
     def __init__(self, db: PostgresDatabase) -> None:
-        self.db = db
-        self._ready = False
+        self._tables = PostgresTables(db, COMPONENT, MIGRATIONS)
 
     @property
     def location(self) -> str:
-        return self.db.location
-
-    def _prepare(self) -> None:
-        if not self._ready:
-            self.db.migrate(COMPONENT, MIGRATIONS)
-            self._ready = True
+        return self._tables.location
 
     def _write(self, sql: str, values: list[Any]) -> None:
-        self._prepare()
 
         def write(conn: Conn) -> None:
             conn.execute(sql.encode(), values)
 
-        self.db.run(write)
+        self._tables.run(write)
 
     def record_experiment(self, row: ExperimentRecord) -> None:
         sql = upsert_sql(EXPERIMENTS, EXPERIMENT_COLUMNS, EXPERIMENT_KEY, "%s")
@@ -109,18 +102,16 @@ class PostgresLedger:
 
     def experiment(self, experiment_id: str, run_id: str | None = None) -> ExperimentRecord | None:
         """The record of ``run_id``, or by default of the experiment's latest run."""
-        self._prepare()
         sql = latest_experiment_sql(EXPERIMENTS, run_id, "%s").encode()
         args = [experiment_id] if run_id is None else [experiment_id, run_id]
-        row = self.db.run(lambda conn: conn.execute(sql, args).fetchone())
+        row = self._tables.run(lambda conn: conn.execute(sql, args).fetchone())
         if row is None:
             return None
         return ExperimentRecord(**dict(zip(EXPERIMENT_COLUMNS, row, strict=True)))
 
     def worlds(self, experiment_id: str, run_id: str | None = None) -> list[WorldRecord]:
         """The experiment's world rows (of one run when ``run_id`` is given), oldest first."""
-        self._prepare()
         sql = worlds_sql(WORLDS, run_id, "%s").encode()
         args = [experiment_id] if run_id is None else [experiment_id, run_id]
-        rows = self.db.run(lambda conn: conn.execute(sql, args).fetchall())
+        rows = self._tables.run(lambda conn: conn.execute(sql, args).fetchall())
         return [WorldRecord(**dict(zip(WORLD_COLUMNS, r, strict=True))) for r in rows]

@@ -7,6 +7,8 @@ transaction, under an advisory lock (so workers starting together do not race), 
 records them in ``forklab_schema``; a database that is ahead of this ForkLab is refused.
 :meth:`PostgresDatabase.run` runs one unit of work in a transaction and, while the server
 is unreachable, waits and runs it again from the start (so the work must be idempotent).
+A store works through :class:`PostgresTables`, whose units of work first bring its
+component's tables up to date (once per instance).
 
 Connections are opened per unit of work, like the SQLite ledger's: the class holds no
 socket, is thread-safe, and survives a database restart without reconnect logic.
@@ -135,3 +137,30 @@ class PostgresDatabase:
         for migration in migrations[found:]:
             self.run(step(migration))
         return target
+
+
+class PostgresTables:
+    """One component's tables in a database. A store is built before anything reaches the
+    database (a worker starts while PostgreSQL is still down), so the migrations run with
+    its first unit of work, not in the constructor; once they succeeded, later units of
+    work skip the check. Two threads racing through the first call both migrate, which
+    :meth:`PostgresDatabase.migrate` makes harmless."""
+
+    def __init__(
+        self, db: PostgresDatabase, component: str, migrations: Sequence[Migration]
+    ) -> None:
+        self.db = db
+        self.component = component
+        self.migrations = tuple(migrations)
+        self._ready = False
+
+    @property
+    def location(self) -> str:
+        return self.db.location
+
+    def run(self, work: Callable[[Conn], _T]) -> _T:
+        """``work(conn)`` as :meth:`PostgresDatabase.run` runs it, on migrated tables."""
+        if not self._ready:
+            self.db.migrate(self.component, self.migrations)
+            self._ready = True
+        return self.db.run(work)

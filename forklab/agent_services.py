@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from forklab.errors import CliError
-from forklab.ops_common import add_connection_flags, run, settings_from
+from forklab.ops_common import add_connection_flags, run, settings_from, start_cli_worker
 from workers import processes
 from workers.agent_config import AgentSettings
 from workers.config import ConfigError, Settings
 from workers.server import child_env, pidfile, reachable, wait_reachable
 
-SETTLE_SECONDS = 2.0
 START_SECONDS = 20.0
 
 
@@ -54,14 +52,7 @@ def ensure_agent_services(settings: Settings) -> list[str]:
         settings, "effects-service", "workers.effects_service", agent.effects_port, []
     ):
         started.append(f"payments/mail service ({agent.resolved_effects_url})")
-    record = pidfile(settings, "agent-worker")
-    if not processes.running(record):
-        log = settings.logs_dir / "agent-worker.log"
-        argv = [sys.executable, "-m", "forklab.cli", "agent-worker"]
-        processes.start_background(argv, record, log, child_env(settings))
-        time.sleep(SETTLE_SECONDS)
-        if not processes.running(record):
-            raise CliError(f"the agent worker exited right after starting; see {log}")
+    if start_cli_worker(settings, "agent-worker", "the agent worker"):
         started.append(f"agent worker (task queue {agent.agent_task_queue})")
     return started
 

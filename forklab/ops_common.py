@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -12,7 +14,9 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from forklab.errors import CliError
+from workers import processes
 from workers.config import ConfigError, Settings
+from workers.server import child_env, pidfile
 from workers.worker import connect
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import ExperimentResult, StatusView, workflow_id
@@ -21,6 +25,8 @@ _T = TypeVar("_T")
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
+    """The settings from the command's flags and the environment; a bad one is bad input
+    (exit 2, like a bad spec or flag), not a failure of the command."""
     flags = {
         name: getattr(args, name, None)
         for name in ("address", "namespace", "task_queue", "home", "ui_port")
@@ -28,7 +34,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     try:
         return Settings.load(flags)
     except ConfigError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(str(exc), code=2) from None
 
 
 def add_connection_flags(p: argparse.ArgumentParser, ui: bool = False) -> None:
@@ -39,6 +45,26 @@ def add_connection_flags(p: argparse.ArgumentParser, ui: bool = False) -> None:
     g.add_argument("--home", type=Path, help="ForkLab home folder (FORKLAB_HOME, ~/.forklab)")
     if ui:
         g.add_argument("--ui-port", dest="ui_port", type=int, help="Web UI port (8233)")
+
+
+#: How long a background worker must stay alive after starting to count as started.
+SETTLE_SECONDS = 2.0
+
+
+def start_cli_worker(settings: Settings, command: str, what: str) -> bool:
+    """Start ``forklab <command>`` in the background unless its pidfile names a live
+    process; True if started. One that exits at once (a bad setting, no Temporal) is an
+    error pointing at its log, ``<logs>/<command>.log``."""
+    record = pidfile(settings, command)
+    if processes.running(record):
+        return False
+    log = settings.logs_dir / f"{command}.log"
+    argv = [sys.executable, "-m", "forklab.cli", command]
+    processes.start_background(argv, record, log, child_env(settings))
+    time.sleep(SETTLE_SECONDS)
+    if not processes.running(record):
+        raise CliError(f"{what} exited right after starting; see {log}")
+    return True
 
 
 def run(coro_fn: Callable[[], Awaitable[_T]]) -> _T:

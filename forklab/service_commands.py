@@ -6,18 +6,16 @@ import argparse
 import signal
 import subprocess
 import sys
-import time
 from types import FrameType
 
 from activities.sandbox.jail import bubblewrap
 from forklab.agent_services import ensure_agent_services, stop_agent_services
 from forklab.errors import CliError
-from forklab.ops_common import add_connection_flags, run, settings_from
+from forklab.ops_common import add_connection_flags, run, settings_from, start_cli_worker
 from workers import processes
 from workers.config import ConfigError, Settings
 from workers.server import (
     ServerError,
-    child_env,
     pidfile,
     reachable,
     server_argv,
@@ -25,9 +23,6 @@ from workers.server import (
     stop_server,
 )
 from workers.worker import run_worker
-
-#: Seconds a freshly started background worker must stay alive to count as started.
-WORKER_SETTLE_SECONDS = 2.0
 
 
 def ensure_server(settings: Settings) -> bool:
@@ -40,16 +35,7 @@ def ensure_server(settings: Settings) -> bool:
 
 def ensure_worker(settings: Settings) -> bool:
     """Start a background worker unless ``forklab up`` already runs one; True if started."""
-    record = pidfile(settings, "worker")
-    if processes.running(record):
-        return False
-    log = settings.logs_dir / "worker.log"
-    argv = [sys.executable, "-m", "forklab.cli", "worker"]
-    processes.start_background(argv, record, log, child_env(settings))
-    time.sleep(WORKER_SETTLE_SECONDS)
-    if not processes.running(record):
-        raise CliError(f"the ForkLab worker exited right after starting; see {log}")
-    return True
+    return start_cli_worker(settings, "worker", "the ForkLab worker")
 
 
 def stop_services(settings: Settings, worker: bool = True, server: bool = True) -> list[str]:

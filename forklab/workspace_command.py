@@ -24,7 +24,7 @@ from forklab.agent_lab import AgentLab
 from forklab.agent_services import agent_settings
 from forklab.errors import CliError
 from forklab.ops_common import add_connection_flags, open_client, run, settings_from
-from workers.config import ConfigError, Settings
+from workers.config import Settings
 
 _MIB = 1 << 20
 
@@ -32,10 +32,7 @@ _MIB = 1 << 20
 def cmd_workspace(args: argparse.Namespace) -> int:
     if args.blob_mib < 1:
         raise CliError("--blob-mib: must be at least 1", code=2)
-    try:
-        settings = Settings.load({"home": args.home})
-    except ConfigError as exc:
-        raise CliError(str(exc), code=2) from None
+    settings = settings_from(args)
     out = args.out or settings.home / "workspace-demo" / time.strftime("%Y%m%d-%H%M%S")
     try:
         backend = LocalSandboxBackend(settings.sandboxes_dir, overlay=not args.no_overlay)

@@ -16,6 +16,7 @@ from fake_openai import Answer, FakeOpenAI, fake_openai
 from activities.artifacts import LocalArtifactStore
 from activities.models import AnalysisResult
 from activities.readout import ReadoutActivities, ReadoutConfig
+from experiments.analysis.checks import CheckKind
 from experiments.readout.check import check_readout, world_counts
 from experiments.readout.fallback import deterministic_readout
 from experiments.readout.packet import EvidencePacket, evidence_packet
@@ -81,6 +82,40 @@ def test_deterministic_readout_passes_its_own_check(packet: EvidencePacket) -> N
     readout = deterministic_readout(packet)
     assert check_readout(readout, packet) == []
     assert {f.world for f in readout.findings} == {v.world for v in packet.verdicts}
+
+
+def _with_checks(packet: EvidencePacket, **passed: bool) -> EvidencePacket:
+    checks = [c.model_copy(update={"passed": passed.get(c.name, c.passed)}) for c in packet.checks]
+    valid = all(c.passed for c in checks if c.kind is CheckKind.validity)
+    return packet.model_copy(update={"checks": checks, "valid": valid})
+
+
+def test_deterministic_readout_keeps_validity_apart_from_the_hypothesis(
+    packet: EvidencePacket,
+) -> None:
+    """A failed effect check is a verdict on the hypothesis, not on the experiment: the
+    summary must not read "Valid experiment. 1 of 9 checks failed: effect_direction"."""
+    validity = [c for c in packet.checks if c.kind is CheckKind.validity]
+    assert all(c.passed for c in validity) and packet.valid
+    assert [c.name for c in packet.checks if not c.passed] == ["effect_direction"]
+    summary = deterministic_readout(packet).summary
+    assert f"Valid experiment: all {len(validity)} validity checks passed." in summary
+    assert "Hypothesis not supported: effect_direction failed" in summary
+    assert "checks failed" not in summary
+
+    supported = _with_checks(packet, effect_direction=True)
+    summary = deterministic_readout(supported).summary
+    assert "Hypothesis supported: every world moved as pre-registered." in summary
+
+    invalid = _with_checks(packet, placebo_fidelity=False)
+    summary = deterministic_readout(invalid).summary
+    assert (
+        f"Not a valid experiment: 1 of {len(validity)} validity checks failed "
+        "(placebo_fidelity), so the effects are not evidence." in summary
+    )
+    assert "Hypothesis not judged" in summary and "effect_direction" not in summary
+    for p in (supported, invalid):
+        assert check_readout(deterministic_readout(p), p) == []
 
 
 async def ask(

@@ -104,4 +104,4 @@ async def test_cli_errors_are_one_sentence(
     assert down.returncode == 1 and "cannot reach Temporal at 127.0.0.1:1" in down.stderr
     env["FORKLAB_ADDRESS"] = "nonsense"
     bad = await asyncio.to_thread(forklab, env, "status", "x")
-    assert bad.returncode == 1 and "FORKLAB_ADDRESS" in bad.stderr
+    assert bad.returncode == 2 and "FORKLAB_ADDRESS" in bad.stderr

@@ -407,6 +407,26 @@ def test_layers_gc_through_the_cli(capsys: pytest.CaptureFixture[str], tmp_path:
     assert code == 2 and err == "forklab: error: --min-age: must be 0 or more seconds\n"
 
 
+@pytest.mark.parametrize(
+    "argv", [["layers", "gc"], ["demo", "workspace"], ["status", "x"], ["worker"], ["doctor"]]
+)
+def test_a_bad_setting_exits_2_from_every_command(
+    argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """Bad configuration is bad input: exit 2 and one line, whichever command reads it."""
+    monkeypatch.setenv("FORKLAB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FORKLAB_ADDRESS", "nonsense")
+    code, out, err = run_cli(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert err == (
+        "forklab: error: setting address (FORKLAB_ADDRESS) is 'nonsense'; use host:port\n"
+    )
+    assert not (tmp_path / "home").exists()  # nothing half-done
+
+
 def test_replicates_of_a_world_with_files_each_get_their_own_folder(tmp_path: Path) -> None:
     """With forks > 1, every replicate but the last works in a copy of the episode's
     folder (a deterministic workload votes as one); without ``own`` the folder the prefix

@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Iterable
 
+from experiments.analysis.checks import CheckKind
 from experiments.readout.packet import EvidencePacket
 from experiments.readout.schema import ModelReadout
 
@@ -49,7 +50,8 @@ def _packet_strings(packet: EvidencePacket) -> list[str]:
 
 def packet_numbers(packet: EvidencePacket) -> list[float]:
     """Every number the packet states, plus the counts a reader derives at a glance
-    (how many worlds, checks passed and failed, worlds per verdict)."""
+    (how many worlds, checks passed and failed in all and of each kind, worlds per
+    verdict)."""
     found: list[float] = []
 
     def walk(value: object) -> None:
@@ -67,13 +69,10 @@ def packet_numbers(packet: EvidencePacket) -> list[float]:
                 walk(v)
 
     walk(packet.model_dump(mode="json"))
-    found += [
-        len(packet.worlds),
-        len(packet.comparisons),
-        len(packet.checks),
-        sum(c.passed for c in packet.checks),
-        sum(not c.passed for c in packet.checks),
-    ]
+    found += [len(packet.worlds), len(packet.comparisons)]
+    for kind in (None, *CheckKind):
+        checks = [c for c in packet.checks if kind is None or c.kind is kind]
+        found += [len(checks), sum(c.passed for c in checks), sum(not c.passed for c in checks)]
     found += [sum(v.verdict == word for v in packet.verdicts) for word in _VERDICT_WORDS]
     found += [w.episodes - w.failures for w in packet.worlds]
     return found

@@ -3,12 +3,38 @@ so it passes ``check_readout`` by construction (a test holds it to that)."""
 
 from __future__ import annotations
 
+from experiments.analysis.checks import CheckKind
 from experiments.readout.packet import EvidencePacket
 from experiments.readout.schema import Finding, ModelReadout, ReadoutVerdict
 
 
 def _pct(rate: float) -> str:
     return f"{rate * 100:.1f}%"
+
+
+def _validity(packet: EvidencePacket) -> list[str]:
+    """Can the experiment be trusted: its validity checks, and nothing else."""
+    checks = [c for c in packet.checks if c.kind is CheckKind.validity]
+    failed = [c.name for c in checks if not c.passed]
+    if not failed:
+        return [f"Valid experiment: all {len(checks)} validity checks passed."]
+    return [
+        f"Not a valid experiment: {len(failed)} of {len(checks)} validity checks failed "
+        f"({', '.join(failed)}), so the effects are not evidence."
+    ]
+
+
+def _hypothesis(packet: EvidencePacket) -> list[str]:
+    """Did the effects go the pre-registered way: the effect checks (each world's verdict is
+    in its finding, so a sentence here never pairs a world with a verdict word)."""
+    if not packet.valid:
+        return ["Hypothesis not judged: the experiment is not valid."]
+    failed = [c.name for c in packet.checks if c.kind is CheckKind.effect and not c.passed]
+    if failed:
+        return [
+            f"Hypothesis not supported: {', '.join(failed)} failed; each world's verdict follows."
+        ]
+    return ["Hypothesis supported: every world moved as pre-registered."]
 
 
 def deterministic_readout(packet: EvidencePacket) -> ModelReadout:
@@ -34,16 +60,8 @@ def deterministic_readout(packet: EvidencePacket) -> ModelReadout:
                 statement=(f"{v.world}: " + "; ".join(parts) + ".") if parts else f"{v.world}.",
             )
         )
-    passed = sum(c.passed for c in packet.checks)
-    failed = [c.name for c in packet.checks if not c.passed]
-    validity = (
-        f"All {passed} checks passed."
-        if not failed
-        else f"{len(failed)} of {len(packet.checks)} checks failed: {', '.join(failed)}."
-    )
-    summary = (
-        f"{len(packet.worlds)} worlds, {packet.episodes} episodes each. "
-        f"{'Valid' if packet.valid else 'Not valid'} experiment. {validity}"
+    summary = f"{len(packet.worlds)} worlds, {packet.episodes} episodes each. " + " ".join(
+        _validity(packet) + _hypothesis(packet)
     )
     caveats = []
     if packet.budget is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from experiments.analysis.checks import CheckKind
 from experiments.report.model import Report
 
 
@@ -45,7 +46,12 @@ class PacketVerdict(_Frozen):
 
 
 class PacketCheck(_Frozen):
+    """``kind`` keeps the two questions apart: a ``validity`` check says whether the
+    experiment can be trusted at all, an ``effect`` check whether the effects went the way
+    the hypothesis said (a failed one refutes nothing about validity)."""
+
     name: str
+    kind: CheckKind
     passed: bool
 
 
@@ -119,7 +125,7 @@ def evidence_packet(report: Report) -> EvidencePacket:
             PacketVerdict(world=v.world, expected=v.expected.value, verdict=v.verdict.value)
             for v in report.verdicts
         ],
-        checks=[PacketCheck(name=c.name, passed=c.passed) for c in report.checks],
+        checks=[PacketCheck(name=c.name, kind=c.kind, passed=c.passed) for c in report.checks],
         guard=None
         if guard is None
         else PacketGuard(
