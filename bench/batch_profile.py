@@ -7,8 +7,10 @@ One chunk of the spec's episodes, every world of it:
 
 - twin share: ``run_batch`` (what ``forklab plan`` runs: each prefix once, then every
   world, one draw table per episode for all worlds) minus the prefixes, per world;
-- the world's own draw table: the same world continued alone (``continue_checkpoints``,
-  what the runner does in a box), hashing the coordinates only it draws;
+- the world alone: the same world continued from the checkpoints (``continue_checkpoints``,
+  what the runner does in a box), with a draw table of its own (it hashes every
+  coordinate it draws, where the twin hashes each once for all worlds) and parsing each
+  checkpoint's state itself;
 - in the box (the box's own CPU, launcher included): its start running ``pass``, the
   runner's imports (with the worker's bytecode, and compiled from source as boxes did
   before it), the runner's rest (reading checkpoints, writing columns);
@@ -115,7 +117,9 @@ class BatchProfile:
             f"one world batch of {self.episodes:,} episodes, CPU time ({self.confinement}; "
             f"mean of {self.worlds} worlds; % of the twin's CPU for the same world-runs):",
             row("twin share (one draw table for all worlds)", self.twin_share),
-            row("+ the world's own draw table", self.own_draws - self.twin_share),
+            row(
+                "+ the world alone (own draw table, state parse)", self.own_draws - self.twin_share
+            ),
             row("box start (launcher + interpreter)", self.box_start),
             row("runner imports (worker's bytecode)", self.imports),
             row("  (runner imports compiled from source)", self.imports_from_source),
@@ -164,7 +168,7 @@ def profile_batch(spec: ExperimentSpec, episodes: int, repeats: int = 3) -> Batc
             loaded = box_cpu(backend, box, imports, repeats)
             # -X beats the environment's PYTHONPYCACHEPREFIX: no bytecode to read
             compiled = box_cpu(plain, box, imports, repeats)
-            whole = box_cpu(backend, box, runner, 1)
+            whole = box_cpu(backend, box, runner, repeats)
             t = time.process_time()
             out = backend.download(box, OUT_FILE)
             backend.delete(box)
