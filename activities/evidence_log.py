@@ -27,7 +27,8 @@ from temporalio import activity
 
 from activities.artifacts import ArtifactStore
 from activities.files import atomic_write
-from activities.models import LedgerInput
+from activities.models import LedgerInput, Progress
+from activities.progress import read_progress
 from experiments.evidence_scores import experiment_scores, world_scores
 from experiments.report.model import Report
 from experiments.runtime.canon import canonical_json
@@ -48,16 +49,38 @@ class EvidenceInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     ledger: LedgerInput
-    checkpoint_digests: list[str] = Field(
-        default_factory=list, description="The prefix checkpoints every world inherited."
+    progress_digest: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="The run's stored progress (``activities.progress``), where the trace "
+        "reads the checkpoints every world inherited and the sandboxes that ran; None when "
+        "no sandbox work was recorded. A digest, not the lists: they grow with the chunks.",
     )
-    prefix_sandbox_ids: list[str] = Field(
-        default_factory=list, description="The sandboxes that made those checkpoints, in order."
-    )
-    sandbox_ids: dict[str, list[str]] = Field(
-        default_factory=dict,
-        description="Per world, the backend's ids of the sandboxes its batches ran in, in "
-        "chunk order (local ``lsb-…``, Daytona's own ids).",
+
+
+class Sandboxes(BaseModel):
+    """The prefix checkpoints every world inherited, the sandboxes that made them (in
+    chunk order) and, per world, the backend's ids of the sandboxes its batches ran in,
+    in chunk order (local ``lsb-…``, Daytona's own ids)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint_digests: list[str] = Field(default_factory=list)
+    prefix_sandbox_ids: list[str] = Field(default_factory=list)
+    sandbox_ids: dict[str, list[str]] = Field(default_factory=dict)
+
+
+def sandboxes(progress: Progress | None) -> Sandboxes:
+    if progress is None:
+        return Sandboxes()
+    worlds: dict[str, list[str]] = {}
+    for batch in progress.batches:  # in chunk order
+        if batch.sandbox_id:
+            worlds.setdefault(batch.world, []).append(batch.sandbox_id)
+    return Sandboxes(
+        checkpoint_digests=[p.checkpoints_digest for p in progress.prefixes],
+        prefix_sandbox_ids=[p.sandbox_id for p in progress.prefixes if p.sandbox_id],
+        sandbox_ids=worlds,
     )
 
 
@@ -97,7 +120,7 @@ class Trace(BaseModel):
     worlds: list[Span]
 
 
-def build_trace(inp: EvidenceInput, report: Report | None) -> Trace:
+def build_trace(inp: EvidenceInput, report: Report | None, ran: Sandboxes) -> Trace:
     led = inp.ledger
     key = f"{led.experiment_id}:{led.run_id}"
     root = Span(
@@ -139,9 +162,9 @@ def build_trace(inp: EvidenceInput, report: Report | None) -> Trace:
                     "snapshot_id": led.snapshot_id,
                     "code_digest": led.code_digest,
                     "outcomes_digest": w.outcomes_digest,
-                    "sandbox_ids": inp.sandbox_ids.get(w.name, []),
-                    "inherited_checkpoint_digests": inp.checkpoint_digests,
-                    "prefix_sandbox_ids": inp.prefix_sandbox_ids,
+                    "sandbox_ids": ran.sandbox_ids.get(w.name, []),
+                    "inherited_checkpoint_digests": ran.checkpoint_digests,
+                    "prefix_sandbox_ids": ran.prefix_sandbox_ids,
                 },
                 metrics={"world_seconds": w.world_seconds},
                 scores=world_scores(report, w.name, checks) if report else {},
@@ -238,7 +261,10 @@ class EvidenceActivities:
         if inp.ledger.report_digest:
             data = await asyncio.to_thread(self._store.get_json, inp.ledger.report_digest)
             report = Report.model_validate(data)
-        trace = build_trace(inp, report)
+        progress = None
+        if inp.progress_digest:
+            progress = await asyncio.to_thread(read_progress, self._store, inp.progress_digest)
+        trace = build_trace(inp, report, sandboxes(progress))
         name = f"{inp.ledger.experiment_id}__{inp.ledger.run_id}.json".replace("/", "_")
         text = canonical_json(json.loads(trace.model_dump_json()))
         await asyncio.to_thread(atomic_write, self._outbox / name, text.encode())

@@ -6,6 +6,7 @@ and appear only as sha256 digests, so workflow history stays a few hundred bytes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from enum import StrEnum
 from typing import Any
 
@@ -98,11 +99,30 @@ class CapacityInput(Model):
 
 
 class CapacityVerdict(Model):
+    """The capacity check's answer. The plan's chunks are described, not listed: the
+    verdict travels in every run's input and in the status query, so it must not grow
+    with the experiment (``chunk`` and ``chunks`` derive them)."""
+
     ok: bool
     reason: str
     estimated_world_seconds: float
-    chunks: list[EpisodeChunk]
+    episodes: int = Field(ge=1)
+    batch_episodes: int = Field(ge=1)
     batches: int
+
+    @property
+    def prefix_chunks(self) -> int:
+        return -(-self.episodes // self.batch_episodes)
+
+    def chunk(self, index: int) -> EpisodeChunk:
+        first = index * self.batch_episodes
+        return EpisodeChunk(
+            index=index, first=first, stop=min(first + self.batch_episodes, self.episodes)
+        )
+
+    def chunks(self, start: int = 0) -> Iterator[EpisodeChunk]:
+        """The chunks from ``start`` on, made one at a time."""
+        return (self.chunk(i) for i in range(start, self.prefix_chunks))
 
 
 class KeyInput(Model):
@@ -217,11 +237,60 @@ class CleanupResult(Model):
 
 # --- records ----------------------------------------------------------------------------
 class Progress(Model):
-    """Everything the analysis needs from the run, stored as one artifact."""
+    """Everything the analysis needs from the run: every prefix result and batch outcome.
+    Assembled activity-side from the stored segments (``activities.progress``); never a
+    Temporal payload, since it grows with the experiment."""
 
     chunks: int
     prefixes: list[PrefixResult]
     batches: list[BatchOutcome]
+
+
+class ProgressSegment(Model):
+    """The records one save added (those since the previous save), stored as an artifact."""
+
+    prefixes: list[PrefixResult]
+    batches: list[BatchOutcome]
+
+
+class SegmentRef(Model):
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    #: The chunk indices of the segment's prefixes, ``[first, stop)``; None if it has none.
+    prefix_span: tuple[int, int] | None = None
+
+
+class ProgressIndex(Model):
+    """The stored progress: its segments, oldest first. Its digest names the whole
+    progress (each segment is named by its own digest in it), and a save appends one
+    segment reference, so the index grows by ~100 bytes per save, not per batch."""
+
+    chunks: int
+    segments: list[SegmentRef]
+
+
+class SaveProgressInput(Model):
+    """The progress stored so far (None: nothing yet) and only the records made since."""
+
+    previous: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    chunks: int
+    prefixes: list[PrefixResult]
+    batches: list[BatchOutcome]
+
+
+class PrefixRef(Model):
+    """What a world batch needs of its chunk's prefix run."""
+
+    index: int
+    checkpoints_digest: str
+    workspace_digest: str | None = None
+
+
+class PrefixRefsInput(Model):
+    """Chunks ``first`` .. ``stop - 1`` of the stored progress ``progress``."""
+
+    progress: str = Field(pattern=r"^[0-9a-f]{64}$")
+    first: int = Field(ge=0)
+    stop: int = Field(ge=0)
 
 
 class AnalyseInput(Model):

@@ -90,7 +90,8 @@ def capacity_verdict(
         ok=not problems,
         reason=reason,
         estimated_world_seconds=round(estimate, 3),
-        chunks=chunks,
+        episodes=spec.episodes,
+        batch_episodes=batch_episodes,
         batches=batches,
     )
 

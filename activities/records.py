@@ -19,9 +19,13 @@ from activities.models import (
     BatchOutcome,
     BatchStatus,
     LedgerInput,
+    PrefixRef,
+    PrefixRefsInput,
     Progress,
+    SaveProgressInput,
     WorldSummary,
 )
+from activities.progress import prefix_refs, read_progress, save_progress
 from activities.sandbox.workload_calls import WorkloadCallError, WorkloadCalls, WorkloadSpecError
 from activities.workload_bundles import WorkloadBundleError, WorkloadBundles
 from experiments.analysis.build import build_report
@@ -69,9 +73,10 @@ def _world_outcomes(
     return WorldOutcomes(**base, **concat_stored(parts), world_seconds=seconds)
 
 
-def assemble_outcomes(inp: AnalyseInput, store: ArtifactStore) -> ExperimentOutcomes:
+def assemble_outcomes(
+    inp: AnalyseInput, store: ArtifactStore, progress: Progress
+) -> ExperimentOutcomes:
     """The durable run as the same ``ExperimentOutcomes`` the local twin produces."""
-    progress = Progress.model_validate(store.get_json(inp.progress_digest))
     prefixes = sorted(progress.prefixes, key=lambda p: p.chunk.index)
     columns: dict[str, list[Any]] = {
         key: [] for key in ("episodes", "requested", "resolved", "checkpoints", "features")
@@ -125,7 +130,8 @@ def analyse_run(
     """The analysis, in the worker's process pool; the guard's held-out episodes (the one
     part that runs workload code) run in a box, from ``files``, which must be the code
     the plan named."""
-    outcomes = assemble_outcomes(inp, store)
+    progress = read_progress(store, inp.progress_digest)
+    outcomes = assemble_outcomes(inp, store, progress)
     held_out = calls.held_out_runner(files, inp.code_digest)
     report = build_report(
         inp.spec,
@@ -136,7 +142,7 @@ def analyse_run(
         workload_bundle=inp.workload_bundle,
     )
     workspace_files = None
-    evidence = workspace_evidence(inp, store)
+    evidence = workspace_evidence(inp, store, progress)
     if evidence is not None:
         section, manifests = evidence
         report = report.model_copy(update={"workspaces": section})
@@ -171,12 +177,11 @@ def analyse_run(
 
 
 def workspace_evidence(
-    inp: AnalyseInput, store: ArtifactStore
+    inp: AnalyseInput, store: ArtifactStore, progress: Progress
 ) -> tuple[WorkspaceSection, dict[str, str]] | None:
     """The workspace section and files of a run whose workload keeps files (None for
     others): each chunk's manifest at the branch, and each world's at the end of every
     chunk; a world that did not complete every chunk is left out (its row says why)."""
-    progress = Progress.model_validate(store.get_json(inp.progress_digest))
     if not any(p.workspace_digest for p in progress.prefixes):
         return None
 
@@ -258,12 +263,15 @@ class RecordActivities:
         self._bundles = bundles
 
     @activity.defn(name="save_progress")
-    async def save_progress(self, progress: Progress) -> str:
-        return await asyncio.to_thread(self._store.put_json, progress.model_dump(mode="json"))
+    async def save_progress(self, inp: SaveProgressInput) -> str:
+        """Append the records made since the last save to the stored progress (see
+        ``activities.progress``); returns the new progress digest."""
+        return await asyncio.to_thread(save_progress, self._store, inp)
 
-    @activity.defn(name="load_progress")
-    async def load_progress(self, digest: str) -> Progress:
-        return Progress.model_validate(await asyncio.to_thread(self._store.get_json, digest))
+    @activity.defn(name="load_prefix_refs")
+    async def load_prefix_refs(self, inp: PrefixRefsInput) -> list[PrefixRef]:
+        """The checkpoints of a window of chunks whose prefixes an earlier run made."""
+        return await asyncio.to_thread(prefix_refs, self._store, inp)
 
     @activity.defn(name="analyse")
     async def analyse(self, inp: AnalyseInput) -> AnalysisResult:

@@ -44,6 +44,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.artifacts import LocalArtifactStore
 from activities.models import AnalyseInput, BatchInput
+from activities.progress import read_progress
 from experiments.spec import ExperimentSpec
 from forklab.specfile import load_spec
 from workers.server import temporal_binary
@@ -376,7 +377,8 @@ async def run_campaign(
                 raise RuntimeError(f"worker {w.name} died ({w.proc.returncode}); see its log")
         runs = await chain_runs(client, wid, view.approval.run_id)
         digest = next((r.progress_digest for r in runs if r.progress_digest), "")
-        progress_bytes = len(LocalArtifactStore(shared / "artifacts").get_bytes(digest))
+        store = LocalArtifactStore(shared / "artifacts")
+        progress_bytes = len(read_progress(store, digest).model_dump_json())  # every record
     finally:
         for w in started:
             w.stop()
@@ -420,7 +422,7 @@ def report(c: Campaign) -> list[str]:
         f"{max(r.history_bytes for r in c.runs) / 1024:,.0f} KiB of history",
         "workflow state: carry "
         + ", ".join(f"{r.carry_bytes:,} B" for r in c.runs[1:])
-        + f" per continued run; progress record {c.progress_bytes / 1024:,.0f} KiB; "
+        + f" per continued run; stored progress {c.progress_bytes / 1024:,.0f} KiB; "
         f"largest event {max(r.largest_event_bytes for r in c.runs) / 1024:,.0f} KiB",
         f"sandboxes: {b.spent_world_seconds:,.0f} world-seconds, "
         f"peak {b.peak_concurrent_sandboxes} at once",

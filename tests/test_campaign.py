@@ -23,7 +23,9 @@ async def test_a_small_campaign_on_two_workers_equals_the_twin(tmp_path: Path) -
     assert c.largest_run_events < limit < HISTORY_GOAL
     assert Stage.running_worlds.value in {r.carry_stage for r in c.runs}
     carries = [r.carry_bytes for r in c.runs[1:]]
-    assert max(carries) - min(carries) < 32, carries
+    # the same size whatever the progress: digits move, and a world's pace appears once
+    # its first batch completed (a few bytes a world), nothing grows with the chunks done
+    assert max(carries) - min(carries) < 64 * len(spec.worlds), carries
     # every world-run was done once, by one of the two worker processes
     pids = {w.proc.pid for w in c.workers}
     done = {pid for r in c.runs for pid in r.world_runs}

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from orchestration_lab import make_spec
 
+from activities.artifacts import ArtifactError, LocalArtifactStore
 from activities.budget import START_ALLOWANCE
 from activities.models import (
     BatchOutcome,
@@ -12,22 +15,21 @@ from activities.models import (
     CapacityVerdict,
     EpisodeChunk,
     PlanSnapshot,
+    PrefixRefsInput,
     PrefixResult,
     Rehearsal,
 )
+from activities.progress import prefix_refs, read_progress, save_progress
 from workflows import views
 from workflows.approval_gate import ApprovalGate
 from workflows.budget_ledger import BudgetLedger
 from workflows.messages import BudgetUse, Plan, Stage, Status
 from workflows.run_state import RunState, Unit
+from workflows.tally import ChunkSet, ProgressTally
 
 
 def state(episodes: int = 24, chunk: int = 12) -> RunState:
     spec = make_spec(episodes=episodes)
-    chunks = [
-        EpisodeChunk(index=i, first=f, stop=min(f + chunk, episodes))
-        for i, f in enumerate(range(0, episodes, chunk))
-    ]
     plan = Plan(
         rehearsal=Rehearsal(
             code_digest="c" * 64,
@@ -43,8 +45,9 @@ def state(episodes: int = 24, chunk: int = 12) -> RunState:
             ok=True,
             reason="fits",
             estimated_world_seconds=10.0,
-            chunks=chunks,
-            batches=len(chunks) * len(spec.worlds),
+            episodes=episodes,
+            batch_episodes=chunk,
+            batches=-(-episodes // chunk) * len(spec.worlds),
         ),
     )
     use = BudgetUse(max_world_seconds=100.0, max_concurrent_sandboxes=2)
@@ -59,6 +62,11 @@ def state(episodes: int = 24, chunk: int = 12) -> RunState:
     )
 
 
+def chunks(s: RunState) -> list[EpisodeChunk]:
+    assert s.plan is not None
+    return list(s.plan.capacity.chunks())
+
+
 def prefix(chunk: EpisodeChunk, isolated: bool = True) -> PrefixResult:
     note = None if isolated else "unshare is not allowed here"
     return PrefixResult(
@@ -69,15 +77,15 @@ def prefix(chunk: EpisodeChunk, isolated: bool = True) -> PrefixResult:
 def test_units_are_chunk_major_and_skip_what_is_done() -> None:
     s = state()
     assert [u.key for u in s.prefix_units()] == ["prefix#0", "prefix#1"]
-    s.record_prefix(prefix(s.chunks()[0]))
+    s.record_prefix(prefix(chunks(s)[0]))
     assert [u.key for u in s.prefix_units()] == ["prefix#1"]
     assert [u.key for u in s.world_units()][:3] == ["baseline#0", "boost#0", "placebo#0"]
-    assert s.need(Unit(s.chunks()[0])) == s.ledger.need("prefix", 0.01, 12)
+    assert s.need(Unit(chunks(s)[0])) == s.ledger.need("prefix", 0.01, 12)
 
 
 def test_a_world_batch_is_blocked_once_its_world_or_prefix_is_lost() -> None:
     s = state()
-    first, second = s.chunks()
+    first, second = chunks(s)
     assert s.blocked(Unit(first, "boost")) == "its episodes' prefixes did not run"
     s.record_prefix(prefix(first))
     s.record_prefix(prefix(second))
@@ -89,7 +97,7 @@ def test_a_world_batch_is_blocked_once_its_world_or_prefix_is_lost() -> None:
 
 def test_a_skipped_prefix_skips_every_world_of_its_chunk() -> None:
     s = state()
-    s.skip(Unit(s.chunks()[1]), "budget: needs up to 9.0 world-seconds, 1.0 left")
+    s.skip(Unit(chunks(s)[1]), "budget: needs up to 9.0 world-seconds, 1.0 left")
     assert s.ledger.use.skipped_batches == 3
     result = views.result(s, None)
     assert result.skipped == [
@@ -102,7 +110,7 @@ def test_a_skipped_prefix_skips_every_world_of_its_chunk() -> None:
 def test_status_details_and_result_show_the_same_state() -> None:
     s = state()
     s.stage, s.message = Stage.running_worlds, "running world batches"
-    first, second = s.chunks()
+    first, second = chunks(s)
     s.record_prefix(prefix(first))
     s.record_prefix(prefix(second, isolated=False))
     s.ledger.reserve("boost#0", 5.0)
@@ -130,7 +138,7 @@ def test_a_world_whose_rehearsal_caught_a_stall_is_priced_by_paces_seen() -> Non
     rates = {"baseline": 0.0125, "boost": 1.2e-5, "placebo": 1.2e-5}  # baseline: a stall
     s.plan.rehearsal.world_seconds_per_episode = rates
     s.ledger.use.max_world_seconds = 300.0
-    first, second = s.chunks()[:2]
+    first, second = chunks(s)[:2]
     planned = s.need(Unit(first, "baseline"))  # nothing seen yet: as rehearsed
     assert planned == pytest.approx(3.0 * 0.0125 * 6 + START_ALLOWANCE)
 
@@ -149,5 +157,79 @@ def test_a_world_whose_rehearsal_caught_a_stall_is_priced_by_paces_seen() -> Non
     chained = state(episodes=24, chunk=6)  # the next run of a chain: paces from progress
     assert chained.plan is not None
     chained.plan.rehearsal.world_seconds_per_episode = rates
-    chained.restore(s.progress_record())
+    chained.tally = ProgressTally.model_validate_json(s.tally.model_dump_json())  # the carry
     assert chained.paces == s.paces == {"boost": pytest.approx(0.7 / 6), "baseline": 1.5}
+
+
+def test_what_a_run_keeps_of_its_progress_does_not_grow_with_the_chunks() -> None:
+    """10,000,000 episodes × 8 worlds at 1,000 episodes a batch: 10,000 chunks, 80,000
+    batches. The tally a run keeps (and a continued run inherits) holds spans, counts and
+    paces: its size after the whole experiment is that after a tenth of it, give or take
+    the digits of the counts. The records themselves went to the stored progress."""
+    s = state(episodes=10_000_000, chunk=1000)
+    s.spec = s.spec.model_copy(
+        update={"worlds": [s.spec.worlds[0]] * 8}  # eight worlds' worth of records
+    )
+    names = [f"w{i}" for i in range(8)]
+    sizes = []
+    for c in chunks(s):
+        s.record_prefix(prefix(c))
+        for name in names:
+            s.record_batch(
+                BatchOutcome(world=name, chunk=c, status=BatchStatus.completed, seconds=1.0)
+            )
+        if c.index in (999, 9_999):
+            sizes.append(len(s.tally.model_dump_json()))
+        s.saved("a" * 64, s.save_input())  # a save between chunks, as runs make them
+    assert s.tally.prefixes.spans == [(0, 10_000)]
+    assert views.progress(s).batches_completed == 80_000
+    assert sizes[1] - sizes[0] < 64, sizes
+
+
+def test_a_chunk_set_keeps_sorted_spans() -> None:
+    seen = ChunkSet()
+    for i in (3, 1, 2, 7, 0, 5, 6, 6):
+        seen.add(i)
+    assert seen.spans == [(0, 4), (5, 8)]
+    assert [i in seen for i in range(9)] == [True] * 4 + [False] + [True] * 3 + [False]
+    assert seen.count() == 7 and seen.first_missing() == 4
+    seen.add(4)
+    assert seen.spans == [(0, 8)] and seen.first_missing() == 8
+    assert ChunkSet(spans=[(2, 3)]).first_missing() == 0
+
+
+def test_the_stored_progress_merges_saves_and_is_read_back_verified(tmp_path: Path) -> None:
+    """Each save sends only the records since the last one; reading walks the index, and
+    a damaged segment is reported, never read."""
+    store = LocalArtifactStore(tmp_path)
+    s = state(episodes=24, chunk=6)
+    first, second, third, fourth = chunks(s)
+    digests = []
+    for c in (first, second, third, fourth):
+        s.record_prefix(prefix(c).model_copy(update={"checkpoints_digest": f"cp{c.index}"}))
+        s.record_batch(BatchOutcome(world="boost", chunk=c, status=BatchStatus.completed))
+        inp = s.save_input()
+        assert len(inp.prefixes) == len(inp.batches) == 1  # only what is new travels
+        late = BatchOutcome(world="placebo", chunk=c, status=BatchStatus.completed)
+        s.record_batch(late)  # completed while the save ran: kept for the next save
+        s.saved(save_progress(store, inp), inp)
+        assert s.new_batches == [late] and not s.new_prefixes
+        s.new_batches.clear()
+        assert save_progress(store, inp) == s.tally.digest  # a retried save changes nothing
+        digests.append(s.tally.digest)
+    assert s.tally.digest is not None
+    progress = read_progress(store, s.tally.digest)
+    assert [p.chunk.index for p in progress.prefixes] == [0, 1, 2, 3]
+    assert [b.chunk.index for b in progress.batches] == [0, 1, 2, 3]
+    assert progress.chunks == 4
+    refs = prefix_refs(store, PrefixRefsInput(progress=s.tally.digest, first=1, stop=3))
+    assert [(r.index, r.checkpoints_digest) for r in refs] == [(1, "cp1"), (2, "cp2")]
+    index = store.get_json(s.tally.digest)
+    segment = store.path(index["segments"][2]["digest"])
+    segment.write_bytes(segment.read_bytes().replace(b"cp2", b"cpX"))
+    with pytest.raises(ArtifactError, match="corrupt"):
+        read_progress(store, s.tally.digest)
+    with pytest.raises(ArtifactError, match="corrupt"):
+        prefix_refs(store, PrefixRefsInput(progress=s.tally.digest, first=2, stop=3))
+    # chunks whose segments are intact are still read (only overlapping segments are)
+    assert prefix_refs(store, PrefixRefsInput(progress=s.tally.digest, first=0, stop=1))

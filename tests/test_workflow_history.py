@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 from pathlib import Path
@@ -14,6 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+from workflows import run_state
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import ExperimentInput, ExperimentResult, Stage, Status, workflow_id
 
@@ -24,7 +26,9 @@ with workflow.unsafe.imports_passed_through():
     from orchestration_lab import Lab, lab_settings, make_spec, science, start_dev_server
 
     from activities.approval_keys import new_private_key, public_key_hex
+    from activities.progress import read_progress
     from bench.campaign import chain_runs
+    from forklab.rehearsal import rehearse
     from workers.worker import build_worker, workflow_runner  # store clients import urllib3
 
 
@@ -36,6 +40,104 @@ async def eager_env() -> AsyncIterator[WorkflowEnvironment]:
     )
     yield env
     await env.shutdown()
+
+
+#: The payload limit of the small-blob server: Temporal refuses any single payload (an
+#: activity's input or result, a run's input) above it. Its default is 2 MiB; lowered here
+#: so that a payload growing with the number of chunks hits it within a test's size.
+SMALL_BLOB_LIMIT = 12_000
+
+
+@pytest.fixture(scope="module")
+async def small_blob_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A dev server whose payload limit is ``SMALL_BLOB_LIMIT`` bytes."""
+    env = await start_dev_server(
+        "--dynamic-config-value",
+        f"limit.blobSize.error={SMALL_BLOB_LIMIT}",
+        "--dynamic-config-value",
+        f"limit.blobSize.warn={SMALL_BLOB_LIMIT}",
+    )
+    yield env
+    await env.shutdown()
+
+
+async def test_a_long_chain_keeps_every_payload_under_a_fixed_limit(
+    small_blob_env: WorkflowEnvironment, cpu: Executor, tmp_path: Path
+) -> None:
+    """Many small chunks and a low history limit: the run continues as new many times.
+    No payload (progress saved, progress or checkpoints read back, a run's input, the
+    analysis' input, the status query) may grow with the chunks done, or a large
+    experiment fails mid-run when one passes Temporal's limit; the chain still gives the
+    twin's outcomes."""
+    spec = make_spec(episodes=72)
+    lab = Lab(client=small_blob_env.client, settings=lab_settings(small_blob_env, tmp_path))
+    key = new_private_key()
+    async with build_worker(lab.client, lab.settings, cpu):
+        handle = await lab.client.start_workflow(
+            ExperimentWorkflow.run,
+            ExperimentInput(
+                spec=spec,
+                approver_public_key=public_key_hex(key),
+                batch_episodes=2,  # 36 chunks: 36 prefixes and 108 world batches
+                rehearsal_episodes=0,
+                history_events=120,
+                workload_bundle=lab.ship(spec),
+            ),
+            id=workflow_id(spec.id),
+            task_queue=lab.settings.task_queue,
+            result_type=ExperimentResult,
+        )
+        await lab.approve(handle, key)
+        # a payload over the limit fails the workflow task over and over: bound the wait
+        result = await asyncio.wait_for(handle.result(), timeout=240)
+        view = await lab.status(handle)
+    assert result.status is Status.completed, result.error
+    assert result.analysis is not None
+    assert result.analysis.outcomes_digest == rehearse(spec).outcomes_digest
+    assert [w.episodes for w in result.worlds] == [72, 72, 72]
+    assert view.progress.prefixes_done == 36 and view.progress.batches_completed == 108
+    assert len(view.model_dump_json()) < SMALL_BLOB_LIMIT
+    first = handle.first_execution_run_id or handle.result_run_id or ""
+    runs = await chain_runs(lab.client, handle.id, first)
+    assert len(runs) == result.runs >= 5
+    largest = max(r.largest_event_bytes for r in runs)
+    assert largest < SMALL_BLOB_LIMIT
+    # runs that started world batches on earlier runs' prefixes loaded their checkpoints
+    assert any("load_prefix_refs" in r.spans for r in runs)
+    # every run of the chain replays (the tally it inherited, the windows it loaded)
+    replayer = Replayer(
+        workflows=[ExperimentWorkflow],
+        data_converter=pydantic_data_converter,
+        workflow_runner=workflow_runner(),
+    )
+    for r in runs:
+        run = lab.client.get_workflow_handle(handle.id, run_id=r.run_id)
+        await replayer.replay_workflow(await run.fetch_history())
+    assert sum(sum(r.world_runs.values()) for r in runs) == 72 * 3  # each batch ran once
+    # the progress as one payload (what a continued run used to load) would not fit
+    digest = next(r.progress_digest for r in runs if r.progress_digest)
+    whole = len(read_progress(lab.store, digest).model_dump_json())
+    assert whole > SMALL_BLOB_LIMIT
+    print(f"runs {len(runs)}, largest event {largest} B, whole progress {whole} B")
+
+
+async def test_a_run_saves_its_records_mid_run_and_loses_none(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run saves its records every ``SAVE_EVERY`` (lowered here to 4) while batches still
+    run; records that complete during a save are kept for the next one, so the analysis
+    finds every batch and the outcomes are the twin's."""
+    monkeypatch.setattr(run_state, "SAVE_EVERY", 4)  # read by each run as it starts
+    spec = make_spec(episodes=24)
+    handle, key = await lab.start(spec, batch_episodes=2)  # 12 chunks: 48 units
+    await lab.approve(handle, key)
+    result = await handle.result()
+    assert result.status is Status.completed, result.error
+    assert result.runs == 1 and result.analysis is not None
+    assert result.analysis.outcomes_digest == rehearse(spec).outcomes_digest
+    assert [w.episodes for w in result.worlds] == [24, 24, 24]
+    saves = (await lab.activity_types(handle)).count("save_progress")
+    assert saves >= 48 // 4, saves
 
 
 async def test_continue_as_new_gives_the_identical_report(
@@ -139,10 +241,11 @@ async def test_a_run_continued_mid_execution_gives_the_same_outcomes_and_carries
     assert all(r.events < limit for r in runs), [r.events for r in runs]
     # it continued as new in the middle of the work, not only while awaiting approval
     assert {r.carry_stage for r in runs[1:]} >= {Stage.running_worlds.value}
-    # the carry is aggregates and one digest: the same size whatever the progress (a few
-    # bytes move with the digits of the budget's numbers)
+    # the carry is aggregates, spans and one digest: the same size whatever the progress
+    # (bytes move with the digits of the budget's numbers and counts, and a world's pace
+    # appears once its first batch completed)
     carries = [r.carry_bytes for r in runs[1:]]
-    assert max(carries) - min(carries) < 32, carries
+    assert max(carries) - min(carries) < 64 * len(spec.worlds), carries
     # every world batch ran once across the chain
     assert sum(sum(r.world_runs.values()) for r in runs) == 36 * 3
 

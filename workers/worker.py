@@ -125,7 +125,7 @@ def build_activities(
         sandboxes.run_world_batch,
         sandboxes.cleanup_sandboxes,
         records.save_progress,
-        records.load_progress,
+        records.load_prefix_refs,
         records.analyse,
         records.record_ledger,
         readout.write_readout,

@@ -9,8 +9,7 @@ every way out (success, failure, refusal, rejection, expiry, cancellation).
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -36,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         LedgerInput,
         PolicyInput,
         PrefixInput,
+        PrefixRefsInput,
         RehearseInput,
         RunnerJob,
         SnapshotInput,
@@ -62,8 +62,9 @@ with workflow.unsafe.imports_passed_through():
         Status,
         StatusView,
     )
-    from workflows.run_state import RunState, Unit
+    from workflows.run_state import SAVE_EVERY, RunState, Unit
     from workflows.search_attributes import EXPERIMENT, STAGE
+    from workflows.tally import ProgressTally, WorldTally
 
 
 class _Stop(Exception):
@@ -153,6 +154,12 @@ class ExperimentWorkflow:
             runs=carry.runs if carry else 1,
             plan=carry.plan if carry else None,
         )
+        # Every world has its entry from the start: the tally's shape never changes.
+        self._state.tally = (
+            carry.progress
+            if carry
+            else ProgressTally(worlds={w.name: WorldTally() for w in inp.spec.worlds})
+        )
         if carry:  # status answers where the chain is, not "starting"
             self._state.stage, self._state.message = carry.stage, carry.message
         self._tasks: dict[asyncio.Task[None], Unit] = {}
@@ -191,7 +198,6 @@ class ExperimentWorkflow:
             if inp.carry is None:
                 await self._plan_and_approve()
             else:
-                await self._resume(inp.carry)
                 # Whatever the carry says, the decision is read here: a rejection that
                 # arrived while the previous run was continuing as new stops this one.
                 await self._await_approval()
@@ -206,6 +212,7 @@ class ExperimentWorkflow:
         except _Stop as stop:
             state.status = stop.status
             state.error = stop.reason
+            await self._stop_tasks()
         except asyncio.CancelledError:
             await self._cancelled()
             raise
@@ -339,52 +346,78 @@ class ExperimentWorkflow:
             if gate.pending:
                 await self._continue_as_new()
 
-    async def _resume(self, carry: Carry) -> None:
-        progress = await workflow.execute_activity_method(
-            RecordActivities.load_progress,
-            carry.progress_digest,
-            start_to_close_timeout=timeouts.SHORT_TIMEOUT,
-            retry_policy=timeouts.TRANSIENT_RETRY,
-            summary="load the progress carried over by continue-as-new",
-        )
-        self._state.restore(progress)
-
     # --- sandbox work -----------------------------------------------------------------
-    async def _run_units(self, units: list[Unit]) -> None:
+    async def _run_units(self, units: Iterator[Unit]) -> None:
         """Run units with at most ``max_concurrent_sandboxes`` at once, never starting one
         whose reservation exceeds what the budget has left; continue as new when this run's
-        history has no room for another unit (or Temporal suggests it)."""
+        history has no room for another unit (or Temporal suggests it). ``units`` are made
+        one at a time: a run never holds the list of an experiment's units."""
         state, ledger = self._state, self._state.ledger
-        queue = deque(units)
-        while queue or self._tasks:
-            while queue and ledger.has_room():
+        unit = next(units, None)
+        while unit is not None or self._tasks:
+            while unit is not None and ledger.has_room():
                 if not self._history_has_room():
                     break
-                unit = queue[0]
                 blocked = state.blocked(unit)
+                if blocked is None and state.needs_refs(unit):
+                    await self._load_refs(unit)
+                    continue  # the load took history: ask again
                 need = state.need(unit)
                 if blocked is None:
                     blocked = ledger.refusal(need)
                     if blocked is not None and ledger.running:
                         break  # running units may hand back unspent reservation
-                queue.popleft()
                 if blocked is not None:
                     state.skip(unit, blocked)
+                    unit = next(units, None)
                     continue
                 ledger.reserve(unit.key, need)
                 self._tasks[asyncio.create_task(self._run_unit(unit, need))] = unit
                 self._units_started += 1
+                unit = next(units, None)
                 self._show()
             if self._tasks:
                 await workflow.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
                 for task in [t for t in self._tasks if t.done()]:
                     del self._tasks[task]
                     task.result()  # a failed prefix ends the experiment here
+            if state.unsaved >= SAVE_EVERY and self._history_has_room():
+                await self._save_progress()
             self._show()
-            if queue and (
+            if unit is not None and (
                 not self._history_has_room() or workflow.info().is_continue_as_new_suggested()
             ):
                 await self._continue_as_new()
+
+    async def _load_refs(self, unit: Unit) -> None:
+        """Load the prefix checkpoints of ``unit``'s chunk and the next ones, as many as
+        this run can still start batches on (at most ``history.MAX_REFS``): their
+        prefixes ran in an earlier run, and the stored progress has them."""
+        state = self._state
+        assert state.plan is not None and state.tally.digest is not None
+        first = unit.chunk.index
+        stop = min(
+            first
+            + history.refs_window(
+                workflow.info().get_current_history_length(),
+                self._inp.history_events,
+                len(self._spec.worlds),
+            ),
+            state.plan.capacity.prefix_chunks,
+        )
+        refs = await workflow.execute_activity_method(
+            RecordActivities.load_prefix_refs,
+            PrefixRefsInput(progress=state.tally.digest, first=first, stop=stop),
+            start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+            retry_policy=timeouts.TRANSIENT_RETRY,
+            summary=f"load the prefix checkpoints of chunks {first}..{stop - 1}",
+        )
+        state.refs.update((r.index, r) for r in refs)
+        if first not in state.refs:
+            raise _Stop(
+                Status.failed,
+                f"the stored progress {state.tally.digest} has no prefix of chunk {first}",
+            )
 
     def _history_has_room(self) -> bool:
         """Whether this run may start another unit (always, if it has started none)."""
@@ -485,8 +518,8 @@ class ExperimentWorkflow:
                 world=world,
                 snapshot_id=snapshot,
                 chunk=unit.chunk,
-                checkpoints_digest=state.prefixes[unit.chunk.index].checkpoints_digest,
-                workspace_digest=state.prefixes[unit.chunk.index].workspace_digest,
+                checkpoints_digest=state.refs[unit.chunk.index].checkpoints_digest,
+                workspace_digest=state.refs[unit.chunk.index].workspace_digest,
                 reservation_seconds=need,
                 attempt=attempt,
             ),
@@ -509,14 +542,22 @@ class ExperimentWorkflow:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
-    async def _save_progress(self) -> str:
-        return await workflow.execute_activity_method(
-            RecordActivities.save_progress,
-            self._state.progress_record(),
-            start_to_close_timeout=timeouts.SHORT_TIMEOUT,
-            retry_policy=timeouts.TRANSIENT_RETRY,
-            summary="store the run's progress as one artifact",
-        )
+    async def _save_progress(self) -> str | None:
+        """Append the records made since the last save to the stored progress (the
+        activity merges them; only they travel); returns the progress digest, None if
+        nothing was ever recorded."""
+        state = self._state
+        if state.unsaved:
+            records = state.save_input()  # batches may complete while it is being saved
+            digest = await workflow.execute_activity_method(
+                RecordActivities.save_progress,
+                records,
+                start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+                retry_policy=timeouts.TRANSIENT_RETRY,
+                summary=f"store the {state.unsaved} records since the last save with the progress",
+            )
+            state.saved(digest, records)
+        return state.tally.digest
 
     async def _continue_as_new(self) -> None:
         if self._tasks:
@@ -526,7 +567,7 @@ class ExperimentWorkflow:
                 task.result()
         state = self._state
         assert state.plan is not None
-        digest = await self._save_progress()
+        await self._save_progress()
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(
             self._inp.model_copy(
@@ -540,7 +581,7 @@ class ExperimentWorkflow:
                         approval=state.gate.state,
                         budget=state.ledger.use,
                         slowdown=state.ledger.slowdowns,
-                        progress_digest=digest,
+                        progress=state.tally,
                     )
                 }
             )
@@ -566,6 +607,7 @@ class ExperimentWorkflow:
         assert state.plan is not None
         self._enter(Stage.analysing, "pairing worlds and checking validity")
         digest = await self._save_progress()
+        assert digest is not None
         return await workflow.execute_activity_method(
             RecordActivities.analyse,
             AnalyseInput(
@@ -636,20 +678,12 @@ class ExperimentWorkflow:
         """Braintrust, after the local ledger: the activity queues the trace and reports
         whether it was sent; its failure is shown, never the experiment's."""
         state = self._state
-        prefixes = [state.prefixes[i] for i in sorted(state.prefixes)]
-        sandboxes: dict[str, list[str]] = {}
-        for (world, _), batch in sorted(state.batches.items(), key=lambda kv: kv[0][1]):
-            if batch.sandbox_id:
-                sandboxes.setdefault(world, []).append(batch.sandbox_id)
         try:
+            # the trace reads the sandboxes from the stored progress: store the last records
+            digest = await self._save_progress()
             logged = await workflow.execute_activity_method(
                 EvidenceActivities.log_evidence,
-                EvidenceInput(
-                    ledger=ledger,
-                    checkpoint_digests=[p.checkpoints_digest for p in prefixes],
-                    prefix_sandbox_ids=[p.sandbox_id for p in prefixes if p.sandbox_id],
-                    sandbox_ids=sandboxes,
-                ),
+                EvidenceInput(ledger=ledger, progress_digest=digest),
                 start_to_close_timeout=timeouts.EVIDENCE_LOG_TIMEOUT,
                 retry_policy=timeouts.TRANSIENT_RETRY,
                 summary="evidence log: Braintrust root span and one child per world",

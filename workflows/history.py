@@ -19,9 +19,21 @@ EVENTS_PER_UNIT = 6
 #: readout, ledger and evidence log (six activities of at most six events each), the
 #: stages' search attributes and the completion; rounded up.
 CLOSING_EVENTS = 64
+#: The most chunks' prefix checkpoints a run loads at once (``refs_window``): ~150 bytes
+#: each, so one load stays ~150 KiB, far under Temporal's 2 MiB payload limit.
+MAX_REFS = 1024
 
 
 def room_for_unit(events: int, running: int, limit: int) -> bool:
     """Whether a run at ``events`` with ``running`` units in flight can start one more unit
     and still drain and close under ``limit``."""
     return events + EVENTS_PER_UNIT * (running + 1) + CLOSING_EVENTS < limit
+
+
+def refs_window(events: int, limit: int, worlds: int) -> int:
+    """How many chunks' prefix checkpoints a run at ``events`` loads at once: as many as
+    it can still start world batches on (chunk-major, ``worlds`` a chunk) before its
+    history is full, at least one and at most ``MAX_REFS``. So the load's size depends
+    on the history limit, never on the experiment's size."""
+    units = max(limit - events - CLOSING_EVENTS, 0) // EVENTS_PER_UNIT
+    return max(1, min(MAX_REFS, units // max(worlds, 1) + 1))

@@ -16,6 +16,7 @@ from activities.models import (
     WorldSummary,
 )
 from experiments.spec import ExperimentSpec
+from workflows.tally import MAX_SKIPPED_LINES, ProgressTally
 
 #: Workflow type name, as the CLI, the docs and ``temporal workflow start`` spell it.
 WORKFLOW_TYPE = "ForkLabExperiment"
@@ -171,7 +172,9 @@ class Carry(Model):
     approval: ApprovalState
     budget: BudgetUse
     slowdown: dict[str, float]
-    progress_digest: str
+    progress: ProgressTally = Field(
+        description="The progress so far: its stored digest and what decisions need."
+    )
 
 
 class ExperimentInput(Model):
@@ -232,7 +235,9 @@ class ExperimentResult(Model):
     budget: BudgetUse
     cleanup: CleanupResult | None
     analysis: AnalysisResult | None
-    skipped: list[str]
+    skipped: list[str] = Field(
+        description=f"The first {MAX_SKIPPED_LINES} skipped batches, and how many more."
+    )
     network_isolation: str = Field(description="Private network namespace, or why it fell back.")
     runs: int = Field(description="Workflow runs in the continue-as-new chain.")
     evidence_log: str | None = Field(

@@ -1,13 +1,16 @@
 """What one experiment run knows, in a few plain objects, and the rules over its progress.
 
 ``RunState`` is everything the workflow's handlers and views read: the stage, the plan,
-the approval gate, the budget ledger and the work done so far (prefix chunks and world
-batches). The workflow mutates it as activities return; nothing here talks to Temporal,
-so the rules are tested without a server.
+the approval gate, the budget ledger and the work done so far — as a ``ProgressTally``
+(what decisions and views need, of a size that does not grow with the chunks) plus the
+records made since the last save, which go to the artifact store. The workflow mutates
+it as activities return; nothing here talks to Temporal, so the rules are tested without
+a server.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -16,16 +19,21 @@ from activities.models import (
     BatchStatus,
     CleanupResult,
     EpisodeChunk,
+    PrefixRef,
     PrefixResult,
-    Progress,
+    SaveProgressInput,
 )
 from experiments.spec import ExperimentSpec
 from workflows.approval_gate import ApprovalGate, Moment
 from workflows.budget_ledger import BudgetLedger
 from workflows.messages import Plan, Stage, Status
+from workflows.tally import ProgressTally
 
 #: The slowdown key of prefix units in the budget ledger.
 PREFIX = "prefix"
+#: Records a run holds before it saves them mid-run: a record is ~350 bytes, so a save's
+#: input stays ~350 KB whatever the history limit (a run of 40,000 events makes ~6,600).
+SAVE_EVERY = 1000
 
 
 @dataclass(frozen=True)
@@ -58,13 +66,15 @@ class RunState:
     message: str = "starting"
     error: str | None = None
     plan: Plan | None = None
-    prefixes: dict[int, PrefixResult] = field(default_factory=dict)
-    batches: dict[tuple[str, int], BatchOutcome] = field(default_factory=dict)
+    tally: ProgressTally = field(default_factory=ProgressTally)
+    #: Records made since the last save (``unsaved``): at most the units of one run.
+    new_prefixes: list[PrefixResult] = field(default_factory=list)
+    new_batches: list[BatchOutcome] = field(default_factory=list)
+    #: The prefix checkpoints of chunks this run may start world batches on: its own
+    #: prefixes and the windows it loaded of earlier runs' (``load_prefix_refs``).
+    refs: dict[int, PrefixRef] = field(default_factory=dict)
     cleanup: CleanupResult | None = None
     evidence_log: str | None = None
-    #: Per world, the slowest pace (seconds per episode) a completed batch of it ran at;
-    #: derived from ``batches``.
-    paces: dict[str, float] = field(default_factory=dict)
 
     def moment(self, now: datetime, fresh_nonce: str) -> Moment:
         """The run as the approval gate sees it at ``now``."""
@@ -77,23 +87,32 @@ class RunState:
             fresh_nonce=fresh_nonce,
         )
 
+    @property
+    def paces(self) -> dict[str, float]:
+        """Per world, the slowest pace (seconds per episode) a completed batch ran at."""
+        return {n: w.pace for n, w in self.tally.worlds.items() if w.pace is not None}
+
     # --- the work ---------------------------------------------------------------------
-    def chunks(self) -> list[EpisodeChunk]:
+    def prefix_units(self) -> Iterator[Unit]:
+        """The chunks whose prefixes did not run yet, made one at a time."""
         assert self.plan is not None
-        return self.plan.capacity.chunks
+        done = self.tally.prefixes
+        chunks = self.plan.capacity.chunks(done.first_missing())
+        return (Unit(c) for c in chunks if c.index not in done)
 
-    def prefix_units(self) -> list[Unit]:
-        return [Unit(c) for c in self.chunks() if c.index not in self.prefixes]
-
-    def world_units(self) -> list[Unit]:
-        """Chunk-major: every world advances over the same episodes."""
+    def world_units(self) -> Iterator[Unit]:
+        """Chunk-major: every world advances over the same episodes. Made one at a time,
+        from the first chunk some world has not recorded."""
+        assert self.plan is not None
         names = [w.name for w in self.spec.worlds]
-        return [
+        worlds = [self.tally.world(n).recorded for n in names]
+        start = min(w.first_missing() for w in worlds)
+        return (
             Unit(c, name)
-            for c in self.chunks()
-            for name in names
-            if (name, c.index) not in self.batches
-        ]
+            for c in self.plan.capacity.chunks(start)
+            for name, recorded in zip(names, worlds, strict=True)
+            if c.index not in recorded
+        )
 
     def need(self, unit: Unit) -> float:
         """The reservation ``unit`` needs, from its rehearsed rate and the slowdown seen."""
@@ -106,7 +125,8 @@ class RunState:
         # rate: rates are microsecond samples, and one caught in a stall of the machine
         # multiplied that world's reservation by the stall (under load a world was skipped
         # as over budget while its batches cost what the others' did).
-        pace = self.paces.get(unit.world, max(self.paces.values(), default=None))
+        paces = self.paces
+        pace = paces.get(unit.world, max(paces.values(), default=None))
         rate = rehearsal.world_seconds_per_episode[unit.world]
         return self.ledger.paced_need(rate, unit.chunk.size, pace)
 
@@ -114,47 +134,64 @@ class RunState:
         """Why ``unit`` cannot be useful any more (its chunk or world is already lost)."""
         if unit.world is None:
             return None
-        if unit.chunk.index not in self.prefixes:
+        if unit.chunk.index not in self.tally.prefixes:
             return "its episodes' prefixes did not run"
-        for (world, _), outcome in self.batches.items():
-            if world == unit.world and outcome.status is not BatchStatus.completed:
-                return f"the world is already {outcome.status.value}"
+        stopped = self.tally.world(unit.world).stopped
+        if stopped is not None:
+            return f"the world is already {stopped.value}"
         return None
+
+    def needs_refs(self, unit: Unit) -> bool:
+        """Whether ``unit`` is a world batch whose chunk's checkpoints this run has not
+        loaded (its prefix ran in an earlier run)."""
+        return unit.world is not None and unit.chunk.index not in self.refs
 
     def skip(self, unit: Unit, reason: str) -> None:
         """Record ``unit`` as skipped: its world's batch, or every world's for a prefix."""
         worlds = [unit.world] if unit.world else [w.name for w in self.spec.worlds]
         for world in worlds:
-            self.batches[(world, unit.chunk.index)] = BatchOutcome(
-                world=world, chunk=unit.chunk, status=BatchStatus.skipped, error=reason
+            self.record_batch(
+                BatchOutcome(
+                    world=world, chunk=unit.chunk, status=BatchStatus.skipped, error=reason
+                )
             )
         self.ledger.skip(len(worlds))
 
     def record_prefix(self, prefix: PrefixResult) -> None:
         assert self.plan is not None
-        self.prefixes[prefix.chunk.index] = prefix
+        self.new_prefixes.append(prefix)
+        self.tally.add_prefix(prefix)
+        self.refs[prefix.chunk.index] = PrefixRef(
+            index=prefix.chunk.index,
+            checkpoints_digest=prefix.checkpoints_digest,
+            workspace_digest=prefix.workspace_digest,
+        )
         rate = self.plan.rehearsal.prefix_seconds_per_episode
         self.ledger.observe(PREFIX, prefix.seconds, rate, prefix.chunk.size)
 
     def record_batch(self, outcome: BatchOutcome) -> None:
-        self.batches[(outcome.world, outcome.chunk.index)] = outcome
-        self._observe(outcome)
+        self.new_batches.append(outcome)
+        self.tally.add_batch(outcome)
 
-    def _observe(self, outcome: BatchOutcome) -> None:
-        if outcome.status is BatchStatus.completed:
-            pace = outcome.seconds / max(outcome.chunk.size, 1)
-            self.paces[outcome.world] = max(self.paces.get(outcome.world, 0.0), pace)
+    # --- the stored progress ----------------------------------------------------------
+    @property
+    def unsaved(self) -> int:
+        """Records made since the last save."""
+        return len(self.new_prefixes) + len(self.new_batches)
 
-    def progress_record(self) -> Progress:
-        return Progress(
-            chunks=len(self.chunks()),
-            prefixes=[self.prefixes[i] for i in sorted(self.prefixes)],
-            batches=[self.batches[k] for k in sorted(self.batches, key=lambda k: (k[1], k[0]))],
+    def save_input(self) -> SaveProgressInput:
+        """The records since the last save, to append to the stored progress."""
+        assert self.plan is not None
+        return SaveProgressInput(
+            previous=self.tally.digest,
+            chunks=self.plan.capacity.prefix_chunks,
+            prefixes=sorted(self.new_prefixes, key=lambda p: p.chunk.index),
+            batches=sorted(self.new_batches, key=lambda b: (b.chunk.index, b.world)),
         )
 
-    def restore(self, progress: Progress) -> None:
-        self.prefixes = {p.chunk.index: p for p in progress.prefixes}
-        self.batches = {(b.world, b.chunk.index): b for b in progress.batches}
-        self.paces = {}
-        for outcome in progress.batches:
-            self._observe(outcome)
+    def saved(self, digest: str, saved: SaveProgressInput) -> None:
+        """``saved``'s records are stored under ``digest``: drop them from the run's memory,
+        keeping those recorded while the save ran (the lists only grow at their end)."""
+        self.tally.digest = digest
+        del self.new_prefixes[: len(saved.prefixes)]
+        del self.new_batches[: len(saved.batches)]

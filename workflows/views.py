@@ -3,22 +3,22 @@ account of the infrastructure. Pure functions of a ``RunState``."""
 
 from __future__ import annotations
 
-from activities.models import AnalysisResult, BatchStatus
+from activities.models import AnalysisResult
 from experiments.outcomes import InfraUsage
 from workflows.messages import ExperimentResult, RunProgress, StatusView
 from workflows.run_state import RunState
 
 
 def progress(state: RunState) -> RunProgress:
-    values = list(state.batches.values())
+    worlds = state.tally.worlds.values()
     plan = state.plan
     return RunProgress(
-        prefix_chunks=len(plan.capacity.chunks) if plan else 0,
-        prefixes_done=len(state.prefixes),
+        prefix_chunks=plan.capacity.prefix_chunks if plan else 0,
+        prefixes_done=state.tally.prefixes.count(),
         batches=plan.capacity.batches if plan else 0,
-        batches_completed=sum(b.status is BatchStatus.completed for b in values),
-        batches_failed=sum(b.status is BatchStatus.failed for b in values),
-        batches_skipped=sum(b.status is BatchStatus.skipped for b in values),
+        batches_completed=sum(w.completed for w in worlds),
+        batches_failed=sum(w.failed for w in worlds),
+        batches_skipped=sum(w.skipped for w in worlds),
         running=state.ledger.running,
     )
 
@@ -62,22 +62,10 @@ def details(state: RunState) -> str:
 
 def isolation(state: RunState) -> str:
     """Whether every sandbox ran in bubblewrap with a private network, or why not."""
-    ran: list[tuple[bool, str | None, str | None]] = [
-        (p.network_isolated, p.note, p.confinement) for p in state.prefixes.values()
-    ]
-    ran += [
-        (b.network_isolated, b.note, b.confinement)
-        for b in state.batches.values()
-        if b.status is not BatchStatus.skipped
-    ]
-    notes = [
-        note or "no reason given"
-        for isolated, note, confinement in ran
-        if not isolated or confinement not in (None, "bubblewrap")
-    ]
-    if not notes:
-        return f"every sandbox ({len(ran)}) ran in bubblewrap with a private network namespace"
-    return f"{len(notes)} of {len(ran)} sandboxes fell back: {notes[0]}"
+    t = state.tally
+    if not t.fallbacks:
+        return f"every sandbox ({t.sandboxes}) ran in bubblewrap with a private network namespace"
+    return f"{t.fallbacks} of {t.sandboxes} sandboxes fell back: {t.fallback_note}"
 
 
 def infra(state: RunState) -> InfraUsage:
@@ -125,11 +113,10 @@ def provenance(state: RunState) -> dict[str, str]:
 
 
 def result(state: RunState, analysis: AnalysisResult | None) -> ExperimentResult:
-    skipped = [
-        f"{b.world} episodes {b.chunk.first}..{b.chunk.stop - 1}: {b.error}"
-        for b in state.batches.values()
-        if b.status is BatchStatus.skipped
-    ]
+    skipped = list(state.tally.skipped_lines)
+    total = sum(w.skipped for w in state.tally.worlds.values())
+    if total > len(skipped):
+        skipped.append(f"... and {total - len(skipped)} more (the stored progress has every one)")
     plan = state.plan
     return ExperimentResult(
         experiment_id=state.spec.id,
