@@ -11,7 +11,11 @@ retry-cascade with its eight worlds) the same episodes run, in one process run:
   engine's memo-off ratio on one process);
 - the engine with its memo OFF (every episode run in full) and ON (a prefix or
   continuation that drew no randomness is reused for an identical state), on one
-  process and on every core (at most two).
+  process and on every core (at most two). For a workload with batch methods
+  (counter-recovery) each appears twice: ``batched`` (a chunk of episodes at once, in
+  numpy: ``experiments/vector.py``) next to ``scalar`` (the runner's methods, episode by
+  episode, as on the durable path), so the figure that rests on the workload having
+  batch methods is shown beside the one without them.
 
 Every path must produce the same per-world outcomes as the naive loop, episode by
 episode. ``--against DIR`` also times the engine of another checkout (e.g. the
@@ -52,6 +56,7 @@ from experiments.runtime.file_format import WorldPlan
 from experiments.runtime.runner import workload_class
 from experiments.runtime.workload import State, Workload
 from experiments.spec import ExperimentSpec
+from experiments.vector import batchable
 
 Outcomes = dict[str, list[bool]]
 
@@ -121,8 +126,8 @@ def cheapest_copy(state: State) -> State:
     return copied
 
 
-def engine(spec: ExperimentSpec, processes: int, memo: bool) -> Outcomes:
-    batch = run_twin(spec, processes=processes, memo=memo).batch
+def engine(spec: ExperimentSpec, processes: int, memo: bool, batched: bool) -> Outcomes:
+    batch = run_twin(spec, processes=processes, memo=memo, batched=batched).batch
     return {name: cols["outcomes"].tolist() for name, cols in batch["worlds"].items()}
 
 
@@ -196,15 +201,17 @@ def bench(
             True,
         ),
     ]
+    paths = [(True, ", batched"), (False, ", scalar")] if batchable(wl) else [(False, "")]
     for memo in (False, True):
-        for processes in (1, cores):
-            rows.append(
-                Row(
-                    f"engine memo {'on ' if memo else 'off'}, {processes} proc",
-                    lambda p=processes, m=memo: engine(spec, p, m),
-                    processes == 1,
+        for batched, kind in paths:
+            for processes in (1, cores):
+                rows.append(
+                    Row(
+                        f"engine memo {'on ' if memo else 'off'}{kind}, {processes} proc",
+                        lambda p=processes, m=memo, b=batched: engine(spec, p, m, b),
+                        processes == 1,
+                    )
                 )
-            )
     # Round robin, best of ``repeat``: a burst of load on the shared machine hits one
     # round of one path, not one path throughout.
     for _ in range(repeat):
@@ -220,22 +227,23 @@ def bench(
     naive_row = rows[0]
     print(f"\n{label}: {episodes:,} episodes x {len(plans)} worlds = {pairs:,} fork pairs")
     print(
-        f"{'path':<32}{'wall s':>8}{'pairs/s':>10}{'vs naive':>10}"
+        f"{'path':<40}{'wall s':>8}{'pairs/s':>10}{'vs naive':>10}"
         f"{'CPU s':>8}{'vs naive':>10}  same outcomes"
     )
     for row in rows:
         cpu = f"{row.cpu:>8.2f}{naive_row.cpu / row.cpu:>9.2f}x" if row.one_process else " " * 18
         print(
-            f"{row.name:<32}{row.wall:>8.2f}{pairs / row.wall:>10,.0f}"
+            f"{row.name:<40}{row.wall:>8.2f}{pairs / row.wall:>10,.0f}"
             f"{naive_row.wall / row.wall:>9.2f}x{cpu}  {row.same}"
         )
     if tree is not None:
         old = rows[-1]
-        for memo, row in (("off", rows[2]), ("on", rows[4])):
-            print(
-                f"engine memo {memo}, 1 proc vs {tree.name}'s engine (it always memoises): "
-                f"{old.wall / row.wall:.2f}x wall, {old.cpu / row.cpu:.2f}x CPU"
-            )
+        for row in rows[2:-1]:
+            if row.one_process:
+                print(
+                    f"{row.name} vs {tree.name}'s engine (it always memoises): "
+                    f"{old.wall / row.wall:.2f}x wall, {old.cpu / row.cpu:.2f}x CPU"
+                )
     return all(row.same for row in rows)
 
 

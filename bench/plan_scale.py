@@ -11,6 +11,10 @@ One run prints:
    three run round robin, ``--repeat`` rounds, best round each; wall seconds and CPU
    seconds (the process tree's) are both printed: the wall ratio is what a user waits,
    the CPU ratio the steadier figure on a loaded machine (two processes show in wall);
+   counter-recovery has batch methods, so the twin runs it batched
+   (``experiments/vector.py``); ``--no-memo, scalar`` is the same plan with them switched
+   off (every chunk on the runner's scalar methods, as for a workload without them), the
+   figure that does not rest on that property of the workload;
 3. with ``--scale M[,M2…]``: the same plan at M episodes (memo on and off), its time as a
    multiple of the N run and its peak RSS;
 4. with ``--cascade K[,K2…]``: ``forklab plan`` of K retry-cascade episodes × 8 worlds,
@@ -215,8 +219,18 @@ print(report.model_dump_json())
 """
 
 
-def plan(path: Path, memo: bool = True) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "forklab.cli", "plan", str(path), "--json"]
+#: ``forklab plan`` with the twin's batched path switched off (in this process and in the
+#: pool's workers, which it forks): every chunk runs on the runner's scalar methods.
+SCALAR_PLAN = (
+    "import sys; import experiments.engine as engine; "
+    "engine.batchable = lambda workload: False; "
+    "from forklab.cli import main; main(sys.argv[1:])"
+)
+
+
+def plan(path: Path, memo: bool = True, scalar: bool = False) -> dict[str, Any]:
+    command = ["-c", SCALAR_PLAN] if scalar else ["-m", "forklab.cli"]
+    argv = [sys.executable, *command, "plan", str(path), "--json"]
     if not memo:
         argv.append("--no-memo")
     result = measure(argv)
@@ -295,7 +309,7 @@ def main() -> int:
         counter = spec(Path(tmp) / "counter.json", "counter-recovery", n, ["refresh"])
         # Round robin (reference, memo on, memo off), best of --repeat rounds each: a burst
         # of load on the shared machine hits one round of one path, not a whole path.
-        rounds: dict[str, list[dict[str, Any]]] = {"ref": [], "on": [], "off": []}
+        rounds: dict[str, list[dict[str, Any]]] = {"ref": [], "on": [], "off": [], "scalar": []}
         for _ in range(args.repeat):
             ref = measure([sys.executable, "-c", REFERENCE, str(n)])
             totals = json.loads(ref.pop("stdout").split(" {")[0].replace("'", '"'))
@@ -303,7 +317,9 @@ def main() -> int:
             rounds["ref"].append(ref)
             rounds["on"].append(plan(counter) | {"size": n})
             rounds["off"].append(plan(counter, memo=False) | {"size": n})
+            rounds["scalar"].append(plan(counter, memo=False, scalar=True) | {"size": n})
         ref, on, off = best(rounds["ref"]), best(rounds["on"]), best(rounds["off"])
+        scalar = best(rounds["scalar"])
         print(f"\ncounter-recovery, {n:,} episodes, baseline + refresh (best of {args.repeat})")
         print(
             f"{'path':<44}{'wall s':>8}{'vs ref':>10}{'CPU s':>8}{'vs ref':>10}"
@@ -312,10 +328,13 @@ def main() -> int:
         row("seed's reference loop (1 process)", ref, ref)
         row("forklab plan (memo on, default processes)", on, ref)
         row("forklab plan --no-memo (default processes)", off, ref)
+        row("forklab plan --no-memo, scalar (no batching)", scalar, ref)
         print(
             f"vs the reference loop, wall: memo on {ref['seconds'] / on['seconds']:.2f}x, "
-            f"memo off {ref['seconds'] / off['seconds']:.2f}x (CPU s: memo on "
-            f"{ref['cpu'] / on['cpu']:.2f}x, memo off {ref['cpu'] / off['cpu']:.2f}x)"
+            f"memo off {ref['seconds'] / off['seconds']:.2f}x, memo off scalar "
+            f"{ref['seconds'] / scalar['seconds']:.2f}x (CPU s: memo on "
+            f"{ref['cpu'] / on['cpu']:.2f}x, memo off {ref['cpu'] / off['cpu']:.2f}x, "
+            f"memo off scalar {ref['cpu'] / scalar['cpu']:.2f}x)"
         )
         runs = [r for path in rounds.values() for r in path]
         same = all(r["counts"] == ref["counts"] for r in runs)

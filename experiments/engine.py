@@ -4,7 +4,9 @@ The work is split into contiguous chunks of episodes; each chunk runs the stdlib
 runner's ``run_batch`` and the chunks are concatenated in episode order, so the
 result is identical whatever the number of processes. A chunk's lists become columns
 (``experiments.columnar``) in the process that ran it, so memory holds one chunk of
-Python objects per process, never one per episode of the experiment.
+Python objects per process, never one per episode of the experiment. A workload with
+batch methods runs a chunk at once instead (``experiments.vector``): the same columns,
+made directly.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Any
 from experiments.columnar import ColumnBatch, merge_columns, to_columns
 from experiments.runtime.file_format import WorldPlan
 from experiments.runtime.runner import run_batch, workload_class
+from experiments.runtime.workload import Workload
 from experiments.spec import ExperimentSpec, World, resolve_workload
+from experiments.vector import batchable, run_columns
 
 #: Below this many world-episodes, starting processes costs more than it saves.
 PARALLEL_THRESHOLD = 40_000
@@ -54,11 +58,25 @@ class TwinRun:
     processes: int
 
 
-def _run_chunk(
-    args: tuple[str, dict[str, Any], int, Sequence[int], list[WorldPlan], bool],
+def _chunk_columns(
+    workload: Workload,
+    seed: int,
+    episodes: Sequence[int],
+    worlds: list[WorldPlan],
+    memo: bool,
+    batched: bool,
 ) -> ColumnBatch:
-    ref, params, seed, episodes, worlds, memo = args
-    return to_columns(run_batch(workload_class(ref)(params), seed, episodes, worlds, memo))
+    """One chunk's columns: batched when the workload can be, else the runner's lists."""
+    if batched and batchable(workload):
+        return run_columns(workload, seed, episodes, worlds, memo)
+    return to_columns(run_batch(workload, seed, episodes, worlds, memo))
+
+
+def _run_chunk(
+    args: tuple[str, dict[str, Any], int, Sequence[int], list[WorldPlan], bool, bool],
+) -> ColumnBatch:
+    ref, params, seed, episodes, worlds, memo, batched = args
+    return _chunk_columns(workload_class(ref)(params), seed, episodes, worlds, memo, batched)
 
 
 def _chunks(episodes: Sequence[int], count: int) -> list[Sequence[int]]:
@@ -79,10 +97,13 @@ def run_twin(
     worlds: Sequence[WorldPlan] | None = None,
     processes: int | None = None,
     memo: bool = True,
+    batched: bool = True,
 ) -> TwinRun:
     """Run ``episodes`` (default: the spec's) of ``worlds`` (default: the spec's).
 
-    ``memo=False`` disables the runner's reuse of randomness-free runs (benchmarks)."""
+    ``memo=False`` disables the reuse of randomness-free runs (every episode simulated);
+    ``batched=False`` runs the scalar methods even for a workload with batch methods
+    (the benchmark's comparison; the result is the same)."""
     workload = resolve_workload(spec)
     eps: Sequence[int] = range(spec.episodes) if episodes is None else episodes
     plans = spec_world_plans(spec) if worlds is None else list(worlds)
@@ -92,14 +113,14 @@ def run_twin(
     start = time.perf_counter()
     if processes <= 1 or len(eps) < 2 * processes:
         parts = [
-            to_columns(run_batch(workload, spec.seed, chunk, plans, memo))
+            _chunk_columns(workload, spec.seed, chunk, plans, memo, batched)
             for chunk in _chunks(eps, 1)
         ]
         processes = 1
     else:
         # Two chunks per process keep both cores busy when chunks differ in cost.
         args = [
-            (spec.workload.name, dict(workload.params), spec.seed, chunk, plans, memo)
+            (spec.workload.name, dict(workload.params), spec.seed, chunk, plans, memo, batched)
             for chunk in _chunks(eps, processes * 2)
         ]
         ctx = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")

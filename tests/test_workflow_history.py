@@ -15,6 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+from workflows import run_state
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import ExperimentInput, ExperimentResult, Stage, Status, workflow_id
 
@@ -118,6 +119,25 @@ async def test_a_long_chain_keeps_every_payload_under_a_fixed_limit(
     whole = len(read_progress(lab.store, digest).model_dump_json())
     assert whole > SMALL_BLOB_LIMIT
     print(f"runs {len(runs)}, largest event {largest} B, whole progress {whole} B")
+
+
+async def test_a_run_saves_its_records_mid_run_and_loses_none(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run saves its records every ``SAVE_EVERY`` (lowered here to 4) while batches still
+    run; records that complete during a save are kept for the next one, so the analysis
+    finds every batch and the outcomes are the twin's."""
+    monkeypatch.setattr(run_state, "SAVE_EVERY", 4)  # read by each run as it starts
+    spec = make_spec(episodes=24)
+    handle, key = await lab.start(spec, batch_episodes=2)  # 12 chunks: 48 units
+    await lab.approve(handle, key)
+    result = await handle.result()
+    assert result.status is Status.completed, result.error
+    assert result.runs == 1 and result.analysis is not None
+    assert result.analysis.outcomes_digest == rehearse(spec).outcomes_digest
+    assert [w.episodes for w in result.worlds] == [24, 24, 24]
+    saves = (await lab.activity_types(handle)).count("save_progress")
+    assert saves >= 48 // 4, saves
 
 
 async def test_continue_as_new_gives_the_identical_report(

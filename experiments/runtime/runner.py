@@ -295,7 +295,7 @@ class _Fork:
         return state
 
 
-def _intervention_params(workload: Workload, world: WorldPlan) -> dict[str, Any]:
+def world_params(workload: Workload, world: WorldPlan) -> dict[str, Any]:
     """What ``intervene`` receives: the intervention's declared defaults overlaid with the
     world's params."""
     name = world.intervention
@@ -377,7 +377,7 @@ def continue_world(
     Returns (success, intervened, shock fingerprint, drew randomness).
     """
     fork = _Fork(parse_canonical(checkpoint), world.forks, False, _is_flat(checkpoint))
-    params = _intervention_params(workload, world)
+    params = world_params(workload, world)
     prefix = Shocks(seed, episode)  # holds the table the replicates share
     if not workload.has_workspace:
         return _finish(workload, fork, seed, episode, world, params, prefix)
@@ -454,7 +454,7 @@ def run_batch(
         (
             index,
             world,
-            _intervention_params(workload, world),
+            world_params(workload, world),
             cols["outcomes"].append,
             cols["intervened"].append,
             cols["shocks"].append,
@@ -528,7 +528,7 @@ def _run_batch_files(
         "features": [],
         "worlds": {world.name: empty_columns() for world in worlds},
     }
-    params = [_intervention_params(workload, world) for world in worlds]
+    params = [world_params(workload, world) for world in worlds]
     total = sum(w.forks for w in worlds)
     scratch = Path(tempfile.mkdtemp(prefix="forklab-files-"))
     try:

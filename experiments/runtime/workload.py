@@ -8,7 +8,7 @@ not JSON (sets, tuples, objects) is not allowed in state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -17,6 +17,14 @@ from experiments.runtime.crn import Shocks
 State = dict[str, Any]
 #: A feature value; ``None`` only for a feature declared optional (e.g. ``str | None``).
 Feature = bool | int | float | str | None
+#: One field of many episodes' states, one entry per episode, for the optional batch
+#: methods: a one-dimensional numpy array of bool, int or float on the local twin. This
+#: file runs in sandboxes, where numpy is not installed, so the type cannot be named
+#: here; a workload uses the arrays only through their operators and indexing
+#: (``a & b``, ``~a``, ``a += m``, ``a[m] = b[m]``) and imports nothing for them.
+Column = Any
+#: Many episodes of one world: the workload's own fields, each a ``Column`` of equal length.
+Columns = dict[str, Column]
 
 
 class WorkloadError(ValueError):
@@ -127,4 +135,57 @@ class Workload:
         return {}
 
     def intervene(self, state: State, name: str, params: Mapping[str, Any], shocks: Shocks) -> None:
+        raise NotImplementedError
+
+    # --- optional: many episodes of one world at once (the local twin only) ---------
+    # A workload may also simulate a whole chunk of episodes at once, over columns
+    # (docs/workloads.md, "Batch methods"). Nothing here is required: without
+    # ``batch_ok`` the twin runs the methods above, episode by episode, as sandboxes
+    # always do. The batch methods must give exactly what those give, episode by
+    # episode; they count only for the class that defines ``batch_ok`` (a subclass that
+    # overrides any workload method without defining ``batch_ok`` again runs the scalar
+    # methods), and the twin compares a few episodes of every chunk with the scalar
+    # methods and refuses the run when they differ.
+
+    def batch_ok(self) -> bool:
+        """True when, with these params, the batch methods stand for the methods above
+        and no run draws any randomness from ``shocks`` (batch methods get none: their
+        worlds report no shock fingerprint). Default False: the scalar methods run."""
+        return False
+
+    def batch_initial(self, episode_seeds: Sequence[int]) -> Mapping[str, Sequence[Any] | Any]:
+        """``initial_state`` of every episode seed, as fields: each a sequence of bool, int
+        or float with one entry per seed, or one such value shared by every episode."""
+        raise NotImplementedError
+
+    def batch_boundary(self, cols: Columns) -> Column | int:
+        """``boundary`` of every episode (an int column, or one int for all)."""
+        raise NotImplementedError
+
+    def batch_cursor(self, cols: Columns) -> Column | int:
+        """``cursor`` of every episode (an int column, or one int for all)."""
+        raise NotImplementedError
+
+    def batch_done(self, cols: Columns) -> Column | bool:
+        """``done`` of every episode (a bool column, or one bool for all)."""
+        raise NotImplementedError
+
+    def batch_step(self, cols: Columns, active: Column) -> None:
+        """``step`` every episode where the bool column ``active`` is True, in place; the
+        others must not change."""
+        raise NotImplementedError
+
+    def batch_intervene(
+        self, cols: Columns, name: str, params: Mapping[str, Any], where: Column
+    ) -> None:
+        """``intervene`` in every episode where the bool column ``where`` is True."""
+        raise NotImplementedError
+
+    def batch_outcome(self, cols: Columns) -> Column | bool:
+        """``outcome`` of every episode (a bool column, or one bool for all)."""
+        raise NotImplementedError
+
+    def batch_state(self, cols: Columns, index: int) -> State:
+        """Episode ``index``'s state as the scalar methods hold it (the checkpoint is its
+        canonical JSON, and ``features`` reads it): plain Python values, no numpy."""
         raise NotImplementedError

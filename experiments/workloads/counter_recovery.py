@@ -8,6 +8,11 @@ un-sticks the sensor and re-reads the true value; ``null-refresh`` costs the act
 and does nothing else (the mechanism control). With ``noise`` > 0 the agent misreads
 the observation by one with that probability (an agent draw of the common random
 numbers, so every world shares the same misreads).
+
+Without noise it also has batch methods (``docs/workloads.md``): the local twin then
+simulates a chunk of episodes at once over columns — the same fields, ``freeze_at``
+split into ``freeze_at`` and ``no_freeze`` (for ``None``) — with the same seeding and
+the same arithmetic, step for step.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from experiments.runtime.crn import Shocks
-from experiments.runtime.workload import Feature, State, Workload, WorkloadError
+from experiments.runtime.workload import Column, Columns, Feature, State, Workload, WorkloadError
 
 
 def _choice(bits: Callable[[int], int], seq: Sequence[Any]) -> Any:
@@ -124,3 +129,106 @@ class CounterRecovery(Workload):
         if name == "refresh":
             state["frozen"] = False
             state["obs"] = state["v"]
+
+    # --- batch methods (noise 0: nothing random after the seeding) --------------------
+    def batch_ok(self) -> bool:
+        # Columns hold int64: a huge int would not fit, and a bool freeze_at (True == 1)
+        # would come back from a column as the int 1, not as the JSON true it is.
+        p = self.params
+        numbers = [p["target"], p["fork_step"], p["budget_base"], *p["slack_choices"]]
+        numbers += [f for f in p["freeze_choices"] if f is not None]
+        return (
+            not self._noise
+            and all(abs(x) < 2**40 for x in numbers)
+            and not any(type(f) is bool for f in p["freeze_choices"])
+        )
+
+    def batch_initial(self, episode_seeds: Sequence[int]) -> Mapping[str, Sequence[Any] | Any]:
+        # initial_state's two choices, spelled out inline (the same rejection sampling as
+        # _choice) on one C generator reseeded per episode: ``seed(s)`` is
+        # ``_random.Random(s)``'s own seeding, so the words are the same.
+        base = self.params["budget_base"]
+        slacks, freezes = self.params["slack_choices"], self.params["freeze_choices"]
+        n_slack, n_freeze = len(slacks), len(freezes)
+        k_slack, k_freeze = n_slack.bit_length(), n_freeze.bit_length()
+        slack_at: list[int] = []
+        freeze_at: list[int] = []
+        rng = _random.Random()
+        reseed, bits = rng.seed, rng.getrandbits
+        for episode_seed in episode_seeds:
+            reseed(episode_seed)
+            r = bits(k_slack)
+            while r >= n_slack:
+                r = bits(k_slack)
+            slack_at.append(r)
+            r = bits(k_freeze)
+            while r >= n_freeze:
+                r = bits(k_freeze)
+            freeze_at.append(r)
+        freeze_of = [0 if f is None else f for f in freezes]
+        return {
+            "v": 0,
+            "obs": 0,
+            "steps": 0,
+            "done": False,
+            "declared": False,
+            "frozen": False,
+            "same_obs": False,
+            "budget": [base + slacks[i] for i in slack_at],
+            "freeze_at": [freeze_of[i] for i in freeze_at],
+            "no_freeze": [freezes[i] is None for i in freeze_at],
+        }
+
+    def batch_boundary(self, cols: Columns) -> int:
+        return int(self.params["fork_step"])
+
+    def batch_cursor(self, cols: Columns) -> Column:
+        return cols["steps"]
+
+    def batch_done(self, cols: Columns) -> Column:
+        return cols["done"]
+
+    def batch_step(self, cols: Columns, active: Column) -> None:
+        # ``step`` over columns: each ``if`` of the scalar method becomes a mask.
+        steps, obs, v = cols["steps"], cols["obs"], cols["v"]
+        ending = active & (cols["done"] | (steps >= cols["budget"]))
+        cols["done"] |= ending
+        going = active & ~ending
+        steps += going
+        declaring = going & (obs >= self._target)
+        cols["done"] |= declaring
+        cols["declared"] |= declaring
+        moving = going & ~declaring
+        v += moving
+        frozen = cols["frozen"]
+        frozen |= moving & ~cols["no_freeze"] & (cols["freeze_at"] == v)
+        reading = moving & ~frozen
+        same = cols["same_obs"]
+        same[moving] = True  # a frozen sensor repeats its reading
+        same[reading] = (v == obs)[reading]
+        obs[reading] = v[reading]
+
+    def batch_intervene(
+        self, cols: Columns, name: str, params: Mapping[str, Any], where: Column
+    ) -> None:
+        cols["steps"] += where
+        if name == "refresh":
+            cols["frozen"] &= ~where
+            cols["obs"][where] = cols["v"][where]
+
+    def batch_outcome(self, cols: Columns) -> Column:
+        return cols["declared"] & (cols["v"] == self._target)
+
+    def batch_state(self, cols: Columns, index: int) -> State:
+        no_freeze = bool(cols["no_freeze"][index])
+        return {
+            "v": int(cols["v"][index]),
+            "obs": int(cols["obs"][index]),
+            "steps": int(cols["steps"][index]),
+            "done": bool(cols["done"][index]),
+            "declared": bool(cols["declared"][index]),
+            "frozen": bool(cols["frozen"][index]),
+            "same_obs": bool(cols["same_obs"][index]),
+            "budget": int(cols["budget"][index]),
+            "freeze_at": None if no_freeze else int(cols["freeze_at"][index]),
+        }
