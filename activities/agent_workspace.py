@@ -16,7 +16,9 @@ host; a layer is verified (manifest digest, seal) before any call mounts it.
 Each call also records the layer it returned as its run's current one
 (``run-pins/<sha256 of the workflow id>.json``): ``forklab layers gc`` keeps the current
 layer of every run still open, and every layer a recorded fork receipt names (with the
-layers below them), and removes the rest (:func:`collect_agent_layers`).
+layers below them), and removes the rest (:func:`collect_agent_layers`). A call holds
+the store's lock shared from mounting its layer until its run's record names the layer it
+returned, and the collection holds it exclusive, so the two never interleave.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from activities.sandbox.workspace import (
     LayerCorruptedError,
     WorkspaceError,
     Workspaces,
+    layer_lock,
 )
 
 #: The error type of a call whose workspace layer is damaged (it must not be used).
@@ -97,15 +100,17 @@ def collect_agent_layers(
     of open forks), each layer
     a call has mounted right now, and every layer below those; layers sealed less than
     ``min_age_seconds`` ago stay too (their call may not have recorded them yet). The
-    records of runs no longer open are dropped."""
-    keep = set(needed)
-    for pin in run_pins(root):
-        if pin.workflow_id in open_runs:
-            keep.add(pin.layer)
-        else:
-            name = hashlib.sha256(pin.workflow_id.encode()).hexdigest()
-            (_pins(root) / f"{name}.json").unlink(missing_ok=True)
-    return Workspaces(root, overlay=False).gc(min_age_seconds, keep=keep)
+    records of runs no longer open are dropped. Holds the store's lock exclusive (the caller
+    should hold it already while it reads ``open_runs`` and ``needed``)."""
+    with layer_lock(root).hold(exclusive=True):
+        keep = set(needed)
+        for pin in run_pins(root):
+            if pin.workflow_id in open_runs:
+                keep.add(pin.layer)
+            else:
+                name = hashlib.sha256(pin.workflow_id.encode()).hexdigest()
+                (_pins(root) / f"{name}.json").unlink(missing_ok=True)
+        return Workspaces(root, overlay=False).gc(min_age_seconds, keep=keep)
 
 
 class WorkspaceWrite(BaseModel):
@@ -184,11 +189,20 @@ class WorkspaceTools:
             raise ApplicationError(str(exc), type="workspace_error", non_retryable=True) from None
         return WorkspaceStep(path=req.path, sha256=sha, changed=True, workspace_layer=layer.digest)
 
+    def _write_and_pin(
+        self, req: WorkspaceWrite, ws_id: str, workflow_id: str | None
+    ) -> WorkspaceStep:
+        """``_write``, then record its layer as the run's current one; ``gc`` cannot run in
+        between (the layer may be an old one: the call changed nothing, or wrote what an
+        earlier call already had)."""
+        with self.workspaces.layers.lock.hold():
+            step = self._write(req, ws_id)
+            pin_run(self.root, RunPin(workflow_id=workflow_id, layer=step.workspace_layer))
+        return step
+
     @activity.defn(name="workspace_write")
     async def write(self, req: WorkspaceWrite) -> WorkspaceStep:
         # one workspace per call attempt: nothing is shared with an earlier attempt
         ws_id = uuid.uuid4().hex
-        step = await asyncio.to_thread(self._write, req, ws_id)
-        pin = RunPin(workflow_id=activity.info().workflow_id, layer=step.workspace_layer)
-        await asyncio.to_thread(pin_run, self.root, pin)
-        return step
+        workflow_id = activity.info().workflow_id
+        return await asyncio.to_thread(self._write_and_pin, req, ws_id, workflow_id)

@@ -16,7 +16,12 @@ workers' peak RSS, the workflow state's size (what a continued run carries, the 
 record) and world-runs per second per worker (from the ``ActivityTaskStarted`` identity
 of every world batch in the chain's histories).
 
-    python bench/campaign.py [--episodes 100000] [--batch-episodes 1000]
+It also breaks the mean world batch down into its time queued, on a worker and in its
+box; ``--breakdown`` first profiles one batch piece by piece in CPU time (the twin's
+share of the same work, the world's own draw table, the box's start, the runner's
+imports, the worker's part; see ``bench/batch_profile.py``).
+
+    python bench/campaign.py [--episodes 100000] [--batch-episodes 1000] [--breakdown]
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.artifacts import LocalArtifactStore
 from activities.models import AnalyseInput, BatchInput
 from activities.progress import read_progress
+from bench.batch_profile import profile_batch
 from experiments.spec import ExperimentSpec
 from forklab.specfile import load_spec
 from workers.server import temporal_binary
@@ -84,6 +90,13 @@ class RunFacts:
     #: per activity type: epoch seconds of the first scheduled, of the last completed, and
     #: the sum of scheduled-to-completed seconds
     spans: dict[str, list[float]] = field(default_factory=dict)
+    #: world batches: how many, and their summed seconds waiting in the task queue
+    #: (scheduled to started), on a worker (started to completed) and in the sandbox (the
+    #: runner's own time, as the batch reports it)
+    batch_count: int = 0
+    batch_queued: float = 0.0
+    batch_on_worker: float = 0.0
+    batch_in_box: float = 0.0
 
 
 def _payload_json(payloads: Any) -> Any:
@@ -124,15 +137,20 @@ def run_facts(run_id: str, history: WorkflowHistory) -> RunFacts:
                 pid = int(a2.identity.partition("@")[0])
                 started[a2.scheduled_event_id] = (pid, at)
         elif e.HasField("activity_task_completed_event_attributes"):
-            sid = e.activity_task_completed_event_attributes.scheduled_event_id
+            done = e.activity_task_completed_event_attributes
+            sid = done.scheduled_event_id
             name, since = scheduled[sid]
             span = facts.spans.setdefault(name, [since, at, 0.0])
             span[1] = at
             span[2] += at - since
             if sid in started:
-                who, since = started[sid]
+                who, began = started[sid]
                 facts.world_runs[who] = facts.world_runs.get(who, 0) + batches[sid]
-                facts.busy_seconds[who] = facts.busy_seconds.get(who, 0.0) + at - since
+                facts.busy_seconds[who] = facts.busy_seconds.get(who, 0.0) + at - began
+                facts.batch_count += 1
+                facts.batch_queued += began - since
+                facts.batch_on_worker += at - began
+                facts.batch_in_box += float(_payload_json(done.result)["seconds"])
     return facts
 
 
@@ -429,6 +447,20 @@ def report(c: Campaign) -> list[str]:
         "activities (first scheduled to last completed / summed), s: "
         + ", ".join(f"{n} {span:.1f}/{busy:.1f}" for n, (span, busy) in c.stages().items()),
     ]
+    n = sum(r.batch_count for r in c.runs)
+    if n:
+        queued = sum(r.batch_queued for r in c.runs) / n
+        on_worker = sum(r.batch_on_worker for r in c.runs) / n
+        in_box = sum(r.batch_in_box for r in c.runs) / n
+        slots = c.spec.budget.max_concurrent_sandboxes
+        lines.append(
+            f"per world batch (mean of {n:,}): {queued * 1000:,.0f} ms queued (scheduled to "
+            f"started), {on_worker * 1000:,.0f} ms on a worker, of which "
+            f"{in_box * 1000:,.0f} ms the runner in its box and "
+            f"{(on_worker - in_box) * 1000:,.0f} ms the worker around it (store, sandbox "
+            f"create/upload/download/delete, columns); {slots} slots kept "
+            f"{n * on_worker / (slots * c.worlds_seconds):.1%} busy over the worlds stage"
+        )
     worlds = c.worlds_seconds
     for w in c.workers:
         n, busy = c.world_runs(w), c.busy_seconds(w)
@@ -452,10 +484,16 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--sandboxes", type=int, default=2, help="sandboxes at once (2 cores: 2)")
     parser.add_argument("--keep", type=Path, default=None, help="work folder to keep (logs)")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also profile one world batch piece by piece (bench/batch_profile.py), first",
+    )
     args = parser.parse_args()
     if args.episodes < 1 or args.workers < 1 or args.sandboxes < 1:
         parser.error("--episodes, --workers and --sandboxes must be at least 1")
     spec = campaign_spec(args.spec, args.episodes, args.sandboxes)
+    profile = profile_batch(spec, args.batch_episodes) if args.breakdown else None
     with tempfile.TemporaryDirectory(prefix="forklab-campaign-") as tmp:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -470,6 +508,8 @@ def main() -> int:
             )
         )
     for line in report(c):
+        print(line)
+    for line in profile.lines() if profile else []:
         print(line)
     ok = c.same_digest and c.largest_run_events < HISTORY_GOAL
     return 0 if ok else 1

@@ -19,7 +19,10 @@ since). Measured, in one process, median of ``--repeat`` runs:
 - the whole sandbox fork (``LocalSandboxBackend.fork``: three new sandboxes, registry
   entries written with fsync, and the workspaces);
 - the fork without the layer cache (``LayerStore(cache=False)``: every use re-reads and
-  re-hashes each layer's manifest and seal), in the same rounds.
+  re-hashes each layer's manifest and seal), in the same rounds;
+- the store's lock (``LayerLock``, ``flock``): a fork takes it once, shared, so that
+  ``gc`` cannot remove a layer the fork is starting to use; its cost is shown against the
+  fork's median.
 """
 
 from __future__ import annotations
@@ -143,6 +146,19 @@ def _stats(runs: list[float]) -> str:
     return f"{statistics.median(runs) * 1000:8.1f} ms (fastest {min(runs) * 1000:.1f})"
 
 
+def _lock_seconds(ws: Workspaces, holds: int = 2000) -> float:
+    """Seconds to take and release the store's lock, shared, as a fork does (median of
+    ten batches)."""
+    batches = []
+    for _ in range(10):
+        t = time.perf_counter()
+        for _ in range(holds // 10):
+            with ws.layers.lock.hold():
+                pass
+        batches.append((time.perf_counter() - t) / (holds // 10))
+    return statistics.median(batches)
+
+
 def _sandbox_fork(root: Path, blob_bytes: int, repeat: int) -> float:
     backend = LocalSandboxBackend(root / "sandboxes")
     start = root / "sbstart"
@@ -206,6 +222,9 @@ def main() -> int:
         print(f"  fork (freeze + {CHILDREN} overlays, blob read):   {_stats(fork_s)}")
         print(f"    bytes hashed by the freeze (what the source wrote): {hashed}")
         print(f"  the same fork without the layer cache:       {_stats(uncached_s)}")
+        lock = _lock_seconds(small.ws)
+        share = lock / statistics.median(fork_s) * 100
+        print(f"  the store lock, once per fork: {lock * 1e6:8.1f} us = {share:.3f}% of a fork")
         print(f"  plain recursive copy x{CHILDREN}, blob read:     {_stats(copy_s)}")
         ratio = statistics.median(copy_s) / statistics.median(fork_s)
         print(f"  copy / fork (medians): {ratio:.1f}x")

@@ -7,12 +7,14 @@ shells around this class. A fork is a new workflow; the parent is only read.
 from __future__ import annotations
 
 import base64
+import contextlib
 import getpass
 import json
 import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from temporalio.api.common.v1 import Payload
@@ -38,7 +40,7 @@ from activities.run_history import (
     read_chain,
 )
 from activities.run_log import LogEvent, RunLog
-from activities.sandbox.workspace import GcResult, LayerStore, WorkspaceError
+from activities.sandbox.workspace import GcResult, LayerStore, WorkspaceError, layer_lock
 from experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
 from experiments.runfork.receipt import (
@@ -190,73 +192,85 @@ class AgentLab:
         ):
             start_run, start_input, base_step = nxt.run_id, nxt.input, resolution.resolved_step
             resolution = resolution.model_copy(update={"prefix": []})  # nothing is served
-        # the layer in effect at the boundary: the last one a step up to it returned, else
-        # the one the fork's start input carries (written earlier in the chain)
-        layer = (
-            self._checked_layer(prefix_layer or workspace_layer_in(start_input), at_step)
-            if boundary is not BoundaryMode.lineage_only
-            else None
-        )
-        parent_receipt, first_marker = located.receipt, located.marker
-        lineage = [*(parent_receipt.lineage if parent_receipt else []), run]
-        receipt = make_receipt(
-            resolution,
-            fork_workflow_id=fork_id,
-            name=name or fork_id,
-            parent_workflow_id=run,
-            parent_run_id=located.latest_run_id,
-            source_run_id=start_run,
-            base_step=base_step,
-            source_input_sha256=digest_payloads(start_input),
-            lineage=lineage,
-            boundary=boundary,
-            intervention=intervention,
-            model=model,
-            tool_policies=policies,
-            requested_by=requested_by or getpass.getuser(),
-            created_at=datetime.now(UTC),
-            workspace_layer_sha256=layer,
-        )
-        inherited_swaps = [
-            swap
-            for swap in (first_marker.model_swaps if first_marker else [])
-            if swap.after_step < at_step
-        ]
-        own_swap = [ModelSwap(after_step=at_step, model=model)] if model is not None else []
-        marker = ForkMarker(
-            parent_workflow_id=run,
-            source_run_id=start_run,
-            base_step=base_step,
-            at_step=resolution.resolved_step if boundary is not BoundaryMode.lineage_only else 0,
-            boundary=boundary,
-            lineage_root=lineage[0],
-            model=model,
-            model_swaps=inherited_swaps + own_swap,
-            tool_policies=policies,
-            intervention=intervention,
-        )
-        handle = await self.client.start_workflow(
-            source.workflow_type,
-            args=[RawValue(p) for p in start_input],
-            id=fork_id,
-            task_queue=source.task_queue,
-            memo={
-                MARKER_MEMO_KEY: marker.model_dump(mode="json"),
-                RECEIPT_MEMO_KEY: receipt.model_dump(mode="json"),
-            },
-            search_attributes=TypedSearchAttributes(
-                [
-                    SearchAttributePair(RUN, fork_id),
-                    SearchAttributePair(PARENT, run),
-                    SearchAttributePair(LINEAGE_ROOT, lineage[0]),
-                    SearchAttributePair(BOUNDARY, boundary.value),
-                ]
-            ),
-            static_summary=f"fork of {run} at step {at_step} ({boundary.value})",
-            static_details=receipt_markdown(receipt),
-        )
-        self.registry.add_receipt(receipt)
+        # from checking the layer until the receipt names it: `layers gc` reads the
+        # receipts under the same lock, so it cannot remove the layer in between
+        async with self._referencing_layers():
+            # the layer in effect at the boundary: the last one a step up to it returned, else
+            # the one the fork's start input carries (written earlier in the chain)
+            layer = (
+                self._checked_layer(prefix_layer or workspace_layer_in(start_input), at_step)
+                if boundary is not BoundaryMode.lineage_only
+                else None
+            )
+            parent_receipt, first_marker = located.receipt, located.marker
+            lineage = [*(parent_receipt.lineage if parent_receipt else []), run]
+            receipt = make_receipt(
+                resolution,
+                fork_workflow_id=fork_id,
+                name=name or fork_id,
+                parent_workflow_id=run,
+                parent_run_id=located.latest_run_id,
+                source_run_id=start_run,
+                base_step=base_step,
+                source_input_sha256=digest_payloads(start_input),
+                lineage=lineage,
+                boundary=boundary,
+                intervention=intervention,
+                model=model,
+                tool_policies=policies,
+                requested_by=requested_by or getpass.getuser(),
+                created_at=datetime.now(UTC),
+                workspace_layer_sha256=layer,
+            )
+            inherited_swaps = [
+                swap
+                for swap in (first_marker.model_swaps if first_marker else [])
+                if swap.after_step < at_step
+            ]
+            own_swap = [ModelSwap(after_step=at_step, model=model)] if model is not None else []
+            marker = ForkMarker(
+                parent_workflow_id=run,
+                source_run_id=start_run,
+                base_step=base_step,
+                at_step=resolution.resolved_step
+                if boundary is not BoundaryMode.lineage_only
+                else 0,
+                boundary=boundary,
+                lineage_root=lineage[0],
+                model=model,
+                model_swaps=inherited_swaps + own_swap,
+                tool_policies=policies,
+                intervention=intervention,
+            )
+            handle = await self.client.start_workflow(
+                source.workflow_type,
+                args=[RawValue(p) for p in start_input],
+                id=fork_id,
+                task_queue=source.task_queue,
+                memo={
+                    MARKER_MEMO_KEY: marker.model_dump(mode="json"),
+                    RECEIPT_MEMO_KEY: receipt.model_dump(mode="json"),
+                },
+                search_attributes=TypedSearchAttributes(
+                    [
+                        SearchAttributePair(RUN, fork_id),
+                        SearchAttributePair(PARENT, run),
+                        SearchAttributePair(LINEAGE_ROOT, lineage[0]),
+                        SearchAttributePair(BOUNDARY, boundary.value),
+                    ]
+                ),
+                static_summary=f"fork of {run} at step {at_step} ({boundary.value})",
+                static_details=receipt_markdown(receipt),
+            )
+            self.registry.add_receipt(receipt)
         return Fork(receipt=receipt, handle=handle)
+
+    def _referencing_layers(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """The agent layer store's lock, shared (nothing when the store is not here)."""
+        root = agent_workspaces_root(self.agent.home)
+        if not (root / "layers").is_dir():
+            return contextlib.nullcontext()
+        return layer_lock(root).hold_async()
 
     def _checked_layer(self, layer: str | None, at_step: int) -> str | None:
         """``layer`` (the one holding the run's workspace after ``at_step``; None: none),
@@ -282,10 +296,15 @@ class AgentLab:
         fork receipt names. Whether a run is open is asked of Temporal; an error other
         than "not found" stops before anything is removed. An open fork's current layer
         is read from its history: a write its policy served from the parent's record ran
-        no tool, so it recorded no pin."""
+        no tool, so it recorded no pin. Everything is read under the store's lock held
+        exclusive: no fork records a receipt, and no call records a layer, meanwhile."""
         root = agent_workspaces_root(self.agent.home)
         if not (root / "layers").is_dir():
             return None
+        async with layer_lock(root).hold_async(exclusive=True):
+            return await self._collect_layers(root, min_age_seconds)
+
+    async def _collect_layers(self, root: Path, min_age_seconds: float) -> GcResult:
         receipts = self.registry.receipts()
         needed = {r.workspace_layer_sha256 for r in receipts if r.workspace_layer_sha256}
         open_runs: set[str] = set()

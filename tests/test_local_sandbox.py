@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import py_compile
 import shutil
 import signal
 import socket
@@ -426,4 +427,117 @@ def test_runner_in_a_sandbox_matches_the_in_process_runner(
         assert canonical_json(in_sandbox) == canonical_json(in_process)
         assert len(in_sandbox["outcomes"]) == 120
         backend.delete(box)
+    assert backend.list({}) == []
+
+
+# --- bytecode -----------------------------------------------------------------------------
+def _bytecode_read(result: ExecResult) -> list[str]:
+    """The ``.pyc`` files of the snapshot that ``python -v`` says code objects came from
+    (a module compiled from source names its ``.py``)."""
+    return [
+        line.split("from ", 1)[1]
+        for line in result.stderr.splitlines()
+        if line.startswith("# code object from '/code/") and line.endswith(".pyc'")
+    ]
+
+
+def test_boxes_read_the_bytecode_the_worker_compiled_and_cannot_change_it(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    box = backend.create(snapshot.id, LABELS, Limits())
+    code = "import experiments.runtime.runner"
+    result = backend.exec(box, ["python", "-v", "-c", code], 30)
+    assert result.exit_code == 0, result.stderr
+    assert "'/code/experiments/runtime/__pycache__/runner.cpython-311.pyc'" in _bytecode_read(
+        result
+    )
+    written = run_python(
+        backend,
+        box,
+        """
+        import pathlib
+        try:
+            cache = pathlib.Path("/code/experiments/runtime/__pycache__")
+            (cache / "runner.cpython-311.pyc").write_bytes(b"x")
+            print("wrote")
+        except OSError as exc:
+            print("refused", exc.errno)
+        """,
+    )
+    assert written.stdout.startswith("refused"), written.stdout
+    # the snapshot itself still holds exactly the bundle's files (its id digests them)
+    folder = backend.root / "snapshots" / snapshot.code_digest
+    assert not [p for p in folder.rglob("*.pyc")]
+    # without the worker's bytecode a box compiles from source, as before
+    plain = LocalSandboxBackend(backend.root, bytecode=False)
+    result = plain.exec(box, ["python", "-v", "-c", code], 30)
+    assert result.exit_code == 0 and not _bytecode_read(result), _bytecode_read(result)
+
+
+def test_bytecode_changed_on_the_host_is_compiled_again_never_run(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo, tmp_path: Path
+) -> None:
+    box = backend.create(snapshot.id, LABELS, Limits())
+    assert run_python(backend, box, "import experiments.runtime.runner").exit_code == 0
+    (cached,) = (backend.root / "bytecode").rglob("runtime/__pycache__/runner.*.pyc")
+    # an unchecked-hash .pyc is run without a look at its source: the worker must notice
+    evil = tmp_path / "evil.py"
+    evil.write_text("print('tampered bytecode ran')\n")
+    py_compile.compile(
+        str(evil),
+        cfile=str(tmp_path / "evil.pyc"),
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    )
+    cached.chmod(0o644)
+    cached.write_bytes((tmp_path / "evil.pyc").read_bytes())
+    result = run_python(backend, box, "import experiments.runtime.runner; print('ok')")
+    assert (result.exit_code, result.stdout) == (0, "ok\n"), result.stdout + result.stderr
+
+
+def test_one_worlds_box_sees_nothing_of_another_worlds_box(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    """Two worlds' boxes of one snapshot, alive together (the second one running): each
+    sees its own scratch folder, the snapshot and the worker's bytecode (both read-only)
+    and nothing of the other — not its files, not its processes, not its host folder."""
+    a = backend.create(snapshot.id, {**LABELS, "forklab.world": "a"}, Limits())
+    b = backend.create(snapshot.id, {**LABELS, "forklab.world": "b"}, Limits())
+    backend.upload(b, "state.json", b"world b's secret state")
+    marker, argv = marked_sleeper("world-b")
+    running = threading.Thread(
+        target=run_python,
+        args=(backend, b, f"import subprocess, sys; subprocess.run({argv})", 60),
+    )
+    running.start()
+    try:
+        wait_for(lambda: pids_running(marker), 30)
+        result = run_python(
+            backend,
+            a,
+            f"""
+            import json, os, pathlib
+            needle = "{marker[::-1]}"[::-1]  # (its own command line holds the reverse)
+            found = []
+            for top in ("/work", "/code", "/tmp", "/proc"):
+                for root, dirs, files in os.walk(top, onerror=lambda e: None):
+                    if root.startswith("/proc/") and root.count("/") > 2:
+                        dirs[:] = []
+                    for name in files:
+                        p = os.path.join(root, name)
+                        if name == "state.json" or (p.endswith("/cmdline") and needle
+                                in pathlib.Path(p).read_bytes().decode(errors="replace")):
+                            found.append(p)
+            print(json.dumps({{"found": found, "host": os.path.exists("{backend.root}"),
+                              "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}}))
+            """,
+        )
+    finally:
+        backend.delete(b)
+        running.join(60)
+    assert result.exit_code == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["found"] == [], "world a saw world b's files or processes"
+    assert seen["host"] is False, "the host's sandbox folders are invisible in a box"
+    assert len(seen["pids"]) <= 3, seen["pids"]  # its own (pid namespace), nobody else's
+    backend.delete(a)
     assert backend.list({}) == []

@@ -44,6 +44,7 @@ from activities.sandbox.base import (
     SnapshotCorruptedError,
     SnapshotInfo,
 )
+from activities.sandbox.bytecode import BytecodeCache, mount_points, pycache_folders
 from activities.sandbox.confine import kill_group, run_confined
 from activities.sandbox.jail import (
     SCRATCH_INSIDE,
@@ -151,7 +152,7 @@ class LocalSandboxBackend(SandboxBackend):
 
     name = "local"
 
-    def __init__(self, root: Path, overlay: bool = True) -> None:
+    def __init__(self, root: Path, overlay: bool = True, bytecode: bool = True) -> None:
         self.root = root
         self._snapshots = root / "snapshots"
         self._registry = root / "registry"
@@ -164,6 +165,9 @@ class LocalSandboxBackend(SandboxBackend):
         self.uid = sandbox_uid(str(root.resolve()))
         # Copy-on-write workspaces; ``overlay=False`` forces the copy fallback.
         self.workspaces = Workspaces(root, overlay=overlay, owner=self.uid)
+        # Modules compiled once per snapshot by this process (``bytecode=False``: every
+        # box compiles them from source, as the benchmark shows).
+        self._bytecode = BytecodeCache(root / "bytecode") if bytecode else None
 
     @property
     def dies_with_worker(self) -> bool:
@@ -199,6 +203,7 @@ class LocalSandboxBackend(SandboxBackend):
                     raise SandboxError(
                         "the bundle files changed while the snapshot was being prepared; retry"
                     )
+                mount_points(tmp)
                 _freeze(tmp)
                 try:
                     os.rename(tmp, final)  # atomic; fails if another preparer won the race
@@ -263,8 +268,11 @@ class LocalSandboxBackend(SandboxBackend):
             return None
         return RegistryEntry.model_validate_json(text)
 
-    def _write(self, entry: RegistryEntry) -> None:
-        atomic_write(self._entry_path(entry.id), entry.model_dump_json().encode())
+    def _write(self, entry: RegistryEntry, durable: bool = True) -> None:
+        """``durable=False`` for what only a running worker needs (the pid of the command
+        running now, the mark of a deletion under way): after the machine went down no
+        command runs, and a sandbox's folder is listed with or without its entry."""
+        atomic_write(self._entry_path(entry.id), entry.model_dump_json().encode(), durable)
 
     def _live(self, sandbox_id: str) -> tuple[RegistryEntry, Path]:
         """The entry and folder of a sandbox that exists and is not being deleted."""
@@ -307,7 +315,7 @@ class LocalSandboxBackend(SandboxBackend):
     def upload(self, sandbox_id: str, relpath: str, data: bytes) -> None:
         entry, box = self._live(sandbox_id)
         path = self._inside(box, relpath)
-        atomic_write(path, data)
+        atomic_write(path, data, durable=False)  # a sandbox does not outlive its machine
         if entry.uid is not None:  # the sandbox's own uid may read, replace and remove it
             for made in [path, *path.relative_to(box.resolve()).parents]:
                 target = made if made.is_absolute() else box.resolve() / made
@@ -338,10 +346,17 @@ class LocalSandboxBackend(SandboxBackend):
         entry, box = self._live(sandbox_id)
         code = self._snapshot_dir(entry.snapshot_id)  # re-verified before every use
         command = [str(interpreter()), "-S", "-B", *argv[1:]] if argv[0] == "python" else argv
+        mounts = [Mount(code, CODE_INSIDE)]
+        # (without bubblewrap the code is not at CODE_INSIDE, where the bytecode says it is)
+        if self._bytecode is not None and bubblewrap()[0] is not None:
+            digest = entry.snapshot_id.removeprefix(SNAPSHOT_PREFIX)
+            bytecode = self._bytecode.folder(digest, code, CODE_INSIDE)
+            for cache, rel in pycache_folders(bytecode, code):
+                mounts.append(Mount(cache, f"{CODE_INSIDE}/{rel}"))
         try:
             return run_confined(
                 command,
-                mounts=[Mount(code, CODE_INSIDE)],
+                mounts=mounts,
                 scratch=box,
                 env=self._environment(SCRATCH_INSIDE, CODE_INSIDE),
                 fallback_env=self._environment(str(box), str(code)),
@@ -372,7 +387,8 @@ class LocalSandboxBackend(SandboxBackend):
         with self._locked():
             entry = self._read(sandbox_id)
             if entry is not None and not entry.deleting:
-                self._write(entry.model_copy(update={"pid": pid, "pid_start": _process_start(pid)}))
+                update = {"pid": pid, "pid_start": _process_start(pid)}
+                self._write(entry.model_copy(update=update), durable=False)
                 return
         kill_group(pid)
 
@@ -380,7 +396,7 @@ class LocalSandboxBackend(SandboxBackend):
         with self._locked():
             entry = self._read(sandbox_id)
             if entry is not None and entry.pid == pid and not entry.deleting:
-                self._write(entry.model_copy(update={"pid": None, "pid_start": None}))
+                self._write(entry.model_copy(update={"pid": None, "pid_start": None}), False)
 
     def delete(self, sandbox_id: str) -> None:
         path = self._entry_path(sandbox_id)
@@ -391,7 +407,7 @@ class LocalSandboxBackend(SandboxBackend):
                 entry = None  # unreadable: nothing to kill, but still removed below
             if entry is not None:
                 entry = entry.model_copy(update={"deleting": True})
-                self._write(entry)
+                self._write(entry, durable=False)
         if entry is not None:
             _stop(entry)
         try:

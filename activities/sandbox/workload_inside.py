@@ -18,10 +18,13 @@ contract (``experiments.runtime.contract``) as ``{"contract": sentence}``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +84,8 @@ def _rehearse(workload: Workload, request: dict[str, Any], root: Path | None) ->
     start = time.perf_counter()
     checkpoints = [run_prefix(workload, seed, e, folder(e)) for e in range(n)]
     prefix_rate = (time.perf_counter() - start) / n
-    for episode in range(n, total):  # the contract on every prefix, before any approval
-        run_prefix(workload, seed, episode, folder(episode))
-        if root is not None:
-            shutil.rmtree(root / str(episode))
+    # the contract on every prefix, before any approval
+    _check_prefixes(workload, seed, range(n, total), root)
     worlds = []
     for plan in _plans(request):
         start = time.perf_counter()
@@ -100,6 +101,80 @@ def _rehearse(workload: Workload, request: dict[str, Any], root: Path | None) ->
     }
 
 
+#: Below this many episodes a part, checking prefixes in one process is cheaper than forking.
+MIN_CHECKS_PER_PROCESS = 2_000
+
+
+class _Answer(Exception):
+    """A check process's answer (``{"error"|"contract": sentence}``), to send as the box's."""
+
+    def __init__(self, answer: dict[str, str]) -> None:
+        super().__init__(next(iter(answer.values())))
+        self.answer = answer
+
+
+def _check(workload: Workload, seed: int, episodes: range, root: Path | None) -> None:
+    for episode in episodes:
+        run_prefix(workload, seed, episode, None if root is None else root / str(episode))
+        if root is not None:
+            shutil.rmtree(root / str(episode))
+
+
+def _check_prefixes(workload: Workload, seed: int, episodes: range, root: Path | None) -> None:
+    """Run the prefix of every episode in ``episodes``, in contiguous parts over the CPUs
+    this box may use (the twin runs them over ``--processes``; here they would otherwise
+    take one core for the whole check): this process checks the first part, a forked one
+    each other part. The first failure in episode order is the one answered, as one loop
+    would answer it; a part that crashed fails the box with its traceback."""
+    cpus = len(os.sched_getaffinity(0))
+    parts = max(1, min(cpus, len(episodes) // MIN_CHECKS_PER_PROCESS))
+    size = -(-len(episodes) // parts)
+    ranges = [episodes[i : i + size] for i in range(0, len(episodes), size)] or [episodes]
+    children: list[tuple[int, int]] = []
+    try:
+        for part in ranges[1:]:
+            children.append(_fork_check(workload, seed, part, root))
+        _check(workload, seed, ranges[0], root)
+    except BaseException:
+        for pid, fd in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(fd)
+        raise
+    reports = []
+    for pid, fd in children:
+        with os.fdopen(fd, encoding="utf-8") as pipe:
+            reports.append(pipe.read())
+        os.waitpid(pid, 0)
+    for report in reports:
+        answer = json.loads(report or '{"crash": "the check process died"}')
+        if "crash" in answer:
+            raise RuntimeError(f"a prefix check process failed:\n{answer['crash']}")
+        if answer:
+            raise _Answer(answer)
+
+
+def _fork_check(workload: Workload, seed: int, part: range, root: Path | None) -> tuple[int, int]:
+    """A child checking ``part``; it writes ``{}`` or its answer to the pipe returned."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write)
+        return pid, read
+    os.close(read)
+    answer: dict[str, str] = {}
+    try:
+        _check(workload, seed, part, root)
+    except WorkloadError as exc:
+        answer = {"error": f"field {exc.field}: {exc.message}"}
+    except ContractViolation as exc:
+        answer = {"contract": str(exc)}
+    except BaseException:
+        answer = {"crash": traceback.format_exc()}
+    os.write(write, json.dumps(answer).encode())
+    os._exit(0)
+
+
 def batch(request: dict[str, Any]) -> dict[str, Any]:
     workload = _workload(request)
     return dict(run_batch(workload, request["seed"], request["episodes"], _plans(request)))
@@ -111,6 +186,8 @@ def main(argv: list[str]) -> int:
         request = json.load(fh)
     try:
         result = op(request)
+    except _Answer as exc:
+        result = exc.answer
     except WorkloadError as exc:
         result = {"error": f"field {exc.field}: {exc.message}"}
     except ContractViolation as exc:

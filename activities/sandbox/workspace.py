@@ -29,10 +29,21 @@ paths, inode, size, mode and ctime). Any write, truncation, chmod, rename, addit
 removal in the layer since sealing changes a ctime or the set of paths, and ctime cannot
 be set from user space (only by changing the system clock). ``verify(full=True)`` also
 re-hashes every file's content.
+
+Collecting unused layers (``Workspaces.gc``) is safe against a fork, attach, pin or seal
+made at the same moment on the same host: those take the store's lock (``LayerLock``,
+``flock`` on ``<root>/layers.lock``) shared, from the moment they look at a layer until
+their reference to it is on disk (a workspace's ``state.json``, a pin); ``gc`` takes it
+exclusive for its mark and sweep. So gc either sees the reference, or the operation runs
+after the sweep and finds the layer gone (a clear error, nothing half-made), never in
+between. The kernel drops the lock of a process that dies, so a crashed holder cannot
+block the store.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -43,7 +54,8 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal
 
@@ -221,6 +233,83 @@ def _stats(tree: Path) -> dict[str, tuple[int, int, int, int]]:
     return stats
 
 
+#: The store locks this thread or task holds (lock file → exclusive?): a nested hold (a
+#: fork's freeze and attaches; an attach's seal of the empty layer) takes the lock once.
+_HELD: ContextVar[dict[str, bool]] = ContextVar("forklab_layer_locks", default={})  # noqa: B039
+
+
+def _flock(path: Path, exclusive: bool) -> int:
+    """Open ``path`` and wait for its lock; the open file (to close) holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _close_when_acquired(waiting: asyncio.Future[int]) -> None:
+    """Release a lock whose waiter was cancelled, as soon as it is acquired."""
+    if not waiting.cancelled() and waiting.exception() is None:
+        os.close(waiting.result())
+
+
+class LayerLock:
+    """The lock of one layer store: shared while an operation starts referencing a layer
+    (from checking it exists to recording the reference), exclusive while ``gc`` marks and
+    sweeps. ``flock`` on a lock file: whoever dies, the kernel releases its hold."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _nested(self, exclusive: bool) -> bool:
+        """True when this thread or task holds the lock already (no second hold)."""
+        held = _HELD.get().get(str(self.path))
+        if held is None:
+            return False
+        if exclusive and not held:  # waiting for ourselves would never end
+            raise WorkspaceError(f"{self.path}: exclusive hold asked under a shared one")
+        return True
+
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool = False) -> Iterator[None]:
+        if self._nested(exclusive):
+            yield
+            return
+        fd = _flock(self.path, exclusive)
+        token = _HELD.set({**_HELD.get(), str(self.path): exclusive})
+        try:
+            yield
+        finally:
+            _HELD.reset(token)
+            os.close(fd)
+
+    @contextlib.asynccontextmanager
+    async def hold_async(self, exclusive: bool = False) -> AsyncIterator[None]:
+        """``hold`` for async code: the wait runs in a thread, the event loop goes on."""
+        if self._nested(exclusive):
+            yield
+            return
+        waiting = asyncio.get_running_loop().run_in_executor(None, _flock, self.path, exclusive)
+        try:
+            fd = await asyncio.shield(waiting)
+        except asyncio.CancelledError:  # the lock comes later: let it go at once
+            waiting.add_done_callback(_close_when_acquired)
+            raise
+        token = _HELD.set({**_HELD.get(), str(self.path): exclusive})
+        try:
+            yield
+        finally:
+            _HELD.reset(token)
+            os.close(fd)
+
+
+def layer_lock(root: Path) -> LayerLock:
+    """The lock of the layer store under ``root`` (what ``Workspaces(root)`` uses)."""
+    return LayerLock(root / "layers.lock")
+
+
 def _identity(path: Path) -> tuple[int, int, int]:
     st = os.stat(path)
     return st.st_ino, st.st_ctime_ns, st.st_size
@@ -239,6 +328,7 @@ class LayerStore:
         self.root = root / "layers"
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)  # reachable by the worker's user only
+        self.lock = layer_lock(root)
         self.cache = cache
         self._checked: dict[str, tuple[object, LayerManifest, _Seal]] = {}
 
@@ -307,7 +397,13 @@ class LayerStore:
 
     def seal(self, staging: Path, parent: str | None) -> LayerInfo:
         """Move ``staging`` (a folder on the same filesystem) into the store as a layer over
-        ``parent``. The folder is consumed; an identical layer already stored is reused."""
+        ``parent``. The folder is consumed; an identical layer already stored is reused,
+        and counts as sealed now for ``gc``'s grace period (its caller is about to pin or
+        mount it)."""
+        with self.lock.hold():
+            return self._seal(staging, parent)
+
+    def _seal(self, staging: Path, parent: str | None) -> LayerInfo:
         started = time.perf_counter()
         entries: list[LayerEntry] = []
         hashed = 0
@@ -325,6 +421,7 @@ class LayerStore:
                 os.rename(final, self.root / f".damaged-{digest}-{time.monotonic_ns()}")
         if (final / "seal.json").is_file():
             shutil.rmtree(staging)
+            os.utime(final)  # the folder's time is its age for ``gc``
         else:
             box = Path(tempfile.mkdtemp(dir=self.root, prefix=".seal-"))
             try:
@@ -354,18 +451,20 @@ class LayerStore:
         ``owner``, every copied path belongs to that uid and gid."""
         if not source.is_dir():
             raise WorkspaceError(f"workspace folder {source} does not exist or is no folder")
-        staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".import-"))
-        try:
-            shutil.copytree(source, staging / "t", symlinks=True)
-            _chown_tree(staging / "t", owner)
-            return self.seal(staging / "t", parent)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        with self.lock.hold():  # gc takes a staging folder for a leftover otherwise
+            staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".import-"))
+            try:
+                shutil.copytree(source, staging / "t", symlinks=True)
+                _chown_tree(staging / "t", owner)
+                return self.seal(staging / "t", parent)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
 
     def empty(self) -> str:
         """The digest of the empty layer (the base of a workspace given no files)."""
-        staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".empty-"))
-        return self.seal(staging, None).digest
+        with self.lock.hold():
+            staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".empty-"))
+            return self.seal(staging, None).digest
 
 
 def _chown_tree(tree: Path, owner: int | None) -> None:
@@ -479,9 +578,10 @@ class Workspaces:
     def attach(self, ws_id: str, target: Path, base: str | None) -> WorkspaceInfo:
         """Materialise layer ``base`` (and those below it, each verified; None: empty) at
         ``target``."""
-        return self._attach(
-            ws_id, target, self.layers.stack(base if base is not None else self.layers.empty())
-        )
+        with self.layers.lock.hold():  # from the check until state.json names the stack
+            return self._attach(
+                ws_id, target, self.layers.stack(base if base is not None else self.layers.empty())
+            )
 
     def _attach(self, ws_id: str, target: Path, stack: list[str]) -> WorkspaceInfo:
         folder = self._folder(ws_id)
@@ -526,6 +626,10 @@ class Workspaces:
     def freeze(self, ws_id: str) -> LayerInfo:
         """Seal the workspace's current content as a layer; the workspace stays as it was,
         now sitting on that layer. Call it only while nothing runs in the workspace."""
+        with self.layers.lock.hold():
+            return self._freeze(ws_id)
+
+    def _freeze(self, ws_id: str) -> LayerInfo:
         folder = self._folder(ws_id)
         state = self._state(ws_id)
         target = Path(state.target)
@@ -564,7 +668,13 @@ class Workspaces:
     ) -> tuple[LayerInfo, list[WorkspaceInfo]]:
         """Freeze ``ws_id`` and attach one workspace per (id, target) over the frozen layer.
         The stack is verified once, by the freeze, for the parent and every child."""
-        layer = self.freeze(ws_id)
+        with self.layers.lock.hold():
+            return self._fork(ws_id, children)
+
+    def _fork(
+        self, ws_id: str, children: list[tuple[str, Path]]
+    ) -> tuple[LayerInfo, list[WorkspaceInfo]]:
+        layer = self._freeze(ws_id)
         stack = list(self._state(ws_id).stack)
         made: list[WorkspaceInfo] = []
         try:
@@ -620,11 +730,12 @@ class Workspaces:
 
     def pin(self, owner: str, digest: str) -> None:
         """Keep layer ``digest`` and the layers below it while ``owner`` (a run) holds it:
-        one empty file per layer, so concurrent pins of one run need no lock."""
-        self.layers.manifest(digest)  # exists, and is what its name says
-        folder = self._pins(owner)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / digest).touch()
+        one empty file per layer, so concurrent pins of one run need no lock of their own."""
+        with self.layers.lock.hold():
+            self.layers.manifest(digest)  # exists, and is what its name says
+            folder = self._pins(owner)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / digest).touch()
 
     def release(self, owner: str) -> None:
         """Drop every pin ``owner`` holds (its layers go at the next ``gc``)."""
@@ -655,27 +766,55 @@ class Workspaces:
 
     def gc(self, min_age_seconds: float = 600.0, keep: Iterable[str] = ()) -> GcResult:
         """Remove every layer nothing needs (see ``live_layers``; ``keep``: more layers
-        the caller knows are needed) that was sealed at least ``min_age_seconds`` ago — a
-        layer sealed a moment ago may not be pinned or mounted yet — and set-aside
-        leftovers (damaged layers, interrupted seals) as old."""
-        live = self.live_layers(keep)
+        the caller knows are needed) that was sealed (or sealed again) at least
+        ``min_age_seconds`` ago — its sealer may not have pinned or mounted it yet — and
+        set-aside leftovers (damaged layers, interrupted seals) as old. Holds the store's
+        lock exclusive while it marks and moves the unneeded layers aside: no fork,
+        attach, pin or seal runs in between (``keep``, read by a caller before, is only
+        safe when it holds the lock too). The slow part, deleting, comes after."""
+        with self.layers.lock.hold(exclusive=True):
+            live = self.live_layers(keep)
+            doomed = self._set_aside(live, min_age_seconds)
+            kept = sum(1 for f in self.layers.root.iterdir() if not f.name.startswith("."))
+        freed = sum(_delete(aside) for _, aside in doomed)
+        return GcResult(
+            kept=kept, live=len(live), removed=tuple(n for n, _ in doomed), bytes_freed=freed
+        )
+
+    def _set_aside(self, live: set[str], min_age_seconds: float) -> list[tuple[str, Path]]:
+        """Rename each layer or leftover to collect to a leftover's name, now (so that
+        another gc leaves it to this one unless it is crashed and old): (name, new path)."""
         now = time.time()
-        removed: list[str] = []
-        freed = 0
+        doomed: list[tuple[str, Path]] = []
         for folder in sorted(self.layers.root.iterdir()):
             name = folder.name
-            marker = folder / "seal.json" if not name.startswith(".") else folder
             try:
-                age = now - os.stat(marker).st_mtime
+                age = now - os.stat(folder).st_mtime
             except FileNotFoundError:
                 continue
             if name in live or age < min_age_seconds:
                 continue
-            freed += sum(os.lstat(p).st_blocks * 512 for _, p in _walk(folder))
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(name)
-        kept = sum(1 for f in self.layers.root.iterdir() if not f.name.startswith("."))
-        return GcResult(kept=kept, live=len(live), removed=tuple(removed), bytes_freed=freed)
+            aside = self.layers.root / f".collected-{name.lstrip('.')[:80]}-{time.monotonic_ns()}"
+            try:
+                os.rename(folder, aside)
+                os.utime(aside)
+            except FileNotFoundError:  # another gc took this leftover
+                continue
+            doomed.append((name, aside))
+        return doomed
+
+
+def _delete(folder: Path) -> int:
+    """Delete ``folder``; the bytes it held (what another process deleted first aside)."""
+    freed = 0
+    try:
+        for _, path in _walk(folder):
+            with contextlib.suppress(FileNotFoundError):
+                freed += os.lstat(path).st_blocks * 512
+    except FileNotFoundError:
+        pass
+    shutil.rmtree(folder, ignore_errors=True)
+    return freed
 
 
 class GcResult(BaseModel):
