@@ -12,7 +12,6 @@ activity workers do. Standard library only; it must not import ForkLab.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import resource
@@ -24,6 +23,8 @@ EXIT_NOT_STARTED = 127  # the command could not be started (as in a shell)
 
 def private_network() -> str | None:
     """Enter a new, empty network namespace; None on success, else why not."""
+    import ctypes  # here: only a host without bubblewrap needs it, and every box starts here
+
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWNET) == 0:
         return None
