@@ -426,3 +426,36 @@ def test_kept_checkpoint_states_change_no_result(
                     did,
                     fp,
                 )
+
+
+def test_a_block_is_its_coordinates_drawn_one_by_one_and_decoded_once_per_episode() -> None:
+    from experiments.runtime.crn import Block, EpisodeDraws
+
+    decoded: list[tuple[float, ...]] = []
+
+    def decode(values: tuple[float, ...]) -> tuple[float, ...]:
+        decoded.append(values)
+        return values
+
+    block = Block([(-1, "cap"), (0, "work"), (1, "work")], decode)
+    draws = EpisodeDraws(5, 6)
+    worlds = [Shocks(5, 6, draws=draws) for _ in range(3)]
+    plain = Shocks(5, 6)
+    expected = tuple(tuple(uniform(5, 6, e, t, s) for e, s in block.pairs) for t in range(20))
+    for shocks in worlds:
+        assert shocks.exogenous_blocks(block, 0, 20) == expected
+    for t in range(20):
+        for entity, stream in block.pairs:
+            plain.exogenous(entity, t, stream)
+    assert len(decoded) == 20  # once per tick for the episode, not once per world
+    # The same fingerprint as drawing the coordinates one by one; a coordinate drawn both
+    # ways, or a tick in two runs, counts once.
+    mixed = Shocks(5, 6, draws=draws)
+    mixed.exogenous(0, 7, "work")
+    assert mixed.exogenous_blocks(block, 5, 20) == expected[5:]
+    assert mixed.exogenous_blocks(block, 0, 6) == expected[:6]
+    assert len(decoded) == 20  # the words and decodings of each tick are shared too
+    assert {s.fingerprint() for s in (*worlds, mixed)} == {plain.fingerprint()}
+    short = Shocks(5, 6, draws=draws)
+    short.exogenous_blocks(block, 0, 19)
+    assert short.fingerprint() != plain.fingerprint()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from experiments.runtime.crn import Shocks
+from experiments.runtime.crn import Shocks, uniform
 from experiments.runtime.file_format import Batch, WorldPlan
 from experiments.runtime.runner import (
     continue_checkpoints,
@@ -206,19 +206,21 @@ def test_every_intervention_default_is_valid() -> None:
 
 # --- mechanics -----------------------------------------------------------------------------
 def test_restart_loses_queued_retries_and_holds_traffic() -> None:
-    wl = RetryCascade()
+    # A world of exactly three ticks after the boundary (a step runs a world to the end).
+    wl = RetryCascade({"onset_min": 30, "onset_max": 30, "horizon": 33})
     episode = next(i for i in range(200) if run_prefix(wl, 0, i)["features"]["queue_depth"])
     cp = run_prefix(wl, 0, episode)
     state = json.loads(cp["state"])
     before = state["dropped"]
     wl.intervene(state, "restart", {"downtime": 3}, Shocks(0, episode))
     assert state["dropped"] == before + cp["features"]["queue_depth"]
-    assert all(q == [] for q in state["queues"])
+    assert state["retries"] == [] and state["depth"] == [0] * wl.params["agents"]
     served = state["served"]
     shocks = Shocks(0, episode)
-    for _ in range(3):
-        wl.step(state, shocks)
+    wl.step(state, shocks)
+    assert state["tick"] == 33 and wl.done(state)
     assert state["served"] == served  # nobody called the upstream while restarting
+    assert sum(state["depth"]) > 0  # the new work was held, not served
 
 
 def test_latency_and_queue_memory_change_the_state_they_claim() -> None:
@@ -234,11 +236,12 @@ def test_outcome_is_the_slo_on_lost_requests() -> None:
     wl = RetryCascade()
     state = json.loads(run_prefix(wl, 0, 0)["state"])
     state["dropped"] = wl.params["slo_lost"] - 1
-    state["queues"] = [[] for _ in state["queues"]]
-    state["queues"][0] = [[state["tick"] + 5, 1]]
+    state["retries"] = [[], [], [], [], [[0, 1]]]  # agent 0's call, due in 5 ticks
+    state["depth"] = [1] + [0] * (wl.params["agents"] - 1)
     assert wl.lost(state) == wl.params["slo_lost"]
     assert wl.outcome(state)
-    state["queues"][1] = [[state["tick"] + 5, 2]]
+    state["retries"][4].append([1, 2])
+    state["depth"][1] = 1
     assert not wl.outcome(state)
 
 
@@ -295,3 +298,129 @@ def test_the_stdlib_check_rejects_what_a_sandbox_lacks(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import os\nimport yaml\nfrom pydantic import BaseModel\nfrom . import x\n")
     assert _stdlib_only(bad) == ["yaml", "pydantic", "."]
+
+
+# --- a plain reference of the documented model ------------------------------------------
+def reference_lost(params: dict[str, Any], seed: int, episode: int, world: str) -> int:
+    """``lost`` at the horizon, computed the plain way from docs/retry-cascade.md: a list
+    of [due, attempts] per agent, every draw hashed with ``crn.uniform``, one tick at a
+    time, nothing shared or decoded ahead (what the workload's step must equal)."""
+    p = {**RetryCascade.default_params, **params}
+    knobs = {**RetryCascade.interventions.get(world, {})}
+
+    def draw(entity: int, tick: int, stream: str) -> float:
+        return uniform(seed, episode, entity, tick, stream)
+
+    n = p["agents"]
+    onset = p["onset_min"] + int(draw(-1, 0, "onset") * (p["onset_max"] - p["onset_min"] + 1))
+    span = p["outage_max"] - p["outage_min"] + 1
+    outage_end = onset + p["outage_min"] + int(draw(-1, 0, "duration") * span)
+    queues: list[list[list[int]]] = [[] for _ in range(n)]
+    dropped = 0
+    queue_cap = p["queue_cap"]
+    spread = latency = None
+    pace = cooldown = trip = None
+    circuit_until = down_until = 0
+    for t in range(p["horizon"]):
+        if t == onset:  # the boundary: the world's intervention
+            if world in ("jitter", "broadcast-jitter"):
+                spread = knobs["spread"]
+            if world in ("broadcast", "broadcast-jitter"):
+                pace, cooldown, trip = knobs["pace"], knobs["cooldown"], knobs["trip"]
+            if world == "queue-memory":
+                queue_cap *= knobs["factor"]
+            if world == "latency":
+                latency = knobs["extra"]
+            if world == "restart":
+                dropped += sum(len(q) for q in queues)
+                queues = [[] for _ in range(n)]
+                down_until = t + knobs["downtime"]
+        u_cap, u_serve = draw(-1, t, "capacity"), draw(-1, t, "serve")
+        work = []
+        for agent in range(n):
+            if agent % 8 == 0:
+                word = int(draw(agent // 8, t, "work") * 2.0**53)
+            work.append((word >> 6 * (agent % 8) & 63) < p["arrival_rate"] * 64)
+        if onset <= t < outage_end:
+            cap = p["capacity"] * p["outage_capacity"]
+        elif u_cap < p["dip_prob"]:
+            cap = p["capacity"] * p["dip_factor"]
+        else:
+            v = (u_cap - p["dip_prob"]) / (1.0 - p["dip_prob"])
+            cap = p["capacity"] * (1.0 - p["capacity_noise"] * v)
+        sends = []
+        for agent in range(n):
+            sends.append([a for due, a in queues[agent] if due <= t] + ([0] if work[agent] else []))
+            queues[agent] = [e for e in queues[agent] if e[0] > t]
+        limits = None
+        if t < down_until:
+            limits = [0] * n
+        elif pace is not None and t < circuit_until:
+            limits = [0] * n
+            probe = next((j for j in [(t + k) % n for k in range(n)] if sends[j]), None)
+            if probe is not None:
+                limits[probe] = 1
+        elif pace is not None:
+            limits = [pace] * n
+        for agent in range(n):
+            if limits is not None:
+                for a in sends[agent][limits[agent] :]:
+                    if len(queues[agent]) < queue_cap:
+                        queues[agent].append([t + 1, a])
+                    else:
+                        dropped += 1
+                sends[agent] = sends[agent][: limits[agent]]
+        offered = sum(len(s) for s in sends)
+        ratio = 1.0 - p["error_rate"]
+        load = offered * (1.0 + (latency or 0.0))
+        if offered and load > cap:
+            ratio *= max(0.0, cap - p["thrash"] * (load - cap)) / load
+        cumulative, below, failures = u_serve, 0, 0
+        for agent in range(n):
+            if not sends[agent]:
+                continue
+            cumulative += len(sends[agent]) * ratio
+            ok, below = int(cumulative) - below, int(cumulative)
+            for j, a in enumerate(sends[agent][ok:]):
+                failures += 1
+                if a + 1 >= p["max_attempts"]:
+                    dropped += 1
+                    continue
+                wait = min(p["backoff_base"] * 2 ** (a + 1 - 1), p["backoff_cap"])
+                if spread is not None:
+                    u = uniform(seed, episode, agent, t, f"jitter{j}#r0")
+                    wait = max(1, round(wait * (1.0 + spread * (u - 0.5))))
+                if len(queues[agent]) < queue_cap:
+                    queues[agent].append([t + wait, a + 1])
+                else:
+                    dropped += 1
+        if failures and pace is not None and (t < circuit_until or failures >= trip * offered):
+            circuit_until = t + 1 + cooldown
+    return dropped + sum(len(q) for q in queues)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"agents": 19, "backoff_cap": 30, "queue_cap": 3, "max_attempts": 9, "capacity": 20.0}],
+)
+def test_the_workload_equals_a_plain_reference_of_its_model(params: dict[str, Any]) -> None:
+    """Whatever the workload does for speed (the tick's shocks decoded once per episode,
+    queues kept by due tick, a short cut for ticks without due retries), every world of
+    every episode ends with the requests lost that the documented model gives."""
+    wl = RetryCascade(params)
+    batch = run_batch(wl, 3, range(60), plans())
+    prefixes = [run_prefix(wl, 3, episode)["state"] for episode in range(60)]
+    for world in WORLDS:
+        lost = []
+        for episode, text in enumerate(prefixes):
+            state, shocks = json.loads(text), Shocks(3, episode)
+            if world != "baseline":
+                wl.intervene(state, world, {}, shocks)
+            while not wl.done(state):
+                wl.step(state, shocks)
+            lost.append(wl.lost(state))
+        assert lost == [reference_lost(params, 3, e, world) for e in range(60)], world
+        expected = [x <= wl.params["slo_lost"] for x in lost]
+        assert batch["worlds"][world]["outcomes"] == expected, world
+        if world == "baseline":
+            assert len(set(lost)) > 10  # storms and calm episodes alike

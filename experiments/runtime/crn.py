@@ -7,19 +7,25 @@ for its own purposes cannot shift anybody else's sequence.
 
 Every world of an episode asks for mostly the same coordinates, so the words are kept
 in one table per episode (:class:`EpisodeDraws`) that all its worlds share: each
-coordinate is hashed once per episode, not once per world.
+coordinate is hashed once per episode, not once per world. A workload that draws the
+same few coordinates at every tick can name them once as a :class:`Block` and draw them
+together: the block's values, and a pure function of them the workload declares, are
+then worked out once per episode and tick for all its worlds.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 _SCALE = 1.0 / (1 << 53)
 _MASK64 = (1 << 64) - 1
 
 #: A coordinate of an exogenous draw: (entity, tick, stream).
 Coordinate = tuple[int, int, str]
+
+T = TypeVar("T")
 
 
 def _word(seed: int, episode: int, entity: int, tick: int, stream: str) -> int:
@@ -33,6 +39,25 @@ def uniform(seed: int, episode: int, entity: int, tick: int, stream: str) -> flo
     return (_word(seed, episode, entity, tick, stream) >> 11) * _SCALE
 
 
+class Block(Generic[T]):
+    """Exogenous coordinates drawn together at a tick: ``(entity, stream)`` pairs, and
+    ``decode``, a pure function of their values (in that order) that the workload would
+    otherwise compute from them in every world (e.g. unpacking bit lanes).
+
+    Drawing a block is drawing each of its coordinates (same values, same fingerprint);
+    it only lets every world of an episode share the values and what ``decode`` made of
+    them. A block is keyed by identity: make it once (e.g. when the params are checked).
+    """
+
+    __slots__ = ("decode", "pairs")
+
+    def __init__(
+        self, pairs: Sequence[tuple[int, str]], decode: Callable[[tuple[float, ...]], T]
+    ) -> None:
+        self.pairs = tuple(pairs)
+        self.decode = decode
+
+
 class EpisodeDraws:
     """The words of one episode, shared by its prefix and every world (and replicate).
 
@@ -40,13 +65,17 @@ class EpisodeDraws:
     change a value; it only spares each world hashing the same coordinates again.
     """
 
-    __slots__ = ("_prefix", "agent", "episode", "exogenous", "seed")
+    __slots__ = ("_prefix", "agent", "blocks", "episode", "exogenous", "runs", "seed")
 
     def __init__(self, seed: int, episode: int) -> None:
         self.seed = seed
         self.episode = episode
         self.exogenous: dict[Coordinate, int] = {}
         self.agent: dict[tuple[int, int, str], float] = {}
+        # (block, tick) -> (the block's words by coordinate, what its decode returned)
+        self.blocks: dict[tuple[Block[Any], int], tuple[dict[Coordinate, int], Any]] = {}
+        # (block, start, stop) -> (the words of those ticks, what decode returned for each)
+        self.runs: dict[tuple[Block[Any], int, int], tuple[dict[Coordinate, int], Any]] = {}
         self._prefix: Any = None  # BLAKE2b state after "seed|episode|", made on first use
 
     def word(self, entity: int, tick: int, stream: str) -> int:
@@ -62,23 +91,40 @@ class EpisodeDraws:
         h.update(f"{entity}|{tick}|{stream}".encode())
         return int.from_bytes(h.digest(), "little")
 
+    def block(self, block: Block[Any], tick: int) -> tuple[dict[Coordinate, int], Any]:
+        """The words of ``block``'s coordinates at ``tick`` and its decoded values, made
+        on first use (the words through the same table as single draws)."""
+        words: dict[Coordinate, int] = {}
+        values: list[float] = []
+        exogenous = self.exogenous
+        for entity, stream in block.pairs:
+            coord = (entity, tick, stream)
+            word = exogenous.get(coord)
+            if word is None:
+                word = exogenous[coord] = self.word(entity, tick, stream)
+            words[coord] = word
+            values.append((word >> 11) * _SCALE)
+        entry = self.blocks[(block, tick)] = (words, block.decode(tuple(values)))
+        return entry
+
 
 class Shocks:
     """The random numbers one world (or the prefix) sees in one episode.
 
     ``exogenous`` draws are the shocks of the environment: identical in every world and
-    every replicate. Each world remembers which coordinates it drew, so that it can report
-    a fingerprint of the shocks it saw. ``agent`` draws are the agent's own randomness
-    (e.g. a noisy model); they are common across worlds too, but each replicate of a
-    majority vote gets its own stream, and they are not part of the fingerprint.
+    every replicate. Each world remembers which coordinates it drew (and their words), so
+    that it can report a fingerprint of the shocks it saw. ``agent`` draws are the agent's
+    own randomness (e.g. a noisy model); they are common across worlds too, but each
+    replicate of a majority vote gets its own stream, and they are not part of the
+    fingerprint.
     """
 
     __slots__ = (
         "_agent_drawn",
         "_draws",
+        "_labels",
         "_seen",
         "_source",
-        "_sum",
         "episode",
         "replicate",
         "seed",
@@ -103,34 +149,59 @@ class Shocks:
         self.replicate = replicate
         self._draws = draws  # made on the first draw: many runs never draw at all
         self._source = source
-        self._seen: dict[Coordinate, float] = {}
-        self._sum = 0
+        self._seen: dict[Coordinate, int] = {}  # coordinate -> its word
+        self._labels: dict[str, str] = {}  # agent stream -> its label for this replicate
         self._agent_drawn = False
 
     def exogenous(self, entity: int, tick: int, stream: str) -> float:
         coord = (entity, tick, stream)
-        value = self._seen.get(coord)
-        if value is not None:
-            return value
+        word = self._seen.get(coord)
+        if word is None:
+            table = self._draws
+            if table is None:
+                table = self.draws
+            words = table.exogenous
+            word = words.get(coord)
+            if word is None:
+                word = words[coord] = table.word(entity, tick, stream)
+            self._seen[coord] = word
+        return (word >> 11) * _SCALE
+
+    def exogenous_blocks(self, block: Block[T], start: int, stop: int) -> tuple[T, ...]:
+        """Draw every coordinate of ``block`` at each tick of ``start..stop-1`` (exactly
+        as ``exogenous`` would, one by one) and return its ``decode`` of each tick's
+        values. The worlds of an episode that ask for the same ticks share the result."""
         table = self._draws
         if table is None:
             table = self.draws
-        words = table.exogenous
-        word = words.get(coord)
-        if word is None:
-            word = words[coord] = table.word(entity, tick, stream)
-        self._sum += word
-        value = self._seen[coord] = (word >> 11) * _SCALE
-        return value
+        key = (block, start, stop)
+        run = table.runs.get(key)
+        if run is None:
+            words: dict[Coordinate, int] = {}
+            decoded: list[T] = []
+            for tick in range(start, stop):
+                entry = table.blocks.get((block, tick))
+                if entry is None:
+                    entry = table.block(block, tick)
+                words.update(entry[0])
+                decoded.append(entry[1])
+            run = table.runs[key] = (words, tuple(decoded))
+        self._seen.update(run[0])
+        ticks: tuple[T, ...] = run[1]
+        return ticks
 
     def agent(self, entity: int, tick: int, stream: str) -> float:
         self._agent_drawn = True
-        label = f"{stream}#r{self.replicate}"
-        table = self.draws.agent
+        label = self._labels.get(stream)
+        if label is None:
+            label = self._labels[stream] = f"{stream}#r{self.replicate}"
+        table = self._draws
+        if table is None:
+            table = self.draws
         key = (entity, tick, label)
-        value = table.get(key)
+        value = table.agent.get(key)
         if value is None:
-            value = table[key] = (self.draws.word(entity, tick, label) >> 11) * _SCALE
+            value = table.agent[key] = (table.word(entity, tick, label) >> 11) * _SCALE
         return value
 
     @property
@@ -159,9 +230,10 @@ class Shocks:
         2**-64 collision; nothing here needs to resist a forger (workload code could
         report anything it likes; the check catches honest mistakes in the randomness).
         """
-        if not self._seen:
+        seen = self._seen
+        if not seen:
             return NO_SHOCKS
-        return f"{len(self._seen):x}:{self._sum & _MASK64:016x}"
+        return f"{len(seen):x}:{sum(seen.values()) & _MASK64:016x}"
 
 
 #: The fingerprint of a run that drew no exogenous shock.

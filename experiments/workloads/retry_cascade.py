@@ -17,10 +17,10 @@ intervention and the exact failure definition are in ``docs/retry-cascade.md``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from experiments.runtime.crn import Shocks
+from experiments.runtime.crn import Block, Shocks
 from experiments.runtime.workload import Feature, State, Workload, WorkloadError
 
 _INTS = {
@@ -41,6 +41,15 @@ _LANE_BITS = 6
 _LANE_MASK = (1 << _LANE_BITS) - 1
 _LANES = 8  # 8 lanes x 6 bits fit in the 53 bits of one uniform draw
 _WORD = float(1 << 53)
+_BROADCAST = ("pace", "trip", "cooldown")
+_NEW: tuple[int, ...] = (0,)  # an agent's calls when new work is all it sends
+_NONE: tuple[int, ...] = ()
+#: A tick's shocks, decoded: serve offset, capacity unless in the outage, each agent's
+#: new work (``_NEW`` or ``_NONE``: its calls if it has no due retry), how many got work,
+#: and the calls the upstream fails when those are all it is offered and it copes (as
+#: ``step`` lists failed calls: agent, its calls, how many of them were served).
+_Failed = tuple[int, Sequence[int], int]
+_Tick = tuple[float, float, tuple[tuple[int, ...], ...], int, tuple[_Failed, ...]]
 _FRACTIONS = (
     "arrival_rate",
     "error_rate",
@@ -125,15 +134,26 @@ class RetryCascade(Workload):
         self._horizon: int = p["horizon"]
         # An agent gets work when its 6-bit lane is below this, so P = ceil(64 rate) / 64.
         self._arrival_lane = float(p["arrival_rate"]) * (1 << _LANE_BITS)
-        self._groups = [
-            (group, min(_LANES, self._n - group * _LANES))
-            for group in range((self._n + _LANES - 1) // _LANES)
+        # Agents per group of arrivals, and each pair of 6-bit lanes -> the two agents' new
+        # work (``_NEW`` when the lane is below the threshold), low lane first.
+        self._lanes = [min(_LANES, self._n - g * _LANES) for g in range(-(-self._n // _LANES))]
+        lane = [_NEW if k < self._arrival_lane else _NONE for k in range(1 << _LANE_BITS)]
+        self._two_lanes = [
+            (lane[k & _LANE_MASK], lane[k >> _LANE_BITS]) for k in range(1 << 2 * _LANE_BITS)
         ]
+        # The draws of every tick, as one block: the worlds of an episode share its decoding.
+        self._shocks = Block(
+            [(_UPSTREAM, "capacity"), (_UPSTREAM, "serve")]
+            + [(group, "work") for group in range(len(self._lanes))],
+            self._tick_shocks,
+        )
         self._capacity = float(p["capacity"])
         self._noise = float(p["capacity_noise"])
         self._dip_prob = float(p["dip_prob"])
         self._dip_factor = float(p["dip_factor"])
         self._outage_capacity = float(p["outage_capacity"])
+        self._outage_cap = self._capacity * self._outage_capacity
+        self._jitter_streams: list[str] = []  # "jitter<j>": the agent stream of a j-th retry
         self._thrash = float(p["thrash"])
         self._healthy = 1.0 - float(p["error_rate"])
         self._max_attempts: int = p["max_attempts"]
@@ -172,7 +192,8 @@ class RetryCascade(Workload):
             "tick": 0,
             "onset": onset,
             "outage_end": onset + duration,
-            "queues": [[] for _ in range(self._n)],
+            "retries": [],
+            "depth": [0] * self._n,
             "served": 0,
             "failed_calls": 0,
             "dropped": 0,
@@ -196,17 +217,17 @@ class RetryCascade(Workload):
 
     def lost(self, state: State) -> int:
         """Requests dropped so far plus requests still waiting in a retry queue."""
-        return int(state["dropped"]) + sum(len(q) for q in state["queues"])
+        return int(state["dropped"]) + sum(state["depth"])
 
     def outcome(self, state: State) -> bool:
         return self.lost(state) <= int(self.params["slo_lost"])
 
     def features(self, state: State) -> dict[str, Feature]:
-        queues = state["queues"]
+        depth = state["depth"]
         recent = state["last_failure"] >= 0 and state["tick"] - state["last_failure"] <= 3
         return {
-            "queue_depth": sum(len(q) for q in queues),
-            "agents_in_retry": sum(1 for q in queues if q),
+            "queue_depth": sum(depth),
+            "agents_in_retry": len(depth) - depth.count(0),
             "upstream": "degraded" if recent else "healthy",
         }
 
@@ -227,160 +248,226 @@ class RetryCascade(Workload):
             state["latency"] = float(p["extra"])
         elif name == "restart":
             # In-memory retry queues die with the agents: that work is lost.
-            state["dropped"] += sum(len(q) for q in state["queues"])
-            state["queues"] = [[] for _ in range(self._n)]
+            state["dropped"] += sum(state["depth"])
+            state["retries"] = []
+            state["depth"] = [0] * self._n
             state["down_until"] = tick + int(p["downtime"])
         elif name == "placebo":
             # Randomised but inert: a draw from the placebo's own agent stream (so the
             # exogenous fingerprint is untouched), stored where nothing reads it.
             state["placebo_token"] = shocks.agent(_UPSTREAM, tick, "placebo")
 
-    def step(self, state: State, shocks: Shocks) -> None:
-        # The hot loop of every world: written for CPython (locals, no generator
-        # expressions, agents without calls skipped); the model is docs/retry-cascade.md.
-        t: int = state["tick"]
-        if t >= self._horizon:
-            return
-        n = self._n
-        # Exogenous shocks first: every tick and every agent, whatever the fleet does.
-        exogenous = shocks.exogenous
-        u_cap = exogenous(_UPSTREAM, t, "capacity")
-        u_serve = exogenous(_UPSTREAM, t, "serve")
-        # Arrivals: one draw per group of eight agents, split into 6-bit lanes.
-        arrivals: list[bool] = []
-        threshold = self._arrival_lane
-        for group, lanes in self._groups:
-            word = int(exogenous(group, t, "work") * _WORD)
-            for _ in range(lanes):
-                arrivals.append((word & _LANE_MASK) < threshold)
-                word >>= _LANE_BITS
-
-        if state["onset"] <= t < state["outage_end"]:
-            cap = self._capacity * self._outage_capacity
-        elif u_cap < self._dip_prob:
+    def _tick_shocks(self, values: tuple[float, ...]) -> _Tick:
+        """What a tick's exogenous draws (``capacity``, ``serve``, then ``work`` of each
+        group) decide, worked out once per episode and tick for all its worlds: see
+        :data:`_Tick`."""
+        u_cap, u_serve = values[0], values[1]
+        if u_cap < self._dip_prob:
             cap = self._capacity * self._dip_factor  # a background brown-out
         else:
             cap = self._capacity * (
                 1.0 - self._noise * (u_cap - self._dip_prob) / (1.0 - self._dip_prob)
             )
-
-        # What each agent would send now: its due retries (oldest first), then new work.
-        queues: list[list[list[int]]] = state["queues"]
-        sends: list[list[int]] = []
-        offered = 0
-        for i in range(n):
-            queue = queues[i]
-            if queue:
-                calls = [e[1] for e in queue if e[0] <= t]
-                if calls:
-                    queues[i] = [e for e in queue if e[0] > t]
-                if arrivals[i]:
-                    calls.append(0)
-            else:
-                calls = [0] if arrivals[i] else []
-            offered += len(calls)
-            sends.append(calls)
-
-        # Who may send: everyone, unless restarting or held back by the shared circuit.
-        queue_cap: int = state["queue_cap"]
-        bc = state["broadcast"]
-        dropped = 0
-        limits: list[int] | None = None
-        if t < state["down_until"]:
-            limits = [0] * n
-        elif bc is not None:
-            if t < state["circuit_until"]:
-                # Open circuit: one agent with work (round robin) probes the upstream.
-                limits = [0] * n
-                for k in range(n):
-                    j = (t + k) % n
-                    if sends[j]:
-                        limits[j] = 1
-                        break
-            else:
-                limits = [bc["pace"]] * n
-        if limits is not None:
-            for i in range(n):
-                calls = sends[i]
-                if len(calls) > limits[i]:
-                    queue = queues[i]
-                    for attempts in calls[limits[i] :]:
-                        if len(queue) < queue_cap:
-                            queue.append([t + 1, attempts])  # held: no attempt used
-                        else:
-                            dropped += 1
-                    sends[i] = calls[: limits[i]]
-            offered = 0
-            for calls in sends:
-                offered += len(calls)
-
-        ratio = self._healthy  # background errors: a small share of calls fails anyway
-        if offered:
-            load = offered * (1.0 + state["latency"])
-            if load > cap:
-                # Thrashing: every unit of excess load costs the upstream goodput.
-                ratio *= max(0.0, cap - self._thrash * (load - cap)) / load
-
-        failures = 0
-        served = 0
-        # Systematic rounding: agent i is served floor(C_i + u) - floor(C_{i-1} + u) calls,
-        # where C_i is the running sum of the fleet's fair shares, len(calls) * ratio.
+        # Arrivals: one draw per group of eight agents, split into 6-bit lanes (read two
+        # lanes at a time from a table).
+        fresh: tuple[tuple[int, ...], ...] = ()
+        two = self._two_lanes
+        for lanes, u_work in zip(self._lanes, values[2:], strict=True):
+            word = int(u_work * _WORD)
+            group: tuple[tuple[int, ...], ...] = (
+                two[word & 0xFFF]
+                + two[word >> 12 & 0xFFF]
+                + two[word >> 24 & 0xFFF]
+                + two[word >> 36 & 0xFFF]
+            )
+            fresh += group[:lanes]
+        # The serving step of ``step`` for a fleet whose only calls are this new work and
+        # whose upstream copes (the share served is then ``1 - error_rate``).
+        unserved: list[_Failed] = []
+        healthy = self._healthy
         cumulative = u_serve
         below = 0
-        for i in range(n):
-            calls = sends[i]
-            if not calls:
-                continue
-            sent = len(calls)
-            cumulative += sent * ratio
-            upto = int(cumulative)
-            ok = upto - below
-            below = upto
-            if ok >= sent:
-                served += sent
-                continue
-            served += ok
-            failures += sent - ok
-            dropped += self._retry(state, shocks, queues[i], calls[ok:], i, t)
+        for i, calls in enumerate(fresh):
+            if calls:
+                cumulative += 1 * healthy
+                upto = int(cumulative)
+                if upto == below:
+                    unserved.append((i, _NEW, 0))
+                below = upto
+        arrived = len(fresh) - fresh.count(_NONE)
+        return u_serve, cap, fresh, arrived, tuple(unserved)
 
-        state["served"] += served
-        state["failed_calls"] += failures
-        state["dropped"] += dropped
-        if failures:
-            state["last_failure"] = t
-            # The fleet shares what it sees: a failed probe, or a tick in which at least a
-            # ``trip`` share of the calls failed (more than background noise), opens the
-            # circuit for everyone.
-            if bc is not None and (t < state["circuit_until"] or failures >= bc["trip"] * offered):
-                state["circuit_until"] = t + 1 + bc["cooldown"]
-        state["tick"] = t + 1
-
-    def _retry(
-        self,
-        state: State,
-        shocks: Shocks,
-        queue: list[list[int]],
-        failed: list[int],
-        i: int,
-        t: int,
-    ) -> int:
-        """Queue agent ``i``'s failed calls for a retry after their backoff; returns how
-        many were dropped instead (out of attempts, or the queue was full)."""
-        jitter = state["jitter"]
+    def step(self, state: State, shocks: Shocks) -> None:
+        """Run the ticks up to the boundary (in the prefix) or the horizon (in a world),
+        one by one: a tick is docs/retry-cascade.md, *One tick*. Between two ticks
+        nothing but ``step`` reads or changes the state, so one call runs them all."""
+        # The hot loop of every world, written for CPython: the state's fields in locals
+        # for the run, the ticks' shocks decoded once per episode for all worlds, the
+        # retry queues kept by due tick, a short cut for a tick in which no retry is due.
+        start: int = state["tick"]
+        onset: int = state["onset"]
+        stop = onset if start < onset else self._horizon
+        if start >= stop:
+            return
+        # Exogenous shocks first: every tick and every agent, whatever the fleet does.
+        ticks = shocks.exogenous_blocks(self._shocks, start, stop)
+        outage_end: int = state["outage_end"]
+        outage_cap = self._outage_cap
+        # The retry queues: ``retries[k]`` holds the calls due at tick t + k, each one
+        # [agent, attempts so far], in the order they were queued; ``depth[i]`` counts
+        # agent i's queued calls.
+        retries: list[list[list[int]]] = state["retries"]
+        depth: list[int] = state["depth"]
+        n = self._n
+        healthy = self._healthy
+        thrash = self._thrash
         backoff = self._backoff
+        max_attempts = self._max_attempts
+        streams = self._jitter_streams
+        cost = 1.0 + state["latency"]
         queue_cap: int = state["queue_cap"]
-        dropped = 0
-        for j, attempts in enumerate(failed):
-            made = attempts + 1
-            if made >= self._max_attempts:
-                dropped += 1
-                continue
-            wait = backoff[made]
-            if jitter is not None:
-                spread = jitter["spread"] * (shocks.agent(i, t, f"jitter{j}") - 0.5)
-                wait = max(1, round(wait * (1.0 + spread)))
-            if len(queue) < queue_cap:
-                queue.append([t + wait, made])
+        down_until: int = state["down_until"]
+        jitter = state["jitter"]
+        spread = 0.0 if jitter is None else jitter["spread"]
+        bc = state["broadcast"]
+        pace, trip, cooldown = (0, 0.0, 0) if bc is None else (bc[k] for k in _BROADCAST)
+        circuit_until: int = state["circuit_until"]
+        last_failure: int = state["last_failure"]
+        all_served = all_failed = all_dropped = 0
+        failed: Sequence[_Failed]  # (agent, its calls, how many of them were served)
+        t = start
+        for u_serve, cap, fresh, arrived, unserved in ticks:
+            if onset <= t < outage_end:
+                cap = outage_cap
+            due = retries.pop(0) if retries else None
+            if (
+                not due
+                and arrived * cost <= cap
+                and t >= down_until
+                and (bc is None or t >= circuit_until)
+            ):
+                # No retry due and the upstream copes: each call is new work, nothing
+                # holds it back (a pace is at least one call), and which calls fail is the
+                # same in every world, so it was worked out with the tick's shocks.
+                offered = arrived
+                failures = len(unserved)
+                all_served += arrived - failures
+                failed = unserved
             else:
-                dropped += 1
-        return dropped
+                # What each agent would send now: its due retries (oldest first), then
+                # new work. A call is its attempt count so far (``fresh``: never changed).
+                demand: list[Sequence[int]] = list(fresh)
+                calls: Sequence[int]
+                offered = arrived
+                if due:
+                    offered += len(due)
+                    retrying: dict[int, list[int]] = {}
+                    for i, attempts in due:
+                        mine = retrying.get(i)
+                        if mine is None:
+                            retrying[i] = [attempts]
+                        else:
+                            mine.append(attempts)
+                        depth[i] -= 1
+                    for i, mine in retrying.items():
+                        if fresh[i]:
+                            mine.append(0)
+                        demand[i] = mine
+
+                # Who may send: everyone, unless restarting or held back by the circuit.
+                limits: list[int] | None = None
+                if t < down_until:
+                    limits = [0] * n
+                elif bc is not None:
+                    if t < circuit_until:
+                        # Open circuit: one agent with work (round robin) probes.
+                        limits = [0] * n
+                        for k in range(n):
+                            j = (t + k) % n
+                            if demand[j]:
+                                limits[j] = 1
+                                break
+                    elif offered > pace and max(map(len, demand)) > pace:
+                        limits = [pace] * n  # (a pace nobody exceeds holds nothing back)
+                if limits is not None and offered:
+                    for i in range(n):
+                        calls = demand[i]
+                        limit = limits[i]
+                        if len(calls) > limit:
+                            for attempts in calls[limit:]:
+                                if depth[i] < queue_cap:  # held: due next tick, same attempts
+                                    if not retries:
+                                        retries.append([])
+                                    retries[0].append([i, attempts])
+                                    depth[i] += 1
+                                else:
+                                    all_dropped += 1
+                            demand[i] = calls[:limit]
+                            offered -= len(calls) - limit
+
+                ratio = healthy  # background errors: a small share of calls fails anyway
+                if offered:
+                    load = offered * cost
+                    if load > cap:
+                        # Thrashing: every unit of excess load costs the upstream goodput.
+                        ratio *= max(0.0, cap - thrash * (load - cap)) / load
+
+                failures = 0
+                failed = []
+                # Systematic rounding: agent i is served floor(C_i + u) - floor(C_{i-1} + u)
+                # calls, where C_i is the running sum of the fair shares, len(calls) * ratio.
+                cumulative = u_serve
+                below = 0
+                for i, calls in enumerate(demand):
+                    if not calls:
+                        continue
+                    sent = len(calls)
+                    cumulative += sent * ratio
+                    upto = int(cumulative)
+                    ok = upto - below
+                    below = upto
+                    if ok >= sent:
+                        all_served += sent
+                        continue
+                    all_served += ok
+                    failures += sent - ok
+                    failed.append((i, calls, ok))
+
+            if failures:
+                # Each failed call counts one more attempt and waits its backoff in the
+                # agent's queue, or is dropped (out of attempts, or the queue is full).
+                for i, calls, ok in failed:
+                    sent = len(calls)
+                    if jitter is not None and sent - ok > len(streams):
+                        streams.extend(f"jitter{j}" for j in range(len(streams), sent - ok))
+                    for j in range(ok, sent):
+                        made = calls[j] + 1
+                        if made >= max_attempts:
+                            all_dropped += 1
+                            continue
+                        wait = backoff[made]
+                        if jitter is not None:
+                            # the agent's (j - ok)-th failed call this tick: its own stream
+                            u = shocks.agent(i, t, streams[j - ok])
+                            wait = max(1, round(wait * (1.0 + spread * (u - 0.5))))
+                        if depth[i] < queue_cap:
+                            while len(retries) < wait:
+                                retries.append([])
+                            retries[wait - 1].append([i, made])  # due at t + wait
+                            depth[i] += 1
+                        else:
+                            all_dropped += 1
+                all_failed += failures
+                last_failure = t
+                # The fleet shares what it sees: a failed probe, or a tick in which at
+                # least a ``trip`` share of the calls failed (more than background noise),
+                # opens the circuit for everyone.
+                if bc is not None and (t < circuit_until or failures >= trip * offered):
+                    circuit_until = t + 1 + cooldown
+            t += 1
+        state["tick"] = stop
+        state["served"] += all_served
+        state["failed_calls"] += all_failed
+        state["dropped"] += all_dropped
+        state["last_failure"] = last_failure
+        state["circuit_until"] = circuit_until
