@@ -13,6 +13,7 @@ lists, reuses or cleans them. Inputs and outputs travel as artifact digests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import tempfile
 import time
@@ -169,6 +170,37 @@ class SandboxActivities:
                 f"the sandbox failed: {exc}", beat.details(), type=type(exc).__name__
             ) from exc
 
+    async def _create(
+        self, snapshot_id: str, labels: dict[str, str], allowance: float, beat: _Beat
+    ) -> str:
+        """Create the attempt's sandbox and own it even if the attempt is cancelled meanwhile.
+
+        The thread creating it cannot be stopped, so a cancelled attempt waits for it
+        (heartbeating; a repeated cancel changes nothing), deletes what it made and only
+        then re-raises the cancellation: ending at once would let the workflow's cleanup
+        list the run's sandboxes before this one exists, and nothing would delete it."""
+        create = asyncio.ensure_future(
+            self._blocking(self._backend.create, snapshot_id, labels, _limits(allowance))
+        )
+        try:
+            sandbox_id = await asyncio.shield(create)
+        except asyncio.CancelledError:
+            undo = asyncio.ensure_future(self._delete_created(create, beat))
+            while not undo.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(undo)
+            raise
+        beat.sandbox_id = sandbox_id
+        return sandbox_id
+
+    async def _delete_created(self, create: asyncio.Future[str], beat: _Beat) -> None:
+        try:
+            beat.sandbox_id = await heartbeat_until(create, beat.details)
+        except Exception:
+            return  # a failed create made nothing
+        with contextlib.suppress(Exception):  # it is labelled: the run's cleanup lists it now
+            await self._blocking(self._backend.delete, beat.sandbox_id)
+
     async def _in_fresh_sandbox(
         self,
         labels: dict[str, str],
@@ -179,10 +211,7 @@ class SandboxActivities:
         beat: _Beat,
         files: _Files | None,
     ) -> tuple[ExecResult, bytes | None, str]:
-        sandbox_id = await self._blocking(
-            self._backend.create, snapshot_id, labels, _limits(allowance)
-        )
-        beat.sandbox_id = sandbox_id
+        sandbox_id = await self._create(snapshot_id, labels, allowance, beat)
         try:
             if files is not None:
                 await self._blocking(files.attach, sandbox_id)

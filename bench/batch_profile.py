@@ -69,23 +69,25 @@ def least(fn: Callable[[], object], repeats: int) -> float:
     return min(times)
 
 
-#: Run in a box: the Python code given, then print the CPU seconds the box's process has
-#: used since the launcher started (``execve`` keeps them; a runner's ``sys.exit`` is
-#: caught). A PID namespace hides the box's CPU from the worker's ``getrusage``.
+#: A module run in a box as the runner is (``python -m``): the Python code given, then
+#: the CPU seconds the box's process has used since the launcher started (``execve``
+#: keeps them; a runner's ``sys.exit`` is caught). A PID namespace hides the box's CPU
+#: from the worker's ``getrusage``.
 _CPU_PROBE = (
     "import resource, sys\n"
     "try:\n{code}\nexcept SystemExit:\n    pass\n"
     "u = resource.getrusage(resource.RUSAGE_SELF)\n"
-    "print(u.ru_utime + u.ru_stime, file=sys.stderr)"
+    "print(u.ru_utime + u.ru_stime, file=sys.stderr)\n"
 )
+_PROBE = "forklab_cpu_probe"
 
 
 def box_cpu(backend: LocalSandboxBackend, box: str, code: str, repeats: int) -> float:
     """The least CPU seconds a box's process spent to run ``code`` (indented)."""
-    argv = ["python", "-c", _CPU_PROBE.format(code=code)]
+    backend.upload(box, f"{_PROBE}.py", _CPU_PROBE.format(code=code).encode())
     seconds = []
     for _ in range(repeats):
-        ran = backend.exec(box, argv, 3600)
+        ran = backend.exec(box, ["python", "-m", _PROBE], 3600)
         if ran.exit_code != 0:
             raise RuntimeError(f"the box failed: {ran.stderr[-500:]}")
         seconds.append(float(ran.stderr.strip().splitlines()[-1]))

@@ -55,7 +55,7 @@ class BreaksAt(Workload):
 EPISODES = 5_000  # the check splits into two parts of ~2,490 on two CPUs
 
 
-def rehearse(tmp_path: Path, bad: list[int]) -> dict[str, object]:
+def rehearse(tmp_path: Path, bad: list[int], episodes: int = EPISODES) -> dict[str, object]:
     module = tmp_path / "breaks_at.py"
     module.write_text(BREAKS_AT)
     spec = ExperimentSpec.model_validate(
@@ -63,7 +63,7 @@ def rehearse(tmp_path: Path, bad: list[int]) -> dict[str, object]:
             "id": "breaks",
             "hypothesis": {"text": "h"},
             "seed": 1,
-            "episodes": EPISODES,
+            "episodes": episodes,
             "workload": {"name": "breaks_at:BreaksAt", "params": {"bad": bad}},
             "worlds": [
                 {"name": "baseline", "role": "baseline"},
@@ -93,3 +93,10 @@ def test_a_workload_without_broken_prefixes_rehearses(tmp_path: Path) -> None:
     answer = rehearse(tmp_path, [])
     assert answer["episodes"] == 20
     assert not list((tmp_path / "calls").iterdir()), "the call's folder is removed"
+
+
+@pytest.mark.parametrize("episodes", [20, 7, 2_010])
+def test_a_spec_no_bigger_than_its_sample_or_than_one_part_rehearses(
+    tmp_path: Path, episodes: int
+) -> None:
+    assert rehearse(tmp_path, [], episodes)["episodes"] == 20

@@ -541,3 +541,31 @@ def test_one_worlds_box_sees_nothing_of_another_worlds_box(
     assert len(seen["pids"]) <= 3, seen["pids"]  # its own (pid namespace), nobody else's
     backend.delete(a)
     assert backend.list({}) == []
+
+
+def test_a_module_runs_as_python_m_would_run_it(
+    backend: LocalSandboxBackend, snapshot: SnapshotInfo
+) -> None:
+    """``python -m`` (how the runner runs) is run by the launcher itself, sparing a second
+    interpreter: the module must see what ``python -S -B -m`` gives it, and its exit."""
+    box = backend.create(snapshot.id, LABELS, Limits())
+    probe = """
+        import json, os, sys
+        import experiments.runtime.runner  # found on PYTHONPATH (the snapshot)
+        print(json.dumps({"name": __name__, "argv": sys.argv[1:], "path0": sys.path[0],
+                          "cwd": os.getcwd(), "no_pyc": sys.dont_write_bytecode,
+                          "pid": os.getpid()}))
+        sys.exit(int(sys.argv[1]))
+        """
+    backend.upload(box, "probe.py", textwrap.dedent(probe).encode())
+    result = backend.exec(box, ["python", "-m", "probe", "3", "x y"], 30)
+    assert result.exit_code == 3, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["name"] == "__main__" and seen["argv"] == ["3", "x y"]
+    assert seen["path0"] == seen["cwd"] == "/work" and seen["no_pyc"] is True
+    backend.upload(box, "boom.py", b"raise KeyError('the module failed')\n")
+    result = backend.exec(box, ["python", "-m", "boom"], 30)
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines()[-1] == "KeyError: 'the module failed'"
+    missing = backend.exec(box, ["python", "-m", "no_such_module"], 30)
+    assert missing.exit_code == 1 and "No module named no_such_module" in missing.stderr

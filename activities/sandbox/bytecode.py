@@ -93,7 +93,8 @@ def mount_points(code: Path) -> None:
     """Make an empty ``__pycache__`` folder next to the modules of a snapshot being
     prepared: a box's bytecode is mounted there (a snapshot's digest covers files only)."""
     for folder in {source.parent for source in code.rglob("*.py")}:
-        (folder / PYCACHE).mkdir(exist_ok=True)
+        if not (folder / PYCACHE).exists():  # (a bundle's own file of that name stays)
+            (folder / PYCACHE).mkdir()
 
 
 def pycache_folders(bytecode: Path, code: Path) -> list[tuple[Path, str]]:

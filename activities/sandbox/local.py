@@ -5,6 +5,8 @@ Layout under ``root``::
     snapshots/<code digest>/   the bundle files, copied once, read-only, re-verified on use
     registry/<id>.json         labels, limits and the running pid; written BEFORE the folder
     boxes/<id>/                the sandbox's scratch folder: uploads and what the command writes
+    bytecode/<pid>-<token>/    each snapshot's modules compiled by worker process <pid>
+                               (``bytecode.py``), mounted read-only in its boxes
     registry.lock              serialises registry updates across threads and processes
 
 How a command is confined (see ``jail.py``, ``launch.py`` and docs/sandboxes.md): inside

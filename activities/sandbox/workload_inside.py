@@ -126,10 +126,12 @@ def _check_prefixes(workload: Workload, seed: int, episodes: range, root: Path |
     take one core for the whole check): this process checks the first part, a forked one
     each other part. The first failure in episode order is the one answered, as one loop
     would answer it; a part that crashed fails the box with its traceback."""
+    if not episodes:  # the rehearsal's sample held every episode
+        return
     cpus = len(os.sched_getaffinity(0))
     parts = max(1, min(cpus, len(episodes) // MIN_CHECKS_PER_PROCESS))
     size = -(-len(episodes) // parts)
-    ranges = [episodes[i : i + size] for i in range(0, len(episodes), size)] or [episodes]
+    ranges = [episodes[i : i + size] for i in range(0, len(episodes), size)]
     children: list[tuple[int, int]] = []
     try:
         for part in ranges[1:]:

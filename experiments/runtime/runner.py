@@ -545,9 +545,9 @@ def _run_batch_files(
             folders = FolderFork(folder, total, scratch, own=True)
             prefix = Shocks(seed, episode)  # holds the table the replicates share
             try:
-                for world, world_params in zip(worlds, params, strict=True):
+                for world, plan_params in zip(worlds, params, strict=True):
                     ok, did, fp, _ = _finish(
-                        workload, fork, seed, episode, world, world_params, prefix, folders
+                        workload, fork, seed, episode, world, plan_params, prefix, folders
                     )
                     cols = batch["worlds"][world.name]
                     cols["outcomes"].append(ok)
