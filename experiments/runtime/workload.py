@@ -139,7 +139,7 @@ class Workload:
 
     # --- optional: many episodes of one world at once (the local twin only) ---------
     # A workload may also simulate a whole chunk of episodes at once, over columns
-    # (docs/workloads.md, "Batch methods"). Nothing here is required: without
+    # (docs/workloads.md, "Optional: batch methods"). Nothing here is required: without
     # ``batch_ok`` the twin runs the methods above, episode by episode, as sandboxes
     # always do. The batch methods must give exactly what those give, episode by
     # episode; they count only for the class that defines ``batch_ok`` (a subclass that
