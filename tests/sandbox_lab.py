@@ -28,7 +28,7 @@ def process_gone(pid: int) -> bool:
     """No such process, or only its zombie (reaping orphans is init's job, not ours)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or during the read
         return True
     return stat.rpartition(")")[2].split()[0] == "Z"
 
