@@ -273,17 +273,22 @@ class LayerLock:
         return True
 
     @contextlib.contextmanager
-    def hold(self, exclusive: bool = False) -> Iterator[None]:
-        if self._nested(exclusive):
-            yield
-            return
-        fd = _flock(self.path, exclusive)
+    def _held(self, fd: int, exclusive: bool) -> Iterator[None]:
+        """Mark the lock held by this thread or task while ``fd`` holds it; close it after."""
         token = _HELD.set({**_HELD.get(), str(self.path): exclusive})
         try:
             yield
         finally:
             _HELD.reset(token)
             os.close(fd)
+
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool = False) -> Iterator[None]:
+        if self._nested(exclusive):
+            yield
+            return
+        with self._held(_flock(self.path, exclusive), exclusive):
+            yield
 
     @contextlib.asynccontextmanager
     async def hold_async(self, exclusive: bool = False) -> AsyncIterator[None]:
@@ -297,12 +302,8 @@ class LayerLock:
         except asyncio.CancelledError:  # the lock comes later: let it go at once
             waiting.add_done_callback(_close_when_acquired)
             raise
-        token = _HELD.set({**_HELD.get(), str(self.path): exclusive})
-        try:
+        with self._held(fd, exclusive):
             yield
-        finally:
-            _HELD.reset(token)
-            os.close(fd)
 
 
 def layer_lock(root: Path) -> LayerLock:
