@@ -24,6 +24,18 @@ from typing import Any, ClassVar
 from experiments.runtime.crn import Shocks
 from experiments.runtime.workload import Column, Columns, Feature, State, Workload, WorkloadError
 
+#: The fields every episode starts with, before its seeded budget and freeze (one place
+#: for the scalar and the batch methods, which must start the same episode).
+_START: Mapping[str, Any] = {
+    "v": 0,
+    "obs": 0,
+    "steps": 0,
+    "done": False,
+    "declared": False,
+    "frozen": False,
+    "same_obs": False,
+}
+
 
 def _choice(bits: Callable[[int], int], seq: Sequence[Any]) -> Any:
     """``random.Random.choice`` over ``bits`` (its ``getrandbits``): the same rejection
@@ -78,13 +90,7 @@ class CounterRecovery(Workload):
         budget = self.params["budget_base"] + _choice(bits, self.params["slack_choices"])
         freeze_at = _choice(bits, self.params["freeze_choices"])
         return {
-            "v": 0,
-            "obs": 0,
-            "steps": 0,
-            "done": False,
-            "declared": False,
-            "frozen": False,
-            "same_obs": False,
+            **_START,
             "budget": budget,
             "freeze_at": freeze_at,
         }
@@ -167,13 +173,7 @@ class CounterRecovery(Workload):
             freeze_at.append(r)
         freeze_of = [0 if f is None else f for f in freezes]
         return {
-            "v": 0,
-            "obs": 0,
-            "steps": 0,
-            "done": False,
-            "declared": False,
-            "frozen": False,
-            "same_obs": False,
+            **_START,
             "budget": [base + slacks[i] for i in slack_at],
             "freeze_at": [freeze_of[i] for i in freeze_at],
             "no_freeze": [freezes[i] is None for i in freeze_at],
