@@ -208,9 +208,7 @@ def test_an_agent_call_and_the_agent_gc_do_not_interleave(tmp_path: Path) -> Non
         gc.resume()
         runner.join(timeout=60)
     assert outcome
-    # every run's recorded layer is whole: its stack verifies down to the bottom
-    for pin in run_pins(home):
-        tools.workspaces.layers.stack(pin.layer)
+    assert run_pins(home) == []  # no run is open: gc dropped every pin, none half-made
     assert "does not exist" in str(outcome[0]), outcome[0]  # the gc went first
 
 

@@ -448,17 +448,16 @@ def test_boxes_read_the_bytecode_the_worker_compiled_and_cannot_change_it(
     code = "import experiments.runtime.runner"
     result = backend.exec(box, ["python", "-v", "-c", code], 30)
     assert result.exit_code == 0, result.stderr
-    assert "'/code/experiments/runtime/__pycache__/runner.cpython-311.pyc'" in _bytecode_read(
-        result
-    )
+    pyc = f"runner.{sys.implementation.cache_tag}.pyc"
+    assert f"'/code/experiments/runtime/__pycache__/{pyc}'" in _bytecode_read(result)
     written = run_python(
         backend,
         box,
         """
-        import pathlib
+        import pathlib, sys
         try:
             cache = pathlib.Path("/code/experiments/runtime/__pycache__")
-            (cache / "runner.cpython-311.pyc").write_bytes(b"x")
+            (cache / f"runner.{sys.implementation.cache_tag}.pyc").write_bytes(b"x")
             print("wrote")
         except OSError as exc:
             print("refused", exc.errno)
