@@ -27,6 +27,7 @@ from orchestration_lab import (  # noqa: E402
     start_dev_server,
 )
 
+from tests.sandbox_lab import root, workspaces  # noqa: E402, F401 (workspace-layer fixtures)
 from workers.worker import build_worker, cpu_pool  # noqa: E402
 
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,25 +36,8 @@ from activities.sandbox.workspace import (
     GcResult,
     WorkspaceError,
     Workspaces,
-    mounts_under,
-    unmount_under,
 )
 from tests.helpers import ROOT
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-    left = mounts_under(tmp_path)
-    unmount_under(tmp_path)
-    assert left == [], f"the test left mounts behind: {left}"
-
-
-@pytest.fixture(params=["overlay", "copy"])
-def workspaces(request: pytest.FixtureRequest, root: Path) -> Workspaces:
-    if request.param == "overlay" and os.geteuid() != 0:
-        pytest.skip("overlayfs mounts need root")
-    return Workspaces(root / "store", overlay=request.param == "overlay")
 
 
 def _folder(path: Path, text: str) -> Path:

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,6 @@ from activities.sandbox.workspace import (
     WorkspaceError,
     Workspaces,
     mounts_under,
-    unmount_under,
 )
 from activities.shared_snapshots import SharedSnapshots
 from activities.world_batches import SandboxActivities
@@ -45,22 +43,6 @@ from tests.helpers import ROOT, run_cli
 from tests.sandbox_lab import without_sys_admin
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="overlayfs mounts need root")
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Iterator[Path]:
-    """A scratch root whose mounts are undone in teardown, even when the test failed."""
-    yield tmp_path
-    left = mounts_under(tmp_path)
-    unmount_under(tmp_path)
-    assert left == [], f"the test left mounts behind: {left}"
-
-
-@pytest.fixture(params=["overlay", "copy"])
-def workspaces(request: pytest.FixtureRequest, root: Path) -> Workspaces:
-    if request.param == "overlay" and os.geteuid() != 0:
-        pytest.skip("overlayfs mounts need root")
-    return Workspaces(root / "store", overlay=request.param == "overlay")
 
 
 def _start(folder: Path) -> Path:
