@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import uuid
 from collections.abc import Collection
 from pathlib import Path, PurePosixPath
@@ -34,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.files import atomic_write
 from activities.sandbox.workspace import (
     GcResult,
     LayerCorruptedError,
@@ -65,14 +65,13 @@ def _pins(root: Path) -> Path:
     return root / "run-pins"
 
 
+def _pin_path(root: Path, workflow_id: str) -> Path:
+    return _pins(root) / f"{hashlib.sha256(workflow_id.encode()).hexdigest()}.json"
+
+
 def pin_run(root: Path, pin: RunPin) -> None:
     """Record ``pin`` (replacing the run's earlier one; atomic: a crash leaves either)."""
-    folder = _pins(root)
-    folder.mkdir(parents=True, exist_ok=True)
-    name = hashlib.sha256(pin.workflow_id.encode()).hexdigest()
-    tmp = folder / f".{name}.{uuid.uuid4().hex}"
-    tmp.write_text(pin.model_dump_json())
-    os.replace(tmp, folder / f"{name}.json")
+    atomic_write(_pin_path(root, pin.workflow_id), pin.model_dump_json().encode())
 
 
 def run_pins(root: Path) -> list[RunPin]:
@@ -108,8 +107,7 @@ def collect_agent_layers(
             if pin.workflow_id in open_runs:
                 keep.add(pin.layer)
             else:
-                name = hashlib.sha256(pin.workflow_id.encode()).hexdigest()
-                (_pins(root) / f"{name}.json").unlink(missing_ok=True)
+                _pin_path(root, pin.workflow_id).unlink(missing_ok=True)
         return Workspaces(root, overlay=False).gc(min_age_seconds, keep=keep)
 
 
