@@ -107,6 +107,35 @@ def test_a_skipped_prefix_skips_every_world_of_its_chunk() -> None:
     assert views.progress(s).batches_skipped == 3
 
 
+def test_a_prefix_skipped_for_budget_is_not_skipped_again_by_a_continued_run() -> None:
+    """A prefix chunk skipped for budget never enters ``tally.prefixes``; the run that
+    continues as new must not offer it again (another skipped row per world, another
+    skipped line, another ``ledger.skip``), and a repeated skip changes nothing."""
+    s = state()
+    s.ledger.use.max_world_seconds = 1.0  # too little for any prefix
+
+    def run_prefixes(run: RunState) -> None:  # the workflow's loop, without sandboxes
+        for unit in run.prefix_units():
+            blocked = run.ledger.refusal(run.need(unit))
+            assert blocked is not None
+            run.skip(unit, blocked)
+
+    run_prefixes(s)
+    assert s.ledger.use.skipped_batches == 6  # two chunks, three worlds
+    continued = state()  # the next run of the chain: tally and budget from the carry
+    continued.tally = ProgressTally.model_validate_json(s.tally.model_dump_json())
+    continued.ledger = BudgetLedger(s.ledger.use.model_copy(deep=True), 3.0, s.ledger.slowdowns)
+    assert list(continued.prefix_units()) == []
+    run_prefixes(continued)
+    continued.skip(Unit(chunks(continued)[0]), "again")  # a repeated skip: no-op
+    assert continued.ledger.use.skipped_batches == 6
+    assert views.progress(continued).batches_skipped == 6
+    assert len(continued.tally.skipped_lines) == 6
+    assert all(w.skipped == 2 for w in continued.tally.worlds.values())
+    assert not continued.new_batches  # nothing new to save either
+    assert list(continued.world_units()) == []
+
+
 def test_status_details_and_result_show_the_same_state() -> None:
     s = state()
     s.stage, s.message = Stage.running_worlds, "running world batches"

@@ -94,11 +94,18 @@ class RunState:
 
     # --- the work ---------------------------------------------------------------------
     def prefix_units(self) -> Iterator[Unit]:
-        """The chunks whose prefixes did not run yet, made one at a time."""
+        """The chunks whose prefixes did not run yet and that some world has not recorded
+        (a prefix skipped for budget recorded its chunk as skipped for every world), made
+        one at a time."""
         assert self.plan is not None
         done = self.tally.prefixes
-        chunks = self.plan.capacity.chunks(done.first_missing())
-        return (Unit(c) for c in chunks if c.index not in done)
+        worlds = [self.tally.world(w.name).recorded for w in self.spec.worlds]
+        start = max(done.first_missing(), min(w.first_missing() for w in worlds))
+        return (
+            Unit(c)
+            for c in self.plan.capacity.chunks(start)
+            if c.index not in done and not all(c.index in w for w in worlds)
+        )
 
     def world_units(self) -> Iterator[Unit]:
         """Chunk-major: every world advances over the same episodes. Made one at a time,
@@ -147,15 +154,17 @@ class RunState:
         return unit.world is not None and unit.chunk.index not in self.refs
 
     def skip(self, unit: Unit, reason: str) -> None:
-        """Record ``unit`` as skipped: its world's batch, or every world's for a prefix."""
+        """Record ``unit`` as skipped: its world's batch, or every world's for a prefix
+        (worlds that already recorded the chunk are left as they are)."""
         worlds = [unit.world] if unit.world else [w.name for w in self.spec.worlds]
+        skipped = 0
         for world in worlds:
-            self.record_batch(
+            skipped += self.record_batch(
                 BatchOutcome(
                     world=world, chunk=unit.chunk, status=BatchStatus.skipped, error=reason
                 )
             )
-        self.ledger.skip(len(worlds))
+        self.ledger.skip(skipped)
 
     def record_prefix(self, prefix: PrefixResult) -> None:
         assert self.plan is not None
@@ -169,9 +178,13 @@ class RunState:
         rate = self.plan.rehearsal.prefix_seconds_per_episode
         self.ledger.observe(PREFIX, prefix.seconds, rate, prefix.chunk.size)
 
-    def record_batch(self, outcome: BatchOutcome) -> None:
+    def record_batch(self, outcome: BatchOutcome) -> bool:
+        """Record ``outcome``; False (nothing recorded) if its world already recorded its
+        chunk."""
+        if not self.tally.add_batch(outcome):
+            return False
         self.new_batches.append(outcome)
-        self.tally.add_batch(outcome)
+        return True
 
     # --- the stored progress ----------------------------------------------------------
     @property

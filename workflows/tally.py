@@ -101,8 +101,12 @@ class ProgressTally(Model):
         self.prefixes.add(prefix.chunk.index)
         self._ran(prefix.network_isolated, prefix.note, prefix.confinement)
 
-    def add_batch(self, outcome: BatchOutcome) -> None:
+    def add_batch(self, outcome: BatchOutcome) -> bool:
+        """Count ``outcome``; False (nothing counted) if its world already recorded its
+        chunk."""
         w = self.world(outcome.world)
+        if outcome.chunk.index in w.recorded:
+            return False
         w.recorded.add(outcome.chunk.index)
         if outcome.status is BatchStatus.completed:
             w.completed += 1
@@ -120,3 +124,4 @@ class ProgressTally(Model):
                 )
         else:
             self._ran(outcome.network_isolated, outcome.note, outcome.confinement)
+        return True
