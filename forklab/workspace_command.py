@@ -17,6 +17,7 @@ from temporalio.service import RPCError
 
 from activities.agent_workspace import agent_workspaces_root
 from activities.coding_agent import DEFAULT_BLOB_BYTES, run_coding_agent_fork
+from activities.run_history import RunNotFound
 from activities.sandbox.base import SandboxError
 from activities.sandbox.local import LAYER_GRACE_SECONDS, LocalSandboxBackend
 from activities.sandbox.workspace import GcResult, WorkspaceError
@@ -76,6 +77,12 @@ async def _collect_agent_layers(settings: Settings, min_age: float) -> GcResult 
     except RPCError as exc:
         raise CliError(
             f"agent-run layers not collected: cannot ask Temporal which runs are open ({exc})"
+        ) from None
+    except (RunNotFound, WorkspaceError) as exc:
+        raise CliError(f"agent-run layers not collected: {exc}") from None
+    except OSError as exc:
+        raise CliError(
+            f"agent-run layers not collected: {exc.filename or agent.home}: {exc.strerror}"
         ) from None
 
 
