@@ -150,27 +150,20 @@ class CounterRecovery(Workload):
         )
 
     def batch_initial(self, episode_seeds: Sequence[int]) -> Mapping[str, Sequence[Any] | Any]:
-        # initial_state's two choices, spelled out inline (the same rejection sampling as
-        # _choice) on one C generator reseeded per episode: ``seed(s)`` is
-        # ``_random.Random(s)``'s own seeding, so the words are the same.
+        # initial_state's two choices (``_choice`` of an index) on one C generator
+        # reseeded per episode: ``seed(s)`` is ``_random.Random(s)``'s own seeding, so the
+        # words are the same.
         base = self.params["budget_base"]
         slacks, freezes = self.params["slack_choices"], self.params["freeze_choices"]
-        n_slack, n_freeze = len(slacks), len(freezes)
-        k_slack, k_freeze = n_slack.bit_length(), n_freeze.bit_length()
         slack_at: list[int] = []
         freeze_at: list[int] = []
         rng = _random.Random()
         reseed, bits = rng.seed, rng.getrandbits
+        slack_range, freeze_range = range(len(slacks)), range(len(freezes))
         for episode_seed in episode_seeds:
             reseed(episode_seed)
-            r = bits(k_slack)
-            while r >= n_slack:
-                r = bits(k_slack)
-            slack_at.append(r)
-            r = bits(k_freeze)
-            while r >= n_freeze:
-                r = bits(k_freeze)
-            freeze_at.append(r)
+            slack_at.append(_choice(bits, slack_range))
+            freeze_at.append(_choice(bits, freeze_range))
         freeze_of = [0 if f is None else f for f in freezes]
         return {
             **_START,
