@@ -4,28 +4,40 @@ the first broken episode in episode order, as one loop would give it."""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
 
 from activities.runner_bundle import bundle_files
-from activities.sandbox.workload_calls import WorkloadCalls, WorkloadContractError
+from activities.sandbox import workload_inside
+from activities.sandbox.base import Limits
+from activities.sandbox.workload_calls import CALL_LIMITS, WorkloadCalls, WorkloadContractError
 from experiments.bundle import BundleFile
 from experiments.engine import spec_world_plans
+from experiments.runtime.contract import ContractViolation
 from experiments.spec import ExperimentSpec
 
 #: A two-step workload whose step raises (a contract violation) in the episodes ``bad``.
 BREAKS_AT = """
+import threading
+
 from experiments.runtime.workload import Workload
+
+_HELD = []  # threads that take the box's process slots (``threads``)
 
 
 class BreaksAt(Workload):
     name = "breaks-at"
-    default_params = {"bad": []}
+    default_params = {"bad": [], "threads": 0}
     interventions = {"nudge": {}}
     feature_types = {"tries": int}
 
     def initial_state(self, episode_seed, shocks):
+        while len(_HELD) < self.params["threads"]:
+            _HELD.append(threading.Thread(target=threading.Event().wait, daemon=True))
+            _HELD[-1].start()
         return {"tries": 0}
 
     def boundary(self, state):
@@ -35,8 +47,12 @@ class BreaksAt(Workload):
         return state["tries"]
 
     def step(self, state, shocks):
-        if shocks.episode in self.params["bad"]:
-            raise KeyError("broken")
+        if shocks.episode in self.params["bad"]:  # (saying the limits it runs under)
+            import resource
+
+            cpu = resource.getrlimit(resource.RLIMIT_CPU)[1]
+            memory = resource.getrlimit(resource.RLIMIT_AS)[1]
+            raise KeyError(f"broken cpu={cpu} as={memory}")
         state["tries"] += 1
 
     def done(self, state):
@@ -55,7 +71,13 @@ class BreaksAt(Workload):
 EPISODES = 5_000  # the check splits into two parts of ~2,490 on two CPUs
 
 
-def rehearse(tmp_path: Path, bad: list[int], episodes: int = EPISODES) -> dict[str, object]:
+def rehearse(
+    tmp_path: Path,
+    bad: list[int],
+    episodes: int = EPISODES,
+    limits: Limits = CALL_LIMITS,
+    threads: int = 0,
+) -> dict[str, object]:
     module = tmp_path / "breaks_at.py"
     module.write_text(BREAKS_AT)
     spec = ExperimentSpec.model_validate(
@@ -64,7 +86,7 @@ def rehearse(tmp_path: Path, bad: list[int], episodes: int = EPISODES) -> dict[s
             "hypothesis": {"text": "h"},
             "seed": 1,
             "episodes": episodes,
-            "workload": {"name": "breaks_at:BreaksAt", "params": {"bad": bad}},
+            "workload": {"name": "breaks_at:BreaksAt", "params": {"bad": bad, "threads": threads}},
             "worlds": [
                 {"name": "baseline", "role": "baseline"},
                 {"name": "nudge", "role": "treatment", "intervention": {"name": "nudge"}},
@@ -72,7 +94,7 @@ def rehearse(tmp_path: Path, bad: list[int], episodes: int = EPISODES) -> dict[s
         }
     )
     files = bundle_files(spec.workload.name, [BundleFile("breaks_at.py", module)])
-    calls = WorkloadCalls(tmp_path / "calls")
+    calls = WorkloadCalls(tmp_path / "calls", limits)
     answer, _, _ = calls.rehearse(spec, spec_world_plans(spec), 20, files)
     return answer
 
@@ -100,3 +122,61 @@ def test_a_spec_no_bigger_than_its_sample_or_than_one_part_rehearses(
     tmp_path: Path, episodes: int
 ) -> None:
     assert rehearse(tmp_path, [], episodes)["episodes"] == 20
+
+
+def _broken_answer(tmp_path: Path, limits: Limits = CALL_LIMITS, threads: int = 0) -> str:
+    with pytest.raises(WorkloadContractError) as caught:
+        rehearse(tmp_path, [4_999], limits=limits, threads=threads)
+    return str(caught.value)
+
+
+def test_a_part_runs_under_its_share_of_the_boxs_limits(tmp_path: Path) -> None:
+    """Episode 4,999 is in the last part, a forked process on two CPUs or more: it may use
+    its share of the box's CPU seconds and address space, not the box's whole."""
+    parts = min(len(os.sched_getaffinity(0)), EPISODES // workload_inside.MIN_CHECKS_PER_PROCESS)
+    found = re.search(r"cpu=(\d+) as=(\d+)", _broken_answer(tmp_path))
+    assert found is not None
+    cpu, memory = int(found[1]), int(found[2])
+    assert cpu <= CALL_LIMITS.cpu_seconds // parts + 1, (cpu, parts)
+    box_memory = CALL_LIMITS.memory_mb * 1024 * 1024
+    assert memory < box_memory if parts > 1 else memory == box_memory, (memory, parts)
+
+
+def test_a_box_with_no_room_for_more_processes_answers_as_one_loop_would(
+    tmp_path: Path,
+) -> None:
+    """The box's process limit leaves no room for a part (the workload's threads hold all
+    of it, so a fork would fail): the prefixes are checked in one process, with the same
+    answer and the box's own limits."""
+    few = CALL_LIMITS.model_copy(update={"processes": 4})
+    answer = _broken_answer(tmp_path, few, threads=3)
+    assert "(episode 4999, prefix" in answer, answer
+    assert f"cpu={CALL_LIMITS.cpu_seconds + 1} " in answer, answer
+
+
+BREAKS_AT_HERE: dict[str, object] = {}
+exec(compile(BREAKS_AT, "breaks_at_here.py", "exec"), BREAKS_AT_HERE)
+
+
+def test_a_part_that_cannot_be_forked_is_checked_in_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every fork fails (the box's processes ran out after the parts were counted): each
+    part is checked by the box's own process, and the first broken episode is answered."""
+
+    attempts: list[int] = []
+
+    def no_fork() -> int:
+        attempts.append(1)
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr(workload_inside, "MIN_CHECKS_PER_PROCESS", 10)
+    cls = BREAKS_AT_HERE["BreaksAt"]
+    assert isinstance(cls, type)
+    workload = cls({"bad": [25, 35]})
+    with pytest.raises(ContractViolation) as caught:
+        workload_inside._check_prefixes(workload, 1, range(40), None)
+    assert "(episode 25, prefix" in str(caught.value), str(caught.value)
+    assert len(attempts) == 3, "the check was split in three parts, each fork failed"

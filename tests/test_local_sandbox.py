@@ -28,6 +28,7 @@ from activities.sandbox import (
     SandboxNotFoundError,
     SnapshotInfo,
 )
+from experiments.bundle import BundleFile
 from experiments.engine import spec_world_plans
 from experiments.runtime.canon import canonical_json
 from experiments.runtime.file_format import checkpoint_line, request_text
@@ -491,6 +492,55 @@ def test_bytecode_changed_on_the_host_is_compiled_again_never_run(
     cached.write_bytes((tmp_path / "evil.pyc").read_bytes())
     result = run_python(backend, box, "import experiments.runtime.runner; print('ok')")
     assert (result.exit_code, result.stdout) == (0, "ok\n"), result.stdout + result.stderr
+
+
+#: A workload bundle's module; ``{imports}`` is the line that imports its siblings.
+_BUNDLED = """
+{imports}
+from experiments.runtime.workload import Workload
+
+
+class Bundled(Workload):
+    name = "bundled"
+"""
+
+_IMPORT_IT = """
+from experiments.runtime.runner import workload_class
+from experiments.runtime.workload import WorkloadError
+try:
+    print(workload_class("bundled:Bundled").__name__)
+except WorkloadError as exc:
+    print(exc.message)
+"""
+
+
+def _bundled_box(backend: LocalSandboxBackend, tmp_path: Path, imports: str) -> str:
+    """A box of a snapshot whose workload bundle holds ``broken.py``, which does not
+    compile, beside ``bundled.py`` (importing it when ``imports`` says so)."""
+    (tmp_path / "bundled.py").write_text(_BUNDLED.format(imports=imports))
+    (tmp_path / "broken.py").write_text("x = (\n")
+    bundle = [BundleFile(n, tmp_path / n) for n in ("broken.py", "bundled.py")]
+    snapshot = backend.prepare_snapshot(bundle_files("bundled:Bundled", bundle))
+    return backend.create(snapshot.id, LABELS, Limits())
+
+
+def test_a_bundle_file_that_does_not_compile_is_left_to_the_box(
+    backend: LocalSandboxBackend, tmp_path: Path
+) -> None:
+    """The worker compiles none of a workload bundle's (untrusted) files: a file the
+    workload does not import does not stop its boxes, and one it imports fails in the
+    box with the one sentence of the runner, as it did before the worker compiled."""
+    box = _bundled_box(backend, tmp_path, "")
+    result = backend.exec(box, ["python", "-c", _IMPORT_IT], 30)
+    assert (result.exit_code, result.stdout) == (0, "Bundled\n"), result.stderr
+    compiled = [p.name for p in (backend.root / "bytecode").rglob("*.pyc")]
+    assert compiled and not [n for n in compiled if n.startswith(("broken.", "bundled."))]
+
+    broken = _bundled_box(backend, tmp_path, "import broken  # noqa: F401")
+    result = backend.exec(broken, ["python", "-c", _IMPORT_IT], 30)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("importing 'bundled' raised SyntaxError: "), result.stdout
+    assert result.stdout.count("\n") == 1, result.stdout
 
 
 def test_one_worlds_box_sees_nothing_of_another_worlds_box(

@@ -14,6 +14,11 @@ against what this process wrote (in memory, not on disk); a file that changed ma
 folder be compiled again. The ``.pyc`` files are checked-hash ones: the interpreter in
 the box also compares each with the source it sits next to and compiles the source
 itself when they disagree, so a stale file can only cost time, never run other code.
+
+Only ForkLab's own files (its package, ``experiments/``, which a workload bundle may not
+use) are compiled here: a workload bundle's source is untrusted and is parsed by the box
+that imports it, under the box's limits, which reports a file that does not compile as
+its own error. A file of ForkLab's that does not compile is left to the box likewise.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from pathlib import Path
 
 #: The folder next to a module where the interpreter looks for its bytecode.
 PYCACHE = "__pycache__"
+
+#: The snapshot's folder of ForkLab's own files (``experiments.bundle._OWN_PACKAGE``).
+OWN_PACKAGE = "experiments"
 
 
 def _sha256(path: Path) -> str:
@@ -70,18 +78,28 @@ class BytecodeCache:
         tmp = folder.with_name(f".tmp-{folder.name}-{secrets.token_hex(4)}")
         written: dict[Path, str] = {}
         try:
-            for source in sorted(code.rglob("*.py")):
+            for source in sorted((code / OWN_PACKAGE).rglob("*.py")):
                 rel = source.relative_to(code)
                 name = f"{source.stem}.{sys.implementation.cache_tag}.pyc"
                 target = tmp / rel.parent / PYCACHE / name
-                py_compile.compile(
-                    str(source),
-                    cfile=str(target),
-                    dfile=f"{inside}/{rel.as_posix()}",  # the path tracebacks show
-                    doraise=True,
-                    invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
-                )
+                try:
+                    py_compile.compile(
+                        str(source),
+                        cfile=str(target),
+                        dfile=f"{inside}/{rel.as_posix()}",  # the path tracebacks show
+                        doraise=True,
+                        invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+                    )
+                except (
+                    py_compile.PyCompileError,
+                    SyntaxError,
+                    ValueError,
+                    RecursionError,
+                    MemoryError,
+                ):
+                    continue  # the box compiles it and reports its error itself
                 written[folder / target.relative_to(tmp)] = _sha256(target)
+            tmp.mkdir(parents=True, exist_ok=True)  # (a snapshot may have nothing to compile)
             shutil.rmtree(folder, ignore_errors=True)
             os.rename(tmp, folder)
         finally:

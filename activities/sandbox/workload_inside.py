@@ -18,7 +18,9 @@ contract (``experiments.runtime.contract``) as ``{"contract": sentence}``.
 from __future__ import annotations
 
 import json
+import math
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -104,6 +106,9 @@ def _rehearse(workload: Workload, request: dict[str, Any], root: Path | None) ->
 #: Below this many episodes a part, checking prefixes in one process is cheaper than forking.
 MIN_CHECKS_PER_PROCESS = 2_000
 
+#: Processes (and threads) of the box's uid left free beside the check's parts.
+PROCESS_HEADROOM = 2
+
 
 class _Answer(Exception):
     """A check process's answer (``{"error"|"contract": sentence}``), to send as the box's."""
@@ -113,6 +118,15 @@ class _Answer(Exception):
         self.answer = answer
 
 
+def _answer(exc: _Answer | WorkloadError | ContractViolation) -> dict[str, str]:
+    """The box's answer for a spec that cannot run or a workload that broke its contract."""
+    if isinstance(exc, _Answer):
+        return exc.answer
+    if isinstance(exc, WorkloadError):
+        return {"error": f"field {exc.field}: {exc.message}"}
+    return {"contract": str(exc)}
+
+
 def _check(workload: Workload, seed: int, episodes: range, root: Path | None) -> None:
     for episode in episodes:
         run_prefix(workload, seed, episode, None if root is None else root / str(episode))
@@ -120,57 +134,153 @@ def _check(workload: Workload, seed: int, episodes: range, root: Path | None) ->
             shutil.rmtree(root / str(episode))
 
 
+def _tasks_of_this_uid() -> int:
+    """Processes and threads of this process's real uid: what ``RLIMIT_NPROC`` counts."""
+    uid, tasks = str(os.getuid()), 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(ln.split(":", 1) for ln in status.read_text().splitlines() if ":" in ln)
+        except OSError:
+            continue
+        if fields.get("Uid", "").split()[:1] == [uid]:
+            tasks += int(fields.get("Threads", "1"))
+    return tasks
+
+
+def _parts(episodes: int) -> int:
+    """How many processes check the prefixes: one per CPU this box may use, at least
+    ``MIN_CHECKS_PER_PROCESS`` episodes each, no more than the box's process limit has
+    room for (with ``PROCESS_HEADROOM`` left)."""
+    parts = min(len(os.sched_getaffinity(0)), episodes // MIN_CHECKS_PER_PROCESS)
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if soft != resource.RLIM_INFINITY:
+        parts = min(parts, soft - _tasks_of_this_uid() - PROCESS_HEADROOM)
+    return max(1, parts)
+
+
+def _limit(which: int) -> tuple[int, int] | None:
+    """The box's limit of ``which`` as (what is left of it, hard limit); None: no limit."""
+    soft, hard = resource.getrlimit(which)
+    limit = soft if soft != resource.RLIM_INFINITY else hard
+    return None if limit == resource.RLIM_INFINITY else (limit, hard)
+
+
+def _part_limits(parts: int) -> list[tuple[int, tuple[int, int]]]:
+    """The rlimits of one of ``parts`` check processes: its share of the CPU seconds this
+    process has left, and of the address space beyond what it maps now (which a forked
+    part shares with it)."""
+    limits = []
+    cpu = _limit(resource.RLIMIT_CPU)
+    if cpu is not None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        share = max(1, int((cpu[0] - usage.ru_utime - usage.ru_stime) // parts))
+        limits.append((resource.RLIMIT_CPU, (share, min(share + 1, cpu[1]))))
+    memory = _limit(resource.RLIMIT_AS)
+    if memory is not None:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            mapped = int(fh.read().split()[0]) * resource.getpagesize()
+        share = min(memory[0], mapped + max(0, memory[0] - mapped) // parts)
+        limits.append((resource.RLIMIT_AS, (share, share)))
+    return limits
+
+
+def _charge_children_cpu(before: float) -> None:
+    """Take the CPU seconds the check processes used from this process's limit, so that
+    the box uses no more in all than one process could."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    spent = math.ceil(usage.ru_utime + usage.ru_stime - before)
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    floor = math.ceil(own.ru_utime + own.ru_stime) + 1  # (not below what it used: no kill)
+    if hard != resource.RLIM_INFINITY:
+        hard = min(hard, max(floor + 1, hard - spent))
+    if soft != resource.RLIM_INFINITY:
+        soft = min(max(floor, soft - spent), hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _check_prefixes(workload: Workload, seed: int, episodes: range, root: Path | None) -> None:
     """Run the prefix of every episode in ``episodes``, in contiguous parts over the CPUs
     this box may use (the twin runs them over ``--processes``; here they would otherwise
-    take one core for the whole check): this process checks the first part, a forked one
-    each other part. The first failure in episode order is the one answered, as one loop
-    would answer it; a part that crashed fails the box with its traceback."""
-    if not episodes:  # the rehearsal's sample held every episode
+    take one core for the whole check), each part in a forked process under its share of
+    the box's limits while this one waits; a part whose process could not be forked is
+    checked here afterwards. The first failure in episode order is the one answered, as
+    one loop would answer it; a part that crashed fails the box with its traceback."""
+    parts = _parts(len(episodes))
+    if parts == 1:  # (also when the rehearsal's sample held every episode)
+        _check(workload, seed, episodes, root)
         return
-    cpus = len(os.sched_getaffinity(0))
-    parts = max(1, min(cpus, len(episodes) // MIN_CHECKS_PER_PROCESS))
     size = -(-len(episodes) // parts)
     ranges = [episodes[i : i + size] for i in range(0, len(episodes), size)]
-    children: list[tuple[int, int]] = []
+    limits = _part_limits(len(ranges))
+    before = _children_cpu()
+    forked: list[tuple[int, int] | None] = []
+    running: dict[int, int] = {}
+    reports: dict[int, str] = {}
     try:
-        for part in ranges[1:]:
-            children.append(_fork_check(workload, seed, part, root))
-        _check(workload, seed, ranges[0], root)
+        for part in ranges:
+            child = _fork_check(workload, seed, part, root, limits)
+            forked.append(child)
+            if child is not None:
+                running[child[0]] = child[1]
+        for pid, fd in list(running.items()):
+            with os.fdopen(fd, encoding="utf-8") as pipe:
+                del running[pid]
+                reports[pid] = pipe.read()
+            os.waitpid(pid, 0)
     except BaseException:
-        for pid, fd in children:
+        for pid, fd in running.items():
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             os.close(fd)
         raise
-    reports = []
-    for pid, fd in children:
-        with os.fdopen(fd, encoding="utf-8") as pipe:
-            reports.append(pipe.read())
-        os.waitpid(pid, 0)
-    for report in reports:
-        answer = json.loads(report or '{"crash": "the check process died"}')
+    _charge_children_cpu(before)
+    for part, child in zip(ranges, forked, strict=True):
+        if child is None:
+            _check(workload, seed, part, root)
+            continue
+        answer = json.loads(reports[child[0]] or '{"crash": "the check process died"}')
         if "crash" in answer:
             raise RuntimeError(f"a prefix check process failed:\n{answer['crash']}")
         if answer:
             raise _Answer(answer)
 
 
-def _fork_check(workload: Workload, seed: int, part: range, root: Path | None) -> tuple[int, int]:
-    """A child checking ``part``; it writes ``{}`` or its answer to the pipe returned."""
-    read, write = os.pipe()
-    pid = os.fork()
+def _fork_check(
+    workload: Workload,
+    seed: int,
+    part: range,
+    root: Path | None,
+    limits: list[tuple[int, tuple[int, int]]],
+) -> tuple[int, int] | None:
+    """A child checking ``part`` under ``limits``; it writes ``{}`` or its answer to the
+    pipe returned. None: no process could be made (the box's process limit)."""
+    try:
+        read, write = os.pipe()
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        return None
     if pid:
         os.close(write)
         return pid, read
     os.close(read)
     answer: dict[str, str] = {}
     try:
+        for which, limit in limits:
+            resource.setrlimit(which, limit)
         _check(workload, seed, part, root)
-    except WorkloadError as exc:
-        answer = {"error": f"field {exc.field}: {exc.message}"}
-    except ContractViolation as exc:
-        answer = {"contract": str(exc)}
+    except (WorkloadError, ContractViolation) as exc:
+        answer = _answer(exc)
     except BaseException:
         answer = {"crash": traceback.format_exc()}
     os.write(write, json.dumps(answer).encode())
@@ -188,12 +298,8 @@ def main(argv: list[str]) -> int:
         request = json.load(fh)
     try:
         result = op(request)
-    except _Answer as exc:
-        result = exc.answer
-    except WorkloadError as exc:
-        result = {"error": f"field {exc.field}: {exc.message}"}
-    except ContractViolation as exc:
-        result = {"contract": str(exc)}
+    except (_Answer, WorkloadError, ContractViolation) as exc:
+        result = _answer(exc)
     with open("out.json", "w", encoding="utf-8") as fh:
         fh.write(canonical_json(result))
     return 0
