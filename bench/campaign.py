@@ -440,7 +440,7 @@ def report(c: Campaign) -> list[str]:
         f"{max(r.history_bytes for r in c.runs) / 1024:,.0f} KiB of history",
         "workflow state: carry "
         + ", ".join(f"{r.carry_bytes:,} B" for r in c.runs[1:])
-        + f" per continued run; stored progress {c.progress_bytes / 1024:,.0f} KiB; "
+        + f" per continued run; progress records (JSON) {c.progress_bytes / 1024:,.0f} KiB; "
         f"largest event {max(r.largest_event_bytes for r in c.runs) / 1024:,.0f} KiB",
         f"sandboxes: {b.spent_world_seconds:,.0f} world-seconds, "
         f"peak {b.peak_concurrent_sandboxes} at once",
