@@ -341,14 +341,17 @@ def main() -> int:
         print("same counts:", same)
         if args.scale:
             print("\ncounter-recovery at scale (baseline + refresh), end to end")
-            for memo, small in ((True, on), (False, off)):
+            # batched next to scalar: the batched rows rest on counter-recovery's batch methods
+            paths = ((True, False, on), (False, False, off), (False, True, scalar))
+            for memo, plain, small in paths:
                 runs = []
                 for size in sizes(args.scale):
                     if not memo and args.memo_off_up_to is not None and size > args.memo_off_up_to:
                         continue
                     big = spec(Path(tmp) / "big.json", "counter-recovery", size, ["refresh"])
-                    runs.append((size, plan(big, memo)))
-                scaled(f"memo {'on ' if memo else 'off'}", runs, small)
+                    runs.append((size, plan(big, memo, scalar=plain)))
+                how = "scalar " if plain else "batched"
+                scaled(f"memo {'on ' if memo else 'off'}, {how}", runs, small)
         if args.cascade:
             names = [
                 "jitter",
