@@ -177,6 +177,14 @@ class PrefixResult(Model):
     confinement: str | None = None  # "bubblewrap", or "process" on a host without it
     sandbox_id: str | None = Field(default=None, description="The backend's id of its sandbox.")
 
+    def ref(self) -> PrefixRef:
+        """What a world batch needs of this prefix run."""
+        return PrefixRef(
+            index=self.chunk.index,
+            checkpoints_digest=self.checkpoints_digest,
+            workspace_digest=self.workspace_digest,
+        )
+
 
 class BatchInput(Model):
     experiment_id: str

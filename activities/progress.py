@@ -84,9 +84,5 @@ def prefix_refs(store: ArtifactStore, inp: PrefixRefsInput) -> list[PrefixRef]:
             continue
         for p in _segment(store, ref).prefixes:
             if inp.first <= p.chunk.index < inp.stop:
-                refs[p.chunk.index] = PrefixRef(
-                    index=p.chunk.index,
-                    checkpoints_digest=p.checkpoints_digest,
-                    workspace_digest=p.workspace_digest,
-                )
+                refs[p.chunk.index] = p.ref()
     return [refs[i] for i in sorted(refs)]

@@ -170,11 +170,7 @@ class RunState:
         assert self.plan is not None
         self.new_prefixes.append(prefix)
         self.tally.add_prefix(prefix)
-        self.refs[prefix.chunk.index] = PrefixRef(
-            index=prefix.chunk.index,
-            checkpoints_digest=prefix.checkpoints_digest,
-            workspace_digest=prefix.workspace_digest,
-        )
+        self.refs[prefix.chunk.index] = prefix.ref()
         rate = self.plan.rehearsal.prefix_seconds_per_episode
         self.ledger.observe(PREFIX, prefix.seconds, rate, prefix.chunk.size)
 
