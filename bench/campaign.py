@@ -28,7 +28,7 @@ process and each planning activity.
 
 A campaign runs 5,000 episodes a world batch by default (``CAMPAIGN_BATCH_EPISODES``):
 each box's start, imports and bookkeeping and each activity's round trip are paid once
-per batch, ~16 % of the twin's CPU for a world at 1,000 episodes and ~4 % at 4,000
+per batch, 12–17 % of the twin's CPU for a world at 1,000 episodes and ~4 % at 4,000
 (docs/scaling.md); the product's default stays ``DEFAULT_BATCH_EPISODES``.
 
     python bench/campaign.py [--episodes 100000] [--batch-episodes 5000] [--breakdown]
