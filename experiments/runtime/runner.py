@@ -690,29 +690,26 @@ def _read_jsonl(path: str) -> list[Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``prefix``: request → checkpoints (JSON lines). ``continue``: request + checkpoints
-    → one world's columns. The request is JSON: workload, params, seed, episodes | world."""
+    → one world's columns. The request is JSON: workload, params, seed, episodes | world,
+    and optionally workspace and draws (see ``_run``)."""
     parser = argparse.ArgumentParser(prog="forklab-runner")
     parser.add_argument("mode", choices=["prefix", "continue"])
     parser.add_argument("--request", required=True)
     parser.add_argument("--checkpoints", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument(
-        "--draws",
-        help="prefix: where to write the block runs the worlds will draw (written only if "
-        "the workload names any); continue: the prefix's file, to preload them from",
-    )
     args = parser.parse_args(argv)
     with open(args.request, encoding="utf-8") as fh:
         request = read_request(fh.read())
     try:
-        return _run(args.mode, request, args.checkpoints, args.out, args.draws)
+        return _run(args.mode, request, args.checkpoints, args.out)
     except ContractViolation as violation:
         return exit_with(violation)
 
 
-def _run(
-    mode: str, request: dict[str, Any], checkpoints: str, out: str, draws: str | None = None
-) -> int:
+def _run(mode: str, request: dict[str, Any], checkpoints: str, out: str) -> int:
+    """``request["draws"]`` (optional): for ``prefix``, where to write the block runs the
+    worlds will draw (only if the workload names any); for ``continue``, the prefix's
+    file to preload them from."""
     workload = workload_class(request["workload"])(request["params"])
     seed = int(request["seed"])
     # A workload with a workspace: one folder per episode under the request's folder (in
@@ -721,6 +718,7 @@ def _run(
     if workload.has_workspace and root is None:
         raise ValueError(f"{type(workload).__name__} has a workspace; the request names none")
     key = draws_key(request["workload"], request["params"], seed)
+    draws: str | None = request.get("draws")
     if mode == "prefix":
         writer = DrawsWriter(key) if draws is not None else None
         with open(checkpoints, "w", encoding="utf-8") as fh:
