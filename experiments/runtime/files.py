@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import stat
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from experiments.runtime.canon import digest
+
+if TYPE_CHECKING:
+    from pathlib import Path  # (every box imports this file; few have a workspace)
 
 _CHUNK = 1 << 20
 #: An episode folder with more entries than this is refused (a runaway workload).
@@ -106,6 +108,8 @@ class FolderFork:
             raise RuntimeError("more folders taken than announced")
         if self._left == 0 and self._own:
             return self._source
+        import shutil  # here: only a workload with a workspace forks folders
+
         self._n += 1
         copy = self._scratch / f"fork-{os.getpid()}-{self._n}"
         shutil.copytree(self._source, copy, symlinks=True)
@@ -114,6 +118,8 @@ class FolderFork:
 
     def _drop(self) -> None:
         if self._last is not None:
+            import shutil
+
             shutil.rmtree(self._last, ignore_errors=True)
             self._last = None
 

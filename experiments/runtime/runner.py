@@ -6,17 +6,13 @@ This one file is what the local twin calls in-process and what a sandbox execute
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import marshal
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from hashlib import sha256
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from experiments.runtime.canon import (
     canonical_json,
@@ -63,6 +59,11 @@ from experiments.runtime.files import (
     folder_digest,
 )
 from experiments.runtime.workload import Feature, State, Workload, WorkloadError
+
+if TYPE_CHECKING:
+    # Imported where a workspace needs them: every box runs this module, most without
+    # files, and ``pathlib``, ``shutil`` and ``tempfile`` add to each box's start-up.
+    from pathlib import Path
 
 BUILTIN_WORKLOADS = {
     "counter-recovery": "experiments.workloads.counter_recovery:CounterRecovery",
@@ -438,6 +439,9 @@ def continue_world(
     if folder is None:
         name = type(workload).__name__
         raise ValueError(f"{name} has a workspace: continue_world needs a folder")
+    import tempfile
+    from pathlib import Path
+
     folders = FolderFork(folder, world.forks, Path(tempfile.gettempdir()), own)
     try:
         return _finish(workload, fork, seed, episode, world, params, prefix, folders)
@@ -640,6 +644,10 @@ def _run_batch_files(
     once in its own folder, then every world replicate in a copy of it (the last one in
     the folder itself). The copies stand in for the overlay layers of the durable path;
     the checkpoint identities are the same, because they digest content only."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
     batch: Batch = {
         "episodes": list(episodes),
         "requested": [],
@@ -688,20 +696,54 @@ def _read_jsonl(path: str) -> list[Any]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+_MODES = ("prefix", "continue")
+_OPTIONS = ("--request", "--checkpoints", "--out")
+_USAGE = "usage: forklab-runner {prefix,continue} --request R --checkpoints C --out O"
+
+
+def parse_args(argv: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """``(mode, {option: value})`` from ``MODE --request R --checkpoints C --out O`` (in
+    any order, ``--option=value`` too); anything else exits with code 2 and the usage, as
+    ``argparse`` did. Parsed by hand: ``argparse`` (with ``re``'s users, ``gettext``) was
+    a tenth of every box's start-up (docs/scaling.md)."""
+
+    def fail(why: str) -> NoReturn:
+        print(f"{_USAGE}\nforklab-runner: error: {why}", file=sys.stderr)
+        raise SystemExit(2)
+
+    modes: list[str] = []
+    options: dict[str, str] = {}
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if not arg.startswith("--"):
+            modes.append(arg)
+            continue
+        name, eq, value = arg.partition("=")
+        if name not in _OPTIONS:
+            fail(f"unrecognized arguments: {arg}")
+        if not eq:
+            if not rest or rest[0].startswith("--"):
+                fail(f"argument {name}: expected one argument")
+            value = rest.pop(0)
+        options[name.removeprefix("--")] = value
+    if len(modes) != 1 or modes[0] not in _MODES:
+        fail(f"give one mode of {', '.join(_MODES)}, not {' '.join(modes) or 'none'}")
+    missing = [o for o in _OPTIONS if o.removeprefix("--") not in options]
+    if missing:
+        fail(f"the following arguments are required: {', '.join(missing)}")
+    return modes[0], options
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``prefix``: request → checkpoints (JSON lines). ``continue``: request + checkpoints
     → one world's columns. The request is JSON: workload, params, seed, episodes | world,
     and optionally workspace and draws (see ``_run``)."""
-    parser = argparse.ArgumentParser(prog="forklab-runner")
-    parser.add_argument("mode", choices=["prefix", "continue"])
-    parser.add_argument("--request", required=True)
-    parser.add_argument("--checkpoints", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    with open(args.request, encoding="utf-8") as fh:
+    mode, args = parse_args(sys.argv[1:] if argv is None else argv)
+    with open(args["request"], encoding="utf-8") as fh:
         request = read_request(fh.read())
     try:
-        return _run(args.mode, request, args.checkpoints, args.out)
+        return _run(mode, request, args["checkpoints"], args["out"])
     except ContractViolation as violation:
         return exit_with(violation)
 
@@ -714,7 +756,11 @@ def _run(mode: str, request: dict[str, Any], checkpoints: str, out: str) -> int:
     seed = int(request["seed"])
     # A workload with a workspace: one folder per episode under the request's folder (in
     # a sandbox, the workspace the activity attached; a world's is its own overlay).
-    root = Path(request["workspace"]) if "workspace" in request else None
+    root = None
+    if "workspace" in request:
+        from pathlib import Path
+
+        root = Path(request["workspace"])
     if workload.has_workspace and root is None:
         raise ValueError(f"{type(workload).__name__} has a workspace; the request names none")
     key = draws_key(request["workload"], request["params"], seed)

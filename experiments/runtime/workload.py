@@ -9,10 +9,12 @@ not JSON (sets, tuples, objects) is not allowed in state.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from experiments.runtime.crn import Block, Shocks
+
+if TYPE_CHECKING:
+    from pathlib import Path  # (a box imports this file: no ``pathlib`` at run time)
 
 State = dict[str, Any]
 #: A feature value; ``None`` only for a feature declared optional (e.g. ``str | None``).
