@@ -171,6 +171,9 @@ class PrefixResult(Model):
     checkpoints_digest: str
     #: A workload with files: the ``WorkspaceEvidence`` of the chunk's frozen workspace.
     workspace_digest: str | None = None
+    #: The draws file the prefix wrote (``experiments.runtime.draws_file``): each
+    #: episode's block runs for the worlds to preload. None: the workload names none.
+    draws_digest: str | None = None
     seconds: float
     network_isolated: bool = True
     note: str | None = None
@@ -183,6 +186,7 @@ class PrefixResult(Model):
             index=self.chunk.index,
             checkpoints_digest=self.checkpoints_digest,
             workspace_digest=self.workspace_digest,
+            draws_digest=self.draws_digest,
         )
 
 
@@ -198,6 +202,8 @@ class BatchInput(Model):
     #: A workload with files: the prefix's ``WorkspaceEvidence`` (to rebuild the chunk's
     #: layer on a host that does not have it).
     workspace_digest: str | None = None
+    #: The prefix's draws file, uploaded for the runner to preload (None: none).
+    draws_digest: str | None = None
     reservation_seconds: float = Field(gt=0)
     attempt: int = Field(default=1, ge=1)  # which attempt of this unit (the workflow counts)
 
@@ -291,6 +297,7 @@ class PrefixRef(Model):
     index: int
     checkpoints_digest: str
     workspace_digest: str | None = None
+    draws_digest: str | None = None
 
 
 class PrefixRefsInput(Model):

@@ -49,6 +49,7 @@ from experiments.outcomes import StoredColumns
 from experiments.runtime.contract import CONTRACT_EXIT
 from experiments.runtime.file_format import (
     CHECKPOINTS_FILE,
+    DRAWS_FILE,
     OUT_FILE,
     REQUEST_FILE,
     RUNNER_MODULE,
@@ -145,10 +146,11 @@ class SandboxActivities:
         mode: str,
         allowance: float,
         files: _Files | None = None,
-    ) -> tuple[ExecResult, bytes | None, str]:
+    ) -> tuple[ExecResult, bytes | None, str, bytes | None]:
         """Clear what an earlier attempt of this unit left, then create a sandbox, upload
         ``inputs``, run the runner, fetch its output (``None`` when the runner did not
-        succeed) and delete the sandbox; returns the sandbox's id too. A fault of the
+        succeed) and delete the sandbox; returns the sandbox's id too, and for a prefix
+        the draws file if the runner wrote one (None otherwise). A fault of the
         infrastructure is raised as a retryable ``ApplicationError`` carrying the attempt's
         last heartbeat. ``files`` gives the sandbox a workspace and reads it once the
         runner succeeded."""
@@ -210,7 +212,7 @@ class SandboxActivities:
         allowance: float,
         beat: _Beat,
         files: _Files | None,
-    ) -> tuple[ExecResult, bytes | None, str]:
+    ) -> tuple[ExecResult, bytes | None, str, bytes | None]:
         sandbox_id = await self._create(snapshot_id, labels, allowance, beat)
         try:
             if files is not None:
@@ -228,16 +230,21 @@ class SandboxActivities:
             result = await heartbeat_until(job, details)
             beat.charged = result.seconds
             if result.timed_out or result.exit_code != 0:
-                return result, None, sandbox_id
+                return result, None, sandbox_id, None
             wanted = CHECKPOINTS_FILE if mode == "prefix" else OUT_FILE
             try:
                 data = await self._blocking(self._backend.download, sandbox_id, wanted)
             except SandboxError:
                 # the runner exited cleanly without writing its output
-                return result, None, sandbox_id
+                return result, None, sandbox_id, None
+            draws = None
+            if mode == "prefix":
+                # bounded like the checkpoints: by the sandbox's limit on file size
+                with contextlib.suppress(SandboxError):  # none: the workload names no runs
+                    draws = await self._blocking(self._backend.download, sandbox_id, DRAWS_FILE)
             if files is not None:
                 await self._blocking(files.read, sandbox_id)
-            return result, data, sandbox_id
+            return result, data, sandbox_id, draws
         finally:
             await self._blocking(self._backend.delete, sandbox_id)
 
@@ -253,6 +260,7 @@ class SandboxActivities:
             inp.job.seed,
             episodes=episodes,
             workspace=WORKSPACE_DIR if files else None,
+            draws=DRAWS_FILE,
         )
         labels = {
             EXPERIMENT_LABEL: inp.experiment_id,
@@ -261,7 +269,7 @@ class SandboxActivities:
             BATCH_LABEL: str(inp.chunk.index),
         }
         inputs = {REQUEST_FILE: request.encode(), CHECKPOINTS_FILE: b""}
-        result, data, sandbox_id = await self._in_sandbox(
+        result, data, sandbox_id, draws = await self._in_sandbox(
             labels, inp.snapshot_id, inputs, "prefix", allowance, files
         )
         why = _failure(result, allowance) or "the runner wrote no checkpoints"
@@ -288,10 +296,16 @@ class SandboxActivities:
                 result.seconds, self._store.put_bytes, files.evidence().encode()
             )
         digest = await self._stored(result.seconds, self._store.put_bytes, data)
+        # Stored as the runner wrote it: only the worlds' runners read it (in their
+        # sandboxes), so the worker never parses it (see experiments.runtime.draws_file).
+        shipped = None
+        if draws is not None:
+            shipped = await self._stored(result.seconds, self._store.put_bytes, draws)
         return PrefixResult(
             chunk=inp.chunk,
             checkpoints_digest=digest,
             workspace_digest=evidence,
+            draws_digest=shipped,
             seconds=result.seconds,
             network_isolated=result.network_isolated,
             note=result.note,
@@ -333,12 +347,17 @@ class SandboxActivities:
             assert files is not None
             files.shipped = inp.workspace_digest
             files.expected = {str(cp["episode"]): cp.get("workspace", "") for cp in parsed}
+        inputs = {CHECKPOINTS_FILE: checkpoints}
+        if inp.draws_digest is not None:
+            stored = self._store.get_bytes
+            inputs[DRAWS_FILE] = await self._stored(0.0, stored, inp.draws_digest)
         request = request_text(
             inp.job.workload,
             inp.job.params,
             inp.job.seed,
             world=inp.world,
             workspace=WORKSPACE_DIR if files else None,
+            draws=DRAWS_FILE if inp.draws_digest is not None else None,
         )
         labels = {
             EXPERIMENT_LABEL: inp.experiment_id,
@@ -346,8 +365,8 @@ class SandboxActivities:
             WORLD_LABEL: name,
             BATCH_LABEL: str(inp.chunk.index),
         }
-        inputs = {REQUEST_FILE: request.encode(), CHECKPOINTS_FILE: checkpoints}
-        result, data, sandbox_id = await self._in_sandbox(
+        inputs[REQUEST_FILE] = request.encode()
+        result, data, sandbox_id, _ = await self._in_sandbox(
             labels, inp.snapshot_id, inputs, "continue", allowance, files
         )
         spent = result.seconds

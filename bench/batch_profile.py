@@ -11,6 +11,9 @@ One chunk of the spec's episodes, every world of it:
   what the runner does in a box), with a draw table of its own (it hashes every
   coordinate it draws, where the twin hashes each once for all worlds) and parsing each
   checkpoint's state itself;
+- the world with the prefix's draws: the same, preloading each episode's block runs from
+  the draws file the prefix's box wrote (reading the file included), and what writing
+  that file adds to the prefix's box, per world batch (its chunk's cost over the worlds);
 - in the box (the box's own CPU, launcher included): its start running ``pass``, the
   runner's imports (with the worker's bytecode, and compiled from source as boxes did
   before it), the runner's rest (reading checkpoints, writing columns);
@@ -43,16 +46,25 @@ from activities.sandbox.jail import bubblewrap
 from activities.sandbox.local import LocalSandboxBackend
 from experiments.engine import spec_world_plans
 from experiments.outcomes import StoredColumns
+from experiments.runtime.draws_file import DrawsWriter, draws_key, read_draws
 from experiments.runtime.file_format import (
     CHECKPOINTS_FILE,
+    DRAWS_FILE,
     OUT_FILE,
     REQUEST_FILE,
     RUNNER_MODULE,
+    WorldPlan,
     checkpoint_line,
     parse_columns,
     request_text,
 )
-from experiments.runtime.runner import continue_checkpoints, run_batch, run_prefix, workload_class
+from experiments.runtime.runner import (
+    continue_checkpoints,
+    prefix_with_runs,
+    run_batch,
+    run_prefix,
+    workload_class,
+)
 from experiments.spec import ExperimentSpec
 from forklab.specfile import load_spec
 
@@ -101,15 +113,24 @@ class BatchProfile:
     confinement: str
     twin_share: float  # CPU seconds per world batch
     own_draws: float
+    shipped_draws: float  # the world preloading the prefix's runs (None: the workload names none)
+    prefix_added: float  # what writing the draws file adds to the prefix box, per world batch
+    draws_bytes: int
     box_start: float
     imports: float
     imports_from_source: float
     runner_rest: float
+    runner_rest_shipped: float  # the same, the draws file named in the request
     host: float
 
     @property
     def per_batch(self) -> float:
         return self.box_start + self.imports + self.own_draws + self.runner_rest + self.host
+
+    @property
+    def per_batch_shipped(self) -> float:
+        fixed = self.box_start + self.imports + self.runner_rest_shipped + self.host
+        return fixed + self.shipped_draws + self.prefix_added
 
     def lines(self) -> list[str]:
         def row(name: str, seconds: float) -> str:
@@ -128,7 +149,18 @@ class BatchProfile:
             row("runner rest (read checkpoints, write columns)", self.runner_rest),
             row("worker: box admin, columns parsed + stored", self.host),
             row("= one world batch, before Temporal", self.per_batch),
+            f"with the prefix's draws ({self.draws_bytes / self.episodes:,.0f} B per episode):",
+            row(
+                "+ the world with the prefix's draws",
+                self.shipped_draws - self.twin_share,
+            ),
+            row("runner rest (the same, reading the draws file)", self.runner_rest_shipped),
+            row("+ the prefix box's writing them (per world)", self.prefix_added),
+            row("= one world batch with them, before Temporal", self.per_batch_shipped),
         ]
+
+
+_SHIPPED_REQUEST = "request-draws.json"
 
 
 def profile_batch(spec: ExperimentSpec, episodes: int, repeats: int = 3) -> BatchProfile:
@@ -141,13 +173,29 @@ def profile_batch(spec: ExperimentSpec, episodes: int, repeats: int = 3) -> Batc
     own = [
         least(partial(continue_checkpoints, workload, seed, checkpoints, p), repeats) for p in plans
     ]
+    key = draws_key(spec.workload.name, dict(spec.workload.params), seed)
+
+    def prefix_and_draws() -> bytes:
+        writer = DrawsWriter(key)
+        for e in ids:
+            writer.add(e, prefix_with_runs(workload, seed, e)[1])
+        return writer.data()
+
+    drawn = least(prefix_and_draws, repeats)
+    draws = prefix_and_draws()
+
+    def shipped(plan: WorldPlan) -> None:
+        continue_checkpoints(workload, seed, checkpoints, plan, shipped=read_draws(draws, key))
+
+    with_draws = [least(partial(shipped, p), repeats) for p in plans]
     data = "".join(checkpoint_line(cp) for cp in checkpoints).encode()
     module = workload_class(spec.workload.name).__module__
     imports = f"    import {RUNNER_MODULE}, {module}"
-    runner = (
-        f"    import runpy\n    sys.argv = ['runner', 'continue', '--request', '{REQUEST_FILE}', "
+    runner, runner_shipped = (
+        f"    import runpy\n    sys.argv = ['runner', 'continue', '--request', '{name}', "
         f"'--checkpoints', '{CHECKPOINTS_FILE}', '--out', '{OUT_FILE}']\n"
         f"    runpy.run_module('{RUNNER_MODULE}', run_name='__main__', alter_sys=True)"
+        for name in (REQUEST_FILE, _SHIPPED_REQUEST)
     )
     with tempfile.TemporaryDirectory(prefix="forklab-profile-") as tmp:
         backend = LocalSandboxBackend(Path(tmp) / "sandboxes")
@@ -156,8 +204,8 @@ def profile_batch(spec: ExperimentSpec, episodes: int, repeats: int = 3) -> Batc
         store = LocalArtifactStore(Path(tmp) / "artifacts")
         snapshot = backend.prepare_snapshot(bundle_files(spec.workload.name)).id
         limits = Limits(cpu_seconds=3600, wall_seconds=3600)
-        start, imported, source, rest, host = ([] for _ in range(5))
-        for plan, own_seconds in zip(plans, own, strict=True):
+        start, imported, source, rest, rest_shipped, host = ([] for _ in range(6))
+        for plan, own_seconds, shipped_seconds in zip(plans, own, with_draws, strict=True):
             request = request_text(spec.workload.name, dict(spec.workload.params), seed, world=plan)
             t = time.process_time()
             box = backend.create(snapshot, {"profile": "1"}, limits)
@@ -171,6 +219,12 @@ def profile_batch(spec: ExperimentSpec, episodes: int, repeats: int = 3) -> Batc
             # -X beats the environment's PYTHONPYCACHEPREFIX: no bytecode to read
             compiled = box_cpu(plain, box, imports, repeats)
             whole = box_cpu(backend, box, runner, repeats)
+            backend.upload(box, DRAWS_FILE, draws)
+            named = request_text(
+                spec.workload.name, dict(spec.workload.params), seed, world=plan, draws=DRAWS_FILE
+            )
+            backend.upload(box, _SHIPPED_REQUEST, named.encode())
+            whole_shipped = box_cpu(backend, box, runner_shipped, repeats)
             t = time.process_time()
             out = backend.download(box, OUT_FILE)
             backend.delete(box)
@@ -181,6 +235,7 @@ def profile_batch(spec: ExperimentSpec, episodes: int, repeats: int = 3) -> Batc
             imported.append(loaded - started)
             source.append(compiled - started)
             rest.append(max(whole - loaded - own_seconds, 0.0))
+            rest_shipped.append(max(whole_shipped - loaded - shipped_seconds, 0.0))
     mean = statistics.mean
     return BatchProfile(
         episodes=episodes,
@@ -188,10 +243,14 @@ def profile_batch(spec: ExperimentSpec, episodes: int, repeats: int = 3) -> Batc
         confinement="bubblewrap" if bubblewrap()[0] else "confined process, no bubblewrap",
         twin_share=(twin - prefix) / len(plans),
         own_draws=mean(own),
+        shipped_draws=mean(with_draws),
+        prefix_added=(drawn - prefix) / len(plans),
+        draws_bytes=len(draws),
         box_start=mean(start),
         imports=mean(imported),
         imports_from_source=mean(source),
         runner_rest=mean(rest),
+        runner_rest_shipped=mean(rest_shipped),
         host=mean(host),
     )
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from activities.artifacts import LocalArtifactStore
+from activities.progress import read_progress
 from bench.campaign import HISTORY_GOAL, campaign_spec, report, run_campaign
 from workflows.messages import Stage
 
@@ -19,6 +21,11 @@ async def test_a_small_campaign_on_two_workers_equals_the_twin(tmp_path: Path) -
     )
     assert c.result.analysis is not None, c.result.error
     assert c.same_digest, (c.result.analysis.outcomes_digest, c.twin_digest)
+    # ... with every world batch preloading its chunk's draws file (retry-cascade names
+    # its world block runs): the equality above holds with the shipped runs
+    digest = next(r.progress_digest for r in c.runs if r.progress_digest)
+    progress = read_progress(LocalArtifactStore(tmp_path / "shared" / "artifacts"), digest)
+    assert len(progress.prefixes) == 4 and all(p.draws_digest for p in progress.prefixes)
     assert len(c.runs) == c.result.runs > 1
     assert c.largest_run_events < limit < HISTORY_GOAL
     assert Stage.running_worlds.value in {r.carry_stage for r in c.runs}

@@ -520,6 +520,7 @@ class ExperimentWorkflow:
                 chunk=unit.chunk,
                 checkpoints_digest=state.refs[unit.chunk.index].checkpoints_digest,
                 workspace_digest=state.refs[unit.chunk.index].workspace_digest,
+                draws_digest=state.refs[unit.chunk.index].draws_digest,
                 reservation_seconds=need,
                 attempt=attempt,
             ),

@@ -10,7 +10,9 @@ in one table per episode (:class:`EpisodeDraws`) that all its worlds share: each
 coordinate is hashed once per episode, not once per world. A workload that draws the
 same few coordinates at every tick can name them once as a :class:`Block` and draw them
 together: the block's values, and a pure function of them the workload declares, are
-then worked out once per episode and tick for all its worlds.
+then worked out once per episode and tick for all its worlds, and a run of ticks of it
+(:class:`Run`) can be shipped to another process that continues the same episode (the
+durable path's world sandboxes, ``experiments.runtime.draws_file``).
 """
 
 from __future__ import annotations
@@ -49,13 +51,63 @@ class Block(Generic[T]):
     them. A block is keyed by identity: make it once (e.g. when the params are checked).
     """
 
-    __slots__ = ("decode", "pairs")
+    __slots__ = ("decode", "members", "pairs")
 
     def __init__(
         self, pairs: Sequence[tuple[int, str]], decode: Callable[[tuple[float, ...]], T]
     ) -> None:
         self.pairs = tuple(pairs)
+        self.members = frozenset(self.pairs)
         self.decode = decode
+
+
+class Run(Generic[T]):
+    """``block`` drawn at ticks ``start..stop-1``: its ``words`` (tick by tick, the block's
+    pairs in order), what ``decode`` returned for each tick, and the number and the sum
+    (mod 2**64) of the words of its distinct coordinates: all a world's fingerprint needs
+    of it, so a world that draws a run never copies its coordinates one by one (the dict
+    of them is made only if a fingerprint must merge overlapping draws, see ``coords``).
+    """
+
+    __slots__ = ("_coords", "block", "count", "decoded", "start", "stop", "total", "words")
+
+    def __init__(
+        self, block: Block[T], start: int, stop: int, words: Sequence[int], decoded: tuple[T, ...]
+    ) -> None:
+        width = len(block.pairs)
+        ticks = max(stop - start, 0)
+        if len(words) != width * ticks or len(decoded) != ticks:
+            raise ValueError("a run needs one word per pair and one decoding per tick")
+        self.block = block
+        self.start = start
+        self.stop = stop
+        self.words = words
+        self.decoded = decoded
+        self._coords: dict[Coordinate, int] | None = None
+        if len(block.members) == width:
+            self.count = len(words)
+            self.total = sum(words) & _MASK64
+        else:  # a pair named twice is one coordinate (the same word): count it once
+            first = [i for i, pair in enumerate(block.pairs) if block.pairs.index(pair) == i]
+            self.count = len(first) * ticks
+            self.total = sum(words[t * width + i] for t in range(ticks) for i in first) & _MASK64
+
+    def covers(self, coord: Coordinate) -> bool:
+        entity, tick, stream = coord
+        return self.start <= tick < self.stop and (entity, stream) in self.block.members
+
+    def coords(self) -> dict[Coordinate, int]:
+        """Every coordinate of the run and its word (made on first use)."""
+        if self._coords is None:
+            pairs = self.block.pairs
+            width = len(pairs)
+            words = self.words
+            self._coords = {
+                (entity, tick, stream): words[(tick - self.start) * width + i]
+                for tick in range(self.start, self.stop)
+                for i, (entity, stream) in enumerate(pairs)
+            }
+        return self._coords
 
 
 class EpisodeDraws:
@@ -72,10 +124,10 @@ class EpisodeDraws:
         self.episode = episode
         self.exogenous: dict[Coordinate, int] = {}
         self.agent: dict[tuple[int, int, str], float] = {}
-        # (block, tick) -> (the block's words by coordinate, what its decode returned)
-        self.blocks: dict[tuple[Block[Any], int], tuple[dict[Coordinate, int], Any]] = {}
-        # (block, start, stop) -> (the words of those ticks, what decode returned for each)
-        self.runs: dict[tuple[Block[Any], int, int], tuple[dict[Coordinate, int], Any]] = {}
+        # (block, tick) -> (the block's words in pair order, what its decode returned)
+        self.blocks: dict[tuple[Block[Any], int], tuple[list[int], Any]] = {}
+        # (block, start, stop) -> that run; also filled from a file by ``preload``
+        self.runs: dict[tuple[Block[Any], int, int], Run[Any]] = {}
         self._prefix: Any = None  # BLAKE2b state after "seed|episode|", made on first use
 
     def word(self, entity: int, tick: int, stream: str) -> int:
@@ -91,21 +143,43 @@ class EpisodeDraws:
         h.update(f"{entity}|{tick}|{stream}".encode())
         return int.from_bytes(h.digest(), "little")
 
-    def block(self, block: Block[Any], tick: int) -> tuple[dict[Coordinate, int], Any]:
-        """The words of ``block``'s coordinates at ``tick`` and its decoded values, made
-        on first use (the words through the same table as single draws)."""
-        words: dict[Coordinate, int] = {}
-        values: list[float] = []
+    def block(self, block: Block[Any], tick: int) -> tuple[list[int], Any]:
+        """The words of ``block``'s coordinates at ``tick`` (in pair order) and its decoded
+        values, made on first use (the words through the same table as single draws)."""
+        words: list[int] = []
         exogenous = self.exogenous
         for entity, stream in block.pairs:
             coord = (entity, tick, stream)
             word = exogenous.get(coord)
             if word is None:
                 word = exogenous[coord] = self.word(entity, tick, stream)
-            words[coord] = word
-            values.append((word >> 11) * _SCALE)
-        entry = self.blocks[(block, tick)] = (words, block.decode(tuple(values)))
+            words.append(word)
+        values = tuple([(word >> 11) * _SCALE for word in words])
+        entry = self.blocks[(block, tick)] = (words, block.decode(values))
         return entry
+
+    def run(self, block: Block[T], start: int, stop: int) -> Run[T]:
+        """``block`` at ticks ``start..stop-1``, made on first use (tick by tick through
+        ``block``), or the run ``preload`` put here."""
+        key = (block, start, stop)
+        found = self.runs.get(key)
+        if found is None:
+            words: list[int] = []
+            decoded: list[T] = []
+            blocks = self.blocks
+            for tick in range(start, stop):
+                entry = blocks.get((block, tick))
+                if entry is None:
+                    entry = self.block(block, tick)
+                words += entry[0]
+                decoded.append(entry[1])
+            found = self.runs[key] = Run(block, start, stop, words, tuple(decoded))
+        return found
+
+    def preload(self, run: Run[Any]) -> None:
+        """Take ``run`` as this episode's run of its block and ticks (one another process
+        made for the same episode): a world that asks for exactly those ticks uses it."""
+        self.runs[(run.block, run.start, run.stop)] = run
 
 
 class Shocks:
@@ -123,6 +197,7 @@ class Shocks:
         "_agent_drawn",
         "_draws",
         "_labels",
+        "_runs",
         "_seen",
         "_source",
         "episode",
@@ -149,7 +224,8 @@ class Shocks:
         self.replicate = replicate
         self._draws = draws  # made on the first draw: many runs never draw at all
         self._source = source
-        self._seen: dict[Coordinate, int] = {}  # coordinate -> its word
+        self._seen: dict[Coordinate, int] = {}  # coordinate -> its word (single draws)
+        self._runs: list[Run[Any]] = []  # the block runs drawn, each once
         self._labels: dict[str, str] = {}  # agent stream -> its label for this replicate
         self._agent_drawn = False
 
@@ -170,24 +246,17 @@ class Shocks:
     def exogenous_blocks(self, block: Block[T], start: int, stop: int) -> tuple[T, ...]:
         """Draw every coordinate of ``block`` at each tick of ``start..stop-1`` (exactly
         as ``exogenous`` would, one by one) and return its ``decode`` of each tick's
-        values. The worlds of an episode that ask for the same ticks share the result."""
+        values. The worlds of an episode that ask for the same ticks share the result;
+        the world only notes the run (its coordinates count in ``fingerprint``)."""
         table = self._draws
         if table is None:
             table = self.draws
-        key = (block, start, stop)
-        run = table.runs.get(key)
+        run = table.runs.get((block, start, stop))
         if run is None:
-            words: dict[Coordinate, int] = {}
-            decoded: list[T] = []
-            for tick in range(start, stop):
-                entry = table.blocks.get((block, tick))
-                if entry is None:
-                    entry = table.block(block, tick)
-                words.update(entry[0])
-                decoded.append(entry[1])
-            run = table.runs[key] = (words, tuple(decoded))
-        self._seen.update(run[0])
-        ticks: tuple[T, ...] = run[1]
+            run = table.run(block, start, stop)
+        if run.count and run not in self._runs:
+            self._runs.append(run)
+        ticks: tuple[T, ...] = run.decoded
         return ticks
 
     def agent(self, entity: int, tick: int, stream: str) -> float:
@@ -218,7 +287,7 @@ class Shocks:
     def drawn(self) -> bool:
         """Whether anything was drawn: a run that drew nothing is a pure function of its
         starting state, which lets the engine reuse its result for an identical state."""
-        return self._agent_drawn or bool(self._seen)
+        return self._agent_drawn or bool(self._seen) or bool(self._runs)
 
     def fingerprint(self) -> str:
         """An order-free fingerprint of every exogenous draw this world made.
@@ -231,9 +300,24 @@ class Shocks:
         report anything it likes; the check catches honest mistakes in the randomness).
         """
         seen = self._seen
-        if not seen:
-            return NO_SHOCKS
-        return f"{len(seen):x}:{sum(seen.values()) & _MASK64:016x}"
+        runs = self._runs
+        if not runs:
+            if not seen:
+                return NO_SHOCKS
+            return f"{len(seen):x}:{sum(seen.values()) & _MASK64:016x}"
+        if len(runs) == 1:
+            # One run (the usual case): its own count and sum, plus the single draws that
+            # lie outside it (one that lies inside is one of its coordinates already).
+            (run,) = runs
+            alone = [word for coord, word in seen.items() if not run.covers(coord)]
+            count = run.count + len(alone)
+            total = run.total + sum(alone)
+        else:  # runs may overlap each other: count their union, coordinate by coordinate
+            union = dict(seen)
+            for run in runs:
+                union.update(run.coords())
+            count, total = len(union), sum(union.values())
+        return f"{count:x}:{total & _MASK64:016x}"
 
 
 #: The fingerprint of a run that drew no exogenous shock.

@@ -22,14 +22,16 @@ from experiments.runtime.canon import canonical_json, sha256_hex
 from experiments.runtime.files import checkpoint_digest
 from experiments.runtime.workload import Feature
 
-#: Bump when any shape below changes.
-FORMAT_VERSION = 1
+#: Bump when any shape below changes (2: the request may name a draws file).
+FORMAT_VERSION = 2
 
 #: The runner's module and the files it reads and writes in its working directory.
 RUNNER_MODULE = "experiments.runtime.runner"
 REQUEST_FILE = "request.json"
 CHECKPOINTS_FILE = "checkpoints.jsonl"
 OUT_FILE = "out.json"
+#: The block runs the prefix worked out for the worlds (``experiments.runtime.draws_file``).
+DRAWS_FILE = "draws.bin"
 
 
 class FormatError(ValueError):
@@ -64,10 +66,13 @@ def request_text(
     episodes: Sequence[int] | None = None,
     world: WorldPlan | None = None,
     workspace: str | None = None,
+    draws: str | None = None,
 ) -> str:
     """The runner's request: ``episodes`` for a ``prefix`` run, ``world`` for ``continue``;
     ``workspace``: the folder (relative to the runner's) holding one sub-folder per
-    episode, for a workload with ``has_workspace``."""
+    episode, for a workload with ``has_workspace``; ``draws``: the draws file (relative
+    to the runner's folder) a prefix writes when the workload names world block runs,
+    and a world preloads them from."""
     request: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "workload": workload,
@@ -76,6 +81,8 @@ def request_text(
     }
     if workspace is not None:
         request["workspace"] = workspace
+    if draws is not None:
+        request["draws"] = draws
     if episodes is not None:
         request["episodes"] = list(episodes)
     if world is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from experiments.runtime.crn import Shocks
+from experiments.runtime.crn import Block, Shocks
 
 if TYPE_CHECKING:
     from pathlib import Path  # (a box imports this file: no ``pathlib`` at run time)
@@ -130,6 +130,20 @@ class Workload:
         so ``step`` sees the very same numbers). Workloads that draw every shock of
         every tick unconditionally need not override this.
         """
+
+    def world_blocks(self, state: State) -> Sequence[tuple[Block[Any], int, int]]:
+        """The block runs ``(block, start, stop)`` every world will draw with
+        ``shocks.exogenous_blocks`` when continued from this checkpoint state (optional).
+
+        A hint for speed only. On the durable path each world runs in a sandbox of its
+        own, which would work out the episode's runs again for every world; with this
+        hint the prefix's sandbox works them out once per episode and ships them to the
+        worlds (``experiments.runtime.draws_file``). A world still asks for whatever it
+        draws: a run it asks for that the hint did not name is made as usual, and a named
+        run it never asks for is never used, so a wrong hint costs time, never a result.
+        Default: none (nothing is shipped).
+        """
+        return ()
 
     def features(self, state: State) -> dict[str, Feature]:
         """Pre-decision features, read at the boundary before any intervention: exactly

@@ -50,6 +50,9 @@ _NONE: tuple[int, ...] = ()
 #: ``step`` lists failed calls: agent, its calls, how many of them were served).
 _Failed = tuple[int, Sequence[int], int]
 _Tick = tuple[float, float, tuple[tuple[int, ...], ...], int, tuple[_Failed, ...]]
+#: How many distinct tick parts ``_tick_shocks`` keeps to share (8 agents have 2**8
+#: patterns of arrivals; a fleet of 64 agents shares only the first ones it meets).
+_SHARED = 4096
 _FRACTIONS = (
     "arrival_rate",
     "error_rate",
@@ -134,13 +137,21 @@ class RetryCascade(Workload):
         self._horizon: int = p["horizon"]
         # An agent gets work when its 6-bit lane is below this, so P = ceil(64 rate) / 64.
         self._arrival_lane = float(p["arrival_rate"]) * (1 << _LANE_BITS)
-        # Agents per group of arrivals, and each pair of 6-bit lanes -> the two agents' new
-        # work (``_NEW`` when the lane is below the threshold), low lane first.
+        # Agents per group of arrivals, and each pair of 6-bit lanes -> whether the two
+        # agents get new work (bit 0 or 1 set when that lane is below the threshold), low
+        # lane first.
         self._lanes = [min(_LANES, self._n - g * _LANES) for g in range(-(-self._n // _LANES))]
-        lane = [_NEW if k < self._arrival_lane else _NONE for k in range(1 << _LANE_BITS)]
+        work = [int(k < self._arrival_lane) for k in range(1 << _LANE_BITS)]
         self._two_lanes = [
-            (lane[k & _LANE_MASK], lane[k >> _LANE_BITS]) for k in range(1 << 2 * _LANE_BITS)
+            work[k & _LANE_MASK] | work[k >> _LANE_BITS] << 1 for k in range(1 << 2 * _LANE_BITS)
         ]
+        # Who got work (bit i: agent i) -> (``fresh``, how many): one object per pattern,
+        # so equal ticks share it (a run shipped to the worlds' sandboxes then holds each
+        # once: marshal refers back to an object it already wrote, which reads back ~8x
+        # faster), as do an agent's unserved new call and the unserved calls of a tick.
+        self._fresh: dict[int, tuple[tuple[tuple[int, ...], ...], int]] = {}
+        self._unserved_call: list[_Failed] = [(i, _NEW, 0) for i in range(self._n)]
+        self._unserved: dict[tuple[_Failed, ...], tuple[_Failed, ...]] = {}
         # The draws of every tick, as one block: the worlds of an episode share its decoding.
         self._shocks = Block(
             [(_UPSTREAM, "capacity"), (_UPSTREAM, "serve")]
@@ -257,6 +268,13 @@ class RetryCascade(Workload):
             # exogenous fingerprint is untouched), stored where nothing reads it.
             state["placebo_token"] = shocks.agent(_UPSTREAM, tick, "placebo")
 
+    def world_blocks(self, state: State) -> Sequence[tuple[Block[_Tick], int, int]]:
+        """A world's one ``step`` draws the block at every tick from the checkpoint's
+        tick to the horizon (as ``step`` works out its ``start`` and ``stop``)."""
+        start: int = state["tick"]
+        stop = state["onset"] if start < state["onset"] else self._horizon
+        return [(self._shocks, start, stop)] if start < stop else []
+
     def _tick_shocks(self, values: tuple[float, ...]) -> _Tick:
         """What a tick's exogenous draws (``capacity``, ``serve``, then ``work`` of each
         group) decide, worked out once per episode and tick for all its worlds: see
@@ -270,17 +288,26 @@ class RetryCascade(Workload):
             )
         # Arrivals: one draw per group of eight agents, split into 6-bit lanes (read two
         # lanes at a time from a table).
-        fresh: tuple[tuple[int, ...], ...] = ()
+        mask = 0
+        shift = 0
         two = self._two_lanes
         for lanes, u_work in zip(self._lanes, values[2:], strict=True):
             word = int(u_work * _WORD)
-            group: tuple[tuple[int, ...], ...] = (
+            group = (
                 two[word & 0xFFF]
-                + two[word >> 12 & 0xFFF]
-                + two[word >> 24 & 0xFFF]
-                + two[word >> 36 & 0xFFF]
+                | two[word >> 12 & 0xFFF] << 2
+                | two[word >> 24 & 0xFFF] << 4
+                | two[word >> 36 & 0xFFF] << 6
             )
-            fresh += group[:lanes]
+            mask |= (group & ((1 << lanes) - 1)) << shift
+            shift += _LANES
+        known = self._fresh.get(mask)
+        if known is None:
+            fresh = tuple([_NEW if mask >> i & 1 else _NONE for i in range(self._n)])
+            known = (fresh, len(fresh) - fresh.count(_NONE))
+            if len(self._fresh) < _SHARED:
+                self._fresh[mask] = known
+        fresh, arrived = known
         # The serving step of ``step`` for a fleet whose only calls are this new work and
         # whose upstream copes (the share served is then ``1 - error_rate``).
         unserved: list[_Failed] = []
@@ -292,10 +319,15 @@ class RetryCascade(Workload):
                 cumulative += 1 * healthy
                 upto = int(cumulative)
                 if upto == below:
-                    unserved.append((i, _NEW, 0))
+                    unserved.append(self._unserved_call[i])
                 below = upto
-        arrived = len(fresh) - fresh.count(_NONE)
-        return u_serve, cap, fresh, arrived, tuple(unserved)
+        failed: tuple[_Failed, ...] = ()
+        if unserved:
+            failed = tuple(unserved)
+            failed = self._unserved.get(failed, failed)
+            if len(self._unserved) < _SHARED:
+                self._unserved.setdefault(failed, failed)
+        return u_serve, cap, fresh, arrived, failed
 
     def step(self, state: State, shocks: Shocks) -> None:
         """Run the ticks up to the boundary (in the prefix) or the horizon (in a world),

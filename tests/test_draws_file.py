@@ -1,0 +1,251 @@
+"""The draws file: the prefix works out each episode's world block runs once, the worlds
+preload them. Results and shock fingerprints must be exactly those of worlds that work
+the runs out themselves; a file that does not belong is ignored or refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from experiments.runtime.canon import canonical_json
+from experiments.runtime.crn import Block, EpisodeDraws, Run, Shocks, uniform
+from experiments.runtime.draws_file import (
+    DrawsFormatError,
+    DrawsWriter,
+    RunEntry,
+    draws_key,
+    pack_words,
+    read_draws,
+    unpack_words,
+)
+from experiments.runtime.file_format import (
+    DRAWS_FILE,
+    Checkpoint,
+    WorldPlan,
+    checkpoint_line,
+    request_text,
+)
+from experiments.runtime.runner import (
+    _run,
+    continue_checkpoints,
+    prefix_with_runs,
+    preload_draws,
+    run_batch,
+)
+from experiments.runtime.workload import State
+from experiments.workloads.counter_recovery import CounterRecovery
+from experiments.workloads.retry_cascade import RetryCascade
+
+SEED = 7
+WORLDS = [
+    WorldPlan(name=n, intervention=None if n == "baseline" else n)
+    for n in (
+        "baseline",
+        "jitter",
+        "broadcast",
+        "queue-memory",
+        "latency",
+        "broadcast-jitter",
+        "restart",
+        "placebo",
+    )
+]
+PARAMS: dict[str, Any] = {}
+
+
+def _prefix_in(folder: Path, workload: str, episodes: range, seed: int = SEED) -> bytes | None:
+    """Run the runner's ``prefix`` mode as a sandbox does (files in ``folder``); returns
+    the draws file it wrote, None if it wrote none."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out, draws = folder / "out.json", folder / DRAWS_FILE
+    req = json.loads(request_text(workload, PARAMS, seed, episodes=episodes, draws=str(draws)))
+    assert _run("prefix", req, str(folder / "checkpoints.jsonl"), str(out)) == 0
+    return draws.read_bytes() if draws.exists() else None
+
+
+def _checkpoints(folder: Path) -> list[Checkpoint]:
+    lines = (folder / "checkpoints.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def _continue_in(folder: Path, workload: str, world: WorldPlan, draws: bytes | None) -> Any:
+    """The runner's ``continue`` mode, with the draws file ``draws`` (None: without)."""
+    path = folder / DRAWS_FILE
+    if draws is not None:
+        path.write_bytes(draws)
+    shipped = str(path) if draws is not None else None
+    req = json.loads(request_text(workload, PARAMS, SEED, world=world, draws=shipped))
+    out = folder / "columns.json"
+    assert _run("continue", req, str(folder / "checkpoints.jsonl"), str(out)) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def chunk(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
+    folder = tmp_path_factory.mktemp("prefix")
+    draws = _prefix_in(folder, "retry-cascade", range(0, 60))
+    assert draws is not None
+    return folder, draws
+
+
+def test_preloaded_runs_give_every_world_the_same_outcomes_and_fingerprints(
+    chunk: tuple[Path, bytes],
+) -> None:
+    folder, draws = chunk
+    twin = run_batch(RetryCascade(PARAMS), SEED, range(0, 60), WORLDS, memo=False)
+    for world in WORLDS:
+        alone = _continue_in(folder, "retry-cascade", world, None)
+        shipped = _continue_in(folder, "retry-cascade", world, draws)
+        assert canonical_json(shipped) == canonical_json(alone), world.name
+        for column in ("outcomes", "intervened", "shocks"):
+            assert shipped[column] == twin["worlds"][world.name][column], (world.name, column)
+    # the runs were really taken from the file: one per episode
+    workload = RetryCascade(PARAMS)
+    runs = read_draws(draws, draws_key("retry-cascade", PARAMS, SEED))
+    taken = 0
+    for cp in _checkpoints(folder):
+        table = EpisodeDraws(SEED, cp["episode"])
+        taken += preload_draws(workload, table, cp["state"], runs[cp["episode"]])
+        (run,) = table.runs.values()
+        assert run.words.typecode == "Q"  # the shipped words, not ones worked out again
+    assert taken == 60
+
+
+def test_a_workload_that_names_no_runs_ships_no_file(tmp_path: Path) -> None:
+    assert _prefix_in(tmp_path, "counter-recovery", range(0, 40)) is None
+    world = WorldPlan(name="refresh", intervention="refresh")
+    cols = _continue_in(tmp_path, "counter-recovery", world, None)
+    twin = run_batch(CounterRecovery(PARAMS), SEED, range(0, 40), [world], memo=False)
+    assert cols["outcomes"] == twin["worlds"]["refresh"]["outcomes"]
+
+
+def test_a_file_of_another_chunk_is_ignored(tmp_path: Path, chunk: tuple[Path, bytes]) -> None:
+    _, draws = chunk
+    other = tmp_path / "other"
+    _prefix_in(other, "retry-cascade", range(60, 90))
+    for world in WORLDS[:3]:
+        # the file holds episodes 0..59, the checkpoints are of 60..89: nothing matches
+        assert canonical_json(_continue_in(other, "retry-cascade", world, draws)) == (
+            canonical_json(_continue_in(other, "retry-cascade", world, None))
+        )
+
+
+def _entries(draws: bytes) -> dict[int, tuple[RunEntry, ...]]:
+    return read_draws(draws, draws_key("retry-cascade", PARAMS, SEED))
+
+
+def _rewritten(entries: dict[int, tuple[RunEntry, ...]]) -> bytes:
+    """A well-formed file (checksum and all) holding ``entries``."""
+    writer = DrawsWriter(draws_key("retry-cascade", PARAMS, SEED))
+    workload = RetryCascade(PARAMS)
+    block = workload._shocks
+    for episode, runs in entries.items():
+        writer.add(episode, [Run(block, s, e, unpack_words(w), d) for s, e, w, d in runs])
+    return writer.data()
+
+
+def test_runs_of_another_episode_are_ignored_or_refused(chunk: tuple[Path, bytes]) -> None:
+    folder, draws = chunk
+    entries = _entries(draws)
+    checkpoints = {cp["episode"]: cp for cp in _checkpoints(folder)}
+    onset = {e: json.loads(cp["state"])["onset"] for e, cp in checkpoints.items()}
+    workload = RetryCascade(PARAMS)
+    same = next(b for a in onset for b in onset if a < b and onset[a] == onset[b])
+    first = next(a for a in onset if a != same and onset[a] == onset[same])
+    differs = next(b for b in onset if onset[b] != onset[first])
+    # other ticks than the world's: not taken (the world works its run out itself)
+    assert preload_draws(workload, EpisodeDraws(SEED, differs), checkpoints[differs]["state"],
+                         entries[first]) == 0  # fmt: skip
+    # the same ticks, another episode's words: refused by the check of the first tick
+    with pytest.raises(DrawsFormatError, match="not what its first tick works out to"):
+        preload_draws(workload, EpisodeDraws(SEED, same), checkpoints[same]["state"],
+                      entries[first], "the draws file 'x'")  # fmt: skip
+    # and through the runner: the file names episode ``first``'s runs as ``same``'s
+    moved = _rewritten({**entries, same: entries[first]})
+    with pytest.raises(DrawsFormatError, match=r"the draws file .*draws.bin"):
+        _continue_in(folder, "retry-cascade", WORLDS[0], moved)
+
+
+def test_a_flipped_word_or_decoded_value_is_refused(chunk: tuple[Path, bytes]) -> None:
+    folder, draws = chunk
+    entries = _entries(draws)
+    start, stop, words, decoded = entries[3][0]
+    flipped = unpack_words(words)
+    flipped[1] ^= 1 << 40
+    bad_word = {**entries, 3: ((start, stop, pack_words(flipped), decoded),)}
+    first = decoded[0]
+    bad_value = (first[0], first[1] + 1.0, *first[2:])
+    bad_decoded = {**entries, 3: ((start, stop, words, (bad_value, *decoded[1:])),)}
+    for tampered in (bad_word, bad_decoded):
+        with pytest.raises(DrawsFormatError, match=r"episode 3's run .* is not what"):
+            _continue_in(folder, "retry-cascade", WORLDS[0], _rewritten(tampered))
+    # a byte changed anywhere in the file: its checksum fails
+    damaged = bytearray(draws)
+    damaged[-100] ^= 1
+    with pytest.raises(DrawsFormatError, match="checksum"):
+        _continue_in(folder, "retry-cascade", WORLDS[0], bytes(damaged))
+    # another seed (or workload, or params): refused
+    with pytest.raises(DrawsFormatError, match="another workload, params or seed"):
+        read_draws(draws, draws_key("retry-cascade", PARAMS, SEED + 1))
+    with pytest.raises(DrawsFormatError, match="no draws file"):
+        read_draws(b"{}", draws_key("retry-cascade", PARAMS, SEED))
+
+
+class WrongHint(RetryCascade):
+    """Names runs no world asks for (one tick late): they may only cost time."""
+
+    def world_blocks(self, state: State) -> list[tuple[Block[Any], int, int]]:
+        return [(b, start + 1, stop) for b, start, stop in super().world_blocks(state)]
+
+
+def test_a_wrong_hint_changes_no_result(chunk: tuple[Path, bytes]) -> None:
+    folder, _ = chunk
+    workload = WrongHint(PARAMS)
+    checkpoints = _checkpoints(folder)
+    shipped = {}
+    for cp in checkpoints[:20]:
+        episode = cp["episode"]
+        again, runs = prefix_with_runs(workload, SEED, episode)
+        assert again == cp and runs
+        shipped[episode] = [(r.start, r.stop, pack_words(r.words), r.decoded) for r in runs]
+    for world in WORLDS[:3]:
+        assert continue_checkpoints(workload, SEED, checkpoints[:20], world, shipped=shipped) == (
+            continue_checkpoints(RetryCascade(PARAMS), SEED, checkpoints[:20], world)
+        )
+
+
+def test_a_world_that_draws_a_run_and_single_coordinates_keeps_its_fingerprint() -> None:
+    block = Block([(-1, "cap"), (0, "work"), (0, "work")], lambda values: values)
+    made = EpisodeDraws(5, 6).run(block, 3, 9)
+    preloaded = EpisodeDraws(5, 6)
+    preloaded.preload(Run(block, 3, 9, unpack_words(pack_words(made.words)), made.decoded))
+    plain = Shocks(5, 6)
+    for t in range(3, 9):
+        for entity, stream in block.pairs:
+            plain.exogenous(entity, t, stream)
+    plain.exogenous(0, 4, "work")
+    plain.exogenous(0, 12, "work")
+    world = Shocks(5, 6, draws=preloaded)
+    world.exogenous(0, 4, "work")  # inside the run: counted once
+    world.exogenous(0, 12, "work")  # outside it
+    assert world.exogenous_blocks(block, 3, 9) == made.decoded
+    assert world.fingerprint() == plain.fingerprint()
+    assert made.count == 12  # a pair named twice is one coordinate
+    # a second, overlapping run of the same block: the union counts each coordinate once
+    world.exogenous_blocks(block, 7, 11)
+    for t in range(9, 11):
+        plain.exogenous(-1, t, "cap")
+        plain.exogenous(0, t, "work")
+    assert world.fingerprint() == plain.fingerprint()
+    assert world.exogenous(-1, 5, "cap") == uniform(5, 6, -1, 5, "cap")
+
+
+def test_checkpoint_lines_are_unchanged_by_shipping_runs(chunk: tuple[Path, bytes]) -> None:
+    folder, _ = chunk
+    workload = RetryCascade(PARAMS)
+    for cp in _checkpoints(folder)[:5]:
+        again, _ = prefix_with_runs(workload, SEED, cp["episode"])
+        assert checkpoint_line(again) == checkpoint_line(cp)
