@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from activities.runner_bundle import bundle_files
-from activities.sandbox import workload_inside
+from activities.sandbox import confine, workload_inside
 from activities.sandbox.base import Limits
 from activities.sandbox.workload_calls import CALL_LIMITS, WorkloadCalls, WorkloadContractError
 from experiments.bundle import BundleFile
@@ -239,3 +239,30 @@ def test_a_held_out_part_that_breaks_the_contract_answers_its_sentence(
     with pytest.raises(workload_inside._Answer) as caught:
         workload_inside.batch(request)
     assert "(episode 20, prefix" in str(caught.value), str(caught.value)
+
+
+def test_without_bubblewrap_the_rehearsal_runs_as_a_confined_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a host without bubblewrap the rehearsal's program is run from where it is on
+    the host (``/.forklab/...`` exists only in a box), and says how it was confined."""
+    monkeypatch.setattr(confine, "bubblewrap", lambda: (None, "bwrap is not installed"))
+    spec = ExperimentSpec.model_validate(
+        {
+            "id": "no-bwrap",
+            "hypothesis": {"text": "h"},
+            "seed": 1,
+            "episodes": 30,
+            "workload": {"name": "retry-cascade"},
+            "worlds": [
+                {"name": "baseline", "role": "baseline"},
+                {"name": "restart", "role": "treatment", "intervention": {"name": "restart"}},
+            ],
+        }
+    )
+    calls = WorkloadCalls(tmp_path / "calls")
+    files = bundle_files(spec.workload.name)
+    answer, _, ran = calls.rehearse(spec, spec_world_plans(spec), 10, files)
+    assert ran.confinement == "process" and ran.note and "bwrap is not installed" in ran.note
+    assert answer["episodes"] == 10
+    assert [w["name"] for w in answer["worlds"]] == ["baseline", "restart"]
