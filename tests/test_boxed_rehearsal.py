@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from activities.runner_bundle import bundle_files
-from activities.sandbox import workload_inside
+from activities.sandbox import confine, workload_inside
 from activities.sandbox.base import Limits
 from activities.sandbox.workload_calls import CALL_LIMITS, WorkloadCalls, WorkloadContractError
 from experiments.bundle import BundleFile
 from experiments.engine import spec_world_plans
 from experiments.runtime.contract import ContractViolation
+from experiments.runtime.file_format import WorldPlan
 from experiments.spec import ExperimentSpec
 
 #: A two-step workload whose step raises (a contract violation) in the episodes ``bad``.
@@ -180,3 +184,85 @@ def test_a_part_that_cannot_be_forked_is_checked_in_process(
         workload_inside._check_prefixes(workload, 1, range(40), None)
     assert "(episode 25, prefix" in str(caught.value), str(caught.value)
     assert len(attempts) == 3, "the check was split in three parts, each fork failed"
+
+
+def _module(source: str) -> types.ModuleType:
+    module = types.ModuleType("breaks_at_held_out")
+    exec(compile(source, "breaks_at_held_out.py", "exec"), module.__dict__)
+    return module
+
+
+def _held_out_request(workload: str, params: dict[str, object], episodes: range) -> dict[str, Any]:
+    plans = [WorldPlan("baseline"), WorldPlan("restart", "restart"), WorldPlan("voted", forks=3)]
+    return {
+        "workload": workload,
+        "params": params,
+        "seed": 7,
+        "episodes": list(episodes),
+        "worlds": [p.to_json() for p in plans],
+    }
+
+
+def test_held_out_episodes_run_in_parts_and_join_as_one_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guard's held-out batch in three forked parts equals it in one process, column
+    for column and in episode order."""
+    request = _held_out_request("retry-cascade", {}, range(100, 160))
+    one = workload_inside.batch(request)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr(workload_inside, "MIN_CHECKS_PER_PROCESS", 10)
+    forks: list[int] = []
+    real_fork = os.fork
+
+    def counted() -> int:
+        forks.append(1)
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", counted)
+    assert workload_inside.batch(request) == one
+    assert len(forks) == 3
+    assert one["episodes"] == list(range(100, 160))
+
+
+def test_a_held_out_part_that_breaks_the_contract_answers_its_sentence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broken episode in the second part is answered (the first part passed). It is
+    the part's first episode: this workload draws nothing, so a later episode of the part
+    reuses that prefix (the memo, as on the twin) and never steps."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(workload_inside, "MIN_CHECKS_PER_PROCESS", 10)
+    monkeypatch.setitem(sys.modules, "breaks_at_held_out", _module(BREAKS_AT))
+    request = _held_out_request("breaks_at_held_out:BreaksAt", {"bad": [20]}, range(40))
+    request["worlds"] = [WorldPlan("baseline").to_json()]
+    with pytest.raises(workload_inside._Answer) as caught:
+        workload_inside.batch(request)
+    assert "(episode 20, prefix" in str(caught.value), str(caught.value)
+
+
+def test_without_bubblewrap_the_rehearsal_runs_as_a_confined_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a host without bubblewrap the rehearsal's program is run from where it is on
+    the host (``/.forklab/...`` exists only in a box), and says how it was confined."""
+    monkeypatch.setattr(confine, "bubblewrap", lambda: (None, "bwrap is not installed"))
+    spec = ExperimentSpec.model_validate(
+        {
+            "id": "no-bwrap",
+            "hypothesis": {"text": "h"},
+            "seed": 1,
+            "episodes": 30,
+            "workload": {"name": "retry-cascade"},
+            "worlds": [
+                {"name": "baseline", "role": "baseline"},
+                {"name": "restart", "role": "treatment", "intervention": {"name": "restart"}},
+            ],
+        }
+    )
+    calls = WorkloadCalls(tmp_path / "calls")
+    files = bundle_files(spec.workload.name)
+    answer, _, ran = calls.rehearse(spec, spec_world_plans(spec), 10, files)
+    assert ran.confinement == "process" and ran.note and "bwrap is not installed" in ran.note
+    assert answer["episodes"] == 10
+    assert [w["name"] for w in answer["worlds"]] == ["baseline", "restart"]

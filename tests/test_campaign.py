@@ -40,3 +40,6 @@ async def test_a_small_campaign_on_two_workers_equals_the_twin(tmp_path: Path) -
     assert sum(c.world_runs(w) for w in c.workers) == 200 * 8
     assert all(w.peak_rss_kib > 0 for w in c.workers)
     assert any("durable/twin" in line for line in report(c))
+    # the clock starts on a standing fleet; the planning is broken down
+    assert c.fleet_seconds > 0 and 0 < c.start_cli_seconds < c.planning_seconds
+    assert any(line.startswith("planning until approval: forklab start") for line in report(c))

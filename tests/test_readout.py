@@ -6,6 +6,7 @@ outage, a timeout or garbage never holds the report up."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -286,3 +287,14 @@ def test_readout_settings() -> None:
                 "FORKLAB_READOUT_TIMEOUT": "-1",
             }
         )
+
+
+async def test_without_a_model_the_sdk_is_not_imported(
+    packet: EvidencePacket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No model configured: the deterministic readout, without importing the SDK (its
+    import cost ~1.2 s of CPU on the worker's event loop at the end of a run)."""
+    monkeypatch.setitem(sys.modules, "openai", None)  # importing it now raises
+    acts = ReadoutActivities(LocalArtifactStore(Path("/nonexistent")), None)
+    shown = await acts.shown_readout(packet)
+    assert shown.source is ReadoutSource.deterministic

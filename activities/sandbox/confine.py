@@ -85,6 +85,16 @@ def wait_exit(pid: int, seconds: float) -> bool:
         os.close(pidfd)
 
 
+def _on_host(arg: str, mounts: list[Mount]) -> str:
+    """Without bubblewrap nothing is mounted: an argument that names a mount's target (or
+    a path under it) names the same file at its source on the host (e.g. the program the
+    worker's own workload calls run, ``/.forklab/workload_inside.py``)."""
+    for m in mounts:
+        if arg == m.target or arg.startswith(m.target.rstrip("/") + "/"):
+            return str(m.source) + arg[len(m.target.rstrip("/")) :]
+    return arg
+
+
 def run_confined(
     command: list[str],
     *,
@@ -120,7 +130,8 @@ def run_confined(
             argv = bwrap_argv(bwrap, mounts, scratch, env, [*launch, *command])
             cwd, popen_env = "/", {"PATH": "/usr/bin:/bin"}
         else:
-            argv = [*launcher, str(_LAUNCHER), json.dumps(config), str(status_w), *command]
+            host = [_on_host(arg, mounts) for arg in command]
+            argv = [*launcher, str(_LAUNCHER), json.dumps(config), str(status_w), *host]
             cwd, popen_env = str(scratch), fallback_env
         started = time.monotonic()
         try:

@@ -27,8 +27,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from experiments.runtime.canon import canonical_json
 from experiments.runtime.contract import ContractViolation, feature_kinds, from_exception
@@ -40,6 +41,8 @@ from experiments.runtime.runner import (
     workload_class,
 )
 from experiments.runtime.workload import Workload, WorkloadError
+
+_R = TypeVar("_R")
 
 
 def _workload(request: dict[str, Any]) -> Workload:
@@ -127,7 +130,7 @@ def _answer(exc: _Answer | WorkloadError | ContractViolation) -> dict[str, str]:
     return {"contract": str(exc)}
 
 
-def _check(workload: Workload, seed: int, episodes: range, root: Path | None) -> None:
+def _check(workload: Workload, seed: int, episodes: Sequence[int], root: Path | None) -> None:
     for episode in episodes:
         run_prefix(workload, seed, episode, None if root is None else root / str(episode))
         if root is not None:
@@ -207,14 +210,22 @@ def _children_cpu() -> float:
 def _check_prefixes(workload: Workload, seed: int, episodes: range, root: Path | None) -> None:
     """Run the prefix of every episode in ``episodes``, in contiguous parts over the CPUs
     this box may use (the twin runs them over ``--processes``; here they would otherwise
-    take one core for the whole check), each part in a forked process under its share of
-    the box's limits while this one waits; a part whose process could not be forked is
-    checked here afterwards. The first failure in episode order is the one answered, as
-    one loop would answer it; a part that crashed fails the box with its traceback."""
+    take one core for the whole check); see ``_in_parts``. The first failure in episode
+    order is the one answered, as one loop would answer it."""
+
+    _in_parts(episodes, lambda part: _check(workload, seed, part, root))
+
+
+def _in_parts(episodes: Sequence[int], job: Callable[[Sequence[int]], _R]) -> list[_R]:
+    """``job`` over contiguous parts of ``episodes``, one per CPU this box may use
+    (``_parts``), each in a forked process under its share of the box's limits while this
+    one waits; a part whose process could not be forked runs here afterwards. Returns each
+    part's result in episode order. The first part (in episode order) that failed with a
+    spec error or a broken contract is the one answered; a part that crashed fails the
+    box with its traceback."""
     parts = _parts(len(episodes))
-    if parts == 1:  # (also when the rehearsal's sample held every episode)
-        _check(workload, seed, episodes, root)
-        return
+    if parts == 1:
+        return [job(episodes)]
     size = -(-len(episodes) // parts)
     ranges = [episodes[i : i + size] for i in range(0, len(episodes), size)]
     limits = _part_limits(len(ranges))
@@ -224,7 +235,7 @@ def _check_prefixes(workload: Workload, seed: int, episodes: range, root: Path |
     reports: dict[int, str] = {}
     try:
         for part in ranges:
-            child = _fork_check(workload, seed, part, root, limits)
+            child = _fork_part(job, part, limits)
             forked.append(child)
             if child is not None:
                 running[child[0]] = child[1]
@@ -240,26 +251,28 @@ def _check_prefixes(workload: Workload, seed: int, episodes: range, root: Path |
             os.close(fd)
         raise
     _charge_children_cpu(before)
+    results: list[_R] = []
     for part, child in zip(ranges, forked, strict=True):
         if child is None:
-            _check(workload, seed, part, root)
+            results.append(job(part))
             continue
-        answer = json.loads(reports[child[0]] or '{"crash": "the check process died"}')
+        answer = json.loads(reports[child[0]] or '{"crash": "the part\'s process died"}')
         if "crash" in answer:
-            raise RuntimeError(f"a prefix check process failed:\n{answer['crash']}")
-        if answer:
+            raise RuntimeError(f"a part's process failed:\n{answer['crash']}")
+        if "result" not in answer:
             raise _Answer(answer)
+        results.append(answer["result"])
+    return results
 
 
-def _fork_check(
-    workload: Workload,
-    seed: int,
-    part: range,
-    root: Path | None,
+def _fork_part(
+    job: Callable[[Sequence[int]], object],
+    part: Sequence[int],
     limits: list[tuple[int, tuple[int, int]]],
 ) -> tuple[int, int] | None:
-    """A child checking ``part`` under ``limits``; it writes ``{}`` or its answer to the
-    pipe returned. None: no process could be made (the box's process limit)."""
+    """A child running ``job`` on ``part`` under ``limits``; it writes ``{"result": ...}``
+    or its answer to the pipe returned. None: no process could be made (the box's
+    process limit)."""
     try:
         read, write = os.pipe()
     except OSError:
@@ -274,22 +287,43 @@ def _fork_check(
         os.close(write)
         return pid, read
     os.close(read)
-    answer: dict[str, str] = {}
     try:
         for which, limit in limits:
             resource.setrlimit(which, limit)
-        _check(workload, seed, part, root)
+        answer: dict[str, Any] = {"result": job(part)}
     except (WorkloadError, ContractViolation) as exc:
-        answer = _answer(exc)
+        answer = dict(_answer(exc))
     except BaseException:
         answer = {"crash": traceback.format_exc()}
-    os.write(write, json.dumps(answer).encode())
+    with os.fdopen(write, "w", encoding="utf-8") as pipe:
+        pipe.write(json.dumps(answer))
     os._exit(0)
 
 
 def batch(request: dict[str, Any]) -> dict[str, Any]:
+    """Every world over ``episodes``, in contiguous parts over the box's CPUs as the twin
+    runs them over its processes (``_in_parts``), joined in episode order: the guard's
+    held-out episodes otherwise took one core for the whole analysis stage."""
     workload = _workload(request)
-    return dict(run_batch(workload, request["seed"], request["episodes"], _plans(request)))
+    seed, plans = request["seed"], _plans(request)
+
+    def run(part: Sequence[int]) -> dict[str, Any]:
+        return dict(run_batch(workload, seed, part, plans))
+
+    return _joined(_in_parts(request["episodes"], run))
+
+
+def _joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Batches of consecutive episodes as one, in the order given."""
+    if len(parts) == 1:
+        return parts[0]
+    keys = ("episodes", "requested", "resolved", "checkpoints", "features")
+    joined: dict[str, Any] = {key: [v for p in parts for v in p[key]] for key in keys}
+    joined["worlds"] = {
+        name: {key: [v for p in parts for v in p["worlds"][name][key]] for key in cols}
+        for name, cols in parts[0]["worlds"].items()
+    }
+    return joined
 
 
 def main(argv: list[str]) -> int:
