@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from html import escape
 from pathlib import Path
 
@@ -42,6 +43,10 @@ async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> Non
     # no model configured: the report shows the deterministic readout and says so
     assert result.analysis.readout == "deterministic"
     assert "## Readout" in markdown and "Deterministic readout: no model is configured" in markdown
+    # counter-recovery names no world block runs: its prefixes ship no draws file
+    history = await lab.history_text(handle)
+    assert re.search(r'"draws_digest":\s*null', history)
+    assert not re.search(r'"draws_digest":\s*"', history)
     # every world from one snapshot, every batch once, nothing left behind
     assert result.cleanup is not None and result.cleanup.left == 0
     assert lab.sandboxes(spec.id) == [] and lab.sandbox_folders() == []
