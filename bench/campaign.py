@@ -470,6 +470,8 @@ async def run_campaign(
         for w in started:
             if w.proc.poll() is not None:
                 raise RuntimeError(f"worker {w.name} died ({w.proc.returncode}); see its log")
+        if result.analysis is None:
+            raise RuntimeError(f"the campaign ended without an analysis: {result.error}")
         runs = await chain_runs(client, wid, view.approval.run_id)
         digest = next((r.progress_digest for r in runs if r.progress_digest), "")
         store = LocalArtifactStore(shared / "artifacts")

@@ -33,9 +33,11 @@ from typing import Any, TypeVar
 
 from experiments.runtime.canon import canonical_json
 from experiments.runtime.contract import ContractViolation, feature_kinds, from_exception
+from experiments.runtime.draws_file import DrawsWriter, draws_key
 from experiments.runtime.file_format import WorldPlan
 from experiments.runtime.runner import (
     continue_checkpoints,
+    prefix_with_runs,
     run_batch,
     run_prefix,
     workload_class,
@@ -86,8 +88,18 @@ def _rehearse(workload: Workload, request: dict[str, Any], root: Path | None) ->
     def folder(episode: int) -> Path | None:
         return None if root is None else root / str(episode)
 
+    # Timed as the prefix's sandbox runs it: with the block runs every world will draw,
+    # packed for the draws file; the budget reserves each prefix chunk from this rate, and
+    # a chunk past its reservation is killed.
     start = time.perf_counter()
-    checkpoints = [run_prefix(workload, seed, e, folder(e)) for e in range(n)]
+    writer = DrawsWriter(draws_key(request["workload"], request["params"], seed))
+    checkpoints = []
+    for e in range(n):
+        checkpoint, runs = prefix_with_runs(workload, seed, e, folder(e))
+        checkpoints.append(checkpoint)
+        writer.add(e, runs)
+    if writer.runs:
+        writer.data()
     prefix_rate = (time.perf_counter() - start) / n
     # the contract on every prefix, before any approval
     _check_prefixes(workload, seed, range(n, total), root)
