@@ -167,12 +167,13 @@ class RetryCascade(Workload):
         self._jitter_streams: list[str] = []  # "jitter<j>": the agent stream of a j-th retry
         self._thrash = float(p["thrash"])
         self._healthy = 1.0 - float(p["error_rate"])
-        self._max_attempts: int = p["max_attempts"]
-        # backoff after the k-th failed attempt (k = 1..max_attempts-1), in ticks
+        # backoff after the k-th failed attempt (k = 1..max_attempts-1), in ticks; 0 after
+        # the last one (the call is dropped)
         self._backoff = [
             min(p["backoff_base"] << min(max(k - 1, 0), 30), p["backoff_cap"])
-            for k in range(p["max_attempts"] + 1)
-        ]
+            for k in range(p["max_attempts"])
+        ] + [0]
+        self._backoff_cap: int = p["backoff_cap"]
 
     def intervention_params(self, name: str, params: Mapping[str, Any]) -> dict[str, Any]:
         merged = super().intervention_params(name, params)
@@ -335,7 +336,8 @@ class RetryCascade(Workload):
         nothing but ``step`` reads or changes the state, so one call runs them all."""
         # The hot loop of every world, written for CPython: the state's fields in locals
         # for the run, the ticks' shocks decoded once per episode for all worlds, the
-        # retry queues kept by due tick, a short cut for a tick in which no retry is due.
+        # retry queues kept by due tick, a short cut for a tick in which no retry is due,
+        # each failed call handled as its agent's share is worked out (no second pass).
         start: int = state["tick"]
         onset: int = state["onset"]
         stop = onset if start < onset else self._horizon
@@ -354,7 +356,6 @@ class RetryCascade(Workload):
         healthy = self._healthy
         thrash = self._thrash
         backoff = self._backoff
-        max_attempts = self._max_attempts
         streams = self._jitter_streams
         cost = 1.0 + state["latency"]
         queue_cap: int = state["queue_cap"]
@@ -366,12 +367,20 @@ class RetryCascade(Workload):
         circuit_until: int = state["circuit_until"]
         last_failure: int = state["last_failure"]
         all_served = all_failed = all_dropped = 0
-        failed: Sequence[_Failed]  # (agent, its calls, how many of them were served)
+        draw = shocks.agent
+        # The queues padded with empty slots to the longest wait a call can get (jitter
+        # scales a backoff by less than 1 + spread / 2 <= 1.5), so a held or failed call
+        # goes straight to its slot; the padding is trimmed again at the end (the state's
+        # last slot is never empty).
+        longest = self._backoff_cap if jitter is None else int(self._backoff_cap * 1.5) + 1
+        if len(retries) < longest:
+            retries += [[] for _ in range(longest - len(retries))]
         t = start
         for u_serve, cap, fresh, arrived, unserved in ticks:
             if onset <= t < outage_end:
                 cap = outage_cap
-            due = retries.pop(0) if retries else None
+            due = retries.pop(0)
+            retries.append([])
             if (
                 not due
                 and arrived * cost <= cap
@@ -381,10 +390,28 @@ class RetryCascade(Workload):
                 # No retry due and the upstream copes: each call is new work, nothing
                 # holds it back (a pace is at least one call), and which calls fail is the
                 # same in every world, so it was worked out with the tick's shocks.
+                all_served += arrived - len(unserved)
+                if not unserved:
+                    t += 1
+                    continue
                 offered = arrived
                 failures = len(unserved)
-                all_served += arrived - failures
-                failed = unserved
+                for i, _, _ in unserved:  # each a new call that failed its first attempt
+                    # (the failure handling of the slow path below, for that one call)
+                    wait = backoff[1]
+                    if not wait:
+                        all_dropped += 1
+                        continue
+                    if jitter is not None:
+                        if not streams:
+                            streams.append("jitter0")
+                        u = draw(i, t, streams[0])
+                        wait = max(1, round(wait * (1.0 + spread * (u - 0.5))))
+                    if depth[i] < queue_cap:
+                        retries[wait - 1].append([i, 1])  # due at t + wait
+                        depth[i] += 1
+                    else:
+                        all_dropped += 1
             else:
                 # What each agent would send now: its due retries (oldest first), then
                 # new work. A call is its attempt count so far (``fresh``: never changed).
@@ -395,13 +422,12 @@ class RetryCascade(Workload):
                     offered += len(due)
                     retrying: dict[int, list[int]] = {}
                     for i, attempts in due:
-                        mine = retrying.get(i)
-                        if mine is None:
-                            retrying[i] = [attempts]
+                        if i in retrying:
+                            retrying[i].append(attempts)
                         else:
-                            mine.append(attempts)
-                        depth[i] -= 1
+                            retrying[i] = [attempts]
                     for i, mine in retrying.items():
+                        depth[i] -= len(mine)
                         if fresh[i]:
                             mine.append(0)
                         demand[i] = mine
@@ -422,18 +448,19 @@ class RetryCascade(Workload):
                     elif offered > pace and max(map(len, demand)) > pace:
                         limits = [pace] * n  # (a pace nobody exceeds holds nothing back)
                 if limits is not None and offered:
+                    held = retries[0]
                     for i in range(n):
                         calls = demand[i]
                         limit = limits[i]
                         if len(calls) > limit:
+                            queued = depth[i]
                             for attempts in calls[limit:]:
-                                if depth[i] < queue_cap:  # held: due next tick, same attempts
-                                    if not retries:
-                                        retries.append([])
-                                    retries[0].append([i, attempts])
-                                    depth[i] += 1
+                                if queued < queue_cap:  # held: due next tick, same attempts
+                                    held.append([i, attempts])
+                                    queued += 1
                                 else:
                                     all_dropped += 1
+                            depth[i] = queued
                             demand[i] = calls[:limit]
                             offered -= len(calls) - limit
 
@@ -445,7 +472,6 @@ class RetryCascade(Workload):
                         ratio *= max(0.0, cap - thrash * (load - cap)) / load
 
                 failures = 0
-                failed = []
                 # Systematic rounding: agent i is served floor(C_i + u) - floor(C_{i-1} + u)
                 # calls, where C_i is the running sum of the fair shares, len(calls) * ratio.
                 cumulative = u_serve
@@ -463,40 +489,41 @@ class RetryCascade(Workload):
                         continue
                     all_served += ok
                     failures += sent - ok
-                    failed.append((i, calls, ok))
-
-            if failures:
-                # Each failed call counts one more attempt and waits its backoff in the
-                # agent's queue, or is dropped (out of attempts, or the queue is full).
-                for i, calls, ok in failed:
-                    sent = len(calls)
+                    # Each failed call counts one more attempt and waits its backoff in
+                    # the agent's queue, or is dropped (out of attempts, or queue full).
                     if jitter is not None and sent - ok > len(streams):
                         streams.extend(f"jitter{j}" for j in range(len(streams), sent - ok))
-                    for j in range(ok, sent):
-                        made = calls[j] + 1
-                        if made >= max_attempts:
-                            all_dropped += 1
-                            continue
+                    queued = depth[i]
+                    j = 0  # the agent's j-th failed call this tick draws from its own stream
+                    for attempts in calls[ok:]:
+                        made = attempts + 1
                         wait = backoff[made]
-                        if jitter is not None:
-                            # the agent's (j - ok)-th failed call this tick: its own stream
-                            u = shocks.agent(i, t, streams[j - ok])
-                            wait = max(1, round(wait * (1.0 + spread * (u - 0.5))))
-                        if depth[i] < queue_cap:
-                            while len(retries) < wait:
-                                retries.append([])
-                            retries[wait - 1].append([i, made])  # due at t + wait
-                            depth[i] += 1
-                        else:
+                        if not wait:  # out of attempts
                             all_dropped += 1
-                all_failed += failures
-                last_failure = t
-                # The fleet shares what it sees: a failed probe, or a tick in which at
-                # least a ``trip`` share of the calls failed (more than background noise),
-                # opens the circuit for everyone.
-                if bc is not None and (t < circuit_until or failures >= trip * offered):
-                    circuit_until = t + 1 + cooldown
+                        else:
+                            if jitter is not None:
+                                u = draw(i, t, streams[j])
+                                wait = max(1, round(wait * (1.0 + spread * (u - 0.5))))
+                            if queued < queue_cap:
+                                retries[wait - 1].append([i, made])  # due at t + wait
+                                queued += 1
+                            else:
+                                all_dropped += 1
+                        j += 1  # noqa: SIM113 (enumerate costs more per call here, measured)
+                    depth[i] = queued
+                if not failures:
+                    t += 1
+                    continue
+            all_failed += failures
+            last_failure = t
+            # The fleet shares what it sees: a failed probe, or a tick in which at least a
+            # ``trip`` share of the calls failed (more than background noise), opens the
+            # circuit for everyone.
+            if bc is not None and (t < circuit_until or failures >= trip * offered):
+                circuit_until = t + 1 + cooldown
             t += 1
+        while retries and not retries[-1]:
+            retries.pop()
         state["tick"] = stop
         state["served"] += all_served
         state["failed_calls"] += all_failed
