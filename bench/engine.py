@@ -57,6 +57,7 @@ from experiments.runtime.runner import workload_class
 from experiments.runtime.workload import State, Workload
 from experiments.spec import ExperimentSpec
 from experiments.vector import batchable
+from experiments.workloads.retry_cascade import RetryCascade
 
 Outcomes = dict[str, list[bool]]
 
@@ -66,15 +67,7 @@ COUNTER_WORLDS: list[dict[str, Any]] = [
 ]
 CASCADE_WORLDS: list[dict[str, Any]] = [{"name": "baseline", "role": "baseline"}] + [
     {"name": name, "role": "treatment", "intervention": {"name": name}}
-    for name in (
-        "jitter",
-        "broadcast",
-        "queue-memory",
-        "latency",
-        "broadcast-jitter",
-        "restart",
-        "placebo",
-    )
+    for name in RetryCascade.interventions
 ]
 
 

@@ -50,7 +50,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from experiments.workloads.retry_cascade import RetryCascade
+
 ROOT = Path(__file__).resolve().parent.parent
+#: retry-cascade's treatment worlds: every intervention it has, in its order.
+CASCADE = list(RetryCascade.interventions)
 
 REFERENCE = r"""
 import copy, random, sys
@@ -353,26 +359,15 @@ def main() -> int:
                 how = "scalar " if plain else "batched"
                 scaled(f"memo {'on ' if memo else 'off'}, {how}", runs, small)
         if args.cascade:
-            names = [
-                "jitter",
-                "broadcast",
-                "queue-memory",
-                "latency",
-                "broadcast-jitter",
-                "restart",
-                "placebo",
-            ]
             print("\nretry-cascade x 8 worlds, end to end")
             runs = []
             for size in sizes(args.cascade):
-                cascade = spec(Path(tmp) / "cascade.json", "retry-cascade", size, names)
+                cascade = spec(Path(tmp) / "cascade.json", "retry-cascade", size, CASCADE)
                 runs.append((size, plan(cascade)))
             scaled("episodes", runs, None)
         if args.cascade_replay:
-            names = ["jitter", "broadcast", "queue-memory", "latency", "broadcast-jitter"]
-            names += ["restart", "placebo"]
             size = args.cascade_replay - args.cascade_replay % SAMPLE
-            path = spec(Path(tmp) / "replay.json", "retry-cascade", size, names)
+            path = spec(Path(tmp) / "replay.json", "retry-cascade", size, CASCADE)
             r = measure([sys.executable, "-c", REPLAY, str(path), str(SAMPLE)])
             report = json.loads(r.pop("stdout"))
             print(

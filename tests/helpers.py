@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from experiments.spec import ExperimentSpec
 from forklab.cli import dispatch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,3 +34,20 @@ def assert_self_contained(page: str) -> None:
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
     assert "@import" not in page and "<script" not in page
     assert not re.search(r"url\((?!#)", page)  # only in-page references such as clip paths
+
+
+def restart_spec(spec_id: str, seed: int, episodes: int) -> ExperimentSpec:
+    """A retry-cascade experiment of two worlds: baseline and ``restart``."""
+    return ExperimentSpec.model_validate(
+        {
+            "id": spec_id,
+            "hypothesis": {"text": "h"},
+            "seed": seed,
+            "episodes": episodes,
+            "workload": {"name": "retry-cascade"},
+            "worlds": [
+                {"name": "baseline", "role": "baseline"},
+                {"name": "restart", "role": "treatment", "intervention": {"name": "restart"}},
+            ],
+        }
+    )

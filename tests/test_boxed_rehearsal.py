@@ -22,6 +22,7 @@ from experiments.engine import spec_world_plans
 from experiments.runtime.contract import ContractViolation
 from experiments.runtime.file_format import WorldPlan
 from experiments.spec import ExperimentSpec
+from tests.helpers import restart_spec
 
 #: A two-step workload whose step raises (a contract violation) in the episodes ``bad``.
 BREAKS_AT = """
@@ -247,19 +248,7 @@ def test_without_bubblewrap_the_rehearsal_runs_as_a_confined_process(
     """On a host without bubblewrap the rehearsal's program is run from where it is on
     the host (``/.forklab/...`` exists only in a box), and says how it was confined."""
     monkeypatch.setattr(confine, "bubblewrap", lambda: (None, "bwrap is not installed"))
-    spec = ExperimentSpec.model_validate(
-        {
-            "id": "no-bwrap",
-            "hypothesis": {"text": "h"},
-            "seed": 1,
-            "episodes": 30,
-            "workload": {"name": "retry-cascade"},
-            "worlds": [
-                {"name": "baseline", "role": "baseline"},
-                {"name": "restart", "role": "treatment", "intervention": {"name": "restart"}},
-            ],
-        }
-    )
+    spec = restart_spec("no-bwrap", 1, 30)
     calls = WorkloadCalls(tmp_path / "calls")
     files = bundle_files(spec.workload.name)
     answer, _, ran = calls.rehearse(spec, spec_world_plans(spec), 10, files)

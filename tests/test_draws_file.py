@@ -42,16 +42,7 @@ from experiments.workloads.retry_cascade import RetryCascade
 SEED = 7
 WORLDS = [
     WorldPlan(name=n, intervention=None if n == "baseline" else n)
-    for n in (
-        "baseline",
-        "jitter",
-        "broadcast",
-        "queue-memory",
-        "latency",
-        "broadcast-jitter",
-        "restart",
-        "placebo",
-    )
+    for n in ("baseline", *RetryCascade.interventions)
 ]
 PARAMS: dict[str, Any] = {}
 

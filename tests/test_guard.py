@@ -31,7 +31,7 @@ from experiments.runtime.runner import rule_fires, run_batch
 from experiments.spec import ExperimentSpec, parse_spec
 from experiments.workloads.counter_recovery import CounterRecovery
 from forklab.rehearsal import rehearse, workload_code_digest
-from tests.helpers import ROOT
+from tests.helpers import ROOT, restart_spec
 
 RECOVERY = ROOT / "experiments" / "recovery-counter.yaml"
 
@@ -238,19 +238,7 @@ def test_the_durable_guard_runs_two_worlds_in_its_box_and_equals_the_twin(
 ) -> None:
     """The sandboxed held-out check (the durable path) runs baseline and treatment only,
     answers the features with them, and derives the guarded world as the twin does."""
-    spec = ExperimentSpec.model_validate(
-        {
-            "id": "durable-guard",
-            "hypothesis": {"text": "h"},
-            "seed": 5,
-            "episodes": 100,
-            "workload": {"name": "retry-cascade"},
-            "worlds": [
-                {"name": "baseline", "role": "baseline"},
-                {"name": "restart", "role": "treatment", "intervention": {"name": "restart"}},
-            ],
-        }
-    )
+    spec = restart_spec("durable-guard", 5, 100)
     rule = {"any": [{"queue_depth": {"ge": 1}}, {"upstream": {"eq": "healthy"}}]}
     calls = WorkloadCalls(tmp_path / "calls")
     in_box = calls.held_out_runner(bundle_files(spec.workload.name), workload_code_digest(spec))
