@@ -31,6 +31,7 @@ from experiments.runtime.file_format import (
 from experiments.runtime.runner import (
     _run,
     continue_checkpoints,
+    main,
     prefix_with_runs,
     preload_draws,
     run_batch,
@@ -183,6 +184,29 @@ def test_a_flipped_word_or_decoded_value_is_refused(chunk: tuple[Path, bytes]) -
         read_draws(draws, draws_key("retry-cascade", PARAMS, SEED + 1))
     with pytest.raises(DrawsFormatError, match="no draws file"):
         read_draws(b"{}", draws_key("retry-cascade", PARAMS, SEED))
+
+
+def test_a_refused_file_ends_the_runner_with_its_sentence(
+    chunk: tuple[Path, bytes], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As a box runs it (``main``): one sentence naming the file, no traceback, exit 1."""
+    folder, draws = chunk
+    damaged = bytearray(draws)
+    damaged[-100] ^= 1
+    (tmp_path / DRAWS_FILE).write_bytes(bytes(damaged))
+    request = tmp_path / "request.json"
+    request.write_text(
+        request_text(
+            "retry-cascade", PARAMS, SEED, world=WORLDS[0], draws=str(tmp_path / DRAWS_FILE)
+        )
+    )
+    argv = ["continue", "--request", str(request), "--out", str(tmp_path / "out.json")]
+    assert main([*argv, "--checkpoints", str(folder / "checkpoints.jsonl")]) == 1
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1, said
+    assert said[0].startswith(f"the draws file '{tmp_path / DRAWS_FILE}' is refused"), said
+    assert "checksum" in said[0]
+    assert not (tmp_path / "out.json").exists()
 
 
 class WrongHint(RetryCascade):

@@ -746,6 +746,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(mode, request, args["checkpoints"], args["out"])
     except ContractViolation as violation:
         return exit_with(violation)
+    except DrawsFormatError as refused:  # its sentence, not a traceback (the world fails)
+        print(refused, file=sys.stderr)
+        return 1
 
 
 def _run(mode: str, request: dict[str, Any], checkpoints: str, out: str) -> int:
