@@ -112,6 +112,7 @@ class BatchProfile:
     worlds: int
     confinement: str
     twin_share: float  # CPU seconds per world batch
+    prefix: float  # CPU seconds of the chunk's prefixes (once in the twin, twice durable)
     own_draws: float
     shipped_draws: float  # the world preloading the prefix's runs (None: the workload names none)
     prefix_added: float  # what writing the draws file adds to the prefix box, per world batch
@@ -131,6 +132,14 @@ class BatchProfile:
     def per_batch_shipped(self) -> float:
         fixed = self.box_start + self.imports + self.runner_rest_shipped + self.host
         return fixed + self.shipped_draws + self.prefix_added
+
+    @property
+    def durable_floor(self) -> float:
+        """The durable path's CPU for the chunk over the twin's, before Temporal, planning
+        and analysis: the prefixes twice (the rehearsal's contract pass before approval,
+        then the prefix's box), every world batch with the prefix's draws."""
+        durable = 2 * self.prefix + self.worlds * self.per_batch_shipped
+        return durable / (self.prefix + self.worlds * self.twin_share)
 
     def lines(self) -> list[str]:
         def row(name: str, seconds: float) -> str:
@@ -157,6 +166,10 @@ class BatchProfile:
             row("runner rest (the same, reading the draws file)", self.runner_rest_shipped),
             row("+ the prefix box's writing them (per world)", self.prefix_added),
             row("= one world batch with them, before Temporal", self.per_batch_shipped),
+            row("(rehearsal: every prefix again, per world)", self.prefix / self.worlds),
+            f"the chunk on the durable path (prefixes twice, {self.worlds} world batches with "
+            f"the draws) against the whole twin's: {self.durable_floor:.3f}x CPU, before "
+            "Temporal, planning and analysis",
         ]
 
 
@@ -242,6 +255,7 @@ def profile_batch(spec: ExperimentSpec, episodes: int, repeats: int = 3) -> Batc
         worlds=len(plans),
         confinement="bubblewrap" if bubblewrap()[0] else "confined process, no bubblewrap",
         twin_share=(twin - prefix) / len(plans),
+        prefix=prefix,
         own_draws=mean(own),
         shipped_draws=mean(with_draws),
         prefix_added=(drawn - prefix) / len(plans),

@@ -199,6 +199,7 @@ async def chain_runs(client: Client, wid: str, first_run_id: str) -> list[RunFac
 class Finished:
     seconds: float
     peak_rss_kib: int  # ru_maxrss of the process tree (the largest process in it)
+    cpu_seconds: float  # user + system of the process and the children it waited for
 
 
 def run_timed(argv: list[str], env: dict[str, str], out: Path) -> Finished:
@@ -214,7 +215,40 @@ def run_timed(argv: list[str], env: dict[str, str], out: Path) -> Finished:
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {err.decode()[-2000:]}")
-    return Finished(seconds, usage.ru_maxrss)
+    return Finished(seconds, usage.ru_maxrss, usage.ru_utime + usage.ru_stime)
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` itself."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def machine_cpu() -> float:
+    """CPU seconds the whole machine spent busy at nice 0 or below (``/proc/stat``: user,
+    system, irq, softirq; not ``nice``, so niced neighbours are left out). Sandboxes are
+    not the workers' waited children (bubblewrap's pid namespace), so they are counted
+    this way."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, _nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
+    return (user + system + irq + softirq) / _TICKS
+
+
+def server_pid() -> int | None:
+    """The Temporal dev server: this process's child running the ``temporal`` binary."""
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, rest = text.split("(", 1)[1].rsplit(")", 1)
+        if name == "temporal" and rest.split()[1] == me:
+            return int(stat.parent.name)
+    return None
 
 
 def vm_hwm_kib(pid: int) -> int:
@@ -231,6 +265,7 @@ class Worker:
     proc: subprocess.Popen[bytes]
     peak_rss_kib: int = 0  # the worker process (Temporal worker, workflow cache, activities)
     tree_rss_kib: int = 0  # the largest process in its tree (sandboxes, analysis pool)
+    cpu_seconds: float = 0.0  # the worker process itself over the durable clock
 
     def stop(self) -> None:
         """SIGTERM (graceful), then collect the tree's peak RSS."""
@@ -270,6 +305,15 @@ class Campaign:
     runs: list[RunFacts]
     workers: list[Worker]
     progress_bytes: int
+    server_cpu_seconds: float  # the Temporal dev server over the durable clock
+    machine_cpu_seconds: float  # the machine at nice <= 0 over the durable clock
+
+    @property
+    def sandbox_cpu_seconds(self) -> float:
+        """The machine's CPU over the clock besides the workers and the server: the
+        sandboxes, ``forklab start`` and ``forklab approve``."""
+        own = self.server_cpu_seconds + sum(w.cpu_seconds for w in self.workers)
+        return self.machine_cpu_seconds - own
 
     @property
     def ratio(self) -> float:
@@ -442,6 +486,10 @@ async def run_campaign(
         fleet = time.perf_counter() - spawned
         operator = {**base, **connection, "FORKLAB_HOME": str(root / "operator")}
         wid = workflow_id(spec.id)
+        server = server_pid()
+        cpu0 = [process_cpu(w.proc.pid) for w in started]
+        server0 = process_cpu(server) if server is not None else 0.0
+        machine0 = machine_cpu()
         t0 = time.perf_counter()
         start = [FORKLAB, "start", str(spec_file), "--batch-episodes", str(batch_episodes)]
         start += ["--rehearsal-episodes", str(rehearsal_episodes)]
@@ -470,6 +518,10 @@ async def run_campaign(
         for w in started:
             if w.proc.poll() is not None:
                 raise RuntimeError(f"worker {w.name} died ({w.proc.returncode}); see its log")
+        machine = machine_cpu() - machine0
+        for w, before in zip(started, cpu0, strict=True):
+            w.cpu_seconds = process_cpu(w.proc.pid) - before
+        server_cpu = process_cpu(server) - server0 if server is not None else 0.0
         if result.analysis is None:
             raise RuntimeError(f"the campaign ended without an analysis: {result.error}")
         runs = await chain_runs(client, wid, view.approval.run_id)
@@ -492,6 +544,8 @@ async def run_campaign(
         runs=runs,
         workers=started,
         progress_bytes=progress_bytes,
+        server_cpu_seconds=server_cpu,
+        machine_cpu_seconds=machine,
     )
 
 
@@ -515,6 +569,12 @@ def report(c: Campaign) -> list[str]:
         "planning until approval: " + c.planning_line(),
         f"durable/twin: {c.ratio:.3f}x (goal <= {RATIO_GOAL}x: "
         f"{'met' if c.ratio <= RATIO_GOAL else 'missed'})",
+        f"CPU seconds: twin {c.twin.cpu_seconds:,.1f} (its processes); durable "
+        f"{c.machine_cpu_seconds:,.1f} ({c.machine_cpu_seconds / c.twin.cpu_seconds:.3f}x; "
+        "the machine at nice <= 0 over the clock), of which worker processes "
+        + " + ".join(f"{w.cpu_seconds:,.1f}" for w in c.workers)
+        + f", Temporal server {c.server_cpu_seconds:,.1f}, the rest (sandboxes, CLIs) "
+        f"{c.sandbox_cpu_seconds:,.1f}",
         f"outcomes digest equal to the twin's: {'yes' if c.same_digest else 'NO'} "
         f"({c.twin_digest[:16]})",
         f"workflow runs in the chain: {len(c.runs)}; events per run: "
