@@ -18,6 +18,7 @@ intervention and the exact failure definition are in ``docs/retry-cascade.md``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from math import floor
 from typing import Any, ClassVar
 
 from experiments.runtime.crn import Block, Shocks
@@ -42,12 +43,17 @@ _LANE_MASK = (1 << _LANE_BITS) - 1
 _LANES = 8  # 8 lanes x 6 bits fit in the 53 bits of one uniform draw
 _WORD = float(1 << 53)
 _BROADCAST = ("pace", "trip", "cooldown")
-_NEW: tuple[int, ...] = (0,)  # an agent's calls when new work is all it sends
+#: While ``step`` runs, a queued call is one int, ``attempts << _AGENT_BITS | agent``
+#: (the state's ``[agent, attempts]`` pair; a new call is its agent's number), so that a
+#: failed call is requeued as ``call + _ATTEMPT``, with no list made per call.
+_AGENT_BITS = 6  # agents are 0..63
+_AGENT = (1 << _AGENT_BITS) - 1
+_ATTEMPT = 1 << _AGENT_BITS
 _NONE: tuple[int, ...] = ()
 #: A tick's shocks, decoded: serve offset, capacity unless in the outage, each agent's
-#: new work (``_NEW`` or ``_NONE``: its calls if it has no due retry), how many got work,
-#: and the calls the upstream fails when those are all it is offered and it copes (as
-#: ``step`` lists failed calls: agent, its calls, how many of them were served).
+#: new work (``(i,)``, its new call, or ``_NONE``: its calls if it has no due retry), how
+#: many got work, and the calls the upstream fails when those are all it is offered and
+#: it copes (as ``step`` lists failed calls: agent, its calls, how many were served).
 _Failed = tuple[int, Sequence[int], int]
 _Tick = tuple[float, float, tuple[tuple[int, ...], ...], int, tuple[_Failed, ...]]
 #: How many distinct tick parts ``_tick_shocks`` keeps to share (8 agents have 2**8
@@ -69,6 +75,16 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _coded(retries: list[list[list[int]]]) -> list[list[int]]:
+    """The state's retry queues as ``step`` keeps them (see ``_ATTEMPT``)."""
+    return [[attempts << _AGENT_BITS | agent for agent, attempts in due] for due in retries]
+
+
+def _decoded(retries: list[list[int]]) -> list[list[list[int]]]:
+    """``step``'s retry queues as the state keeps them: ``[agent, attempts]`` pairs."""
+    return [[[call & _AGENT, call >> _AGENT_BITS] for call in due] for due in retries]
 
 
 class RetryCascade(Workload):
@@ -150,7 +166,8 @@ class RetryCascade(Workload):
         # once: marshal refers back to an object it already wrote, which reads back ~8x
         # faster), as do an agent's unserved new call and the unserved calls of a tick.
         self._fresh: dict[int, tuple[tuple[tuple[int, ...], ...], int]] = {}
-        self._unserved_call: list[_Failed] = [(i, _NEW, 0) for i in range(self._n)]
+        self._new: list[tuple[int, ...]] = [(i,) for i in range(self._n)]
+        self._unserved_call: list[_Failed] = [(i, self._new[i], 0) for i in range(self._n)]
         self._unserved: dict[tuple[_Failed, ...], tuple[_Failed, ...]] = {}
         # The draws of every tick, as one block: the worlds of an episode share its decoding.
         self._shocks = Block(
@@ -174,6 +191,13 @@ class RetryCascade(Workload):
             for k in range(p["max_attempts"])
         ] + [0]
         self._backoff_cap: int = p["backoff_cap"]
+        # For a call (as ``step`` codes it, see ``_ATTEMPT``) that fails once more: its
+        # backoff (0 when that attempt was its last: it is dropped), and without jitter
+        # the index of its slot in ``step``'s queues (the backoff minus one; -1: dropped).
+        self._wait = [
+            self._backoff[(c >> _AGENT_BITS) + 1] for c in range(p["max_attempts"] << _AGENT_BITS)
+        ]
+        self._requeue = [wait - 1 for wait in self._wait]
 
     def intervention_params(self, name: str, params: Mapping[str, Any]) -> dict[str, Any]:
         merged = super().intervention_params(name, params)
@@ -304,7 +328,8 @@ class RetryCascade(Workload):
             shift += _LANES
         known = self._fresh.get(mask)
         if known is None:
-            fresh = tuple([_NEW if mask >> i & 1 else _NONE for i in range(self._n)])
+            new = self._new
+            fresh = tuple([new[i] if mask >> i & 1 else _NONE for i in range(self._n)])
             known = (fresh, len(fresh) - fresh.count(_NONE))
             if len(self._fresh) < _SHARED:
                 self._fresh[mask] = known
@@ -336,8 +361,9 @@ class RetryCascade(Workload):
         nothing but ``step`` reads or changes the state, so one call runs them all."""
         # The hot loop of every world, written for CPython: the state's fields in locals
         # for the run, the ticks' shocks decoded once per episode for all worlds, the
-        # retry queues kept by due tick, a short cut for a tick in which no retry is due,
-        # each failed call handled as its agent's share is worked out (no second pass).
+        # retry queues kept by due tick with each call one int, a short cut for a tick in
+        # which no retry is due, each failed call handled as its agent's share is worked
+        # out (no second pass).
         start: int = state["tick"]
         onset: int = state["onset"]
         stop = onset if start < onset else self._horizon
@@ -345,17 +371,21 @@ class RetryCascade(Workload):
             return
         # Exogenous shocks first: every tick and every agent, whatever the fleet does.
         ticks = shocks.exogenous_blocks(self._shocks, start, stop)
-        outage_end: int = state["outage_end"]
+        # The outage, if any of it is left, takes the first ticks of a world (the prefix
+        # stops at the onset): ``outage`` of them.
+        outage = max(state["outage_end"] - start, 0) if start >= onset else 0
         outage_cap = self._outage_cap
-        # The retry queues: ``retries[k]`` holds the calls due at tick t + k, each one
-        # [agent, attempts so far], in the order they were queued; ``depth[i]`` counts
-        # agent i's queued calls.
-        retries: list[list[list[int]]] = state["retries"]
+        # The retry queues: ``retries[k]`` holds the calls due at tick t + k in the order
+        # they were queued, as the state's ``[agent, attempts so far]`` but coded (see
+        # ``_ATTEMPT``); ``depth[i]`` counts agent i's queued calls.
+        retries = _coded(state["retries"])
         depth: list[int] = state["depth"]
         n = self._n
         healthy = self._healthy
         thrash = self._thrash
-        backoff = self._backoff
+        wait_after = self._wait
+        requeue = self._requeue
+        first = requeue[0]  # a new call's slot when it fails (-1: dropped, one attempt)
         streams = self._jitter_streams
         cost = 1.0 + state["latency"]
         queue_cap: int = state["queue_cap"]
@@ -368,6 +398,8 @@ class RetryCascade(Workload):
         last_failure: int = state["last_failure"]
         all_served = all_failed = all_dropped = 0
         draw = shocks.agent
+        rounded = float.__round__  # round() of a float, without the builtin's dispatch
+        attempt, agent_mask, floor_of = _ATTEMPT, _AGENT, floor  # (locals cost less)
         # The queues padded with empty slots to the longest wait a call can get (jitter
         # scales a backoff by less than 1 + spread / 2 <= 1.5), so a held or failed call
         # goes straight to its slot; the padding is trimmed again at the end (the state's
@@ -375,10 +407,18 @@ class RetryCascade(Workload):
         longest = self._backoff_cap if jitter is None else int(self._backoff_cap * 1.5) + 1
         if len(retries) < longest:
             retries += [[] for _ in range(longest - len(retries))]
+        if jitter is not None:
+            # The names of the streams an agent's failed calls of one tick draw from: as
+            # many as it can send (its queue never grows past the larger of the cap and
+            # where it starts, plus one new call).
+            most = max(queue_cap, *depth) + 1
+            if len(streams) < most:
+                streams.extend(f"jitter{j}" for j in range(len(streams), most))
         t = start
         for u_serve, cap, fresh, arrived, unserved in ticks:
-            if onset <= t < outage_end:
+            if outage:
                 cap = outage_cap
+                outage -= 1
             due = retries.pop(0)
             retries.append([])
             if (
@@ -396,71 +436,80 @@ class RetryCascade(Workload):
                     continue
                 offered = arrived
                 failures = len(unserved)
-                for i, _, _ in unserved:  # each a new call that failed its first attempt
-                    # (the failure handling of the slow path below, for that one call)
-                    wait = backoff[1]
-                    if not wait:
-                        all_dropped += 1
-                        continue
-                    if jitter is not None:
-                        if not streams:
-                            streams.append("jitter0")
-                        u = draw(i, t, streams[0])
-                        wait = max(1, round(wait * (1.0 + spread * (u - 0.5))))
-                    if depth[i] < queue_cap:
-                        retries[wait - 1].append([i, 1])  # due at t + wait
-                        depth[i] += 1
+                # Each a new call that failed its first attempt (the failure handling of
+                # the slow path below, for that one call).
+                if jitter is None:
+                    if first < 0:
+                        all_dropped += failures
                     else:
-                        all_dropped += 1
+                        slot = retries[first]
+                        for i, _, _ in unserved:
+                            if depth[i] < queue_cap:
+                                slot.append(i + attempt)  # due at t + backoff[1]
+                                depth[i] += 1
+                            else:
+                                all_dropped += 1
+                elif first < 0:
+                    all_dropped += failures
+                else:
+                    for i, _, _ in unserved:
+                        if depth[i] < queue_cap:
+                            u = draw(i, t, streams[0])
+                            wait = rounded((first + 1) * (1.0 + spread * (u - 0.5)))
+                            retries[wait - 1 if wait > 1 else 0].append(i + attempt)
+                            depth[i] += 1
+                        else:
+                            all_dropped += 1
             else:
                 # What each agent would send now: its due retries (oldest first), then
-                # new work. A call is its attempt count so far (``fresh``: never changed).
+                # new work (``fresh``: never changed).
                 demand: list[Sequence[int]] = list(fresh)
                 calls: Sequence[int]
                 offered = arrived
                 if due:
                     offered += len(due)
                     retrying: dict[int, list[int]] = {}
-                    for i, attempts in due:
+                    for call in due:
+                        i = call & agent_mask
                         if i in retrying:
-                            retrying[i].append(attempts)
+                            retrying[i].append(call)
                         else:
-                            retrying[i] = [attempts]
+                            retrying[i] = [call]
                     for i, mine in retrying.items():
                         depth[i] -= len(mine)
-                        if fresh[i]:
-                            mine.append(0)
+                        mine += fresh[i]
                         demand[i] = mine
 
-                # Who may send: everyone, unless restarting or held back by the circuit.
-                limits: list[int] | None = None
+                # Who may send: everyone, unless restarting or held back by the circuit;
+                # then each agent sends at most ``gate`` calls (the ``probe`` agent one).
+                gate = probe = -1
                 if t < down_until:
-                    limits = [0] * n
+                    gate = 0
                 elif bc is not None:
                     if t < circuit_until:
                         # Open circuit: one agent with work (round robin) probes.
-                        limits = [0] * n
+                        gate = 0
                         for k in range(n):
                             j = (t + k) % n
                             if demand[j]:
-                                limits[j] = 1
+                                probe = j
                                 break
                     elif offered > pace and max(map(len, demand)) > pace:
-                        limits = [pace] * n  # (a pace nobody exceeds holds nothing back)
-                if limits is not None and offered:
+                        gate = pace  # (a pace nobody exceeds holds nothing back)
+                if gate >= 0 and offered:
                     held = retries[0]
-                    for i in range(n):
-                        calls = demand[i]
-                        limit = limits[i]
+                    for i, calls in enumerate(demand):
+                        limit = 1 if i == probe else gate
                         if len(calls) > limit:
-                            queued = depth[i]
-                            for attempts in calls[limit:]:
-                                if queued < queue_cap:  # held: due next tick, same attempts
-                                    held.append([i, attempts])
-                                    queued += 1
-                                else:
-                                    all_dropped += 1
-                            depth[i] = queued
+                            # Held: due next tick with the same attempts, as many as the
+                            # queue has room for (in order); the rest is dropped.
+                            hold = calls[limit:]
+                            room = queue_cap - depth[i]
+                            if len(hold) > room:
+                                all_dropped += len(hold) - max(room, 0)
+                                hold = hold[:room] if room > 0 else _NONE
+                            held += hold
+                            depth[i] += len(hold)
                             demand[i] = calls[:limit]
                             offered -= len(calls) - limit
 
@@ -469,7 +518,8 @@ class RetryCascade(Workload):
                     load = offered * cost
                     if load > cap:
                         # Thrashing: every unit of excess load costs the upstream goodput.
-                        ratio *= max(0.0, cap - thrash * (load - cap)) / load
+                        good = cap - thrash * (load - cap)
+                        ratio *= (good if good > 0.0 else 0.0) / load
 
                 failures = 0
                 # Systematic rounding: agent i is served floor(C_i + u) - floor(C_{i-1} + u)
@@ -480,37 +530,47 @@ class RetryCascade(Workload):
                     if not calls:
                         continue
                     sent = len(calls)
-                    cumulative += sent * ratio
-                    upto = int(cumulative)
-                    ok = upto - below
-                    below = upto
-                    if ok >= sent:
-                        all_served += sent
-                        continue
-                    all_served += ok
+                    if ratio:
+                        cumulative += sent * ratio
+                        if cumulative >= below + sent:  # floor(C_i + u) - below is all sent
+                            below += sent
+                            continue
+                        upto = floor_of(cumulative)  # = int(), as it is never negative
+                        ok = upto - below
+                        below = upto
+                    else:  # (u + 0 is below 1: the running sum never reaches a call)
+                        ok = 0
                     failures += sent - ok
                     # Each failed call counts one more attempt and waits its backoff in
                     # the agent's queue, or is dropped (out of attempts, or queue full).
-                    if jitter is not None and sent - ok > len(streams):
-                        streams.extend(f"jitter{j}" for j in range(len(streams), sent - ok))
                     queued = depth[i]
-                    j = 0  # the agent's j-th failed call this tick draws from its own stream
-                    for attempts in calls[ok:]:
-                        made = attempts + 1
-                        wait = backoff[made]
-                        if not wait:  # out of attempts
+                    if jitter is None:
+                        for call in calls[ok:] if ok else calls:
+                            slot = requeue[call]  # due at t + 1 + slot
+                            if slot < 0 or queued >= queue_cap:
+                                all_dropped += 1
+                            else:
+                                retries[slot].append(call + attempt)
+                                queued += 1
+                        depth[i] = queued
+                        continue
+                    # The agent's j-th failed call this tick draws from its own stream, and
+                    # only if it is queued again: a dropped call's wait is never used (an
+                    # agent draw is a pure function of its coordinates, outside the
+                    # fingerprint, so skipping it changes nothing else).
+                    j = 0
+                    for call in calls[ok:]:
+                        wait = wait_after[call]
+                        if not wait or queued >= queue_cap:  # out of attempts, or no room
                             all_dropped += 1
                         else:
-                            if jitter is not None:
-                                u = draw(i, t, streams[j])
-                                wait = max(1, round(wait * (1.0 + spread * (u - 0.5))))
-                            if queued < queue_cap:
-                                retries[wait - 1].append([i, made])  # due at t + wait
-                                queued += 1
-                            else:
-                                all_dropped += 1
+                            u = draw(i, t, streams[j])
+                            wait = rounded(wait * (1.0 + spread * (u - 0.5)))
+                            retries[wait - 1 if wait > 1 else 0].append(call + attempt)
+                            queued += 1
                         j += 1  # noqa: SIM113 (enumerate costs more per call here, measured)
                     depth[i] = queued
+                all_served += offered - failures  # (what was offered is served or failed)
                 if not failures:
                     t += 1
                     continue
@@ -524,6 +584,7 @@ class RetryCascade(Workload):
             t += 1
         while retries and not retries[-1]:
             retries.pop()
+        state["retries"] = _decoded(retries)
         state["tick"] = stop
         state["served"] += all_served
         state["failed_calls"] += all_failed
