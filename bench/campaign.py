@@ -52,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.enums.v1 import DescribeTaskQueueMode, TaskQueueType
 from temporalio.api.history.v1 import History
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -382,22 +382,30 @@ async def wait_pollers(
     client: Client, task_queue: str, workers: list[Worker], timeout: float
 ) -> None:
     """Wait until every worker process polls ``task_queue`` for workflow and activity
-    tasks (Temporal's poller identity is ``pid@host``): the fleet is standing."""
+    tasks (Temporal's poller identity is ``pid@host``): the fleet is standing. Asked in
+    the enhanced mode, which reports the pollers of every partition of the task queue (a
+    plain description shows the root partition's only, so a worker whose long poll went
+    to another partition stayed unseen for up to a minute)."""
     want = {w.proc.pid for w in workers}
     deadline = time.monotonic() + timeout
-    kinds = (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+    kinds = [TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY]
     while True:
-        ready = True
-        for kind in kinds:
-            described = await client.workflow_service.describe_task_queue(
-                DescribeTaskQueueRequest(
-                    namespace=client.namespace,
-                    task_queue=TaskQueue(name=task_queue),
-                    task_queue_type=kind,
-                )
+        described = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=client.namespace,
+                task_queue=TaskQueue(name=task_queue),
+                api_mode=DescribeTaskQueueMode.DESCRIBE_TASK_QUEUE_MODE_ENHANCED,
+                task_queue_types=kinds,
+                report_pollers=True,
             )
-            polling = {int(p.identity.partition("@")[0]) for p in described.pollers}
-            ready = ready and want <= polling
+        )
+        polling: dict[int, set[int]] = {int(kind): set() for kind in kinds}
+        for version in described.versions_info.values():
+            for kind, info in version.types_info.items():
+                polling.setdefault(kind, set()).update(
+                    int(p.identity.partition("@")[0]) for p in info.pollers
+                )
+        ready = all(want <= polling[int(kind)] for kind in kinds)
         if ready:
             return
         for w in workers:
