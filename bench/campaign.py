@@ -16,6 +16,12 @@ workers' peak RSS, the workflow state's size (what a continued run carries, the 
 record) and world-runs per second per worker (from the ``ActivityTaskStarted`` identity
 of every world batch in the chain's histories).
 
+CPU seconds are printed beside the wall clock, measured the same way for both sides: the
+machine's busy time at nice 0 or below while each ran (``/proc/stat``; the sandboxes are
+not the workers' waited-for children, so a sum over processes would miss them), with
+the worker processes and the Temporal server apart, and the twin's own ``wait4``
+figure as a check. Run it on an otherwise idle machine, or with neighbours niced.
+
 It also breaks the mean world batch down into its time queued, on a worker and in its
 box; ``--breakdown`` first profiles one batch piece by piece in CPU time (the twin's
 share of the same work, the world's own draw table, the box's start, the runner's
@@ -307,6 +313,7 @@ class Campaign:
     progress_bytes: int
     server_cpu_seconds: float  # the Temporal dev server over the durable clock
     machine_cpu_seconds: float  # the machine at nice <= 0 over the durable clock
+    twin_machine_cpu_seconds: float  # the same over the twin's run
 
     @property
     def sandbox_cpu_seconds(self) -> float:
@@ -453,9 +460,11 @@ async def run_campaign(
     base = {**os.environ, **(extra_env or {})}
 
     twin_json = root / "twin.json"
+    before_twin = machine_cpu()
     twin = await asyncio.to_thread(
         run_timed, [FORKLAB, "plan", str(spec_file), "--json", "--processes", "2"], base, twin_json
     )
+    twin_machine = machine_cpu() - before_twin
     twin_digest = json.loads(twin_json.read_text())["outcomes_digest"]
 
     env = await WorkflowEnvironment.start_local(
@@ -554,6 +563,7 @@ async def run_campaign(
         progress_bytes=progress_bytes,
         server_cpu_seconds=server_cpu,
         machine_cpu_seconds=machine,
+        twin_machine_cpu_seconds=twin_machine,
     )
 
 
@@ -577,9 +587,11 @@ def report(c: Campaign) -> list[str]:
         "planning until approval: " + c.planning_line(),
         f"durable/twin: {c.ratio:.3f}x (goal <= {RATIO_GOAL}x: "
         f"{'met' if c.ratio <= RATIO_GOAL else 'missed'})",
-        f"CPU seconds: twin {c.twin.cpu_seconds:,.1f} (its processes); durable "
-        f"{c.machine_cpu_seconds:,.1f} ({c.machine_cpu_seconds / c.twin.cpu_seconds:.3f}x; "
-        "the machine at nice <= 0 over the clock), of which worker processes "
+        f"CPU seconds (the machine at nice <= 0 while each ran): twin "
+        f"{c.twin_machine_cpu_seconds:,.1f} (its own processes {c.twin.cpu_seconds:,.1f}); "
+        f"durable {c.machine_cpu_seconds:,.1f} "
+        f"({c.machine_cpu_seconds / c.twin_machine_cpu_seconds:.3f}x), of which worker "
+        "processes "
         + " + ".join(f"{w.cpu_seconds:,.1f}" for w in c.workers)
         + f", Temporal server {c.server_cpu_seconds:,.1f}, the rest (sandboxes, CLIs) "
         f"{c.sandbox_cpu_seconds:,.1f}",
