@@ -3,8 +3,10 @@ on many hosts and by the ``forklab`` CLI.
 
 A blob lives at ``<prefix>/<first two hex>/<remaining hex>``. An S3 PUT is atomic (a
 reader sees the old object, the new one or none, never part of one) and the name is the
-content's hash, so storing again is idempotent. The client comes from a factory built in
-``workers/`` (endpoint, credentials); this class only moves bytes and rides out outages.
+content's hash, so storing again is idempotent. A run's scratch (``ArtifactStore``) lives
+at ``<prefix>/scratch/<folder>/<digest>`` and is dropped by listing that key prefix. The
+client comes from a factory built in ``workers/`` (endpoint, credentials); this class only
+moves bytes and rides out outages.
 It pickles without its client (the analysis runs in a process pool) and builds a new one
 on first use wherever it lands.
 """
@@ -12,7 +14,7 @@ on first use wherever it lands.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -36,6 +38,7 @@ _TRANSIENT_CODES = frozenset(
     }
 )
 _MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+_T = TypeVar("_T")
 
 
 def _code(exc: ClientError) -> str:
@@ -78,12 +81,50 @@ class S3ArtifactStore(ArtifactStore):
 
     def key(self, digest: str) -> str:
         check_digest(digest)
-        name = f"{digest[:2]}/{digest[2:]}"
+        return self._named(f"{digest[:2]}/{digest[2:]}")
+
+    def scratch_key(self, folder: str, digest: str = "") -> str:
+        """The key of scratch blob ``digest`` (none: the folder's key prefix, with its ``/``)."""
+        return self._named(f"scratch/{folder}/{digest}")
+
+    def _named(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
 
-    def _read(self, digest: str) -> bytes | None:
-        key = self.key(digest)
+    def _ride_out(self, call: Callable[[], _T]) -> _T:
+        return ride_out(call, is_transient, self._retry_seconds, f"object store {self.location}")
 
+    def _read(self, digest: str) -> bytes | None:
+        return self._get(self.key(digest))
+
+    def _write(self, digest: str, data: bytes) -> None:
+        self._put(self.key(digest), data)
+
+    def _read_scratch(self, folder: str, digest: str) -> bytes | None:
+        return self._get(self.scratch_key(folder, digest))
+
+    def _write_scratch(self, folder: str, digest: str, data: bytes) -> None:
+        self._put(self.scratch_key(folder, digest), data)
+
+    def _drop_scratch(self, folder: str) -> int:
+        prefix = self.scratch_key(folder)
+
+        def drop() -> int:
+            # deleting what a page listed does not move the listing's continuation token
+            dropped = 0
+            pages = self._client.get_paginator("list_objects_v2")
+            for page in pages.paginate(Bucket=self.bucket, Prefix=prefix):
+                keys = [obj["Key"] for obj in page.get("Contents", []) if "Key" in obj]
+                if keys:
+                    self._client.delete_objects(
+                        Bucket=self.bucket,
+                        Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True},
+                    )
+                    dropped += len(keys)
+            return dropped
+
+        return self._ride_out(drop)
+
+    def _get(self, key: str) -> bytes | None:
         def get() -> bytes | None:
             try:
                 answer = self._client.get_object(Bucket=self.bucket, Key=key)
@@ -93,15 +134,13 @@ class S3ArtifactStore(ArtifactStore):
                 raise
             return answer["Body"].read()
 
-        return ride_out(get, is_transient, self._retry_seconds, f"object store {self.location}")
+        return self._ride_out(get)
 
-    def _write(self, digest: str, data: bytes) -> None:
-        key = self.key(digest)
-
+    def _put(self, key: str, data: bytes) -> None:
         def put() -> None:
             self._client.put_object(Bucket=self.bucket, Key=key, Body=data)
 
-        ride_out(put, is_transient, self._retry_seconds, f"object store {self.location}")
+        self._ride_out(put)
 
     def check_bucket(self) -> None:
         """Fail early, with the fix, when the bucket does not exist or is not ours to use."""
@@ -109,4 +148,4 @@ class S3ArtifactStore(ArtifactStore):
         def head() -> None:
             self._client.head_bucket(Bucket=self.bucket)
 
-        ride_out(head, is_transient, self._retry_seconds, f"object store {self.location}")
+        self._ride_out(head)

@@ -247,6 +247,16 @@ class CleanupResult(Model):
     rounds: int
     left: int
     layers_removed: int = 0  # workspace layers nothing needed any more
+    #: the run's scratch artifacts (draws files) dropped; None: dropping them failed
+    scratch_dropped: int | None = 0
+
+    def summary(self) -> str:
+        line = f"{self.found} found, {self.removed} removed, {self.left} left"
+        if self.scratch_dropped is None:
+            return line + "; the run's scratch artifacts were not dropped (store unreachable)"
+        if self.scratch_dropped:
+            return line + f"; {self.scratch_dropped} scratch artifacts (draws files) dropped"
+        return line
 
 
 # --- records ----------------------------------------------------------------------------

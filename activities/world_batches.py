@@ -298,9 +298,11 @@ class SandboxActivities:
         digest = await self._stored(result.seconds, self._store.put_bytes, data)
         # Stored as the runner wrote it: only the worlds' runners read it (in their
         # sandboxes), so the worker never parses it (see experiments.runtime.draws_file).
+        # Scratch of this run: its cleanup drops it (it is no evidence, and the largest).
         shipped = None
         if draws is not None:
-            shipped = await self._stored(result.seconds, self._store.put_bytes, draws)
+            put = self._store.put_scratch
+            shipped = await self._stored(result.seconds, put, inp.run_key, draws)
         return PrefixResult(
             chunk=inp.chunk,
             checkpoints_digest=digest,
@@ -349,8 +351,8 @@ class SandboxActivities:
             files.expected = {str(cp["episode"]): cp.get("workspace", "") for cp in parsed}
         inputs = {CHECKPOINTS_FILE: checkpoints}
         if inp.draws_digest is not None:
-            stored = self._store.get_bytes
-            inputs[DRAWS_FILE] = await self._stored(0.0, stored, inp.draws_digest)
+            stored = self._store.get_scratch
+            inputs[DRAWS_FILE] = await self._stored(0.0, stored, inp.run_key, inp.draws_digest)
         request = request_text(
             inp.job.workload,
             inp.job.params,
@@ -398,7 +400,9 @@ class SandboxActivities:
 
     @activity.defn(name="cleanup_sandboxes")
     async def cleanup_sandboxes(self, inp: CleanupInput) -> CleanupResult:
-        """Delete every sandbox labelled with the run; list again until none is left."""
+        """Delete every sandbox labelled with the run; list again until none is left. Then
+        drop the run's scratch artifacts and collect the workspace layers it no longer
+        needs: housekeeping that never holds up the run's end."""
         labels = {RUN_LABEL: inp.run_key}
         found: set[str] = set()
         rounds = 0
@@ -424,8 +428,18 @@ class SandboxActivities:
                 # Collecting is housekeeping: it must not hold up the run's end (the next
                 # cleanup, or `forklab layers gc`, collects what is left).
                 activity.logger.warning("layer collection failed: %s", exc)
+        try:
+            scratch = await self._stored(0.0, self._store.drop_scratch, inp.run_key)
+        except Exception as exc:  # a store outage past its window: the result says so
+            activity.logger.warning("dropping the run's scratch artifacts failed: %s", exc)
+            scratch = None
         return CleanupResult(
-            found=len(found), removed=removed, rounds=rounds, left=len(left), layers_removed=layers
+            found=len(found),
+            removed=removed,
+            rounds=rounds,
+            left=len(left),
+            layers_removed=layers,
+            scratch_dropped=scratch,
         )
 
     def _files(self, wanted: bool, layer: str | None, run_key: str, freeze: bool) -> _Files | None:

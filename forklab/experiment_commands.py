@@ -264,8 +264,7 @@ def render_status(view: StatusView) -> str:
         f"of {b.max_concurrent_sandboxes} sandboxes"
     )
     if view.cleanup:
-        c = view.cleanup
-        lines.append(f"  cleanup: {c.found} found, {c.removed} removed, {c.left} left")
+        lines.append(f"  cleanup: {view.cleanup.summary()}")
     return "\n".join(lines)
 
 

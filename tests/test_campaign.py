@@ -24,8 +24,14 @@ async def test_a_small_campaign_on_two_workers_equals_the_twin(tmp_path: Path) -
     # ... with every world batch preloading its chunk's draws file (retry-cascade names
     # its world block runs): the equality above holds with the shipped runs
     digest = next(r.progress_digest for r in c.runs if r.progress_digest)
-    progress = read_progress(LocalArtifactStore(tmp_path / "shared" / "artifacts"), digest)
+    store = LocalArtifactStore(tmp_path / "shared" / "artifacts")
+    progress = read_progress(store, digest)
     assert len(progress.prefixes) == 4 and all(p.draws_digest for p in progress.prefixes)
+    # ... which were the run's scratch: its cleanup dropped all four, none was kept
+    cleanup = c.result.cleanup
+    assert cleanup is not None and (cleanup.left, cleanup.scratch_dropped) == (0, 4)
+    assert not [p for p in (store.root / "scratch").rglob("*") if p.is_file()]
+    assert not any(store.path(p.draws_digest or "").exists() for p in progress.prefixes)
     assert len(c.runs) == c.result.runs > 1
     assert c.largest_run_events < limit < HISTORY_GOAL
     assert Stage.running_worlds.value in {r.carry_stage for r in c.runs}

@@ -9,7 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.testing import ActivityEnvironment
 
+from activities.artifacts import ArtifactError, LocalArtifactStore
+from activities.models import (
+    BatchInput,
+    BatchStatus,
+    CleanupInput,
+    EpisodeChunk,
+    PrefixInput,
+    RunnerJob,
+)
+from activities.runner_bundle import bundle_files
+from activities.sandbox import LocalSandboxBackend
+from activities.shared_snapshots import SharedSnapshots
+from activities.world_batches import SandboxActivities
 from experiments.runtime.canon import canonical_json
 from experiments.runtime.crn import Block, EpisodeDraws, Run, Shocks, uniform
 from experiments.runtime.draws_file import (
@@ -264,3 +278,56 @@ def test_checkpoint_lines_are_unchanged_by_shipping_runs(chunk: tuple[Path, byte
     for cp in _checkpoints(folder)[:5]:
         again, _ = prefix_with_runs(workload, SEED, cp["episode"])
         assert checkpoint_line(again) == checkpoint_line(cp)
+
+
+async def test_a_runs_draws_are_its_scratch_and_its_cleanup_drops_only_them(
+    tmp_path: Path,
+) -> None:
+    """Two runs of one spec ship the same draws bytes; each run keeps its own copy as
+    scratch (not among the kept blobs), and one run's cleanup leaves the other's worlds
+    able to read theirs."""
+    store = LocalArtifactStore(tmp_path / "artifacts")
+    backend = LocalSandboxBackend(tmp_path / "sandboxes")
+    acts = SandboxActivities(backend, store, SharedSnapshots(backend, store))
+    info = SharedSnapshots(backend, store).prepare(bundle_files("retry-cascade"))
+    job = RunnerJob(workload="retry-cascade", params=PARAMS, seed=SEED, workspace=False)
+    chunk = EpisodeChunk(index=0, first=0, stop=20)
+    env = ActivityEnvironment()
+
+    def common(run_key: str) -> dict[str, Any]:
+        return {"experiment_id": "exp", "run_key": run_key, "job": job, "snapshot_id": info.id}
+
+    prefixes = [
+        await env.run(
+            acts.run_prefixes, PrefixInput(**common(k), chunk=chunk, reservation_seconds=120)
+        )
+        for k in ("wf/run-1", "wf/run-2")
+    ]
+    draws = prefixes[0].draws_digest
+    assert draws is not None and draws == prefixes[1].draws_digest
+    assert not store.path(draws).exists()
+
+    def batch(run_key: str) -> BatchInput:
+        return BatchInput(
+            **common(run_key),
+            world=WORLDS[1],
+            chunk=chunk,
+            checkpoints_digest=prefixes[0].checkpoints_digest,
+            draws_digest=draws,
+            reservation_seconds=120,
+        )
+
+    cleaned = await env.run(
+        acts.cleanup_sandboxes, CleanupInput(experiment_id="exp", run_key="wf/run-2")
+    )
+    assert cleaned.scratch_dropped == 1 and "1 scratch artifacts" in cleaned.summary()
+    done = await env.run(acts.run_world_batch, batch("wf/run-1"))
+    assert done.status is BatchStatus.completed, done.error
+    cleaned = await env.run(
+        acts.cleanup_sandboxes, CleanupInput(experiment_id="exp", run_key="wf/run-1")
+    )
+    assert (cleaned.left, cleaned.scratch_dropped) == (0, 1)
+    assert not [p for p in store.root.joinpath("scratch").rglob("*") if p.is_file()]
+    with pytest.raises(ArtifactError, match="of run wf/run-1 is missing"):
+        await env.run(acts.run_world_batch, batch("wf/run-1"))
+    assert backend.list({}) == []

@@ -104,11 +104,7 @@ def provenance(state: RunState) -> dict[str, str]:
         "budget": f"{b.spent_world_seconds:.1f} of {b.max_world_seconds:g} world-seconds",
         "skipped batches": str(b.skipped_batches),
         "network isolation": isolation(state),
-        "cleanup": (
-            f"{cleanup.found} found, {cleanup.removed} removed, {cleanup.left} left"
-            if cleanup
-            else "not run"
-        ),
+        "cleanup": cleanup.summary() if cleanup else "not run",
     }
 
 
