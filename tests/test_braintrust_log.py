@@ -15,6 +15,9 @@ from orchestration_lab import Lab, lab_settings, make_spec
 from temporalio.testing import WorkflowEnvironment
 
 from experiments.evidence_scores import SCORE_NAMES
+from tests.helpers import run_cli
+from workers.config import ConfigError
+from workers.providers import BRAINTRUST_WITH_KEY, braintrust_config
 from workers.worker import build_worker
 from workflows.messages import ExperimentResult, Status
 
@@ -143,3 +146,25 @@ async def test_outage_queues_and_the_next_run_sends(
     for experiment in fake.experiments.values():
         _, children = _tree(fake, experiment["name"])
         assert len(children) == 3
+
+
+def test_a_braintrust_setting_without_the_key_is_refused() -> None:
+    assert braintrust_config({}) is None
+    on = braintrust_config({"BRAINTRUST_API_KEY": "k", "FORKLAB_BRAINTRUST_PROJECT": "p"})
+    assert on is not None and on.project == "p"
+    for var in BRAINTRUST_WITH_KEY:
+        with pytest.raises(ConfigError, match=f"{var} is set but BRAINTRUST_API_KEY is not"):
+            braintrust_config({var: "https://bt.internal", "BRAINTRUST_API_KEY": " "})
+
+
+def test_the_worker_refuses_a_url_without_the_key_before_it_connects(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("BRAINTRUST_API_KEY", raising=False)
+    monkeypatch.setenv("BRAINTRUST_APP_URL", "https://bt.internal")
+    monkeypatch.setenv("FORKLAB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FORKLAB_ADDRESS", "127.0.0.1:9")  # nothing listens: never reached
+    code, _, err = run_cli(capsys, "worker")
+    assert code == 2, err
+    assert "BRAINTRUST_APP_URL is set but BRAINTRUST_API_KEY is not" in err
+    assert "cannot connect" not in err

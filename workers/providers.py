@@ -8,7 +8,8 @@ variables are set, and then the local default is used.
   ``DAYTONA_ORGANIZATION_ID`` and ``FORKLAB_DAYTONA_TTL_MINUTES``.
 - evidence log: ``BRAINTRUST_API_KEY`` switches Braintrust on (``BRAINTRUST_APP_URL`` for
   another deployment; the SDK itself honours ``BRAINTRUST_API_URL``),
-  ``FORKLAB_BRAINTRUST_PROJECT`` names the project (default ``forklab``).
+  ``FORKLAB_BRAINTRUST_PROJECT`` names the project (default ``forklab``); any of these
+  without the key is refused.
 - readout model: ``FORKLAB_READOUT_BASE_URL`` (any OpenAI-compatible ``/v1`` URL),
   ``FORKLAB_READOUT_API_KEY`` (else ``OPENAI_API_KEY``), ``FORKLAB_READOUT_MODEL``,
   ``FORKLAB_READOUT_TIMEOUT`` (seconds, default 30).
@@ -101,10 +102,24 @@ def readout_config(env: Mapping[str, str] | None = None) -> ReadoutConfig | None
         ) from None
 
 
+#: Braintrust settings that mean nothing without ``BRAINTRUST_API_KEY``.
+BRAINTRUST_WITH_KEY = ("BRAINTRUST_APP_URL", "BRAINTRUST_API_URL", "FORKLAB_BRAINTRUST_PROJECT")
+
+
 def braintrust_config(env: Mapping[str, str] | None = None) -> BraintrustConfig | None:
+    """None when Braintrust is off (no variable set). A URL or project without the key is
+    refused: an operator who set them meant to log, and a silent "off" would lose every
+    trace until somebody noticed."""
     env = os.environ if env is None else env
     key = env.get("BRAINTRUST_API_KEY", "").strip()
     if not key:
+        meant = [var for var in BRAINTRUST_WITH_KEY if env.get(var, "").strip()]
+        if meant:
+            raise ConfigError(
+                f"{meant[0]} is set but BRAINTRUST_API_KEY is not; set the key to log "
+                f"evidence to Braintrust (docs/providers.md), or unset {', '.join(meant)} "
+                "to log nothing"
+            )
         return None
     values = {"api_key": key}
     if env.get("BRAINTRUST_APP_URL"):

@@ -163,8 +163,11 @@ def build_worker(
 
 
 async def run_worker(settings: Settings) -> None:
-    """Run until SIGINT or SIGTERM, then finish gracefully."""
+    """Run until SIGINT or SIGTERM, then finish gracefully. The stores and the providers'
+    settings are checked first: a mistake there stops the worker before it takes work."""
     await asyncio.to_thread(check_stores, settings)
+    readout_config()
+    braintrust_config()
     client = await connect(settings)
     await ensure_search_attributes(client, settings.namespace)
     stop = asyncio.Event()
