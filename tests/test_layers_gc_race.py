@@ -6,7 +6,9 @@ during its mark, so it stops there — after it has listed the pins and workspac
 it sweeps — until the test writes to the FIFO. Meanwhile another thread starts
 referencing an old layer nothing needed when gc began. Without the store's lock that
 thread finishes at once and the sweep then deletes the layer it now uses; with the lock
-it waits for the sweep and finds the layer gone (a clear error, nothing half-made).
+it waits for the sweep and finds the layer gone (a clear error, nothing half-made). The
+test resumes gc once the kernel lists that thread as waiting for the lock (``/proc/locks``)
+or it has finished: no fixed sleep.
 """
 
 from __future__ import annotations
@@ -94,11 +96,31 @@ class PausedGc:
         self.fifo.parent.rmdir()
 
 
+def _blocked_on(lock: Path) -> bool:
+    """Whether someone waits for ``lock``'s ``flock``: the kernel lists each waiter in
+    ``/proc/locks`` with ``->`` before it (``N: -> FLOCK ADVISORY WRITE pid MAJ:MIN:INODE``)."""
+    inode = f":{lock.stat().st_ino}"
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 6 and fields[1] == "->" and fields[6].endswith(inode):
+            return True
+    return False
+
+
+def _wait_blocked_or_done(thread: threading.Thread, lock: Path) -> None:
+    """Until ``thread`` ended, or waits for ``lock`` (it can do nothing more before gc
+    goes on): no fixed sleep, and "it waited for the lock" is seen, not assumed."""
+    deadline = time.monotonic() + 60
+    while thread.is_alive() and not (lock.exists() and _blocked_on(lock)):
+        assert time.monotonic() < deadline, "the action neither finished nor waited for the lock"
+        time.sleep(0.005)
+
+
 def _race(
     workspaces: Workspaces, action: Callable[[], object]
 ) -> tuple[GcResult, object | BaseException]:
     """Run ``action`` in a thread while gc is paused in its mark; resume gc once the action
-    ended or has waited a while (then it is blocked on the lock); return both outcomes."""
+    ended or waits for the store's lock; return both outcomes."""
     outcome: list[object | BaseException] = []
 
     def run() -> None:
@@ -110,7 +132,7 @@ def _race(
     with PausedGc(workspaces.layers.root.parent, lambda: workspaces.gc(0)) as gc:
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
-        thread.join(timeout=2)
+        _wait_blocked_or_done(thread, workspaces.layers.lock.path)
         result = gc.resume()
         thread.join(timeout=60)
     assert outcome, "the action never finished"
@@ -187,7 +209,7 @@ def test_an_agent_call_and_the_agent_gc_do_not_interleave(tmp_path: Path) -> Non
     runner = threading.Thread(target=lambda: outcome.append(_catch(write)), daemon=True)
     with PausedGc(home, lambda: collect_agent_layers(home, set(), set(), 0)) as gc:
         runner.start()
-        runner.join(timeout=2)
+        _wait_blocked_or_done(runner, tools.workspaces.layers.lock.path)
         gc.resume()
         runner.join(timeout=60)
     assert outcome
