@@ -75,8 +75,8 @@ class ArtifactStore(ABC):
         """Store ``data`` whole as scratch blob ``digest`` in ``folder``."""
 
     @abstractmethod
-    def _drop_scratch(self, folder: str) -> int:
-        """Delete every blob in scratch ``folder``; returns how many there were."""
+    def _drop_scratch(self, folder: str) -> tuple[int, int]:
+        """Delete every blob in scratch ``folder``; returns how many there were and their bytes."""
 
     def put_bytes(self, data: bytes) -> str:
         """Store ``data`` and return its digest; storing the same bytes again is a no-op
@@ -129,8 +129,9 @@ class ArtifactStore(ABC):
             )
         return data
 
-    def drop_scratch(self, owner: str) -> int:
-        """Delete ``owner``'s scratch; returns how many blobs it held (0: none, or dropped)."""
+    def drop_scratch(self, owner: str) -> tuple[int, int]:
+        """Delete ``owner``'s scratch; returns how many blobs it held and their bytes
+        ((0, 0): none, or dropped already)."""
         return self._drop_scratch(scratch_folder(owner))
 
 
@@ -176,11 +177,11 @@ class LocalArtifactStore(ArtifactStore):
         # fsynced: after a crash the run goes on, and its world batches read this
         atomic_write(self.scratch_path(folder, digest), data)
 
-    def _drop_scratch(self, folder: str) -> int:
+    def _drop_scratch(self, folder: str) -> tuple[int, int]:
         root = self.scratch_path(folder)
         try:
-            names = [p for p in root.iterdir() if not p.name.startswith(".")]
+            blobs = [p.stat().st_size for p in root.iterdir() if not p.name.startswith(".")]
         except FileNotFoundError:
-            return 0
+            return 0, 0
         shutil.rmtree(root, ignore_errors=True)
-        return len(names)
+        return len(blobs), sum(blobs)

@@ -105,22 +105,23 @@ class S3ArtifactStore(ArtifactStore):
     def _write_scratch(self, folder: str, digest: str, data: bytes) -> None:
         self._put(self.scratch_key(folder, digest), data)
 
-    def _drop_scratch(self, folder: str) -> int:
+    def _drop_scratch(self, folder: str) -> tuple[int, int]:
         prefix = self.scratch_key(folder)
 
-        def drop() -> int:
+        def drop() -> tuple[int, int]:
             # deleting what a page listed does not move the listing's continuation token
-            dropped = 0
+            dropped = size = 0
             pages = self._client.get_paginator("list_objects_v2")
             for page in pages.paginate(Bucket=self.bucket, Prefix=prefix):
-                keys = [obj["Key"] for obj in page.get("Contents", []) if "Key" in obj]
-                if keys:
+                found = [o for o in page.get("Contents", []) if "Key" in o]
+                if found:
                     self._client.delete_objects(
                         Bucket=self.bucket,
-                        Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True},
+                        Delete={"Objects": [{"Key": o["Key"]} for o in found], "Quiet": True},
                     )
-                    dropped += len(keys)
-            return dropped
+                    dropped += len(found)
+                    size += sum(o.get("Size", 0) for o in found)
+            return dropped, size
 
         return self._ride_out(drop)
 

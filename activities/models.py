@@ -249,13 +249,17 @@ class CleanupResult(Model):
     layers_removed: int = 0  # workspace layers nothing needed any more
     #: the run's scratch artifacts (draws files) dropped; None: dropping them failed
     scratch_dropped: int | None = 0
+    scratch_bytes: int = 0  # their size
 
     def summary(self) -> str:
         line = f"{self.found} found, {self.removed} removed, {self.left} left"
         if self.scratch_dropped is None:
             return line + "; the run's scratch artifacts were not dropped (store unreachable)"
         if self.scratch_dropped:
-            return line + f"; {self.scratch_dropped} scratch artifacts (draws files) dropped"
+            return line + (
+                f"; {self.scratch_dropped} scratch artifacts (draws files, "
+                f"{self.scratch_bytes / 2**20:,.1f} MiB) dropped"
+            )
         return line
 
 

@@ -428,11 +428,12 @@ class SandboxActivities:
                 # Collecting is housekeeping: it must not hold up the run's end (the next
                 # cleanup, or `forklab layers gc`, collects what is left).
                 activity.logger.warning("layer collection failed: %s", exc)
+        scratch: int | None
         try:
-            scratch = await self._stored(0.0, self._store.drop_scratch, inp.run_key)
+            scratch, size = await self._stored(0.0, self._store.drop_scratch, inp.run_key)
         except Exception as exc:  # a store outage past its window: the result says so
             activity.logger.warning("dropping the run's scratch artifacts failed: %s", exc)
-            scratch = None
+            scratch, size = None, 0
         return CleanupResult(
             found=len(found),
             removed=removed,
@@ -440,6 +441,7 @@ class SandboxActivities:
             left=len(left),
             layers_removed=layers,
             scratch_dropped=scratch,
+            scratch_bytes=size,
         )
 
     def _files(self, wanted: bool, layer: str | None, run_key: str, freeze: bool) -> _Files | None:

@@ -314,6 +314,8 @@ class Campaign:
     server_cpu_seconds: float  # the Temporal dev server over the durable clock
     machine_cpu_seconds: float  # the machine at nice <= 0 over the durable clock
     twin_machine_cpu_seconds: float  # the same over the twin's run
+    store_kept_bytes: int  # the shared artifact folder after the run, its scratch aside
+    scratch_left: int  # files left in the folder's scratch after the run's cleanup
 
     @property
     def sandbox_cpu_seconds(self) -> float:
@@ -545,6 +547,10 @@ async def run_campaign(
         digest = next((r.progress_digest for r in runs if r.progress_digest), "")
         store = LocalArtifactStore(shared / "artifacts")
         progress_bytes = len(read_progress(store, digest).model_dump_json())  # every record
+        files = [f for f in store.root.rglob("*") if f.is_file()]
+        scratch = store.root / "scratch"
+        kept = sum(f.stat().st_size for f in files if not f.is_relative_to(scratch))
+        scratch_left = sum(f.is_relative_to(scratch) for f in files)
     finally:
         for w in started:
             w.stop()
@@ -564,6 +570,8 @@ async def run_campaign(
         server_cpu_seconds=server_cpu,
         machine_cpu_seconds=machine,
         twin_machine_cpu_seconds=twin_machine,
+        store_kept_bytes=kept,
+        scratch_left=scratch_left,
     )
 
 
@@ -608,6 +616,15 @@ def report(c: Campaign) -> list[str]:
         f"largest event {max(r.largest_event_bytes for r in c.runs) / 1024:,.0f} KiB",
         f"sandboxes: {b.spent_world_seconds:,.0f} world-seconds, "
         f"peak {b.peak_concurrent_sandboxes} at once",
+        f"artifact store after the run: {c.store_kept_bytes / 2**20:,.1f} MiB kept "
+        f"(checkpoints, columns, progress, report); the run's scratch (draws files): "
+        + (
+            f"{c.result.cleanup.scratch_dropped} files, "
+            f"{c.result.cleanup.scratch_bytes / 2**20:,.1f} MiB, dropped by its cleanup"
+            if c.result.cleanup and c.result.cleanup.scratch_dropped is not None
+            else "NOT dropped (see the cleanup line)"
+        )
+        + f", {c.scratch_left} left",
         "activities (first scheduled to last completed / summed), s: "
         + ", ".join(f"{n} {span:.1f}/{busy:.1f}" for n, (span, busy) in c.stages().items()),
     ]

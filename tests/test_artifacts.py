@@ -99,12 +99,12 @@ def test_scratch_is_kept_apart_per_run_and_dropped_whole(store: LocalArtifactSto
     assert not store.path(mine).is_file()  # never in the kept, content-addressed blobs
     assert store.get_scratch("wf/run-1", mine) == store.get_scratch("wf/run-2", mine) == data
     store.put_scratch("wf/run-1", b"a second chunk")
-    assert store.drop_scratch("wf/run-1") == 2
+    assert store.drop_scratch("wf/run-1") == (2, len(data) + len(b"a second chunk"))
     with pytest.raises(ArtifactError, match=r"scratch artifact .* of run wf/run-1 is missing"):
         store.get_scratch("wf/run-1", mine)
     assert store.get_scratch("wf/run-2", mine) == data  # the other run still reads its own
-    assert store.drop_scratch("wf/run-1") == 0  # dropping again finds nothing
-    assert store.drop_scratch("wf/run-2") == 1
+    assert store.drop_scratch("wf/run-1") == (0, 0)  # dropping again finds nothing
+    assert store.drop_scratch("wf/run-2") == (1, len(data))
     assert not [p for p in (store.root / "scratch").rglob("*") if p.is_file()]
 
 
@@ -120,5 +120,5 @@ def test_scratch_names_no_path_and_a_damaged_blob_is_refused(store: LocalArtifac
         store.get_scratch(owner, digest)
     with pytest.raises(ArtifactError, match="not a sha256 hex digest"):
         store.get_scratch(owner, "../../etc/passwd")
-    assert store.drop_scratch(owner) == 1
+    assert store.drop_scratch(owner) == (1, len(b"tampered"))
     assert not list(store.root.joinpath("scratch").rglob("*"))

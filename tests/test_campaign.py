@@ -31,6 +31,7 @@ async def test_a_small_campaign_on_two_workers_equals_the_twin(tmp_path: Path) -
     cleanup = c.result.cleanup
     assert cleanup is not None and (cleanup.left, cleanup.scratch_dropped) == (0, 4)
     assert not [p for p in (store.root / "scratch").rglob("*") if p.is_file()]
+    assert c.scratch_left == 0 and c.store_kept_bytes > 0 and cleanup.scratch_bytes > 0
     assert not any(store.path(p.draws_digest or "").exists() for p in progress.prefixes)
     assert len(c.runs) == c.result.runs > 1
     assert c.largest_run_events < limit < HISTORY_GOAL

@@ -320,7 +320,9 @@ async def test_a_runs_draws_are_its_scratch_and_its_cleanup_drops_only_them(
     cleaned = await env.run(
         acts.cleanup_sandboxes, CleanupInput(experiment_id="exp", run_key="wf/run-2")
     )
-    assert cleaned.scratch_dropped == 1 and "1 scratch artifacts" in cleaned.summary()
+    size = len(store.get_scratch("wf/run-1", draws))
+    assert (cleaned.scratch_dropped, cleaned.scratch_bytes) == (1, size)
+    assert "1 scratch artifacts (draws files" in cleaned.summary()
     done = await env.run(acts.run_world_batch, batch("wf/run-1"))
     assert done.status is BatchStatus.completed, done.error
     cleaned = await env.run(

@@ -110,12 +110,12 @@ def test_s3_scratch_is_kept_apart_per_run_and_dropped_whole(s3_settings: Setting
     assert store.scratch_key("x", digests[0]).startswith("runs/a/scratch/x/")
     with pytest.raises(ArtifactError, match="missing"):
         store.get_bytes(digests[0])  # never among the kept blobs
-    assert store.drop_scratch("wf/run-1") == 3
+    assert store.drop_scratch("wf/run-1") == (3, 3 * (len(data) + 1))
     with pytest.raises(ArtifactError, match=r"scratch artifact .* of run wf/run-1 is missing"):
         store.get_scratch("wf/run-1", digests[1])
     assert store.get_scratch("wf/run-2", theirs) == data + bytes([0])
-    assert store.drop_scratch("wf/run-1") == 0
-    assert store.drop_scratch("wf/run-2") == 1
+    assert store.drop_scratch("wf/run-1") == (0, 0)
+    assert store.drop_scratch("wf/run-2") == (1, len(data) + 1)
 
 
 def test_s3_store_reports_a_damaged_object_and_a_put_repairs_it(s3_settings: Settings) -> None:
