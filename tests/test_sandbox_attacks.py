@@ -9,6 +9,7 @@ and say so (the fallback is covered in test_local_sandbox.py).
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from activities.sandbox import (
     SnapshotCorruptedError,
     SnapshotInfo,
 )
-from activities.sandbox.jail import bubblewrap
+from activities.sandbox.jail import bubblewrap, process_allowance
 from tests.sandbox_lab import marked_sleeper, pids_running, run_python, wait_for
 
 LABELS = {"forklab.experiment": "attack", "forklab.world": "hostile", "forklab.batch": "0"}
@@ -189,6 +190,24 @@ def test_a_fork_bomb_hits_the_process_limit(
     )
     started, refused = map(int, result.stdout.split())
     assert started < 16 and refused > 150, (started, refused)
+
+
+def test_a_box_keeping_the_workers_uid_has_room_beyond_the_users_threads() -> None:
+    """``RLIMIT_NPROC`` counts a user's threads, not its processes: a box that keeps the
+    worker's uid (no uid of its own: a worker not run as root, or no bubblewrap) is allowed
+    the user's tasks now plus its limit, so a worker with many threads still leaves it
+    room to fork; a box with a uid of its own gets its limit alone."""
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait, daemon=True) for _ in range(150)]
+    for t in threads:
+        t.start()
+    try:
+        assert process_allowance(16, None) >= 150 + 16
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert process_allowance(16, 60_000) == 16
 
 
 def test_a_detached_setsid_child_dies_with_its_sandbox(

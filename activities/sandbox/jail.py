@@ -56,16 +56,21 @@ def sandbox_uid(key: str) -> int | None:
 
 def process_allowance(limit: int, uid: int | None) -> int:
     """``RLIMIT_NPROC`` for a box: ``limit`` when it has a uid of its own; otherwise the
-    limit counts every process of the worker's user, so those running now are added."""
+    limit counts every task of the worker's user — each thread, not each process (the
+    kernel counts threads) — so those running now are added. Counting processes left a box
+    of a user with many threads (a worker's pools, the Temporal server, a desktop session)
+    no room to fork or start a thread."""
     if uid is not None:
         return limit
-    mine = 0
+    me, mine = str(os.getuid()), 0
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
-            uids = next(ln for ln in status.read_text().splitlines() if ln.startswith("Uid:"))
-        except (OSError, StopIteration):
+            lines = status.read_text().splitlines()
+        except OSError:
             continue
-        mine += uids.split()[1] == str(os.getuid())
+        fields = dict(ln.split(":", 1) for ln in lines if ":" in ln)
+        if fields.get("Uid", "").split()[:1] == [me]:
+            mine += int(fields.get("Threads", "1"))
     return mine + limit
 
 
