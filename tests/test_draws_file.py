@@ -5,6 +5,7 @@ the runs out themselves; a file that does not belong is ignored or refused."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from activities.models import (
     RunnerJob,
 )
 from activities.runner_bundle import bundle_files
-from activities.sandbox import LocalSandboxBackend
+from activities.sandbox import LocalSandboxBackend, workload_inside
 from activities.shared_snapshots import SharedSnapshots
 from activities.world_batches import SandboxActivities
 from experiments.runtime.canon import canonical_json
@@ -49,6 +50,7 @@ from experiments.runtime.runner import (
     prefix_with_runs,
     preload_draws,
     run_batch,
+    run_prefix,
 )
 from experiments.runtime.workload import State
 from experiments.workloads.counter_recovery import CounterRecovery
@@ -333,3 +335,33 @@ async def test_a_runs_draws_are_its_scratch_and_its_cleanup_drops_only_them(
     with pytest.raises(ArtifactError, match="of run wf/run-1 is missing"):
         await env.run(acts.run_world_batch, batch("wf/run-1"))
     assert backend.list({}) == []
+
+
+class FarHint(RetryCascade):
+    """Names one long run every world will draw (ticks 0..4,999: ~15,000 words an
+    episode), so that working it out dwarfs the prefix itself."""
+
+    def world_blocks(self, state: State) -> list[tuple[Block[Any], int, int]]:
+        return [(self._shocks, 0, 5_000)]
+
+
+def test_the_rehearsal_times_the_prefix_with_the_runs_it_ships() -> None:
+    """The budget reserves each prefix chunk from the rehearsal's prefix rate, and the
+    prefix's box works out the block runs its worlds will draw: the rate must include
+    them, or a chunk is killed past its reservation (as a 4,000-episode chunk was). Timed
+    without them, this prefix costs well under a millisecond; its runs, far more."""
+    request = {
+        "workload": f"{__name__}:FarHint",
+        "params": PARAMS,
+        "seed": SEED,
+        "worlds": [WORLDS[0].to_json()],
+        "episodes": 3,
+        "all_episodes": 3,
+    }
+    workload = FarHint(PARAMS)
+    start = time.perf_counter()
+    for episode in range(3):
+        run_prefix(workload, SEED, episode)
+    plain = (time.perf_counter() - start) / 3
+    answer = workload_inside.rehearse(request)
+    assert answer["prefix_seconds_per_episode"] > max(2e-3, 4 * plain), (answer, plain)
