@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.artifacts import ArtifactStore
+from activities.artifacts import ArtifactError, ArtifactStore
 from activities.heartbeat import heartbeat_until
 from activities.models import (
     BatchInput,
@@ -351,8 +351,7 @@ class SandboxActivities:
             files.expected = {str(cp["episode"]): cp.get("workspace", "") for cp in parsed}
         inputs = {CHECKPOINTS_FILE: checkpoints}
         if inp.draws_digest is not None:
-            stored = self._store.get_scratch
-            inputs[DRAWS_FILE] = await self._stored(0.0, stored, inp.run_key, inp.draws_digest)
+            inputs[DRAWS_FILE] = await self._stored(0.0, self._draws, inp.run_key, inp.draws_digest)
         request = request_text(
             inp.job.workload,
             inp.job.params,
@@ -397,6 +396,18 @@ class SandboxActivities:
             confinement=result.confinement,
             sandbox_id=sandbox_id,
         )
+
+    def _draws(self, run_key: str, digest: str) -> bytes:
+        """The run's draws file from its scratch; a run whose prefixes ran on a worker from
+        before the scratch (they kept it among the blobs) finds it there, so a rolling
+        upgrade does not fail the experiments under way."""
+        try:
+            return self._store.get_scratch(run_key, digest)
+        except ArtifactError as missing:
+            try:
+                return self._store.get_bytes(digest)
+            except ArtifactError:
+                raise missing from None
 
     @activity.defn(name="cleanup_sandboxes")
     async def cleanup_sandboxes(self, inp: CleanupInput) -> CleanupResult:

@@ -322,7 +322,8 @@ async def test_a_runs_draws_are_its_scratch_and_its_cleanup_drops_only_them(
     cleaned = await env.run(
         acts.cleanup_sandboxes, CleanupInput(experiment_id="exp", run_key="wf/run-2")
     )
-    size = len(store.get_scratch("wf/run-1", draws))
+    store_draws = store.get_scratch("wf/run-1", draws)
+    size = len(store_draws)
     assert (cleaned.scratch_dropped, cleaned.scratch_bytes) == (1, size)
     assert "1 scratch artifacts (draws files" in cleaned.summary()
     done = await env.run(acts.run_world_batch, batch("wf/run-1"))
@@ -334,6 +335,11 @@ async def test_a_runs_draws_are_its_scratch_and_its_cleanup_drops_only_them(
     assert not [p for p in store.root.joinpath("scratch").rglob("*") if p.is_file()]
     with pytest.raises(ArtifactError, match="of run wf/run-1 is missing"):
         await env.run(acts.run_world_batch, batch("wf/run-1"))
+    # a run whose prefix ran on a worker from before the scratch kept the file among the
+    # blobs: its worlds still find it there (a rolling upgrade fails no run under way)
+    assert store.put_bytes(store_draws) == draws
+    done = await env.run(acts.run_world_batch, batch("wf/run-1"))
+    assert done.status is BatchStatus.completed, done.error
     assert backend.list({}) == []
 
 
