@@ -256,8 +256,9 @@ class CleanupResult(Model):
         if self.scratch_dropped is None:
             return line + "; the run's scratch artifacts were not dropped (store unreachable)"
         if self.scratch_dropped:
+            what = "artifact (draws file" if self.scratch_dropped == 1 else "artifacts (draws files"
             return line + (
-                f"; {self.scratch_dropped} scratch artifacts (draws files, "
+                f"; {self.scratch_dropped} scratch {what}, "
                 f"{self.scratch_bytes / 2**20:,.1f} MiB) dropped"
             )
         return line

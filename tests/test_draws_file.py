@@ -325,7 +325,7 @@ async def test_a_runs_draws_are_its_scratch_and_its_cleanup_drops_only_them(
     store_draws = store.get_scratch("wf/run-1", draws)
     size = len(store_draws)
     assert (cleaned.scratch_dropped, cleaned.scratch_bytes) == (1, size)
-    assert "1 scratch artifacts (draws files" in cleaned.summary()
+    assert "1 scratch artifact (draws file, " in cleaned.summary()
     done = await env.run(acts.run_world_batch, batch("wf/run-1"))
     assert done.status is BatchStatus.completed, done.error
     cleaned = await env.run(
