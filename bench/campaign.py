@@ -610,9 +610,13 @@ def report(c: Campaign) -> list[str]:
         f"largest run: {c.largest_run_events} events (goal < {HISTORY_GOAL}: "
         f"{'met' if c.largest_run_events < HISTORY_GOAL else 'missed'}), "
         f"{max(r.history_bytes for r in c.runs) / 1024:,.0f} KiB of history",
-        "workflow state: carry "
-        + ", ".join(f"{r.carry_bytes:,} B" for r in c.runs[1:])
-        + f" per continued run; progress records (JSON) {c.progress_bytes / 1024:,.0f} KiB; "
+        "workflow state: "
+        + (
+            f"carry {', '.join(f'{r.carry_bytes:,} B' for r in c.runs[1:])} per continued run"
+            if len(c.runs) > 1
+            else "no continued run, so no carry"
+        )
+        + f"; progress records (JSON) {c.progress_bytes / 1024:,.0f} KiB; "
         f"largest event {max(r.largest_event_bytes for r in c.runs) / 1024:,.0f} KiB",
         f"sandboxes: {b.spent_world_seconds:,.0f} world-seconds, "
         f"peak {b.peak_concurrent_sandboxes} at once",
