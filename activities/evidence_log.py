@@ -60,13 +60,16 @@ class EvidenceInput(BaseModel):
 
 class Sandboxes(BaseModel):
     """The prefix checkpoints every world inherited, the sandboxes that made them (in
-    chunk order) and, per world, the backend's ids of the sandboxes its batches ran in,
-    in chunk order (local ``lsb-…``, Daytona's own ids)."""
+    chunk order; none for chunks the rehearsal handed over) and, per world, the backend's
+    ids of the sandboxes its batches ran in, in chunk order (local ``lsb-…``, Daytona's
+    own ids)."""
 
     model_config = ConfigDict(extra="forbid")
 
     checkpoint_digests: list[str] = Field(default_factory=list)
     prefix_sandbox_ids: list[str] = Field(default_factory=list)
+    #: Prefix chunks the rehearsal ran and handed over (they had no sandbox).
+    prefix_chunks_by_rehearsal: int = 0
     sandbox_ids: dict[str, list[str]] = Field(default_factory=dict)
 
 
@@ -80,6 +83,7 @@ def sandboxes(progress: Progress | None) -> Sandboxes:
     return Sandboxes(
         checkpoint_digests=[p.checkpoints_digest for p in progress.prefixes],
         prefix_sandbox_ids=[p.sandbox_id for p in progress.prefixes if p.sandbox_id],
+        prefix_chunks_by_rehearsal=sum(p.rehearsed for p in progress.prefixes),
         sandbox_ids=worlds,
     )
 
@@ -165,6 +169,7 @@ def build_trace(inp: EvidenceInput, report: Report | None, ran: Sandboxes) -> Tr
                     "sandbox_ids": ran.sandbox_ids.get(w.name, []),
                     "inherited_checkpoint_digests": ran.checkpoint_digests,
                     "prefix_sandbox_ids": ran.prefix_sandbox_ids,
+                    "prefix_chunks_by_rehearsal": ran.prefix_chunks_by_rehearsal,
                 },
                 metrics={"world_seconds": w.world_seconds},
                 scores=world_scores(report, w.name, checks) if report else {},

@@ -31,6 +31,24 @@ class RehearseInput(Model):
         pattern=r"^[0-9a-f]{64}$",
         description="Digest of the workload bundle; None for a workload built into ForkLab.",
     )
+    run_key: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "The run the rehearsal may hand its prefixes over to (its scratch keeps their "
+            "draws files), with ``batch_episodes``; None: it only checks them."
+        ),
+    )
+    batch_episodes: int | None = Field(default=None, ge=1)
+
+
+class RehearsedPrefixes(Model):
+    """The prefixes the rehearsal ran for good, before approval: an index artifact
+    (``PrefixIndex``) naming each chunk's checkpoints and draws file."""
+
+    index: str = Field(pattern=r"^[0-9a-f]{64}$")
+    chunks: int = Field(ge=1)
+    batch_episodes: int = Field(ge=1)
 
 
 class SampleWorld(Model):
@@ -50,10 +68,15 @@ class Rehearsal(Model):
     note: str | None = None  # what that fallback did not protect
     #: The workload keeps files (``Workload.has_workspace``): its sandboxes get workspaces.
     workspace: bool = False
+    #: Set when the rehearsal ran every prefix for good: the prefix stage takes them over.
+    prefixes: RehearsedPrefixes | None = None
 
 
 class SnapshotInput(Model):
     spec: ExperimentSpec
+    #: The rehearsal's handed-over prefixes (index digest): the plan an approval binds
+    #: names the exact starting state of every episode.
+    prefixes: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     workload_bundle: str | None = Field(
         default=None,
         pattern=r"^[0-9a-f]{64}$",
@@ -179,6 +202,8 @@ class PrefixResult(Model):
     note: str | None = None
     confinement: str | None = None  # "bubblewrap", or "process" on a host without it
     sandbox_id: str | None = Field(default=None, description="The backend's id of its sandbox.")
+    #: Run by the rehearsal before approval and taken over: no sandbox, no compute spent.
+    rehearsed: bool = False
 
     def ref(self) -> PrefixRef:
         """What a world batch needs of this prefix run."""
@@ -313,6 +338,19 @@ class PrefixRef(Model):
     checkpoints_digest: str
     workspace_digest: str | None = None
     draws_digest: str | None = None
+
+
+class PrefixIndex(Model):
+    """The stored list of handed-over prefixes, one per chunk in chunk order."""
+
+    refs: list[PrefixRef]
+
+
+class RehearsedPrefixInput(Model):
+    """Take chunk ``chunk``'s prefixes over from the rehearsal's index ``index``."""
+
+    index: str = Field(pattern=r"^[0-9a-f]{64}$")
+    chunk: EpisodeChunk
 
 
 class PrefixRefsInput(Model):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.artifacts import ArtifactError, ArtifactStore
 from activities.budget import reservation
 from activities.heartbeat import heartbeat_until
 from activities.models import (
@@ -14,7 +16,12 @@ from activities.models import (
     CapacityVerdict,
     EpisodeChunk,
     PlanSnapshot,
+    PrefixIndex,
+    PrefixRef,
+    PrefixResult,
     Rehearsal,
+    RehearsedPrefixes,
+    RehearsedPrefixInput,
     RehearseInput,
     SampleWorld,
     SnapshotInput,
@@ -24,6 +31,7 @@ from activities.sandbox.base import SandboxError, WorkspaceBackend
 from activities.sandbox.confine import kill_group
 from activities.sandbox.preflight import Preflight, SandboxUnavailableError
 from activities.sandbox.workload_calls import (
+    Handover,
     WorkloadCallError,
     WorkloadCalls,
     WorkloadContractError,
@@ -34,21 +42,26 @@ from activities.workload_bundles import WorkloadBundleError, WorkloadBundles
 from experiments.bundle import BundleFile
 from experiments.engine import spec_world_plans
 from experiments.runtime.canon import digest
+from experiments.runtime.file_format import FormatError, parse_checkpoints
 from experiments.runtime.workload import WorkloadError
 from experiments.spec import ExperimentSpec
 
 
-def plan_fingerprint(spec: ExperimentSpec, code_digest: str, snapshot_id: str) -> str:
-    """sha256 over the canonical spec, the workload code digest, the snapshot id and the
-    budget: the exact plan an approval is bound to."""
-    return digest(
-        {
-            "spec": spec.canonical(),
-            "code_digest": code_digest,
-            "snapshot_id": snapshot_id,
-            "budget": spec.budget.model_dump(mode="json"),
-        }
-    )
+def plan_fingerprint(
+    spec: ExperimentSpec, code_digest: str, snapshot_id: str, prefixes: str | None = None
+) -> str:
+    """sha256 over the canonical spec, the workload code digest, the snapshot id, the
+    budget and, when the rehearsal handed its prefixes over, their index (every
+    episode's starting state): the exact plan an approval is bound to."""
+    plan: dict[str, object] = {
+        "spec": spec.canonical(),
+        "code_digest": code_digest,
+        "snapshot_id": snapshot_id,
+        "budget": spec.budget.model_dump(mode="json"),
+    }
+    if prefixes is not None:
+        plan["prefixes"] = prefixes
+    return digest(plan)
 
 
 def episode_chunks(episodes: int, batch_episodes: int) -> list[EpisodeChunk]:
@@ -63,8 +76,11 @@ def capacity_verdict(
 ) -> CapacityVerdict:
     chunks = episode_chunks(spec.episodes, batch_episodes)
     safety = spec.budget.safety_factor
-    estimate = sum(
-        reservation(safety, rehearsal.prefix_seconds_per_episode, c.size) for c in chunks
+    # Prefixes the rehearsal handed over cost nothing more.
+    estimate = (
+        0.0
+        if rehearsal.prefixes is not None
+        else sum(reservation(safety, rehearsal.prefix_seconds_per_episode, c.size) for c in chunks)
     )
     for rate in rehearsal.world_seconds_per_episode.values():
         estimate += sum(reservation(safety, rate, c.size) for c in chunks)
@@ -81,9 +97,14 @@ def capacity_verdict(
             f"the workers allow at most {host_sandboxes} sandboxes at once; lower it"
         )
     batches = len(chunks) * len(spec.worlds)
+    prefix_chunks = (
+        f"{len(chunks)} prefix chunks run by the rehearsal"
+        if rehearsal.prefixes is not None
+        else f"{len(chunks)} prefix chunks"
+    )
     reason = "; ".join(problems) or (
         f"fits: an estimated {estimate:.1f} of {spec.budget.max_world_seconds:g} world-seconds, "
-        f"{len(chunks)} prefix chunks and {batches} world batches, at most "
+        f"{prefix_chunks} and {batches} world batches, at most "
         f"{spec.budget.max_concurrent_sandboxes} sandboxes at once"
     )
     return CapacityVerdict(
@@ -105,14 +126,18 @@ class PlanningActivities:
         max_sandboxes: int,
         calls: WorkloadCalls,
         bundles: WorkloadBundles,
+        store: ArtifactStore,
     ) -> None:
         """``calls`` runs the rehearsal's workload code in a box, never in the worker;
         ``snapshots`` prepares the snapshot and publishes it for workers on other hosts;
-        ``bundles`` unpacks the workload bundle the experiment was started with."""
+        ``bundles`` unpacks the workload bundle the experiment was started with;
+        ``store`` keeps the prefixes a rehearsal hands over."""
         self._snapshots = snapshots
         self._max_sandboxes = max_sandboxes
         self._calls = calls
         self._bundles = bundles
+        self._store = store
+        self._indexes: dict[str, PrefixIndex] = {}
 
     async def _runner_files(self, spec: ExperimentSpec, bundle: str | None) -> list[BundleFile]:
         """The runtime and the workload's files, the bundle verified just now; a bundle
@@ -130,8 +155,13 @@ class PlanningActivities:
         n = spec.episodes if inp.sample_episodes == 0 else min(inp.sample_episodes, spec.episodes)
         files = await self._runner_files(spec, inp.workload_bundle)
         boxes: list[int] = []
+        refs: list[PrefixRef] = []
+        handover = None
+        if inp.run_key is not None and inp.batch_episodes is not None:
+            chunks = episode_chunks(spec.episodes, inp.batch_episodes)
+            handover = Handover([(c.first, c.stop) for c in chunks], self._taker(inp, refs))
         job = asyncio.to_thread(
-            self._calls.rehearse, spec, spec_world_plans(spec), n, files, boxes.append
+            self._calls.rehearse, spec, spec_world_plans(spec), n, files, boxes.append, handover
         )
         try:
             answer, code, ran = await heartbeat_until(job)
@@ -154,6 +184,15 @@ class PlanningActivities:
                 type="RehearsalFailed",
                 non_retryable=True,
             ) from None
+        prefixes = None
+        if refs:
+            assert inp.batch_episodes is not None
+            index = await asyncio.to_thread(
+                self._store.put_bytes, PrefixIndex(refs=refs).model_dump_json().encode()
+            )
+            prefixes = RehearsedPrefixes(
+                index=index, chunks=len(refs), batch_episodes=inp.batch_episodes
+            )
         return Rehearsal(
             code_digest=code,
             episodes=answer["episodes"],
@@ -168,7 +207,80 @@ class PlanningActivities:
             confinement=ran.confinement,
             note=ran.note,
             workspace=answer["workspace"],
+            prefixes=prefixes,
         )
+
+    def _taker(
+        self, inp: RehearseInput, refs: list[PrefixRef]
+    ) -> Callable[[int, bytes, bytes | None], None]:
+        """Where the rehearsal box's prefixes go, chunk by chunk (in a worker thread): the
+        checkpoints, checked as the prefix stage checks its runner's, among the kept
+        artifacts; the draws file in the run's scratch (its cleanup drops it, rejected or
+        not). Each chunk's ref is added to ``refs``."""
+        assert inp.run_key is not None and inp.batch_episodes is not None
+        run_key = inp.run_key
+        chunks = episode_chunks(inp.spec.episodes, inp.batch_episodes)
+
+        def take(index: int, checkpoints: bytes, draws: bytes | None) -> None:
+            chunk = chunks[index]
+            try:
+                parse_checkpoints(checkpoints, chunk.first, chunk.size)
+            except FormatError as exc:
+                raise WorkloadCallError(
+                    f"the rehearsal wrote invalid checkpoints for episodes "
+                    f"{chunk.first}..{chunk.stop - 1}: {exc}"
+                ) from None
+            refs.append(
+                PrefixRef(
+                    index=index,
+                    checkpoints_digest=self._store.put_bytes(checkpoints),
+                    draws_digest=None if draws is None else self._store.put_scratch(run_key, draws),
+                )
+            )
+
+        return take
+
+    @activity.defn(name="rehearsed_prefix")
+    async def rehearsed_prefix(self, inp: RehearsedPrefixInput) -> PrefixResult:
+        """Chunk ``inp.chunk``'s prefixes as the rehearsal ran them (no sandbox): what the
+        prefix stage records for it."""
+        try:
+            index = await asyncio.to_thread(self._index, inp.index)
+        except (ArtifactError, ValueError) as exc:
+            raise ApplicationError(
+                f"the rehearsal's prefixes {inp.index[:16]} cannot be read: {exc}",
+                type="PrefixFailed",
+                non_retryable=True,
+            ) from None
+        if not 0 <= inp.chunk.index < len(index.refs):
+            raise ApplicationError(
+                f"the rehearsal's prefixes {inp.index[:16]} have no chunk {inp.chunk.index}",
+                type="PrefixFailed",
+                non_retryable=True,
+            )
+        ref = index.refs[inp.chunk.index]
+        if ref.index != inp.chunk.index:
+            raise ApplicationError(
+                f"the rehearsal's prefixes {inp.index[:16]} are out of order at chunk "
+                f"{inp.chunk.index}",
+                type="PrefixFailed",
+                non_retryable=True,
+            )
+        return PrefixResult(
+            chunk=inp.chunk,
+            checkpoints_digest=ref.checkpoints_digest,
+            draws_digest=ref.draws_digest,
+            seconds=0.0,
+            rehearsed=True,
+        )
+
+    def _index(self, digest: str) -> PrefixIndex:
+        """The index ``digest``, read once per worker (a run asks for it once a chunk)."""
+        cached = self._indexes.get(digest)
+        if cached is None:
+            cached = PrefixIndex.model_validate_json(self._store.get_bytes(digest))
+            self._indexes = {digest: cached}  # the run under way; one at a time is enough
+        return cached
 
     @activity.defn(name="resolve_snapshot")
     async def resolve_snapshot(self, inp: SnapshotInput) -> PlanSnapshot:
@@ -196,7 +308,7 @@ class PlanningActivities:
             backend=info.backend,
             code_digest=info.code_digest,
             files=info.files,
-            fingerprint=plan_fingerprint(inp.spec, info.code_digest, info.id),
+            fingerprint=plan_fingerprint(inp.spec, info.code_digest, info.id, inp.prefixes),
             workload_bundle=inp.workload_bundle,
             provenance=(
                 self._snapshots.backend.provenance(info.id)

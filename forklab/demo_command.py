@@ -60,6 +60,7 @@ def _plan_lines(view: StatusView) -> list[str]:
     ]
     lines += [f"  {w.name:<18} failure rate {w.failure_rate:6.1%}" for w in plan.rehearsal.worlds]
     lines.append(f"capacity: {plan.capacity.reason}")
+    lines.append(f"prefixes: {plan.prefixes}")
     return lines
 
 

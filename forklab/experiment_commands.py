@@ -241,6 +241,7 @@ def render_status(view: StatusView) -> str:
         if view.plan.snapshot.workload_bundle:
             lines.append(f"  workload bundle {view.plan.snapshot.workload_bundle}")
         lines.append(f"  capacity: {view.plan.capacity.reason}")
+        lines.append(f"  prefixes: {view.plan.prefixes}")
     expiry = f", expires {a.expires_at:%Y-%m-%d %H:%M:%S} UTC" if a.expires_at else ""
     lines.append(f"  approval: {a.status.value}{expiry} ({a.policy})")
     if a.public_key:

@@ -84,13 +84,13 @@ async def test_durable_flow_on_daytona_matches_the_local_twin(
     assert fake.faults["create"] == []  # the 429 was answered, and ridden out
     assert result.analysis is not None
     assert result.analysis.outcomes_digest == rehearse(spec).outcomes_digest
-    # every prefix chunk and world batch had a labelled, isolated, ephemeral sandbox
+    # every world batch had a labelled, isolated, ephemeral sandbox; the prefixes ran
+    # once, in the rehearsal before approval, and were handed over (no prefix sandbox)
+    assert view.plan.rehearsal.prefixes is not None
     chunks, worlds = 2, len(spec.worlds)
-    assert len(fake.created) == chunks * (1 + worlds)
+    assert len(fake.created) == chunks * worlds
     seen = {(c["labels"]["forklab.world"], c["labels"]["forklab.batch"]) for c in fake.created}
-    assert seen == {
-        (w, str(i)) for i in range(chunks) for w in ["prefix", *(w.name for w in spec.worlds)]
-    }
+    assert seen == {(w.name, str(i)) for i in range(chunks) for w in spec.worlds}
     assert all(c["labels"]["forklab.experiment"] == spec.id for c in fake.created)
     assert all(c["networkBlockAll"] and c["autoDeleteInterval"] == 0 for c in fake.created)
     # cleanup reconciled against the account: nothing left
@@ -102,7 +102,7 @@ async def test_durable_flow_on_daytona_matches_the_local_twin(
     assert "not a live ancestor" in markdown
 
     # Braintrust: each world's span names the Daytona sandboxes its batches ran in, in chunk
-    # order, and the prefix sandboxes that made the checkpoints it inherited
+    # order, and says that the checkpoints it inherited were made by the rehearsal
     assert result.evidence_log is not None and result.evidence_log.startswith("sent")
     [experiment] = braintrust.experiments.values()
     children = [s for s in braintrust.spans(experiment["name"]) if s.get("span_parents")]
@@ -116,7 +116,8 @@ async def test_durable_flow_on_daytona_matches_the_local_twin(
     for child in children:
         meta = child["metadata"]
         assert meta["sandbox_ids"] == created(child["input"]["world"])
-        assert meta["prefix_sandbox_ids"] == created("prefix")
+        assert meta["prefix_sandbox_ids"] == []
+        assert meta["prefix_chunks_by_rehearsal"] == chunks
         assert len(meta["inherited_checkpoint_digests"]) == chunks
         assert meta["snapshot_id"] == view.plan.snapshot.snapshot_id
 
@@ -125,10 +126,11 @@ async def test_a_worker_on_another_host_runs_the_bundle_the_planner_published(
     temporal_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Host a plans (resolves the Daytona snapshot, keeps and publishes the runner bundle)
-    and goes away; host b, with a home of its own, runs every prefix and world: it gets
-    the bundle from the shared artifact store, verified against the snapshot id, and
-    creates every sandbox from the image host a pinned, though the snapshot's name has
-    been re-pointed to another image since."""
+    and goes away; host b, with a home of its own, runs every world: it gets the bundle
+    from the shared artifact store, verified against the snapshot id, and creates every
+    sandbox from the image host a pinned, though the snapshot's name has been re-pointed
+    to another image since. The prefixes host a's rehearsal kept reach host b's worlds
+    through the shared store too."""
     bucket = f"forklab-{uuid.uuid4().hex[:8]}"
     for var, value in S3_ENV.items():
         monkeypatch.setenv(var, value)
@@ -166,7 +168,8 @@ async def test_a_worker_on_another_host_runs_the_bundle_the_planner_published(
 
     assert result.analysis.outcomes_digest == rehearse(spec).outcomes_digest
     assert (host_b.home / "daytona-bundles" / digest).is_dir()  # restored from the store
-    assert len(fake.created) == 2 * (1 + len(spec.worlds))
+    assert view.plan.rehearsal.prefixes is not None  # no prefix sandbox: host a kept them
+    assert len(fake.created) == 2 * len(spec.worlds)
     assert {c["snapshot"] for c in fake.created} == {pinned["id"]}
     assert snapshot_id == f"daytona:{pinned['id']}:{digest}"
     assert result.cleanup is not None and result.cleanup.left == 0 and fake.live() == []

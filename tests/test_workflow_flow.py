@@ -10,6 +10,7 @@ from pathlib import Path
 
 from orchestration_lab import Lab, cli_env, forklab
 
+from activities.planning import plan_fingerprint
 from forklab.rehearsal import rehearse
 from forklab.specfile import load_spec
 from tests.helpers import assert_self_contained
@@ -26,6 +27,13 @@ async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> Non
     view = await lab.wait_for(handle, Stage.awaiting_approval)
     assert view.plan is not None and view.plan.capacity.ok
     assert lab.sandbox_folders() == []  # no sandbox before approval
+    # the rehearsal ran every prefix for good, and the plan an approval signs names them
+    handed = view.plan.rehearsal.prefixes
+    assert handed is not None and (handed.chunks, handed.batch_episodes) == (3, 25)
+    snap = view.plan.snapshot
+    bound = plan_fingerprint(spec, snap.code_digest, snap.snapshot_id, handed.index)
+    assert view.plan.fingerprint == bound
+    assert bound != plan_fingerprint(spec, snap.code_digest, snap.snapshot_id)
     await lab.approve(handle, key, approver="alice")
     result = await handle.result()
 
@@ -89,6 +97,13 @@ async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> Non
         for w in spec.worlds
         for first in (0, 25, 50)
     )
+    kinds = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert "run_prefixes" not in kinds and kinds.count("rehearsed_prefix") == 3
+    assert f"index `{handed.index}` is part of the plan fingerprint" in markdown
     # the ledger: one root row and one row per world
     root = lab.ledger.experiment(spec.id)
     assert root is not None and root.status == "completed"

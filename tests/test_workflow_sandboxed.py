@@ -81,7 +81,10 @@ async def test_a_workspace_layer_tampered_mid_run_fails_the_run_and_never_valida
     spec = spec.model_copy(update={"id": "tampered-layer", "episodes": 40})
     handle, token = await lab.start(spec, batch_episodes=5, rehearsal_episodes=5)
     await lab.approve(handle, token)
-    await lab.wait_for(handle, Stage.running_worlds, timeout=180)
+    view = await lab.wait_for(handle, Stage.running_worlds, timeout=180)
+    # a workload with files: the rehearsal only checks its prefixes, and the prefix
+    # sandboxes run them into the layers the worlds attach
+    assert view.plan is not None and view.plan.rehearsal.prefixes is None
     layers = lab.settings.sandboxes_dir / "layers"
     tampered = 0
     for arith in layers.glob("*/t/*/calc/arith.py"):

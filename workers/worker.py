@@ -109,7 +109,7 @@ def build_activities(
     snapshots = SharedSnapshots(backend, store)
     calls = WorkloadCalls(settings.sandboxes_dir / "calls")
     bundles = WorkloadBundles(store, settings.home / "workload-bundles")
-    planning = PlanningActivities(snapshots, settings.max_sandboxes, calls, bundles)
+    planning = PlanningActivities(snapshots, settings.max_sandboxes, calls, bundles, store)
     approval = ApprovalActivities(settings.home, settings.allow_unapproved)
     sandboxes = SandboxActivities(backend, store, snapshots)
     records = RecordActivities(store, ledger(settings), cpu, calls, bundles)
@@ -119,6 +119,7 @@ def build_activities(
         planning.rehearse,
         planning.resolve_snapshot,
         planning.check_capacity,
+        planning.rehearsed_prefix,
         approval.issue_approval_key,
         approval.approval_policy,
         sandboxes.run_prefixes,

@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         PolicyInput,
         PrefixInput,
         PrefixRefsInput,
+        RehearsedPrefixInput,
         RehearseInput,
         RunnerJob,
         SnapshotInput,
@@ -275,6 +276,8 @@ class ExperimentWorkflow:
                 spec=spec,
                 sample_episodes=self._inp.rehearsal_episodes,
                 workload_bundle=self._inp.workload_bundle,
+                run_key=self._run_key,
+                batch_episodes=self._inp.batch_episodes,
             ),
             start_to_close_timeout=timeouts.REHEARSE_TIMEOUT,
             heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
@@ -284,7 +287,11 @@ class ExperimentWorkflow:
         self._enter(Stage.resolving_snapshot, "resolving the snapshot every world starts from")
         snapshot = await workflow.execute_activity_method(
             PlanningActivities.resolve_snapshot,
-            SnapshotInput(spec=spec, workload_bundle=self._inp.workload_bundle),
+            SnapshotInput(
+                spec=spec,
+                workload_bundle=self._inp.workload_bundle,
+                prefixes=rehearsal.prefixes.index if rehearsal.prefixes else None,
+            ),
             start_to_close_timeout=timeouts.SHORT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary="resolve the runner + workload snapshot",
@@ -493,6 +500,17 @@ class ExperimentWorkflow:
             "cancellation_type": ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             "summary": f"{unit.label} · attempt {attempt}",
         }
+        rehearsed = state.plan.rehearsal.prefixes
+        if unit.world is None and rehearsed is not None:
+            prefix = await workflow.execute_activity_method(
+                PlanningActivities.rehearsed_prefix,
+                RehearsedPrefixInput(index=rehearsed.index, chunk=unit.chunk),
+                start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+                retry_policy=timeouts.TRANSIENT_RETRY,
+                summary=f"{unit.label}: run by the rehearsal, taken over",
+            )
+            state.record_prefix(prefix)
+            return 0.0
         if unit.world is None:
             prefix = await workflow.execute_activity_method(
                 SandboxActivities.run_prefixes,

@@ -140,6 +140,18 @@ class Plan(Model):
     def fingerprint(self) -> str:
         return self.snapshot.fingerprint
 
+    @property
+    def prefixes(self) -> str:
+        """Where every episode's prefix runs, as the approver and the report read it."""
+        handed = self.rehearsal.prefixes
+        if handed is None:
+            return f"run once after approval, in {self.capacity.prefix_chunks} prefix sandboxes"
+        return (
+            f"run once by the rehearsal before approval, {handed.chunks} chunks of up to "
+            f"{handed.batch_episodes} episodes; their index `{handed.index}` is part of the "
+            "plan fingerprint"
+        )
+
 
 class BudgetUse(Model):
     max_world_seconds: float

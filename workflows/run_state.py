@@ -126,6 +126,8 @@ class RunState:
         assert self.plan is not None
         rehearsal = self.plan.rehearsal
         if unit.world is None:
+            if rehearsal.prefixes is not None:
+                return 0.0  # run by the rehearsal: taking them over spends no compute
             return self.ledger.need(PREFIX, rehearsal.prefix_seconds_per_episode, unit.chunk.size)
         # Once a batch of this world completed, its own pace; until then the slowest any
         # world's batch ran at. Not another world's slowdown times this world's rehearsed
@@ -171,8 +173,9 @@ class RunState:
         self.new_prefixes.append(prefix)
         self.tally.add_prefix(prefix)
         self.refs[prefix.chunk.index] = prefix.ref()
-        rate = self.plan.rehearsal.prefix_seconds_per_episode
-        self.ledger.observe(PREFIX, prefix.seconds, rate, prefix.chunk.size)
+        if not prefix.rehearsed:
+            rate = self.plan.rehearsal.prefix_seconds_per_episode
+            self.ledger.observe(PREFIX, prefix.seconds, rate, prefix.chunk.size)
 
     def record_batch(self, outcome: BatchOutcome) -> bool:
         """Record ``outcome``; False (nothing recorded) if its world already recorded its

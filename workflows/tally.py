@@ -99,7 +99,8 @@ class ProgressTally(Model):
 
     def add_prefix(self, prefix: PrefixResult) -> None:
         self.prefixes.add(prefix.chunk.index)
-        self._ran(prefix.network_isolated, prefix.note, prefix.confinement)
+        if not prefix.rehearsed:  # (one taken over from the rehearsal had no sandbox)
+            self._ran(prefix.network_isolated, prefix.note, prefix.confinement)
 
     def add_batch(self, outcome: BatchOutcome) -> bool:
         """Count ``outcome``; False (nothing counted) if its world already recorded its

@@ -46,7 +46,7 @@ def details(state: RunState) -> str:
     lines = [
         f"**{state.spec.id}** · stage **{state.stage.value}** · {state.message}",
         "",
-        f"- prefixes: {p.prefixes_done}/{p.prefix_chunks} chunks",
+        f"- prefixes: {p.prefixes_done}/{p.prefix_chunks} chunks{_handed(state)}",
         f"- world batches: {p.batches_completed}/{p.batches} done, {p.batches_failed} failed, "
         f"{p.batches_skipped} skipped, {p.running} running",
         f"- budget: {b.spent_world_seconds:.1f} of {b.max_world_seconds:g} world-seconds "
@@ -60,12 +60,28 @@ def details(state: RunState) -> str:
     return "\n".join(lines)
 
 
+def _handed(state: RunState) -> str:
+    plan = state.plan
+    return " (run by the rehearsal)" if plan and plan.rehearsal.prefixes else ""
+
+
 def isolation(state: RunState) -> str:
-    """Whether every sandbox ran in bubblewrap with a private network, or why not."""
+    """Whether every sandbox ran in bubblewrap with a private network, or why not; and
+    where the prefixes ran when the rehearsal handed them over."""
     t = state.tally
     if not t.fallbacks:
-        return f"every sandbox ({t.sandboxes}) ran in bubblewrap with a private network namespace"
-    return f"{t.fallbacks} of {t.sandboxes} sandboxes fell back: {t.fallback_note}"
+        line = f"every sandbox ({t.sandboxes}) ran in bubblewrap with a private network namespace"
+    else:
+        line = f"{t.fallbacks} of {t.sandboxes} sandboxes fell back: {t.fallback_note}"
+    rehearsal = state.plan.rehearsal if state.plan else None
+    if rehearsal is not None and rehearsal.prefixes is not None:
+        box = (
+            "in bubblewrap with no network"
+            if rehearsal.confinement in (None, "bubblewrap")
+            else f"as a confined process ({rehearsal.note or 'no reason given'})"
+        )
+        line += f"; the prefixes ran once, in the rehearsal's box {box}"
+    return line
 
 
 def infra(state: RunState) -> InfraUsage:
@@ -96,6 +112,7 @@ def provenance(state: RunState) -> dict[str, str]:
             else "none: the workload is built into ForkLab"
         ),
         "provenance": state.plan.snapshot.provenance or "not recorded",
+        "prefixes": state.plan.prefixes,
         "approval": (
             f"{approval.status.value} by {approval.decided_by}"
             if approval.decided_by

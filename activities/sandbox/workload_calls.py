@@ -23,6 +23,7 @@ from activities.runner_bundle import code_digest
 from activities.sandbox.base import ExecResult, Limits
 from activities.sandbox.confine import run_confined
 from activities.sandbox.jail import SCRATCH_INSIDE, Mount, interpreter, sandbox_uid
+from activities.sandbox.workload_inside import PREFIXES_DIR
 from experiments.bundle import BundleFile
 from experiments.columnar import ColumnBatch, to_columns
 from experiments.runtime.file_format import COLUMN_TYPES, Batch, WorldPlan
@@ -63,6 +64,8 @@ def _check_rehearsal(answer: dict[str, Any], worlds: list[str]) -> None:
         raise WorkloadCallError("the rehearsal answered no valid prefix rate")
     if not isinstance(answer.get("workspace"), bool):
         raise WorkloadCallError("the rehearsal did not say whether the workload has a workspace")
+    if not isinstance(answer.get("handed", False), bool):
+        raise WorkloadCallError("the rehearsal did not say whether it hands its prefixes over")
     seen = answer.get("worlds")
     if not isinstance(seen, list) or [w.get("name") for w in seen] != worlds:
         raise WorkloadCallError("the rehearsal did not answer for exactly the spec's worlds")
@@ -128,17 +131,45 @@ class WorkloadCalls:
         episodes: int,
         files: list[BundleFile],
         started: Callable[[int], None] = lambda pid: None,
+        handover: Handover | None = None,
     ) -> tuple[dict[str, Any], str, ExecResult]:
         """The rehearsal's answer, the code digest it ran (``files``, as they are now),
         and how the box ran; ``started`` gets the box's process group id (to kill it when
-        the activity is cancelled)."""
+        the activity is cancelled). With ``handover``, the box may run every chunk's
+        prefixes for good: then (answer ``handed``) each chunk's files go to
+        ``handover.take``, in chunk order, before the box's folder is removed."""
         request = self._request(spec, plans) | {
             "episodes": episodes,
             "all_episodes": spec.episodes,
         }
+        if handover is not None:
+            request["chunks"] = [list(chunk) for chunk in handover.chunks]
         digest = code_digest(files)
-        answer, result = self._call("rehearse", files, request, digest, started)
-        _check_rehearsal(answer, [p.name for p in plans])
+        names = [p.name for p in plans]
+
+        def collect(work: Path, answer: dict[str, Any]) -> None:
+            _check_rehearsal(answer, names)
+            if handover is None or not answer.get("handed"):
+                return
+            folder = work / PREFIXES_DIR
+            for index in range(len(handover.chunks)):
+                try:
+                    checkpoints = _read_no_follow(folder / f"{index}.checkpoints")
+                except OSError as exc:
+                    raise WorkloadCallError(
+                        f"the rehearsal wrote no checkpoints for chunk {index} ({exc})"
+                    ) from None
+                try:
+                    draws: bytes | None = _read_no_follow(folder / f"{index}.draws")
+                except FileNotFoundError:
+                    draws = None  # the workload names no world block runs
+                except OSError as exc:
+                    raise WorkloadCallError(
+                        f"the rehearsal's draws file of chunk {index} cannot be read ({exc})"
+                    ) from None
+                handover.take(index, checkpoints, draws)
+
+        answer, result = self._call("rehearse", files, request, digest, started, collect)
         return answer, digest, result
 
     def held_out(
@@ -178,9 +209,12 @@ class WorkloadCalls:
         request: dict[str, Any],
         expected_digest: str,
         started: Callable[[int], None] = lambda pid: None,
+        collect: Callable[[Path, dict[str, Any]], None] | None = None,
     ) -> tuple[dict[str, Any], ExecResult]:
         """Copy ``files`` into a fresh box folder, check that the copies are the code
-        ``expected_digest`` names (what runs is what was planned), run ``op`` there."""
+        ``expected_digest`` names (what runs is what was planned), run ``op`` there;
+        ``collect`` reads what else the box wrote, given its answer (a valid one), before
+        the folder goes."""
         folder = self.root / f"call-{os.getpid()}-{secrets.token_hex(6)}"
         code, work = folder / "code", folder / "work"
         try:
@@ -224,15 +258,31 @@ class WorkloadCalls:
                 answer = json.loads(_read_no_follow(work / "out.json"))
             except (OSError, ValueError) as exc:
                 raise WorkloadCallError(f"the {op} box wrote no valid answer ({exc})") from None
+            if not isinstance(answer, dict):
+                raise WorkloadCallError(f"the {op} box answered something that is not an object")
+            if "error" in answer:
+                raise WorkloadSpecError(str(answer["error"])[:500])
+            if "contract" in answer:
+                raise WorkloadContractError(str(answer["contract"])[:1000])
+            if collect is not None:
+                collect(work, answer)
         finally:
             _remove(folder)
-        if not isinstance(answer, dict):
-            raise WorkloadCallError(f"the {op} box answered something that is not an object")
-        if "error" in answer:
-            raise WorkloadSpecError(str(answer["error"])[:500])
-        if "contract" in answer:
-            raise WorkloadContractError(str(answer["contract"])[:1000])
         return answer, result
+
+
+class Handover:
+    """What the rehearsal hands over when its box runs every prefix for good: the run's
+    chunks (first, stop) and where each chunk's files go (``take(index, checkpoints,
+    draws or None)``, raising to refuse them)."""
+
+    def __init__(
+        self,
+        chunks: Sequence[tuple[int, int]],
+        take: Callable[[int, bytes, bytes | None], None],
+    ) -> None:
+        self.chunks = list(chunks)
+        self.take = take
 
 
 def _read_no_follow(path: Path) -> bytes:

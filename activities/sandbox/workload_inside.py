@@ -6,9 +6,12 @@ scratch folder and writes ``out.json`` there. Standard library and the bundle on
 must not import ForkLab beyond ``experiments.runtime``, so that workload code never
 shares a process with anything that decides a result.
 
-- ``rehearse``: check the workload and every intervention against it, run the prefix of
-  every episode (checking the state and features of each), then time the prefix and
-  each world on the first episodes, as the sandboxes will run them.
+- ``rehearse``: check the workload and every intervention against it, time the prefix
+  and each world on the first episodes as the sandboxes will run them, and run the
+  prefix of every episode (checking the state and features of each); given the run's
+  chunks, a workload without files whose prefixes fit the box writes them for the
+  worker to hand over (``PREFIXES_DIR``), so that the prefix stage does not run them
+  again.
 - ``batch``: run episodes through every world (guard validation on held-out episodes).
 
 A spec that cannot run comes back as ``{"error": sentence}``; a workload that breaks its
@@ -41,6 +44,7 @@ from experiments.runtime.runner import (
     run_batch,
     run_prefix,
     workload_class,
+    write_prefixes,
 )
 from experiments.runtime.workload import Workload, WorkloadError
 
@@ -101,8 +105,15 @@ def _rehearse(workload: Workload, request: dict[str, Any], root: Path | None) ->
     if writer.runs:
         writer.data()
     prefix_rate = (time.perf_counter() - start) / n
-    # the contract on every prefix, before any approval
-    _check_prefixes(workload, seed, range(n, total), root)
+    # The contract on every prefix, before any approval: by running them for good, to
+    # hand over, when the workload keeps no files and that fits the box's CPU; else by a
+    # check of each, and the prefix stage runs them again after approval.
+    chunks: list[tuple[int, int]] = [(a, b) for a, b in request.get("chunks") or []]
+    handed = bool(chunks) and root is None and _handover_fits(prefix_rate, total)
+    if handed:
+        _hand_over(workload, request, chunks)
+    else:
+        _check_prefixes(workload, seed, range(n, total), root)
     worlds = []
     for plan in _plans(request):
         start = time.perf_counter()
@@ -115,7 +126,41 @@ def _rehearse(workload: Workload, request: dict[str, Any], root: Path | None) ->
         "prefix_seconds_per_episode": prefix_rate,
         "worlds": worlds,
         "workspace": workload.has_workspace,
+        "handed": handed,
     }
+
+
+#: The share of the box's CPU seconds the handed-over prefixes may take, as the sample's
+#: rate foretells them; past it the rehearsal only checks each prefix (cheaper: no block
+#: runs, nothing written) and the prefix stage runs them after approval.
+HANDOVER_CPU_SHARE = 0.5
+
+#: Where the handed-over prefixes go, in the box's folder: ``<chunk>.checkpoints`` and,
+#: if the workload names world block runs, ``<chunk>.draws``.
+PREFIXES_DIR = "prefixes"
+
+
+def _handover_fits(prefix_rate: float, episodes: int) -> bool:
+    cpu = _limit(resource.RLIMIT_CPU)
+    return cpu is None or prefix_rate * episodes <= HANDOVER_CPU_SHARE * cpu[0]
+
+
+def _hand_over(workload: Workload, request: dict[str, Any], chunks: list[tuple[int, int]]) -> None:
+    """Write every chunk's checkpoints and draws file, as the prefix sandbox's runner
+    writes them (``write_prefixes``), in contiguous runs of chunks over the box's CPUs."""
+    seed, key = request["seed"], draws_key(request["workload"], request["params"], request["seed"])
+    out = Path(PREFIXES_DIR)
+    out.mkdir()
+
+    def run(part: Sequence[int]) -> None:
+        for index in part:
+            first, stop = chunks[index]
+            base = str(out / str(index))
+            checkpoints, draws = base + ".checkpoints", base + ".draws"
+            write_prefixes(workload, key, seed, range(first, stop), None, checkpoints, draws)
+
+    episodes = sum(stop - first for first, stop in chunks)
+    _in_parts(range(len(chunks)), run, min(_parts(episodes), len(chunks)))
 
 
 #: Below this many episodes a part, checking prefixes in one process is cheaper than forking.
@@ -228,14 +273,16 @@ def _check_prefixes(workload: Workload, seed: int, episodes: range, root: Path |
     _in_parts(episodes, lambda part: _check(workload, seed, part, root))
 
 
-def _in_parts(episodes: Sequence[int], job: Callable[[Sequence[int]], _R]) -> list[_R]:
-    """``job`` over contiguous parts of ``episodes``, one per CPU this box may use
-    (``_parts``), each in a forked process under its share of the box's limits while this
-    one waits; a part whose process could not be forked runs here afterwards. Returns each
-    part's result in episode order. The first part (in episode order) that failed with a
-    spec error or a broken contract is the one answered; a part that crashed fails the
-    box with its traceback."""
-    parts = _parts(len(episodes))
+def _in_parts(
+    episodes: Sequence[int], job: Callable[[Sequence[int]], _R], parts: int | None = None
+) -> list[_R]:
+    """``job`` over contiguous parts of ``episodes`` (or other items in order), one per
+    CPU this box may use (``_parts``, unless ``parts`` says how many), each in a forked
+    process under its share of the box's limits while this one waits; a part whose
+    process could not be forked runs here afterwards. Returns each part's result in
+    order. The first part (in order) that failed with a spec error or a broken contract
+    is the one answered; a part that crashed fails the box with its traceback."""
+    parts = _parts(len(episodes)) if parts is None else parts
     if parts == 1:
         return [job(episodes)]
     size = -(-len(episodes) // parts)

@@ -769,18 +769,7 @@ def _run(mode: str, request: dict[str, Any], checkpoints: str, out: str) -> int:
     key = draws_key(request["workload"], request["params"], seed)
     draws: str | None = request.get("draws")
     if mode == "prefix":
-        writer = DrawsWriter(key) if draws is not None else None
-        with open(checkpoints, "w", encoding="utf-8") as fh:
-            for episode in request["episodes"]:
-                folder = None if root is None else root / str(episode)
-                if writer is None:
-                    fh.write(checkpoint_line(run_prefix(workload, seed, episode, folder)))
-                    continue
-                checkpoint, runs = prefix_with_runs(workload, seed, episode, folder)
-                fh.write(checkpoint_line(checkpoint))
-                writer.add(episode, runs)
-        if writer is not None and draws is not None and writer.runs:
-            _write_draws(writer, draws)
+        write_prefixes(workload, key, seed, request["episodes"], root, checkpoints, draws)
         result: Any = {"episodes": len(request["episodes"])}
     else:
         shipped = None
@@ -804,6 +793,33 @@ def _run(mode: str, request: dict[str, Any], checkpoints: str, out: str) -> int:
     with open(out, "w", encoding="utf-8") as fh:
         fh.write(canonical_json(result))
     return 0
+
+
+def write_prefixes(
+    workload: Workload,
+    key: str,
+    seed: int,
+    episodes: Sequence[int],
+    root: Path | None,
+    checkpoints: str,
+    draws: str | None,
+) -> None:
+    """The prefix of every episode in ``episodes``: its checkpoint line to the file
+    ``checkpoints`` and, when ``draws`` names a file and the workload names world block
+    runs, the draws file. The prefix sandbox's runner and the rehearsal that hands its
+    prefixes over both write through here, so their files are the same bytes."""
+    writer = DrawsWriter(key) if draws is not None else None
+    with open(checkpoints, "w", encoding="utf-8") as fh:
+        for episode in episodes:
+            folder = None if root is None else root / str(episode)
+            if writer is None:
+                fh.write(checkpoint_line(run_prefix(workload, seed, episode, folder)))
+                continue
+            checkpoint, runs = prefix_with_runs(workload, seed, episode, folder)
+            fh.write(checkpoint_line(checkpoint))
+            writer.add(episode, runs)
+    if writer is not None and draws is not None and writer.runs:
+        _write_draws(writer, draws)
 
 
 def _write_draws(writer: DrawsWriter, path: str) -> None:

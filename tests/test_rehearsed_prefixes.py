@@ -1,0 +1,252 @@
+"""The rehearsal hands its prefixes over: for a workload without files whose prefixes fit
+its box, it runs every episode's prefix for good, and hands over the checkpoints the
+prefix stage's runner would write (the same bytes) and the same block runs (the draws
+file's bytes may differ: marshal's back-references follow the process's history), so
+the run's worlds and outcomes are the same and the prefixes run once, not twice."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from activities.runner_bundle import bundle_files
+from activities.sandbox import workload_inside
+from activities.sandbox.workload_calls import (
+    Handover,
+    WorkloadCallError,
+    WorkloadCalls,
+    WorkloadContractError,
+)
+from experiments.bundle import BundleFile
+from experiments.engine import spec_world_plans
+from experiments.runtime import runner
+from experiments.runtime.draws_file import draws_key, read_draws
+from experiments.runtime.file_format import request_text
+from experiments.spec import ExperimentSpec
+from tests.test_boxed_rehearsal import BREAKS_AT
+
+CHUNKS = [(0, 250), (250, 500), (500, 600)]
+
+
+def _cascade_spec(episodes: int = 600) -> ExperimentSpec:
+    return ExperimentSpec.model_validate(
+        {
+            "id": "handed",
+            "hypothesis": {"text": "h"},
+            "seed": 11,
+            "episodes": episodes,
+            "workload": {"name": "retry-cascade", "params": {}},
+            "worlds": [
+                {"name": "baseline", "role": "baseline"},
+                {"name": "jitter", "role": "treatment", "intervention": {"name": "jitter"}},
+            ],
+        }
+    )
+
+
+def _runner_prefix(
+    tmp_path: Path, spec: ExperimentSpec, first: int, stop: int
+) -> tuple[bytes, bytes]:
+    """What the prefix stage's runner writes for episodes ``first`` .. ``stop - 1``."""
+    folder = tmp_path / f"runner-{first}"
+    folder.mkdir()
+    request = request_text(
+        spec.workload.name,
+        dict(spec.workload.params),
+        spec.seed,
+        episodes=range(first, stop),
+        draws=str(folder / "draws"),
+    )
+    (folder / "request.json").write_text(request)
+    args = ["prefix", "--request", str(folder / "request.json")]
+    args += ["--checkpoints", str(folder / "cp"), "--out", str(folder / "out")]
+    assert runner.main(args) == 0
+    return (folder / "cp").read_bytes(), (folder / "draws").read_bytes()
+
+
+def _rehearse_handing_over(
+    tmp_path: Path, spec: ExperimentSpec, chunks: list[tuple[int, int]], files: list[BundleFile]
+) -> tuple[dict[str, Any], dict[int, tuple[bytes, bytes | None]]]:
+    taken: dict[int, tuple[bytes, bytes | None]] = {}
+
+    def take(index: int, checkpoints: bytes, draws: bytes | None) -> None:
+        taken[index] = (checkpoints, draws)
+
+    calls = WorkloadCalls(tmp_path / "calls")
+    answer, _, _ = calls.rehearse(
+        spec, spec_world_plans(spec), 20, files, handover=Handover(chunks, take)
+    )
+    return answer, taken
+
+
+def test_the_handed_over_prefixes_are_the_prefix_runners_bytes(tmp_path: Path) -> None:
+    spec = _cascade_spec()
+    answer, taken = _rehearse_handing_over(tmp_path, spec, CHUNKS, bundle_files(spec.workload.name))
+    assert answer["handed"] is True
+    assert sorted(taken) == [0, 1, 2]
+    key = draws_key(spec.workload.name, {}, spec.seed)
+    for index, (first, stop) in enumerate(CHUNKS):
+        checkpoints, draws = _runner_prefix(tmp_path, spec, first, stop)
+        assert taken[index][0] == checkpoints, f"chunk {index}'s checkpoints differ"
+        handed = taken[index][1]
+        assert handed is not None
+        assert read_draws(handed, key) == read_draws(draws, key), f"chunk {index}'s runs differ"
+    assert not list((tmp_path / "calls").iterdir()), "the call's folder is removed"
+
+
+def test_chunks_written_in_parts_equal_one_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs of chunks in three forked parts write what one process writes."""
+    spec = _cascade_spec(120)
+    request = {
+        "workload": spec.workload.name,
+        "params": {},
+        "seed": spec.seed,
+        "worlds": [p.to_json() for p in spec_world_plans(spec)],
+    }
+    chunks = [(a, a + 20) for a in range(0, 120, 20)]
+    workload = workload_inside._workload(request)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "one").mkdir()
+    os.chdir(tmp_path / "one")
+    workload_inside._hand_over(workload, request, chunks)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr(workload_inside, "MIN_CHECKS_PER_PROCESS", 10)
+    forks: list[int] = []
+    real_fork = os.fork
+
+    def counted() -> int:
+        forks.append(1)
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", counted)
+    (tmp_path / "parts").mkdir()
+    os.chdir(tmp_path / "parts")
+    workload_inside._hand_over(workload, request, chunks)
+    assert len(forks) == 3
+    one = tmp_path / "one" / workload_inside.PREFIXES_DIR
+    parts = tmp_path / "parts" / workload_inside.PREFIXES_DIR
+    names = sorted(p.name for p in one.iterdir())
+    assert names == sorted(p.name for p in parts.iterdir())
+    assert len(names) == 12, names  # checkpoints and draws of each chunk
+    key = draws_key(spec.workload.name, {}, spec.seed)
+    for name in names:
+        a, b = (one / name).read_bytes(), (parts / name).read_bytes()
+        if name.endswith(".draws"):
+            assert read_draws(a, key) == read_draws(b, key), name
+        else:
+            assert a == b, name
+
+
+def _breaks_spec(
+    tmp_path: Path, bad: list[int], episodes: int
+) -> tuple[ExperimentSpec, list[BundleFile]]:
+    module = tmp_path / "breaks_at.py"
+    module.write_text(BREAKS_AT)
+    spec = ExperimentSpec.model_validate(
+        {
+            "id": "breaks",
+            "hypothesis": {"text": "h"},
+            "seed": 1,
+            "episodes": episodes,
+            "workload": {"name": "breaks_at:BreaksAt", "params": {"bad": bad}},
+            "worlds": [
+                {"name": "baseline", "role": "baseline"},
+                {"name": "nudge", "role": "treatment", "intervention": {"name": "nudge"}},
+            ],
+        }
+    )
+    return spec, bundle_files(spec.workload.name, [BundleFile("breaks_at.py", module)])
+
+
+def test_a_broken_prefix_is_answered_and_nothing_is_handed_over(tmp_path: Path) -> None:
+    """Handing over checks each prefix as the check did: the first broken episode in
+    episode order is the answer, whichever part it is in, and no chunk is taken."""
+    spec, files = _breaks_spec(tmp_path, [3_100, 4_700], 5_000)
+    chunks = [(a, min(a + 1_000, 5_000)) for a in range(0, 5_000, 1_000)]
+    with pytest.raises(WorkloadContractError) as caught:
+        _rehearse_handing_over(tmp_path, spec, chunks, files)
+    assert "(episode 3100, prefix" in str(caught.value), str(caught.value)
+
+
+def test_a_workload_without_block_runs_hands_over_checkpoints_alone(tmp_path: Path) -> None:
+    spec, files = _breaks_spec(tmp_path, [], 3_000)
+    chunks = [(0, 1_000), (1_000, 2_000), (2_000, 3_000)]
+    answer, taken = _rehearse_handing_over(tmp_path, spec, chunks, files)
+    assert answer["handed"] is True
+    assert [draws for _, draws in taken.values()] == [None, None, None]
+    assert [len(cp.splitlines()) for cp, _ in taken.values()] == [1_000, 1_000, 1_000]
+
+
+def test_prefixes_that_do_not_fit_the_box_are_only_checked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Past its share of the box's CPU the rehearsal only checks the prefixes (and the
+    prefix stage runs them after approval): nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(workload_inside, "_limit", lambda which: (100, 100))
+    monkeypatch.setattr(workload_inside, "HANDOVER_CPU_SHARE", 0.0)
+    spec = _cascade_spec(60)
+    request = {
+        "workload": spec.workload.name,
+        "params": {},
+        "seed": spec.seed,
+        "worlds": [p.to_json() for p in spec_world_plans(spec)],
+        "episodes": 10,
+        "all_episodes": 60,
+        "chunks": [[0, 30], [30, 60]],
+    }
+    assert workload_inside.rehearse(request)["handed"] is False
+    assert not (tmp_path / workload_inside.PREFIXES_DIR).exists()
+    monkeypatch.setattr(workload_inside, "HANDOVER_CPU_SHARE", 1.0)
+    assert workload_inside.rehearse(request)["handed"] is True
+    assert len(list((tmp_path / workload_inside.PREFIXES_DIR).iterdir())) == 4
+
+
+#: A workload that, in the last episode it runs, swaps chunk 0's checkpoints for a link
+#: to a file of the host (which the worker, reading them, must not follow).
+SWAPS_A_LINK = BREAKS_AT.replace(
+    '        state["tries"] += 1\n',
+    """        state["tries"] += 1
+        if shocks.episode == self.params["swap_at"] and state["tries"] == 1:
+            import os
+
+            target = "prefixes/0.checkpoints"
+            if os.path.exists(target):
+                os.remove(target)
+                os.symlink(self.params["host_file"], target)
+""",
+).replace(
+    'default_params = {"bad": [], "threads": 0}',
+    'default_params = {"bad": [], "threads": 0, "swap_at": -1, "host_file": ""}',
+)
+
+
+def test_a_link_the_box_leaves_in_place_of_checkpoints_is_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret\n")
+    module = tmp_path / "swaps.py"
+    module.write_text(SWAPS_A_LINK)
+    spec = ExperimentSpec.model_validate(
+        {
+            "id": "swaps",
+            "hypothesis": {"text": "h"},
+            "seed": 1,
+            "episodes": 200,
+            "workload": {
+                "name": "swaps:BreaksAt",
+                "params": {"swap_at": 199, "host_file": str(secret)},
+            },
+            "worlds": [
+                {"name": "baseline", "role": "baseline"},
+                {"name": "nudge", "role": "treatment", "intervention": {"name": "nudge"}},
+            ],
+        }
+    )
+    files = bundle_files(spec.workload.name, [BundleFile("swaps.py", module)])
+    with pytest.raises(WorkloadCallError, match="wrote no checkpoints for chunk 0"):
+        _rehearse_handing_over(tmp_path, spec, [(0, 100), (100, 200)], files)
