@@ -11,15 +11,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
 
+from activities.artifacts import LocalArtifactStore
+from activities.models import EpisodeChunk, RehearsedPrefixInput, RehearseInput
+from activities.planning import PlanningActivities
 from activities.runner_bundle import bundle_files
 from activities.sandbox import workload_inside
+from activities.sandbox.local import LocalSandboxBackend
 from activities.sandbox.workload_calls import (
     Handover,
     WorkloadCallError,
     WorkloadCalls,
     WorkloadContractError,
 )
+from activities.shared_snapshots import SharedSnapshots
+from activities.workload_bundles import WorkloadBundles
 from experiments.bundle import BundleFile
 from experiments.engine import spec_world_plans
 from experiments.runtime import runner
@@ -250,3 +258,60 @@ def test_a_link_the_box_leaves_in_place_of_checkpoints_is_refused(tmp_path: Path
     files = bundle_files(spec.workload.name, [BundleFile("swaps.py", module)])
     with pytest.raises(WorkloadCallError, match="wrote no checkpoints for chunk 0"):
         _rehearse_handing_over(tmp_path, spec, [(0, 100), (100, 200)], files)
+
+
+async def test_the_rehearse_activity_stores_them_and_the_prefix_stage_takes_them(
+    tmp_path: Path,
+) -> None:
+    """Through the worker's activities: the rehearsal stores each chunk's checkpoints
+    (kept) and draws file (the run's scratch) and an index; ``rehearsed_prefix`` gives
+    each chunk's refs back, refuses a chunk the index lacks and a damaged index."""
+    store = LocalArtifactStore(tmp_path / "artifacts")
+    planning = PlanningActivities(
+        SharedSnapshots(LocalSandboxBackend(tmp_path / "sandboxes"), store),
+        2,
+        WorkloadCalls(tmp_path / "calls"),
+        WorkloadBundles(store, tmp_path / "bundles"),
+        store,
+    )
+    spec = _cascade_spec()
+    run_key = "forklab-handed/run-1"
+    env = ActivityEnvironment()
+    rehearsal = await env.run(
+        planning.rehearse,
+        RehearseInput(spec=spec, sample_episodes=20, run_key=run_key, batch_episodes=250),
+    )
+    handed = rehearsal.prefixes
+    assert handed is not None and (handed.chunks, handed.batch_episodes) == (3, 250)
+    for index, (first, stop) in enumerate(CHUNKS):
+        chunk = EpisodeChunk(index=index, first=first, stop=stop)
+        prefix = await env.run(
+            planning.rehearsed_prefix, RehearsedPrefixInput(index=handed.index, chunk=chunk)
+        )
+        assert prefix.rehearsed and prefix.seconds == 0 and prefix.sandbox_id is None
+        checkpoints, draws = _runner_prefix(tmp_path, spec, first, stop)
+        assert store.get_bytes(prefix.checkpoints_digest) == checkpoints
+        assert prefix.draws_digest is not None
+        key = draws_key(spec.workload.name, {}, spec.seed)
+        shipped = store.get_scratch(run_key, prefix.draws_digest)
+        assert read_draws(shipped, key) == read_draws(draws, key)
+    beyond = EpisodeChunk(index=3, first=600, stop=700)
+    with pytest.raises(ApplicationError, match="have no chunk 3"):
+        await env.run(
+            planning.rehearsed_prefix, RehearsedPrefixInput(index=handed.index, chunk=beyond)
+        )
+    assert store.drop_scratch(run_key)[0] == 3, "the run's cleanup drops the draws files"
+    # a damaged index (read by a worker that has not cached it) fails the prefix stage
+    blob = tmp_path / "artifacts" / handed.index[:2] / handed.index[2:]
+    blob.chmod(0o644)
+    blob.write_bytes(blob.read_bytes().replace(b'"index":0', b'"index":9'))
+    fresh = PlanningActivities(
+        SharedSnapshots(LocalSandboxBackend(tmp_path / "sandboxes"), store),
+        2,
+        WorkloadCalls(tmp_path / "calls"),
+        WorkloadBundles(store, tmp_path / "bundles"),
+        store,
+    )
+    first = EpisodeChunk(index=0, first=0, stop=250)
+    with pytest.raises(ApplicationError, match=r"cannot be read: artifact .* is corrupt"):
+        await env.run(fresh.rehearsed_prefix, RehearsedPrefixInput(index=handed.index, chunk=first))

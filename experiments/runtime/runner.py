@@ -807,7 +807,9 @@ def write_prefixes(
     """The prefix of every episode in ``episodes``: its checkpoint line to the file
     ``checkpoints`` and, when ``draws`` names a file and the workload names world block
     runs, the draws file. The prefix sandbox's runner and the rehearsal that hands its
-    prefixes over both write through here, so their files are the same bytes."""
+    prefixes over both write through here: the same checkpoint bytes and the same runs
+    (the draws file's bytes may differ, as marshal's back-references follow what the
+    process ran before)."""
     writer = DrawsWriter(key) if draws is not None else None
     with open(checkpoints, "w", encoding="utf-8") as fh:
         for episode in episodes:
