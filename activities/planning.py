@@ -244,28 +244,23 @@ class PlanningActivities:
     async def rehearsed_prefix(self, inp: RehearsedPrefixInput) -> PrefixResult:
         """Chunk ``inp.chunk``'s prefixes as the rehearsal ran them (no sandbox): what the
         prefix stage records for it."""
+
+        def refused(why: str) -> ApplicationError:
+            return ApplicationError(
+                f"the rehearsal's prefixes {inp.index[:16]} {why}",
+                type="PrefixFailed",
+                non_retryable=True,
+            )
+
         try:
             index = await asyncio.to_thread(self._index, inp.index)
         except (ArtifactError, ValueError) as exc:
-            raise ApplicationError(
-                f"the rehearsal's prefixes {inp.index[:16]} cannot be read: {exc}",
-                type="PrefixFailed",
-                non_retryable=True,
-            ) from None
+            raise refused(f"cannot be read: {exc}") from None
         if not 0 <= inp.chunk.index < len(index.refs):
-            raise ApplicationError(
-                f"the rehearsal's prefixes {inp.index[:16]} have no chunk {inp.chunk.index}",
-                type="PrefixFailed",
-                non_retryable=True,
-            )
+            raise refused(f"have no chunk {inp.chunk.index}")
         ref = index.refs[inp.chunk.index]
         if ref.index != inp.chunk.index:
-            raise ApplicationError(
-                f"the rehearsal's prefixes {inp.index[:16]} are out of order at chunk "
-                f"{inp.chunk.index}",
-                type="PrefixFailed",
-                non_retryable=True,
-            )
+            raise refused(f"are out of order at chunk {inp.chunk.index}")
         return PrefixResult(
             chunk=inp.chunk,
             checkpoints_digest=ref.checkpoints_digest,

@@ -76,6 +76,28 @@ class BreaksAt(Workload):
 EPISODES = 5_000  # the check splits into two parts of ~2,490 on two CPUs
 
 
+def breaks_spec(
+    tmp_path: Path, params: dict[str, Any], episodes: int, source: str = BREAKS_AT
+) -> tuple[ExperimentSpec, list[BundleFile]]:
+    """A spec of ``source``'s ``BreaksAt`` (a module of the bundle) and the bundle."""
+    module = tmp_path / "breaks_at.py"
+    module.write_text(source)
+    spec = ExperimentSpec.model_validate(
+        {
+            "id": "breaks",
+            "hypothesis": {"text": "h"},
+            "seed": 1,
+            "episodes": episodes,
+            "workload": {"name": "breaks_at:BreaksAt", "params": params},
+            "worlds": [
+                {"name": "baseline", "role": "baseline"},
+                {"name": "nudge", "role": "treatment", "intervention": {"name": "nudge"}},
+            ],
+        }
+    )
+    return spec, bundle_files(spec.workload.name, [BundleFile("breaks_at.py", module)])
+
+
 def rehearse(
     tmp_path: Path,
     bad: list[int],
@@ -83,22 +105,7 @@ def rehearse(
     limits: Limits = CALL_LIMITS,
     threads: int = 0,
 ) -> dict[str, object]:
-    module = tmp_path / "breaks_at.py"
-    module.write_text(BREAKS_AT)
-    spec = ExperimentSpec.model_validate(
-        {
-            "id": "breaks",
-            "hypothesis": {"text": "h"},
-            "seed": 1,
-            "episodes": episodes,
-            "workload": {"name": "breaks_at:BreaksAt", "params": {"bad": bad, "threads": threads}},
-            "worlds": [
-                {"name": "baseline", "role": "baseline"},
-                {"name": "nudge", "role": "treatment", "intervention": {"name": "nudge"}},
-            ],
-        }
-    )
-    files = bundle_files(spec.workload.name, [BundleFile("breaks_at.py", module)])
+    spec, files = breaks_spec(tmp_path, {"bad": bad, "threads": threads}, episodes)
     calls = WorkloadCalls(tmp_path / "calls", limits)
     answer, _, _ = calls.rehearse(spec, spec_world_plans(spec), 20, files)
     return answer
@@ -187,6 +194,22 @@ def test_a_part_that_cannot_be_forked_is_checked_in_process(
     assert len(attempts) == 3, "the check was split in three parts, each fork failed"
 
 
+def parts_on_three_cpus(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the box's work split into parts of at least 10 over three CPUs; returns the
+    list that gets one entry per process forked."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr(workload_inside, "MIN_CHECKS_PER_PROCESS", 10)
+    forks: list[int] = []
+    real_fork = os.fork
+
+    def counted() -> int:
+        forks.append(1)
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", counted)
+    return forks
+
+
 def _module(source: str) -> types.ModuleType:
     module = types.ModuleType("breaks_at_held_out")
     exec(compile(source, "breaks_at_held_out.py", "exec"), module.__dict__)
@@ -211,16 +234,7 @@ def test_held_out_episodes_run_in_parts_and_join_as_one_loop(
     for column and in episode order."""
     request = _held_out_request("retry-cascade", {}, range(100, 160))
     one = workload_inside.batch(request)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
-    monkeypatch.setattr(workload_inside, "MIN_CHECKS_PER_PROCESS", 10)
-    forks: list[int] = []
-    real_fork = os.fork
-
-    def counted() -> int:
-        forks.append(1)
-        return real_fork()
-
-    monkeypatch.setattr(os, "fork", counted)
+    forks = parts_on_three_cpus(monkeypatch)
     assert workload_inside.batch(request) == one
     assert len(forks) == 3
     assert one["episodes"] == list(range(100, 160))

@@ -34,7 +34,7 @@ from experiments.runtime import runner
 from experiments.runtime.draws_file import draws_key, read_draws
 from experiments.runtime.file_format import request_text
 from experiments.spec import ExperimentSpec
-from tests.test_boxed_rehearsal import BREAKS_AT
+from tests.test_boxed_rehearsal import BREAKS_AT, breaks_spec, parts_on_three_cpus
 
 CHUNKS = [(0, 250), (250, 500), (500, 600)]
 
@@ -105,33 +105,29 @@ def test_the_handed_over_prefixes_are_the_prefix_runners_bytes(tmp_path: Path) -
     assert not list((tmp_path / "calls").iterdir()), "the call's folder is removed"
 
 
+def _box_request(spec: ExperimentSpec) -> dict[str, Any]:
+    """What the worker sends the box about ``spec`` (its ops add their own fields)."""
+    return {
+        "workload": spec.workload.name,
+        "params": dict(spec.workload.params),
+        "seed": spec.seed,
+        "worlds": [p.to_json() for p in spec_world_plans(spec)],
+    }
+
+
 def test_chunks_written_in_parts_equal_one_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Runs of chunks in three forked parts write what one process writes."""
     spec = _cascade_spec(120)
-    request = {
-        "workload": spec.workload.name,
-        "params": {},
-        "seed": spec.seed,
-        "worlds": [p.to_json() for p in spec_world_plans(spec)],
-    }
+    request = _box_request(spec)
     chunks = [(a, a + 20) for a in range(0, 120, 20)]
     workload = workload_inside._workload(request)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "one").mkdir()
     os.chdir(tmp_path / "one")
     workload_inside._hand_over(workload, request, chunks)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
-    monkeypatch.setattr(workload_inside, "MIN_CHECKS_PER_PROCESS", 10)
-    forks: list[int] = []
-    real_fork = os.fork
-
-    def counted() -> int:
-        forks.append(1)
-        return real_fork()
-
-    monkeypatch.setattr(os, "fork", counted)
+    forks = parts_on_three_cpus(monkeypatch)
     (tmp_path / "parts").mkdir()
     os.chdir(tmp_path / "parts")
     workload_inside._hand_over(workload, request, chunks)
@@ -150,31 +146,10 @@ def test_chunks_written_in_parts_equal_one_loop(
             assert a == b, name
 
 
-def _breaks_spec(
-    tmp_path: Path, bad: list[int], episodes: int
-) -> tuple[ExperimentSpec, list[BundleFile]]:
-    module = tmp_path / "breaks_at.py"
-    module.write_text(BREAKS_AT)
-    spec = ExperimentSpec.model_validate(
-        {
-            "id": "breaks",
-            "hypothesis": {"text": "h"},
-            "seed": 1,
-            "episodes": episodes,
-            "workload": {"name": "breaks_at:BreaksAt", "params": {"bad": bad}},
-            "worlds": [
-                {"name": "baseline", "role": "baseline"},
-                {"name": "nudge", "role": "treatment", "intervention": {"name": "nudge"}},
-            ],
-        }
-    )
-    return spec, bundle_files(spec.workload.name, [BundleFile("breaks_at.py", module)])
-
-
 def test_a_broken_prefix_is_answered_and_nothing_is_handed_over(tmp_path: Path) -> None:
     """Handing over checks each prefix as the check did: the first broken episode in
     episode order is the answer, whichever part it is in, and no chunk is taken."""
-    spec, files = _breaks_spec(tmp_path, [3_100, 4_700], 5_000)
+    spec, files = breaks_spec(tmp_path, {"bad": [3_100, 4_700]}, 5_000)
     chunks = [(a, min(a + 1_000, 5_000)) for a in range(0, 5_000, 1_000)]
     with pytest.raises(WorkloadContractError) as caught:
         _rehearse_handing_over(tmp_path, spec, chunks, files)
@@ -182,7 +157,7 @@ def test_a_broken_prefix_is_answered_and_nothing_is_handed_over(tmp_path: Path) 
 
 
 def test_a_workload_without_block_runs_hands_over_checkpoints_alone(tmp_path: Path) -> None:
-    spec, files = _breaks_spec(tmp_path, [], 3_000)
+    spec, files = breaks_spec(tmp_path, {}, 3_000)
     chunks = [(0, 1_000), (1_000, 2_000), (2_000, 3_000)]
     answer, taken = _rehearse_handing_over(tmp_path, spec, chunks, files)
     assert answer["handed"] is True
@@ -199,15 +174,8 @@ def test_prefixes_that_do_not_fit_the_box_are_only_checked(
     monkeypatch.setattr(workload_inside, "_limit", lambda which: (100, 100))
     monkeypatch.setattr(workload_inside, "HANDOVER_CPU_SHARE", 0.0)
     spec = _cascade_spec(60)
-    request = {
-        "workload": spec.workload.name,
-        "params": {},
-        "seed": spec.seed,
-        "worlds": [p.to_json() for p in spec_world_plans(spec)],
-        "episodes": 10,
-        "all_episodes": 60,
-        "chunks": [[0, 30], [30, 60]],
-    }
+    request = _box_request(spec) | {"episodes": 10, "all_episodes": 60}
+    request["chunks"] = [[0, 30], [30, 60]]
     assert workload_inside.rehearse(request)["handed"] is False
     assert not (tmp_path / workload_inside.PREFIXES_DIR).exists()
     monkeypatch.setattr(workload_inside, "HANDOVER_CPU_SHARE", 1.0)
@@ -237,27 +205,21 @@ SWAPS_A_LINK = BREAKS_AT.replace(
 def test_a_link_the_box_leaves_in_place_of_checkpoints_is_refused(tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("host secret\n")
-    module = tmp_path / "swaps.py"
-    module.write_text(SWAPS_A_LINK)
-    spec = ExperimentSpec.model_validate(
-        {
-            "id": "swaps",
-            "hypothesis": {"text": "h"},
-            "seed": 1,
-            "episodes": 200,
-            "workload": {
-                "name": "swaps:BreaksAt",
-                "params": {"swap_at": 199, "host_file": str(secret)},
-            },
-            "worlds": [
-                {"name": "baseline", "role": "baseline"},
-                {"name": "nudge", "role": "treatment", "intervention": {"name": "nudge"}},
-            ],
-        }
-    )
-    files = bundle_files(spec.workload.name, [BundleFile("swaps.py", module)])
+    params = {"swap_at": 199, "host_file": str(secret)}
+    spec, files = breaks_spec(tmp_path, params, 200, SWAPS_A_LINK)
     with pytest.raises(WorkloadCallError, match="wrote no checkpoints for chunk 0"):
         _rehearse_handing_over(tmp_path, spec, [(0, 100), (100, 200)], files)
+
+
+def _planning(tmp_path: Path, store: LocalArtifactStore) -> PlanningActivities:
+    """A worker's planning activities (each with its own cache of indexes)."""
+    return PlanningActivities(
+        SharedSnapshots(LocalSandboxBackend(tmp_path / "sandboxes"), store),
+        2,
+        WorkloadCalls(tmp_path / "calls"),
+        WorkloadBundles(store, tmp_path / "bundles"),
+        store,
+    )
 
 
 async def test_the_rehearse_activity_stores_them_and_the_prefix_stage_takes_them(
@@ -267,13 +229,7 @@ async def test_the_rehearse_activity_stores_them_and_the_prefix_stage_takes_them
     (kept) and draws file (the run's scratch) and an index; ``rehearsed_prefix`` gives
     each chunk's refs back, refuses a chunk the index lacks and a damaged index."""
     store = LocalArtifactStore(tmp_path / "artifacts")
-    planning = PlanningActivities(
-        SharedSnapshots(LocalSandboxBackend(tmp_path / "sandboxes"), store),
-        2,
-        WorkloadCalls(tmp_path / "calls"),
-        WorkloadBundles(store, tmp_path / "bundles"),
-        store,
-    )
+    planning = _planning(tmp_path, store)
     spec = _cascade_spec()
     run_key = "forklab-handed/run-1"
     env = ActivityEnvironment()
@@ -305,13 +261,7 @@ async def test_the_rehearse_activity_stores_them_and_the_prefix_stage_takes_them
     blob = tmp_path / "artifacts" / handed.index[:2] / handed.index[2:]
     blob.chmod(0o644)
     blob.write_bytes(blob.read_bytes().replace(b'"index":0', b'"index":9'))
-    fresh = PlanningActivities(
-        SharedSnapshots(LocalSandboxBackend(tmp_path / "sandboxes"), store),
-        2,
-        WorkloadCalls(tmp_path / "calls"),
-        WorkloadBundles(store, tmp_path / "bundles"),
-        store,
-    )
+    fresh = _planning(tmp_path, store)
     first = EpisodeChunk(index=0, first=0, stop=250)
     with pytest.raises(ApplicationError, match=r"cannot be read: artifact .* is corrupt"):
         await env.run(fresh.rehearsed_prefix, RehearsedPrefixInput(index=handed.index, chunk=first))
