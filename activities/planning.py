@@ -97,10 +97,8 @@ def capacity_verdict(
             f"the workers allow at most {host_sandboxes} sandboxes at once; lower it"
         )
     batches = len(chunks) * len(spec.worlds)
-    prefix_chunks = (
-        f"{len(chunks)} prefix chunks run by the rehearsal"
-        if rehearsal.prefixes is not None
-        else f"{len(chunks)} prefix chunks"
+    prefix_chunks = f"{len(chunks)} prefix chunk{'s' if len(chunks) != 1 else ''}" + (
+        " run by the rehearsal" if rehearsal.prefixes is not None else ""
     )
     reason = "; ".join(problems) or (
         f"fits: an estimated {estimate:.1f} of {spec.budget.max_world_seconds:g} world-seconds, "

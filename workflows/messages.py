@@ -145,9 +145,11 @@ class Plan(Model):
         """Where every episode's prefix runs, as the approver and the report read it."""
         handed = self.rehearsal.prefixes
         if handed is None:
-            return f"run once after approval, in {self.capacity.prefix_chunks} prefix sandboxes"
+            n = self.capacity.prefix_chunks
+            return f"run once after approval, in {n} prefix sandbox{'es' if n != 1 else ''}"
         return (
-            f"run once by the rehearsal before approval, {handed.chunks} chunks of up to "
+            f"run once by the rehearsal before approval, {handed.chunks} "
+            f"chunk{'s' if handed.chunks != 1 else ''} of up to "
             f"{handed.batch_episodes} episodes; their index `{handed.index}` is part of the "
             "plan fingerprint"
         )
