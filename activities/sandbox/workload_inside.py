@@ -131,9 +131,11 @@ def _rehearse(workload: Workload, request: dict[str, Any], root: Path | None) ->
 
 
 #: The share of the box's CPU seconds the handed-over prefixes may take, as the sample's
-#: rate foretells them; past it the rehearsal only checks each prefix (cheaper: no block
-#: runs, nothing written) and the prefix stage runs them after approval.
-HANDOVER_CPU_SHARE = 0.5
+#: rate foretells them (a quarter of 900 s: on one CPU at half speed the rehearsal still
+#: ends within its 10-minute activity timeout); past it the rehearsal only checks each
+#: prefix (cheaper: no block runs, nothing written) and the prefix stage runs them after
+#: approval.
+HANDOVER_CPU_SHARE = 0.25
 
 #: Where the handed-over prefixes go, in the box's folder: ``<chunk>.checkpoints`` and,
 #: if the workload names world block runs, ``<chunk>.draws``.
