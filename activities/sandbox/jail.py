@@ -26,6 +26,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from activities.sandbox.workload_inside import tasks_of_this_uid
+
 #: Where the launcher and the scratch folder appear inside a box.
 LAUNCHER_INSIDE = "/.forklab/launch.py"
 SCRATCH_INSIDE = "/work"
@@ -62,16 +64,7 @@ def process_allowance(limit: int, uid: int | None) -> int:
     no room to fork or start a thread."""
     if uid is not None:
         return limit
-    me, mine = str(os.getuid()), 0
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            lines = status.read_text().splitlines()
-        except OSError:
-            continue
-        fields = dict(ln.split(":", 1) for ln in lines if ":" in ln)
-        if fields.get("Uid", "").split()[:1] == [me]:
-            mine += int(fields.get("Threads", "1"))
-    return mine + limit
+    return tasks_of_this_uid() + limit
 
 
 def interpreter() -> Path:

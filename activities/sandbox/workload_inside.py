@@ -196,8 +196,9 @@ def _check(workload: Workload, seed: int, episodes: Sequence[int], root: Path | 
             shutil.rmtree(root / str(episode))
 
 
-def _tasks_of_this_uid() -> int:
-    """Processes and threads of this process's real uid: what ``RLIMIT_NPROC`` counts."""
+def tasks_of_this_uid() -> int:
+    """Processes and threads of this process's real uid: what ``RLIMIT_NPROC`` counts (the
+    box's parts count them here; the worker, in ``jail.process_allowance``)."""
     uid, tasks = str(os.getuid()), 0
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
@@ -216,7 +217,7 @@ def _parts(episodes: int) -> int:
     parts = min(len(os.sched_getaffinity(0)), episodes // MIN_CHECKS_PER_PROCESS)
     soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
     if soft != resource.RLIM_INFINITY:
-        parts = min(parts, soft - _tasks_of_this_uid() - PROCESS_HEADROOM)
+        parts = min(parts, soft - tasks_of_this_uid() - PROCESS_HEADROOM)
     return max(1, parts)
 
 
