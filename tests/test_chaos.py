@@ -1,13 +1,15 @@
 """Chaos: a real worker SIGKILLed at five stages and the dev server once; nothing is lost.
 
 One experiment runs on a real dev server (SQLite file) with real ``forklab worker``
-processes. The worker is killed during the rehearsal, the prefixes, the world batches,
-the analysis (the guard's held-out box) and the ledger stage, and the server once during
-the world batches; each time a new one is started. A watcher samples /proc every 50 ms
-for this run's sandboxes (bubblewrap boxes under this test's home) to measure how many
-ran at once and how long each actually ran. At the end: the twin's outcomes digest, every
-world complete and counted once, the seconds actually run within what was charged and
-within the budget, never more sandboxes than allowed, and no process left behind.
+processes. The worker is killed during the rehearsal (which runs every prefix and hands
+them over: this workload keeps no files), as the run takes the prefixes over, during the
+world batches, the analysis (the guard's held-out box) and the ledger stage, and the
+server once during the world batches; each time a new one is started. A watcher samples
+/proc every 50 ms for this run's sandboxes (bubblewrap boxes under this test's home) to
+measure how many ran at once and how long each actually ran. At the end: the twin's
+outcomes digest, every world complete and counted once, the seconds actually run within
+what was charged and within the budget, never more sandboxes than allowed, and no
+process left behind.
 """
 
 from __future__ import annotations
@@ -256,20 +258,21 @@ async def test_sigkill_at_five_stages_and_a_server_kill_lose_nothing(cluster: Cl
     def stage_is(stage: Stage) -> object:
         return lambda v: v.stage is stage
 
-    # 1. rehearsal: its box sleeps 0.4 s per outcome (4 episodes × 3 worlds)
+    # 1. rehearsal: its box sleeps 2 s in its first prefix and 0.4 s per outcome (4
+    # episodes × 3 worlds)
     await _wait(client, wid, stage_is(Stage.rehearsing))
     await asyncio.sleep(1.5)
     cluster.kill_worker()
     kills.append("rehearsal")
     view = await _wait(client, wid, stage_is(Stage.awaiting_approval), 180)
-    assert view.plan is not None
+    assert view.plan is not None and view.plan.rehearsal.prefixes is not None
     approved = await asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "chaos")
     assert approved.returncode == 0, approved.stderr
-    # 2. prefixes: each prefix box sleeps 2 s
-    await _wait(client, wid, lambda v: v.stage is Stage.running_prefixes and v.progress.running)
-    await asyncio.sleep(1.0)
+    # 2. prefixes: the run takes the rehearsal's over, chunk by chunk, once approved (a
+    # few milliseconds, no sandbox): killed at that moment, or in the first world batches
+    await _wait(client, wid, lambda v: v.stage in (Stage.running_prefixes, Stage.running_worlds))
     cluster.kill_worker()
-    kills.append("prefixes")
+    kills.append("prefixes taken over")
     # 3. world batches, then the server, then the worker again
     await _wait(client, wid, lambda v: v.stage is Stage.running_worlds and v.progress.running)
     await asyncio.sleep(0.5)
