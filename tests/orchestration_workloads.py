@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from experiments.runtime.crn import Shocks
@@ -140,3 +141,28 @@ class Hostile(Toy):
 
         report = _probe(str(self.params["home"]), int(self.params["port"]))
         raise WorkloadError("workload.params.home", f"hostile report: {report}")
+
+
+class ToyFiles(Toy):
+    """``Toy`` keeping its score in the episode's workspace as well as in the state: the
+    durable path then runs its prefixes in prefix sandboxes that freeze the workspaces
+    into the layers every world attaches (the rehearsal only checks them)."""
+
+    name = "toy-files"
+    has_workspace = True
+
+    def _score_file(self) -> Path:
+        assert self.workspace is not None
+        return self.workspace / "score.txt"
+
+    def initial_state(self, episode_seed: int, shocks: Shocks) -> State:
+        self._score_file().write_text("0")
+        return super().initial_state(episode_seed, shocks)
+
+    def step(self, state: State, shocks: Shocks) -> None:
+        super().step(state, shocks)
+        self._score_file().write_text(str(state["score"]))
+
+    def outcome(self, state: State) -> bool:
+        # the file a world inherited and kept writing must agree with its state
+        return super().outcome(state) and int(self._score_file().read_text()) == state["score"]

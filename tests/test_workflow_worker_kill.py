@@ -1,4 +1,5 @@
-"""A worker killed with SIGKILL mid-world: the experiment still completes, exactly once.
+"""A worker killed with SIGKILL mid-world or mid-prefix: the experiment still completes,
+exactly once.
 
 The worker is a real ``forklab worker`` process and the operator uses the real CLI.
 """
@@ -13,6 +14,7 @@ from orchestration_lab import Lab, WorkerProcesses, cli_env, forklab, lab_settin
 from temporalio.testing import WorkflowEnvironment
 
 from activities.approval_keys import key_path
+from activities.world_batches import PREFIX_WORLD
 from forklab.rehearsal import rehearse
 from workflows.messages import ExperimentResult, Stage, Status, workflow_id
 
@@ -105,3 +107,61 @@ async def test_cli_errors_are_one_sentence(
     env["FORKLAB_ADDRESS"] = "nonsense"
     bad = await asyncio.to_thread(forklab, env, "status", "x")
     assert bad.returncode == 2 and "FORKLAB_ADDRESS" in bad.stderr
+
+
+async def test_worker_killed_in_a_prefix_sandbox_leaves_no_layer_and_no_box(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, worker_processes: WorkerProcesses
+) -> None:
+    """A workload with files runs its prefixes in prefix sandboxes (the rehearsal cannot
+    hand them over): the worker is killed while one runs. The chunk's next attempt runs
+    it again, the run completes with the twin's outcomes, and neither the killed box nor
+    the workspace layers of either attempt outlive the run."""
+    settings = lab_settings(temporal_env, tmp_path / "home")
+    env = cli_env(settings)
+    lab = Lab(client=temporal_env.client, settings=settings)
+    workload = {"name": "orchestration_workloads:ToyFiles", "params": {"prefix_sleep": 3.0}}
+    spec = make_spec(workload=workload)
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(spec.model_dump_json())
+    log = tmp_path / "worker.log"
+    first = worker_processes.start(env, log)
+    started = await asyncio.to_thread(
+        forklab, env, "start", str(spec_file), "--batch-episodes", "12", "--rehearsal-episodes", "4"
+    )
+    assert started.returncode == 0, started.stderr
+    handle = temporal_env.client.get_workflow_handle(
+        workflow_id(spec.id), result_type=ExperimentResult
+    )
+    view = await lab.wait_for(handle, Stage.awaiting_approval)
+    assert view.plan is not None and view.plan.rehearsal.prefixes is None  # not handed over
+    approved = await asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "kim")
+    assert approved.returncode == 0, approved.stderr
+
+    labels = {"forklab.experiment": spec.id, "forklab.world": PREFIX_WORLD}
+    for _ in range(600):
+        if lab.backend.list(labels):
+            break
+        await asyncio.sleep(0.05)
+    assert lab.backend.list(labels), "a prefix sandbox should be running"
+    worker_processes.kill(first)  # its prefix box sleeps 3 s before it writes a checkpoint
+    worker_processes.start(env, log)
+
+    result = await asyncio.wait_for(handle.result(), timeout=180)
+    assert result.status is Status.completed, result.error
+    history = await handle.fetch_history()
+    prefixes = [
+        e
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "run_prefixes"
+    ]
+    assert len(prefixes) >= 3  # 2 chunks, plus the killed chunk's new attempt
+    assert [(w.name, w.status, w.episodes) for w in result.worlds] == [
+        (name, "completed", 24) for name in ("baseline", "boost", "placebo")
+    ]
+    twin = rehearse(make_spec(id=spec.id, workload={**workload, "params": {}}))
+    assert result.analysis is not None
+    assert result.analysis.outcomes_digest == twin.outcomes_digest
+    assert result.cleanup is not None and result.cleanup.left == 0
+    assert lab.sandboxes(spec.id) == [] and lab.sandbox_folders() == []
+    assert lab.backend.workspaces.live_layers() == set()  # both attempts' layers released
