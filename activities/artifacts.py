@@ -23,6 +23,7 @@ import json
 import re
 import shutil
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +45,16 @@ def check_digest(digest: str) -> str:
     return digest
 
 
+def run_name(owner: str) -> str:
+    """The name of run ``owner`` (a run key) wherever a path or key must name it: a hash,
+    so that no run key, which holds a workflow id anyone may choose, names a path. A host's
+    pins of the run's workspace layers and the store's mark of its end use it whole."""
+    return hashlib.sha256(owner.encode()).hexdigest()
+
+
 def scratch_folder(owner: str) -> str:
-    """The folder (S3: key prefix) of ``owner``'s scratch: a hash, so that no run key, which
-    holds a workflow id anyone may choose, names a path."""
-    return hashlib.sha256(owner.encode()).hexdigest()[:32]
+    """The folder (S3: key prefix) of ``owner``'s scratch."""
+    return run_name(owner)[:32]
 
 
 class ArtifactStore(ABC):
@@ -77,6 +84,14 @@ class ArtifactStore(ABC):
     @abstractmethod
     def _drop_scratch(self, folder: str) -> tuple[int, int]:
         """Delete every blob in scratch ``folder``; returns how many there were and their bytes."""
+
+    @abstractmethod
+    def _write_mark(self, name: str) -> None:
+        """Store the empty end mark of the run named ``name``."""
+
+    @abstractmethod
+    def _has_mark(self, name: str) -> bool:
+        """Whether the run named ``name`` has an end mark."""
 
     def put_bytes(self, data: bytes) -> str:
         """Store ``data`` and return its digest; storing the same bytes again is a no-op
@@ -134,6 +149,19 @@ class ArtifactStore(ABC):
         ((0, 0): none, or dropped already)."""
         return self._drop_scratch(scratch_folder(owner))
 
+    def mark_ended(self, owner: str) -> None:
+        """Record that run ``owner`` has ended (its cleanup ran). A run pins the workspace
+        layers it uses on every host that ran one of its chunks, and its cleanup, on one
+        host, releases only that host's pins; the other hosts drop theirs when they next
+        collect layers and find this mark (``ended``). One empty blob per run, kept: a host
+        may collect long after the run."""
+        self._write_mark(run_name(owner))
+
+    def ended(self, names: Iterable[str]) -> set[str]:
+        """Which of ``names`` (``run_name``s, e.g. the runs a host pins layers for) are
+        marked ended; a name that is no ``run_name`` is never asked for."""
+        return {name for name in names if _DIGEST.fullmatch(name) and self._has_mark(name)}
+
 
 class LocalArtifactStore(ArtifactStore):
     """Blobs at ``root/<first two hex>/<remaining hex>``, written to a temporary file in the
@@ -176,6 +204,16 @@ class LocalArtifactStore(ArtifactStore):
     def _write_scratch(self, folder: str, digest: str, data: bytes) -> None:
         # fsynced: after a crash the run goes on, and its world batches read this
         atomic_write(self.scratch_path(folder, digest), data)
+
+    def mark_path(self, name: str) -> Path:
+        """``root/ended/<name>``; ``ended`` is no two-hex blob folder."""
+        return self.root / "ended" / name
+
+    def _write_mark(self, name: str) -> None:
+        atomic_write(self.mark_path(name), b"")
+
+    def _has_mark(self, name: str) -> bool:
+        return self.mark_path(name).is_file()
 
     def _drop_scratch(self, folder: str) -> tuple[int, int]:
         root = self.scratch_path(folder)

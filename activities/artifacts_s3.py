@@ -4,7 +4,8 @@ on many hosts and by the ``forklab`` CLI.
 A blob lives at ``<prefix>/<first two hex>/<remaining hex>``. An S3 PUT is atomic (a
 reader sees the old object, the new one or none, never part of one) and the name is the
 content's hash, so storing again is idempotent. A run's scratch (``ArtifactStore``) lives
-at ``<prefix>/scratch/<folder>/<digest>`` and is dropped by listing that key prefix. The
+at ``<prefix>/scratch/<folder>/<digest>`` and is dropped by listing that key prefix; a
+run's end mark is the empty object ``<prefix>/ended/<run name>``. The
 client comes from a factory built in ``workers/`` (endpoint, credentials); this class only
 moves bytes and rides out outages.
 It pickles without its client (the analysis runs in a process pool) and builds a new one
@@ -87,6 +88,10 @@ class S3ArtifactStore(ArtifactStore):
         """The key of scratch blob ``digest`` (none: the folder's key prefix, with its ``/``)."""
         return self._named(f"scratch/{folder}/{digest}")
 
+    def mark_key(self, name: str) -> str:
+        """The key of a run's end mark."""
+        return self._named(f"ended/{name}")
+
     def _named(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
 
@@ -104,6 +109,12 @@ class S3ArtifactStore(ArtifactStore):
 
     def _write_scratch(self, folder: str, digest: str, data: bytes) -> None:
         self._put(self.scratch_key(folder, digest), data)
+
+    def _write_mark(self, name: str) -> None:
+        self._put(self.mark_key(name), b"")
+
+    def _has_mark(self, name: str) -> bool:
+        return self._get(self.mark_key(name)) is not None
 
     def _drop_scratch(self, folder: str) -> tuple[int, int]:
         prefix = self.scratch_key(folder)

@@ -434,6 +434,15 @@ class SandboxActivities:
             # what nothing else holds (a run still going keeps its own pins).
             await self._blocking(self._backend.release_layers, inp.run_key)
             try:
+                # ...and on the hosts where it rebuilt layers, once they see its end mark;
+                # this host drops the pins of runs that ended elsewhere
+                await self._stored(0.0, self._store.mark_ended, inp.run_key)
+                ended = await self._stored(0.0, self._backend.release_ended_runs, self._store.ended)
+                if ended:
+                    activity.logger.info("released the pins of %d ended runs", len(ended))
+            except Exception as exc:  # a store outage past its window: housekeeping
+                activity.logger.warning("runs that ended on other hosts not checked: %s", exc)
+            try:
                 layers = len((await self._blocking(self._backend.collect_layers)).removed)
             except (OSError, SandboxError, WorkspaceError) as exc:
                 # Collecting is housekeeping: it must not hold up the run's end (the next

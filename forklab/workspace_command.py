@@ -10,6 +10,7 @@ Exit code 0 when every check of the evidence holds, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from forklab.agent_services import agent_settings
 from forklab.errors import CliError
 from forklab.ops_common import add_connection_flags, open_client, run, settings_from
 from workers.config import Settings
+from workers.stores import artifact_store
 
 _MIB = 1 << 20
 
@@ -88,19 +90,33 @@ async def _collect_agent_layers(settings: Settings, min_age: float) -> GcResult 
 
 def cmd_layers_gc(args: argparse.Namespace) -> int:
     """Remove the layers under the home's sandboxes that no run pins and no workspace sits
-    on (a run unpins its layers when it cleans up; this also runs after every run), and
+    on (a run unpins its layers when it cleans up; this also runs after every run, and
+    drops the pins of runs the artifact store marks as ended elsewhere), and
     the agent-run layers that no open run and no recorded fork receipt needs."""
     if args.min_age < 0:
         raise CliError("--min-age: must be 0 or more seconds", code=2)
     settings = settings_from(args)
     # the agent runs first: when Temporal cannot say which runs are open, nothing is removed
     agent_result = run(lambda: _collect_agent_layers(settings, args.min_age))
+    backend = LocalSandboxBackend(settings.sandboxes_dir)
     try:
-        result = LocalSandboxBackend(settings.sandboxes_dir).collect_layers(args.min_age)
+        ended = backend.release_ended_runs(artifact_store(settings).ended)
+    except Exception as exc:  # the store is needed only for this: collect what is known
+        ended = []
+        print(
+            f"forklab: runs that ended on other hosts not checked ({exc}); "
+            "their layers stay pinned until the store answers",
+            file=sys.stderr,
+        )
+    try:
+        result = backend.collect_layers(args.min_age)
     except (SandboxError, WorkspaceError) as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
         raise CliError(f"{exc.filename or settings.sandboxes_dir}: {exc.strerror}") from None
+    if ended:
+        runs = "1 ended run" if len(ended) == 1 else f"{len(ended)} ended runs"
+        print(f"released the pins of {runs} whose cleanup ran on another host")
     print(
         f"removed {len(result.removed)} layers ({result.bytes_freed / _MIB:.1f} MiB); "
         f"kept {result.kept} ({result.live} pinned by a run or under a workspace)"

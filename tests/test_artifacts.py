@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.artifacts import ArtifactError, LocalArtifactStore
+from activities.artifacts import ArtifactError, LocalArtifactStore, run_name
 from experiments.runtime.canon import canonical_json
 from tests.helpers import ROOT
 
@@ -122,3 +122,15 @@ def test_scratch_names_no_path_and_a_damaged_blob_is_refused(store: LocalArtifac
         store.get_scratch(owner, "../../etc/passwd")
     assert store.drop_scratch(owner) == (1, len(b"tampered"))
     assert not list(store.root.joinpath("scratch").rglob("*"))
+
+
+def test_end_marks_name_runs_by_hash_and_answer_only_for_run_names(
+    store: LocalArtifactStore,
+) -> None:
+    store.mark_ended("wf/../../run")
+    name = run_name("wf/../../run")
+    assert store.mark_path(name) == store.root / "ended" / name and store.mark_path(name).is_file()
+    other = run_name("wf/other")
+    assert store.ended([name, other, "../ended/" + name, name.upper()]) == {name}
+    store.mark_ended("wf/../../run")  # again: no error, one mark
+    assert [p.name for p in (store.root / "ended").iterdir()] == [name]

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from stores_lab import S3_ENV, Proxy, make_bucket, moto_server, postgres_database
 
-from activities.artifacts import ArtifactError, ArtifactStore, LocalArtifactStore
+from activities.artifacts import ArtifactError, ArtifactStore, LocalArtifactStore, run_name
 from activities.artifacts_s3 import S3ArtifactStore
 from activities.ledger import Ledger, SqliteLedger
 from activities.ledger_postgres import MIGRATIONS, PostgresLedger
@@ -116,6 +116,18 @@ def test_s3_scratch_is_kept_apart_per_run_and_dropped_whole(s3_settings: Setting
     assert store.get_scratch("wf/run-2", theirs) == data + bytes([0])
     assert store.drop_scratch("wf/run-1") == (0, 0)
     assert store.drop_scratch("wf/run-2") == (1, len(data) + 1)
+
+
+def test_s3_end_marks_are_empty_objects_named_by_the_run_hash(s3_settings: Settings) -> None:
+    store = artifact_store(s3_settings)
+    assert isinstance(store, S3ArtifactStore)
+    name = run_name("wf/run-1")
+    assert store.ended([name]) == set()
+    store.mark_ended("wf/run-1")
+    assert store.mark_key(name) == f"runs/a/ended/{name}"
+    body = store._client.get_object(Bucket=store.bucket, Key=store.mark_key(name))["Body"]
+    assert body.read() == b""
+    assert store.ended([name, run_name("wf/run-2"), "../" + name]) == {name}
 
 
 def test_s3_store_reports_a_damaged_object_and_a_put_repairs_it(s3_settings: Settings) -> None:

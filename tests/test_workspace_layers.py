@@ -3,6 +3,7 @@ of parent, children and sealed layers, whiteouts, verification, and clean unmoun
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import shutil
@@ -14,8 +15,15 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.artifacts import LocalArtifactStore
-from activities.models import BatchInput, BatchStatus, EpisodeChunk, PrefixInput, RunnerJob
+from activities.artifacts import LocalArtifactStore, run_name
+from activities.models import (
+    BatchInput,
+    BatchStatus,
+    CleanupInput,
+    EpisodeChunk,
+    PrefixInput,
+    RunnerJob,
+)
 from activities.runner_bundle import bundle_files
 from activities.sandbox import Limits, LocalSandboxBackend, SandboxError
 from activities.sandbox.workspace import (
@@ -387,6 +395,55 @@ def test_layers_gc_through_the_cli(capsys: pytest.CaptureFixture[str], tmp_path:
     backend.workspaces.layers.verify(kept, full=True)
     code, _, err = run_cli(capsys, "layers", "gc", "--min-age", "-1", "--home", str(home))
     assert code == 2 and err == "forklab: error: --min-age: must be 0 or more seconds\n"
+
+
+async def test_a_run_that_ended_on_another_host_releases_its_pins_here(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Hosts a and b share an artifact store. Run 1 pinned a layer on host b (a world batch
+    rebuilt its chunk's layer there) and ended with its cleanup on host a, which releases a's
+    pins only. Its end mark in the store lets b drop its pins at b's next cleanup of any
+    run; run 4 ends the same way and b's ``forklab layers gc`` drops its pins. A run still
+    going (run 2) keeps its pins and its layer on b throughout."""
+    store = LocalArtifactStore(tmp_path / "shared-artifacts")
+    homes = {name: tmp_path / f"host-{name}" for name in ("a", "b")}
+    hosts = {
+        name: LocalSandboxBackend(home / "sandboxes", overlay=False) for name, home in homes.items()
+    }
+
+    def cleanup(host: str, run_key: str) -> object:
+        acts = SandboxActivities(hosts[host], store, SharedSnapshots(hosts[host], store))
+        inp = CleanupInput(experiment_id="e", run_key=run_key)
+        return ActivityEnvironment().run(acts.cleanup_sandboxes, inp)
+
+    b = hosts["b"]
+    layers = {}
+    for run in ("wf/run-1", "wf/run-2", "wf/run-4"):
+        folder = tmp_path / run.replace("/", "-")
+        folder.mkdir()
+        (folder / "state.txt").write_text(f"the chunk of {run}\n")
+        layers[run] = b.import_workspace(folder).digest
+        b.pin_layer(run, layers[run])
+    assert b.workspaces.pinned_runs() == sorted(run_name(r) for r in layers)
+
+    await cleanup("a", "wf/run-1")
+    assert len(b.workspaces.pinned_runs()) == 3  # b has not looked yet
+    await cleanup("b", "wf/run-3")  # another run ends on b
+    assert b.workspaces.pinned_runs() == sorted(run_name(r) for r in ("wf/run-2", "wf/run-4"))
+    live = b.workspaces.live_layers()
+    assert layers["wf/run-1"] not in live and {layers["wf/run-2"], layers["wf/run-4"]} <= live
+
+    await cleanup("a", "wf/run-4")
+    monkeypatch.setenv("FORKLAB_ARTIFACTS", str(store.root))
+    gc = ["layers", "gc", "--min-age", "0", "--home", str(homes["b"])]
+    code, out, err = await asyncio.to_thread(run_cli, capsys, *gc)  # it runs its own loop
+    assert code == 0, err
+    assert out.startswith("released the pins of 1 ended run whose cleanup ran on another host\n")
+    assert "removed 2 layers" in out and "kept 1 (1 pinned" in out
+    assert b.workspaces.pinned_runs() == [run_name("wf/run-2")]
+    b.workspaces.layers.verify(layers["wf/run-2"], full=True)
+    for run in ("wf/run-1", "wf/run-4"):
+        assert not (b.workspaces.layers.root / layers[run]).exists()
 
 
 @pytest.mark.parametrize(

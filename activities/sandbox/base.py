@@ -8,6 +8,7 @@ runner, downloads the result, and deletes — then lists by label until nothing 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -148,6 +149,11 @@ class WorkspaceBackend(Protocol):
         ...
 
     def release_layers(self, run_key: str) -> None: ...
+
+    def release_ended_runs(self, ended: Callable[[Sequence[str]], set[str]]) -> Sequence[str]:
+        """Drop the pins of the runs ``ended`` (given the names of the runs that pin layers
+        here) says have ended; returns their names."""
+        ...
 
     def collect_layers(self) -> GcResult:
         """Remove the layers nothing pins or sits on any more."""

@@ -28,7 +28,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -480,6 +480,11 @@ class LocalSandboxBackend(SandboxBackend):
 
     def release_layers(self, run_key: str) -> None:
         self.workspaces.release(run_key)
+
+    def release_ended_runs(self, ended: Callable[[Sequence[str]], set[str]]) -> Sequence[str]:
+        """Drop the pins of the runs that have ended elsewhere (``Workspaces.release_ended``):
+        a run's cleanup releases the pins of the host it runs on only."""
+        return self.workspaces.release_ended(ended)
 
     def collect_layers(self, min_age_seconds: float = LAYER_GRACE_SECONDS) -> GcResult:
         """Remove the layers no run pins and no workspace sits on (``Workspaces.gc``)."""

@@ -54,13 +54,14 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from activities.artifacts import run_name
 from experiments.workspace import (
     EntryKind,
     FileRecord,
@@ -726,8 +727,12 @@ class Workspaces:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
 
     # --- pins and garbage collection --------------------------------------------------
+    @property
+    def _all_pins(self) -> Path:
+        return self.layers.root.parent / "pins"
+
     def _pins(self, owner: str) -> Path:
-        return self.layers.root.parent / "pins" / hashlib.sha256(owner.encode()).hexdigest()
+        return self._all_pins / run_name(owner)
 
     def pin(self, owner: str, digest: str) -> None:
         """Keep layer ``digest`` and the layers below it while ``owner`` (a run) holds it:
@@ -742,11 +747,25 @@ class Workspaces:
         """Drop every pin ``owner`` holds (its layers go at the next ``gc``)."""
         shutil.rmtree(self._pins(owner), ignore_errors=True)
 
+    def pinned_runs(self) -> list[str]:
+        """The names (``run_name``) of the runs that pin layers here."""
+        pins = self._all_pins
+        return sorted(p.name for p in pins.iterdir() if p.is_dir()) if pins.is_dir() else []
+
+    def release_ended(self, ended: Callable[[Sequence[str]], set[str]]) -> list[str]:
+        """Drop the pins of every run here that ``ended`` (given their names) says has
+        ended, e.g. by the artifact store's end marks; returns their names."""
+        runs = self.pinned_runs()
+        gone = sorted(ended(runs) & set(runs)) if runs else []
+        for name in gone:
+            shutil.rmtree(self._all_pins / name, ignore_errors=True)
+        return gone
+
     def live_layers(self, keep: Iterable[str] = ()) -> set[str]:
         """Layers something still needs: each pinned layer, each layer a workspace sits
         on and each layer of ``keep``, with every layer below them."""
         tops: set[str] = set(keep)
-        pins = self.layers.root.parent / "pins"
+        pins = self._all_pins
         if pins.is_dir():
             tops |= {p.name for owner in pins.iterdir() for p in owner.iterdir()}
         for ws_id in self.ids():
