@@ -100,7 +100,8 @@ def cmd_layers_gc(args: argparse.Namespace) -> int:
     agent_result = run(lambda: _collect_agent_layers(settings, args.min_age))
     backend = LocalSandboxBackend(settings.sandboxes_dir)
     try:
-        ended = backend.release_ended_runs(artifact_store(settings).ended)
+        # the store is opened only when some run pins layers here
+        ended = backend.release_ended_runs(lambda runs: artifact_store(settings).ended(runs))
     except Exception as exc:  # the store is needed only for this: collect what is known
         ended = []
         print(

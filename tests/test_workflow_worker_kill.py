@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from subprocess import Popen
 
 from orchestration_lab import Lab, WorkerProcesses, cli_env, forklab, lab_settings, make_spec
 from temporalio.testing import WorkflowEnvironment
@@ -17,6 +18,19 @@ from activities.approval_keys import key_path
 from activities.world_batches import PREFIX_WORLD
 from forklab.rehearsal import rehearse
 from workflows.messages import ExperimentResult, Stage, Status, workflow_id
+
+
+async def _kill_once_a_box_runs(
+    lab: Lab, experiment: str, world: str, processes: WorkerProcesses, worker: Popen[bytes]
+) -> None:
+    """SIGKILL ``worker`` while a sandbox of ``world`` (``prefix``: a prefix chunk) runs."""
+    labels = {"forklab.experiment": experiment, "forklab.world": world}
+    for _ in range(600):
+        if lab.backend.list(labels):
+            break
+        await asyncio.sleep(0.05)
+    assert lab.backend.list(labels), f"a sandbox of {world} should be running"
+    processes.kill(worker)
 
 
 async def test_sigkilled_worker_is_replaced_and_nothing_counts_twice(
@@ -56,26 +70,13 @@ async def test_sigkilled_worker_is_replaced_and_nothing_counts_twice(
     assert approved.returncode == 0, approved.stderr
     assert approved.stdout.startswith(f"approved: experiment {spec.id}")
 
-    labels = {"forklab.experiment": spec.id, "forklab.world": "baseline"}
-    for _ in range(600):
-        if lab.backend.list(labels):
-            break
-        await asyncio.sleep(0.05)
-    assert lab.backend.list(labels), "the baseline world should be running"
-    worker_processes.kill(first)  # mid-world: its sandbox is still running
+    await _kill_once_a_box_runs(lab, spec.id, "baseline", worker_processes, first)  # mid-world
     worker_processes.start(env, log)
 
     result = await asyncio.wait_for(handle.result(), timeout=120)
     assert result.status is Status.completed, result.error
-    history = await handle.fetch_history()
-    batches = [
-        e
-        for e in history.events
-        if e.HasField("activity_task_scheduled_event_attributes")
-        and e.activity_task_scheduled_event_attributes.activity_type.name == "run_world_batch"
-    ]
     # 2 chunks × 3 worlds, plus the killed batch's new attempt (the workflow starts each)
-    assert len(batches) >= 7
+    assert (await lab.activity_types(handle)).count("run_world_batch") >= 7
 
     status = await asyncio.to_thread(forklab, env, "status", spec.id)
     assert status.returncode == 0 and "completed" in status.stdout
@@ -137,25 +138,14 @@ async def test_worker_killed_in_a_prefix_sandbox_leaves_no_layer_and_no_box(
     approved = await asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "kim")
     assert approved.returncode == 0, approved.stderr
 
-    labels = {"forklab.experiment": spec.id, "forklab.world": PREFIX_WORLD}
-    for _ in range(600):
-        if lab.backend.list(labels):
-            break
-        await asyncio.sleep(0.05)
-    assert lab.backend.list(labels), "a prefix sandbox should be running"
-    worker_processes.kill(first)  # its prefix box sleeps 3 s before it writes a checkpoint
+    # its prefix box sleeps 3 s before it writes a checkpoint
+    await _kill_once_a_box_runs(lab, spec.id, PREFIX_WORLD, worker_processes, first)
     worker_processes.start(env, log)
 
     result = await asyncio.wait_for(handle.result(), timeout=180)
     assert result.status is Status.completed, result.error
-    history = await handle.fetch_history()
-    prefixes = [
-        e
-        for e in history.events
-        if e.HasField("activity_task_scheduled_event_attributes")
-        and e.activity_task_scheduled_event_attributes.activity_type.name == "run_prefixes"
-    ]
-    assert len(prefixes) >= 3  # 2 chunks, plus the killed chunk's new attempt
+    # 2 chunks, plus the killed chunk's new attempt
+    assert (await lab.activity_types(handle)).count("run_prefixes") >= 3
     assert [(w.name, w.status, w.episodes) for w in result.worlds] == [
         (name, "completed", 24) for name in ("baseline", "boost", "placebo")
     ]
