@@ -20,6 +20,7 @@ from activities.models import (
     BatchInput,
     BatchStatus,
     CleanupInput,
+    CleanupResult,
     EpisodeChunk,
     PrefixInput,
     RunnerJob,
@@ -382,7 +383,9 @@ def test_gc_keeps_what_a_live_run_or_workspace_needs_and_removes_the_rest(
     assert not list(workspaces.layers.root.iterdir())
 
 
-def test_layers_gc_through_the_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_layers_gc_through_the_cli(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     home = tmp_path / "home"
     backend = LocalSandboxBackend(home / "sandboxes", overlay=False)
     orphan = backend.import_workspace(_start(tmp_path / "orphan")).digest
@@ -393,6 +396,14 @@ def test_layers_gc_through_the_cli(capsys: pytest.CaptureFixture[str], tmp_path:
     assert out.startswith("removed 1 layers") and "kept 1 (1 pinned" in out
     assert not (backend.workspaces.layers.root / orphan).exists()
     backend.workspaces.layers.verify(kept, full=True)
+    # an artifact store that cannot be opened: the ended runs are not checked, said so
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("FORKLAB_ARTIFACTS", str(blocked))
+    code, out, err = run_cli(capsys, "layers", "gc", "--min-age", "0", "--home", str(home))
+    assert code == 0 and out.startswith("removed 0 layers") and "kept 1 (1 pinned" in out
+    assert err.startswith("forklab: runs that ended on other hosts not checked (")
+    assert "their layers stay pinned until the store answers" in err
     code, _, err = run_cli(capsys, "layers", "gc", "--min-age", "-1", "--home", str(home))
     assert code == 2 and err == "forklab: error: --min-age: must be 0 or more seconds\n"
 
@@ -411,10 +422,10 @@ async def test_a_run_that_ended_on_another_host_releases_its_pins_here(
         name: LocalSandboxBackend(home / "sandboxes", overlay=False) for name, home in homes.items()
     }
 
-    def cleanup(host: str, run_key: str) -> object:
+    async def cleanup(host: str, run_key: str) -> CleanupResult:
         acts = SandboxActivities(hosts[host], store, SharedSnapshots(hosts[host], store))
         inp = CleanupInput(experiment_id="e", run_key=run_key)
-        return ActivityEnvironment().run(acts.cleanup_sandboxes, inp)
+        return await ActivityEnvironment().run(acts.cleanup_sandboxes, inp)
 
     b = hosts["b"]
     layers = {}
