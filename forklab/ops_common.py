@@ -24,13 +24,24 @@ from workflows.messages import ExperimentResult, StatusView, workflow_id
 _T = TypeVar("_T")
 
 
+#: Settings that some commands take as flags (``forklab worker``: the last four).
+_FLAGS = (
+    "address",
+    "namespace",
+    "task_queue",
+    "home",
+    "ui_port",
+    "max_sandboxes",
+    "deployment",
+    "build_id",
+    "promote",
+)
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     """The settings from the command's flags and the environment; a bad one is bad input
     (exit 2, like a bad spec or flag), not a failure of the command."""
-    flags = {
-        name: getattr(args, name, None)
-        for name in ("address", "namespace", "task_queue", "home", "ui_port")
-    }
+    flags = {name: getattr(args, name, None) for name in _FLAGS}
     try:
         return Settings.load(flags)
     except ConfigError as exc:
@@ -110,5 +121,21 @@ async def query_status(handle: WorkflowHandle[Any, Any]) -> StatusView:
     except RPCError as exc:
         raise CliError(
             f"the experiment did not answer its status query ({exc.message}); "
-            "is a ForkLab worker running (`forklab up`)?"
+            f"{await _which_worker(handle)}"
         ) from None
+
+
+async def _which_worker(handle: WorkflowHandle[Any, Any]) -> str:
+    """Which worker the run needs: one of the build it is pinned to, if it is pinned."""
+    try:
+        info = (await handle.describe()).raw_description.workflow_execution_info
+    except RPCError:
+        info = None
+    if info is None or not info.versioning_info.deployment_version.build_id:
+        return "is a ForkLab worker running (`forklab up`)?"
+    pinned = info.versioning_info.deployment_version
+    return (
+        f"it runs on build {pinned.deployment_name}:{pinned.build_id} only; is a worker of "
+        f"that build running (FORKLAB_DEPLOYMENT={pinned.deployment_name} "
+        f"FORKLAB_BUILD_ID={pinned.build_id} forklab worker)?"
+    )

@@ -75,8 +75,6 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    if args.max_sandboxes is not None:
-        settings = settings.model_copy(update={"max_sandboxes": args.max_sandboxes})
     print(
         f"ForkLab worker: task queue {settings.task_queue} on {settings.address} "
         f"(namespace {settings.namespace}), home {settings.home}; Ctrl-C stops it",
@@ -134,6 +132,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("worker", help="run a ForkLab worker (foreground)")
     p.add_argument("--max-sandboxes", type=int, help="sandboxes at once (FORKLAB_MAX_SANDBOXES)")
+    g = p.add_argument_group("rolling upgrades (docs/deployment.md)")
+    g.add_argument(
+        "--deployment",
+        help="worker deployment name: pin each experiment to this build (FORKLAB_DEPLOYMENT)",
+    )
+    g.add_argument(
+        "--build-id",
+        dest="build_id",
+        help="this build's id (FORKLAB_BUILD_ID; default: a digest of ForkLab's code)",
+    )
+    g.add_argument(
+        "--no-promote",
+        dest="promote",
+        action="store_const",
+        const=False,
+        help="leave the current build as it is (FORKLAB_PROMOTE=false); by default the "
+        "newest build makes itself current, where new experiments start",
+    )
     add_connection_flags(p)
     p.set_defaults(func=cmd_worker)
 

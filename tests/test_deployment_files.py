@@ -99,8 +99,10 @@ def test_every_setting_a_worker_needs_is_set_and_points_at_a_service(
     assert services["temporal"]["image"].startswith("temporalio/server:")
     bucket = settings.artifacts.removeprefix("s3://").split("/")[0]
     assert f"mb --ignore-existing store/{bucket}" in " ".join(services["minio-bucket"]["command"])
-    # the CLI service talks to the same stores
-    assert services["forklab"]["environment"] | {"FORKLAB_MAX_SANDBOXES": "4"} == env
+    assert settings.deployment == "forklab"  # each run stays on the build it started on
+    # the CLI service talks to the same stores (the last two are a worker's own)
+    worker_only = {"FORKLAB_MAX_SANDBOXES": "4", "FORKLAB_DEPLOYMENT": "forklab"}
+    assert services["forklab"]["environment"] | worker_only == env
 
 
 def test_temporal_is_set_up_as_documented_for_postgresql(config: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ receives a ``Settings`` (or the clients built from it).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,17 @@ ENV = {
     "ledger": "FORKLAB_LEDGER",
     "s3_endpoint": "FORKLAB_S3_ENDPOINT",
     "store_retry_seconds": "FORKLAB_STORE_RETRY_SECONDS",
+    "deployment": "FORKLAB_DEPLOYMENT",
+    "build_id": "FORKLAB_BUILD_ID",
+    "promote": "FORKLAB_PROMOTE",
 }
-#: Settings with no command-line flag (the shared stores are a deployment's, not a command's).
-ENV_ONLY = frozenset({"artifacts", "ledger", "s3_endpoint", "store_retry_seconds"})
+#: Settings an error names by their variable only: the shared stores have no flag (they are a
+#: deployment's, not a command's), and ``--no-promote`` cannot carry a bad value.
+ENV_ONLY = frozenset({"artifacts", "ledger", "s3_endpoint", "store_retry_seconds", "promote"})
+#: Worker deployment names and build ids: letters, digits, ``_``, ``-`` (build ids also
+#: ``.`` and ``+``, as in ``1.4.0+abc``); Temporal joins the two into one version string.
+_DEPLOYMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
+_BUILD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}")
 
 
 class Settings(BaseModel):
@@ -72,6 +81,33 @@ class Settings(BaseModel):
         le=600,
         description="How long one activity waits out an object store or PostgreSQL outage.",
     )
+
+    deployment: str = Field(
+        default="",
+        description="Worker deployment name: pin each experiment to the build it started "
+        "on (docs/deployment.md, Rolling upgrades); empty: unversioned workers.",
+    )
+    build_id: str = Field(
+        default="", description="This worker's build id; empty: a digest of ForkLab's code."
+    )
+    promote: bool = Field(
+        default=True,
+        description="May a versioned worker make its build current when it is the newest?",
+    )
+
+    @field_validator("deployment")
+    @classmethod
+    def _deployment(cls, value: str) -> str:
+        if value and not _DEPLOYMENT_NAME.fullmatch(value):
+            raise ValueError("use up to 100 letters, digits, _ and -, e.g. forklab")
+        return value
+
+    @field_validator("build_id")
+    @classmethod
+    def _build_id(cls, value: str) -> str:
+        if value and not _BUILD_ID.fullmatch(value):
+            raise ValueError("use up to 100 letters, digits, _ - . and +, e.g. 1.4.0")
+        return value
 
     @field_validator("artifacts")
     @classmethod
@@ -124,6 +160,11 @@ class Settings(BaseModel):
         if not host or not port.isdigit():
             raise ConfigError(
                 f"setting address ({ENV['address']}) is {settings.address!r}; use host:port"
+            )
+        if settings.build_id and not settings.deployment:
+            raise ConfigError(
+                f"setting build_id (flag --build-id or {ENV['build_id']}) needs a deployment "
+                f"name (flag --deployment or {ENV['deployment']}); set one or drop the build id"
             )
         return settings.model_copy(update={"home": settings.home.expanduser().resolve()})
 

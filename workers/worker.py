@@ -6,6 +6,7 @@ import asyncio
 import ctypes
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +20,9 @@ from temporalio.api.operatorservice.v1 import (
     ListSearchAttributesRequest,
 )
 from temporalio.client import Client
+from temporalio.common import WorkerDeploymentVersion
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -36,6 +39,7 @@ from activities.world_batches import SandboxActivities
 from workers.config import Settings
 from workers.providers import braintrust_config, readout_config, sandbox_backend
 from workers.stores import artifact_store, check_stores, ledger
+from workers.versioning import deployment_config, promote_if_newest, worker_version
 from workflows.experiment import ExperimentWorkflow
 from workflows.search_attributes import EXPERIMENT, STAGE
 from workflows.timeouts import HEARTBEAT_THROTTLE
@@ -148,11 +152,17 @@ def workflow_runner() -> SandboxedWorkflowRunner:
 
 
 def build_worker(
-    client: Client, settings: Settings, cpu: Executor, backend: SandboxBackend | None = None
+    client: Client,
+    settings: Settings,
+    cpu: Executor,
+    backend: SandboxBackend | None = None,
+    version: WorkerDeploymentVersion | None = None,
 ) -> Worker:
+    """``version``: the worker deployment version it joins (``workers.versioning``)."""
     return Worker(
         client,
         task_queue=settings.task_queue,
+        deployment_config=deployment_config(version),
         workflows=WORKFLOWS,
         workflow_runner=workflow_runner(),
         activities=build_activities(settings, cpu, backend),
@@ -175,6 +185,30 @@ async def run_worker(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    version = worker_version(settings)
     with cpu_pool() as cpu:
-        async with build_worker(client, settings, cpu):
+        async with build_worker(client, settings, cpu, version=version):
+            if version is not None:
+                print(
+                    f"worker deployment version {version.deployment_name}:{version.build_id} "
+                    "(experiments started on it stay on it)",
+                    flush=True,
+                )
+                if settings.promote:
+                    await _promote(client, version)
             await stop.wait()
+
+
+async def _promote(client: Client, version: WorkerDeploymentVersion) -> None:
+    """Promote when newest; a server that refuses (e.g. no permission) leaves the worker
+    serving the runs pinned to its build, with a warning."""
+    try:
+        print(await promote_if_newest(client, version, client.identity), flush=True)
+    except RPCError as exc:
+        print(
+            f"forklab: warning: could not make {version.deployment_name}:{version.build_id} "
+            f"current ({exc.message}); set it with `temporal worker deployment "
+            "set-current-version`",
+            file=sys.stderr,
+            flush=True,
+        )
