@@ -8,7 +8,13 @@ import argparse
 import sys
 
 from forklab.errors import CliError
-from forklab.ops_common import add_connection_flags, run, settings_from, start_cli_worker
+from forklab.ops_common import (
+    add_connection_flags,
+    add_version_flags,
+    run,
+    settings_from,
+    start_cli_worker,
+)
 from workers import processes
 from workers.agent_config import AgentSettings
 from workers.config import ConfigError, Settings
@@ -87,5 +93,6 @@ def cmd_agent_worker(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("agent-worker", help="run the agent-run worker (foreground)")
+    add_version_flags(p)
     add_connection_flags(p)
     p.set_defaults(func=cmd_agent_worker)

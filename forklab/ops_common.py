@@ -24,7 +24,7 @@ from workflows.messages import ExperimentResult, StatusView, workflow_id
 _T = TypeVar("_T")
 
 
-#: Settings that some commands take as flags (``forklab worker``: the last four).
+#: Settings that some commands take as flags (the workers: the last four).
 _FLAGS = (
     "address",
     "namespace",
@@ -56,6 +56,28 @@ def add_connection_flags(p: argparse.ArgumentParser, ui: bool = False) -> None:
     g.add_argument("--home", type=Path, help="ForkLab home folder (FORKLAB_HOME, ~/.forklab)")
     if ui:
         g.add_argument("--ui-port", dest="ui_port", type=int, help="Web UI port (8233)")
+
+
+def add_version_flags(p: argparse.ArgumentParser) -> None:
+    """``forklab worker`` and ``agent-worker``: worker versioning (``workers.versioning``)."""
+    g = p.add_argument_group("rolling upgrades (docs/deployment.md)")
+    g.add_argument(
+        "--deployment",
+        help="worker deployment name: pin each run to this build (FORKLAB_DEPLOYMENT)",
+    )
+    g.add_argument(
+        "--build-id",
+        dest="build_id",
+        help="this build's id (FORKLAB_BUILD_ID; default: a digest of ForkLab's code)",
+    )
+    g.add_argument(
+        "--no-promote",
+        dest="promote",
+        action="store_const",
+        const=False,
+        help="leave the current build as it is (FORKLAB_PROMOTE=false); by default the "
+        "newest build makes itself current, where new runs start",
+    )
 
 
 #: How long a background worker must stay alive after starting to count as started.

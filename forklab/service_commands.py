@@ -11,7 +11,13 @@ from types import FrameType
 from activities.sandbox.jail import bubblewrap
 from forklab.agent_services import ensure_agent_services, stop_agent_services
 from forklab.errors import CliError
-from forklab.ops_common import add_connection_flags, run, settings_from, start_cli_worker
+from forklab.ops_common import (
+    add_connection_flags,
+    add_version_flags,
+    run,
+    settings_from,
+    start_cli_worker,
+)
 from workers import processes
 from workers.config import ConfigError, Settings
 from workers.server import (
@@ -132,24 +138,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("worker", help="run a ForkLab worker (foreground)")
     p.add_argument("--max-sandboxes", type=int, help="sandboxes at once (FORKLAB_MAX_SANDBOXES)")
-    g = p.add_argument_group("rolling upgrades (docs/deployment.md)")
-    g.add_argument(
-        "--deployment",
-        help="worker deployment name: pin each experiment to this build (FORKLAB_DEPLOYMENT)",
-    )
-    g.add_argument(
-        "--build-id",
-        dest="build_id",
-        help="this build's id (FORKLAB_BUILD_ID; default: a digest of ForkLab's code)",
-    )
-    g.add_argument(
-        "--no-promote",
-        dest="promote",
-        action="store_const",
-        const=False,
-        help="leave the current build as it is (FORKLAB_PROMOTE=false); by default the "
-        "newest build makes itself current, where new experiments start",
-    )
+    add_version_flags(p)
     add_connection_flags(p)
     p.set_defaults(func=cmd_worker)
 

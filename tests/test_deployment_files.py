@@ -161,8 +161,10 @@ def test_agent_workers_share_the_effect_ledger_and_reach_their_services() -> Non
     assert worker["command"] == ["agent-worker"] and not worker.get("volumes")
     assert worker["deploy"]["replicas"] >= 2
     env = worker["environment"]
-    agent = AgentSettings.load(Settings.load(env=env), env=env)
+    settings = Settings.load(env=env)
+    agent = AgentSettings.load(settings, env=env)
     assert agent.effects_database == env["FORKLAB_LEDGER"]  # shared, not a file per host
+    assert settings.deployment == "forklab"  # versioned: deployment forklab-agents
     for url in (agent.resolved_model_url, agent.resolved_effects_url):
         host, port = re.sub(r"^https?://|/.*$", "", url).split(":")
         service = services[host]

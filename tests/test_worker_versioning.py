@@ -12,15 +12,19 @@ import os
 import uuid
 from pathlib import Path
 from subprocess import Popen
+from typing import Any
 
 import pytest
+from agent_fixtures import AgentTestLab, Services, agent_settings
 from orchestration_lab import Lab, WorkerProcesses, cli_env, forklab, lab_settings, make_spec
 from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from forklab.agent_lab import AgentLab
+from workers.agent_worker import agents_plugin, build_agent_worker, ensure_run_fork_attributes
 from workers.config import ConfigError, Settings
-from workers.versioning import code_build_id
+from workers.versioning import AGENTS, code_build_id, promote_if_newest, worker_version
 from workflows.messages import ExperimentResult, Stage, Status, workflow_id
 
 
@@ -76,23 +80,27 @@ async def _log_says(log: Path, text: str) -> None:
     raise AssertionError(f"{log.name} never said {text!r}:\n{log.read_text()}")
 
 
-async def _pinned_build(handle: WorkflowHandle[object, object]) -> str:
+async def _pinned_build(handle: WorkflowHandle[Any, Any]) -> str:
     info = (await handle.describe()).raw_description.workflow_execution_info
     return info.versioning_info.deployment_version.build_id
 
 
-async def _task_pids(handle: WorkflowHandle[object, object]) -> set[int]:
-    """The processes that started the run's workflow and activity tasks (a worker's
-    identity is ``pid@host``)."""
-    pids = set()
+async def _task_identities(handle: WorkflowHandle[Any, Any]) -> set[str]:
+    """The identities of the workers that started the run's workflow and activity tasks."""
+    who = set()
     for event in (await handle.fetch_history()).events:
         for field in (
             "workflow_task_started_event_attributes",
             "activity_task_started_event_attributes",
         ):
             if event.HasField(field):
-                pids.add(int(getattr(event, field).identity.split("@")[0]))
-    return pids
+                who.add(getattr(event, field).identity)
+    return who
+
+
+async def _task_pids(handle: WorkflowHandle[Any, Any]) -> set[int]:
+    """The processes that ran the run's tasks (a worker's default identity is ``pid@host``)."""
+    return {int(identity.split("@")[0]) for identity in await _task_identities(handle)}
 
 
 async def test_each_run_stays_on_its_build_while_new_runs_take_the_newest(
@@ -107,7 +115,7 @@ async def test_each_run_stays_on_its_build_while_new_runs_take_the_newest(
     def build(build_id: str, **extra: str) -> dict[str, str]:
         return {**env, "FORKLAB_DEPLOYMENT": deployment, "FORKLAB_BUILD_ID": build_id, **extra}
 
-    async def start(name: str) -> tuple[str, WorkflowHandle[object, object]]:
+    async def start(name: str) -> tuple[str, WorkflowHandle[Any, Any]]:
         spec = make_spec(params={"sandbox_sleep": 0.05})
         spec_file = tmp_path / f"{name}.json"
         spec_file.write_text(spec.model_dump_json())
@@ -159,3 +167,49 @@ async def test_each_run_stays_on_its_build_while_new_runs_take_the_newest(
     assert status.returncode == 1
     assert f"FORKLAB_DEPLOYMENT={deployment} FORKLAB_BUILD_ID=v1 forklab worker" in status.stderr
     assert (await asyncio.to_thread(forklab, env, "status", new_id)).returncode == 0
+
+
+async def test_an_agent_run_stays_on_its_build_and_its_fork_takes_the_newest(
+    temporal_env: WorkflowEnvironment, services: Services, tmp_path: Path
+) -> None:
+    """Agent-run workers of builds v1 and v2 in one task queue (deployment
+    ``<name>-agents``): the run started under v1 is pinned there; after v2 became current,
+    a fork of it (its prefix read from v1's recorded history) runs only on v2's worker."""
+    agent = agent_settings(services, tmp_path / "home")
+    target = temporal_env.client.service_client.config.target_host
+    deployment = f"forklab-test-{uuid.uuid4().hex[:8]}"
+
+    def build(build_id: str) -> Settings:
+        flags = {"address": target, "deployment": deployment, "build_id": build_id}
+        return Settings.load(flags, env={})
+
+    async def worker_client(build_id: str) -> Client:
+        return await Client.connect(
+            target, plugins=[agents_plugin(agent)], identity=f"agent-worker-{build_id}"
+        )
+
+    v1_client, v2_client = await worker_client("v1"), await worker_client("v2")
+    await ensure_run_fork_attributes(v1_client)
+    v1 = worker_version(build("v1"), AGENTS)
+    v2 = worker_version(build("v2"), AGENTS)
+    assert v1 is not None and v2 is not None and v1.deployment_name == f"{deployment}-agents"
+    async with build_agent_worker(v1_client, agent, version=v1):
+        assert "is now current" in await promote_if_newest(v1_client, v1, "test")
+        lab = AgentTestLab(
+            lab=AgentLab(v1_client, agent), client=v1_client, agent=agent, services=services
+        )
+        parent = await lab.start_research(model="fast")
+        with pytest.raises(WorkflowFailureError):
+            await parent.result()  # the fast model's report is too thin
+        async with build_agent_worker(v2_client, agent, version=v2):
+            said = await promote_if_newest(v2_client, v2, "test")
+            assert (
+                said
+                == f"version {deployment}-agents:v2 is now current (was {deployment}-agents:v1)"
+            )
+            fork = await lab.lab.fork(parent.id, at_step=3, model="slow", requested_by="tester")
+            state = await asyncio.wait_for(fork.handle.result(), timeout=60)
+            assert state["status"] == "ok"
+    assert await _pinned_build(parent) == "v1" and await _pinned_build(fork.handle) == "v2"
+    assert await _task_identities(parent) == {"agent-worker-v1"}
+    assert await _task_identities(fork.handle) == {"agent-worker-v2"}

@@ -15,6 +15,7 @@ from temporalio.api.operatorservice.v1 import (
     ListSearchAttributesRequest,
 )
 from temporalio.client import Client
+from temporalio.common import WorkerDeploymentVersion
 from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
 from temporalio.worker import Worker
 
@@ -26,6 +27,7 @@ from activities.run_log import RunLog
 from workers.agent_config import AgentSettings
 from workers.config import Settings
 from workers.stores import effect_ledger
+from workers.versioning import AGENTS, announce, deployment_config, worker_version
 from workflows.agents.research import ResearchPipelineWorkflow
 from workflows.agents.support import SupportAgentWorkflow
 from workflows.runfork.interceptor import ForkInterceptor
@@ -67,8 +69,10 @@ def build_agent_worker(
     mode: LedgerMode = LedgerMode.ledger_query,
     workflows: list[type] | None = None,
     overlay: bool = True,
+    version: WorkerDeploymentVersion | None = None,
 ) -> Worker:
-    """``overlay=False``: agent workspaces are copies, never overlay mounts."""
+    """``overlay=False``: agent workspaces are copies, never overlay mounts. ``version``:
+    the worker deployment version it joins (``workers.versioning``)."""
     tools = EffectTools(agent.resolved_effects_url, effect_ledger(agent), mode)
     files = WorkspaceTools(agent_workspaces_root(agent.home), overlay=overlay)
     models = ModelActivities(openai_client(agent))
@@ -76,6 +80,7 @@ def build_agent_worker(
     return Worker(
         client,
         task_queue=agent.agent_task_queue,
+        deployment_config=deployment_config(version),
         workflows=workflows or AGENT_WORKFLOWS,
         activities=[
             models.chat_model,
@@ -113,5 +118,8 @@ async def run_agent_worker(settings: Settings, agent: AgentSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with build_agent_worker(client, agent):
+    version = worker_version(settings, AGENTS)
+    async with build_agent_worker(client, agent, version=version):
+        if version is not None:
+            await announce(client, version, settings.promote)
         await stop.wait()

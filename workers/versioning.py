@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib.util
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -39,6 +40,8 @@ from workers.config import Settings
 
 #: The packages whose source makes up a build (what a worker runs or ships to sandboxes).
 PACKAGES = ("experiments", "activities", "workflows", "workers", "forklab", "evals")
+#: The agent-run workers' deployment is ``<FORKLAB_DEPLOYMENT>-agents``.
+AGENTS = "agents"
 #: How long a worker waits for the server to know its version before it gives up promoting.
 REGISTER_SECONDS = 60.0
 #: A version that has never been current or ramping.
@@ -66,11 +69,14 @@ def _package_roots() -> list[Path]:
     return roots
 
 
-def worker_version(settings: Settings) -> WorkerDeploymentVersion | None:
-    """The version this worker joins, or None when no deployment name is set."""
+def worker_version(settings: Settings, kind: str = "") -> WorkerDeploymentVersion | None:
+    """The version this worker joins, or None when no deployment name is set. ``kind``
+    names a deployment of its own for another kind of worker (``agents``: the agent-run
+    workers, whose task queue is promoted apart from the experiments')."""
     if not settings.deployment:
         return None
-    return WorkerDeploymentVersion(settings.deployment, settings.build_id or code_build_id())
+    name = f"{settings.deployment}-{kind}" if kind else settings.deployment
+    return WorkerDeploymentVersion(name, settings.build_id or code_build_id())
 
 
 def deployment_config(version: WorkerDeploymentVersion | None) -> WorkerDeploymentConfig | None:
@@ -82,6 +88,27 @@ def deployment_config(version: WorkerDeploymentVersion | None) -> WorkerDeployme
         use_worker_versioning=True,
         default_versioning_behavior=VersioningBehavior.PINNED,
     )
+
+
+async def announce(client: Client, version: WorkerDeploymentVersion, promote: bool) -> None:
+    """Say which version the worker joined, then promote it if it may. A server that
+    refuses (e.g. no permission) leaves the worker serving the runs pinned to its build,
+    with a warning."""
+    print(
+        f"worker deployment version {_label(version)} (runs started on it stay on it)",
+        flush=True,
+    )
+    if not promote:
+        return
+    try:
+        print(await promote_if_newest(client, version, client.identity), flush=True)
+    except RPCError as exc:
+        print(
+            f"forklab: warning: could not make {_label(version)} current ({exc.message}); "
+            "set it with `temporal worker deployment set-current-version`",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 async def promote_if_newest(client: Client, version: WorkerDeploymentVersion, identity: str) -> str:

@@ -6,7 +6,6 @@ import asyncio
 import ctypes
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +21,6 @@ from temporalio.api.operatorservice.v1 import (
 from temporalio.client import Client
 from temporalio.common import WorkerDeploymentVersion
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import RPCError
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -39,7 +37,7 @@ from activities.world_batches import SandboxActivities
 from workers.config import Settings
 from workers.providers import braintrust_config, readout_config, sandbox_backend
 from workers.stores import artifact_store, check_stores, ledger
-from workers.versioning import deployment_config, promote_if_newest, worker_version
+from workers.versioning import announce, deployment_config, worker_version
 from workflows.experiment import ExperimentWorkflow
 from workflows.search_attributes import EXPERIMENT, STAGE
 from workflows.timeouts import HEARTBEAT_THROTTLE
@@ -189,26 +187,5 @@ async def run_worker(settings: Settings) -> None:
     with cpu_pool() as cpu:
         async with build_worker(client, settings, cpu, version=version):
             if version is not None:
-                print(
-                    f"worker deployment version {version.deployment_name}:{version.build_id} "
-                    "(experiments started on it stay on it)",
-                    flush=True,
-                )
-                if settings.promote:
-                    await _promote(client, version)
+                await announce(client, version, settings.promote)
             await stop.wait()
-
-
-async def _promote(client: Client, version: WorkerDeploymentVersion) -> None:
-    """Promote when newest; a server that refuses (e.g. no permission) leaves the worker
-    serving the runs pinned to its build, with a warning."""
-    try:
-        print(await promote_if_newest(client, version, client.identity), flush=True)
-    except RPCError as exc:
-        print(
-            f"forklab: warning: could not make {version.deployment_name}:{version.build_id} "
-            f"current ({exc.message}); set it with `temporal worker deployment "
-            "set-current-version`",
-            file=sys.stderr,
-            flush=True,
-        )
