@@ -112,10 +112,10 @@ async def announce(client: Client, version: WorkerDeploymentVersion, promote: bo
 
 
 async def promote_if_newest(client: Client, version: WorkerDeploymentVersion, identity: str) -> str:
-    """Make ``version`` the deployment's current version, where new experiments start, when
+    """Make ``version`` the deployment's current version, where new runs start, when
     the deployment has none, or when ``version`` has never been current and is newer than
     the current one. A restarted worker of an older build, or of a build an operator rolled
-    back from, therefore never takes new experiments back. Returns what it did, in a
+    back from, therefore never takes new runs back. Returns what it did, in a
     sentence. Waits (up to ``REGISTER_SECONDS``) for the server to know the version, which
     it learns from the worker's first poll; a concurrent change of the routing (another
     new worker promoting) makes it look again."""
