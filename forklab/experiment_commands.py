@@ -34,6 +34,7 @@ from forklab.ops_common import (
     add_connection_flags,
     experiment_handle,
     open_client,
+    pinned_build,
     query_status,
     run,
     settings_from,
@@ -272,14 +273,17 @@ def render_status(view: StatusView) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     settings = settings_from(args)
 
-    async def go() -> StatusView:
-        return await query_status(await experiment_handle(settings, args.experiment))
+    async def go() -> tuple[StatusView, tuple[str, str] | None]:
+        handle = await experiment_handle(settings, args.experiment)
+        return await query_status(handle), await pinned_build(handle)
 
-    view = run(go)
+    view, pinned = run(go)
     if args.json:
         print(view.model_dump_json(indent=2))
     else:
         print(render_status(view))
+        if pinned is not None:
+            print(f"  runs on build {pinned[0]}:{pinned[1]} (pinned: its workers only)")
         print(f"  web UI: {settings.experiment_url(workflow_id(args.experiment))}")
     return 0
 

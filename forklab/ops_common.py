@@ -147,17 +147,24 @@ async def query_status(handle: WorkflowHandle[Any, Any]) -> StatusView:
         ) from None
 
 
-async def _which_worker(handle: WorkflowHandle[Any, Any]) -> str:
-    """Which worker the run needs: one of the build it is pinned to, if it is pinned."""
+async def pinned_build(handle: WorkflowHandle[Any, Any]) -> tuple[str, str] | None:
+    """The (deployment, build id) the run is pinned to; None if it is not versioned
+    (docs/deployment.md, "Rolling upgrades") or cannot be described."""
     try:
         info = (await handle.describe()).raw_description.workflow_execution_info
     except RPCError:
-        info = None
-    if info is None or not info.versioning_info.deployment_version.build_id:
-        return "is a ForkLab worker running (`forklab up`)?"
+        return None
     pinned = info.versioning_info.deployment_version
+    return (pinned.deployment_name, pinned.build_id) if pinned.build_id else None
+
+
+async def _which_worker(handle: WorkflowHandle[Any, Any]) -> str:
+    """Which worker the run needs: one of the build it is pinned to, if it is pinned."""
+    pinned = await pinned_build(handle)
+    if pinned is None:
+        return "is a ForkLab worker running (`forklab up`)?"
+    deployment, build_id = pinned
     return (
-        f"it runs on build {pinned.deployment_name}:{pinned.build_id} only; is a worker of "
-        f"that build running (FORKLAB_DEPLOYMENT={pinned.deployment_name} "
-        f"FORKLAB_BUILD_ID={pinned.build_id} forklab worker)?"
+        f"it runs on build {deployment}:{build_id} only; is a worker of that build running "
+        f"(FORKLAB_DEPLOYMENT={deployment} FORKLAB_BUILD_ID={build_id} forklab worker)?"
     )

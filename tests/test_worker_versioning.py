@@ -166,7 +166,9 @@ async def test_each_run_stays_on_its_build_while_new_runs_take_the_newest(
     status = await asyncio.to_thread(forklab, env, "status", old_id)
     assert status.returncode == 1
     assert f"FORKLAB_DEPLOYMENT={deployment} FORKLAB_BUILD_ID=v1 forklab worker" in status.stderr
-    assert (await asyncio.to_thread(forklab, env, "status", new_id)).returncode == 0
+    status = await asyncio.to_thread(forklab, env, "status", new_id)
+    assert status.returncode == 0, status.stderr
+    assert f"  runs on build {deployment}:v2 (pinned: its workers only)\n" in status.stdout
 
 
 async def test_an_agent_run_stays_on_its_build_and_its_fork_takes_the_newest(
