@@ -17,14 +17,23 @@ from typing import Any
 import pytest
 from agent_fixtures import AgentTestLab, Services, agent_settings
 from orchestration_lab import Lab, WorkerProcesses, cli_env, forklab, lab_settings, make_spec
+from temporalio import activity
 from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentRequest
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.common import WorkerDeploymentVersion
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from forklab.agent_lab import AgentLab
 from workers.agent_worker import agents_plugin, build_agent_worker, ensure_run_fork_attributes
 from workers.config import ConfigError, Settings
-from workers.versioning import AGENTS, code_build_id, promote_if_newest, worker_version
+from workers.versioning import (
+    AGENTS,
+    code_build_id,
+    deployment_config,
+    promote_if_newest,
+    worker_version,
+)
 from workflows.messages import ExperimentResult, Stage, Status, workflow_id
 
 
@@ -215,3 +224,42 @@ async def test_an_agent_run_stays_on_its_build_and_its_fork_takes_the_newest(
     assert await _pinned_build(parent) == "v1" and await _pinned_build(fork.handle) == "v2"
     assert await _task_identities(parent) == {"agent-worker-v1"}
     assert await _task_identities(fork.handle) == {"agent-worker-v2"}
+
+
+@activity.defn
+async def _noop() -> None:
+    """Something for a bare worker to serve while it only polls."""
+
+
+async def test_workers_of_a_new_build_that_start_together_promote_it_once(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """Replicas of a new image start at the same moment: each tries to make the build
+    current, from the same description of the deployment; both end without error, and
+    the build is current."""
+    client = temporal_env.client
+    deployment = f"forklab-test-{uuid.uuid4().hex[:8]}"
+    queue = f"versions-{uuid.uuid4().hex[:8]}"
+    settings = Settings.load({"deployment": deployment, "build_id": "v1"}, env={})
+    v1 = worker_version(settings)
+    v2 = worker_version(settings.model_copy(update={"build_id": "v2"}))
+    assert v1 is not None and v2 is not None
+
+    def bare(version: WorkerDeploymentVersion) -> Worker:
+        return Worker(
+            client,
+            task_queue=queue,
+            activities=[_noop],
+            deployment_config=deployment_config(version),
+        )
+
+    async with bare(v1):
+        assert await promote_if_newest(client, v1, "a") == f"version {deployment}:v1 is now current"
+        async with bare(v2):  # one poller is enough to register the version
+            said = await asyncio.gather(*(promote_if_newest(client, v2, w) for w in "bc"))
+    assert f"version {deployment}:v2 is now current (was {deployment}:v1)" in said
+    assert set(said) <= {
+        f"version {deployment}:v2 is now current (was {deployment}:v1)",
+        f"version {deployment}:v2 is current",
+    }
+    assert await _current(client, deployment) == "v2"

@@ -44,6 +44,14 @@ PACKAGES = ("experiments", "activities", "workflows", "workers", "forklab", "eva
 AGENTS = "agents"
 #: How long a worker waits for the server to know its version before it gives up promoting.
 REGISTER_SECONDS = 60.0
+#: What the server answers when another worker changed the routing first (a stale conflict
+#: token), or while it still applies that change ("too many requests issued to Worker
+#: Deployment", seen when replicas of a new build start together): look again.
+_LOOK_AGAIN = (
+    RPCStatusCode.FAILED_PRECONDITION,
+    RPCStatusCode.ABORTED,
+    RPCStatusCode.RESOURCE_EXHAUSTED,
+)
 #: A version that has never been current or ramping.
 _NEVER_CURRENT = WorkerDeploymentVersionStatus.WORKER_DEPLOYMENT_VERSION_STATUS_INACTIVE
 
@@ -145,7 +153,7 @@ async def promote_if_newest(client: Client, version: WorkerDeploymentVersion, id
                 )
             )
         except RPCError as exc:
-            if exc.status not in (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.ABORTED):
+            if exc.status not in _LOOK_AGAIN:
                 raise
             if time.monotonic() > deadline:
                 return f"version {_label(version)} not promoted: {exc.message}"
@@ -180,12 +188,13 @@ def _reason_to_keep(info: WorkerDeploymentInfo, version: WorkerDeploymentVersion
 
 
 async def _describe(client: Client, name: str) -> DescribeWorkerDeploymentResponse | None:
+    """The deployment; None while the server does not know it or asks to try again."""
     try:
         return await client.workflow_service.describe_worker_deployment(
             DescribeWorkerDeploymentRequest(namespace=client.namespace, deployment_name=name)
         )
     except RPCError as exc:
-        if exc.status is not RPCStatusCode.NOT_FOUND:
+        if exc.status is not RPCStatusCode.NOT_FOUND and exc.status not in _LOOK_AGAIN:
             raise
         return None
 
