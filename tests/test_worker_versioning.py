@@ -1,8 +1,8 @@
-"""Rolling upgrades: with a deployment name, each experiment stays on the build of the
-workers it started on, while new experiments go to the newest build.
+"""Rolling upgrades: with a deployment name, each experiment or agent run stays on the
+build of the workers it started on, while new runs go to the newest build.
 
-Real ``forklab worker`` processes of two builds share one task queue on the real dev
-server; the operator uses the real CLI.
+On the real dev server: real ``forklab worker`` processes of three builds share one task
+queue and the operator uses the real CLI; agent-run workers of two builds run in-process.
 """
 
 from __future__ import annotations
