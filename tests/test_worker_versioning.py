@@ -164,7 +164,8 @@ async def test_each_run_stays_on_its_build_while_new_runs_take_the_newest(
         assert isinstance(result, ExperimentResult)
         assert result.status is Status.completed, result.error
     # every task of each run, before and after the upgrade, ran on its own build's workers
-    assert await _task_pids(old) <= {p.pid for p in v1}
+    old_pids = await _task_pids(old)
+    assert old_pids and old_pids <= {p.pid for p in v1}
     assert await _task_pids(new) == {v2.pid}
     assert await _pinned_build(old) == "v1"
 
