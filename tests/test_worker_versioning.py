@@ -72,6 +72,10 @@ def test_bad_deployment_settings_are_refused_by_name(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert "setting deployment (flag --deployment or FORKLAB_DEPLOYMENT)" in bad.stderr
     assert not (tmp_path / "home" / "sandboxes").exists()  # refused before it built anything
+    # the worker's other flag goes through the same checks
+    bad = forklab(env, "worker", "--max-sandboxes", "0")
+    assert bad.returncode == 2
+    assert "setting max_sandboxes (flag --max-sandboxes or FORKLAB_MAX_SANDBOXES)" in bad.stderr
 
 
 async def _current(client: Client, deployment: str) -> str:
