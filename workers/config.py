@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from activities.approval import ALLOW_UNAPPROVED
 
@@ -43,8 +50,16 @@ ENV = {
 ENV_ONLY = frozenset({"artifacts", "ledger", "s3_endpoint", "store_retry_seconds", "promote"})
 #: Worker deployment names and build ids: letters, digits, ``_``, ``-`` (build ids also
 #: ``.`` and ``+``, as in ``1.4.0+abc``); Temporal joins the two into one version string.
-_DEPLOYMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
-_BUILD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}")
+_VERSION_NAMES = {
+    "deployment": (
+        re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}"),
+        "use up to 100 letters, digits, _ and -, e.g. forklab",
+    ),
+    "build_id": (
+        re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}"),
+        "use up to 100 letters, digits, _ - . and +, e.g. 1.4.0",
+    ),
+}
 
 
 class Settings(BaseModel):
@@ -95,18 +110,12 @@ class Settings(BaseModel):
         description="May a versioned worker make its build current when it is the newest?",
     )
 
-    @field_validator("deployment")
+    @field_validator("deployment", "build_id")
     @classmethod
-    def _deployment(cls, value: str) -> str:
-        if value and not _DEPLOYMENT_NAME.fullmatch(value):
-            raise ValueError("use up to 100 letters, digits, _ and -, e.g. forklab")
-        return value
-
-    @field_validator("build_id")
-    @classmethod
-    def _build_id(cls, value: str) -> str:
-        if value and not _BUILD_ID.fullmatch(value):
-            raise ValueError("use up to 100 letters, digits, _ - . and +, e.g. 1.4.0")
+    def _version_name(cls, value: str, info: ValidationInfo) -> str:
+        pattern, rule = _VERSION_NAMES[str(info.field_name)]
+        if value and not pattern.fullmatch(value):
+            raise ValueError(rule)
         return value
 
     @field_validator("artifacts")

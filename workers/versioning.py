@@ -131,17 +131,19 @@ async def promote_if_newest(client: Client, version: WorkerDeploymentVersion, id
     name = version.deployment_name
     while True:
         described = await _describe(client, name)
-        info = None if described is None else described.worker_deployment_info
-        if info is None or _summary(info, version.build_id) is None:
+        if (
+            described is None
+            or _summary(described.worker_deployment_info, version.build_id) is None
+        ):
             if time.monotonic() > deadline:
                 return f"version {_label(version)} is still unknown to the server; not promoted"
             await asyncio.sleep(0.25)
             continue
+        info = described.worker_deployment_info
         current = info.routing_config.current_deployment_version.build_id
         reason = _reason_to_keep(info, version)
         if reason is not None:
             return reason
-        assert described is not None
         try:
             await client.workflow_service.set_worker_deployment_current_version(
                 SetWorkerDeploymentCurrentVersionRequest(
@@ -176,8 +178,8 @@ def _reason_to_keep(info: WorkerDeploymentInfo, version: WorkerDeploymentVersion
     assert ours is not None
     if ours.status != _NEVER_CURRENT:
         return (
-            f"version {_label(version)} was current before; {name}:{current} stays current "
-            "(change it with `temporal worker deployment set-current-version`)"
+            f"version {_label(version)} was current or ramping before; {name}:{current} "
+            "stays current (change it with `temporal worker deployment set-current-version`)"
         )
     if (
         theirs is not None
