@@ -4,7 +4,9 @@ the runs out themselves; a file that does not belong is ignored or refused."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import marshal
 import time
 from pathlib import Path
 from typing import Any
@@ -29,12 +31,13 @@ from experiments.runtime.canon import canonical_json
 from experiments.runtime.crn import Block, EpisodeDraws, Run, Shocks, uniform
 from experiments.runtime.draws_file import (
     DrawsFormatError,
-    DrawsWriter,
     RunEntry,
     draws_key,
+    encode,
     pack_words,
     read_draws,
-    unpack_words,
+    run_entry,
+    shipped_run,
 )
 from experiments.runtime.file_format import (
     DRAWS_FILE,
@@ -114,11 +117,13 @@ def test_preloaded_runs_give_every_world_the_same_outcomes_and_fingerprints(
     workload = RetryCascade(PARAMS)
     runs = read_draws(draws, draws_key("retry-cascade", PARAMS, SEED))
     taken = 0
+    width = len(workload._shocks.pairs)
     for cp in _checkpoints(folder):
         table = EpisodeDraws(SEED, cp["episode"])
         taken += preload_draws(workload, table, cp["state"], runs[cp["episode"]])
         (run,) = table.runs.values()
-        assert run.words.typecode == "Q"  # the shipped words, not ones worked out again
+        # the shipped run: of its words, only the first tick's were worked out (the check)
+        assert run.count > width and len(table.exogenous) == width
     assert taken == 60
 
 
@@ -147,12 +152,7 @@ def _entries(draws: bytes) -> dict[int, tuple[RunEntry, ...]]:
 
 def _rewritten(entries: dict[int, tuple[RunEntry, ...]]) -> bytes:
     """A well-formed file (checksum and all) holding ``entries``."""
-    writer = DrawsWriter(draws_key("retry-cascade", PARAMS, SEED))
-    workload = RetryCascade(PARAMS)
-    block = workload._shocks
-    for episode, runs in entries.items():
-        writer.add(episode, [Run(block, s, e, unpack_words(w), d) for s, e, w, d in runs])
-    return writer.data()
+    return encode(draws_key("retry-cascade", PARAMS, SEED), list(entries.items()))
 
 
 def test_runs_of_another_episode_are_ignored_or_refused(chunk: tuple[Path, bytes]) -> None:
@@ -180,14 +180,18 @@ def test_runs_of_another_episode_are_ignored_or_refused(chunk: tuple[Path, bytes
 def test_a_flipped_word_or_decoded_value_is_refused(chunk: tuple[Path, bytes]) -> None:
     folder, draws = chunk
     entries = _entries(draws)
-    start, stop, words, decoded = entries[3][0]
-    flipped = unpack_words(words)
+    (run,) = prefix_with_runs(RetryCascade(PARAMS), SEED, 3)[1]
+    assert entries[3] == (run_entry(run),)
+    flipped = list(run.words)
     flipped[1] ^= 1 << 40
-    bad_word = {**entries, 3: ((start, stop, pack_words(flipped), decoded),)}
-    first = decoded[0]
+    bad_word = Run(run.block, run.start, run.stop, flipped, run.decoded)
+    first = run.decoded[0]
     bad_value = (first[0], first[1] + 1.0, *first[2:])
-    bad_decoded = {**entries, 3: ((start, stop, words, (bad_value, *decoded[1:])),)}
-    for tampered in (bad_word, bad_decoded):
+    bad_decoded = Run(run.block, run.start, run.stop, run.words, (bad_value, *run.decoded[1:]))
+    for tampered in (
+        {**entries, 3: (run_entry(bad_word),)},
+        {**entries, 3: (run_entry(bad_decoded),)},
+    ):
         with pytest.raises(DrawsFormatError, match=r"episode 3's run .* is not what"):
             _continue_in(folder, "retry-cascade", WORLDS[0], _rewritten(tampered))
     # a byte changed anywhere in the file: its checksum fails
@@ -241,7 +245,7 @@ def test_a_wrong_hint_changes_no_result(chunk: tuple[Path, bytes]) -> None:
         episode = cp["episode"]
         again, runs = prefix_with_runs(workload, SEED, episode)
         assert again == cp and runs
-        shipped[episode] = [(r.start, r.stop, pack_words(r.words), r.decoded) for r in runs]
+        shipped[episode] = [run_entry(r) for r in runs]
     for world in WORLDS[:3]:
         assert continue_checkpoints(workload, SEED, checkpoints[:20], world, shipped=shipped) == (
             continue_checkpoints(RetryCascade(PARAMS), SEED, checkpoints[:20], world)
@@ -252,7 +256,10 @@ def test_a_world_that_draws_a_run_and_single_coordinates_keeps_its_fingerprint()
     block = Block([(-1, "cap"), (0, "work"), (0, "work")], lambda values: values)
     made = EpisodeDraws(5, 6).run(block, 3, 9)
     preloaded = EpisodeDraws(5, 6)
-    preloaded.preload(Run(block, 3, 9, unpack_words(pack_words(made.words)), made.decoded))
+    # shipped as the file ships it: its decodings, the count and sum of its words
+    shipped, head = shipped_run(block, run_entry(made), preloaded)
+    assert list(head) == made.words[: len(block.pairs)]
+    preloaded.preload(shipped)
     plain = Shocks(5, 6)
     for t in range(3, 9):
         for entity, stream in block.pairs:
@@ -272,6 +279,51 @@ def test_a_world_that_draws_a_run_and_single_coordinates_keeps_its_fingerprint()
         plain.exogenous(0, t, "work")
     assert world.fingerprint() == plain.fingerprint()
     assert world.exogenous(-1, 5, "cap") == uniform(5, 6, -1, 5, "cap")
+
+
+@pytest.mark.parametrize(
+    "decode",
+    [
+        lambda v: v,  # floats only: every column packed
+        lambda v: (int(v[0] * 4), v[1], ("x",) if v[2] < 0.5 else ()),  # mixed columns
+        lambda v: [v[0], v[1]],  # not a tuple: kept tick by tick
+        lambda v: (v[0],) if v[1] < 0.5 else (v[0], v[1]),  # tuples of two widths
+        lambda v: (1.0 if v[0] < 0.5 else 1, v[1]),  # a float column with an int in it
+    ],
+)
+def test_a_shipped_run_reads_back_exactly(decode: Any) -> None:
+    """Whatever the decodings' shape, a run read back from the file has them exactly
+    (types included: an int is never read back as a float), and the same count and sum."""
+    block = Block([(-1, "cap"), (0, "work"), (1, "work")], decode)
+    made = EpisodeDraws(5, 6).run(block, 3, 40)
+    data = encode("k", [(6, (run_entry(made),))])
+    (entry,) = read_draws(data, "k")[6]
+    run, head = shipped_run(block, entry, EpisodeDraws(5, 6))
+    assert marshal.dumps(run.decoded, 2) == marshal.dumps(made.decoded, 2)
+    assert (run.count, run.total, list(head)) == (made.count, made.total, made.words[:3])
+    assert list(run.words) == list(made.words)  # worked out again through the table
+
+
+def test_a_file_of_another_format_is_ignored(chunk: tuple[Path, bytes]) -> None:
+    """A file another build wrote (draws format 1: every word, ticks one by one) costs the
+    world the time to work its runs out, and changes nothing."""
+    folder, _ = chunk
+    workload = RetryCascade(PARAMS)
+    episodes = []
+    for cp in _checkpoints(folder):
+        runs = prefix_with_runs(workload, SEED, cp["episode"])[1]
+        episodes.append(
+            (cp["episode"], tuple((r.start, r.stop, pack_words(r.words), r.decoded) for r in runs))
+        )
+    payload = marshal.dumps((1, draws_key("retry-cascade", PARAMS, SEED), episodes), 4)
+    check = hashlib.blake2b(payload, digest_size=32).hexdigest().encode()
+    older = b"forklab-draws\n" + check + b"\n" + payload
+    with pytest.raises(DrawsFormatError, match="not in draws format 2"):
+        read_draws(older, draws_key("retry-cascade", PARAMS, SEED))
+    for world in WORLDS[:2]:
+        assert canonical_json(_continue_in(folder, "retry-cascade", world, older)) == (
+            canonical_json(_continue_in(folder, "retry-cascade", world, None))
+        )
 
 
 def test_checkpoint_lines_are_unchanged_by_shipping_runs(chunk: tuple[Path, bytes]) -> None:

@@ -62,14 +62,28 @@ class Block(Generic[T]):
 
 
 class Run(Generic[T]):
-    """``block`` drawn at ticks ``start..stop-1``: its ``words`` (tick by tick, the block's
-    pairs in order), what ``decode`` returned for each tick, and the number and the sum
-    (mod 2**64) of the words of its distinct coordinates: all a world's fingerprint needs
-    of it, so a world that draws a run never copies its coordinates one by one (the dict
-    of them is made only if a fingerprint must merge overlapping draws, see ``coords``).
+    """``block`` drawn at ticks ``start..stop-1``: what ``decode`` returned for each tick,
+    the number and the sum (mod 2**64) of the words of its distinct coordinates (all a
+    world's fingerprint needs of it, so a world that draws a run never copies its
+    coordinates one by one) and its ``words`` (tick by tick, the block's pairs in order).
+
+    A run made here holds its words. A run another process made and shipped (``shipped``)
+    holds only its decodings, count and sum: its words are worked out again, through the
+    episode's table, only if asked for (the dict of coordinates a fingerprint makes when
+    it must merge overlapping runs, see ``coords``).
     """
 
-    __slots__ = ("_coords", "block", "count", "decoded", "start", "stop", "total", "words")
+    __slots__ = (
+        "_coords",
+        "_table",
+        "_words",
+        "block",
+        "count",
+        "decoded",
+        "start",
+        "stop",
+        "total",
+    )
 
     def __init__(
         self, block: Block[T], start: int, stop: int, words: Sequence[int], decoded: tuple[T, ...]
@@ -81,8 +95,9 @@ class Run(Generic[T]):
         self.block = block
         self.start = start
         self.stop = stop
-        self.words = words
         self.decoded = decoded
+        self._words: Sequence[int] | None = words
+        self._table: EpisodeDraws | None = None
         self._coords: dict[Coordinate, int] | None = None
         if len(block.members) == width:
             self.count = len(words)
@@ -91,6 +106,52 @@ class Run(Generic[T]):
             first = [i for i, pair in enumerate(block.pairs) if block.pairs.index(pair) == i]
             self.count = len(first) * ticks
             self.total = sum(words[t * width + i] for t in range(ticks) for i in first) & _MASK64
+
+    @classmethod
+    def shipped(
+        cls,
+        block: Block[T],
+        start: int,
+        stop: int,
+        decoded: tuple[T, ...],
+        count: int,
+        total: int,
+        table: EpisodeDraws,
+    ) -> Run[T]:
+        """The run another process made for ``table``'s episode, from its decodings and the
+        count and sum of its words; ``table`` works the words out if they are asked for."""
+        if len(decoded) != max(stop - start, 0):
+            raise ValueError("a run needs one decoding per tick")
+        run = cls.__new__(cls)
+        run.block = block
+        run.start = start
+        run.stop = stop
+        run.decoded = decoded
+        run.count = count
+        run.total = total & _MASK64
+        run._words = None
+        run._table = table
+        run._coords = None
+        return run
+
+    @property
+    def words(self) -> Sequence[int]:
+        """The run's words, tick by tick (worked out through the table for a shipped run)."""
+        if self._words is None:
+            table = self._table
+            if table is None:  # (``shipped`` always sets one)
+                raise RuntimeError("a shipped run without its table")
+            exogenous = table.exogenous
+            words: list[int] = []
+            for tick in range(self.start, self.stop):
+                for entity, stream in self.block.pairs:
+                    coord = (entity, tick, stream)
+                    word = exogenous.get(coord)
+                    if word is None:
+                        word = exogenous[coord] = table.word(entity, tick, stream)
+                    words.append(word)
+            self._words = words
+        return self._words
 
     def covers(self, coord: Coordinate) -> bool:
         entity, tick, stream = coord

@@ -14,15 +14,26 @@ working out the first tick of every run it uses again.
 
 Layout: ``MAGIC``, the BLAKE2b-256 of the payload in hex and a newline, then the payload,
 ``marshal`` (version 4) of ``(DRAWS_FORMAT, key, episodes)``: ``key`` names workload,
-params and seed; each episode is ``(episode, runs)`` and each run ``(start, stop, words,
-decoded)`` in the order of the workload's ``world_blocks``, with ``words`` the run's
-64-bit words packed little-endian and ``decoded`` what the block's ``decode`` returned
-for each tick. marshal writes an object that occurs more than once only once and then
-refers back to it, so a decode that returns one shared object for equal values (as
-retry-cascade's does for its patterns of arrivals) makes the file small and quick to read
-back: a small share of working the runs out again. Only runners in sandboxes read this
-file (never a worker: ``marshal`` is no format for untrusted bytes outside a sandbox).
-Standard library only.
+params and seed; each episode is ``(episode, runs)`` in the order of the workload's
+``world_blocks``, and each run ``(start, stop, head, count, total, width, ticks)``:
+
+- ``head``: the 64-bit words of the run's first tick, packed little-endian (what the world
+  checks); ``count`` and ``total``: the number and the sum (mod 2**64) of the words of the
+  run's distinct coordinates (all its fingerprint needs; the other words are never read,
+  so they are not shipped);
+- what the block's ``decode`` returned for each tick: when every tick is a plain tuple of
+  the same ``width``, ``ticks`` holds it by column (a column of floats packed as 64-bit
+  doubles, any other column a tuple), so that reading it back makes no object per tick
+  until the world preloads the episode; otherwise ``width`` is 0 and ``ticks`` is the
+  tuple of decodings itself.
+
+marshal writes an object that occurs more than once only once and then refers back to
+it, so a decode that returns one shared object for equal values (as retry-cascade's does
+for its patterns of arrivals) makes the file small and quick to read back. A file of
+another format (a worker of another build wrote it) is not refused: the world works its
+runs out itself, as without the file. Only runners in sandboxes read this file (never a
+worker: ``marshal`` is no format for untrusted bytes outside a sandbox). Standard library
+only.
 """
 
 from __future__ import annotations
@@ -35,19 +46,26 @@ from collections.abc import Sequence
 from typing import Any
 
 from experiments.runtime.canon import canonical_json
-from experiments.runtime.crn import Block, Run
+from experiments.runtime.crn import Block, EpisodeDraws, Run
 
-#: Bump when the layout changes.
-DRAWS_FORMAT = 1
+#: Bump when the layout changes (2: count and sum instead of every word; ticks by column).
+DRAWS_FORMAT = 2
 MAGIC = b"forklab-draws\n"
 _DIGEST_HEX = 64
+_MASK64 = (1 << 64) - 1
 
-#: A run as the file holds it: start, stop, packed words, decoded ticks.
-RunEntry = tuple[int, int, bytes, tuple[Any, ...]]
+#: A run as the file holds it: start, stop, first tick's packed words, count and sum of
+#: its words, and its decoded ticks (by column when the width is not 0).
+RunEntry = tuple[int, int, bytes, int, int, int, tuple[Any, ...]]
 
 
 class DrawsFormatError(ValueError):
     """The draws file is damaged, of another format, or of another experiment."""
+
+
+class OtherFormatError(DrawsFormatError):
+    """The draws file is of another format (another build wrote it): not an error for a
+    world, which then works its runs out itself."""
 
 
 def draws_key(workload: str, params: dict[str, Any], seed: int) -> str:
@@ -72,6 +90,66 @@ def unpack_words(data: bytes) -> array[int]:
     return words
 
 
+def _by_column(decoded: tuple[Any, ...]) -> tuple[int, tuple[Any, ...]]:
+    """``(width, columns)`` for ticks that are all plain tuples of one width, each column
+    of floats packed; ``(0, decoded)`` for any other."""
+    if not decoded or type(decoded[0]) is not tuple or not decoded[0]:
+        return 0, decoded
+    width = len(decoded[0])
+    if any(type(tick) is not tuple or len(tick) != width for tick in decoded):
+        return 0, decoded
+    columns: list[Any] = []
+    for column in zip(*decoded, strict=True):
+        if all(type(value) is float for value in column):
+            floats = array("d", column)
+            if sys.byteorder != "little":
+                floats.byteswap()
+            columns.append(floats.tobytes())
+        else:
+            columns.append(column)
+    return width, tuple(columns)
+
+
+def _by_tick(width: int, ticks: tuple[Any, ...], length: int) -> tuple[Any, ...]:
+    """The decodings of ``length`` ticks back from ``_by_column``; ``ValueError`` if they
+    do not fit."""
+    if not width:
+        if len(ticks) != length:
+            raise ValueError("one decoding per tick")
+        return ticks
+    if len(ticks) != width:
+        raise ValueError(f"{width} columns")
+    columns: list[Sequence[Any]] = []
+    for column in ticks:
+        if type(column) is bytes:
+            floats = array("d")
+            if len(column) != 8 * length:
+                raise ValueError("one float per tick")
+            floats.frombytes(column)
+            if sys.byteorder != "little":
+                floats.byteswap()
+            columns.append(floats.tolist())
+        elif type(column) is tuple and len(column) == length:
+            columns.append(column)
+        else:
+            raise ValueError("one value per tick in each column")
+    return tuple(zip(*columns, strict=True))
+
+
+def run_entry(run: Run[Any]) -> RunEntry:
+    """What the file holds of ``run`` (made in this process, with its words)."""
+    head = pack_words(run.words[: len(run.block.pairs)])
+    width, ticks = _by_column(run.decoded)
+    return (run.start, run.stop, head, run.count, run.total, width, ticks)
+
+
+def encode(key: str, episodes: Sequence[tuple[int, Sequence[RunEntry]]]) -> bytes:
+    """The file holding each ``(episode, runs)``."""
+    payload = marshal.dumps((DRAWS_FORMAT, key, [(e, tuple(r)) for e, r in episodes]), 4)
+    check = hashlib.blake2b(payload, digest_size=32).hexdigest().encode()
+    return MAGIC + check + b"\n" + payload
+
+
 class DrawsWriter:
     """Collects the runs of a chunk's episodes, then writes the file (``data``)."""
 
@@ -82,18 +160,18 @@ class DrawsWriter:
 
     def add(self, episode: int, runs: Sequence[Run[Any]]) -> None:
         """The runs of ``episode``, in the order ``world_blocks`` named them."""
-        entries = tuple((run.start, run.stop, pack_words(run.words), run.decoded) for run in runs)
+        entries = tuple(run_entry(run) for run in runs)
         self._episodes.append((episode, entries))
         self.runs += len(entries)
 
     def data(self) -> bytes:
-        payload = marshal.dumps((DRAWS_FORMAT, self._key, self._episodes), 4)
-        check = hashlib.blake2b(payload, digest_size=32).hexdigest().encode()
-        return MAGIC + check + b"\n" + payload
+        return encode(self._key, self._episodes)
 
 
 def read_draws(data: bytes, key: str) -> dict[int, tuple[RunEntry, ...]]:
-    """Each episode's runs, checked for shape; raises ``DrawsFormatError`` with the reason."""
+    """Each episode's runs, checked for shape (each run's ticks are checked when it is
+    taken, ``shipped_run``); raises ``DrawsFormatError`` with the reason, and
+    ``OtherFormatError`` for a file of another format."""
     head = len(MAGIC) + _DIGEST_HEX + 1
     if not data.startswith(MAGIC) or len(data) < head or data[head - 1 : head] != b"\n":
         raise DrawsFormatError("it is no draws file")
@@ -105,26 +183,44 @@ def read_draws(data: bytes, key: str) -> dict[int, tuple[RunEntry, ...]]:
     except (EOFError, ValueError, TypeError) as exc:
         raise DrawsFormatError(f"it cannot be read ({exc})") from None
     if not (isinstance(value, tuple) and len(value) == 3 and value[0] == DRAWS_FORMAT):
-        raise DrawsFormatError(f"it is not in draws format {DRAWS_FORMAT}")
+        raise OtherFormatError(f"it is not in draws format {DRAWS_FORMAT}")
     if value[1] != key:
         raise DrawsFormatError("it belongs to another workload, params or seed")
     episodes: dict[int, tuple[RunEntry, ...]] = {}
     try:
         for episode, runs in value[2]:
-            for start, stop, words, decoded in runs:
-                if not (type(start) is int and type(stop) is int and type(words) is bytes):
-                    raise TypeError
-                if type(decoded) is not tuple or len(decoded) != max(stop - start, 0):
-                    raise TypeError
             if type(episode) is not int or type(runs) is not tuple:
                 raise TypeError
+            for run in runs:
+                start, stop, words, count, total, width, _ = run
+                if not (
+                    type(start) is int
+                    and type(stop) is int
+                    and type(words) is bytes
+                    and type(count) is int
+                    and type(total) is int
+                    and type(width) is int
+                ):
+                    raise TypeError
             episodes[episode] = runs
     except (TypeError, ValueError):
-        raise DrawsFormatError("its runs are not (start, stop, words, decoded ticks)") from None
+        raise DrawsFormatError(
+            "its runs are not (start, stop, head, count, total, width, ticks)"
+        ) from None
     return episodes
 
 
-def to_run(block: Block[Any], entry: RunEntry) -> Run[Any]:
-    """A file's run entry as a ``Run`` of ``block`` (``ValueError`` if it does not fit)."""
-    start, stop, words, decoded = entry
-    return Run(block, start, stop, unpack_words(words), decoded)
+def shipped_run(
+    block: Block[Any], entry: RunEntry, table: EpisodeDraws
+) -> tuple[Run[Any], array[int]]:
+    """A file's run entry as a ``Run`` of ``block`` for ``table``'s episode, and the words
+    of its first tick (to check); ``ValueError`` if it does not fit."""
+    start, stop, head, count, total, width, ticks = entry
+    length = max(stop - start, 0)
+    words = unpack_words(head)
+    if len(words) != (len(block.pairs) if length else 0):
+        raise ValueError("one word per pair of the first tick")
+    if not 0 <= count <= length * len(block.pairs) or not 0 <= total <= _MASK64:
+        raise ValueError("a count and a sum of 64-bit words")
+    decoded = _by_tick(width, ticks, length)
+    return Run.shipped(block, start, stop, decoded, count, total, table), words
