@@ -68,7 +68,7 @@ class Run(Generic[T]):
     coordinates one by one) and its ``words`` (tick by tick, the block's pairs in order).
 
     A run made here holds its words. A run another process made and shipped (``shipped``)
-    holds only its decodings, count and sum: its words are worked out again, through the
+    holds only its decodings and the sum: its words are worked out again, through the
     episode's table, only if asked for (the dict of coordinates a fingerprint makes when
     it must merge overlapping runs, see ``coords``).
     """
@@ -114,20 +114,21 @@ class Run(Generic[T]):
         start: int,
         stop: int,
         decoded: tuple[T, ...],
-        count: int,
         total: int,
         table: EpisodeDraws,
     ) -> Run[T]:
         """The run another process made for ``table``'s episode, from its decodings and the
-        count and sum of its words; ``table`` works the words out if they are asked for."""
-        if len(decoded) != max(stop - start, 0):
+        sum of its words (their number is one per distinct pair and tick); ``table`` works
+        the words out if they are asked for."""
+        ticks = max(stop - start, 0)
+        if len(decoded) != ticks:
             raise ValueError("a run needs one decoding per tick")
         run = cls.__new__(cls)
         run.block = block
         run.start = start
         run.stop = stop
         run.decoded = decoded
-        run.count = count
+        run.count = len(block.members) * ticks
         run.total = total & _MASK64
         run._words = None
         run._table = table

@@ -15,12 +15,12 @@ working out the first tick of every run it uses again.
 Layout: ``MAGIC``, the BLAKE2b-256 of the payload in hex and a newline, then the payload,
 ``marshal`` (version 4) of ``(DRAWS_FORMAT, key, episodes)``: ``key`` names workload,
 params and seed; each episode is ``(episode, runs)`` in the order of the workload's
-``world_blocks``, and each run ``(start, stop, head, count, total, width, ticks)``:
+``world_blocks``, and each run ``(start, stop, head, total, width, ticks)``:
 
 - ``head``: the 64-bit words of the run's first tick, packed little-endian (what the world
-  checks); ``count`` and ``total``: the number and the sum (mod 2**64) of the words of the
-  run's distinct coordinates (all its fingerprint needs; the other words are never read,
-  so they are not shipped);
+  checks); ``total``: the sum (mod 2**64) of the words of the run's distinct coordinates
+  (with their number, which the block and the ticks give, all its fingerprint needs; the
+  other words are never read, so they are not shipped);
 - what the block's ``decode`` returned for each tick: when every tick is a plain tuple of
   the same ``width``, ``ticks`` holds it by column (a column of floats packed as 64-bit
   doubles, any other column a tuple), so that reading it back makes no object per tick
@@ -48,15 +48,15 @@ from typing import Any
 from experiments.runtime.canon import canonical_json
 from experiments.runtime.crn import Block, EpisodeDraws, Run
 
-#: Bump when the layout changes (2: count and sum instead of every word; ticks by column).
+#: Bump when the layout changes (2: the sum instead of every word; ticks by column).
 DRAWS_FORMAT = 2
 MAGIC = b"forklab-draws\n"
 _DIGEST_HEX = 64
 _MASK64 = (1 << 64) - 1
 
-#: A run as the file holds it: start, stop, first tick's packed words, count and sum of
-#: its words, and its decoded ticks (by column when the width is not 0).
-RunEntry = tuple[int, int, bytes, int, int, int, tuple[Any, ...]]
+#: A run as the file holds it: start, stop, first tick's packed words, the sum of its
+#: words, and its decoded ticks (by column when the width is not 0).
+RunEntry = tuple[int, int, bytes, int, int, tuple[Any, ...]]
 
 
 class DrawsFormatError(ValueError):
@@ -140,7 +140,7 @@ def run_entry(run: Run[Any]) -> RunEntry:
     """What the file holds of ``run`` (made in this process, with its words)."""
     head = pack_words(run.words[: len(run.block.pairs)])
     width, ticks = _by_column(run.decoded)
-    return (run.start, run.stop, head, run.count, run.total, width, ticks)
+    return (run.start, run.stop, head, run.total, width, ticks)
 
 
 def encode(key: str, episodes: Sequence[tuple[int, Sequence[RunEntry]]]) -> bytes:
@@ -192,12 +192,11 @@ def read_draws(data: bytes, key: str) -> dict[int, tuple[RunEntry, ...]]:
             if type(episode) is not int or type(runs) is not tuple:
                 raise TypeError
             for run in runs:
-                start, stop, words, count, total, width, _ = run
+                start, stop, words, total, width, _ = run
                 if not (
                     type(start) is int
                     and type(stop) is int
                     and type(words) is bytes
-                    and type(count) is int
                     and type(total) is int
                     and type(width) is int
                 ):
@@ -205,7 +204,7 @@ def read_draws(data: bytes, key: str) -> dict[int, tuple[RunEntry, ...]]:
             episodes[episode] = runs
     except (TypeError, ValueError):
         raise DrawsFormatError(
-            "its runs are not (start, stop, head, count, total, width, ticks)"
+            "its runs are not (start, stop, head, total, width, ticks)"
         ) from None
     return episodes
 
@@ -215,12 +214,12 @@ def shipped_run(
 ) -> tuple[Run[Any], array[int]]:
     """A file's run entry as a ``Run`` of ``block`` for ``table``'s episode, and the words
     of its first tick (to check); ``ValueError`` if it does not fit."""
-    start, stop, head, count, total, width, ticks = entry
+    start, stop, head, total, width, ticks = entry
     length = max(stop - start, 0)
     words = unpack_words(head)
     if len(words) != (len(block.pairs) if length else 0):
         raise ValueError("one word per pair of the first tick")
-    if not 0 <= count <= length * len(block.pairs) or not 0 <= total <= _MASK64:
-        raise ValueError("a count and a sum of 64-bit words")
+    if not 0 <= total <= _MASK64:
+        raise ValueError("a sum of 64-bit words")
     decoded = _by_tick(width, ticks, length)
-    return Run.shipped(block, start, stop, decoded, count, total, table), words
+    return Run.shipped(block, start, stop, decoded, total, table), words
