@@ -256,7 +256,7 @@ def test_a_world_that_draws_a_run_and_single_coordinates_keeps_its_fingerprint()
     block = Block([(-1, "cap"), (0, "work"), (0, "work")], lambda values: values)
     made = EpisodeDraws(5, 6).run(block, 3, 9)
     preloaded = EpisodeDraws(5, 6)
-    # shipped as the file ships it: its decodings, the count and sum of its words
+    # shipped as the file ships it: its decodings and the sum of its words
     shipped, head = shipped_run(block, run_entry(made), preloaded)
     assert list(head) == made.words[: len(block.pairs)]
     preloaded.preload(shipped)
