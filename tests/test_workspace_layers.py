@@ -7,7 +7,9 @@ import asyncio
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -266,6 +268,59 @@ def test_sandbox_fork_and_delete_unmount(root: Path) -> None:
     assert {b, orphan} <= set(backend.list({"x": "nothing matches"}))
     for box in backend.list({}):
         backend.delete(box)
+    assert mounts_under(root) == [] and backend.list({}) == []
+
+
+_KILLED_AFTER_MOUNTING = """
+import os, signal, sys
+from pathlib import Path
+from activities.sandbox import Limits, LocalSandboxBackend, workspace
+from activities.runner_bundle import bundle_files
+
+mount = workspace._mount_overlay
+
+def mount_then_die(*args):  # the worker is killed right after the mount syscall
+    mount(*args)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+workspace._mount_overlay = mount_then_die
+backend = LocalSandboxBackend(Path(sys.argv[1]))
+box = backend.create(backend.prepare_snapshot(bundle_files("counter-recovery")).id, {}, Limits())
+print(box, flush=True)
+backend.attach_workspace(box, None)
+"""
+
+
+@needs_root
+def test_a_worker_killed_as_it_mounts_a_workspace_leaves_no_mount(root: Path) -> None:
+    """SIGKILL between the overlay mount and anything after it: the workspace's record,
+    written before the mount, lets ``remove`` unmount it; and the box's delete unmounts
+    what is mounted in it even when that record is lost."""
+    sandboxes = root / "sandboxes"
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_AFTER_MOUNTING, str(sandboxes)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    box = killed.stdout.strip()
+    assert mounts_under(root) == [sandboxes / "boxes" / box / "workspace"]
+    backend = LocalSandboxBackend(sandboxes)
+    backend.workspaces.remove(box)  # what the box's delete does first
+    assert mounts_under(root) == []
+    backend.delete(box)
+    assert backend.list({}) == []
+
+    # the record lost (here: removed by hand) while the overlay is mounted
+    snapshot = backend.prepare_snapshot(bundle_files("counter-recovery"))
+    other = backend.create(snapshot.id, {}, Limits())
+    backend.attach_workspace(other, None)
+    shutil.rmtree(sandboxes / "workspaces" / other)
+    assert len(mounts_under(root)) == 1
+    backend.delete(other)
     assert mounts_under(root) == [] and backend.list({}) == []
 
 

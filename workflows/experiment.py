@@ -505,7 +505,7 @@ class ExperimentWorkflow:
             prefix = await workflow.execute_activity_method(
                 PlanningActivities.rehearsed_prefix,
                 RehearsedPrefixInput(index=rehearsed.index, chunk=unit.chunk),
-                start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+                start_to_close_timeout=timeouts.HANDOVER_TIMEOUT,
                 retry_policy=timeouts.TRANSIENT_RETRY,
                 summary=f"{unit.label}: run by the rehearsal, taken over",
             )

@@ -12,6 +12,10 @@ from activities.heartbeat import HEARTBEAT_SECONDS
 REHEARSE_TIMEOUT = timedelta(minutes=10)
 #: Short activities: snapshot, capacity, token, ledger, progress records.
 SHORT_TIMEOUT = timedelta(minutes=2)
+#: Taking over a chunk the rehearsal ran: one small index read, cached per worker. Short,
+#: because an attempt whose worker was killed is retried only when this runs out: with
+#: ``SHORT_TIMEOUT`` the run stood still for two minutes (seen in tests/test_chaos.py).
+HANDOVER_TIMEOUT = timedelta(seconds=30)
 #: Analysis reads every batch's columns back from the artifact store.
 ANALYSE_TIMEOUT = timedelta(minutes=10)
 #: One sandbox batch (prefix or world); the budget reservation caps the exec inside it.

@@ -63,6 +63,7 @@ from activities.sandbox.workspace import (
     WorkspaceFork,
     WorkspaceInfo,
     Workspaces,
+    unmount_under,
 )
 from experiments.bundle import BundleFile
 from experiments.workspace import WorkspaceManifest
@@ -416,6 +417,9 @@ class LocalSandboxBackend(SandboxBackend):
             self.workspaces.remove(sandbox_id)  # unmounts before the folder goes
         except WorkspaceError as exc:
             raise SandboxError(str(exc)) from None
+        # A mount in the box that its workspace's record does not name (the record lost)
+        # would keep the folder forever: nothing mounted in a box outlives it.
+        unmount_under(self._boxes / sandbox_id)
         _remove_tree(self._boxes / sandbox_id)
         if (self._boxes / sandbox_id).exists():
             raise SandboxError(f"could not remove the folder of sandbox {sandbox_id}; retry")

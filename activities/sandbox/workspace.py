@@ -604,12 +604,14 @@ class Workspaces:
             for sub in ("upper", "work"):
                 (folder / sub).mkdir(exist_ok=True)
             _chown_tree(folder / "upper", self.owner)  # the mount's root takes its owner
+            # Recorded before mounting, so that remove() finds (and unmounts) a mount whose
+            # worker was killed before it could say so.
+            state = _State(target=str(target), mode="overlay", stack=tuple(stack))
+            _write_state(folder, state)
             try:
                 _mount_overlay(
                     [self.layers.tree(d) for d in stack], folder / "upper", folder / "work", target
                 )
-                state = _State(target=str(target), mode="overlay", stack=tuple(stack))
-                _write_state(folder, state)
                 return state
             except OSError as exc:
                 note = f"overlay mount not permitted ({exc.strerror}); the workspace was copied"
