@@ -419,7 +419,12 @@ class LocalSandboxBackend(SandboxBackend):
             raise SandboxError(str(exc)) from None
         # A mount in the box that its workspace's record does not name (the record lost)
         # would keep the folder forever: nothing mounted in a box outlives it.
-        unmount_under(self._boxes / sandbox_id)
+        try:
+            unmount_under(self._boxes / sandbox_id)
+        except OSError as exc:
+            raise SandboxError(
+                f"could not unmount {exc.filename} in sandbox {sandbox_id} ({exc.strerror}); retry"
+            ) from None
         _remove_tree(self._boxes / sandbox_id)
         if (self._boxes / sandbox_id).exists():
             raise SandboxError(f"could not remove the folder of sandbox {sandbox_id}; retry")

@@ -99,12 +99,12 @@ class Run(Generic[T]):
         self._words: Sequence[int] | None = words
         self._table: EpisodeDraws | None = None
         self._coords: dict[Coordinate, int] | None = None
+        # a pair named twice is one coordinate (the same word): counted once
+        self.count = len(block.members) * ticks
         if len(block.members) == width:
-            self.count = len(words)
             self.total = sum(words) & _MASK64
-        else:  # a pair named twice is one coordinate (the same word): count it once
+        else:
             first = [i for i, pair in enumerate(block.pairs) if block.pairs.index(pair) == i]
-            self.count = len(first) * ticks
             self.total = sum(words[t * width + i] for t in range(ticks) for i in first) & _MASK64
 
     @classmethod
@@ -142,16 +142,8 @@ class Run(Generic[T]):
             table = self._table
             if table is None:  # (``shipped`` always sets one)
                 raise RuntimeError("a shipped run without its table")
-            exogenous = table.exogenous
-            words: list[int] = []
-            for tick in range(self.start, self.stop):
-                for entity, stream in self.block.pairs:
-                    coord = (entity, tick, stream)
-                    word = exogenous.get(coord)
-                    if word is None:
-                        word = exogenous[coord] = table.word(entity, tick, stream)
-                    words.append(word)
-            self._words = words
+            block = self.block
+            self._words = [w for t in range(self.start, self.stop) for w in table.words(block, t)]
         return self._words
 
     def covers(self, coord: Coordinate) -> bool:
@@ -205,9 +197,9 @@ class EpisodeDraws:
         h.update(f"{entity}|{tick}|{stream}".encode())
         return int.from_bytes(h.digest(), "little")
 
-    def block(self, block: Block[Any], tick: int) -> tuple[list[int], Any]:
-        """The words of ``block``'s coordinates at ``tick`` (in pair order) and its decoded
-        values, made on first use (the words through the same table as single draws)."""
+    def words(self, block: Block[Any], tick: int) -> list[int]:
+        """The words of ``block``'s coordinates at ``tick``, in pair order, through the same
+        table as single draws."""
         words: list[int] = []
         exogenous = self.exogenous
         for entity, stream in block.pairs:
@@ -216,6 +208,12 @@ class EpisodeDraws:
             if word is None:
                 word = exogenous[coord] = self.word(entity, tick, stream)
             words.append(word)
+        return words
+
+    def block(self, block: Block[Any], tick: int) -> tuple[list[int], Any]:
+        """The words of ``block``'s coordinates at ``tick`` (in pair order) and its decoded
+        values, made on first use."""
+        words = self.words(block, tick)
         values = tuple([(word >> 11) * _SCALE for word in words])
         entry = self.blocks[(block, tick)] = (words, block.decode(values))
         return entry

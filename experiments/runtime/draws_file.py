@@ -73,21 +73,30 @@ def draws_key(workload: str, params: dict[str, Any], seed: int) -> str:
     return canonical_json({"workload": workload, "params": params, "seed": seed})
 
 
-def pack_words(words: Sequence[int]) -> bytes:
-    packed = array("Q", words)
+def _pack(typecode: str, values: Sequence[Any]) -> bytes:
+    """``values`` as 8-byte little-endian items (``Q``: 64-bit words, ``d``: doubles)."""
+    packed = array(typecode, values)
     if sys.byteorder != "little":
         packed.byteswap()
     return packed.tobytes()
 
 
-def unpack_words(data: bytes) -> array[int]:
-    words = array("Q")
-    if words.itemsize != 8 or len(data) % 8:
-        raise DrawsFormatError("the packed words are not 64-bit words")
-    words.frombytes(data)
+def _unpack(typecode: str, data: bytes) -> array[Any]:
+    items = array(typecode)
+    if items.itemsize != 8 or len(data) % 8:
+        raise DrawsFormatError(f"the packed items are not 8-byte {typecode!r} items")
+    items.frombytes(data)
     if sys.byteorder != "little":
-        words.byteswap()
-    return words
+        items.byteswap()
+    return items
+
+
+def pack_words(words: Sequence[int]) -> bytes:
+    return _pack("Q", words)
+
+
+def unpack_words(data: bytes) -> array[int]:
+    return _unpack("Q", data)
 
 
 def _by_column(decoded: tuple[Any, ...]) -> tuple[int, tuple[Any, ...]]:
@@ -101,10 +110,7 @@ def _by_column(decoded: tuple[Any, ...]) -> tuple[int, tuple[Any, ...]]:
     columns: list[Any] = []
     for column in zip(*decoded, strict=True):
         if all(type(value) is float for value in column):
-            floats = array("d", column)
-            if sys.byteorder != "little":
-                floats.byteswap()
-            columns.append(floats.tobytes())
+            columns.append(_pack("d", column))
         else:
             columns.append(column)
     return width, tuple(columns)
@@ -122,13 +128,9 @@ def _by_tick(width: int, ticks: tuple[Any, ...], length: int) -> tuple[Any, ...]
     columns: list[Sequence[Any]] = []
     for column in ticks:
         if type(column) is bytes:
-            floats = array("d")
             if len(column) != 8 * length:
                 raise ValueError("one float per tick")
-            floats.frombytes(column)
-            if sys.byteorder != "little":
-                floats.byteswap()
-            columns.append(floats.tolist())
+            columns.append(_unpack("d", column).tolist())
         elif type(column) is tuple and len(column) == length:
             columns.append(column)
         else:
@@ -192,11 +194,11 @@ def read_draws(data: bytes, key: str) -> dict[int, tuple[RunEntry, ...]]:
             if type(episode) is not int or type(runs) is not tuple:
                 raise TypeError
             for run in runs:
-                start, stop, words, total, width, _ = run
+                start, stop, head, total, width, _ = run
                 if not (
                     type(start) is int
                     and type(stop) is int
-                    and type(words) is bytes
+                    and type(head) is bytes
                     and type(total) is int
                     and type(width) is int
                 ):
