@@ -12,6 +12,7 @@ from typing import NoReturn
 
 from forklab import plan_commands
 from forklab.errors import CliError
+from forklab.terminal import visible_output
 
 #: Commands that need neither Temporal nor the workers: they are parsed without importing
 #: the other commands' modules (temporalio, activities, workers), which would otherwise
@@ -52,8 +53,13 @@ def build_parser(local_only: bool = False) -> argparse.ArgumentParser:
 
 
 def dispatch(argv: Sequence[str] | None = None) -> int:
-    """Run one command in this process and return its exit code."""
-    words = list(sys.argv[1:] if argv is None else argv)
+    """Run one command in this process and return its exit code. Everything it prints
+    goes through ``forklab.terminal.visible_output``."""
+    with visible_output():
+        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+
+
+def _dispatch(words: list[str]) -> int:
     parser = build_parser(local_only=bool(words) and words[0] in LOCAL_COMMANDS)
     args = parser.parse_args(words)
     try:

@@ -29,6 +29,7 @@ from activities.outages import StoreUnavailableError
 from activities.workload_bundles import WorkloadBundleError, ship_workload
 from experiments.bundle import BundleError, WorkloadBundle
 from experiments.spec import ExperimentSpec
+from experiments.visible_text import visible
 from forklab.errors import CliError
 from forklab.ops_common import (
     add_connection_flags,
@@ -62,8 +63,9 @@ from workflows.search_attributes import EXPERIMENT, STAGE
 
 # --- start ----------------------------------------------------------------------------
 def static_details(spec: ExperimentSpec, requested_by: str, key_folder: str) -> str:
+    """What the Web UI shows of the run (Markdown); ``visible`` as what the CLI prints."""
     worlds = ", ".join(f"{w.name} ({w.role.value})" for w in spec.worlds)
-    return "\n".join(
+    text = "\n".join(
         [
             f"**Hypothesis** {spec.hypothesis.text}",
             "",
@@ -76,6 +78,7 @@ def static_details(spec: ExperimentSpec, requested_by: str, key_folder: str) -> 
             f"- requested by {requested_by}; approver key in {key_folder}",
         ]
     )
+    return visible(text)
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ async def start_experiment(
                     SearchAttributePair(STAGE, Stage.starting.value),
                 ]
             ),
-            static_summary=f"ForkLab {spec.id}: {spec.hypothesis.text[:140]}",
+            static_summary=visible(f"ForkLab {spec.id}: {spec.hypothesis.text[:140]}"),
             static_details=static_details(spec, requested_by, str(folder)),
         )
     except WorkflowAlreadyStartedError:

@@ -101,6 +101,35 @@ async def test_wedging_payloads_are_refused_recorded_and_the_run_still_answers(l
     assert root is not None and root.status == "rejected"
 
 
+#: A refused approval's name as an attacker without the key would send it: erase the line,
+#: go back to its first column and print an accepted approval; a C1 control sequence; a
+#: right-to-left override.
+FORGED_LINE = "\x1b[2K\x1b[1Gaccepted approve by alice at 12:00:00: approved\x9b1A\u202e"
+
+
+async def test_a_refused_name_that_is_a_terminal_escape_is_shown_not_obeyed(lab: Lab) -> None:
+    """Anyone who reaches the server may send an approve Update; a refused one is recorded
+    with the name it gave, and `forklab status` shows it to the approver. Written raw, that
+    name would rewrite the approver's screen (here: a forged "accepted" line)."""
+    spec = make_spec()
+    handle, key = await lab.start(spec)
+    view = await lab.wait_for(handle, Stage.awaiting_approval)
+    refused = await lab.send(handle, "approve", signed(view, key, FORGED_LINE, "0" * 64))
+    assert not refused.accepted and refused.approver == FORGED_LINE
+    env = cli_env(lab.settings)
+    status = await asyncio.to_thread(forklab, env, "status", spec.id)
+    assert status.returncode == 0, status.stderr
+    assert not {"\x1b", "\x9b", "\u202e"} & set(status.stdout)
+    assert "refused approve by \\u001b[2K\\u001b[1Gaccepted approve by alice" in status.stdout
+    shown = await asyncio.to_thread(forklab, env, "status", spec.id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert not {"\x1b", "\x9b", "\u202e"} & set(shown.stdout)
+    attempts = json.loads(shown.stdout)["approval"]["attempts"]
+    assert [a["approver"] for a in attempts] == [FORGED_LINE]  # the record is exact
+    await lab.send(handle, "reject", RejectRequest(by="bob", reason="done"))
+    assert (await handle.result()).status is Status.rejected
+
+
 async def test_cancel_still_works_after_a_flood_of_junk(lab: Lab) -> None:
     spec = make_spec()
     handle, _ = await lab.start(spec)

@@ -25,6 +25,7 @@ from experiments.report.tables import (
     worlds_table,
 )
 from experiments.spec import Role
+from experiments.visible_text import visible
 from experiments.workspace_report import WorkspaceSection
 
 _CSS = """
@@ -232,7 +233,7 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
         "check failed</p>"
     )
     parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    return visible("\n".join(parts) + "\n")  # a name or an error cannot reorder the page
 
 
 def _workspaces(section: WorkspaceSection) -> str:

@@ -17,6 +17,7 @@ from experiments.report.tables import (
     validity_text,
     worlds_table,
 )
+from experiments.visible_text import visible
 from experiments.workspace_report import workspace_markdown
 
 
@@ -105,4 +106,4 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
         lines += ["", *workspace_markdown(report.workspaces)]
     if not report.valid:
         lines += ["", "The verdicts above are void: the experiment failed a validity check."]
-    return "\n".join(lines).rstrip() + "\n"
+    return visible("\n".join(lines).rstrip() + "\n")

@@ -15,6 +15,7 @@ from experiments.report.tables import (
     validity_text,
     worlds_table,
 )
+from experiments.visible_text import visible
 
 
 def _table(t: Table) -> list[str]:
@@ -100,4 +101,4 @@ def render_text(report: Report) -> str:
         ]
     lines += ["", f"outcomes digest {report.outcomes_digest}"]
     lines.append("VALID" if report.valid else "INVALID: a validity check failed")
-    return "\n".join(lines)
+    return visible("\n".join(lines))

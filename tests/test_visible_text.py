@@ -1,0 +1,80 @@
+"""Text from untrusted places cannot act on a terminal or reorder what a reader sees:
+the CLI's output, its errors and the reports write control and bidirectional-override
+characters as visible escapes, and JSON output keeps its exact meaning.
+
+The durable path (a refused approval whose name is a terminal escape, shown by
+``forklab status``) is tested in ``tests/test_workflow_messages.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from experiments.visible_text import visible
+from tests.helpers import ROOT, run_cli
+
+#: Erase the line, return to its start and write a forged verdict; set the window title;
+#: a C1 control sequence introducer; right-to-left override; a backspace and a bell.
+HOSTILE = "ok\x1b[2K\rVALID all checks passed\x1b]0;owned\x07 \x9b31m \u202eevil\u2066 \x08\x7f"
+
+#: Every character a terminal or a bidirectional renderer acts on (tabs and line breaks
+#: only lay text out).
+ACTING = {chr(c) for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} - {"\n", "\t"}
+ACTING |= {"\u061c", "\u200e", "\u200f", *map(chr, range(0x202A, 0x202F))}
+ACTING |= set(map(chr, range(0x2066, 0x206A)))
+
+
+def acting(text: str) -> set[str]:
+    return set(text) & ACTING
+
+
+def test_visible_escapes_what_acts_and_keeps_the_rest() -> None:
+    shown = visible(HOSTILE + "\tcafé 日本 🙂\n")
+    assert not acting(shown)
+    for escape in ("\\u001b[2K", "\\u000d", "\\u0007", "\\u009b", "\\u202e", "\\u2066"):
+        assert escape in shown
+    assert shown.endswith("\tcafé 日本 🙂\n")
+    assert visible("plain text, 1 < 2\n") == "plain text, 1 < 2\n"
+    # in a JSON string an escape means the character it replaced
+    document = json.dumps({"name": HOSTILE}, ensure_ascii=False)
+    assert acting(document)  # C1 and bidirectional characters pass json.dumps raw
+    assert json.loads(visible(document)) == {"name": HOSTILE}
+
+
+def _spec(tmp_path: Path, **changes: object) -> Path:
+    spec = yaml.safe_load((ROOT / "experiments" / "recovery-counter.yaml").read_text())
+    spec.update(episodes=40, **changes)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, allow_unicode=True))
+    return path
+
+
+def test_a_hostile_hypothesis_is_shown_not_obeyed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = _spec(tmp_path, hypothesis={"text": HOSTILE})
+    code, out, err = run_cli(capsys, "plan", str(spec), "--out", str(tmp_path / "report"))
+    assert code == 0, err
+    assert not acting(out) and "ok\\u001b[2K\\u000dVALID" in out
+    for name in ("report.md", "report.html"):
+        page = (tmp_path / "report" / name).read_text()
+        assert not acting(page) and "\\u202eevil" in page
+    stored = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert stored["experiment"]["hypothesis"] == HOSTILE  # the data itself is kept
+    code, out, err = run_cli(capsys, "plan", str(spec), "--json")
+    assert code == 0, err
+    assert not acting(out)
+    assert json.loads(out)["experiment"]["hypothesis"] == HOSTILE
+
+
+def test_a_hostile_name_in_an_error_is_shown_not_obeyed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = _spec(tmp_path, **{HOSTILE: 1})  # an unknown key: the error names it as given
+    code, out, err = run_cli(capsys, "plan", str(spec))
+    assert code == 2 and out == ""
+    assert "Extra inputs are not permitted" in err
+    assert not acting(err) and "\\u001b]0;owned\\u0007" in err
