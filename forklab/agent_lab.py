@@ -53,6 +53,7 @@ from experiments.runfork.receipt import (
     resolve_boundary,
 )
 from experiments.runfork.steps import Step
+from experiments.visible_text import visible
 from workers.agent_config import AgentSettings
 from workers.stores import effect_ledger
 from workflows.runfork.search_attributes import BOUNDARY, LINEAGE_ROOT, PARENT, RUN
@@ -259,7 +260,7 @@ class AgentLab:
                         SearchAttributePair(BOUNDARY, boundary.value),
                     ]
                 ),
-                static_summary=f"fork of {run} at step {at_step} ({boundary.value})",
+                static_summary=visible(f"fork of {run} at step {at_step} ({boundary.value})"),
                 static_details=receipt_markdown(receipt),
             )
             self.registry.add_receipt(receipt)

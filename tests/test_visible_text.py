@@ -8,11 +8,14 @@ The durable path (a refused approval whose name is a terminal escape, shown by
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import yaml
 
+from experiments.runfork.policy import ToolPolicy
+from experiments.runfork.receipt import BoundaryMode, ForkReceipt, receipt_markdown
 from experiments.visible_text import visible
 from tests.helpers import ROOT, run_cli
 
@@ -78,3 +81,28 @@ def test_a_hostile_name_in_an_error_is_shown_not_obeyed(
     assert code == 2 and out == ""
     assert "Extra inputs are not permitted" in err
     assert not acting(err) and "\\u001b]0;owned\\u0007" in err
+
+
+def test_a_hostile_tool_name_in_a_fork_receipt_is_shown_not_obeyed() -> None:
+    """The Web UI's details of a forked agent run name its tools (read from the parent's
+    history) and its intervention (the operator's input)."""
+    receipt = ForkReceipt(
+        fork_workflow_id="fork-1",
+        name="fork",
+        requested_step=2,
+        resolved_step=2,
+        parent_workflow_id="run-1",
+        parent_run_id="r1",
+        source_run_id="r1",
+        lineage=["run-1"],
+        boundary=BoundaryMode.exact,
+        prefix_sha256="0" * 64,
+        restorable=True,
+        why="a step boundary",
+        intervention={"note": HOSTILE},
+        tool_policies={HOSTILE: ToolPolicy.replay},
+        requested_by="kim",
+        created_at=datetime(2026, 12, 1, tzinfo=UTC),
+    )
+    shown = receipt_markdown(receipt)
+    assert not acting(shown) and "`ok\\u001b[2K" in shown  # the tool's policy row

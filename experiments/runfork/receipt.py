@@ -15,6 +15,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from experiments.runfork.policy import ToolPolicy
 from experiments.runfork.steps import Step, StepStatus, prefix_sha256
+from experiments.visible_text import visible
 
 RECEIPT_SCHEMA_VERSION = 1
 
@@ -216,7 +217,8 @@ def make_receipt(
 
 
 def receipt_markdown(r: ForkReceipt) -> str:
-    """The receipt as the Web UI shows it in the workflow's details."""
+    """The receipt as the Web UI shows it in the workflow's details (``visible``: tool
+    names and the intervention come from the run's history and the operator's input)."""
     policies = ", ".join(f"`{k}={v.value}`" for k, v in sorted(r.tool_policies.items()))
     rows = [
         ("fork of", f"`{r.parent_workflow_id}` run `{r.parent_run_id}`"),
@@ -234,4 +236,4 @@ def receipt_markdown(r: ForkReceipt) -> str:
         ),
         ("by", f"{r.requested_by} at {r.created_at.isoformat()}"),
     ]
-    return "**ForkLab fork receipt**\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in rows)
+    return visible("**ForkLab fork receipt**\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in rows))
