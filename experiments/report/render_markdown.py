@@ -31,6 +31,12 @@ def table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def _quoted(text: str) -> list[str]:
+    """``text`` as a block quote, every line of it: a hypothesis of several lines cannot
+    step out of its quote and pass for a section of the report (a forged verdict)."""
+    return [f"> {line}" if line else ">" for line in text.splitlines()] or [">"]
+
+
 def _shared(t: Table) -> list[str]:
     return table(t.headers, t.rows)
 
@@ -42,7 +48,7 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
     lines = [
         f"# Experiment `{e.id}`",
         "",
-        f"> {e.hypothesis}",
+        *_quoted(e.hypothesis),
         "",
         f"Workload `{e.workload}`, seed {e.seed}, {e.episodes} episodes per world.",
         "",

@@ -18,6 +18,13 @@ from experiments.report.tables import (
 from experiments.visible_text import visible
 
 
+def _indented(text: str, indent: int) -> str:
+    """``text`` with every line after the first indented by ``indent`` spaces (blank ones
+    left blank): no line of a hypothesis can pass for a line of the report."""
+    first, *rest = text.splitlines() or [""]
+    return "\n".join([first, *(" " * indent + line if line else "" for line in rest)])
+
+
 def _table(t: Table) -> list[str]:
     widths = [max([len(h), *(len(r[i]) for r in t.rows)]) for i, h in enumerate(t.headers)]
     out = [
@@ -38,7 +45,7 @@ def render_text(report: Report) -> str:
     e = report.experiment
     lines = [
         f"experiment {e.id}  ({e.workload}, seed {e.seed}, {e.episodes} episodes per world)",
-        f"hypothesis  {e.hypothesis}",
+        f"hypothesis  {_indented(e.hypothesis, 12)}",
         f"fingerprint {e.fingerprint}",
         *([f"workload bundle {e.workload_bundle}"] if e.workload_bundle else []),
         validity_text(report)[1],
