@@ -159,7 +159,8 @@ def mounts_under(folder: Path) -> list[Path]:
 
 
 def unmount_under(folder: Path) -> None:
-    """Detach every mount at or below ``folder`` (tests call this in teardown)."""
+    """Detach every mount at or below ``folder``: a box's delete (whatever its workspace's
+    record says) and tests' teardown."""
     for point in mounts_under(folder):
         _unmount(point)
 
