@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -97,8 +98,17 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     one of them then takes the GIL, CPython aborts the process (SIGABRT, "PyGILState_Release:
     thread state ... must be current") after the command has already succeeded. Every file
     a command writes is closed before it returns, so nothing is lost by skipping it.
+
+    An exception no command turned into an error sentence (a bug, or ``plan --debug``'s
+    workload traceback) is printed here, still through ``visible_output``: its message may
+    hold a workload's or a server's text.
     """
-    code = dispatch(argv)
+    try:
+        code = dispatch(argv)
+    except Exception:
+        with visible_output():
+            traceback.print_exc()
+        code = 1
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # the reader went away
             stream.flush()

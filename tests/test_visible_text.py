@@ -8,6 +8,9 @@ The durable path (a refused approval whose name is a terminal escape, shown by
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -136,3 +139,44 @@ def test_a_hypothesis_of_several_lines_stays_in_its_quote(
         "> | a | b |",
         "",
     ]
+
+
+def test_a_traceback_under_debug_is_shown_not_obeyed(tmp_path: Path) -> None:
+    """``plan --debug`` lets the workload's exception out with its traceback; the
+    ``forklab`` executable prints it through the same visible streams, and exits 1
+    without the interpreter's finalisation."""
+    (tmp_path / "hostile_workload.py").write_text(
+        "from newcomer_workloads import SupportTicket\n\n"
+        "class Hostile(SupportTicket):\n"
+        "    def step(self, state, shocks):\n"
+        f"        raise RuntimeError({HOSTILE!r})\n"
+    )
+    spec = tmp_path / "support.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "id": "support",
+                "hypothesis": {"text": "escalating helps", "expected": {"escalate": "decrease"}},
+                "seed": 3,
+                "episodes": 10,
+                "workload": {"name": "hostile_workload:Hostile", "params": {}},
+                "worlds": [
+                    {"name": "baseline", "role": "baseline"},
+                    {"name": "escalate", "role": "treatment", "intervention": {"name": "escalate"}},
+                ],
+            }
+        )
+    )
+    path = os.pathsep.join([str(tmp_path), str(ROOT / "tests"), str(ROOT)])
+    done = subprocess.run(
+        [sys.executable, "-m", "forklab.cli", "plan", str(spec), "--debug"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": path},
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("Traceback (most recent call last):")
+    assert "RuntimeError" in done.stderr and "ok\\u001b[2K" in done.stderr
+    assert not acting(done.stdout + done.stderr)
