@@ -110,7 +110,7 @@ async def approve(
     fingerprint: str | None = None,
     key_file: Path | None = None,
 ) -> ApprovalAttempt:
-    view = await query_status(await experiment_handle(settings, experiment))
+    view = await query_status(settings, await experiment_handle(settings, experiment))
     request = signed_request(settings, view, approver, fingerprint, key_file)
     return await send(settings, experiment, "approve", request)
 
@@ -150,7 +150,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
     approver = _check_name(args.approver, "--approver")
 
     async def go() -> ApproveRequest:
-        view = await query_status(await experiment_handle(settings, args.experiment))
+        view = await query_status(settings, await experiment_handle(settings, args.experiment))
         return signed_request(settings, view, approver, args.fingerprint, args.key)
 
     print(run(go).model_dump_json())

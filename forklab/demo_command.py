@@ -74,7 +74,7 @@ def _ask(fingerprint: str) -> bool:
 async def _wait_for_plan(settings: Settings, experiment: str) -> StatusView:
     handle = await experiment_handle(settings, experiment)
     while True:
-        view = await query_status(handle)
+        view = await query_status(settings, handle)
         if view.stage in (Stage.awaiting_approval, Stage.done):
             return view
         await asyncio.sleep(POLL_SECONDS)
@@ -86,7 +86,7 @@ async def _follow(settings: Settings, experiment: str) -> ExperimentResult:
     last = ""
     task = asyncio.ensure_future(handle.result())
     while not task.done():
-        view = await query_status(handle)
+        view = await query_status(settings, handle)
         p, b = view.progress, view.budget
         line = (
             f"  [{view.stage.value}] prefixes {p.prefixes_done}/{p.prefix_chunks} · world "

@@ -11,6 +11,7 @@ import re
 import socket
 import sys
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
@@ -34,11 +35,13 @@ from forklab.errors import CliError
 from forklab.ops_common import (
     add_connection_flags,
     experiment_handle,
+    live_pollers,
     open_client,
     pinned_build,
     query_status,
     run,
     settings_from,
+    workflow_pollers,
 )
 from forklab.report_files import write_report
 from forklab.specfile import SPEC_EXIT, load_spec
@@ -85,6 +88,7 @@ def static_details(spec: ExperimentSpec, requested_by: str, key_folder: str) -> 
 class Started:
     key_path: Path  # the approver's private key (owner-only, keyed by workflow id and run)
     workload_bundle: WorkloadBundle | None  # None: the workload is built into ForkLab
+    workers_polling: bool  # a worker polled the task queue lately (it may run the workflow)
 
 
 def ship_spec_workload(
@@ -166,7 +170,11 @@ async def start_experiment(
     run_id = handle.first_execution_run_id or handle.result_run_id or ""
     path = key_path(settings.home, wid, run_id)
     os.replace(pending, path)
-    return Started(path, bundle)
+    try:
+        pollers = await workflow_pollers(client, settings.namespace, settings.task_queue)
+    except RPCError:  # the run is started: the hint below is only a hint
+        pollers = []
+    return Started(path, bundle, bool(live_pollers(pollers, datetime.now(UTC), None)))
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -198,6 +206,11 @@ def cmd_start(args: argparse.Namespace) -> int:
         )
     print(f"approver key (private, readable only by you): {started.key_path}")
     print(f"watch it: {settings.experiment_url(workflow_id(spec.id))}")
+    if not started.workers_polling:
+        print(
+            f"no worker polls task queue {settings.task_queue!r}: the run waits for one; "
+            "start one with `forklab up` (or `forklab worker` where Temporal is reachable)"
+        )
     print(f"next: forklab status {spec.id}   then   forklab approve {spec.id}")
     return 0
 
@@ -278,7 +291,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     async def go() -> tuple[StatusView, tuple[str, str] | None]:
         handle = await experiment_handle(settings, args.experiment)
-        return await query_status(handle), await pinned_build(handle)
+        return await query_status(settings, handle), await pinned_build(handle)
 
     view, pinned = run(go)
     if args.json:
@@ -314,12 +327,12 @@ async def fetch_result(settings: Settings, experiment: str) -> ExperimentResult:
     if desc.raw_description.workflow_execution_info.status == (
         WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
     ):
-        view = await query_status(handle)
+        view = await query_status(settings, handle)
         raise CliError(
             f"experiment {experiment} is still running (stage {view.stage.value}); "
             "wait for it, or watch `forklab status`"
         )
-    view = await query_status(handle)
+    view = await query_status(settings, handle)
     try:
         return await handle.result()
     except Exception:  # cancelled or terminated: the status query still has the story

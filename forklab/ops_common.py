@@ -6,11 +6,15 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from temporalio.client import Client, WorkflowHandle
+from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
+from temporalio.api.taskqueue.v1 import PollerInfo, TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from forklab.errors import CliError
@@ -137,30 +141,105 @@ async def experiment_handle(
     return handle
 
 
-async def query_status(handle: WorkflowHandle[Any, Any]) -> StatusView:
+#: How long a status query may take before the command asks whether any worker can
+#: answer it (a query that no worker picks up waits out the server's ~30 s).
+QUICK_ANSWER_SECONDS = 2.0
+#: A live worker polls its task queue again at least once a long poll (about a minute).
+#: The server keeps listing a gone worker's poller for minutes, with the time it was last
+#: seen: one not seen for longer than this is gone. (The server's clock against this
+#: machine's: a skew of seconds does not matter here.)
+POLLER_GONE = timedelta(minutes=2)
+
+
+async def query_status(settings: Settings, handle: WorkflowHandle[Any, Any]) -> StatusView:
+    """The run's status query. If it does not answer at once and no worker that could
+    answer it polls the run's task queue, this says so right away instead of waiting."""
+    query = asyncio.ensure_future(handle.query(ExperimentWorkflow.status))
     try:
-        return await handle.query(ExperimentWorkflow.status)
+        done, _ = await asyncio.wait({query}, timeout=QUICK_ANSWER_SECONDS)
+        if not done:
+            nobody = await _no_worker(settings, handle)
+            if nobody is not None:
+                query.cancel()
+                raise CliError(nobody)
+        return await query
     except RPCError as exc:
         raise CliError(
             f"the experiment did not answer its status query ({exc.message}); "
-            f"{await _which_worker(handle)}"
+            f"{_which_worker(await pinned_build(handle))}"
         ) from None
+
+
+def live_pollers(
+    pollers: Sequence[PollerInfo], now: datetime, build_id: str | None
+) -> list[PollerInfo]:
+    """The pollers that may still be polling: seen within ``POLLER_GONE`` of ``now`` and,
+    for a run pinned to a build (``build_id``), of that build."""
+    return [
+        poller
+        for poller in pollers
+        if now - poller.last_access_time.ToDatetime(tzinfo=UTC) < POLLER_GONE
+        and (build_id is None or poller.deployment_options.build_id == build_id)
+    ]
+
+
+async def workflow_pollers(client: Client, namespace: str, task_queue: str) -> list[PollerInfo]:
+    """The workflow pollers the server lists for ``task_queue`` (of every build)."""
+    response = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=namespace,
+            task_queue=TaskQueue(name=task_queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
+    )
+    return list(response.pollers)
+
+
+async def _no_worker(settings: Settings, handle: WorkflowHandle[Any, Any]) -> str | None:
+    """Why no worker can answer the run's queries now, or None if one may (or the server
+    cannot tell: then the query finds out)."""
+    try:
+        description = await handle.describe()
+        client = await open_client(settings)
+        pollers = await workflow_pollers(client, settings.namespace, description.task_queue)
+    except RPCError:
+        return None
+    pinned = _pinned(description)
+    if live_pollers(pollers, datetime.now(UTC), pinned[1] if pinned else None):
+        return None
+    queue, minutes = description.task_queue, POLLER_GONE.total_seconds() / 60
+    if pinned is None:
+        return (
+            f"the experiment cannot answer its status query: no worker has polled task queue "
+            f"{queue!r} in the last {minutes:g} minutes; start one with `forklab up` (or "
+            "`forklab worker` where Temporal is reachable)"
+        )
+    deployment, build_id = pinned
+    return (
+        f"the experiment cannot answer its status query: it runs on build "
+        f"{deployment}:{build_id} only, and no worker of that build has polled task queue "
+        f"{queue!r} in the last {minutes:g} minutes; start one with FORKLAB_DEPLOYMENT="
+        f"{deployment} FORKLAB_BUILD_ID={build_id} forklab worker"
+    )
+
+
+def _pinned(description: WorkflowExecutionDescription) -> tuple[str, str] | None:
+    info = description.raw_description.workflow_execution_info
+    version = info.versioning_info.deployment_version
+    return (version.deployment_name, version.build_id) if version.build_id else None
 
 
 async def pinned_build(handle: WorkflowHandle[Any, Any]) -> tuple[str, str] | None:
     """The (deployment, build id) the run is pinned to; None if it is not versioned
     (docs/deployment.md, "Rolling upgrades") or cannot be described."""
     try:
-        info = (await handle.describe()).raw_description.workflow_execution_info
+        return _pinned(await handle.describe())
     except RPCError:
         return None
-    pinned = info.versioning_info.deployment_version
-    return (pinned.deployment_name, pinned.build_id) if pinned.build_id else None
 
 
-async def _which_worker(handle: WorkflowHandle[Any, Any]) -> str:
+def _which_worker(pinned: tuple[str, str] | None) -> str:
     """Which worker the run needs: one of the build it is pinned to, if it is pinned."""
-    pinned = await pinned_build(handle)
     if pinned is None:
         return "is a ForkLab worker running (`forklab up`)?"
     deployment, build_id = pinned

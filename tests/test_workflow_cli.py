@@ -1,6 +1,7 @@
 """The operator CLI as a person runs it: ``demo`` from nothing (it starts a dev server and
 a worker, runs an experiment through approval to the report, and stops what it started),
-then ``reject``, ``cancel``, ``status`` and ``report`` against running experiments."""
+then ``reject``, ``cancel``, ``status`` and ``report`` against running experiments, and
+``start`` and ``status`` where no worker polls."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ import os
 import socket
 import subprocess
 import sys
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
-from orchestration_lab import ROOT, Lab, make_spec
+from orchestration_lab import ROOT, Lab, cli_env, make_spec
+from orchestration_lab import forklab as forklab_in
 
-from workflows.messages import Stage, Status
+from forklab.ops_common import POLLER_GONE, live_pollers, workflow_pollers
+from workflows.messages import Stage, Status, workflow_id
 
 FORKLAB = str(Path(sys.executable).parent / "forklab")
 
@@ -106,3 +111,39 @@ async def test_reject_cancel_and_their_aftermath_through_the_cli(lab: Lab) -> No
     again = await asyncio.to_thread(forklab, "cancel", cancelled.id)
     assert again.returncode == 1 and "is not running" in again.stderr
     assert lab.sandbox_folders() == []
+
+
+async def test_without_a_worker_start_and_status_say_so_at_once(lab: Lab, tmp_path: Path) -> None:
+    """A run on a task queue no worker polls: ``forklab start`` says the run waits for a
+    worker, and ``status`` says that no worker polls its queue instead of waiting out the
+    server's ~30 s query timeout (whose answer would read "Timeout expired")."""
+    queue = f"nobody-{uuid.uuid4().hex[:8]}"
+    env = {**cli_env(lab.settings), "FORKLAB_TASK_QUEUE": queue}
+    spec = make_spec()
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(spec.model_dump_json())
+    started = await asyncio.to_thread(forklab_in, env, "start", str(spec_file))
+    assert started.returncode == 0, started.stderr
+    assert f"no worker polls task queue {queue!r}: the run waits for one" in started.stdout
+    status = await asyncio.to_thread(forklab_in, env, "status", spec.id)
+    assert status.returncode == 1 and status.stdout == ""
+    assert status.stderr == (
+        "forklab: error: the experiment cannot answer its status query: no worker has polled "
+        f"task queue {queue!r} in the last 2 minutes; start one with `forklab up` (or "
+        "`forklab worker` where Temporal is reachable)\n"
+    )
+    await lab.client.get_workflow_handle(workflow_id(spec.id)).terminate("test over")
+
+    # the lab's own queue has a live worker: the same check finds it, and finds it gone
+    # once its last poll is older than POLLER_GONE, or when the run needs another build
+    pollers = await workflow_pollers(lab.client, lab.settings.namespace, lab.settings.task_queue)
+    now = datetime.now(UTC)
+    assert live_pollers(pollers, now, None)
+    assert not live_pollers(pollers, now + POLLER_GONE, None)
+    assert not live_pollers(pollers, now, "a-build-nobody-runs")
+    other = make_spec()
+    spec_file.write_text(other.model_dump_json())
+    started = await asyncio.to_thread(forklab_in, cli_env(lab.settings), "start", str(spec_file))
+    assert started.returncode == 0, started.stderr
+    assert "no worker polls" not in started.stdout
+    await lab.client.get_workflow_handle(workflow_id(other.id)).terminate("test over")
