@@ -157,17 +157,16 @@ async def query_status(settings: Settings, handle: WorkflowHandle[Any, Any]) -> 
     query = asyncio.ensure_future(handle.query(ExperimentWorkflow.status))
     try:
         done, _ = await asyncio.wait({query}, timeout=QUICK_ANSWER_SECONDS)
-        if not done:
-            nobody = await _no_worker(settings, handle)
-            if nobody is not None:
-                query.cancel()
-                raise CliError(nobody)
+        if not done and (nobody := await _no_worker(settings, handle)) is not None:
+            raise CliError(nobody)
         return await query
     except RPCError as exc:
         raise CliError(
             f"the experiment did not answer its status query ({exc.message}); "
             f"{_which_worker(await pinned_build(handle))}"
         ) from None
+    finally:
+        query.cancel()  # (nothing to cancel once it answered)
 
 
 def live_pollers(
