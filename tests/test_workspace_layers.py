@@ -11,11 +11,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
+from orchestration_lab import WorkerProcesses, lab_settings
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.artifacts import LocalArtifactStore, run_name
 from activities.models import (
@@ -510,6 +512,51 @@ async def test_a_run_that_ended_on_another_host_releases_its_pins_here(
     b.workspaces.layers.verify(layers["wf/run-2"], full=True)
     for run in ("wf/run-1", "wf/run-4"):
         assert not (b.workspaces.layers.root / layers[run]).exists()
+
+
+async def test_an_idle_worker_releases_the_pins_of_runs_that_ended_elsewhere(
+    temporal_env: WorkflowEnvironment, worker_processes: WorkerProcesses, tmp_path: Path
+) -> None:
+    """Host b pinned layers for runs 1 and 2 and runs nothing more; run 1 ends with its
+    cleanup on another host (its end mark in the shared store). b's ``forklab worker``
+    drops run 1's pins and collects its layer on its own, every FORKLAB_COLLECT_SECONDS,
+    without a cleanup on b or ``forklab layers gc``; run 2, still going, keeps its layer."""
+    store = LocalArtifactStore(tmp_path / "shared-artifacts")
+    home = tmp_path / "host-b"
+    b = LocalSandboxBackend(home / "sandboxes", overlay=False)
+    layers = {}
+    for run in ("wf/run-1", "wf/run-2"):
+        folder = tmp_path / run.replace("/", "-")
+        folder.mkdir()
+        (folder / "state.txt").write_text(f"the chunk of {run}\n")
+        layers[run] = b.import_workspace(folder).digest
+        b.pin_layer(run, layers[run])
+        old = time.time() - 3600  # sealed an hour ago: past the grace of a fresh seal
+        os.utime(b.workspaces.layers.root / layers[run], (old, old))
+    store.mark_ended("wf/run-1")
+    settings = lab_settings(temporal_env, home)
+    env = {
+        **os.environ,
+        "FORKLAB_ADDRESS": settings.address,
+        "FORKLAB_HOME": str(home),
+        "FORKLAB_TASK_QUEUE": settings.task_queue,
+        "FORKLAB_ARTIFACTS": str(store.root),
+        "FORKLAB_COLLECT_SECONDS": "0.5",
+    }
+    log = tmp_path / "worker.log"
+    worker = worker_processes.start(env, log)
+    deadline = time.monotonic() + 60
+    while (b.workspaces.layers.root / layers["wf/run-1"]).exists():
+        assert worker.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        await asyncio.sleep(0.2)
+    assert b.workspaces.pinned_runs() == [run_name("wf/run-2")]
+    b.workspaces.layers.verify(layers["wf/run-2"], full=True)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=60) == 0, log.read_text()
+    shown = log.read_text()
+    assert "housekeeping: released the pins of 1 ended run\n" in shown
+    assert "housekeeping: collected 1 workspace layer (" in shown
 
 
 @pytest.mark.parametrize(

@@ -41,13 +41,16 @@ ENV = {
     "ledger": "FORKLAB_LEDGER",
     "s3_endpoint": "FORKLAB_S3_ENDPOINT",
     "store_retry_seconds": "FORKLAB_STORE_RETRY_SECONDS",
+    "collect_seconds": "FORKLAB_COLLECT_SECONDS",
     "deployment": "FORKLAB_DEPLOYMENT",
     "build_id": "FORKLAB_BUILD_ID",
     "promote": "FORKLAB_PROMOTE",
 }
 #: Settings an error names by their variable only: the shared stores have no flag (they are a
 #: deployment's, not a command's), and ``--no-promote`` cannot carry a bad value.
-ENV_ONLY = frozenset({"artifacts", "ledger", "s3_endpoint", "store_retry_seconds", "promote"})
+ENV_ONLY = frozenset(
+    {"artifacts", "ledger", "s3_endpoint", "store_retry_seconds", "collect_seconds", "promote"}
+)
 #: Worker deployment names and build ids: letters, digits, ``_``, ``-`` (build ids also
 #: ``.`` and ``+``, as in ``1.4.0+abc``); Temporal joins the two into one version string.
 _VERSION_NAMES = {
@@ -95,6 +98,13 @@ class Settings(BaseModel):
         gt=0,
         le=600,
         description="How long one activity waits out an object store or PostgreSQL outage.",
+    )
+    collect_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        le=86_400,
+        description="How often a worker drops the pins of runs that ended and collects the "
+        "workspace layers nothing needs, while it runs (0: only at each run's cleanup).",
     )
 
     deployment: str = Field(

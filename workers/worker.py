@@ -35,6 +35,7 @@ from activities.shared_snapshots import SharedSnapshots
 from activities.workload_bundles import WorkloadBundles
 from activities.world_batches import SandboxActivities
 from workers.config import Settings
+from workers.housekeeping import collect_until
 from workers.providers import braintrust_config, readout_config, sandbox_backend
 from workers.stores import artifact_store, check_stores, ledger
 from workers.versioning import announce, deployment_config, worker_version
@@ -184,8 +185,10 @@ async def run_worker(settings: Settings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     version = worker_version(settings)
+    backend = sandbox_backend(settings)
     with cpu_pool() as cpu:
-        async with build_worker(client, settings, cpu, version=version):
+        async with build_worker(client, settings, cpu, backend, version):
             if version is not None:
                 await announce(client, version, settings.promote)
+            await collect_until(stop, settings, backend)
             await stop.wait()
