@@ -398,7 +398,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("start", help="start an experiment's durable workflow (prints the token)")
+    p = sub.add_parser(
+        "start", help="start an experiment's durable workflow (writes the run's approver key)"
+    )
     p.add_argument("spec", help="path to the experiment spec (.yaml or .json)")
     p.add_argument(
         "--batch-episodes",
