@@ -579,6 +579,21 @@ def test_a_bad_setting_exits_2_from_every_command(
     assert not (tmp_path / "home").exists()  # nothing half-done
 
 
+@pytest.mark.parametrize("value", ["-1", "soon", "86401"])
+def test_a_bad_collect_interval_stops_the_worker_before_it_starts(
+    value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FORKLAB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FORKLAB_COLLECT_SECONDS", value)
+    code, out, err = run_cli(capsys, "worker")
+    assert (code, out) == (2, "")
+    assert err.startswith(
+        "forklab: error: setting collect_seconds (FORKLAB_COLLECT_SECONDS) is invalid: "
+    )
+    assert err.endswith("; fix its value\n") and err.count("\n") == 1
+    assert not (tmp_path / "home").exists()
+
+
 def test_replicates_of_a_world_with_files_each_get_their_own_folder(tmp_path: Path) -> None:
     """With forks > 1, every replicate but the last works in a copy of the episode's
     folder (a deterministic workload votes as one); without ``own`` the folder the prefix
