@@ -88,7 +88,7 @@ def static_details(spec: ExperimentSpec, requested_by: str, key_folder: str) -> 
 class Started:
     key_path: Path  # the approver's private key (owner-only, keyed by workflow id and run)
     workload_bundle: WorkloadBundle | None  # None: the workload is built into ForkLab
-    workers_polling: bool  # a worker polled the task queue lately (it may run the workflow)
+    workers_polling: bool  # a worker was seen polling the task queue lately
 
 
 def ship_spec_workload(
@@ -208,8 +208,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     print(f"watch it: {settings.experiment_url(workflow_id(spec.id))}")
     if not started.workers_polling:
         print(
-            f"no worker polls task queue {settings.task_queue!r}: the run waits for one; "
-            "start one with `forklab up` (or `forklab worker` where Temporal is reachable)"
+            f"no worker has polled task queue {settings.task_queue!r} lately: the run waits "
+            "until one does; if none runs, start one with `forklab up` (or `forklab worker` "
+            "where Temporal is reachable)"
         )
     print(f"next: forklab status {spec.id}   then   forklab approve {spec.id}")
     return 0

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
+from temporalio.api.enums.v1 import DescribeTaskQueueMode, TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import PollerInfo, TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowHandle
@@ -141,8 +141,7 @@ async def experiment_handle(
     return handle
 
 
-#: How long a status query may take before the command asks whether any worker can
-#: answer it (a query that no worker picks up waits out the server's ~30 s).
+#: How long a status query may take before the command looks whether any worker polls.
 QUICK_ANSWER_SECONDS = 2.0
 #: A live worker polls its task queue again at least once a long poll (about a minute).
 #: The server keeps listing a gone worker's poller for minutes, with the time it was last
@@ -152,13 +151,15 @@ POLLER_GONE = timedelta(minutes=2)
 
 
 async def query_status(settings: Settings, handle: WorkflowHandle[Any, Any]) -> StatusView:
-    """The run's status query. If it does not answer at once and no worker that could
-    answer it polls the run's task queue, this says so right away instead of waiting."""
+    """The run's status query. A query that no worker picks up waits out the server's
+    ~30 s; if it has not answered at once and no worker that could answer it is seen
+    polling, the command says so on stderr right away, and still waits: a worker that
+    has just started may not be listed yet, and a query it answers is the truth."""
     query = asyncio.ensure_future(handle.query(ExperimentWorkflow.status))
     try:
         done, _ = await asyncio.wait({query}, timeout=QUICK_ANSWER_SECONDS)
         if not done and (nobody := await _no_worker(settings, handle)) is not None:
-            raise CliError(nobody)
+            print(f"forklab: {nobody}; waiting for the status query", file=sys.stderr, flush=True)
         return await query
     except RPCError as exc:
         raise CliError(
@@ -183,20 +184,36 @@ def live_pollers(
 
 
 async def workflow_pollers(client: Client, namespace: str, task_queue: str) -> list[PollerInfo]:
-    """The workflow pollers the server lists for ``task_queue`` (of every build)."""
-    response = await client.workflow_service.describe_task_queue(
+    """The workflow pollers the server lists for ``task_queue``. Two views: the plain one
+    lists the task queue's root partition only, but with every worker deployment's
+    pollers and their build; the enhanced one lists every partition, but not the pollers
+    of worker deployments. A worker shows in at least one of them once its polls reach
+    the server (a versioned one's within a long poll or so, when it polls the root)."""
+    queue = TaskQueue(name=task_queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL)
+    workflow = TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
+    service = client.workflow_service
+    plain = await service.describe_task_queue(
+        DescribeTaskQueueRequest(namespace=namespace, task_queue=queue, task_queue_type=workflow)
+    )
+    enhanced = await service.describe_task_queue(
         DescribeTaskQueueRequest(
             namespace=namespace,
-            task_queue=TaskQueue(name=task_queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+            task_queue=queue,
+            api_mode=DescribeTaskQueueMode.DESCRIBE_TASK_QUEUE_MODE_ENHANCED,
+            task_queue_types=[workflow],
+            report_pollers=True,
         )
     )
-    return list(response.pollers)
+    pollers = list(plain.pollers)
+    for version in enhanced.versions_info.values():
+        for info in version.types_info.values():
+            pollers += info.pollers
+    return pollers
 
 
 async def _no_worker(settings: Settings, handle: WorkflowHandle[Any, Any]) -> str | None:
-    """Why no worker can answer the run's queries now, or None if one may (or the server
-    cannot tell: then the query finds out)."""
+    """Why no worker seems able to answer the run's queries now, or None if one may (or
+    the server cannot tell)."""
     try:
         description = await handle.describe()
         client = await open_client(settings)
@@ -209,16 +226,14 @@ async def _no_worker(settings: Settings, handle: WorkflowHandle[Any, Any]) -> st
     queue, minutes = description.task_queue, POLLER_GONE.total_seconds() / 60
     if pinned is None:
         return (
-            f"the experiment cannot answer its status query: no worker has polled task queue "
-            f"{queue!r} in the last {minutes:g} minutes; start one with `forklab up` (or "
-            "`forklab worker` where Temporal is reachable)"
+            f"no worker has polled task queue {queue!r} in the last {minutes:g} minutes; "
+            "start one with `forklab up` (or `forklab worker` where Temporal is reachable)"
         )
     deployment, build_id = pinned
     return (
-        f"the experiment cannot answer its status query: it runs on build "
-        f"{deployment}:{build_id} only, and no worker of that build has polled task queue "
-        f"{queue!r} in the last {minutes:g} minutes; start one with FORKLAB_DEPLOYMENT="
-        f"{deployment} FORKLAB_BUILD_ID={build_id} forklab worker"
+        f"the run is pinned to build {deployment}:{build_id}, and no worker of that build "
+        f"has polled task queue {queue!r} in the last {minutes:g} minutes; start one with "
+        f"FORKLAB_DEPLOYMENT={deployment} FORKLAB_BUILD_ID={build_id} forklab worker"
     )
 
 
