@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import urllib.error
 import urllib.request
+from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -24,9 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.effect_ledger import EffectLedger
+from activities.effect_ledger import Claim, EffectLedger
 from activities.run_context import holder, lineage_root
-from experiments.runfork.effects import ClaimOutcome, request_sha256
+from experiments.runfork.effects import ClaimOutcome, downstream_key, request_sha256
 
 _RETRYABLE_STATUS = {408, 409, 429}
 
@@ -100,6 +102,22 @@ class EffectResult(BaseModel):
     kind: str
 
 
+#: Added to an attempt's timeout for its lease: the clocks of the hosts that read it
+LEASE_MARGIN = timedelta(seconds=5)
+#: An attempt's lease when its activity has no timeout that bounds it
+DEFAULT_LEASE = timedelta(minutes=2)
+#: The share of its lease an attempt spends waiting for another execution's claim
+HELD_WAIT_SHARE = 0.5
+
+
+def attempt_lease(info: activity.Info) -> float:
+    """Seconds during which this attempt may still apply its effect: its start-to-close
+    timeout (else its schedule-to-close) and a margin. Temporal starts no later attempt
+    of it before that; another execution meeting its claim waits as long."""
+    bound = info.start_to_close_timeout or info.schedule_to_close_timeout or DEFAULT_LEASE
+    return (bound + LEASE_MARGIN).total_seconds()
+
+
 class EffectTools:
     def __init__(
         self,
@@ -148,6 +166,41 @@ class EffectTools:
                 f"effects service answered {exc.code} on {path}", non_retryable=exc.code < 500
             ) from None
 
+    async def _claim(self, root: str, ledger_key: str, digest: str, key_name: str) -> Claim:
+        """Claim the key; while another execution holds it (a fork's parent still
+        charging), wait in this attempt, checking again with a growing pause, for at most
+        half the attempt's timeout; then leave it to a later attempt, after the holder's
+        lease. Its completion then replays here; its death makes the claim ours."""
+        info = activity.info()
+        lease = attempt_lease(info)
+        deadline = time.monotonic() + lease * HELD_WAIT_SHARE
+        pause = 0.25
+        while True:
+            claim = await asyncio.to_thread(
+                self._ledger.claim,
+                root,
+                ledger_key,
+                info.activity_type,
+                digest,
+                holder(),
+                info.attempt,
+                lease,
+            )
+            if claim.outcome is not ClaimOutcome.held:
+                return claim
+            assert claim.entry is not None and claim.retry_after is not None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                wait = max(claim.retry_after, 1.0)
+                raise ApplicationError(
+                    f"key {key_name!r} is held by {claim.entry.holder}, whose attempt may "
+                    f"still be applying it; trying again in {wait:.0f} s",
+                    type="effect_held",
+                    next_retry_delay=timedelta(seconds=wait),
+                )
+            await asyncio.sleep(max(min(pause, claim.retry_after, left), 0.05))
+            pause = min(pause * 2, 5.0)
+
     async def _apply(
         self, kind: str, path: str, key_name: str, params: dict[str, Any]
     ) -> EffectResult:
@@ -164,9 +217,7 @@ class EffectTools:
         info = activity.info()
         ledger_key = f"{kind}:{key_name}"
         digest = request_sha256(params)
-        claim = await asyncio.to_thread(
-            self._ledger.claim, root, ledger_key, info.activity_type, digest, holder(), info.attempt
-        )
+        claim = await self._claim(root, ledger_key, digest, key_name)
         if claim.outcome is ClaimOutcome.mismatch:
             raise ApplicationError(
                 f"key {key_name!r} was used for a different request",
@@ -183,20 +234,20 @@ class EffectTools:
             assert claim.entry is not None and claim.entry.result is not None
             return EffectResult.model_validate({**claim.entry.result, "status": "replayed"})
         assert claim.claim_token is not None
-        downstream_key = f"{root}:{ledger_key}" if self._mode is LedgerMode.ledger_query else None
+        service_key = (
+            downstream_key(root, ledger_key) if self._mode is LedgerMode.ledger_query else None
+        )
         effect: dict[str, Any] | None = None
         status = "applied"
-        if claim.outcome is ClaimOutcome.ambiguous and downstream_key is not None:
-            from urllib.parse import quote
-
+        if claim.outcome is ClaimOutcome.ambiguous and service_key is not None:
             found = await asyncio.to_thread(
-                self._http, "GET", f"/effects/status?key={quote(downstream_key)}", None, None
+                self._http, "GET", f"/effects/status?key={service_key}", None, None
             )
             if found["applied"]:
                 effect, status = found["effect"], "recovered"
         if effect is None:
             await self._maybe_crash("before_call")
-            out = await asyncio.to_thread(self._http, "POST", path, params, downstream_key)
+            out = await asyncio.to_thread(self._http, "POST", path, params, service_key)
             effect = out["effect"]
             await self._maybe_crash("after_apply")
         result = EffectResult(

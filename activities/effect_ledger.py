@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 import uuid
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -27,7 +28,8 @@ from experiments.runfork.effects import (
     on_claim,
 )
 
-SCHEMA_VERSION = 1
+#: 2: ``lease_until`` (a file of version 1 gains it, 0 for its open claims)
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS effects (
     lineage_root   TEXT NOT NULL,
@@ -39,6 +41,7 @@ CREATE TABLE IF NOT EXISTS effects (
     epoch          INTEGER NOT NULL,
     holder         TEXT NOT NULL,
     result_json    TEXT,
+    lease_until    REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (lineage_root, key_name)
 );
 CREATE TABLE IF NOT EXISTS effect_events (
@@ -58,6 +61,8 @@ class Claim(BaseModel):
     outcome: ClaimOutcome
     claim_token: str | None = None
     entry: LedgerEntry | None = None
+    #: ``held``: seconds until the holder's lease ends
+    retry_after: float | None = None
 
 
 class EffectLedger(Protocol):
@@ -67,10 +72,18 @@ class EffectLedger(Protocol):
     def location(self) -> str: ...
 
     def claim(
-        self, root: str, key: str, tool: str, request_sha: str, holder: str, epoch: int
+        self,
+        root: str,
+        key: str,
+        tool: str,
+        request_sha: str,
+        holder: str,
+        epoch: int,
+        lease_seconds: float = 0.0,
     ) -> Claim:
-        """Claim the key for one attempt. ``new`` and ``ambiguous`` hand out a fresh claim
-        token (the previous holder's completion will be rejected); the others hand none."""
+        """Claim the key for one attempt that may run ``lease_seconds`` (other executions
+        meet ``held`` until then). ``new`` and ``ambiguous`` hand out a fresh claim token
+        (the previous holder's completion will be rejected); the others hand none."""
         ...
 
     def complete(self, root: str, key: str, claim_token: str, result: dict[str, Any]) -> bool:
@@ -87,7 +100,8 @@ class EffectLedger(Protocol):
 
 #: Columns of an entry, in :class:`LedgerEntry` order (both backends select them so).
 ENTRY_COLUMNS = (
-    "lineage_root, key_name, tool, request_sha256, state, claim_token, epoch, holder, result_json"
+    "lineage_root, key_name, tool, request_sha256, state, claim_token, epoch, holder, result_json,"
+    " lease_until"
 )
 EVENT_FIELDS = ("seq", "key_name", "event", "holder", "epoch")
 
@@ -105,7 +119,16 @@ def entry_of(row: tuple[Any, ...] | None) -> LedgerEntry | None:
         epoch=row[6],
         holder=row[7],
         result=json.loads(row[8]) if row[8] else None,
+        lease_until=row[9],
     )
+
+
+def claimed(outcome: ClaimOutcome, entry: LedgerEntry | None, now: float) -> Claim | None:
+    """The answer to a claim that takes no token (None: it takes one)."""
+    if outcome in (ClaimOutcome.new, ClaimOutcome.ambiguous):
+        return None
+    retry_after = entry.lease_until - now if outcome is ClaimOutcome.held and entry else None
+    return Claim(outcome=outcome, entry=entry, retry_after=retry_after)
 
 
 def result_json(result: dict[str, Any]) -> str:
@@ -116,6 +139,21 @@ class SqliteEffectLedger:
     def __init__(self, path: Path) -> None:
         self.path = path
         init_schema(path, _SCHEMA)
+        self._upgrade()
+
+    def _upgrade(self) -> None:
+        """Bring a file of an earlier schema up to this one; refuse one of a later."""
+        with self._tx() as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise ValueError(
+                    f"effect ledger {self.path} has schema version {version} but this "
+                    f"ForkLab knows version {SCHEMA_VERSION}; use a matching ForkLab"
+                )
+            columns = {row[1] for row in db.execute("PRAGMA table_info(effects)")}
+            if "lease_until" not in columns:
+                db.execute("ALTER TABLE effects ADD COLUMN lease_until REAL NOT NULL DEFAULT 0")
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @property
     def location(self) -> str:
@@ -141,20 +179,31 @@ class SqliteEffectLedger:
         )
 
     def claim(
-        self, root: str, key: str, tool: str, request_sha: str, holder: str, epoch: int
+        self,
+        root: str,
+        key: str,
+        tool: str,
+        request_sha: str,
+        holder: str,
+        epoch: int,
+        lease_seconds: float = 0.0,
     ) -> Claim:
         with self._tx() as db:
+            now = time.time()  # one file, one host: its clock is the ledger's
             entry = self._get(db, root, key)
-            outcome = on_claim(entry, request_sha, holder, epoch)
+            outcome = on_claim(entry, request_sha, holder, epoch, now)
             self._event(db, root, key, f"claim:{outcome.value}", holder, epoch)
-            if outcome not in (ClaimOutcome.new, ClaimOutcome.ambiguous):
-                return Claim(outcome=outcome, entry=entry)
+            answer = claimed(outcome, entry, now)
+            if answer is not None:
+                return answer
             token = uuid.uuid4().hex
             db.execute(
-                "INSERT INTO effects VALUES (?, ?, ?, ?, 'claimed', ?, ?, ?, NULL)"
+                f"INSERT INTO effects ({ENTRY_COLUMNS})"
+                " VALUES (?, ?, ?, ?, 'claimed', ?, ?, ?, NULL, ?)"
                 " ON CONFLICT (lineage_root, key_name) DO UPDATE SET"
-                " claim_token=excluded.claim_token, epoch=excluded.epoch, holder=excluded.holder",
-                (root, key, tool, request_sha, token, epoch, holder),
+                " claim_token=excluded.claim_token, epoch=excluded.epoch, holder=excluded.holder,"
+                " lease_until=excluded.lease_until",
+                (root, key, tool, request_sha, token, epoch, holder, now + lease_seconds),
             )
             return Claim(outcome=outcome, claim_token=token, entry=entry)
 

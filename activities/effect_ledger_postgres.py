@@ -21,6 +21,7 @@ from activities.effect_ledger import (
     ENTRY_COLUMNS,
     EVENT_FIELDS,
     Claim,
+    claimed,
     entry_of,
     result_json,
 )
@@ -62,6 +63,11 @@ CREATE TABLE effect_events (
 CREATE INDEX effect_events_root ON effect_events (lineage_root, seq);
 """,
     ),
+    Migration(
+        version=2,
+        name="a claim's lease",
+        sql="ALTER TABLE effects ADD COLUMN lease_until DOUBLE PRECISION NOT NULL DEFAULT 0;",
+    ),
 )
 
 
@@ -92,7 +98,14 @@ class PostgresEffectLedger:
         return self._tables.location
 
     def claim(
-        self, root: str, key: str, tool: str, request_sha: str, holder: str, epoch: int
+        self,
+        root: str,
+        key: str,
+        tool: str,
+        request_sha: str,
+        holder: str,
+        epoch: int,
+        lease_seconds: float = 0.0,
     ) -> Claim:
         token = uuid.uuid4().hex
 
@@ -110,15 +123,22 @@ class PostgresEffectLedger:
                 assert last is not None, "the claim event commits with the claim"
                 outcome = ClaimOutcome(str(last[0]).removeprefix("claim:"))
                 return Claim(outcome=outcome, claim_token=token)
-            outcome = on_claim(entry, request_sha, holder, epoch)
+            # the database's clock: workers on several hosts meet one clock
+            row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+            assert row is not None
+            now = float(row[0])
+            outcome = on_claim(entry, request_sha, holder, epoch, now)
             _event(conn, root, key, f"claim:{outcome.value}", holder, epoch)
-            if outcome not in (ClaimOutcome.new, ClaimOutcome.ambiguous):
-                return Claim(outcome=outcome, entry=entry)
+            answer = claimed(outcome, entry, now)
+            if answer is not None:
+                return answer
             conn.execute(
-                "INSERT INTO effects VALUES (%s, %s, %s, %s, 'claimed', %s, %s, %s, NULL)"
-                " ON CONFLICT (lineage_root, key_name) DO UPDATE SET"
-                " claim_token=excluded.claim_token, epoch=excluded.epoch, holder=excluded.holder",
-                (root, key, tool, request_sha, token, epoch, holder),
+                f"INSERT INTO effects ({ENTRY_COLUMNS})".encode()
+                + b" VALUES (%s, %s, %s, %s, 'claimed', %s, %s, %s, NULL, %s)"
+                b" ON CONFLICT (lineage_root, key_name) DO UPDATE SET"
+                b" claim_token=excluded.claim_token, epoch=excluded.epoch, holder=excluded.holder,"
+                b" lease_until=excluded.lease_until",
+                (root, key, tool, request_sha, token, epoch, holder, now + lease_seconds),
             )
             return Claim(outcome=outcome, claim_token=token, entry=entry)
 

@@ -38,6 +38,8 @@ WORKSPACE_LAYER_FIELD = "workspace_layer"
 #: The error type of a call a fork refuses (block policy, replay miss).
 BLOCKED_ERROR = "fork_tool_blocked"
 DIVERGED_ERROR = "fork_prefix_diverged"
+#: a memo marker that is no fork marker: the run fails instead of retrying its task
+MARKER_ERROR = "fork_marker_invalid"
 
 
 class ModelSwap(BaseModel):

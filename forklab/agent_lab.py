@@ -18,8 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.api.common.v1 import Payload
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttributes
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+)
+from temporalio.common import (
+    RawValue,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.agent_workspace import agent_workspaces_root, collect_agent_layers, run_pins
@@ -164,6 +174,8 @@ class AgentLab:
                 f"fork name {fork_id!r}: use 1-200 letters, digits and . _ : / - "
                 "(starting with a letter or digit)"
             )
+        if self.registry.receipt(fork_id) is not None:
+            raise ForkError(f"fork name {fork_id!r} is taken by an earlier fork; choose another")
         policies = dict(tool_policies or {})
         policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
         located = await locate_step(self.client, run, at_step, self.registry, self.runs)
@@ -243,28 +255,56 @@ class AgentLab:
                 tool_policies=policies,
                 intervention=intervention,
             )
-            handle = await self.client.start_workflow(
-                source.workflow_type,
-                args=[RawValue(p) for p in start_input],
-                id=fork_id,
-                task_queue=source.task_queue,
-                memo={
-                    MARKER_MEMO_KEY: marker.model_dump(mode="json"),
-                    RECEIPT_MEMO_KEY: receipt.model_dump(mode="json"),
-                },
-                search_attributes=TypedSearchAttributes(
-                    [
-                        SearchAttributePair(RUN, fork_id),
-                        SearchAttributePair(PARENT, run),
-                        SearchAttributePair(LINEAGE_ROOT, lineage[0]),
-                        SearchAttributePair(BOUNDARY, boundary.value),
-                    ]
-                ),
-                static_summary=visible(f"fork of {run} at step {at_step} ({boundary.value})"),
-                static_details=receipt_markdown(receipt),
-            )
-            self.registry.add_receipt(receipt)
+            try:
+                handle = await self._start(source, start_input, marker, receipt)
+            except WorkflowAlreadyStartedError:
+                raise ForkError(
+                    f"fork name {fork_id!r} is the id of an existing workflow; choose another"
+                ) from None
+            try:
+                self.registry.add_receipt(receipt)
+            except BaseException:
+                # a fork without its receipt would be promoted, diffed and collected as
+                # something else: stop it rather than leave it half-recorded
+                await handle.terminate("forklab fork could not record the fork's receipt")
+                raise
         return Fork(receipt=receipt, handle=handle)
+
+    async def _start(
+        self,
+        source: RunRecord,
+        start_input: list[Payload],
+        marker: ForkMarker,
+        receipt: ForkReceipt,
+    ) -> WorkflowHandle[Any, Any]:
+        """Start the fork under a workflow id never used before: not as a second run of a
+        closed workflow (an unrelated run's or an earlier fork's), whose history ``steps``,
+        ``diff`` and ``promote`` would then read as this fork's."""
+        fork_id, parent = receipt.fork_workflow_id, marker.parent_workflow_id
+        boundary = marker.boundary.value
+        return await self.client.start_workflow(
+            source.workflow_type,
+            args=[RawValue(p) for p in start_input],
+            id=fork_id,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            task_queue=source.task_queue,
+            memo={
+                MARKER_MEMO_KEY: marker.model_dump(mode="json"),
+                RECEIPT_MEMO_KEY: receipt.model_dump(mode="json"),
+            },
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(RUN, fork_id),
+                    SearchAttributePair(PARENT, parent),
+                    SearchAttributePair(LINEAGE_ROOT, marker.lineage_root),
+                    SearchAttributePair(BOUNDARY, boundary),
+                ]
+            ),
+            static_summary=visible(
+                f"fork of {parent} at step {receipt.requested_step} ({boundary})"
+            ),
+            static_details=receipt_markdown(receipt),
+        )
 
     def _referencing_layers(self) -> contextlib.AbstractAsyncContextManager[None]:
         """The agent layer store's lock, shared (nothing when the store is not here)."""

@@ -8,9 +8,12 @@ the payments service, records what it found; attempt 1's late completion is reje
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import TypeVar
 
@@ -91,6 +94,85 @@ def test_a_zombie_completion_is_rejected(store: Callable[[], EffectLedger]) -> N
     # another lineage root is another key
     fresh = ledger.claim("other-root", "charge:inv-1", "charge_customer", req, "y", 1)
     assert fresh.outcome is ClaimOutcome.new
+
+
+def test_another_execution_waits_out_a_live_claim(store: Callable[[], EffectLedger]) -> None:
+    """A fork (another activity execution) meeting its parent's open claim is ``held``
+    while the parent's attempt may still be applying the effect, and takes over only
+    once that attempt's lease has ended; the parent's own next attempt does not wait."""
+    ledger = store()
+    req = request_sha256({"amount": 4900})
+    parent = ledger.claim("root", "charge:inv-1", "charge_customer", req, "p/run/4", 1, 60.0)
+    assert parent.outcome is ClaimOutcome.new and parent.claim_token
+    fork = ledger.claim("root", "charge:inv-1", "charge_customer", req, "p--fork/run/3", 1, 60.0)
+    assert fork.outcome is ClaimOutcome.held and fork.claim_token is None
+    assert fork.retry_after is not None and 55.0 < fork.retry_after <= 60.0
+    assert fork.entry is not None and fork.entry.holder == "p/run/4"
+    # the parent completes: the fork's next claim replays its result
+    assert ledger.complete("root", "charge:inv-1", parent.claim_token, {"effect_id": "e1"})
+    again = ledger.claim("root", "charge:inv-1", "charge_customer", req, "p--fork/run/3", 2, 60.0)
+    assert again.outcome is ClaimOutcome.replay
+    # a claim whose lease has ended (its holder died) is taken over, as ambiguous
+    dead = ledger.claim("root", "email:1", "send_email", req, "q/run/2", 1, 0.05)
+    time.sleep(0.1)
+    taken = ledger.claim("root", "email:1", "send_email", req, "q--fork/run/3", 1, 60.0)
+    assert taken.outcome is ClaimOutcome.ambiguous and taken.claim_token
+    assert dead.claim_token and not ledger.complete("root", "email:1", dead.claim_token, {})
+    # the holder's own next attempt takes its live claim over at once (Temporal starts it
+    # only after the earlier attempt failed or timed out)
+    own = ledger.claim("root", "email:1", "send_email", req, "q--fork/run/3", 2, 60.0)
+    assert own.outcome is ClaimOutcome.ambiguous
+    assert [e["event"] for e in ledger.events("root")] == [
+        "claim:new",
+        "claim:held",
+        "complete",
+        "claim:replay",
+        "claim:new",
+        "claim:ambiguous",
+        "complete:rejected",
+        "claim:ambiguous",
+    ]
+
+
+def test_a_version_1_sqlite_ledger_gains_leases(tmp_path: Path) -> None:
+    """A ledger file written before leases keeps its rows; its open claims have no lease
+    (another execution takes them over, as before)."""
+    path = tmp_path / "effects.sqlite"
+    with closing(sqlite3.connect(path)) as db:
+        db.executescript(_V1_SCHEMA)
+        db.execute(
+            "INSERT INTO effects VALUES ('root', 'charge:inv-1', 'charge_customer', ?,"
+            " 'claimed', 'tok', 1, 'p/run/4', NULL)",
+            (request_sha256({"amount": 1}),),
+        )
+        db.commit()
+    ledger = SqliteEffectLedger(path)
+    (entry,) = ledger.entries("root")
+    assert entry.lease_until == 0.0 and entry.holder == "p/run/4"
+    claim = ledger.claim(
+        "root", "charge:inv-1", "charge_customer", entry.request_sha256, "f/run/1", 1, 60.0
+    )
+    assert claim.outcome is ClaimOutcome.ambiguous
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+        db.execute("PRAGMA user_version = 9")
+        db.commit()
+    with pytest.raises(ValueError, match="schema version 9 but this ForkLab knows version 2"):
+        SqliteEffectLedger(path)
+
+
+_V1_SCHEMA = """
+CREATE TABLE effects (
+    lineage_root TEXT NOT NULL, key_name TEXT NOT NULL, tool TEXT NOT NULL,
+    request_sha256 TEXT NOT NULL, state TEXT NOT NULL, claim_token TEXT NOT NULL,
+    epoch INTEGER NOT NULL, holder TEXT NOT NULL, result_json TEXT,
+    PRIMARY KEY (lineage_root, key_name)
+);
+CREATE TABLE effect_events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, lineage_root TEXT NOT NULL,
+    key_name TEXT NOT NULL, event TEXT NOT NULL, holder TEXT NOT NULL, epoch INTEGER NOT NULL
+);
+"""
 
 
 def test_two_workers_share_the_store(store: Callable[[], EffectLedger]) -> None:

@@ -75,6 +75,7 @@ async def test_bad_fork_requests_exit_2_with_one_line(agent_lab: AgentTestLab) -
         ("--at-step", "3", "--intervention", "{oops"): "--intervention is not valid JSON",
         ("--at-step", "99"): "only 6 steps",
         ("--at-step", "3", "--name", "bad name!"): "fork name",
+        ("--at-step", "3", "--name", parent.id): "is the id of an existing workflow",
     }
     for args, message in cases.items():
         out = forklab(env, "fork", parent.id, *args)

@@ -9,7 +9,7 @@ import pytest
 
 from activities.run_log import RunLog
 from experiments.runfork.diff import diff_states, divergence_step
-from experiments.runfork.effects import request_sha256
+from experiments.runfork.effects import downstream_key, request_sha256
 from experiments.runfork.fencing import Verdict
 from experiments.runfork.policy import (
     Decision,
@@ -88,6 +88,16 @@ def test_request_digest_ignores_volatile_fields() -> None:
     a = request_sha256({"amount": 1, "nonce": "x"}, volatile=["nonce"])
     assert a == request_sha256({"nonce": "y", "amount": 1}, volatile=["nonce"])
     assert a != request_sha256({"amount": 2, "nonce": "x"}, volatile=["nonce"])
+
+
+def test_the_service_key_is_one_to_one_and_bounded() -> None:
+    """Root ``shop:charge`` with key ``x`` and root ``shop`` with key ``charge:x`` joined
+    to one string; the service would have taken the second charge for the first."""
+    a = downstream_key("shop:charge", "charge:x")
+    b = downstream_key("shop", "charge:charge:x")
+    assert a != b
+    assert len(downstream_key("r" * 200, "charge:" + "k" * 200)) == len(a) == 72
+    assert downstream_key("shop", "charge:x") == downstream_key("shop", "charge:x")
 
 
 def test_run_log_fences_writers_and_resumes_from_any_offset(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.agent_workspace import WorkspaceStep, WorkspaceWrite
     from activities.fork_models import BLOCKED_ERROR
     from experiments.runfork.research_score import PIPELINE, passes, score_sections
+    from workflows.agents.inputs import checked_input
 
 _CALL_TIMEOUT = timedelta(seconds=60)
 _RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=5))
@@ -58,6 +59,7 @@ class ResearchPipelineWorkflow:
 
     @workflow.run
     async def run(self, inp: ResearchInput) -> dict[str, Any]:
+        inp = checked_input(ResearchInput, inp)
         state: dict[str, Any] = {
             "topic": inp.topic,
             "sections": {},

@@ -17,6 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from temporalio.openai_agents.workflow import activity_as_tool
 
     from activities.agent_tools import EffectTools
+    from workflows.agents.inputs import checked_input
 
 
 class SupportInput(BaseModel):
@@ -35,6 +36,7 @@ class SupportResult(BaseModel):
 class SupportAgentWorkflow:
     @workflow.run
     async def run(self, inp: SupportInput) -> SupportResult:
+        inp = checked_input(SupportInput, inp)
         agent: Agent[None] = Agent(
             name="support",
             instructions="Answer the customer's ticket; send them an email when needed.",

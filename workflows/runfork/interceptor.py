@@ -40,7 +40,7 @@ from temporalio.worker import (
 from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import BaseModel
+    from pydantic import BaseModel, ValidationError
 
     from activities.fork_models import (
         BASE_STEP_MEMO_KEY,
@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         FETCH_PREFIX,
         INTERNAL_PREFIX,
         LINEAGE_HEADER,
+        MARKER_ERROR,
         MARKER_MEMO_KEY,
         MODEL_FIELDS,
         STEP_DECISION,
@@ -61,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
     from experiments.runfork.policy import Decision, decide, policy_for, uses_records
     from experiments.runfork.receipt import BoundaryMode
     from experiments.runfork.steps import Step, StepStatus, payload_digest
+    from experiments.validation_text import first_error
 
 _FORK_ACTIVITY_TIMEOUT = timedelta(minutes=2)
 _FORK_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=10))
@@ -94,11 +96,23 @@ class _ForkState:
 
 def current_fork() -> ForkMarker | None:
     """The fork marker of the running workflow (None for a run that is not a fork), for
-    workflow code that reads the fork's intervention after the boundary."""
+    workflow code that reads the fork's intervention after the boundary.
+
+    The memo is whatever the starter wrote, so a marker that is not one fails the run
+    (non-retryable): a validation error would otherwise fail the workflow task, which
+    Temporal retries for ever, leaving the run open and stuck."""
     raw = workflow.memo().get(MARKER_MEMO_KEY) if workflow.memo() else None
     if raw is None:
         return None
-    return ForkMarker.model_validate(raw if isinstance(raw, dict) else dict(raw))
+    try:
+        return ForkMarker.model_validate(raw)
+    except ValidationError as exc:
+        raise ApplicationError(
+            f"memo {MARKER_MEMO_KEY!r} is not a fork marker ({first_error(exc)}); "
+            "start forks with `forklab fork`",
+            type=MARKER_ERROR,
+            non_retryable=True,
+        ) from None
 
 
 def _base_step(marker: ForkMarker | None) -> int:
