@@ -26,8 +26,16 @@ class FlakyTool(Workload):
     feature_types: ClassVar[Mapping[str, Any]] = {"failed_last": bool, "items_done": int}
 
     def check_params(self) -> None:
+        # a spec's values are whatever YAML made of them: `true` is an int to Python and
+        # "0.3" is a string, so the types are checked before the values are compared
+        for key in ("items", "budget", "fork_at"):
+            value = self.params[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise WorkloadError(f"workload.params.{key}", "must be a non-negative integer")
         for key in ("p_fail", "p_fail_backup"):
-            if not 0.0 <= self.params[key] <= 1.0:
+            value = self.params[key]
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or not 0.0 <= value <= 1.0:
                 raise WorkloadError(f"workload.params.{key}", "must be a probability in [0, 1]")
         if self.params["budget"] <= self.params["fork_at"]:
             raise WorkloadError("workload.params.fork_at", "must be smaller than the budget")

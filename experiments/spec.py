@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Self
+from typing import Annotated, Any, Self
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictStr,
     ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic import Strict as StrictMode
 
 from experiments.runtime.canon import digest
 from experiments.runtime.contract import ContractViolation, feature_kinds, from_exception
@@ -57,12 +59,25 @@ _NAME = 64
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    """Strict mode: no coercion. An integer field refuses ``true`` and ``"300"``, a float
+    field refuses ``true`` and ``"0.5"`` (it takes an integer: ``budget: 300``), a boolean
+    refuses ``"false"`` and ``0``: the spec says what it means, or it is refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+
+#: Strict mode reads a spec parsed from YAML (Python objects) more strictly than JSON: it
+#: would refuse the string ``baseline`` for an Enum and a list for a tuple. These fields
+#: read those leniently; a string is still no number and a number no string.
+_Lax = StrictMode(False)
+RoleName = Annotated[Role, _Lax]
+DirectionName = Annotated[Direction, _Lax]
+FeaturePair = Annotated[tuple[StrictStr, StrictStr], _Lax]
 
 
 class Hypothesis(Strict):
     text: str = Field(min_length=1, max_length=2000)
-    expected: dict[str, Direction] = Field(
+    expected: dict[str, DirectionName] = Field(
         default_factory=dict,
         description="Per world name: the expected direction of its failure rate vs baseline.",
     )
@@ -85,7 +100,7 @@ class Intervention(Strict):
 
 class World(Strict):
     name: str = Field(min_length=1, max_length=_NAME, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    role: Role
+    role: RoleName
     intervention: Intervention | None = None
 
     @model_validator(mode="after")
@@ -157,7 +172,7 @@ class Analysis(Strict):
     quantile_bins: int = Field(
         default=4, ge=2, le=20, description="Numeric features are sliced into this many quantiles."
     )
-    interactions: list[tuple[str, str]] = Field(
+    interactions: list[FeaturePair] = Field(
         default_factory=list, max_length=100, description="Pairs of features to slice jointly."
     )
     forks_per_checkpoint: int = Field(
@@ -252,6 +267,31 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
+#: Pydantic's errors for a value of the wrong type, which ``_got`` completes.
+_TYPE_ERRORS = frozenset({"int_type", "float_type", "bool_type", "string_type"})
+
+
+def _got(value: object) -> str:
+    """What a spec gave instead of the type the field takes, and how to write it."""
+    if isinstance(value, bool):
+        return f"not the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:39] + "…"
+        hint = ""
+        try:
+            float(value)
+            hint = "; write the number without quotes"
+        except ValueError:
+            if value.lower() in ("true", "false"):
+                hint = "; write true or false without quotes"
+        return f"not the string {shown!r}{hint}"
+    if isinstance(value, int | float):
+        return f"not {value!r}" if len(repr(value)) <= 40 else "not that number"
+    if value is None:
+        return "not null"
+    return "not a mapping" if isinstance(value, dict) else f"not a {type(value).__name__}"
+
+
 def _one_line(text: str, limit: int = 300) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
@@ -314,6 +354,8 @@ def _parse_spec(text: str, source: str) -> ExperimentSpec:
         err = exc.errors()[0]
         field = _field_path(tuple(p for p in err["loc"] if not str(p).startswith("function-")))
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] in _TYPE_ERRORS:
+            msg = f"{msg}, {_got(err['input'])}"
         head, sep, rest = msg.partition(": ")
         if not err["loc"] and sep and " " not in head:
             field, msg = head, rest

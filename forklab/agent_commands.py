@@ -148,6 +148,7 @@ async def _promote(args: argparse.Namespace) -> int:
 @_guard
 async def _watch(args: argparse.Namespace) -> int:
     lab = await _lab(args)
+    await lab.is_closed(args.run)  # the run must exist
     after = args.from_offset - 1
     while True:
         events = lab.watch(args.run, after)
@@ -157,8 +158,7 @@ async def _watch(args: argparse.Namespace) -> int:
         if not args.follow:
             break
         if not events:
-            desc = await lab.client.get_workflow_handle(args.run).describe()
-            if desc.close_time is not None and not lab.watch(args.run, after):
+            if await lab.is_closed(args.run) and not lab.watch(args.run, after):
                 break
             await asyncio.sleep(WATCH_POLL_SECONDS)
     print(f"next offset: {after + 1}")

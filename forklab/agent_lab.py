@@ -43,6 +43,7 @@ from activities.fork_models import (
 from activities.fork_registry import ForkRegistry
 from activities.run_history import (
     ClosedRuns,
+    RunNotFound,
     RunRecord,
     chain_steps,
     digest_payloads,
@@ -422,6 +423,17 @@ class AgentLab:
         closed = [receipt.parent_workflow_id, *siblings]
         self.registry.promote(run, closed, by or getpass.getuser())
         return closed
+
+    async def is_closed(self, run: str) -> bool:
+        """Whether ``run``'s latest run has closed; ``RunNotFound`` if Temporal has no
+        workflow ``run`` (a typo would otherwise watch an empty log for ever)."""
+        try:
+            desc = await self.client.get_workflow_handle(run).describe()
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                raise RunNotFound(f"no run {run!r} (no workflow has that id)") from None
+            raise
+        return desc.close_time is not None
 
     def watch(self, run: str, after: int = -1, limit: int = 1000) -> list[LogEvent]:
         return self.run_log.read(run, after, limit)

@@ -51,10 +51,12 @@ from workers.stores import artifact_store
 from workers.worker import ensure_search_attributes
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
+    BATCH_EPISODES_RANGE,
     DEFAULT_BATCH_EPISODES,
     DEFAULT_HISTORY_EVENTS,
     DEFAULT_REHEARSAL_EPISODES,
     HISTORY_EVENTS_RANGE,
+    REHEARSAL_EPISODES_RANGE,
     ExperimentInput,
     ExperimentResult,
     Stage,
@@ -167,6 +169,9 @@ async def start_experiment(
     except RPCError as exc:
         pending.unlink()
         raise CliError(f"Temporal refused to start experiment {spec.id!r}: {exc.message}") from None
+    except BaseException:
+        pending.unlink()  # no run, so no key: nothing of a start that did not happen is kept
+        raise
     run_id = handle.first_execution_run_id or handle.result_run_id or ""
     path = key_path(settings.home, wid, run_id)
     os.replace(pending, path)
@@ -180,13 +185,21 @@ async def start_experiment(
 def cmd_start(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     settings = settings_from(args)
-    low, high = HISTORY_EVENTS_RANGE
-    if not low <= args.history_events <= high:
-        raise CliError(
-            f"--history-events is {args.history_events}; give a number from {low} to {high} "
-            f"(default {DEFAULT_HISTORY_EVENTS})",
-            2,
-        )
+    for flag, value, (low, high), default in (
+        ("--batch-episodes", args.batch_episodes, BATCH_EPISODES_RANGE, DEFAULT_BATCH_EPISODES),
+        (
+            "--rehearsal-episodes",
+            args.rehearsal_episodes,
+            REHEARSAL_EPISODES_RANGE,
+            DEFAULT_REHEARSAL_EPISODES,
+        ),
+        ("--history-events", args.history_events, HISTORY_EVENTS_RANGE, DEFAULT_HISTORY_EVENTS),
+    ):
+        if not low <= value <= high:
+            raise CliError(
+                f"{flag} is {value}; give a number from {low} to {high} (default {default})",
+                2,
+            )
     started = run(
         lambda: start_experiment(
             settings,

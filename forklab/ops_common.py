@@ -14,7 +14,12 @@ from typing import Any, TypeVar
 from temporalio.api.enums.v1 import DescribeTaskQueueMode, TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import PollerInfo, TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowExecutionDescription, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+)
 from temporalio.service import RPCError, RPCStatusCode
 
 from forklab.errors import CliError
@@ -165,6 +170,11 @@ async def query_status(settings: Settings, handle: WorkflowHandle[Any, Any]) -> 
         raise CliError(
             f"the experiment did not answer its status query ({exc.message}); "
             f"{_which_worker(await pinned_build(handle))}"
+        ) from None
+    except WorkflowQueryFailedError as exc:
+        raise CliError(
+            f"workflow {handle.id} refused ForkLab's status query ({str(exc).splitlines()[0]}); "
+            "it is not a ForkLab experiment (`temporal workflow describe` says what it is)"
         ) from None
     finally:
         query.cancel()  # (nothing to cancel once it answered)

@@ -9,7 +9,7 @@ import sys
 from types import FrameType
 
 from activities.sandbox.jail import bubblewrap
-from forklab.agent_services import ensure_agent_services, stop_agent_services
+from forklab.agent_services import agent_settings, ensure_agent_services, stop_agent_services
 from forklab.errors import CliError
 from forklab.ops_common import (
     add_connection_flags,
@@ -100,6 +100,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     settings = settings_from(args)
+    agent_settings(settings)  # a bad agent setting stops `up` before anything starts
     server = ensure_server(settings)
     worker = ensure_worker(settings)
     agent_services = ensure_agent_services(settings)

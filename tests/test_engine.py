@@ -459,3 +459,39 @@ def test_a_block_is_its_coordinates_drawn_one_by_one_and_decoded_once_per_episod
     short = Shocks(5, 6, draws=draws)
     short.exogenous_blocks(block, 0, 19)
     assert short.fingerprint() != plain.fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ("{items: true}", "items"),
+        ("{p_fail: '0.3'}", "p_fail"),
+        ("{p_fail_backup: true}", "p_fail_backup"),
+    ],
+)
+def test_the_example_workload_refuses_params_of_the_wrong_type(
+    tmp_path: Path, params: str, field: str
+) -> None:
+    """`true` is an int to Python and "0.3" a string: the example's checks said nothing
+    of the first and crashed on the second with a TypeError."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copy(ROOT / "examples" / "flaky_tool.py", tmp_path)
+    spec = (ROOT / "examples" / "flaky-tool.yaml").read_text()
+    spec = spec.replace(
+        "  params: {items: 4, budget: 7, fork_at: 2, p_fail: 0.35, p_fail_backup: 0.1}",
+        f"  params: {params}",
+    )
+    (tmp_path / "flaky-tool.yaml").write_text(spec)
+    proc = subprocess.run(
+        [sys.executable, "-m", "forklab.cli", "plan", str(tmp_path / "flaky-tool.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert f"workload.params.{field}" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

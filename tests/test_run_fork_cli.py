@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -81,6 +82,26 @@ async def test_bad_fork_requests_exit_2_with_one_line(agent_lab: AgentTestLab) -
         out = forklab(env, "fork", parent.id, *args)
         assert out.returncode == 2, (args, out.stdout, out.stderr)
         assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    out = forklab(env, "fork", "no-such-run", "--at-step", "1")
-    assert out.returncode == 2 and "no run 'no-such-run'" in out.stderr
-    assert "Traceback" not in out.stderr
+    for command in (("fork", "no-such-run", "--at-step", "1"), ("watch", "no-such-run")):
+        out = forklab(env, *command)
+        assert out.returncode == 2 and "no run 'no-such-run'" in out.stderr, (command, out)
+        assert "Traceback" not in out.stderr and "next offset" not in out.stdout
+
+
+async def test_status_of_a_workflow_that_is_no_experiment_says_so(
+    agent_lab: AgentTestLab,
+) -> None:
+    """An agent run under an experiment's workflow id (started with Temporal's own CLI,
+    say): `forklab status` and `report` used to end in a traceback."""
+    run = await agent_lab.start_research(run_id="forklab-not-an-experiment", model="slow")
+    await run.result()
+    env = _env(agent_lab, agent_lab.client.service_client.config.target_host)
+    for command in ("status", "report"):
+        # in a thread: the worker answering the query runs on this test's event loop
+        out = await asyncio.to_thread(forklab, env, command, "not-an-experiment")
+        assert out.returncode == 1, out
+        assert out.stderr.startswith(
+            "forklab: error: workflow forklab-not-an-experiment refused ForkLab's status query ("
+        ), out.stderr
+        assert "it is not a ForkLab experiment" in out.stderr
+        assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr

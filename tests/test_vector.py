@@ -228,7 +228,6 @@ def test_batch_methods_count_only_for_the_class_that_defines_batch_ok() -> None:
     assert batchable(CounterRecovery({}))
     assert not batchable(ScalarOverride({}))
     assert batchable(Inverted({}))  # it defines batch_ok: its batch methods are its claim
-    assert not batchable(CounterRecovery({"freeze_choices": [True, None]}))  # JSON true ≠ 1
     assert not batchable(CounterRecovery({"budget_base": 2**62}))  # beyond int64 columns
     from experiments.runtime.runner import workload_class
 

@@ -560,7 +560,8 @@ async def test_an_idle_worker_releases_the_pins_of_runs_that_ended_elsewhere(
 
 
 @pytest.mark.parametrize(
-    "argv", [["layers", "gc"], ["demo", "workspace"], ["status", "x"], ["worker"], ["doctor"]]
+    "argv",
+    [["layers", "gc"], ["demo", "workspace"], ["status", "x"], ["worker"], ["doctor"], ["up"]],
 )
 def test_a_bad_setting_exits_2_from_every_command(
     argv: list[str],
@@ -574,7 +575,8 @@ def test_a_bad_setting_exits_2_from_every_command(
     code, out, err = run_cli(capsys, *argv)
     assert (code, out) == (2, "")
     assert err == (
-        "forklab: error: setting address (FORKLAB_ADDRESS) is 'nonsense'; use host:port\n"
+        "forklab: error: setting address (FORKLAB_ADDRESS) is 'nonsense'; use host:port, "
+        "the port from 1 to 65535\n"
     )
     assert not (tmp_path / "home").exists()  # nothing half-done
 

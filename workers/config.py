@@ -176,9 +176,10 @@ class Settings(BaseModel):
                 f"setting {field} ({where}) is invalid: {err['msg']}; fix its value"
             ) from None
         host, _, port = settings.address.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
             raise ConfigError(
-                f"setting address ({ENV['address']}) is {settings.address!r}; use host:port"
+                f"setting address ({ENV['address']}) is {settings.address!r}; use host:port, "
+                "the port from 1 to 65535"
             )
         if settings.build_id and not settings.deployment:
             raise ConfigError(

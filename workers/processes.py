@@ -41,6 +41,13 @@ def running(pidfile: Path) -> Pidfile | None:
     return record if process_started(record.pid) == record.started else None
 
 
+def alive(record: Pidfile) -> bool:
+    """Whether the recorded process still runs (an exited child of ours is reaped first,
+    so it does not pass for alive as a zombie)."""
+    _reap(record.pid)
+    return process_started(record.pid) == record.started
+
+
 def start_background(argv: list[str], pidfile: Path, log: Path, env: dict[str, str]) -> Pidfile:
     """Start ``argv`` detached (own session), output to ``log``; record it in ``pidfile``."""
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from workers import processes
@@ -70,11 +71,17 @@ def reachable(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def wait_reachable(host: str, port: int, seconds: float) -> bool:
+def wait_reachable(
+    host: str, port: int, seconds: float, alive: Callable[[], bool] = lambda: True
+) -> bool:
+    """Whether ``host:port`` accepts connections within ``seconds``; False at once when
+    the process that should open it (``alive``) has exited."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if reachable(host, port):
             return True
+        if not alive():
+            return False
         time.sleep(0.2)
     return False
 
@@ -99,16 +106,36 @@ def start_server(settings: Settings) -> bool:
         return False
     settings.home.mkdir(parents=True, exist_ok=True)
     log = settings.logs_dir / "server.log"
-    processes.start_background(
+    record = processes.start_background(
         server_argv(settings), pidfile(settings, "server"), log, child_env(settings)
     )
-    if not wait_reachable(settings.host, settings.port, START_SECONDS):
+    if not wait_reachable(
+        settings.host, settings.port, START_SECONDS, lambda: processes.alive(record)
+    ):
+        if not processes.alive(record):
+            pidfile(settings, "server").unlink(missing_ok=True)
+            raise ServerError(
+                f"the Temporal dev server exited before it accepted connections on "
+                f"{settings.address} ({_last_line(log)}); see {log}"
+            )
         processes.stop(pidfile(settings, "server"))
         raise ServerError(
             f"the Temporal dev server did not accept connections on {settings.address} within "
             f"{START_SECONDS:g} s; see {log}"
         )
     return True
+
+
+def _last_line(log: Path) -> str:
+    """The log's last line that says something (the server's reason, as a rule)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(f.seek(0, 2) - 4096, 0))
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines()]
+    except OSError:
+        return "its log cannot be read"
+    said = [line for line in lines if line]
+    return said[-1][:300] if said else "it printed nothing"
 
 
 def stop_server(settings: Settings) -> bool:

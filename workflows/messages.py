@@ -24,6 +24,9 @@ WORKFLOW_TYPE = "ForkLabExperiment"
 DEFAULT_BATCH_EPISODES = 1000
 #: Default episodes the rehearsal times (0 would rehearse them all).
 DEFAULT_REHEARSAL_EPISODES = 100
+#: The bounds of ``ExperimentInput.batch_episodes`` and ``rehearsal_episodes``.
+BATCH_EPISODES_RANGE = (1, 10_000_000)
+REHEARSAL_EPISODES_RANGE = (0, 10_000_000)
 #: Default most events one run of the chain records before it continues as new. Temporal
 #: suggests continue-as-new only *at* 4,096 events (its default), and draining the batches
 #: then in flight goes past it; the workflow stops starting units earlier, leaving room for
@@ -202,8 +205,16 @@ class ExperimentInput(Model):
         default="", max_length=1000, description="Host and folder of the private key."
     )
     requested_by: str = Field(default="", max_length=MAX_NAME)
-    batch_episodes: int = Field(default=DEFAULT_BATCH_EPISODES, ge=1, le=10_000_000)
-    rehearsal_episodes: int = Field(default=DEFAULT_REHEARSAL_EPISODES, ge=0, le=10_000_000)
+    batch_episodes: int = Field(
+        default=DEFAULT_BATCH_EPISODES,
+        ge=BATCH_EPISODES_RANGE[0],
+        le=BATCH_EPISODES_RANGE[1],
+    )
+    rehearsal_episodes: int = Field(
+        default=DEFAULT_REHEARSAL_EPISODES,
+        ge=REHEARSAL_EPISODES_RANGE[0],
+        le=REHEARSAL_EPISODES_RANGE[1],
+    )
     workload_bundle: str | None = Field(
         default=None,
         pattern=r"^[0-9a-f]{64}$",

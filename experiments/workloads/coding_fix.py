@@ -265,7 +265,11 @@ class CodingFix(Workload):
 
     def check_params(self) -> None:
         bugs = self.params["bugs"]
-        if not isinstance(bugs, list) or not bugs or any(b not in BUGS for b in bugs):
+        if (
+            not isinstance(bugs, list)
+            or not bugs
+            or any(not isinstance(b, str) or b not in BUGS for b in bugs)
+        ):
             raise WorkloadError(
                 "workload.params.bugs", f"must be a non-empty list drawn from {', '.join(BUGS)}"
             )

@@ -48,6 +48,11 @@ def _choice(bits: Callable[[int], int], seq: Sequence[Any]) -> Any:
     return seq[r]
 
 
+def _is_int(value: Any) -> bool:
+    """An integer, and not a bool (``True`` is an ``int`` to Python, not to a spec)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class CounterRecovery(Workload):
     name = "counter-recovery"
     default_params: ClassVar[Mapping[str, Any]] = {
@@ -65,19 +70,19 @@ class CounterRecovery(Workload):
     def check_params(self) -> None:
         p = self.params
         for key in ("target", "fork_step", "budget_base"):
-            if not isinstance(p[key], int) or isinstance(p[key], bool) or p[key] < 0:
+            if not _is_int(p[key]) or p[key] < 0:
                 raise WorkloadError(f"workload.params.{key}", "must be a non-negative integer")
         for key in ("slack_choices", "freeze_choices"):
             if not isinstance(p[key], list) or not p[key]:
                 raise WorkloadError(f"workload.params.{key}", "must be a non-empty list")
-        if not all(isinstance(s, int) and s >= 0 for s in p["slack_choices"]):
+        if not all(_is_int(s) and s >= 0 for s in p["slack_choices"]):
             raise WorkloadError("workload.params.slack_choices", "entries must be integers ≥ 0")
-        if not all(f is None or isinstance(f, int) for f in p["freeze_choices"]):
+        if not all(f is None or _is_int(f) for f in p["freeze_choices"]):
             raise WorkloadError(
                 "workload.params.freeze_choices", "entries must be integers or null"
             )
         noise = p["noise"]
-        if not isinstance(noise, int | float) or not 0.0 <= noise < 0.5:
+        if isinstance(noise, bool) or not isinstance(noise, int | float) or not 0.0 <= noise < 0.5:
             raise WorkloadError("workload.params.noise", "must be a probability in [0, 0.5)")
         self._target: int = p["target"]
         self._noise = float(noise)
@@ -138,16 +143,12 @@ class CounterRecovery(Workload):
 
     # --- batch methods (noise 0: nothing random after the seeding) --------------------
     def batch_ok(self) -> bool:
-        # Columns hold int64: a huge int would not fit, and a bool freeze_at (True == 1)
-        # would come back from a column as the int 1, not as the JSON true it is.
+        # Columns hold int64: a huge int would not fit (check_params refuses booleans,
+        # which a column would give back as 0 or 1)
         p = self.params
         numbers = [p["target"], p["fork_step"], p["budget_base"], *p["slack_choices"]]
         numbers += [f for f in p["freeze_choices"] if f is not None]
-        return (
-            not self._noise
-            and all(abs(x) < 2**40 for x in numbers)
-            and not any(type(f) is bool for f in p["freeze_choices"])
-        )
+        return not self._noise and all(abs(x) < 2**40 for x in numbers)
 
     def batch_initial(self, episode_seeds: Sequence[int]) -> Mapping[str, Sequence[Any] | Any]:
         # initial_state's two choices (``_choice`` of an index) on one C generator
