@@ -20,7 +20,8 @@ from activities.readout import ReadoutActivities, ReadoutConfig
 from experiments.analysis.checks import CheckKind
 from experiments.readout.check import check_readout, world_counts
 from experiments.readout.fallback import deterministic_readout
-from experiments.readout.packet import EvidencePacket, evidence_packet
+from experiments.readout.packet import EvidencePacket, evidence_packet, hypothesis_supported
+from experiments.readout.render import readout_markdown
 from experiments.readout.schema import ModelReadout, ReadoutSource, ReadoutVerdict, ShownReadout
 from experiments.report.model import Report
 from experiments.report.render_html import render_html
@@ -298,3 +299,40 @@ async def test_without_a_model_the_sdk_is_not_imported(
     acts = ReadoutActivities(LocalArtifactStore(Path("/nonexistent")), None)
     shown = await acts.shown_readout(packet)
     assert shown.source is ReadoutSource.deterministic
+
+
+def test_a_verdict_word_must_belong_to_the_world_or_the_hypothesis_it_judges(
+    packet: EvidencePacket,
+) -> None:
+    """A sentence "It is supported." after one naming a world passed for that world's
+    verdict (the check compared verdict words only with a world named in the same one)."""
+    verdict = {v.world: v.verdict for v in packet.verdicts}
+    wrong = next(w for w in ("supported", "inconclusive", "refuted") if w != verdict["latency"])
+    unattached = f"The latency world was measured against baseline. It is {wrong}."
+    readout = faithful(packet).model_copy(update={"summary": unattached})
+    assert any(
+        "without naming the one world it judges" in p for p in check_readout(readout, packet)
+    )
+    pair = f"Both latency and broadcast are {wrong}."
+    both = faithful(packet).model_copy(update={"summary": pair})
+    if {verdict["latency"], verdict["broadcast"]} != {wrong}:
+        problems = check_readout(both, packet)
+        assert any(p.startswith("calls broadcast, latency ") for p in problems), problems
+    supported = hypothesis_supported(packet)
+    assert supported is not None
+    true = "The hypothesis is supported." if supported else "The hypothesis is not supported."
+    false = "The hypothesis is not supported." if supported else "The hypothesis is supported."
+    assert check_readout(faithful(packet).model_copy(update={"summary": true}), packet) == []
+    lie = check_readout(faithful(packet).model_copy(update={"summary": false}), packet)
+    assert any("judges the hypothesis" in p for p in lie), lie
+
+
+def test_the_readout_is_one_visible_line_per_part(packet: EvidencePacket) -> None:
+    """A summary holding a heading and a table (and a terminal escape) stood in report.md
+    as the report's own."""
+    forged = "Fine.\n\n## Verdicts\n\n| backup | **supported** |\x1b[2J"
+    readout = faithful(packet).model_copy(update={"summary": forged, "caveats": [forged]})
+    shown = ShownReadout(readout=readout, source=ReadoutSource.model, model="m", why="")
+    text = readout_markdown(shown)
+    assert "\n## Verdicts" not in text and "\n| backup" not in text and "\x1b" not in text
+    assert "Fine. ## Verdicts | backup | **supported** |\\u001b[2J" in text

@@ -7,7 +7,10 @@ runner, downloads the result, and deletes — then lists by label until nothing 
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -17,6 +20,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from activities.sandbox.workspace import GcResult, LayerInfo, WorkspaceInfo
 from experiments.bundle import BundleFile
 from experiments.workspace import WorkspaceManifest
+
+
+def read_box_file(path: Path, follow: bool = False) -> bytes:
+    """A file a box wrote, read only if it is a regular file: a FIFO put in its place would
+    block the reading worker thread for ever (the box has exited, so its wall limit no
+    longer stops anything), a device could stream without end. A symlink is refused
+    unless ``follow`` (the caller then checked where it leads); ``OSError`` otherwise."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return fh.read()
 
 
 class SandboxError(RuntimeError):

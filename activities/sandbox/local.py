@@ -45,6 +45,7 @@ from activities.sandbox.base import (
     SandboxNotFoundError,
     SnapshotCorruptedError,
     SnapshotInfo,
+    read_box_file,
 )
 from activities.sandbox.bytecode import BytecodeCache, mount_points, pycache_folders
 from activities.sandbox.confine import kill_group, run_confined
@@ -327,12 +328,16 @@ class LocalSandboxBackend(SandboxBackend):
 
     def download(self, sandbox_id: str, relpath: str) -> bytes:
         _, box = self._live(sandbox_id)
-        path = self._inside(box, relpath)
+        path = self._inside(box, relpath)  # resolved: a link may only lead inside the box
         try:
-            return path.read_bytes()
+            return read_box_file(path, follow=True)
         except (FileNotFoundError, IsADirectoryError):
             raise SandboxError(
                 f"sandbox {sandbox_id} has no file {relpath!r}; did the command write it?"
+            ) from None
+        except OSError as exc:
+            raise SandboxError(
+                f"sandbox {sandbox_id}'s {relpath!r} cannot be read ({exc.strerror})"
             ) from None
 
     @staticmethod

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from activities.files import atomic_write
 from activities.runner_bundle import code_digest
-from activities.sandbox.base import ExecResult, Limits
+from activities.sandbox.base import ExecResult, Limits, read_box_file
 from activities.sandbox.confine import run_confined
 from activities.sandbox.jail import SCRATCH_INSIDE, Mount, interpreter, sandbox_uid
 from activities.sandbox.workload_inside import PREFIXES_DIR
@@ -154,13 +154,13 @@ class WorkloadCalls:
             folder = work / PREFIXES_DIR
             for index in range(len(handover.chunks)):
                 try:
-                    checkpoints = _read_no_follow(folder / f"{index}.checkpoints")
+                    checkpoints = read_box_file(folder / f"{index}.checkpoints")
                 except OSError as exc:
                     raise WorkloadCallError(
                         f"the rehearsal wrote no checkpoints for chunk {index} ({exc})"
                     ) from None
                 try:
-                    draws: bytes | None = _read_no_follow(folder / f"{index}.draws")
+                    draws: bytes | None = read_box_file(folder / f"{index}.draws")
                 except FileNotFoundError:
                     draws = None  # the workload names no world block runs
                 except OSError as exc:
@@ -255,8 +255,8 @@ class WorkloadCalls:
                     f"the {op} box exited with code {result.exit_code}: {_tail(result.stderr)}"
                 )
             try:
-                answer = json.loads(_read_no_follow(work / "out.json"))
-            except (OSError, ValueError) as exc:
+                answer = json.loads(read_box_file(work / "out.json"))
+            except (OSError, ValueError, RecursionError) as exc:
                 raise WorkloadCallError(f"the {op} box wrote no valid answer ({exc})") from None
             if not isinstance(answer, dict):
                 raise WorkloadCallError(f"the {op} box answered something that is not an object")
@@ -283,13 +283,6 @@ class Handover:
     ) -> None:
         self.chunks = list(chunks)
         self.take = take
-
-
-def _read_no_follow(path: Path) -> bytes:
-    """Read a file the box wrote, refusing a symlink (it could point at a host secret)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read()
 
 
 def _remove(folder: Path) -> None:

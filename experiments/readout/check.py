@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 
 from experiments.analysis.checks import CheckKind
-from experiments.readout.packet import EvidencePacket
+from experiments.readout.packet import EvidencePacket, hypothesis_supported
 from experiments.readout.schema import ModelReadout
 
 _NUMBER = re.compile(r"(?<![\w.])[-+−]?(\d+(?:\.\d+)?)(?:[eE]([-+]?\d+))?(%?)")
@@ -36,6 +36,8 @@ _SMALL = [
 ]
 _WORLD_COUNT = re.compile(rf"\b(\d+|{'|'.join(_SMALL)})\s+(?:[a-z-]+\s+)?worlds?\b", re.IGNORECASE)
 _VERDICT_WORDS = ("supported", "refuted", "inconclusive", "invalid")
+_HYPOTHESIS = re.compile(r"\bhypothes[ie]s\b", re.IGNORECASE)
+_NOT_SUPPORTED = re.compile(r"\b(not|never)\s+(\w+\s+)?supported\b", re.IGNORECASE)
 _COMPUTE = re.compile(
     r"\b(re-?run|rerunning|more (episodes|worlds|compute|budget)|additional "
     r"(episodes|worlds|compute|budget|sandboxes)|increase the budget|approve|authori[sz]e)\b",
@@ -119,6 +121,7 @@ def check_readout(readout: ModelReadout, packet: EvidencePacket) -> list[str]:
     names = _packet_strings(packet)
     numbers = packet_numbers(packet)
     counts = world_counts(packet)
+    hypothesis = hypothesis_supported(packet)
     problems: list[str] = []
     for f in readout.findings:
         if f.world not in worlds:
@@ -140,12 +143,33 @@ def check_readout(readout: ModelReadout, packet: EvidencePacket) -> list[str]:
         if _COMPUTE.search(text):
             problems.append(f"asks for compute or approval: {text[:80]!r}")
         for sentence in _sentences(text):
-            problems += _sentence_problems(sentence, names, verdicts, numbers)
+            problems += _sentence_problems(sentence, names, verdicts, numbers, hypothesis)
     return list(dict.fromkeys(problems))
 
 
+def _unattached_verdict(sentence: str, said: list[str], hypothesis: bool | None) -> list[str]:
+    """A verdict word in a sentence that names no judged world: only a true statement about
+    the hypothesis may use one ("It is supported." after naming a world in the sentence
+    before would pass for that world's verdict)."""
+    if not _HYPOTHESIS.search(sentence):
+        return [f"says {'/'.join(said)} without naming the one world it judges: {sentence[:80]!r}"]
+    negated = bool(_NOT_SUPPORTED.search(sentence))
+    if hypothesis is None:
+        fits = said == ["invalid"]
+    else:
+        fits = said == ["supported"] and negated != hypothesis
+    if fits:
+        return []
+    truth = {None: "not judged (invalid)", True: "supported", False: "not supported"}[hypothesis]
+    return [f"judges the hypothesis {'/'.join(said)}; the packet says it is {truth}"]
+
+
 def _sentence_problems(
-    sentence: str, names: list[str], verdicts: dict[str, str], numbers: list[float]
+    sentence: str,
+    names: list[str],
+    verdicts: dict[str, str],
+    numbers: list[float],
+    hypothesis: bool | None,
 ) -> list[str]:
     problems = []
     mentioned = []
@@ -161,6 +185,13 @@ def _sentence_problems(
         problems.append(
             f"calls {judged[0]} {'/'.join(said)}; the packet says {verdicts[judged[0]]}"
         )
+    elif len(judged) > 1 and said and set(said) != {verdicts[m] for m in judged}:
+        problems.append(
+            f"calls {', '.join(judged)} {'/'.join(said)}; the packet says "
+            + ", ".join(f"{m} {verdicts[m]}" for m in judged)
+        )
+    elif not judged and said:
+        problems += _unattached_verdict(sentence, said, hypothesis)
     for token in _NUMBER.finditer(stripped):
         if not _matches(token, numbers):
             problems.append(f"states {token.group(0).strip()}, a number the packet does not hold")

@@ -4,7 +4,7 @@ so it passes ``check_readout`` by construction (a test holds it to that)."""
 from __future__ import annotations
 
 from experiments.analysis.checks import CheckKind
-from experiments.readout.packet import EvidencePacket
+from experiments.readout.packet import EvidencePacket, hypothesis_supported
 from experiments.readout.schema import Finding, ModelReadout, ReadoutVerdict
 
 
@@ -27,10 +27,11 @@ def _validity(packet: EvidencePacket) -> list[str]:
 def _hypothesis(packet: EvidencePacket) -> list[str]:
     """Did the effects go the pre-registered way: the effect checks (each world's verdict is
     in its finding, so a sentence here never pairs a world with a verdict word)."""
-    if not packet.valid:
+    supported = hypothesis_supported(packet)
+    if supported is None:
         return ["Hypothesis not judged: the experiment is not valid."]
-    failed = [c.name for c in packet.checks if c.kind is CheckKind.effect and not c.passed]
-    if failed:
+    if not supported:
+        failed = [c.name for c in packet.checks if c.kind is CheckKind.effect and not c.passed]
         return [
             f"Hypothesis not supported: {', '.join(failed)} failed; each world's verdict follows."
         ]

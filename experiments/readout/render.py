@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 
 from experiments.readout.schema import ReadoutSource, ShownReadout
+from experiments.visible_text import visible
 
 
 def _origin(shown: ShownReadout) -> str:
@@ -13,15 +14,24 @@ def _origin(shown: ShownReadout) -> str:
     return f"Deterministic readout: {shown.why}."
 
 
+def _line(text: str) -> str:
+    """A model's (or a workload's) text as one visible line: a line break in it would let
+    it start a heading or a table of the report's own, a control character rewrite the
+    reader's terminal."""
+    return visible(" ".join(text.split()))
+
+
 def readout_markdown(shown: ShownReadout) -> str:
     r = shown.readout
-    lines = ["## Readout", "", f"*{_origin(shown)}*", "", r.summary, ""]
-    lines += [f"- **{f.world}** ({f.verdict.value}): {f.statement}" for f in r.findings]
+    lines = ["## Readout", "", f"*{_line(_origin(shown))}*", "", _line(r.summary), ""]
+    lines += [
+        f"- **{_line(f.world)}** ({f.verdict.value}): {_line(f.statement)}" for f in r.findings
+    ]
     if r.caveats:
-        lines += ["", *[f"> {c}" for c in r.caveats]]
+        lines += ["", *[f"> {_line(c)}" for c in r.caveats]]
     if shown.problems:
         lines += ["", "Why the model's readout was rejected:", ""]
-        lines += [f"- {p}" for p in shown.problems]
+        lines += [f"- {_line(p)}" for p in shown.problems]
     return "\n".join(lines) + "\n"
 
 

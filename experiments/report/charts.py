@@ -75,7 +75,7 @@ def failure_rate_chart(worlds: list[WorldRow]) -> str:
         base = next((w for w in rows if w.role is Role.baseline), None)
         if base is not None:
             ax.axvline(base.failure_rate * 100, color="#6b7280", ls="--", lw=1)
-        ax.set_yticks(ys, [w.name for w in rows])
+        ax.set_yticks(ys, [w.name for w in rows], parse_math=False)
         ax.set_xlim(0, 100)
         ax.set_xlabel("failure rate, % of episodes (bars: 95% Wilson interval)")
         return _svg(fig)
@@ -98,7 +98,7 @@ def rescue_harm_chart(comparisons: list[ComparisonRow]) -> str:
                 fontsize=8,
             )
         ax.axvline(0, color="#111827", lw=1)
-        ax.set_yticks(ys, labels)
+        ax.set_yticks(ys, labels, parse_math=False)
         ax.set_xlabel("episodes (harms left, rescues right)")
         ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False)
         return _svg(fig)
@@ -130,8 +130,11 @@ def slice_forest_chart(title: str, slices: list[SliceEffect]) -> str:
                 lw=1.5,
             )
         ax.axvline(0, color="#111827", lw=1)
-        ax.set_yticks(ys, [f"{s.feature} = {feature_text(s.value)} (n {s.n})" for s in slices])
+        # a workload's text is text: matplotlib would read "$…$" in it as mathtext (and
+        # raise on an unknown symbol), so its parser is off for every label drawn from data
+        labels = [f"{s.feature} = {feature_text(s.value)} (n {s.n})" for s in slices]
+        ax.set_yticks(ys, labels, parse_math=False)
         ax.set_xlim(*difference_axis(slices))
         ax.set_xlabel("success-rate difference in the slice (95% Newcombe interval)")
-        ax.set_title(title, fontsize=10, loc="left")
+        ax.set_title(title, fontsize=10, loc="left", parse_math=False)
         return _svg(fig)

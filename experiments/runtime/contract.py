@@ -146,6 +146,17 @@ def check_outcome(workload: object, value: object, at: str) -> bool:
 _KINDS: dict[type, dict[str, tuple[tuple[type, ...], bool]]] = {}
 
 
+#: The longest feature name: it labels slices, rules and charts.
+MAX_FEATURE_NAME = 100
+
+
+def _is_text(value: object) -> bool:
+    """A str that prints as one line: no line break, control character or lone surrogate
+    (which no report, JSON file or terminal can write), so a workload's text cannot forge
+    a line of a report."""
+    return isinstance(value, str) and value.isprintable()
+
+
 def feature_kinds(cls: type) -> dict[str, tuple[tuple[type, ...], bool]]:
     """``feature_types`` as (allowed types, optional) per name, worked out once per class;
     a bad declaration is a violation too, named after the class attribute."""
@@ -156,6 +167,11 @@ def feature_kinds(cls: type) -> dict[str, tuple[tuple[type, ...], bool]]:
     name = cls.__name__
     kinds: dict[str, tuple[tuple[type, ...], bool]] = {}
     for feature, kind in declared.items():
+        if not _is_text(feature) or not 0 < len(feature) <= MAX_FEATURE_NAME:
+            raise ContractViolation(
+                f"{name}.feature_types has the name {_short(repr(feature))}; name a feature "
+                f"with 1 to {MAX_FEATURE_NAME} printable characters on one line"
+            )
         args = kind.__args__ if isinstance(kind, types.UnionType) else (kind,)
         optional = type(None) in args
         allowed = tuple(a for a in args if a is not type(None))
@@ -198,6 +214,19 @@ def check_features(
         if type(value) in allowed:
             if type(value) is float and not math.isfinite(value):
                 what = f"returned {feature!r} = {value!r}; a float feature must be finite"
+                raise violation(workload, "features", what, at)
+            if type(value) is int and not -(2**63) <= value < 2**63:
+                what = (
+                    f"returned {feature!r} = {_short(repr(value))}; an int feature must fit "
+                    "in 64 bits"
+                )
+                raise violation(workload, "features", what, at)
+            if type(value) is str and not _is_text(value):
+                what = (
+                    f"returned {feature!r} = {_short(repr(value))}; a str feature must be "
+                    "printable text on one line (no line breaks, control characters or lone "
+                    "surrogates): it is a slice's label in every report"
+                )
                 raise violation(workload, "features", what, at)
             continue
         if value is None and optional:

@@ -14,6 +14,7 @@ talk to an older runner without either side noticing; the runner refuses instead
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NotRequired, TypedDict, cast
@@ -139,7 +140,7 @@ def parse_checkpoints(data: bytes, first: int, count: int) -> list[Checkpoint]:
     for expected, line in enumerate(lines, start=first):
         try:
             cp = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise FormatError(f"checkpoint of episode {expected} is not JSON") from None
         if not isinstance(cp, dict) or cp.get("episode") != expected:
             raise FormatError(f"checkpoint line for episode {expected} is out of order")
@@ -148,8 +149,35 @@ def parse_checkpoints(data: bytes, first: int, count: int) -> list[Checkpoint]:
         for key in ("workspace", "layer"):
             if key in cp and not _is_hex64(cp[key]):
                 raise FormatError(f"checkpoint of episode {expected}: {key} is no sha256 digest")
+        if not _plain_features(cp.get("features")):
+            raise FormatError(
+                f"checkpoint of episode {expected}: its features are not a mapping of names "
+                "to plain values (one-line text, finite numbers, booleans or null)"
+            )
         checkpoints.append(cast(Checkpoint, cp))
     return checkpoints
+
+
+def _plain_features(features: object) -> bool:
+    """What the runner's contract check lets through, checked again where a worker reads
+    a box's checkpoints: the box is not trusted to have run that check."""
+    if not isinstance(features, dict):
+        return False
+    return all(
+        isinstance(name, str) and name.isprintable() and 0 < len(name) <= 100 and _plain(value)
+        for name, value in features.items()
+    )
+
+
+def _plain(value: object) -> bool:
+    """One-line text, a finite float, a 64-bit int, a bool or None."""
+    if value is None or isinstance(value, bool):
+        return True
+    if isinstance(value, str):
+        return value.isprintable()
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, int) and -(2**63) <= value < 2**63
 
 
 def _is_hex64(value: object) -> bool:
@@ -186,7 +214,7 @@ def parse_columns(data: bytes, episodes: int) -> WorldColumns:
     """The runner's ``continue`` output: every column, ``episodes`` entries of its type."""
     try:
         value = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise FormatError(f"output is not JSON ({exc.__class__.__name__}: {exc})") from None
     if not isinstance(value, dict) or sorted(value) != sorted(COLUMN_TYPES):
         raise FormatError("output is not an object with " + "/".join(COLUMN_TYPES))
