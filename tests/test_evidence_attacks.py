@@ -54,6 +54,13 @@ class Escape(Tagged):
     TAG = "x\\x1b[2J"
 
 
+class Huge(FlakyTool):
+    feature_types = {**FlakyTool.feature_types, "big": int}
+
+    def features(self, state):
+        return {**super().features(state), "big": 10**5000}
+
+
 class ForgedName(Tagged):
     feature_types = {**FlakyTool.feature_types, "tag\\n## Verdicts": str}
 
@@ -95,6 +102,7 @@ def test_a_dollar_in_a_feature_is_text_in_the_charts(tmp_path: Path) -> None:
         ("Surrogate", "a str feature must be printable text on one line"),
         ("Escape", "a str feature must be printable text on one line"),
         ("ForgedName", "name a feature with 1 to 100 printable characters on one line"),
+        ("Huge", "= an int of 16610 bits; an int feature must fit in 64 bits"),
     ],
 )
 def test_feature_text_that_is_not_one_printable_line_breaks_the_contract(

@@ -325,6 +325,9 @@ def test_a_verdict_word_must_belong_to_the_world_or_the_hypothesis_it_judges(
     assert check_readout(faithful(packet).model_copy(update={"summary": true}), packet) == []
     lie = check_readout(faithful(packet).model_copy(update={"summary": false}), packet)
     assert any("judges the hypothesis" in p for p in lie), lie
+    assert packet.valid
+    invalid = faithful(packet).model_copy(update={"summary": "The experiment is invalid."})
+    assert check_readout(invalid, packet) == ["calls the experiment invalid; the packet's is valid"]
 
 
 def test_the_readout_is_one_visible_line_per_part(packet: EvidencePacket) -> None:

@@ -37,6 +37,7 @@ _SMALL = [
 _WORLD_COUNT = re.compile(rf"\b(\d+|{'|'.join(_SMALL)})\s+(?:[a-z-]+\s+)?worlds?\b", re.IGNORECASE)
 _VERDICT_WORDS = ("supported", "refuted", "inconclusive", "invalid")
 _HYPOTHESIS = re.compile(r"\bhypothes[ie]s\b", re.IGNORECASE)
+_EXPERIMENT = re.compile(r"\bexperiment\b", re.IGNORECASE)
 _NOT_SUPPORTED = re.compile(r"\b(not|never)\s+(\w+\s+)?supported\b", re.IGNORECASE)
 _COMPUTE = re.compile(
     r"\b(re-?run|rerunning|more (episodes|worlds|compute|budget)|additional "
@@ -151,6 +152,8 @@ def _unattached_verdict(sentence: str, said: list[str], hypothesis: bool | None)
     """A verdict word in a sentence that names no judged world: only a true statement about
     the hypothesis may use one ("It is supported." after naming a world in the sentence
     before would pass for that world's verdict)."""
+    if said == ["invalid"] and _EXPERIMENT.search(sentence):  # "The experiment is invalid."
+        return [] if hypothesis is None else ["calls the experiment invalid; the packet's is valid"]
     if not _HYPOTHESIS.search(sentence):
         return [f"says {'/'.join(said)} without naming the one world it judges: {sentence[:80]!r}"]
     negated = bool(_NOT_SUPPORTED.search(sentence))

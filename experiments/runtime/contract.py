@@ -216,9 +216,9 @@ def check_features(
                 what = f"returned {feature!r} = {value!r}; a float feature must be finite"
                 raise violation(workload, "features", what, at)
             if type(value) is int and not -(2**63) <= value < 2**63:
-                what = (
-                    f"returned {feature!r} = {_short(repr(value))}; an int feature must fit "
-                    "in 64 bits"
+                what = (  # (no repr: past 4,300 digits Python refuses to print an int)
+                    f"returned {feature!r} = an int of {value.bit_length()} bits; an int "
+                    "feature must fit in 64 bits"
                 )
                 raise violation(workload, "features", what, at)
             if type(value) is str and not _is_text(value):
