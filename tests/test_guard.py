@@ -21,13 +21,20 @@ from experiments.analysis.guard import (
     rule_words,
     validate_guard,
 )
-from experiments.analysis.slices import Dimension, SliceEffect, dimensions, slice_effects
+from experiments.analysis.slices import (
+    MAX_CATEGORIES,
+    Dimension,
+    SliceEffect,
+    dimensions,
+    slice_effects,
+)
 from experiments.engine import run_twin, world_plan
 from experiments.report.render_html import render_html
 from experiments.report.render_markdown import render_markdown
 from experiments.report.render_text import render_text
 from experiments.runtime.file_format import WorldPlan
 from experiments.runtime.runner import rule_fires, run_batch
+from experiments.runtime.workload import Feature
 from experiments.spec import ExperimentSpec, parse_spec
 from experiments.workloads.counter_recovery import CounterRecovery
 from forklab.rehearsal import rehearse, workload_code_digest
@@ -266,3 +273,51 @@ def test_a_held_out_box_that_answers_no_features_is_refused(tmp_path: Path) -> N
     ):
         with pytest.raises(WorkloadCallError, match=why):
             _held_out_batch(broken, ["baseline"], [0, 1, 2, 3])
+
+
+def test_a_string_feature_past_the_cap_folds_its_rare_values_into_other() -> None:
+    """An id-like feature (a distinct value per episode) made a slice per episode: each
+    one episode, nothing to learn from, and a report (charts above all) that grew with
+    the episodes. Past MAX_CATEGORIES values the commonest keep their slice and the rest
+    are one slice, "other", whose clause the runner understands."""
+    common = [f"c{k}" for k in range(MAX_CATEGORIES - 1)]
+    tags = [common[i % len(common)] for i in range(400)] + [f"id{i}" for i in range(300)]
+    features: list[dict[str, Feature]] = [{"tag": t} for t in tags] + [{"tag": None}] * 5
+    dim = dimensions(features, 4)["tag"]
+    assert dim.kept == tuple(sorted(common)) and dim.folded == 300
+    # the world rescues the rare ones only
+    reference = [False] * len(features)
+    world = [t is not None and t.startswith("id") for t in (f["tag"] for f in features)]
+    slices = slice_effects(reference, world, features, [dim])
+    assert len(slices) == MAX_CATEGORIES + 1  # the kept values, other, missing
+    other = next(s for s in slices if s.value == "other (300 values)")
+    assert (other.n, other.rescue, other.harm) == (300, 300, 0)
+    assert [s.value for s in slices][-2:] == ["other (300 values)", None]
+    assert sum(s.n for s in slices) == len(features)
+    # every episode is selected by exactly one slice's clause
+    for f in features:
+        assert sum(rule_fires({"any": [s.clause]}, f) for s in slices) == 1
+    _, clauses, chosen = learn_rule([slices], 0)
+    assert chosen == [other]
+    rule = {"any": clauses}
+    assert [rule_fires(rule, f) for f in features] == world
+    assert rule_fires(rule, {"tag": "never-seen"})  # a new value is "other" too
+    assert not rule_fires(rule, {"tag": None})  # a missing value is not
+    words = rule_words("retry", clauses, 0)
+    assert words.startswith("apply retry only when tag is none of c0, c1,")
+
+
+def test_a_string_feature_at_the_cap_keeps_a_slice_per_value() -> None:
+    features: list[dict[str, Feature]] = [{"tag": f"v{k}"} for k in range(MAX_CATEGORIES)] * 2
+    dim = dimensions(features, 4)["tag"]
+    assert dim.kept is None
+    slices = slice_effects([False] * len(features), [True] * len(features), features, [dim])
+    assert len(slices) == MAX_CATEGORIES and all(s.n == 2 for s in slices)
+
+
+def test_the_kept_values_are_the_commonest_ties_in_slice_order() -> None:
+    counts = {f"v{k:02d}": 1 + (k % 3) for k in range(MAX_CATEGORIES + 5)}
+    features: list[dict[str, Feature]] = [{"tag": v} for v, n in counts.items() for _ in range(n)]
+    dim = dimensions(features, 4)["tag"]
+    ranked = sorted(counts, key=lambda v: (-counts[v], v))[: MAX_CATEGORIES - 1]
+    assert dim.kept == tuple(sorted(ranked)) and dim.folded == 6

@@ -123,7 +123,8 @@ def _merge_ranges(chosen: list[SliceEffect]) -> list[Clause]:
         clause = {k: dict(v) for k, v in s.clause.items()}
         if clauses and len(clause) == 1 and len(clauses[-1]) == 1:
             (name, m), (pname, pm) = next(iter(clause.items())), next(iter(clauses[-1].items()))
-            if name == pname and "eq" not in m and "eq" not in pm and pm.get("lt") == m.get("ge"):
+            ranges = not {"eq", "not_in"} & (m.keys() | pm.keys())
+            if name == pname and ranges and pm.get("lt") == m.get("ge"):
                 merged = {k: v for k, v in pm.items() if k == "ge"}
                 merged.update({k: v for k, v in m.items() if k == "lt"})
                 clauses[-1] = {name: merged}
@@ -160,6 +161,8 @@ def learn_rule(
 def _matcher_words(feature: str, matcher: dict[str, Any]) -> str:
     if "eq" in matcher:
         return f"{feature} is {feature_text(matcher['eq'])}"
+    if "not_in" in matcher:
+        return f"{feature} is none of {', '.join(map(feature_text, matcher['not_in']))}"
     lo, hi = matcher.get("ge"), matcher.get("lt")
     if lo is not None and hi is not None:
         return f"{lo:g} ≤ {feature} < {hi:g}"

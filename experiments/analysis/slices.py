@@ -3,9 +3,14 @@
 Categorical features (booleans, strings) slice by value. Numeric features are binned
 into quantiles of the values seen at the boundary, and each bin is a half-open range
 ``[lo, hi)`` whose outer ends are open, so that a value never seen in training still
-falls into a bin. Every slice carries the guard-rule clause that selects exactly its
-episodes (the runner's ``{"eq": v}`` / ``{"ge": lo, "lt": hi}`` matchers), so a guard
-policy learned from slices is the same object the runner executes.
+falls into a bin. A string feature with more than ``MAX_CATEGORIES`` values (an id, a
+free-text message) keeps a slice for each of its commonest values and folds the rest into
+one slice, "other", which also holds values never seen in training: a slice per value
+would be one episode each (nothing a guard could learn from) and would grow the tables,
+the charts and the report with the episodes. Every slice carries the guard-rule clause
+that selects exactly its episodes (the runner's ``{"eq": v}``, ``{"ge": lo, "lt": hi}``
+and ``{"not_in": [v, ...]}`` matchers), so a guard policy learned from slices is the same
+object the runner executes.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ from experiments.runtime.workload import Feature
 from experiments.stats import bin_bounds, bin_label, quantile_edges
 
 #: A clause of the runner's guard rule: feature → matcher; all matchers must hold.
-Clause = dict[str, dict[str, Feature]]
+Clause = dict[str, dict[str, Feature | list[Feature]]]
+
+#: The most slices of one categorical feature, "other" included.
+MAX_CATEGORIES = 20
 
 
 class SliceEffect(BaseModel):
@@ -44,16 +52,23 @@ class SliceEffect(BaseModel):
 
 @dataclass(frozen=True)
 class Dimension:
-    """How one feature is sliced: by value, or by quantile bin edges."""
+    """How one feature is sliced: by value (``kept``: when not ``None``, only those values
+    have a slice of their own, and every other present value is in "other", which stood
+    for ``folded`` distinct values in training), or by quantile bin edges."""
 
     name: str
     edges: tuple[float, ...] | None = None
+    kept: tuple[Feature, ...] | None = None
+    folded: int = 0
 
     def cell(self, value: Feature) -> tuple[tuple[int, float, str], Feature, dict[str, Any]]:
         """(sort key, shown value, matcher) of the slice that holds ``value``; a missing
         value (``None``, for an optional feature) is a slice of its own."""
         if self.edges is None or value is None:
-            return _order(value), value, {"eq": value}
+            if self.kept is None or value is None or value in self.kept:
+                return _order(value), value, {"eq": value}
+            shown = f"other ({self.folded:,} values)"
+            return (1, 1.0, ""), shown, {"not_in": list(self.kept)}
         lo, hi = bin_bounds(float(value), self.edges)
         matcher: dict[str, Any] = {}
         if math.isfinite(lo):
@@ -65,7 +80,8 @@ class Dimension:
 
 
 def _order(value: Feature) -> tuple[int, float, str]:
-    """Numbers (and booleans) in numeric order, then strings in text order, then missing."""
+    """Numbers (and booleans) in numeric order, then strings in text order (then "other"),
+    then missing."""
     if value is None:
         return (2, 0.0, "")
     if isinstance(value, str):
@@ -85,7 +101,8 @@ def dimensions(
     features: FeatureRows | Sequence[Mapping[str, Feature]], bins: int
 ) -> dict[str, Dimension]:
     """One dimension per recorded feature; numeric ones binned into ``bins`` quantiles
-    (of the episodes' values: each distinct row counts as often as episodes stand in it)."""
+    (of the episodes' values: each distinct row counts as often as episodes stand in it);
+    categorical ones with more than ``MAX_CATEGORIES`` values capped (``_capped``)."""
     table = as_features(features)
     counts = table.counts()
     names = sorted({name for feats in table.rows for name in feats})
@@ -99,8 +116,23 @@ def dimensions(
             edges = quantile_edges(numbers, bins)
             dims[name] = Dimension(name, tuple(edges))
         else:
-            dims[name] = Dimension(name)
+            dims[name] = _capped(name, [(v, int(counts[k])) for v, k in present if counts[k]])
     return dims
+
+
+def _capped(name: str, seen: Sequence[tuple[Feature, int]]) -> Dimension:
+    """A categorical dimension: a slice per value, or, past ``MAX_CATEGORIES``, a slice
+    for each of the ``MAX_CATEGORIES - 1`` commonest values (most episodes first, then in
+    slice order) and "other" for the rest. A missing value is never folded."""
+    episodes: dict[Feature, int] = {}
+    for value, count in seen:
+        if value is not None:
+            episodes[value] = episodes.get(value, 0) + count
+    if len(episodes) <= MAX_CATEGORIES:
+        return Dimension(name)
+    ranked = sorted(episodes, key=lambda v: (-episodes[v], _order(v)))
+    kept = tuple(sorted(ranked[: MAX_CATEGORIES - 1], key=_order))
+    return Dimension(name, kept=kept, folded=len(ranked) - len(kept))
 
 
 def slice_effects(

@@ -148,6 +148,9 @@ _KINDS: dict[type, dict[str, tuple[tuple[type, ...], bool]]] = {}
 
 #: The longest feature name: it labels slices, rules and charts.
 MAX_FEATURE_NAME = 100
+#: The most features a workload may declare: each is sliced, charted and searched by the
+#: guard, so the report grows with their number.
+MAX_FEATURES = 32
 
 
 def _is_text(value: object) -> bool:
@@ -165,6 +168,11 @@ def feature_kinds(cls: type) -> dict[str, tuple[tuple[type, ...], bool]]:
         return known
     declared: Mapping[str, Any] = getattr(cls, "feature_types", {})
     name = cls.__name__
+    if len(declared) > MAX_FEATURES:
+        raise ContractViolation(
+            f"{name}.feature_types declares {len(declared)} features; declare at most "
+            f"{MAX_FEATURES} (each is sliced, charted and searched by the guard)"
+        )
     kinds: dict[str, tuple[tuple[type, ...], bool]] = {}
     for feature, kind in declared.items():
         if not _is_text(feature) or not 0 < len(feature) <= MAX_FEATURE_NAME:

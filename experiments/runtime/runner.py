@@ -105,12 +105,17 @@ def workload_class(ref: str) -> type[Workload]:
 
 def rule_fires(rule: Mapping[str, Any], features: Mapping[str, Feature]) -> bool:
     """A guard rule is ``{"any": [clause, ...]}``; a clause maps feature → matcher and
-    matches when every matcher does (``{"eq": v}`` or ``{"ge": lo, "lt": hi}``)."""
+    matches when every matcher does (``{"eq": v}``, ``{"ge": lo, "lt": hi}``, or
+    ``{"not_in": [v, ...]}``: present and none of those values)."""
     for clause in rule["any"]:
         for feature, matcher in clause.items():
             value = features[feature]
             if "eq" in matcher:
                 if value != matcher["eq"]:
+                    break
+                continue
+            if "not_in" in matcher:
+                if value is None or value in matcher["not_in"]:
                     break
                 continue
             lo, hi = matcher.get("ge", float("-inf")), matcher.get("lt", float("inf"))
