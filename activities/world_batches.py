@@ -42,6 +42,7 @@ from activities.sandbox.base import (
     SandboxError,
     SnapshotCorruptedError,
     WorkspaceBackend,
+    WorkspaceRefusedError,
 )
 from activities.sandbox.workspace import WorkspaceError
 from activities.shared_snapshots import SharedSnapshots
@@ -545,6 +546,15 @@ class _Files:
         return rebuilt
 
     def read(self, sandbox_id: str) -> None:
+        """Freeze (a prefix) and read the workspace the runner left. What the workload put
+        there that cannot be frozen or read fails the unit (never retried: it would leave
+        the same again)."""
+        try:
+            self._read(sandbox_id)
+        except WorkspaceRefusedError as exc:
+            raise (_prefix_failed if self.freeze else _world_failed)(str(exc)) from None
+
+    def _read(self, sandbox_id: str) -> None:
         if self.freeze:
             self.frozen = self.backend.freeze_workspace(sandbox_id).digest
             self.backend.pin_layer(self.run_key, self.frozen)

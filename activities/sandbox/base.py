@@ -43,6 +43,12 @@ class SandboxNotFoundError(SandboxError):
     """The sandbox id is unknown to the backend (never created, or already deleted)."""
 
 
+class WorkspaceRefusedError(SandboxError):
+    """What the sandbox left in its workspace cannot be frozen or read (a special file, a
+    path too long or not one printable line, the folder replaced by a link): the
+    workload's doing, so the unit fails instead of being tried again."""
+
+
 class SnapshotCorruptedError(SandboxError):
     """A snapshot's files no longer hash to its id: it must not be used (never retried)."""
 

@@ -45,6 +45,7 @@ from activities.sandbox.base import (
     SandboxNotFoundError,
     SnapshotCorruptedError,
     SnapshotInfo,
+    WorkspaceRefusedError,
     read_box_file,
 )
 from activities.sandbox.bytecode import BytecodeCache, mount_points, pycache_folders
@@ -57,6 +58,7 @@ from activities.sandbox.jail import (
     sandbox_uid,
 )
 from activities.sandbox.workspace import (
+    ContentRefusedError,
     GcResult,
     LayerCorruptedError,
     LayerInfo,
@@ -64,6 +66,7 @@ from activities.sandbox.workspace import (
     WorkspaceFork,
     WorkspaceInfo,
     Workspaces,
+    remove_tree,
     unmount_under,
 )
 from experiments.bundle import BundleFile
@@ -133,14 +136,13 @@ def _freeze(folder: Path) -> None:
 
 
 def _remove_tree(folder: Path) -> None:
-    """Remove a tree, read-only ones (a frozen snapshot) too, even as a non-root user."""
+    """Remove a tree, read-only ones (a frozen snapshot) too, even as a non-root user, and
+    one a command nested thousands of folders deep (``remove_tree`` flattens it first)."""
     if not folder.exists():
         return
-    for path in [folder, *folder.rglob("*")]:
-        if path.is_dir() and not path.is_symlink():
-            with suppress(OSError):
-                path.chmod(0o755)
-    shutil.rmtree(folder, ignore_errors=True)
+    with suppress(OSError):
+        folder.chmod(0o755)
+    remove_tree(folder)
 
 
 def _check_relpath(relpath: str, what: str) -> None:
@@ -518,7 +520,7 @@ class LocalSandboxBackend(SandboxBackend):
         try:
             return self.workspaces.freeze(sandbox_id)
         except WorkspaceError as exc:
-            raise SandboxError(str(exc)) from None
+            raise _sandbox_error(exc) from None
 
     def fork(self, sandbox_id: str, children: Sequence[dict[str, str]]) -> WorkspaceFork:
         """Freeze the sandbox's workspace and create one child sandbox per label set, each
@@ -537,7 +539,7 @@ class LocalSandboxBackend(SandboxBackend):
             for child in made:
                 self.delete(child)
             if isinstance(exc, WorkspaceError):
-                raise SandboxError(str(exc)) from None
+                raise _sandbox_error(exc) from None
             raise
         return WorkspaceFork(
             parent=sandbox_id,
@@ -552,4 +554,11 @@ class LocalSandboxBackend(SandboxBackend):
         try:
             return self.workspaces.manifest(sandbox_id)
         except WorkspaceError as exc:
-            raise SandboxError(str(exc)) from None
+            raise _sandbox_error(exc) from None
+
+
+def _sandbox_error(exc: WorkspaceError) -> SandboxError:
+    """The backend's error for a workspace's: refused content keeps its own type."""
+    if isinstance(exc, ContentRefusedError):
+        return WorkspaceRefusedError(f"sandbox workspace: {exc}")
+    return SandboxError(str(exc))

@@ -62,6 +62,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from activities.artifacts import run_name
+from experiments.runtime.files import WorkspaceContentError, check_folder, check_path
 from experiments.workspace import (
     EntryKind,
     FileRecord,
@@ -85,6 +86,12 @@ class WorkspaceError(RuntimeError):
 
 class LayerCorruptedError(WorkspaceError):
     """A sealed layer no longer matches its digest or its seal: it must not be used."""
+
+
+class ContentRefusedError(WorkspaceError):
+    """What a sandbox left in its workspace cannot be frozen or read safely (a special
+    file, a path too long or not one printable line, the workspace folder replaced by a
+    link): the workload's doing, so trying again would not help."""
 
 
 class LayerInfo(BaseModel):
@@ -190,6 +197,20 @@ def _walk(tree: Path) -> Iterator[tuple[str, Path]]:
         stack.extend(reversed(below))
 
 
+def _checked_walk(tree: Path) -> Iterator[tuple[str, Path]]:
+    """``_walk`` of a tree a sandbox wrote: ``tree`` must be a real folder (a link would
+    lead the worker to host files), and every path must pass ``check_path`` before the
+    walk goes below it (a tree nested thousands deep is refused before its paths get too
+    long for the host to reach)."""
+    try:
+        check_folder(tree)
+        for rel, path in _walk(tree):
+            check_path(rel)
+            yield rel, path
+    except WorkspaceContentError as exc:
+        raise ContentRefusedError(str(exc)) from None
+
+
 def _is_opaque(path: Path) -> bool:
     try:
         return os.getxattr(path, _OPAQUE_XATTR, follow_symlinks=False) == b"y"
@@ -202,6 +223,8 @@ def _entry(rel: str, path: Path, st: os.stat_result) -> tuple[LayerEntry, int]:
     mode = stat.S_IMODE(st.st_mode)
     who = {"uid": st.st_uid, "gid": st.st_gid}
     if stat.S_ISREG(st.st_mode):
+        if st.st_nlink > 1:
+            st = _unshare(path, st)
         (sha,) = _hash_file(path, "sha256")
         entry = LayerEntry(
             path=rel, kind=EntryKind.file, mode=mode, size=st.st_size, sha256=sha, **who
@@ -217,10 +240,64 @@ def _entry(rel: str, path: Path, st: os.stat_result) -> tuple[LayerEntry, int]:
         ), 0
     if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
         return LayerEntry(path=rel, kind=EntryKind.whiteout, mode=0, **who), 0
-    raise WorkspaceError(
+    raise ContentRefusedError(
         f"workspace path {rel!r} is a {stat.filemode(st.st_mode)[0]!r}-type special file; "
         "a workspace may hold only files, folders and symlinks"
     )
+
+
+def _unshare(path: Path, st: os.stat_result) -> os.stat_result:
+    """Give a file that has other hard links an inode of its own, with the same bytes,
+    mode and owner. Sealed as it was, the layer's file would stay writable through a link
+    its sandbox kept outside the workspace (the copy fallback moves the folder itself into
+    the store): writes there would change the layer under every workspace using it."""
+    tmp = path.with_name(f".forklab-unshare-{time.monotonic_ns()}")
+    shutil.copyfile(path, tmp, follow_symlinks=False)
+    os.chown(tmp, st.st_uid, st.st_gid)
+    os.chmod(tmp, stat.S_IMODE(st.st_mode))  # after chown, which clears setuid bits
+    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(tmp, path)
+    return os.lstat(path)
+
+
+def remove_tree(folder: Path) -> None:
+    """Delete ``folder`` and everything below it, however deep (``shutil.rmtree`` recurses
+    once per level and raises ``RecursionError`` on a tree a sandbox nested thousands of
+    folders deep); a missing folder is fine."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        _flatten(folder)
+    if folder.is_symlink():
+        folder.unlink()
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _flatten(folder: Path) -> None:
+    """Move every folder below ``folder`` up to ``folder`` itself (renames relative to open
+    folders: no long path is ever formed), so that nothing is nested more than one deep."""
+    top = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        pending = [e.name for e in os.scandir(top) if e.is_dir(follow_symlinks=False)]
+        moved = 0
+        while pending:
+            name = pending.pop()
+            try:
+                here = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+            except OSError:
+                continue
+            try:
+                with contextlib.suppress(OSError):
+                    os.fchmod(here, 0o700)  # a read-only folder (a non-root worker's case)
+                for e in list(os.scandir(here)):
+                    if e.is_dir(follow_symlinks=False):
+                        moved += 1
+                        new = f".flat-{moved}"
+                        os.rename(e.name, new, src_dir_fd=here, dst_dir_fd=top)
+                        pending.append(new)
+            finally:
+                os.close(here)
+    finally:
+        os.close(top)
 
 
 def _stats(tree: Path) -> dict[str, tuple[int, int, int, int]]:
@@ -410,12 +487,13 @@ class LayerStore:
         started = time.perf_counter()
         entries: list[LayerEntry] = []
         hashed = 0
-        for rel, path in _walk(staging):
+        for rel, path in _checked_walk(staging):
             entry, read = _entry(rel, path, os.lstat(path))
             entries.append(entry)
             hashed += read
         manifest = LayerManifest(parent=parent, entries=tuple(entries))
         digest = manifest.digest()
+        text = manifest.model_dump_json()  # before ``staging`` is moved: nothing to undo
         final = self.root / digest
         if (final / "seal.json").is_file():
             try:
@@ -429,7 +507,7 @@ class LayerStore:
             box = Path(tempfile.mkdtemp(dir=self.root, prefix=".seal-"))
             try:
                 os.rename(staging, box / "t")
-                (box / "manifest.json").write_text(manifest.model_dump_json())
+                (box / "manifest.json").write_text(text)
                 (box / "seal.json").write_text(_Seal(stats=_stats(box / "t")).model_dump_json())
                 try:
                     os.rename(box, final)
@@ -604,7 +682,8 @@ class Workspaces:
         if self.overlay:
             for sub in ("upper", "work"):
                 (folder / sub).mkdir(exist_ok=True)
-            _chown_tree(folder / "upper", self.owner)  # the mount's root takes its owner
+            if self.owner is not None:  # the mount's root takes its owner (not what is in it)
+                os.chown(folder / "upper", self.owner, self.owner)
             # Recorded before mounting, so that remove() finds (and unmounts) a mount whose
             # worker was killed before it could say so.
             state = _State(target=str(target), mode="overlay", stack=tuple(stack))
@@ -658,15 +737,29 @@ class Workspaces:
         else:
             # A copy has no record of what changed: the whole tree becomes one layer. It is
             # moved into the store and copied back for the parent.
-            staging = Path(tempfile.mkdtemp(dir=self.layers.root, prefix=".freeze-"))
-            os.rename(target, staging / "t")
-            layer = self.layers.seal(staging / "t", parent=None)
-            shutil.rmtree(staging, ignore_errors=True)
+            layer = self._freeze_copy(target)
         # The new layer's seal was taken from its files a moment ago; what it sits on is
         # verified again, as before any use.
         below = self.layers.stack(layer.parent) if layer.parent is not None else []
         self._materialise(folder, target, [layer.digest, *below])
         return layer
+
+    def _freeze_copy(self, target: Path) -> LayerInfo:
+        """Seal a copied workspace's whole tree; on failure its folder is put back."""
+        try:
+            check_folder(target)
+        except WorkspaceContentError as exc:
+            raise ContentRefusedError(str(exc)) from None
+        staging = Path(tempfile.mkdtemp(dir=self.layers.root, prefix=".freeze-"))
+        os.rename(target, staging / "t")
+        try:
+            return self.layers.seal(staging / "t", parent=None)
+        except BaseException:
+            if (staging / "t").is_dir():  # not consumed: the workspace as it was
+                os.rename(staging / "t", target)
+            raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def fork(
         self, ws_id: str, children: list[tuple[str, Path]]
@@ -695,10 +788,11 @@ class Workspaces:
         """Every regular file the workspace shows now, with md5 and sha256 (evidence)."""
         target = Path(self._state(ws_id).target)
         files = []
-        for rel, path in _walk(target):
-            if path.is_file() and not path.is_symlink():
+        for rel, path in _checked_walk(target):
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
                 md5, sha = _hash_file(path, "md5", "sha256")
-                files.append(FileRecord(path=rel, size=path.stat().st_size, md5=md5, sha256=sha))
+                files.append(FileRecord(path=rel, size=st.st_size, md5=md5, sha256=sha))
         return WorkspaceManifest(files=tuple(files))
 
     def own_bytes(self, ws_id: str) -> int:
@@ -719,10 +813,10 @@ class Workspaces:
             target = Path(state.target)
             unmount_under(target)
             if state.mode != "overlay":
-                shutil.rmtree(target, ignore_errors=True)
+                remove_tree(target)
             elif target.is_dir():
                 target.rmdir()  # the empty mount point
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_tree(folder)
         if folder.exists():
             raise WorkspaceError(f"could not remove workspace {ws_id}; retry")
 
@@ -834,9 +928,9 @@ def _delete(folder: Path) -> int:
         for _, path in _walk(folder):
             with contextlib.suppress(FileNotFoundError):
                 freed += os.lstat(path).st_blocks * 512
-    except FileNotFoundError:
+    except OSError:  # gone, or a leftover nested too deep to reach by path: not counted
         pass
-    shutil.rmtree(folder, ignore_errors=True)
+    remove_tree(folder)
     return freed
 
 

@@ -26,11 +26,49 @@ if TYPE_CHECKING:
 _CHUNK = 1 << 20
 #: An episode folder with more entries than this is refused (a runaway workload).
 MAX_ENTRIES = 100_000
+#: The longest path (in UTF-8 bytes) a workspace may hold, relative to its root. The host
+#: sees it under a longer prefix (the layer store) and PATH_MAX is 4096: a deeper tree
+#: could be written in a box but not frozen, hashed or deleted by ordinary path calls.
+MAX_PATH_BYTES = 1024
 
 
 class WorkspaceContentError(ValueError):
     """An episode folder holds something a checkpoint cannot pin (a device, a fifo, too
     many entries); the message names the path."""
+
+
+def check_path(path: str) -> None:
+    """Refuse a workspace path that is not one printable line of UTF-8, or is too long.
+
+    A name with a line break or an escape would forge lines in a report or drive the
+    terminal that shows it; one that is not UTF-8 (Python's lone surrogates) cannot be
+    written as JSON at all."""
+    try:
+        size = len(path.encode())
+    except UnicodeEncodeError:
+        raise WorkspaceContentError(
+            f"workspace path {path!a} is not valid UTF-8; rename it"
+        ) from None
+    if not path.isprintable():
+        raise WorkspaceContentError(
+            f"workspace path {path!a} holds a line break, an escape or another control "
+            "character; a path must be one printable line"
+        )
+    if size > MAX_PATH_BYTES:
+        raise WorkspaceContentError(
+            f"workspace path {path[:80]!a}... is longer than {MAX_PATH_BYTES} bytes "
+            "(a tree nested too deep); shorten it"
+        )
+
+
+def check_folder(folder: Path) -> None:
+    """Refuse ``folder`` unless it is a folder itself, not a symlink to one: reading
+    through a link would read (and copy) what it points at on the host."""
+    if not stat.S_ISDIR(os.lstat(folder).st_mode):
+        raise WorkspaceContentError(
+            f"{folder} is not a folder (a symlink or a file in its place); "
+            "a workspace and each episode's folder must be real folders"
+        )
 
 
 def checkpoint_digest(state_sha256: str, workspace: str | None) -> str:
@@ -51,7 +89,9 @@ def _sha256(path: str) -> str:
 
 def folder_entries(folder: Path) -> list[list[str | int]]:
     """``[path, "dir"]``, ``[path, "link", target]`` or ``[path, size, sha256]`` for
-    everything below ``folder``, sorted by path (``/``-separated, relative)."""
+    everything below ``folder``, sorted by path (``/``-separated, relative). Links are
+    recorded, never followed; ``folder`` itself must be a real folder."""
+    check_folder(folder)
     entries: list[list[str | int]] = []
     stack = [("", str(folder))]
     while stack:
@@ -59,6 +99,7 @@ def folder_entries(folder: Path) -> list[list[str | int]]:
         with os.scandir(here) as it:
             for e in it:
                 path = rel + e.name
+                check_path(path)
                 st = e.stat(follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode):
                     entries.append([path, "dir"])

@@ -1,0 +1,241 @@
+"""A hostile workload against the workspace copy-on-write path, on the real local backend:
+what it leaves in its workspace (links to host files, special files, trees nested
+thousands deep, names that forge lines or are not UTF-8, hard links kept outside) is
+refused with a sentence naming it, never read through, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.artifacts import LocalArtifactStore
+from activities.runner_bundle import bundle_files
+from activities.sandbox import Limits, LocalSandboxBackend
+from activities.sandbox.base import WorkspaceRefusedError
+from activities.sandbox.workspace import mounts_under
+from activities.world_batches import _Files
+from experiments.runtime.files import WorkspaceContentError, folder_digest
+from tests.sandbox_lab import run_python
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="boxes with a sandbox uid need root")
+
+SECRET = "HOST-SECRET\n"
+
+
+@pytest.fixture(params=["overlay", "copy"])
+def backend(request: pytest.FixtureRequest, root: Path) -> Iterator[LocalSandboxBackend]:
+    made = LocalSandboxBackend(root / "sb", overlay=request.param == "overlay")
+    yield made
+    for box in made.list({}):
+        made.delete(box)
+
+
+def _box(backend: LocalSandboxBackend, labels: dict[str, str] | None = None) -> str:
+    snapshot = backend.prepare_snapshot(bundle_files("counter-recovery"))
+    box = backend.create(snapshot.id, labels or {"x": "parent"}, Limits())
+    backend.attach_workspace(box, None)
+    return box
+
+
+def _run(backend: LocalSandboxBackend, box: str, code: str) -> None:
+    ran = run_python(backend, box, code, timeout=120)
+    assert ran.exit_code == 0, ran.stderr
+
+
+def _host_secret(root: Path) -> Path:
+    """A host folder the sandbox cannot reach (0700, root's), holding a readable file."""
+    secret = root / "host-secret"
+    (secret / "sub").mkdir(parents=True)
+    (secret / "sub" / "key").write_text(SECRET)
+    secret.chmod(0o700)
+    return secret
+
+
+def _layers_holding(backend: LocalSandboxBackend, text: str) -> list[Path]:
+    store = backend.workspaces.layers.root
+    return [
+        p
+        for p in store.rglob("*")
+        if p.is_file() and not p.is_symlink() and text.encode() in p.read_bytes()
+    ]
+
+
+def _nothing_left(backend: LocalSandboxBackend, root: Path) -> None:
+    for box in backend.list({}):
+        backend.delete(box)
+    assert mounts_under(root) == []
+    assert list((root / "sb" / "boxes").iterdir()) == []
+    assert list((root / "sb" / "workspaces").iterdir()) == []
+
+
+def test_a_workspace_replaced_by_a_link_to_a_host_folder_is_not_read_or_copied(
+    backend: LocalSandboxBackend, root: Path
+) -> None:
+    """In the copy fallback the workspace is a plain folder of the box: a command can put a
+    link in its place. The freeze moved the link into the store and read through it: the
+    host folder became the layer, and a child read the host's file."""
+    secret = _host_secret(root)
+    box = _box(backend)
+    _run(
+        backend,
+        box,
+        f"""
+        import os, shutil
+        os.chdir("/work")
+        try:
+            shutil.rmtree("workspace")
+        except OSError:
+            raise SystemExit(0)  # an overlay mount point cannot be replaced
+        os.symlink({str(secret)!r}, "workspace")
+        """,
+    )
+    if backend.workspaces.info(box).mode == "overlay":
+        pytest.skip("only a copied workspace can be replaced by a link")
+    with pytest.raises(WorkspaceRefusedError, match=r"workspace is not a folder"):
+        backend.workspace_manifest(box)
+    with pytest.raises(WorkspaceRefusedError, match=r"workspace is not a folder"):
+        backend.fork(box, [{"x": "child"}])
+    assert backend.list({"x": "child"}) == []  # no child half-made
+    assert _layers_holding(backend, SECRET) == []  # no host byte in the store
+    assert (secret / "sub" / "key").read_text() == SECRET  # the host folder untouched
+    _nothing_left(backend, root)
+
+
+def test_an_episode_folder_that_links_to_a_host_folder_fails_the_prefix(
+    backend: LocalSandboxBackend, root: Path
+) -> None:
+    """The prefix's check read every episode folder with ``folder_digest``, which followed
+    a link: the worker hashed the host folder (``/proc`` there would block it for ever)."""
+    secret = _host_secret(root)
+    box = _box(backend)
+    _run(backend, box, f"import os; os.symlink({str(secret)!r}, '/work/workspace/0')")
+    files = _Files(backend, LocalArtifactStore(root / "art"), None, "run-1", freeze=True)
+    with pytest.raises(ApplicationError, match=r"workspace/0 is not a folder") as raised:
+        files.read(box)
+    assert raised.value.non_retryable and raised.value.type == "PrefixFailed"
+    assert files.folders == {}
+    _nothing_left(backend, root)
+
+
+def test_a_fifo_in_the_workspace_fails_the_prefix_once_and_leaves_nothing(
+    backend: LocalSandboxBackend, root: Path
+) -> None:
+    """A FIFO stopped the freeze with a plain ``SandboxError``: the unit was retried (and
+    charged) as a fault of the infrastructure, to fail the same way each time."""
+    box = _box(backend)
+    _run(backend, box, "import os; os.mkdir('/work/workspace/0'); os.mkfifo('/work/workspace/0/p')")
+    files = _Files(backend, LocalArtifactStore(root / "art"), None, "run-1", freeze=True)
+    with pytest.raises(ApplicationError, match=r"'0/p' is a 'p'-type special file") as raised:
+        files.read(box)
+    assert raised.value.non_retryable and raised.value.type == "PrefixFailed"
+    assert (Path(backend.workspace_folder(box)) / "0").is_dir()  # the workspace as it was
+    _nothing_left(backend, root)
+
+
+def test_a_tree_nested_thousands_deep_is_refused_and_its_box_deleted(
+    backend: LocalSandboxBackend, root: Path
+) -> None:
+    """3,000 nested folders: the freeze failed on a path too long for the host
+    (``OSError``, retried), the overlay was not mounted back and the copy's files were
+    left in the store; deleting the box raised ``RecursionError`` and left it for ever."""
+    box = _box(backend)
+    _run(
+        backend,
+        box,
+        """
+        import os
+        open("/work/workspace/keep.txt", "w").write("kept")
+        os.chdir("/work/workspace")
+        for _ in range(3000):
+            os.mkdir("d")
+            os.chdir("d")
+        open("leaf", "w").write("x")
+        """,
+    )
+    for call in (backend.freeze_workspace, backend.workspace_manifest):
+        with pytest.raises(WorkspaceRefusedError, match=r"longer than 1024 bytes"):
+            call(box)
+    workspace = Path(backend.workspace_folder(box))
+    assert (workspace / "keep.txt").read_text() == "kept"  # mounted (or put) back as it was
+    assert [p.name for p in backend.workspaces.layers.root.iterdir()] == [
+        backend.workspaces.layers.empty()
+    ]
+    _nothing_left(backend, root)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        b"ok\n| forged | 9 | row |\n## Verdicts",
+        b"esc\x1b]0;owned\x07\x1b[2J",
+        b"not-utf8-\xff\xfe",
+        "sep\u2028line".encode(),
+    ],
+)
+def test_a_name_that_is_not_one_printable_line_is_refused(
+    backend: LocalSandboxBackend, root: Path, name: bytes
+) -> None:
+    """A name with a line break or an escape went as it was into manifests and the report
+    (``forklab report`` writes the paths into ``report.md``); one that is not UTF-8 made
+    the freeze raise ``PydanticSerializationError`` after it had moved the files into its
+    staging folder: the workspace's files were deleted and it was not mounted back."""
+    box = _box(backend)
+    _run(
+        backend,
+        box,
+        f"""
+        import os
+        os.mkdir("/work/workspace/0")
+        open("/work/workspace/0/keep.txt", "w").write("kept")
+        open(b"/work/workspace/0/" + {name!r}, "w").write("x")
+        """,
+    )
+    for call in (backend.freeze_workspace, backend.workspace_manifest):
+        with pytest.raises(WorkspaceRefusedError, match=r"not valid UTF-8|one printable line"):
+            call(box)
+    folder = Path(backend.workspace_folder(box)) / "0"
+    assert (folder / "keep.txt").read_text() == "kept"
+    with pytest.raises(WorkspaceContentError):  # the runner's digest refuses it too
+        folder_digest(folder)
+    _nothing_left(backend, root)
+
+
+def test_a_hard_link_kept_outside_the_workspace_cannot_change_the_layer(
+    backend: LocalSandboxBackend, root: Path
+) -> None:
+    """In the copy fallback the freeze moved the workspace's own inodes into the store: a
+    hard link the command kept in its box still reached the sealed file. Writing through
+    it changed the layer (its bytes, under every workspace that shares it by content) and
+    deleting the box changed its link count, so every later use was refused as
+    corrupted."""
+    box = _box(backend)
+    _run(
+        backend,
+        box,
+        """
+        import os
+        open("/work/workspace/f", "w").write("v1\\n")
+        try:
+            os.link("/work/workspace/f", "/work/keep")
+        except OSError:  # under an overlay the workspace is another mount: EXDEV
+            pass
+        """,
+    )
+    layer = backend.freeze_workspace(box).digest
+    backend.workspaces.layers.verify(layer, full=True)
+    _run(
+        backend,
+        box,
+        "import os\nif os.path.exists('/work/keep'): open('/work/keep', 'r+').write('XX')",
+    )
+    backend.delete(box)
+    backend.workspaces.layers.verify(layer, full=True)  # same bytes, same seal
+    snapshot = backend.prepare_snapshot(bundle_files("counter-recovery"))
+    other = backend.create(snapshot.id, {"x": "other"}, Limits())
+    info = backend.attach_workspace(other, layer)
+    assert (Path(info.target) / "f").read_text() == "v1\n"
+    _nothing_left(backend, root)
