@@ -341,6 +341,17 @@ def _dump(model: BaseModel) -> str:
     return json.dumps(model.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
 
 
+def code_cell(text: str) -> str:
+    """``text`` as a code span in a Markdown table cell: fenced by more backticks than any
+    run of them it holds (so it cannot close the span early) and with ``|`` escaped (GFM
+    splits a row at any bare ``|``, inside a code span too). A workload names its paths."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    escaped = text.replace("|", "\\|")
+    return f"{fence}{pad}{escaped}{pad}{fence}"
+
+
 def workspace_markdown(section: WorkspaceSection) -> list[str]:
     """The report's "Workspaces" section, as Markdown lines."""
     lines = [
@@ -357,7 +368,9 @@ def workspace_markdown(section: WorkspaceSection) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for w in section.worlds:
-        paths = ", ".join(f"`{p.path}` ×{p.added + p.changed + p.removed}" for p in w.paths)
+        paths = ", ".join(
+            f"{code_cell(p.path)} ×{p.added + p.changed + p.removed}" for p in w.paths
+        )
         lines.append(
             f"| {w.world} | {w.files_at_branch} → {w.files_at_end} | {w.bytes_at_branch} → "
             f"{w.bytes_at_end} | {w.added} | {w.changed} | {w.removed} | "

@@ -6,6 +6,7 @@ refused with a sentence naming it, never read through, and leaves nothing behind
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,12 @@ from activities.sandbox.base import WorkspaceRefusedError
 from activities.sandbox.workspace import mounts_under
 from activities.world_batches import _Files
 from experiments.runtime.files import WorkspaceContentError, folder_digest
+from experiments.workspace_report import (
+    PathChange,
+    WorkspaceSection,
+    WorldWorkspace,
+    workspace_markdown,
+)
 from tests.sandbox_lab import run_python
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="boxes with a sandbox uid need root")
@@ -239,3 +246,31 @@ def test_a_hard_link_kept_outside_the_workspace_cannot_change_the_layer(
     info = backend.attach_workspace(other, layer)
     assert (Path(info.target) / "f").read_text() == "v1\n"
     _nothing_left(backend, root)
+
+
+def test_a_path_with_a_pipe_or_backticks_stays_in_its_cell_of_the_report() -> None:
+    """The report's Workspaces table put each changed path in a plain code span: a `|` in a
+    path split the row into more cells, and a backtick closed the span early."""
+    hostile = ["a|b", "x``y", "`lead", "ok.txt"]
+    world = WorldWorkspace(
+        world="retry",
+        layers=(),
+        files_at_branch=1,
+        bytes_at_branch=1,
+        files_at_end=1,
+        bytes_at_end=1,
+        added=4,
+        removed=0,
+        changed=0,
+        unchanged=0,
+        episodes_diverged=1,
+        paths=tuple(PathChange(path=p, added=1, changed=0, removed=0) for p in hostile),
+        end_manifest="0" * 64,
+    )
+    section = WorkspaceSection(episodes=1, branch_manifest="0" * 64, files=(), worlds=(world,))
+    lines = workspace_markdown(section)
+    header = next(line for line in lines if line.startswith("| world |"))
+    row = next(line for line in lines if line.startswith("| retry |"))
+    cells = re.split(r"(?<!\\)\|", row)
+    assert len(cells) == len(re.split(r"(?<!\\)\|", header))
+    assert cells[-2].strip() == ("`a\\|b` ×1, ```x``y``` ×1, `` `lead `` ×1, `ok.txt` ×1")
