@@ -12,6 +12,7 @@ that label value in ``destroying`` forever.
 
 from __future__ import annotations
 
+import contextlib
 import email.parser
 import email.policy
 import json
@@ -29,10 +30,12 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 ORG = "org-forklab-test"
 API_KEY = "dtn-test-key"
+#: How long an "endless" body runs: 48 MiB, past any bound the backend keeps.
+ENDLESS_CHUNKS = 768
 
 
 def _now() -> str:
@@ -64,6 +67,15 @@ class FakeDaytona:
     hang_create: bool = False
     undeletable: set[str] = field(default_factory=set)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    #: Hostile modes: the id a create hands out; routes that never answer; routes whose
+    #: body never ends (or is ``huge`` bytes); routes that answer a body that is not JSON.
+    create_id: str | None = None
+    hang: set[str] = field(default_factory=set)
+    endless: set[str] = field(default_factory=set)
+    garbage: set[str] = field(default_factory=set)
+    #: The id a sandbox lookup answers with (another sandbox's), when set.
+    get_as: str | None = None
+    release: threading.Event = field(default_factory=threading.Event)
     created: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -198,6 +210,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _endless(self) -> None:
+        """A 200 whose body (no length: it ends when the connection does) goes on for
+        ``ENDLESS_CHUNKS`` × 64 KiB (unbounded for a client), until the client goes."""
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        chunk = b'{"exitCode": 0, "result": "' + b"x" * 65536
+        with contextlib.suppress(OSError):
+            for _ in range(ENDLESS_CHUNKS):  # then it gives up, so a test without bounds ends
+                if self.state.release.is_set():
+                    break
+                self.wfile.write(chunk)
+                chunk = b"x" * 65536
+
     def _error(self, status: int, message: str) -> None:
         self._send(status, {"statusCode": status, "message": message, "error": "fake"})
 
@@ -232,7 +258,15 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._error(401, "invalid credentials")
             if status is not None:
                 return self._error(status, f"injected {status}")
-            return handler(body, parse_qs(url.query), **m.groupdict())
+            if name in st.hang:
+                st.release.wait()  # never answers until the test ends
+                return None
+            if name in st.endless:
+                return self._endless()
+            if name in st.garbage:
+                return self._send(200, raw=("application/json", b'{"id": [1, 2,'))
+            params = {k: unquote(v) for k, v in m.groupdict().items()}
+            return handler(body, parse_qs(url.query), **params)
         self._body()
         self._error(404, f"fake daytona has no route {method} {path}")
 
@@ -272,12 +306,12 @@ class _Handler(BaseHTTPRequestHandler):
         snap = st.snapshot(req.get("snapshot", ""))
         if snap is None:
             return self._error(404, f"snapshot {req.get('snapshot')} not found")
-        sid = f"sbx-{uuid.uuid4().hex[:12]}"
+        sid = st.create_id or f"sbx-{uuid.uuid4().hex[:12]}"
         base = f"http://{self.headers['host']}"
         dto = _sandbox_dto(sid, req, snap, base)
         if st.hang_create:
             dto["state"] = "starting"
-        root = Path(tempfile.mkdtemp(prefix=f"{sid}-", dir=st.root))
+        root = Path(tempfile.mkdtemp(prefix="sbx-", dir=st.root))
         (root / "home" / "daytona").mkdir(parents=True)
         with st.lock:
             st.boxes[sid] = Box(dto=dto, root=root)
@@ -292,7 +326,9 @@ class _Handler(BaseHTTPRequestHandler):
         box = self._box(sid)
         if box is None:
             return self._error(404, f"sandbox {sid} not found")
-        self._send(200, box.dto)
+        self._send(
+            200, box.dto if self.state.get_as is None else {**box.dto, "id": self.state.get_as}
+        )
 
     def _list(self, body: bytes, q: Any) -> None:
         labels = json.loads(q["labels"][0]) if "labels" in q else {}
@@ -387,5 +423,6 @@ def fake_daytona(root: Path) -> Iterator[FakeDaytona]:
     try:
         yield state
     finally:
+        state.release.set()
         server.shutdown()
         server.server_close()

@@ -58,6 +58,7 @@ from activities.sandbox.base import (
     SnapshotCorruptedError,
     SnapshotInfo,
 )
+from activities.sandbox.daytona_http import bound_client, plain_sandbox_id, shown
 from activities.sandbox.preflight import SandboxUnavailableError
 from experiments.bundle import BundleFile
 from experiments.capacity import RegionQuota, SnapshotFacts, capacity_refusals
@@ -146,6 +147,7 @@ class DaytonaSandboxBackend:
             )
         except DaytonaError as exc:
             raise _wrap("client set-up", exc) from None
+        bound_client(self._client, options.request_timeout)
 
     def _call(self, what: str, fn: Callable[[], _T]) -> _T:
         try:
@@ -315,17 +317,41 @@ class DaytonaSandboxBackend:
             ) from None
         except DaytonaError as exc:
             raise _wrap("sandbox create", exc) from None
+        sandbox_id = self._plain_created_id(sandbox)
         try:
             if not sandbox.network_block_all:
                 raise SandboxError(
                     f"Daytona created sandbox {sandbox.id} without network_block_all; refusing "
                     "to run workload code on the network"
                 )
-            self._call("bundle upload", lambda: sandbox.fs.upload_files(bundle))
+            self._call(
+                "bundle upload", lambda: sandbox.fs.upload_files(bundle, self._transfer_timeout)
+            )
         except SandboxError:
-            self._delete_quietly(sandbox.id)
+            self._delete_quietly(sandbox_id)
             raise
-        return str(sandbox.id)
+        return sandbox_id
+
+    @property
+    def _transfer_timeout(self) -> int:
+        """Seconds an upload or download may take (the SDK's own default is 30 minutes)."""
+        return max(1, math.ceil(self._options.request_timeout))
+
+    def _plain_created_id(self, sandbox: Sandbox) -> str:
+        """The new sandbox's id, if it is a plain token. The SDK puts it unquoted into the
+        toolbox's URL path (``../`` there reaches other routes, with the API key), and
+        ForkLab carries it into progress, errors and the evidence log; any other id is
+        refused, and the sandbox deleted through the control plane (which quotes it)."""
+        sandbox_id = plain_sandbox_id(sandbox.id)
+        if sandbox_id is None:
+            with contextlib.suppress(DaytonaError):
+                self._client.delete(sandbox, timeout=self._options.request_timeout)
+            raise SandboxError(
+                f"Daytona answered the sandbox id {shown(str(sandbox.id))}, not a plain id; "
+                "refused and asked Daytona to delete it (check DAYTONA_API_URL points at "
+                "Daytona; `forklab doctor` lists what is left)"
+            )
+        return sandbox_id
 
     def _delete_quietly(self, sandbox_id: str) -> None:
         """Best effort on an error path: cleanup's reconciliation catches what this misses."""
@@ -333,10 +359,18 @@ class DaytonaSandboxBackend:
             self.delete(sandbox_id)
 
     def _sandbox(self, sandbox_id: str) -> Sandbox:
-        return self._call(
+        """The sandbox ``sandbox_id``; Daytona must answer that one: the SDK addresses the
+        toolbox by the id in the answer, not by the one asked for."""
+        sandbox = self._call(
             f"lookup of sandbox {sandbox_id}",
             lambda: self._client.get(sandbox_id, request_timeout=self._options.request_timeout),
         )
+        if sandbox.id != sandbox_id:
+            raise SandboxError(
+                f"Daytona answered a lookup of sandbox {shown(sandbox_id)} with sandbox "
+                f"{shown(str(sandbox.id))}; refused (check DAYTONA_API_URL points at Daytona)"
+            )
+        return sandbox
 
     def _path(self, relpath: str) -> str:
         parts = Path(relpath).parts
@@ -347,7 +381,10 @@ class DaytonaSandboxBackend:
     def upload(self, sandbox_id: str, relpath: str, data: bytes) -> None:
         remote = self._path(relpath)
         sandbox = self._sandbox(sandbox_id)
-        self._call(f"upload of {relpath}", lambda: sandbox.fs.upload_file(data, remote))
+        self._call(
+            f"upload of {relpath}",
+            lambda: sandbox.fs.upload_file(data, remote, self._transfer_timeout),
+        )
 
     def exec(self, sandbox_id: str, argv: list[str], timeout: float) -> ExecResult:
         """Run ``argv`` in the work folder; Daytona returns one merged output stream, given
@@ -394,7 +431,10 @@ class DaytonaSandboxBackend:
     def download(self, sandbox_id: str, relpath: str) -> bytes:
         remote = self._path(relpath)
         sandbox = self._sandbox(sandbox_id)
-        data = self._call(f"download of {relpath}", lambda: sandbox.fs.download_file(remote))
+        data = self._call(
+            f"download of {relpath}",
+            lambda: sandbox.fs.download_file(remote, self._transfer_timeout),
+        )
         if data is None:
             raise SandboxError(f"Daytona returned no content for {relpath}")
         return bytes(data)
