@@ -29,6 +29,7 @@ from activities.artifacts import ArtifactStore
 from activities.files import atomic_write
 from activities.models import LedgerInput, Progress
 from activities.progress import read_progress
+from activities.secrets_text import redact
 from experiments.evidence_scores import experiment_scores, world_scores
 from experiments.report.model import Report
 from experiments.runtime.canon import canonical_json
@@ -249,7 +250,7 @@ class EvidenceActivities:
             try:
                 send_trace(config, trace)
             except Exception as exc:  # the SDK raises many kinds; all mean "not sent yet"
-                return _why(exc)
+                return redact(_why(exc), config.api_key, "BRAINTRUST_API_KEY")
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         return None

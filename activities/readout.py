@@ -13,6 +13,7 @@ from temporalio import activity
 
 from activities.artifacts import ArtifactStore
 from activities.models import AnalysisResult
+from activities.readout_http import AnswerTooLargeError, bounded_http_client
 from experiments.readout.check import check_readout
 from experiments.readout.fallback import deterministic_readout
 from experiments.readout.packet import EvidencePacket, evidence_packet
@@ -47,12 +48,16 @@ class ReadoutActivities:
     async def _ask(self, config: ReadoutConfig, packet: EvidencePacket) -> ModelReadout | None:
         import openai  # see shown_readout
 
-        async with openai.AsyncOpenAI(
-            base_url=config.base_url,
-            api_key=config.api_key,
-            timeout=config.timeout_seconds,
-            max_retries=0,  # one bounded attempt; the fallback is always there
-        ) as client:
+        async with (
+            bounded_http_client(config.timeout_seconds) as http,
+            openai.AsyncOpenAI(
+                base_url=config.base_url,
+                api_key=config.api_key,
+                timeout=config.timeout_seconds,
+                max_retries=0,  # one bounded attempt; the fallback is always there
+                http_client=http,  # bounded in size too, see activities.readout_http
+            ) as client,
+        ):
             answer = await client.chat.completions.parse(
                 model=config.model,
                 messages=[
@@ -89,6 +94,8 @@ class ReadoutActivities:
             answer = await asyncio.wait_for(self._ask(config, packet), config.timeout_seconds)
         except TimeoutError:
             return fallback(f"the model did not answer within {config.timeout_seconds:g} s")
+        except AnswerTooLargeError as exc:
+            return fallback(str(exc))
         except openai.APITimeoutError:
             return fallback(f"the model did not answer within {config.timeout_seconds:g} s")
         except openai.APIStatusError as exc:

@@ -35,7 +35,12 @@ def run_suite(
     task: Callable[[dict[str, Any]], dict[str, Any]],
     send: bool = False,
 ) -> SuiteResult:
-    """Every case's ``task(input)`` must equal its ``expected`` (autoevals' ExactMatch)."""
+    """Every case's ``task(input)`` must equal its ``expected`` (autoevals' ExactMatch).
+
+    Sent, the suite goes through a private state whose logger flushes synchronously and
+    raises: the SDK's shared logger drops a batch it cannot send, prints about it (with
+    the server's words) and lets the run report an upload that never happened."""
+    state = _raising_state() if send else None
     result = braintrust.Eval(
         PROJECT,
         experiment_name=suite,
@@ -46,10 +51,26 @@ def run_suite(
         scores=[ExactMatch],
         no_send_logs=not send,
         summarize_scores=False,
+        state=state,
     )
+    if state is not None:
+        state.global_bg_logger().flush()  # raises when Braintrust did not take every row
     failed = [
         str(r.metadata.get("case")) if isinstance(r.metadata, Mapping) else repr(r.input)
         for r in result.results
         if r.error is not None or r.scores.get("ExactMatch") != 1
     ]
     return SuiteResult(suite=suite, cases=len(result.results), failed=failed)
+
+
+def _raising_state() -> Any:
+    """A ``BraintrustState`` whose HTTP logger raises instead of dropping a batch."""
+    from braintrust.logger import BraintrustState, _HTTPBackgroundLogger
+
+    state = BraintrustState()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
+    logger = state.global_bg_logger()
+    if not isinstance(logger, _HTTPBackgroundLogger):
+        raise TypeError("this braintrust SDK has no HTTP background logger to flush synchronously")
+    logger.sync_flush = True
+    logger.num_tries = 1
+    return state

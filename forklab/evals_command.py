@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from types import ModuleType
 
+from activities.secrets_text import redact
 from evals import acquisition, capacity, causal
+from evals.suite import SuiteResult
 from forklab.errors import CliError
 
 
@@ -34,9 +37,41 @@ def evals(args: argparse.Namespace) -> int:
     if args.send and not keyed:
         raise CliError("--send needs BRAINTRUST_API_KEY; set it or run without --send", code=2)
     send = keyed and not args.local
-    results = [suite.run(send=send) for suite in (causal, capacity, acquisition)]
+    results = [_run(suite, send) for suite in (causal, capacity, acquisition)]
     for r in results:
         mark = "ok" if r.passed else "FAILED: " + "; ".join(r.failed)
         print(f"{r.suite}: {r.cases - len(r.failed)}/{r.cases} cases · {mark}")
     print("uploaded to Braintrust project forklab-evals" if send else "ran locally, nothing sent")
     return 0 if all(r.passed for r in results) else 1
+
+
+def _run(suite: ModuleType, send: bool) -> SuiteResult:
+    """Run one suite; an upload Braintrust did not take is one line naming the suite and
+    what to do (exit 1), never a traceback, and never the key a server quoted back."""
+    try:
+        result: SuiteResult = suite.run(send=send)
+    except Exception as exc:  # the SDK raises many kinds; all mean "not uploaded"
+        if not send:
+            raise
+        why = redact(
+            _innermost(exc), os.environ.get("BRAINTRUST_API_KEY", "").strip(), "BRAINTRUST_API_KEY"
+        )
+        raise CliError(
+            f"Braintrust did not take the {suite.__name__.rsplit('.', 1)[-1]} eval suite "
+            f"({why}); check BRAINTRUST_API_KEY and BRAINTRUST_APP_URL, or run with --local",
+            code=1,
+        ) from None
+    return result
+
+
+def _innermost(exc: BaseException) -> str:
+    """The first line of the innermost cause (the SDK wraps the server's answer)."""
+    while True:
+        if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+            exc = exc.exceptions[0]
+        elif exc.__cause__ is not None:
+            exc = exc.__cause__
+        else:
+            break
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200] if lines else 'no message'}"

@@ -25,6 +25,12 @@ class FakeBraintrust:
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)
     log_faults: list[int] = field(default_factory=list)
     down: bool = False
+    #: Hostile modes: error bodies quote the request's Authorization header back; the
+    #: experiment registration answers this (another experiment's) id; rows are acknowledged
+    #: and not stored.
+    echo_key: bool = False
+    experiment_id: str | None = None
+    drop_rows: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def fail_logs(self, status: int, times: int = 1) -> None:
@@ -59,10 +65,11 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.state
         body = self._body()
         path = self.path.split("?")[0]
+        said = f" (you sent {self.headers.get('authorization')})" if st.echo_key else ""
         if st.down:
-            return self._send(503, {"error": "down for maintenance"})
+            return self._send(503, {"error": f"down for maintenance{said}"})
         if self.headers.get("authorization") != f"Bearer {API_KEY}":
-            return self._send(401, {"error": "invalid api key"})
+            return self._send(401, {"error": f"invalid api key{said}"})
         if (method, path) == ("POST", "/api/apikey/login"):
             org = {"id": "org-1", "name": "forklab", "api_url": st.url, "proxy_url": st.url}
             return self._send(200, {"org_info": [{**org, "git_metadata": None}]})
@@ -82,18 +89,20 @@ class _Handler(BaseHTTPRequestHandler):
                         "created": "2026-11-29T00:00:00Z",
                     }
                     st.experiments[key] = exp
+            if st.experiment_id:
+                return self._send(200, {**exp, "id": st.experiment_id})
             return self._send(200, exp)
         if (method, path) == ("GET", "/version"):
             return self._send(200, {"version": "fake"})
         if (method, path) == ("POST", "/logs3"):
             with st.lock:
                 fault = st.log_faults.pop(0) if st.log_faults else None
-                if fault is None:
+                if fault is None and not st.drop_rows:
                     for row in body["rows"]:
                         merged = {**st.rows.get(row["id"], {}), **row}
                         st.rows[row["id"]] = merged
             if fault is not None:
-                return self._send(fault, {"error": f"injected {fault}"})
+                return self._send(fault, {"error": f"injected {fault}{said}"})
             return self._send(200, {"ids": [r["id"] for r in body["rows"]]})
         self._send(404, {"error": f"fake braintrust has no route {method} {path}"})
 

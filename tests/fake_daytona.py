@@ -73,6 +73,8 @@ class FakeDaytona:
     hang: set[str] = field(default_factory=set)
     endless: set[str] = field(default_factory=set)
     garbage: set[str] = field(default_factory=set)
+    #: Error messages quote the request's Authorization header back.
+    echo_key: bool = False
     #: The id a sandbox lookup answers with (another sandbox's), when set.
     get_as: str | None = None
     release: threading.Event = field(default_factory=threading.Event)
@@ -225,6 +227,8 @@ class _Handler(BaseHTTPRequestHandler):
                 chunk = b"x" * 65536
 
     def _error(self, status: int, message: str) -> None:
+        if self.state.echo_key:
+            message += f" (you sent {self.headers.get('authorization')})"
         self._send(status, {"statusCode": status, "message": message, "error": "fake"})
 
     def _body(self) -> bytes:

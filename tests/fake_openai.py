@@ -3,6 +3,7 @@ crafted answers, so tests drive the real ``openai`` client over real HTTP."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -21,6 +22,11 @@ class Answer:
     content: str = "{}"
     status: int = 200
     delay: float = 0.0
+    #: When set, the body is this many bytes of one endless JSON string, with no length
+    #: (it ends when the connection does): an answer of enormous size.
+    flood_bytes: int = 0
+    #: When set, the whole message object (a tool call, a refusal, wrong types).
+    message: dict[str, Any] | None = None
 
 
 @dataclass
@@ -61,8 +67,12 @@ def fake_openai() -> Iterator[FakeOpenAI]:
             answer = state.answer
             if answer.delay:
                 time.sleep(answer.delay)
+            if answer.flood_bytes:
+                return self._flood(answer.flood_bytes)
             if answer.status == 200:
                 payload = _completion(answer.content, body.get("model", ""))
+                if answer.message is not None:
+                    payload["choices"][0]["message"] = answer.message
             else:
                 payload = {"error": {"message": "crafted failure", "type": "server_error"}}
             data = json.dumps(payload).encode()
@@ -74,6 +84,17 @@ def fake_openai() -> Iterator[FakeOpenAI]:
                 self.wfile.write(data)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (a timeout test)
+
+        def _flood(self, size: int) -> None:
+            head = json.dumps(_completion("", "m"))[:-1].encode()  # an object left open
+            chunk = b"x" * 65536
+            with contextlib.suppress(OSError):
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.end_headers()
+                self.wfile.write(head + b', "flood": "')
+                for _ in range(size // len(chunk)):
+                    self.wfile.write(chunk)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True

@@ -135,3 +135,23 @@ def test_an_answer_that_is_not_json_is_one_clear_error(
     with pytest.raises(SandboxError, match=r"^Daytona sandbox list failed") as err:
         backend.list({})
     assert API_KEY not in str(err.value)
+
+
+@pytest.mark.parametrize("route", ["create", "list", "exec", "usage"])
+def test_a_server_that_quotes_the_api_key_back_never_gets_it_shown(
+    fake: FakeDaytona, backend: DaytonaSandboxBackend, route: str
+) -> None:
+    info = backend.prepare_snapshot(bundle_files("retry-cascade"))
+    sid = backend.create(info.id, LABELS, Limits(wall_seconds=30))
+    fake.echo_key = True
+    fake.fail(route, 500)
+    calls: dict[str, Callable[[], object]] = {
+        "create": lambda: backend.create(info.id, LABELS, Limits(wall_seconds=30)),
+        "list": lambda: backend.list({}),
+        "exec": lambda: backend.exec(sid, ["true"], 5),
+        "usage": lambda: backend.preflight(info.id, 1),
+    }
+    with pytest.raises(SandboxError) as err:
+        calls[route]()
+    assert "you sent Bearer <DAYTONA_API_KEY>" in str(err.value)
+    assert API_KEY not in str(err.value)

@@ -60,6 +60,7 @@ from activities.sandbox.base import (
 )
 from activities.sandbox.daytona_http import bound_client, plain_sandbox_id, shown
 from activities.sandbox.preflight import SandboxUnavailableError
+from activities.secrets_text import redact
 from experiments.bundle import BundleFile
 from experiments.capacity import RegionQuota, SnapshotFacts, capacity_refusals
 
@@ -103,9 +104,11 @@ def _transient(exc: DaytonaError) -> bool:
     )
 
 
-def _wrap(what: str, exc: DaytonaError) -> SandboxError:
+def _wrap(what: str, exc: DaytonaError, secret: str) -> SandboxError:
+    """One error naming Daytona, what failed and what to do; the API key is cut out of
+    the server's words (a server may quote the request's credentials back)."""
     status = f"HTTP {exc.status_code}: " if exc.status_code else ""
-    message = f"Daytona {what} failed ({status}{exc})"
+    message = redact(f"Daytona {what} failed ({status}{exc})", secret, "DAYTONA_API_KEY")
     if isinstance(exc, DaytonaNotFoundError):
         return SandboxNotFoundError(message)
     if _transient(exc):
@@ -146,14 +149,14 @@ class DaytonaSandboxBackend:
                 )
             )
         except DaytonaError as exc:
-            raise _wrap("client set-up", exc) from None
+            raise _wrap("client set-up", exc, options.api_key) from None
         bound_client(self._client, options.request_timeout)
 
     def _call(self, what: str, fn: Callable[[], _T]) -> _T:
         try:
             return fn()
         except DaytonaError as exc:
-            raise _wrap(what, exc) from None
+            raise _wrap(what, exc, self._options.api_key) from None
 
     # --- snapshot ---------------------------------------------------------------------
     def prepare_snapshot(self, files: list[BundleFile]) -> SnapshotInfo:
@@ -244,7 +247,7 @@ class DaytonaSandboxBackend:
         except DaytonaNotFoundError:
             return [f"Daytona snapshot {snap_id} no longer exists; resolve a current one"]
         except DaytonaError as exc:
-            raise _wrap("snapshot lookup", exc) from None
+            raise _wrap("snapshot lookup", exc, self._options.api_key) from None
         facts = SnapshotFacts(
             id=snap.id,
             name=snap.name,
@@ -265,7 +268,8 @@ class DaytonaSandboxBackend:
             status = getattr(exc, "status", None)
             if status in (401, 403, 404):
                 return [f"cannot read organisation {org}'s usage (HTTP {status})"]
-            raise SandboxUnavailableError(f"Daytona usage overview failed: {exc}") from None
+            why = redact(str(exc), opts.api_key, "DAYTONA_API_KEY")
+            raise SandboxUnavailableError(f"Daytona usage overview failed: {why}") from None
         quotas = [
             RegionQuota(
                 region=r.region_id,
@@ -316,7 +320,7 @@ class DaytonaSandboxBackend:
                 + (f"; deleted the half-created sandbox {left}" if left else "")
             ) from None
         except DaytonaError as exc:
-            raise _wrap("sandbox create", exc) from None
+            raise _wrap("sandbox create", exc, self._options.api_key) from None
         sandbox_id = self._plain_created_id(sandbox)
         try:
             if not sandbox.network_block_all:
@@ -415,7 +419,7 @@ class DaytonaSandboxBackend:
                 seconds=time.monotonic() - start,
             )
         except DaytonaError as exc:
-            raise _wrap("exec", exc) from None
+            raise _wrap("exec", exc, self._options.api_key) from None
         output = _bounded(response.result or "")
         return ExecResult(
             exit_code=response.exit_code if response.exit_code is not None else -1,
@@ -457,7 +461,7 @@ class DaytonaSandboxBackend:
         except DaytonaNotFoundError:
             return
         except DaytonaError as exc:
-            raise _wrap(f"delete of sandbox {sandbox_id}", exc) from None
+            raise _wrap(f"delete of sandbox {sandbox_id}", exc, self._options.api_key) from None
 
     def list(self, labels: dict[str, str]) -> list[str]:
         """Sandboxes in the account with every label (and ForkLab's own), not destroyed."""
