@@ -274,3 +274,31 @@ def test_a_path_with_a_pipe_or_backticks_stays_in_its_cell_of_the_report() -> No
     cells = re.split(r"(?<!\\)\|", row)
     assert len(cells) == len(re.split(r"(?<!\\)\|", header))
     assert cells[-2].strip() == ("`a\\|b` ×1, ```x``y``` ×1, `` `lead `` ×1, `ok.txt` ×1")
+
+
+def test_a_workspace_of_too_many_paths_is_refused_before_the_worker_holds_them(
+    backend: LocalSandboxBackend, root: Path
+) -> None:
+    """Empty files cost a sandbox no disk quota, and the worker held an entry per path
+    (100,001 files: 259 MiB); nothing bounded their number. The store's bound is lowered
+    here to keep the test quick; the walk stops at it whatever it is."""
+    backend.workspaces.layers.max_entries = 100
+    box = _box(backend)
+    _run(
+        backend,
+        box,
+        "import os\nos.mkdir('/work/workspace/0')\n"
+        "for i in range(100): open(f'/work/workspace/0/f{i}', 'w').close()",
+    )  # 101 paths: the folder and its files
+    for call in (backend.freeze_workspace, backend.workspace_manifest):
+        with pytest.raises(WorkspaceRefusedError, match=r"more than 100 paths"):
+            call(box)
+    files = _Files(backend, LocalArtifactStore(root / "art"), None, "run-1", freeze=True)
+    with pytest.raises(ApplicationError, match=r"more than 100 paths") as raised:
+        files.read(box)
+    assert raised.value.non_retryable and raised.value.type == "PrefixFailed"
+    workspace = Path(backend.workspace_folder(box))
+    assert len(list((workspace / "0").iterdir())) == 100  # the workspace as it was
+    _run(backend, box, "import os; os.remove('/work/workspace/0/f0')")  # 100 paths: enough
+    assert backend.freeze_workspace(box).files == 99
+    _nothing_left(backend, root)
