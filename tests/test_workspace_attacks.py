@@ -302,3 +302,17 @@ def test_a_workspace_of_too_many_paths_is_refused_before_the_worker_holds_them(
     _run(backend, box, "import os; os.remove('/work/workspace/0/f0')")  # 100 paths: enough
     assert backend.freeze_workspace(box).files == 99
     _nothing_left(backend, root)
+
+
+def test_a_mounted_workspace_is_nosuid_and_nodev(backend: LocalSandboxBackend) -> None:
+    """A sandbox can leave a setuid file of its own uid in its workspace; the host's mount
+    of it honoured setuid bits and device nodes for whoever reached it."""
+    box = _box(backend)
+    if backend.workspaces.info(box).mode != "overlay":
+        pytest.skip("a copied workspace is no mount")
+    target = os.path.realpath(backend.workspace_folder(box))
+    with open("/proc/self/mountinfo") as mountinfo:
+        options = next(
+            line.split()[5].split(",") for line in mountinfo if line.split()[4] == target
+        )
+    assert {"nosuid", "nodev"} <= set(options)

@@ -74,6 +74,9 @@ from experiments.workspace import (
 Mode = Literal["overlay", "reflink", "copy"]
 _FICLONE = 0x40049409
 _MNT_DETACH = 2
+#: mount(2) flags of a workspace: what a sandbox leaves there (a setuid file of its own
+#: uid, a device node) never acts as such on the host, whoever reaches the mount.
+_MS_NOSUID, _MS_NODEV = 2, 4
 _OPAQUE_XATTR = "trusted.overlay.opaque"
 #: The legacy mount(2) call takes its options in one page.
 _OPTIONS_LIMIT = 4000
@@ -141,7 +144,8 @@ def _mount_overlay(lowers: list[Path], upper: Path, work: Path, target: Path) ->
             f"the workspace stack of {len(lowers)} layers is too deep to mount under {target}; "
             "use a shorter sandbox root or fork from an earlier layer"
         )
-    if _libc().mount(b"overlay", str(target).encode(), b"overlay", 0, options.encode()) != 0:
+    flags = _MS_NOSUID | _MS_NODEV
+    if _libc().mount(b"overlay", str(target).encode(), b"overlay", flags, options.encode()) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), str(target))
 
