@@ -29,6 +29,7 @@ from activities.artifacts import ArtifactStore
 from activities.files import atomic_write
 from activities.models import LedgerInput, Progress
 from activities.progress import read_progress
+from activities.sdk_errors import innermost_sentence
 from activities.secrets_text import redact
 from experiments.evidence_scores import experiment_scores, world_scores
 from experiments.report.model import Report
@@ -217,20 +218,6 @@ def send_trace(config: BraintrustConfig, trace: Trace) -> None:
     experiment.flush()
 
 
-def _why(exc: BaseException) -> str:
-    """The innermost sentence of an SDK error (uploads fail as an exception group, the
-    synchronous flush wraps the real cause)."""
-    while True:
-        if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-            exc = exc.exceptions[0]
-        elif exc.__cause__ is not None:
-            exc = exc.__cause__
-        else:
-            break
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200] if text else 'no message'}"
-
-
 class EvidenceActivities:
     def __init__(self, store: ArtifactStore, outbox: Path, config: BraintrustConfig | None) -> None:
         self._store = store
@@ -250,7 +237,7 @@ class EvidenceActivities:
             try:
                 send_trace(config, trace)
             except Exception as exc:  # the SDK raises many kinds; all mean "not sent yet"
-                return redact(_why(exc), config.api_key, "BRAINTRUST_API_KEY")
+                return redact(innermost_sentence(exc), config.api_key, "BRAINTRUST_API_KEY")
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         return None

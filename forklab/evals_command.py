@@ -12,6 +12,7 @@ import argparse
 import os
 from types import ModuleType
 
+from activities.sdk_errors import innermost_sentence
 from activities.secrets_text import redact
 from evals import acquisition, capacity, causal
 from evals.suite import SuiteResult
@@ -54,7 +55,9 @@ def _run(suite: ModuleType, send: bool) -> SuiteResult:
         if not send:
             raise
         why = redact(
-            _innermost(exc), os.environ.get("BRAINTRUST_API_KEY", "").strip(), "BRAINTRUST_API_KEY"
+            innermost_sentence(exc),
+            os.environ.get("BRAINTRUST_API_KEY", "").strip(),
+            "BRAINTRUST_API_KEY",
         )
         raise CliError(
             f"Braintrust did not take the {suite.__name__.rsplit('.', 1)[-1]} eval suite "
@@ -62,16 +65,3 @@ def _run(suite: ModuleType, send: bool) -> SuiteResult:
             code=1,
         ) from None
     return result
-
-
-def _innermost(exc: BaseException) -> str:
-    """The first line of the innermost cause (the SDK wraps the server's answer)."""
-    while True:
-        if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-            exc = exc.exceptions[0]
-        elif exc.__cause__ is not None:
-            exc = exc.__cause__
-        else:
-            break
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:200] if lines else 'no message'}"
