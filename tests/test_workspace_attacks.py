@@ -17,7 +17,7 @@ from activities.artifacts import LocalArtifactStore
 from activities.runner_bundle import bundle_files
 from activities.sandbox import Limits, LocalSandboxBackend
 from activities.sandbox.base import WorkspaceRefusedError
-from activities.sandbox.workspace import mounts_under
+from activities.sandbox.workspace import mounts_under, remove_tree
 from activities.world_batches import _Files
 from experiments.runtime.files import WorkspaceContentError, folder_digest
 from experiments.workspace_report import (
@@ -316,3 +316,16 @@ def test_a_mounted_workspace_is_nosuid_and_nodev(backend: LocalSandboxBackend) -
             line.split()[5].split(",") for line in mountinfo if line.split()[4] == target
         )
     assert {"nosuid", "nodev"} <= set(options)
+
+
+def test_a_tree_holding_the_names_remove_tree_moves_to_is_still_deleted(tmp_path: Path) -> None:
+    """``remove_tree`` moves nested folders up as ``.flat-N``: a sandbox that made a
+    ``.flat-1`` of its own made that move fail (``ENOTEMPTY``), and its box could never be
+    deleted."""
+    tree = tmp_path / "workspace"
+    (tree / ".flat-1").mkdir(parents=True)
+    (tree / ".flat-1" / "kept").write_text("x")
+    (tree / ".flat-2").write_text("a file")
+    (tree / "a" / "b" / "c").mkdir(parents=True)
+    remove_tree(tree)
+    assert not tree.exists()

@@ -307,13 +307,22 @@ def _flatten(folder: Path) -> None:
                 for e in list(os.scandir(here)):
                     if e.is_dir(follow_symlinks=False):
                         moved += 1
-                        new = f".flat-{moved}"
-                        os.rename(e.name, new, src_dir_fd=here, dst_dir_fd=top)
-                        pending.append(new)
+                        while _exists(f".flat-{moved}", top):  # the tree's own names
+                            moved += 1
+                        os.rename(e.name, f".flat-{moved}", src_dir_fd=here, dst_dir_fd=top)
+                        pending.append(f".flat-{moved}")
             finally:
                 os.close(here)
     finally:
         os.close(top)
+
+
+def _exists(name: str, folder_fd: int) -> bool:
+    try:
+        os.lstat(name, dir_fd=folder_fd)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _stats(tree: Path) -> dict[str, tuple[int, int, int, int]]:
