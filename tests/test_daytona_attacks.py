@@ -11,11 +11,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from daytona import DaytonaError
 from fake_daytona import API_KEY, FakeDaytona, fake_daytona
 
 from activities.runner_bundle import bundle_files
 from activities.sandbox.base import Limits, SandboxError
 from activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
+from activities.sandbox.daytona_http import bound_client
 from activities.sandbox.preflight import SandboxUnavailableError
 
 LABELS = {"forklab.experiment": "exp-1", "forklab.world": "w", "forklab.batch": "0"}
@@ -155,3 +157,10 @@ def test_a_server_that_quotes_the_api_key_back_never_gets_it_shown(
         calls[route]()
     assert "you sent Bearer <DAYTONA_API_KEY>" in str(err.value)
     assert API_KEY not in str(err.value)
+
+
+def test_an_sdk_without_the_clients_to_bound_is_refused_in_one_sentence() -> None:
+    """The bounds wrap the SDK's private REST clients; a release without them must not
+    run unbounded (nor fail with an AttributeError)."""
+    with pytest.raises(DaytonaError, match=r"has no REST clients for ForkLab to bound"):
+        bound_client(object(), 1.0)

@@ -148,9 +148,9 @@ class DaytonaSandboxBackend:
                     api_key=options.api_key, api_url=options.api_url, target=options.target
                 )
             )
+            bound_client(self._client, options.request_timeout)
         except DaytonaError as exc:
             raise _wrap("client set-up", exc, options.api_key) from None
-        bound_client(self._client, options.request_timeout)
 
     def _call(self, what: str, fn: Callable[[], _T]) -> _T:
         try:

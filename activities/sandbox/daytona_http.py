@@ -87,7 +87,19 @@ class _BoundedRest:
 
 
 def bound_client(client: Any, timeout: float, limit: int = MAX_BODY_BYTES) -> None:
-    """Wrap the REST objects of a ``Daytona`` client's control-plane and toolbox clients."""
-    for api in (client._api_client, client._toolbox_api_client):
+    """Wrap the REST objects of a ``Daytona`` client's control-plane and toolbox clients.
+
+    They are the SDK's private attributes (it offers no hook for a body limit): a release
+    without them is refused here, in one sentence, rather than run unbounded."""
+    try:
+        apis = [client._api_client, client._toolbox_api_client]
+        for api in apis:
+            api.rest_client  # noqa: B018  (checked before anything is wrapped)
+    except AttributeError:
+        raise DaytonaError(
+            "this daytona SDK release has no REST clients for ForkLab to bound (its "
+            "internals changed); install an earlier release"
+        ) from None
+    for api in apis:
         if not isinstance(api.rest_client, _BoundedRest):
             api.rest_client = _BoundedRest(api.rest_client, timeout, limit)
