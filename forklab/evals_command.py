@@ -38,17 +38,33 @@ def evals(args: argparse.Namespace) -> int:
     if args.send and not keyed:
         raise CliError("--send needs BRAINTRUST_API_KEY; set it or run without --send", code=2)
     send = keyed and not args.local
-    results = [_run(suite, send) for suite in (causal, capacity, acquisition)]
+    results: list[SuiteResult] = []
+    refused: dict[str, str] = {}  # suite -> why Braintrust did not take it
+    for suite in (causal, capacity, acquisition):
+        result, why = _run(suite, send)
+        results.append(result)
+        if why is not None:
+            refused[result.suite] = why
     for r in results:
         mark = "ok" if r.passed else "FAILED: " + "; ".join(r.failed)
-        print(f"{r.suite}: {r.cases - len(r.failed)}/{r.cases} cases · {mark}")
+        sent = " (not uploaded)" if r.suite in refused else ""
+        print(f"{r.suite}: {r.cases - len(r.failed)}/{r.cases} cases · {mark}{sent}")
+    if refused:
+        names = ", ".join(refused)
+        raise CliError(
+            f"Braintrust did not take the {names} eval suite{'s' if len(refused) > 1 else ''} "
+            f"({next(iter(refused.values()))}); check BRAINTRUST_API_KEY and "
+            "BRAINTRUST_APP_URL, or run with --local",
+            code=1,
+        )
     print("uploaded to Braintrust project forklab-evals" if send else "ran locally, nothing sent")
     return 0 if all(r.passed for r in results) else 1
 
 
-def _run(suite: ModuleType, send: bool) -> SuiteResult:
-    """Run one suite; an upload Braintrust did not take is one line naming the suite and
-    what to do (exit 1), never a traceback, and never the key a server quoted back."""
+def _run(suite: ModuleType, send: bool) -> tuple[SuiteResult, str | None]:
+    """Run one suite, and why Braintrust did not take it (None: it did, or nothing was
+    sent). A refused suite is run again locally, so its cases are still judged and shown;
+    the reason never holds the key a server quoted back."""
     try:
         result: SuiteResult = suite.run(send=send)
     except Exception as exc:  # the SDK raises many kinds; all mean "not uploaded"
@@ -59,9 +75,6 @@ def _run(suite: ModuleType, send: bool) -> SuiteResult:
             os.environ.get("BRAINTRUST_API_KEY", "").strip(),
             "BRAINTRUST_API_KEY",
         )
-        raise CliError(
-            f"Braintrust did not take the {suite.__name__.rsplit('.', 1)[-1]} eval suite "
-            f"({why}); check BRAINTRUST_API_KEY and BRAINTRUST_APP_URL, or run with --local",
-            code=1,
-        ) from None
-    return result
+        local: SuiteResult = suite.run(send=False)
+        return local, why
+    return result, None

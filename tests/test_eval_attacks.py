@@ -24,6 +24,9 @@ def test_evals_say_plainly_that_braintrust_did_not_take_them(
         code, out, err = run_cli(capsys, "evals")
     assert code == 1, (out, err)
     assert "uploaded to Braintrust" not in out
-    assert "Braintrust did not take the causal eval suite" in err
+    # every suite still ran and is shown, each marked as not uploaded
+    for suite in ("causal", "capacity", "acquisition"):
+        assert f"\n{suite}: " in f"\n{out}" and "cases · ok (not uploaded)" in out
+    assert "Braintrust did not take the causal, capacity, acquisition eval suites" in err
     assert "check BRAINTRUST_API_KEY and BRAINTRUST_APP_URL, or run with --local" in err
     assert "Traceback" not in err and API_KEY not in out + err
