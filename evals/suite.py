@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Mapping
+from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
 
 import braintrust
@@ -39,22 +41,28 @@ def run_suite(
 
     Sent, the suite goes through a private state whose logger flushes synchronously and
     raises: the SDK's shared logger drops a batch it cannot send, prints about it (with
-    the server's words) and lets the run report an upload that never happened."""
+    the server's words) and lets the run report an upload that never happened.
+
+    The SDK's own output (a progress bar per suite, drawn with carriage returns, and a
+    summary) is dropped: the caller prints one line per suite, and what goes wrong is
+    raised, not printed."""
     state = _raising_state() if send else None
-    result = braintrust.Eval(
-        PROJECT,
-        experiment_name=suite,
-        data=[
-            EvalCase(input=c.input, expected=c.expected, metadata={"case": c.name}) for c in cases
-        ],
-        task=task,
-        scores=[ExactMatch],
-        no_send_logs=not send,
-        summarize_scores=False,
-        state=state,
-    )
-    if state is not None:
-        state.global_bg_logger().flush()  # raises when Braintrust did not take every row
+    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        result = braintrust.Eval(
+            PROJECT,
+            experiment_name=suite,
+            data=[
+                EvalCase(input=c.input, expected=c.expected, metadata={"case": c.name})
+                for c in cases
+            ],
+            task=task,
+            scores=[ExactMatch],
+            no_send_logs=not send,
+            summarize_scores=False,
+            state=state,
+        )
+        if state is not None:
+            state.global_bg_logger().flush()  # raises when Braintrust did not take every row
     failed = [
         str(r.metadata.get("case")) if isinstance(r.metadata, Mapping) else repr(r.input)
         for r in result.results

@@ -30,3 +30,4 @@ def test_evals_say_plainly_that_braintrust_did_not_take_them(
     assert "Braintrust did not take the causal, capacity, acquisition eval suites" in err
     assert "check BRAINTRUST_API_KEY and BRAINTRUST_APP_URL, or run with --local" in err
     assert "Traceback" not in err and API_KEY not in out + err
+    assert len(err.strip().splitlines()) == 1, err  # the one line, no SDK output

@@ -123,8 +123,11 @@ def test_forklab_evals_uploads_with_a_key_and_only_then(
     with fake_braintrust() as fake:
         monkeypatch.setenv("BRAINTRUST_APP_URL", fake.url)
         monkeypatch.delenv("BRAINTRUST_API_KEY", raising=False)
-        code, out, _ = run_cli(capsys, "evals")
+        code, out, err = run_cli(capsys, "evals")
         assert code == 0 and "ran locally, nothing sent" in out
+        # one line per suite and the last; the SDK's progress bars and summaries are not
+        # shown (they drew with carriage returns, escaped as \u000d on the way out)
+        assert len(out.strip().splitlines()) == 4 and not err.strip(), (out, err)
         code, _, err = run_cli(capsys, "evals", "--send")
         assert code == 2 and "--send needs BRAINTRUST_API_KEY" in err
         monkeypatch.setenv("BRAINTRUST_API_KEY", API_KEY)
