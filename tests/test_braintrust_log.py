@@ -168,3 +168,47 @@ def test_the_worker_refuses_a_url_without_the_key_before_it_connects(
     assert code == 2, err
     assert "BRAINTRUST_APP_URL is set but BRAINTRUST_API_KEY is not" in err
     assert "cannot connect" not in err
+
+
+# --- a hostile server: it quotes the API key back, or names another experiment and
+# stores nothing. The local ledger stays the record; its answers change nothing ForkLab
+# records.
+
+
+def _ledger_matches(lab: Lab, result: ExperimentResult) -> None:
+    """The ledger row and world rows are this run's own, as the workflow reported them."""
+    record = lab.ledger.experiment(result.experiment_id)
+    assert record is not None and record.status == result.status.value
+    assert record.plan_fingerprint == result.plan_fingerprint
+    rows = {w.world: w for w in lab.ledger.worlds(result.experiment_id, record.run_id)}
+    for w in result.worlds:
+        assert (rows[w.name].episodes, rows[w.name].failures) == (w.episodes, w.failures)
+
+
+async def test_a_server_quoting_the_key_back_never_gets_it_into_the_result(
+    bt_lab: tuple[Lab, FakeBraintrust],
+) -> None:
+    lab, fake = bt_lab
+    fake.echo_key = True
+    fake.fail_logs(500)
+    result = await _run(lab)
+    said = result.evidence_log or ""
+    assert said.startswith("queued") and "<BRAINTRUST_API_KEY>" in said, said
+    assert API_KEY not in said
+    assert API_KEY not in result.model_dump_json()
+    _ledger_matches(lab, result)
+
+
+async def test_another_experiments_id_and_rows_never_stored_change_nothing_recorded(
+    bt_lab: tuple[Lab, FakeBraintrust],
+) -> None:
+    lab, fake = bt_lab
+    fake.experiment_id = "exp-someone-else"
+    fake.drop_rows = True
+    result = await _run(lab)
+    # ForkLab cannot see that nothing was stored: it says "sent" (and names its own
+    # experiment, not the id the server gave); the ledger is the record either way
+    said = result.evidence_log or ""
+    assert said.startswith("sent") and "exp-someone-else" not in said, said
+    assert fake.rows == {}
+    _ledger_matches(lab, result)
