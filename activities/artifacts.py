@@ -7,13 +7,7 @@ Two backends share one contract (:class:`ArtifactStore`): a folder on this host
 a blob is written whole or not at all, and every read re-hashes what it got, so a damaged
 blob is reported, never returned.
 
-Blobs are kept: they are the evidence a report and the ledger point to. A run's
-**scratch** is not: blobs one run needs only while it runs (the draws files its prefixes
-ship to its worlds, ~3.6 KB an episode for retry-cascade, more than the checkpoints and
-columns together) live apart, under the run's own name, and the run's cleanup drops them
-all (``drop_scratch``). They are content-addressed too, but never shared between runs: two
-runs of one spec make the same bytes, and one run's cleanup must not take a blob the other
-still reads.
+Blobs are kept: they are the evidence a report and the ledger point to.
 """
 
 from __future__ import annotations
@@ -21,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
@@ -52,11 +45,6 @@ def run_name(owner: str) -> str:
     return hashlib.sha256(owner.encode()).hexdigest()
 
 
-def scratch_folder(owner: str) -> str:
-    """The folder (S3: key prefix) of ``owner``'s scratch."""
-    return run_name(owner)[:32]
-
-
 class ArtifactStore(ABC):
     """Blobs named by their sha256. Subclasses move bytes; this class names and checks them."""
 
@@ -72,18 +60,6 @@ class ArtifactStore(ABC):
     @abstractmethod
     def _write(self, digest: str, data: bytes) -> None:
         """Store ``data`` under ``digest`` whole (a reader never sees part of it)."""
-
-    @abstractmethod
-    def _read_scratch(self, folder: str, digest: str) -> bytes | None:
-        """The bytes of scratch blob ``digest`` in ``folder``, or None."""
-
-    @abstractmethod
-    def _write_scratch(self, folder: str, digest: str, data: bytes) -> None:
-        """Store ``data`` whole as scratch blob ``digest`` in ``folder``."""
-
-    @abstractmethod
-    def _drop_scratch(self, folder: str) -> tuple[int, int]:
-        """Delete every blob in scratch ``folder``; returns how many there were and their bytes."""
 
     @abstractmethod
     def _write_mark(self, name: str) -> None:
@@ -121,33 +97,6 @@ class ArtifactStore(ABC):
 
     def get_json(self, digest: str) -> Any:
         return json.loads(self.get_bytes(digest))
-
-    def put_scratch(self, owner: str, data: bytes) -> str:
-        """Store ``data`` in ``owner``'s scratch (``owner``: a run key) and return its digest."""
-        digest = sha256_hex(data)
-        self._write_scratch(scratch_folder(owner), digest, data)
-        return digest
-
-    def get_scratch(self, owner: str, digest: str) -> bytes:
-        data = self._read_scratch(scratch_folder(owner), check_digest(digest))
-        if data is None:
-            raise ArtifactError(
-                f"scratch artifact {digest} of run {owner} is missing from {self.location}; "
-                "the run's cleanup drops its scratch, and every worker must use one artifact "
-                "store (FORKLAB_ARTIFACTS)"
-            )
-        actual = sha256_hex(data)
-        if actual != digest:
-            raise ArtifactError(
-                f"scratch artifact {digest} of run {owner} is corrupt in {self.location} "
-                f"(it hashes to {actual}); run the step that produced it again"
-            )
-        return data
-
-    def drop_scratch(self, owner: str) -> tuple[int, int]:
-        """Delete ``owner``'s scratch; returns how many blobs it held and their bytes
-        ((0, 0): none, or dropped already)."""
-        return self._drop_scratch(scratch_folder(owner))
 
     def mark_ended(self, owner: str) -> None:
         """Record that run ``owner`` has ended (its cleanup ran). A run pins the workspace
@@ -191,20 +140,6 @@ class LocalArtifactStore(ArtifactStore):
             return
         atomic_write(path, data)
 
-    def scratch_path(self, folder: str, digest: str = "") -> Path:
-        """``root/scratch/<folder>/<digest>``; ``scratch`` is no two-hex blob folder."""
-        return self.root / "scratch" / folder / digest
-
-    def _read_scratch(self, folder: str, digest: str) -> bytes | None:
-        try:
-            return self.scratch_path(folder, digest).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def _write_scratch(self, folder: str, digest: str, data: bytes) -> None:
-        # fsynced: after a crash the run goes on, and its world batches read this
-        atomic_write(self.scratch_path(folder, digest), data)
-
     def mark_path(self, name: str) -> Path:
         """``root/ended/<name>``; ``ended`` is no two-hex blob folder."""
         return self.root / "ended" / name
@@ -214,12 +149,3 @@ class LocalArtifactStore(ArtifactStore):
 
     def _has_mark(self, name: str) -> bool:
         return self.mark_path(name).is_file()
-
-    def _drop_scratch(self, folder: str) -> tuple[int, int]:
-        root = self.scratch_path(folder)
-        try:
-            blobs = [p.stat().st_size for p in root.iterdir() if not p.name.startswith(".")]
-        except FileNotFoundError:
-            return 0, 0
-        shutil.rmtree(root, ignore_errors=True)
-        return len(blobs), sum(blobs)

@@ -3,9 +3,8 @@ on many hosts and by the ``forklab`` CLI.
 
 A blob lives at ``<prefix>/<first two hex>/<remaining hex>``. An S3 PUT is atomic (a
 reader sees the old object, the new one or none, never part of one) and the name is the
-content's hash, so storing again is idempotent. A run's scratch (``ArtifactStore``) lives
-at ``<prefix>/scratch/<folder>/<digest>`` and is dropped by listing that key prefix; a
-run's end mark is the empty object ``<prefix>/ended/<run name>``. The
+content's hash, so storing again is idempotent. A run's end mark is the empty object
+``<prefix>/ended/<run name>``. The
 client comes from a factory built in ``workers/`` (endpoint, credentials); this class only
 moves bytes and rides out outages.
 It pickles without its client (the analysis runs in a process pool) and builds a new one
@@ -84,10 +83,6 @@ class S3ArtifactStore(ArtifactStore):
         check_digest(digest)
         return self._named(f"{digest[:2]}/{digest[2:]}")
 
-    def scratch_key(self, folder: str, digest: str = "") -> str:
-        """The key of scratch blob ``digest`` (none: the folder's key prefix, with its ``/``)."""
-        return self._named(f"scratch/{folder}/{digest}")
-
     def mark_key(self, name: str) -> str:
         """The key of a run's end mark."""
         return self._named(f"ended/{name}")
@@ -104,37 +99,11 @@ class S3ArtifactStore(ArtifactStore):
     def _write(self, digest: str, data: bytes) -> None:
         self._put(self.key(digest), data)
 
-    def _read_scratch(self, folder: str, digest: str) -> bytes | None:
-        return self._get(self.scratch_key(folder, digest))
-
-    def _write_scratch(self, folder: str, digest: str, data: bytes) -> None:
-        self._put(self.scratch_key(folder, digest), data)
-
     def _write_mark(self, name: str) -> None:
         self._put(self.mark_key(name), b"")
 
     def _has_mark(self, name: str) -> bool:
         return self._get(self.mark_key(name)) is not None
-
-    def _drop_scratch(self, folder: str) -> tuple[int, int]:
-        prefix = self.scratch_key(folder)
-
-        def drop() -> tuple[int, int]:
-            # deleting what a page listed does not move the listing's continuation token
-            dropped = size = 0
-            pages = self._client.get_paginator("list_objects_v2")
-            for page in pages.paginate(Bucket=self.bucket, Prefix=prefix):
-                found = [o for o in page.get("Contents", []) if "Key" in o]
-                if found:
-                    self._client.delete_objects(
-                        Bucket=self.bucket,
-                        Delete={"Objects": [{"Key": o["Key"]} for o in found], "Quiet": True},
-                    )
-                    dropped += len(found)
-                    size += sum(o.get("Size", 0) for o in found)
-            return dropped, size
-
-        return self._ride_out(drop)
 
     def _get(self, key: str) -> bytes | None:
         def get() -> bytes | None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from experiments.analysis.checks import Check
 from experiments.outcomes import InfraUsage, WorldStatus
@@ -35,8 +35,8 @@ class RehearseInput(Model):
         default=None,
         min_length=1,
         description=(
-            "The run the rehearsal may hand its prefixes over to (its scratch keeps their "
-            "draws files), with ``batch_episodes``; None: it only checks them."
+            "The run the rehearsal may hand its prefixes over to, with ``batch_episodes``; "
+            "None: it only checks them."
         ),
     )
     batch_episodes: int | None = Field(default=None, ge=1)
@@ -44,7 +44,7 @@ class RehearseInput(Model):
 
 class RehearsedPrefixes(Model):
     """The prefixes the rehearsal ran for good, before approval: an index artifact
-    (``PrefixIndex``) naming each chunk's checkpoints and draws file."""
+    (``PrefixIndex``) naming each chunk's checkpoints."""
 
     index: str = Field(pattern=r"^[0-9a-f]{64}$")
     chunks: int = Field(ge=1)
@@ -194,9 +194,6 @@ class PrefixResult(Model):
     checkpoints_digest: str
     #: A workload with files: the ``WorkspaceEvidence`` of the chunk's frozen workspace.
     workspace_digest: str | None = None
-    #: The draws file the prefix wrote (``experiments.runtime.draws_file``): each
-    #: episode's block runs for the worlds to preload. None: the workload names none.
-    draws_digest: str | None = None
     seconds: float
     network_isolated: bool = True
     note: str | None = None
@@ -211,26 +208,38 @@ class PrefixResult(Model):
             index=self.chunk.index,
             checkpoints_digest=self.checkpoints_digest,
             workspace_digest=self.workspace_digest,
-            draws_digest=self.draws_digest,
         )
 
 
 class BatchInput(Model):
+    """A group of worlds over one chunk, in one sandbox: each world in a process of its own
+    (``experiments.runtime.world_group``), with its own share of the reservation."""
+
     experiment_id: str
     #: The run that owns the sandboxes: ``<workflow id>/<first run id>`` (their label).
     run_key: str = Field(min_length=1)
     job: RunnerJob
-    world: WorldPlan
+    worlds: list[WorldPlan] = Field(min_length=1)
+    #: Each world's share of the reservation, in world order (its wall and CPU limit).
+    world_seconds: list[float] = Field(min_length=1)
     snapshot_id: str
     chunk: EpisodeChunk
     checkpoints_digest: str
     #: A workload with files: the prefix's ``WorkspaceEvidence`` (to rebuild the chunk's
     #: layer on a host that does not have it).
     workspace_digest: str | None = None
-    #: The prefix's draws file, uploaded for the runner to preload (None: none).
-    draws_digest: str | None = None
-    reservation_seconds: float = Field(gt=0)
     attempt: int = Field(default=1, ge=1)  # which attempt of this unit (the workflow counts)
+
+    @model_validator(mode="after")
+    def _one_share_per_world(self) -> BatchInput:
+        if len(self.world_seconds) != len(self.worlds) or min(self.world_seconds) <= 0:
+            raise ValueError("give every world a positive share of the reservation")
+        return self
+
+    @property
+    def reservation_seconds(self) -> float:
+        """The whole sandbox's wall-clock limit: every world's share."""
+        return sum(self.world_seconds)
 
 
 class BatchStatus(StrEnum):
@@ -260,6 +269,15 @@ class BatchOutcome(Model):
     sandbox_id: str | None = None
 
 
+class GroupOutcome(Model):
+    """A group's sandbox attempt: each world's outcome, in the group's order, and the
+    seconds the sandbox ran in all (what the unit is charged; each world's share of them
+    is in its outcome)."""
+
+    outcomes: list[BatchOutcome]
+    seconds: float = 0.0
+
+
 class CleanupInput(Model):
     experiment_id: str
     #: The run that owns the sandboxes: ``<workflow id>/<first run id>`` (their label).
@@ -272,21 +290,9 @@ class CleanupResult(Model):
     rounds: int
     left: int
     layers_removed: int = 0  # workspace layers nothing needed any more
-    #: the run's scratch artifacts (draws files) dropped; None: dropping them failed
-    scratch_dropped: int | None = 0
-    scratch_bytes: int = 0  # their size
 
     def summary(self) -> str:
-        line = f"{self.found} found, {self.removed} removed, {self.left} left"
-        if self.scratch_dropped is None:
-            return line + "; the run's scratch artifacts were not dropped (store unreachable)"
-        if self.scratch_dropped:
-            what = "artifact (draws file" if self.scratch_dropped == 1 else "artifacts (draws files"
-            return line + (
-                f"; {self.scratch_dropped} scratch {what}, "
-                f"{self.scratch_bytes / 2**20:,.1f} MiB) dropped"
-            )
-        return line
+        return f"{self.found} found, {self.removed} removed, {self.left} left"
 
 
 # --- records ----------------------------------------------------------------------------
@@ -337,7 +343,6 @@ class PrefixRef(Model):
     index: int
     checkpoints_digest: str
     workspace_digest: str | None = None
-    draws_digest: str | None = None
 
 
 class PrefixIndex(Model):

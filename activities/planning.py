@@ -208,18 +208,14 @@ class PlanningActivities:
             prefixes=prefixes,
         )
 
-    def _taker(
-        self, inp: RehearseInput, refs: list[PrefixRef]
-    ) -> Callable[[int, bytes, bytes | None], None]:
+    def _taker(self, inp: RehearseInput, refs: list[PrefixRef]) -> Callable[[int, bytes], None]:
         """Where the rehearsal box's prefixes go, chunk by chunk (in a worker thread): the
         checkpoints, checked as the prefix stage checks its runner's, among the kept
-        artifacts; the draws file in the run's scratch (its cleanup drops it, rejected or
-        not). Each chunk's ref is added to ``refs``."""
-        assert inp.run_key is not None and inp.batch_episodes is not None
-        run_key = inp.run_key
+        artifacts. Each chunk's ref is added to ``refs``."""
+        assert inp.batch_episodes is not None
         chunks = episode_chunks(inp.spec.episodes, inp.batch_episodes)
 
-        def take(index: int, checkpoints: bytes, draws: bytes | None) -> None:
+        def take(index: int, checkpoints: bytes) -> None:
             chunk = chunks[index]
             try:
                 parse_checkpoints(checkpoints, chunk.first, chunk.size)
@@ -232,7 +228,6 @@ class PlanningActivities:
                 PrefixRef(
                     index=index,
                     checkpoints_digest=self._store.put_bytes(checkpoints),
-                    draws_digest=None if draws is None else self._store.put_scratch(run_key, draws),
                 )
             )
 
@@ -262,7 +257,6 @@ class PlanningActivities:
         return PrefixResult(
             chunk=inp.chunk,
             checkpoints_digest=ref.checkpoints_digest,
-            draws_digest=ref.draws_digest,
             seconds=0.0,
             rehearsed=True,
         )

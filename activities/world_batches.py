@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.artifacts import ArtifactError, ArtifactStore
+from activities.artifacts import ArtifactStore
 from activities.heartbeat import heartbeat_until
 from activities.models import (
     BatchInput,
@@ -32,6 +32,7 @@ from activities.models import (
     BatchStatus,
     CleanupInput,
     CleanupResult,
+    GroupOutcome,
     PrefixInput,
     PrefixResult,
 )
@@ -50,15 +51,15 @@ from experiments.outcomes import StoredColumns
 from experiments.runtime.contract import CONTRACT_EXIT
 from experiments.runtime.file_format import (
     CHECKPOINTS_FILE,
-    DRAWS_FILE,
     OUT_FILE,
     REQUEST_FILE,
     RUNNER_MODULE,
     Checkpoint,
     FormatError,
+    WorldOutput,
     checkpoint_line,
     parse_checkpoints,
-    parse_columns,
+    parse_world_outputs,
     request_text,
 )
 from experiments.runtime.files import WorkspaceContentError, folder_digest
@@ -72,6 +73,8 @@ EXPERIMENT_LABEL = "forklab.experiment"
 RUN_LABEL = "forklab.run"
 WORLD_LABEL = "forklab.world"
 BATCH_LABEL = "forklab.batch"
+#: Joins the names of a group's worlds in its sandbox's world label (no world name holds it).
+GROUP_JOIN = "+"
 #: The error type of a snapshot whose files no longer match its id: it ends the run.
 SNAPSHOT_CORRUPTED = "SnapshotCorrupted"
 #: The label value of the sandbox that runs the prefixes (it is no world).
@@ -147,11 +150,10 @@ class SandboxActivities:
         mode: str,
         allowance: float,
         files: _Files | None = None,
-    ) -> tuple[ExecResult, bytes | None, str, bytes | None]:
+    ) -> tuple[ExecResult, bytes | None, str]:
         """Clear what an earlier attempt of this unit left, then create a sandbox, upload
         ``inputs``, run the runner, fetch its output (``None`` when the runner did not
-        succeed) and delete the sandbox; returns the sandbox's id too, and for a prefix
-        the draws file if the runner wrote one (None otherwise). A fault of the
+        succeed) and delete the sandbox; returns the sandbox's id too. A fault of the
         infrastructure is raised as a retryable ``ApplicationError`` carrying the attempt's
         last heartbeat. ``files`` gives the sandbox a workspace and reads it once the
         runner succeeded."""
@@ -213,7 +215,7 @@ class SandboxActivities:
         allowance: float,
         beat: _Beat,
         files: _Files | None,
-    ) -> tuple[ExecResult, bytes | None, str, bytes | None]:
+    ) -> tuple[ExecResult, bytes | None, str]:
         sandbox_id = await self._create(snapshot_id, labels, allowance, beat)
         try:
             if files is not None:
@@ -231,21 +233,16 @@ class SandboxActivities:
             result = await heartbeat_until(job, details)
             beat.charged = result.seconds
             if result.timed_out or result.exit_code != 0:
-                return result, None, sandbox_id, None
+                return result, None, sandbox_id
             wanted = CHECKPOINTS_FILE if mode == "prefix" else OUT_FILE
             try:
                 data = await self._blocking(self._backend.download, sandbox_id, wanted)
             except SandboxError:
                 # the runner exited cleanly without writing its output
-                return result, None, sandbox_id, None
-            draws = None
-            if mode == "prefix":
-                # bounded like the checkpoints: by the sandbox's limit on file size
-                with contextlib.suppress(SandboxError):  # none: the workload names no runs
-                    draws = await self._blocking(self._backend.download, sandbox_id, DRAWS_FILE)
+                return result, None, sandbox_id
             if files is not None:
                 await self._blocking(files.read, sandbox_id)
-            return result, data, sandbox_id, draws
+            return result, data, sandbox_id
         finally:
             await self._blocking(self._backend.delete, sandbox_id)
 
@@ -261,7 +258,6 @@ class SandboxActivities:
             inp.job.seed,
             episodes=episodes,
             workspace=WORKSPACE_DIR if files else None,
-            draws=DRAWS_FILE,
         )
         labels = {
             EXPERIMENT_LABEL: inp.experiment_id,
@@ -270,7 +266,7 @@ class SandboxActivities:
             BATCH_LABEL: str(inp.chunk.index),
         }
         inputs = {REQUEST_FILE: request.encode(), CHECKPOINTS_FILE: b""}
-        result, data, sandbox_id, draws = await self._in_sandbox(
+        result, data, sandbox_id = await self._in_sandbox(
             labels, inp.snapshot_id, inputs, "prefix", allowance, files
         )
         why = _failure(result, allowance) or "the runner wrote no checkpoints"
@@ -297,18 +293,10 @@ class SandboxActivities:
                 result.seconds, self._store.put_bytes, files.evidence().encode()
             )
         digest = await self._stored(result.seconds, self._store.put_bytes, data)
-        # Stored as the runner wrote it: only the worlds' runners read it (in their
-        # sandboxes), so the worker never parses it (see experiments.runtime.draws_file).
-        # Scratch of this run: its cleanup drops it (it is no evidence, and the largest).
-        shipped = None
-        if draws is not None:
-            put = self._store.put_scratch
-            shipped = await self._stored(result.seconds, put, inp.run_key, draws)
         return PrefixResult(
             chunk=inp.chunk,
             checkpoints_digest=digest,
             workspace_digest=evidence,
-            draws_digest=shipped,
             seconds=result.seconds,
             network_isolated=result.network_isolated,
             note=result.note,
@@ -316,105 +304,115 @@ class SandboxActivities:
             sandbox_id=sandbox_id,
         )
 
-    @activity.defn(name="run_world_batch")
-    async def run_world_batch(self, inp: BatchInput) -> BatchOutcome:
-        """Continue one world from one chunk's checkpoints in a fresh sandbox.
+    @activity.defn(name="run_world_group")
+    async def run_world_group(self, inp: BatchInput) -> GroupOutcome:
+        """Continue a group of worlds from one chunk's checkpoints in a fresh sandbox, each
+        world in a process of its own under its share of the reservation.
 
-        A runner that crashes, times out or writes garbage fails this world (returned, not
-        raised: it is deterministic and retrying would only spend budget again); a fault of
-        the infrastructure raises and is retried.
+        A world whose process crashes, runs past its share or writes garbage fails alone;
+        a runner that fails as a whole (a contract broken in what the worlds share, the
+        sandbox's limit) fails every world of the group. Failures are returned, not raised:
+        they are deterministic and retrying would only spend budget again. A fault of the
+        infrastructure raises and is retried.
         """
-        name = inp.world.name
-        attempts = inp.attempt
-
-        def failed(error: str, seconds: float, ran: ExecResult, sandbox_id: str) -> BatchOutcome:
-            return BatchOutcome(
-                world=name,
-                chunk=inp.chunk,
-                status=BatchStatus.failed,
-                error=error,
-                seconds=seconds,
-                attempts=attempts,
-                network_isolated=ran.network_isolated,
-                note=ran.note,
-                confinement=ran.confinement,
-                sandbox_id=sandbox_id,
-            )
-
+        names = [w.name for w in inp.worlds]
         allowance = inp.reservation_seconds
         checkpoints = await self._stored(0.0, self._store.get_bytes, inp.checkpoints_digest)
         files = None
         if inp.job.workspace:
+            if len(inp.worlds) != 1:
+                raise ApplicationError(
+                    "a workload with files runs one world per sandbox",
+                    type="BadGroup",
+                    non_retryable=True,
+                )
             parsed = parse_checkpoints(checkpoints, inp.chunk.first, inp.chunk.size)
             files = self._files(True, _layer_of(parsed), inp.run_key, freeze=False)
             assert files is not None
             files.shipped = inp.workspace_digest
             files.expected = {str(cp["episode"]): cp.get("workspace", "") for cp in parsed}
-        inputs = {CHECKPOINTS_FILE: checkpoints}
-        if inp.draws_digest is not None:
-            inputs[DRAWS_FILE] = await self._stored(0.0, self._draws, inp.run_key, inp.draws_digest)
         request = request_text(
             inp.job.workload,
             inp.job.params,
             inp.job.seed,
-            world=inp.world,
+            worlds=inp.worlds,
+            seconds=inp.world_seconds,
             workspace=WORKSPACE_DIR if files else None,
-            draws=DRAWS_FILE if inp.draws_digest is not None else None,
         )
         labels = {
             EXPERIMENT_LABEL: inp.experiment_id,
             RUN_LABEL: inp.run_key,
-            WORLD_LABEL: name,
+            WORLD_LABEL: GROUP_JOIN.join(names),
             BATCH_LABEL: str(inp.chunk.index),
         }
-        inputs[REQUEST_FILE] = request.encode()
-        result, data, sandbox_id, _ = await self._in_sandbox(
+        inputs = {CHECKPOINTS_FILE: checkpoints, REQUEST_FILE: request.encode()}
+        result, data, sandbox_id = await self._in_sandbox(
             labels, inp.snapshot_id, inputs, "continue", allowance, files
         )
         spent = result.seconds
+
+        def outcome(index: int, seconds: float, **fields: Any) -> BatchOutcome:
+            return BatchOutcome(
+                world=names[index],
+                chunk=inp.chunk,
+                seconds=seconds,
+                attempts=inp.attempt,
+                network_isolated=result.network_isolated,
+                note=result.note,
+                confinement=result.confinement,
+                sandbox_id=sandbox_id,
+                **fields,
+            )
+
+        def failed(error: str) -> dict[str, Any]:
+            return {"status": BatchStatus.failed, "error": error}
+
         why = _failure(result, allowance)
         if data is None or why:
-            return failed(why or "the runner wrote no output file", spent, result, sandbox_id)
+            why = why or "the runner wrote no output file"
+            return _all_failed(names, spent, lambda i, share: outcome(i, share, **failed(why)))
         try:
-            columns = StoredColumns.model_validate(parse_columns(data, inp.chunk.size))
+            outputs = parse_world_outputs(data, inp.chunk.size, len(names))
         except FormatError as exc:
-            return failed(f"the runner printed garbage: {exc}", spent, result, sandbox_id)
-        digest = await self._stored(spent, self._store.put_json, columns.model_dump(mode="json"))
-        evidence = None
-        if files is not None:
-            evidence = await self._stored(spent, self._store.put_bytes, files.evidence().encode())
-        return BatchOutcome(
-            world=name,
-            chunk=inp.chunk,
-            status=BatchStatus.completed,
-            columns_digest=digest,
-            workspace_digest=evidence,
-            seconds=spent,
-            failures=inp.chunk.size - columns.successes,
-            attempts=attempts,
-            network_isolated=result.network_isolated,
-            note=result.note,
-            confinement=result.confinement,
-            sandbox_id=sandbox_id,
-        )
-
-    def _draws(self, run_key: str, digest: str) -> bytes:
-        """The run's draws file from its scratch; a run whose prefixes ran on a worker from
-        before the scratch (they kept it among the blobs) finds it there, so a rolling
-        upgrade does not fail the experiments under way."""
-        try:
-            return self._store.get_scratch(run_key, digest)
-        except ArtifactError as missing:
+            garbage = f"the runner printed garbage: {exc}"
+            return _all_failed(names, spent, lambda i, share: outcome(i, share, **failed(garbage)))
+        outcomes = []
+        for index, (out, share) in enumerate(
+            zip(outputs, _shares([o.seconds for o in outputs], spent), strict=True)
+        ):
+            if out.columns is None:
+                why = _world_failure(out, inp.world_seconds[index])
+                outcomes.append(outcome(index, share, **failed(why)))
+                continue
             try:
-                return self._store.get_bytes(digest)
-            except ArtifactError:
-                raise missing from None
+                columns = StoredColumns.model_validate(out.columns)
+            except ValueError as exc:
+                garbage = f"the runner printed garbage: {exc}"
+                outcomes.append(outcome(index, share, **failed(garbage)))
+                continue
+            put = self._store.put_json
+            digest = await self._stored(spent, put, columns.model_dump(mode="json"))
+            evidence = None
+            if files is not None:
+                put_bytes = self._store.put_bytes
+                evidence = await self._stored(spent, put_bytes, files.evidence().encode())
+            outcomes.append(
+                outcome(
+                    index,
+                    share,
+                    status=BatchStatus.completed,
+                    columns_digest=digest,
+                    workspace_digest=evidence,
+                    failures=inp.chunk.size - columns.successes,
+                )
+            )
+        return GroupOutcome(outcomes=outcomes, seconds=spent)
 
     @activity.defn(name="cleanup_sandboxes")
     async def cleanup_sandboxes(self, inp: CleanupInput) -> CleanupResult:
         """Delete every sandbox labelled with the run; list again until none is left. Then
-        drop the run's scratch artifacts and collect the workspace layers it no longer
-        needs: housekeeping that never holds up the run's end."""
+        collect the workspace layers it no longer needs: housekeeping that never holds up
+        the run's end."""
         labels = {RUN_LABEL: inp.run_key}
         found: set[str] = set()
         rounds = 0
@@ -449,20 +447,12 @@ class SandboxActivities:
                 # Collecting is housekeeping: it must not hold up the run's end (the next
                 # cleanup, or `forklab layers gc`, collects what is left).
                 activity.logger.warning("layer collection failed: %s", exc)
-        scratch: int | None
-        try:
-            scratch, size = await self._stored(0.0, self._store.drop_scratch, inp.run_key)
-        except Exception as exc:  # a store outage past its window: the result says so
-            activity.logger.warning("dropping the run's scratch artifacts failed: %s", exc)
-            scratch, size = None, 0
         return CleanupResult(
             found=len(found),
             removed=removed,
             rounds=rounds,
             left=len(left),
             layers_removed=layers,
-            scratch_dropped=scratch,
-            scratch_bytes=size,
         )
 
     def _files(self, wanted: bool, layer: str | None, run_key: str, freeze: bool) -> _Files | None:
@@ -618,6 +608,31 @@ def _layer_of(checkpoints: list[Checkpoint]) -> str:
     (layer,) = layers
     assert layer is not None
     return layer
+
+
+def _all_failed(
+    names: list[str], spent: float, make: Callable[[int, float], BatchOutcome]
+) -> GroupOutcome:
+    """Every world of the group failed as one: each is charged an equal share."""
+    share = spent / len(names)
+    return GroupOutcome(outcomes=[make(i, share) for i in range(len(names))], seconds=spent)
+
+
+def _shares(reported: list[float], spent: float) -> list[float]:
+    """The sandbox's ``spent`` seconds split over its worlds in proportion to what the box
+    reported each ran (the box is not trusted with the total, only with its split)."""
+    total = sum(reported)
+    if total <= 0:
+        return [spent / len(reported)] * len(reported)
+    return [spent * r / total for r in reported]
+
+
+def _world_failure(out: WorldOutput, allowance: float) -> str:
+    if out.timed_out:
+        return f"the world exceeded its budget reservation of {allowance:.1f} s and was killed"
+    if out.contract:
+        return _tail(out.error or "", 1000)  # the workload broke its contract: its sentence
+    return f"the world's process failed: {_tail(out.error or '')}"
 
 
 def _failure(result: ExecResult, allowance: float) -> str:

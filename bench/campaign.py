@@ -157,9 +157,9 @@ def run_facts(run_id: str, history: WorkflowHistory) -> RunFacts:
                 facts.progress_digest = AnalyseInput.model_validate(
                     _payload_json(a.input)
                 ).progress_digest
-            if a.activity_type.name == "run_world_batch":
+            if a.activity_type.name == "run_world_group":
                 job = BatchInput.model_validate(_payload_json(a.input))
-                batches[e.event_id] = job.chunk.size
+                batches[e.event_id] = job.chunk.size * len(job.worlds)
         elif e.HasField("activity_task_started_event_attributes"):
             a2 = e.activity_task_started_event_attributes
             if a2.scheduled_event_id in batches:
@@ -314,8 +314,7 @@ class Campaign:
     server_cpu_seconds: float  # the Temporal dev server over the durable clock
     machine_cpu_seconds: float  # the machine at nice <= 0 over the durable clock
     twin_machine_cpu_seconds: float  # the same over the twin's run
-    store_kept_bytes: int  # the shared artifact folder after the run, its scratch aside
-    scratch_left: int  # files left in the folder's scratch after the run's cleanup
+    store_kept_bytes: int  # the shared artifact folder after the run
 
     @property
     def sandbox_cpu_seconds(self) -> float:
@@ -374,7 +373,7 @@ class Campaign:
     @property
     def worlds_seconds(self) -> float:
         """From the first world batch scheduled to the last one completed, across the chain."""
-        return self.stages().get("run_world_batch", (0.0, 0.0))[0]
+        return self.stages().get("run_world_group", (0.0, 0.0))[0]
 
 
 def worker_env(base: dict[str, str], home: Path, shared: Path, sandboxes: int) -> dict[str, str]:
@@ -547,10 +546,7 @@ async def run_campaign(
         digest = next((r.progress_digest for r in runs if r.progress_digest), "")
         store = LocalArtifactStore(shared / "artifacts")
         progress_bytes = len(read_progress(store, digest).model_dump_json())  # every record
-        files = [f for f in store.root.rglob("*") if f.is_file()]
-        scratch = store.root / "scratch"
-        kept = sum(f.stat().st_size for f in files if not f.is_relative_to(scratch))
-        scratch_left = sum(f.is_relative_to(scratch) for f in files)
+        kept = sum(f.stat().st_size for f in store.root.rglob("*") if f.is_file())
     finally:
         for w in started:
             w.stop()
@@ -571,7 +567,6 @@ async def run_campaign(
         machine_cpu_seconds=machine,
         twin_machine_cpu_seconds=twin_machine,
         store_kept_bytes=kept,
-        scratch_left=scratch_left,
     )
 
 
@@ -621,14 +616,7 @@ def report(c: Campaign) -> list[str]:
         f"sandboxes: {b.spent_world_seconds:,.0f} world-seconds, "
         f"peak {b.peak_concurrent_sandboxes} at once",
         f"artifact store after the run: {c.store_kept_bytes / 2**20:,.1f} MiB kept "
-        f"(checkpoints, columns, progress, report); the run's scratch (draws files): "
-        + (
-            f"{c.result.cleanup.scratch_dropped} files, "
-            f"{c.result.cleanup.scratch_bytes / 2**20:,.1f} MiB, dropped by its cleanup"
-            if c.result.cleanup and c.result.cleanup.scratch_dropped is not None
-            else "NOT dropped (see the cleanup line)"
-        )
-        + f", {c.scratch_left} left",
+        "(checkpoints, columns, progress, report)",
         "activities (first scheduled to last completed / summed), s: "
         + ", ".join(f"{n} {span:.1f}/{busy:.1f}" for n, (span, busy) in c.stages().items()),
     ]
@@ -639,7 +627,7 @@ def report(c: Campaign) -> list[str]:
         in_box = sum(r.batch_in_box for r in c.runs) / n
         slots = c.spec.budget.max_concurrent_sandboxes
         lines.append(
-            f"per world batch (mean of {n:,}): {queued * 1000:,.0f} ms queued (scheduled to "
+            f"per world group (mean of {n:,}): {queued * 1000:,.0f} ms queued (scheduled to "
             f"started), {on_worker * 1000:,.0f} ms on a worker, of which "
             f"{in_box * 1000:,.0f} ms the runner in its box and "
             f"{(on_worker - in_box) * 1000:,.0f} ms the worker around it (store, sandbox "

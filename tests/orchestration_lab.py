@@ -48,7 +48,7 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 FORKLAB = str(Path(sys.executable).parent / "forklab")
 #: Activity types that create sandboxes: none may appear in a history before approval.
-SANDBOX_ACTIVITIES = {"run_prefixes", "run_world_batch"}
+SANDBOX_ACTIVITIES = {"run_prefixes", "run_world_group"}
 
 
 def temporal_path() -> str:

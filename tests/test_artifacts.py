@@ -91,39 +91,6 @@ def test_concurrent_writers_store_every_blob_intact(store: LocalArtifactStore) -
     assert not [p for p in store.root.rglob(".*") if p.is_file()]
 
 
-def test_scratch_is_kept_apart_per_run_and_dropped_whole(store: LocalArtifactStore) -> None:
-    data = b"draws of one chunk" * 100
-    mine = store.put_scratch("wf/run-1", data)
-    theirs = store.put_scratch("wf/run-2", data)  # the same bytes, another run's own copy
-    assert mine == theirs == hashlib.sha256(data).hexdigest()
-    assert not store.path(mine).is_file()  # never in the kept, content-addressed blobs
-    assert store.get_scratch("wf/run-1", mine) == store.get_scratch("wf/run-2", mine) == data
-    store.put_scratch("wf/run-1", b"a second chunk")
-    assert store.drop_scratch("wf/run-1") == (2, len(data) + len(b"a second chunk"))
-    with pytest.raises(ArtifactError, match=r"scratch artifact .* of run wf/run-1 is missing"):
-        store.get_scratch("wf/run-1", mine)
-    assert store.get_scratch("wf/run-2", mine) == data  # the other run still reads its own
-    assert store.drop_scratch("wf/run-1") == (0, 0)  # dropping again finds nothing
-    assert store.drop_scratch("wf/run-2") == (1, len(data))
-    assert not [p for p in (store.root / "scratch").rglob("*") if p.is_file()]
-
-
-def test_scratch_names_no_path_and_a_damaged_blob_is_refused(store: LocalArtifactStore) -> None:
-    # a run key holds a workflow id anyone may choose: it is hashed, never a path
-    owner = "../../../escape/run"
-    digest = store.put_scratch(owner, b"draws")
-    stored = [p for p in store.root.rglob("*") if p.is_file()]
-    assert len(stored) == 1 and stored[0].is_relative_to(store.root / "scratch")
-    assert not (store.root.parent.parent / "escape").exists()
-    stored[0].write_bytes(b"tampered")
-    with pytest.raises(ArtifactError, match="is corrupt"):
-        store.get_scratch(owner, digest)
-    with pytest.raises(ArtifactError, match="not a sha256 hex digest"):
-        store.get_scratch(owner, "../../etc/passwd")
-    assert store.drop_scratch(owner) == (1, len(b"tampered"))
-    assert not list(store.root.joinpath("scratch").rglob("*"))
-
-
 def test_end_marks_name_runs_by_hash_and_answer_only_for_run_names(
     store: LocalArtifactStore,
 ) -> None:

@@ -84,13 +84,14 @@ async def test_durable_flow_on_daytona_matches_the_local_twin(
     assert fake.faults["create"] == []  # the 429 was answered, and ridden out
     assert result.analysis is not None
     assert result.analysis.outcomes_digest == rehearse(spec).outcomes_digest
-    # every world batch had a labelled, isolated, ephemeral sandbox; the prefixes ran
-    # once, in the rehearsal before approval, and were handed over (no prefix sandbox)
+    # every chunk's world group had a labelled, isolated, ephemeral sandbox (two chunks
+    # fill the two slots: each chunk's worlds in one); the prefixes ran once, in the
+    # rehearsal before approval, and were handed over (no prefix sandbox)
     assert view.plan.rehearsal.prefixes is not None
-    chunks, worlds = 2, len(spec.worlds)
-    assert len(fake.created) == chunks * worlds
+    chunks, group = 2, "+".join(w.name for w in spec.worlds)
+    assert len(fake.created) == chunks
     seen = {(c["labels"]["forklab.world"], c["labels"]["forklab.batch"]) for c in fake.created}
-    assert seen == {(w.name, str(i)) for i in range(chunks) for w in spec.worlds}
+    assert seen == {(group, str(i)) for i in range(chunks)}
     assert all(c["labels"]["forklab.experiment"] == spec.id for c in fake.created)
     assert all(c["networkBlockAll"] and c["autoDeleteInterval"] == 0 for c in fake.created)
     # cleanup reconciled against the account: nothing left
@@ -108,14 +109,10 @@ async def test_durable_flow_on_daytona_matches_the_local_twin(
     children = [s for s in braintrust.spans(experiment["name"]) if s.get("span_parents")]
     assert sorted(c["input"]["world"] for c in children) == sorted(w.name for w in spec.worlds)
 
-    def created(world: str) -> list[str]:
-        ids = {int(c["labels"]["forklab.batch"]): c["id"] for c in fake.created
-               if c["labels"]["forklab.world"] == world}  # fmt: skip
-        return [ids[i] for i in range(chunks)]
-
+    ids = {int(c["labels"]["forklab.batch"]): c["id"] for c in fake.created}
     for child in children:
         meta = child["metadata"]
-        assert meta["sandbox_ids"] == created(child["input"]["world"])
+        assert meta["sandbox_ids"] == [ids[i] for i in range(chunks)]
         assert meta["prefix_sandbox_ids"] == []
         assert meta["prefix_chunks_by_rehearsal"] == chunks
         assert len(meta["inherited_checkpoint_digests"]) == chunks
@@ -169,7 +166,7 @@ async def test_a_worker_on_another_host_runs_the_bundle_the_planner_published(
     assert result.analysis.outcomes_digest == rehearse(spec).outcomes_digest
     assert (host_b.home / "daytona-bundles" / digest).is_dir()  # restored from the store
     assert view.plan.rehearsal.prefixes is not None  # no prefix sandbox: host a kept them
-    assert len(fake.created) == 2 * len(spec.worlds)
+    assert len(fake.created) == 2  # a sandbox per chunk, its worlds in it
     assert {c["snapshot"] for c in fake.created} == {pinned["id"]}
     assert snapshot_id == f"daytona:{pinned['id']}:{digest}"
     assert result.cleanup is not None and result.cleanup.left == 0 and fake.live() == []

@@ -21,7 +21,7 @@ from activities.sandbox.base import SandboxError, read_box_file
 from activities.sandbox.local import LocalSandboxBackend
 from experiments.analysis.slices import MAX_CATEGORIES
 from experiments.runtime.canon import sha256_hex
-from experiments.runtime.file_format import FormatError, parse_checkpoints, parse_columns
+from experiments.runtime.file_format import FormatError, parse_checkpoints, parse_world_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -185,7 +185,7 @@ def test_deeply_nested_box_output_is_a_format_error() -> None:
     and was retried, each charged, instead of failing that world."""
     nested = b"[" * 100_000 + b"]" * 100_000
     with pytest.raises(FormatError, match="not JSON"):
-        parse_columns(nested, 1)
+        parse_world_outputs(nested, 1, 1)
     with pytest.raises(FormatError, match="is not JSON"):
         parse_checkpoints(nested, 0, 1)
 

@@ -31,7 +31,7 @@ from activities.sandbox import (
 from experiments.bundle import BundleFile
 from experiments.engine import spec_world_plans
 from experiments.runtime.canon import canonical_json
-from experiments.runtime.file_format import checkpoint_line, request_text
+from experiments.runtime.file_format import checkpoint_line, parse_world_outputs, request_text
 from experiments.runtime.runner import continue_checkpoints, run_prefix
 from experiments.spec import parse_spec, resolve_workload
 from tests.helpers import ROOT
@@ -414,20 +414,24 @@ def test_runner_in_a_sandbox_matches_the_in_process_runner(
     workload = resolve_workload(spec)
     checkpoints = [run_prefix(workload, spec.seed, episode) for episode in range(120)]
     checkpoint_lines = "".join(checkpoint_line(cp) for cp in checkpoints)
-    for world in spec_world_plans(spec):
-        request = request_text(spec.workload.name, spec.workload.params, spec.seed, world=world)
-        box = backend.create(snapshot.id, {**LABELS, "forklab.world": world.name}, Limits())
-        backend.upload(box, "request.json", request.encode())
-        backend.upload(box, "checkpoints.jsonl", checkpoint_lines.encode())
-        runner = ["python", "-m", "experiments.runtime.runner", "continue"]
-        files = ["--request", "request.json", "--checkpoints", "checkpoints.jsonl"]
-        result = backend.exec(box, [*runner, *files, "--out", "out.json"], 60)
-        assert result.exit_code == 0, result.stderr
-        in_sandbox = json.loads(backend.download(box, "out.json"))
+    worlds = spec_world_plans(spec)
+    params = spec.workload.params
+    request = request_text(
+        spec.workload.name, params, spec.seed, worlds=worlds, seconds=[60] * len(worlds)
+    )
+    box = backend.create(snapshot.id, {**LABELS, "forklab.world": "all"}, Limits())
+    backend.upload(box, "request.json", request.encode())
+    backend.upload(box, "checkpoints.jsonl", checkpoint_lines.encode())
+    runner = ["python", "-m", "experiments.runtime.runner", "continue"]
+    files = ["--request", "request.json", "--checkpoints", "checkpoints.jsonl"]
+    result = backend.exec(box, [*runner, *files, "--out", "out.json"], 60)
+    assert result.exit_code == 0, result.stderr
+    outputs = parse_world_outputs(backend.download(box, "out.json"), 120, len(worlds))
+    backend.delete(box)
+    for world, output in zip(worlds, outputs, strict=True):
         in_process = continue_checkpoints(workload, spec.seed, checkpoints, world)
-        assert canonical_json(in_sandbox) == canonical_json(in_process)
-        assert len(in_sandbox["outcomes"]) == 120
-        backend.delete(box)
+        assert canonical_json(output.columns) == canonical_json(in_process)
+        assert output.seconds > 0 and output.error is None
     assert backend.list({}) == []
 
 

@@ -1,8 +1,7 @@
 """The rehearsal hands its prefixes over: for a workload without files whose prefixes fit
 its box, it runs every episode's prefix for good, and hands over the checkpoints the
-prefix stage's runner would write (the same bytes) and the same block runs (the draws
-file's bytes may differ: marshal's back-references follow the process's history), so
-the run's worlds and outcomes are the same and the prefixes run once, not twice."""
+prefix stage's runner would write (the same bytes), so the run's worlds and outcomes are
+the same and the prefixes run once, not twice."""
 
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ from activities.workload_bundles import WorkloadBundles
 from experiments.bundle import BundleFile
 from experiments.engine import spec_world_plans
 from experiments.runtime import runner
-from experiments.runtime.draws_file import draws_key, read_draws
 from experiments.runtime.file_format import request_text
 from experiments.spec import ExperimentSpec
 from tests.test_boxed_rehearsal import BREAKS_AT, breaks_spec, parts_on_three_cpus
@@ -55,9 +53,7 @@ def _cascade_spec(episodes: int = 600) -> ExperimentSpec:
     )
 
 
-def _runner_prefix(
-    tmp_path: Path, spec: ExperimentSpec, first: int, stop: int
-) -> tuple[bytes, bytes]:
+def _runner_prefix(tmp_path: Path, spec: ExperimentSpec, first: int, stop: int) -> bytes:
     """What the prefix stage's runner writes for episodes ``first`` .. ``stop - 1``."""
     folder = tmp_path / f"runner-{first}"
     folder.mkdir()
@@ -66,22 +62,21 @@ def _runner_prefix(
         dict(spec.workload.params),
         spec.seed,
         episodes=range(first, stop),
-        draws=str(folder / "draws"),
     )
     (folder / "request.json").write_text(request)
     args = ["prefix", "--request", str(folder / "request.json")]
     args += ["--checkpoints", str(folder / "cp"), "--out", str(folder / "out")]
     assert runner.main(args) == 0
-    return (folder / "cp").read_bytes(), (folder / "draws").read_bytes()
+    return (folder / "cp").read_bytes()
 
 
 def _rehearse_handing_over(
     tmp_path: Path, spec: ExperimentSpec, chunks: list[tuple[int, int]], files: list[BundleFile]
-) -> tuple[dict[str, Any], dict[int, tuple[bytes, bytes | None]]]:
-    taken: dict[int, tuple[bytes, bytes | None]] = {}
+) -> tuple[dict[str, Any], dict[int, bytes]]:
+    taken: dict[int, bytes] = {}
 
-    def take(index: int, checkpoints: bytes, draws: bytes | None) -> None:
-        taken[index] = (checkpoints, draws)
+    def take(index: int, checkpoints: bytes) -> None:
+        taken[index] = checkpoints
 
     calls = WorkloadCalls(tmp_path / "calls")
     answer, _, _ = calls.rehearse(
@@ -95,13 +90,9 @@ def test_the_handed_over_prefixes_are_the_prefix_runners_bytes(tmp_path: Path) -
     answer, taken = _rehearse_handing_over(tmp_path, spec, CHUNKS, bundle_files(spec.workload.name))
     assert answer["handed"] is True
     assert sorted(taken) == [0, 1, 2]
-    key = draws_key(spec.workload.name, {}, spec.seed)
     for index, (first, stop) in enumerate(CHUNKS):
-        checkpoints, draws = _runner_prefix(tmp_path, spec, first, stop)
-        assert taken[index][0] == checkpoints, f"chunk {index}'s checkpoints differ"
-        handed = taken[index][1]
-        assert handed is not None
-        assert read_draws(handed, key) == read_draws(draws, key), f"chunk {index}'s runs differ"
+        checkpoints = _runner_prefix(tmp_path, spec, first, stop)
+        assert taken[index] == checkpoints, f"chunk {index}'s checkpoints differ"
     assert not list((tmp_path / "calls").iterdir()), "the call's folder is removed"
 
 
@@ -136,14 +127,9 @@ def test_chunks_written_in_parts_equal_one_loop(
     parts = tmp_path / "parts" / workload_inside.PREFIXES_DIR
     names = sorted(p.name for p in one.iterdir())
     assert names == sorted(p.name for p in parts.iterdir())
-    assert len(names) == 12, names  # checkpoints and draws of each chunk
-    key = draws_key(spec.workload.name, {}, spec.seed)
+    assert len(names) == 6, names  # the checkpoints of each chunk
     for name in names:
-        a, b = (one / name).read_bytes(), (parts / name).read_bytes()
-        if name.endswith(".draws"):
-            assert read_draws(a, key) == read_draws(b, key), name
-        else:
-            assert a == b, name
+        assert (one / name).read_bytes() == (parts / name).read_bytes(), name
 
 
 def test_a_broken_prefix_is_answered_and_nothing_is_handed_over(tmp_path: Path) -> None:
@@ -156,13 +142,12 @@ def test_a_broken_prefix_is_answered_and_nothing_is_handed_over(tmp_path: Path) 
     assert "(episode 3100, prefix" in str(caught.value), str(caught.value)
 
 
-def test_a_workload_without_block_runs_hands_over_checkpoints_alone(tmp_path: Path) -> None:
+def test_a_bundled_workload_hands_over_its_checkpoints(tmp_path: Path) -> None:
     spec, files = breaks_spec(tmp_path, {}, 3_000)
     chunks = [(0, 1_000), (1_000, 2_000), (2_000, 3_000)]
     answer, taken = _rehearse_handing_over(tmp_path, spec, chunks, files)
     assert answer["handed"] is True
-    assert [draws for _, draws in taken.values()] == [None, None, None]
-    assert [len(cp.splitlines()) for cp, _ in taken.values()] == [1_000, 1_000, 1_000]
+    assert [len(cp.splitlines()) for cp in taken.values()] == [1_000, 1_000, 1_000]
 
 
 def test_prefixes_that_do_not_fit_the_box_are_only_checked(
@@ -180,7 +165,7 @@ def test_prefixes_that_do_not_fit_the_box_are_only_checked(
     assert not (tmp_path / workload_inside.PREFIXES_DIR).exists()
     monkeypatch.setattr(workload_inside, "HANDOVER_CPU_SHARE", 1.0)
     assert workload_inside.rehearse(request)["handed"] is True
-    assert len(list((tmp_path / workload_inside.PREFIXES_DIR).iterdir())) == 4
+    assert len(list((tmp_path / workload_inside.PREFIXES_DIR).iterdir())) == 2
 
 
 #: A workload that, in the last episode it runs, swaps chunk 0's checkpoints for a link
@@ -225,9 +210,9 @@ def _planning(tmp_path: Path, store: LocalArtifactStore) -> PlanningActivities:
 async def test_the_rehearse_activity_stores_them_and_the_prefix_stage_takes_them(
     tmp_path: Path,
 ) -> None:
-    """Through the worker's activities: the rehearsal stores each chunk's checkpoints
-    (kept) and draws file (the run's scratch) and an index; ``rehearsed_prefix`` gives
-    each chunk's refs back, refuses a chunk the index lacks and a damaged index."""
+    """Through the worker's activities: the rehearsal stores each chunk's checkpoints and
+    an index; ``rehearsed_prefix`` gives each chunk's refs back, refuses a chunk the index
+    lacks and a damaged index."""
     store = LocalArtifactStore(tmp_path / "artifacts")
     planning = _planning(tmp_path, store)
     spec = _cascade_spec()
@@ -245,18 +230,13 @@ async def test_the_rehearse_activity_stores_them_and_the_prefix_stage_takes_them
             planning.rehearsed_prefix, RehearsedPrefixInput(index=handed.index, chunk=chunk)
         )
         assert prefix.rehearsed and prefix.seconds == 0 and prefix.sandbox_id is None
-        checkpoints, draws = _runner_prefix(tmp_path, spec, first, stop)
+        checkpoints = _runner_prefix(tmp_path, spec, first, stop)
         assert store.get_bytes(prefix.checkpoints_digest) == checkpoints
-        assert prefix.draws_digest is not None
-        key = draws_key(spec.workload.name, {}, spec.seed)
-        shipped = store.get_scratch(run_key, prefix.draws_digest)
-        assert read_draws(shipped, key) == read_draws(draws, key)
     beyond = EpisodeChunk(index=3, first=600, stop=700)
     with pytest.raises(ApplicationError, match="have no chunk 3"):
         await env.run(
             planning.rehearsed_prefix, RehearsedPrefixInput(index=handed.index, chunk=beyond)
         )
-    assert store.drop_scratch(run_key)[0] == 3, "the run's cleanup drops the draws files"
     # a damaged index (read by a worker that has not cached it) fails the prefix stage
     blob = tmp_path / "artifacts" / handed.index[:2] / handed.index[2:]
     blob.chmod(0o644)

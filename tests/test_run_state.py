@@ -28,7 +28,7 @@ from workflows.run_state import RunState, Unit
 from workflows.tally import ChunkSet, ProgressTally
 
 
-def state(episodes: int = 24, chunk: int = 12) -> RunState:
+def state(episodes: int = 24, chunk: int = 12, workspace: bool = False) -> RunState:
     spec = make_spec(episodes=episodes)
     plan = Plan(
         rehearsal=Rehearsal(
@@ -37,6 +37,7 @@ def state(episodes: int = 24, chunk: int = 12) -> RunState:
             prefix_seconds_per_episode=0.01,
             world_seconds_per_episode={w.name: 0.02 for w in spec.worlds},
             worlds=[],
+            workspace=workspace,
         ),
         snapshot=PlanSnapshot(
             snapshot_id="s1", backend="local", code_digest="c" * 64, files=3, fingerprint="f" * 64
@@ -79,20 +80,52 @@ def test_units_are_chunk_major_and_skip_what_is_done() -> None:
     assert [u.key for u in s.prefix_units()] == ["prefix#0", "prefix#1"]
     s.record_prefix(prefix(chunks(s)[0]))
     assert [u.key for u in s.prefix_units()] == ["prefix#1"]
-    assert [u.key for u in s.world_units()][:3] == ["baseline#0", "boost#0", "placebo#0"]
+    # two chunks fill the two slots: each chunk's worlds share one sandbox
+    assert [u.key for u in s.world_units()] == [
+        "baseline+boost+placebo#0",
+        "baseline+boost+placebo#1",
+    ]
     assert s.need(Unit(chunks(s)[0])) == s.ledger.need("prefix", 0.01, 12)
+    group = Unit(chunks(s)[0], ("baseline", "boost", "placebo"))
+    assert s.shares(group) == [s.ledger.paced_need(0.02, 12, None)] * 3
+    assert s.need(group) == sum(s.shares(group))
+
+
+def test_worlds_are_grouped_to_keep_every_slot_busy() -> None:
+    """Fewer chunks than slots: a chunk's worlds are split over the slots (one chunk, two
+    slots: two groups); a workload with files runs a world per sandbox."""
+    one_chunk = state(episodes=12)
+    assert one_chunk.group_size() == 2
+    assert [u.worlds for u in one_chunk.world_units()] == [("baseline", "boost"), ("placebo",)]
+    files = state(workspace=True)
+    assert files.group_size() == 1
+    assert [u.key for u in files.world_units()][:3] == ["baseline#0", "boost#0", "placebo#0"]
+    # a world that recorded the chunk is left out of its group
+    one_chunk.record_batch(
+        BatchOutcome(world="boost", chunk=chunks(one_chunk)[0], status=BatchStatus.completed)
+    )
+    assert [u.worlds for u in one_chunk.world_units()] == [("baseline", "placebo")]
 
 
 def test_a_world_batch_is_blocked_once_its_world_or_prefix_is_lost() -> None:
     s = state()
     first, second = chunks(s)
-    assert s.blocked(Unit(first, "boost")) == "its episodes' prefixes did not run"
+    assert s.blocked(Unit(first, ("boost",))) == "its episodes' prefixes did not run"
     s.record_prefix(prefix(first))
     s.record_prefix(prefix(second))
-    assert s.blocked(Unit(first, "boost")) is None
+    assert s.blocked(Unit(first, ("boost",))) is None
     s.record_batch(BatchOutcome(world="boost", chunk=first, status=BatchStatus.failed, error="x"))
-    assert s.blocked(Unit(second, "boost")) == "the world is already failed"
-    assert s.blocked(Unit(second, "placebo")) is None
+    assert s.blocked(Unit(second, ("boost",))) == "the world is already failed"
+    assert s.blocked(Unit(second, ("placebo",))) is None
+    # a group runs without its stopped world, whose batch is recorded as skipped
+    group = Unit(second, ("boost", "placebo"))
+    assert s.blocked(group) is None
+    assert s.without_stopped(group) == Unit(second, ("placebo",))
+    assert s.tally.worlds["boost"].skipped == 1
+    s.record_batch(BatchOutcome(world="placebo", chunk=first, status=BatchStatus.skipped))
+    assert s.blocked(Unit(second, ("boost", "placebo"))) == (
+        "every world of the group is already failed or skipped"
+    )
 
 
 def test_a_skipped_prefix_skips_every_world_of_its_chunk() -> None:
@@ -168,7 +201,7 @@ def test_a_world_whose_rehearsal_caught_a_stall_is_priced_by_paces_seen() -> Non
     s.plan.rehearsal.world_seconds_per_episode = rates
     s.ledger.use.max_world_seconds = 300.0
     first, second = chunks(s)[:2]
-    planned = s.need(Unit(first, "baseline"))  # nothing seen yet: as rehearsed
+    planned = s.need(Unit(first, ("baseline",)))  # nothing seen yet: as rehearsed
     assert planned == pytest.approx(3.0 * 0.0125 * 6 + START_ALLOWANCE)
 
     def done(world: str, chunk: EpisodeChunk, seconds: float) -> BatchOutcome:
@@ -176,13 +209,13 @@ def test_a_world_whose_rehearsal_caught_a_stall_is_priced_by_paces_seen() -> Non
 
     s.record_batch(done("boost", first, 0.7))
     # a world not seen yet: at least the slowest pace any world's batch ran at (0.7 s / 6)
-    assert s.need(Unit(first, "placebo")) == pytest.approx(3.0 * 0.7)
-    assert s.need(Unit(second, "baseline")) == pytest.approx(planned)  # was 2187 (> 300)
+    assert s.need(Unit(first, ("placebo",))) == pytest.approx(3.0 * 0.7)
+    assert s.need(Unit(second, ("baseline",))) == pytest.approx(planned)  # was 2187 (> 300)
     s.record_batch(done("baseline", first, 9.0))  # its own sandbox: 9 s
-    assert s.need(Unit(second, "baseline")) == pytest.approx(3.0 * 9.0)
-    assert s.need(Unit(second, "boost")) == pytest.approx(3.0 * 0.7)  # its own pace only
+    assert s.need(Unit(second, ("baseline",))) == pytest.approx(3.0 * 9.0)
+    assert s.need(Unit(second, ("boost",))) == pytest.approx(3.0 * 0.7)  # its own pace only
     s.record_batch(done("boost", second, 0.1))  # paces never shrink
-    assert s.need(Unit(second, "boost")) == pytest.approx(3.0 * 0.7)
+    assert s.need(Unit(second, ("boost",))) == pytest.approx(3.0 * 0.7)
     chained = state(episodes=24, chunk=6)  # the next run of a chain: paces from progress
     assert chained.plan is not None
     chained.plan.rehearsal.world_seconds_per_episode = rates

@@ -100,24 +100,6 @@ def test_s3_store_keeps_the_local_contract(s3_settings: Settings, tmp_path: Path
         store.get_bytes("../../etc/passwd")
 
 
-def test_s3_scratch_is_kept_apart_per_run_and_dropped_whole(s3_settings: Settings) -> None:
-    store = artifact_store(s3_settings)
-    assert isinstance(store, S3ArtifactStore)
-    data = b"draws of one chunk" * 100
-    digests = [store.put_scratch("wf/run-1", data + bytes([i])) for i in range(3)]
-    theirs = store.put_scratch("wf/run-2", data + bytes([0]))
-    assert theirs == digests[0] and store.get_scratch("wf/run-1", theirs) == data + bytes([0])
-    assert store.scratch_key("x", digests[0]).startswith("runs/a/scratch/x/")
-    with pytest.raises(ArtifactError, match="missing"):
-        store.get_bytes(digests[0])  # never among the kept blobs
-    assert store.drop_scratch("wf/run-1") == (3, 3 * (len(data) + 1))
-    with pytest.raises(ArtifactError, match=r"scratch artifact .* of run wf/run-1 is missing"):
-        store.get_scratch("wf/run-1", digests[1])
-    assert store.get_scratch("wf/run-2", theirs) == data + bytes([0])
-    assert store.drop_scratch("wf/run-1") == (0, 0)
-    assert store.drop_scratch("wf/run-2") == (1, len(data) + 1)
-
-
 def test_s3_end_marks_are_empty_objects_named_by_the_run_hash(s3_settings: Settings) -> None:
     store = artifact_store(s3_settings)
     assert isinstance(store, S3ArtifactStore)

@@ -27,16 +27,17 @@ async def test_too_many_concurrent_sandboxes_are_refused(lab: Lab) -> None:
 
 
 async def test_tight_budget_skips_work_instead_of_overspending(lab: Lab) -> None:
-    # Sandboxes run 8x slower than the rehearsal: after the first world the revised
-    # estimate for the second cannot fit in what is left, so it is skipped, not started.
+    # Sandboxes run 8x slower than the rehearsal: after the first chunk's group (both
+    # worlds, one sandbox) the revised estimate for the second cannot fit in what is
+    # left, so it is skipped, not started.
     spec = make_spec(
-        episodes=10,
+        episodes=20,
         params={"twin_sleep": 0.03, "sandbox_sleep": 0.24},
         worlds=[
             {"name": "baseline", "role": "baseline"},
             {"name": "boost", "role": "treatment", "intervention": {"name": "boost"}},
         ],
-        budget={"max_world_seconds": 11.0, "max_concurrent_sandboxes": 1, "safety_factor": 6},
+        budget={"max_world_seconds": 16.0, "max_concurrent_sandboxes": 1, "safety_factor": 6},
     )
     handle, key = await lab.start(spec, batch_episodes=10)
     view = await lab.approve(handle, key)
@@ -45,10 +46,13 @@ async def test_tight_budget_skips_work_instead_of_overspending(lab: Lab) -> None
     assert result.status is Status.completed, result.error
     budget = result.budget
     assert budget.spent_world_seconds <= spec.budget.max_world_seconds
-    assert budget.skipped_batches == 1 and budget.reserved_world_seconds == 0
-    [skipped] = result.skipped
-    assert skipped.startswith("boost episodes 0..9: budget: needs up to")
+    assert budget.skipped_batches == 2 and budget.reserved_world_seconds == 0
+    assert [line.split(": budget: needs up to")[0] for line in result.skipped] == [
+        "baseline episodes 10..19",
+        "boost episodes 10..19",
+    ]
     worlds = {w.name: w for w in result.worlds}
-    assert worlds["baseline"].status == "completed" and worlds["boost"].status == "skipped"
+    assert all(w.status == "skipped" for w in worlds.values())
+    assert all("1 of 2 batches skipped (budget" in (w.error or "") for w in worlds.values())
     assert result.analysis is not None and not result.analysis.valid
     assert lab.sandboxes(spec.id) == []

@@ -129,7 +129,8 @@ async def test_a_run_saves_its_records_mid_run_and_loses_none(
     finds every batch and the outcomes are the twin's."""
     monkeypatch.setattr(run_state, "SAVE_EVERY", 4)  # read by each run as it starts
     spec = make_spec(episodes=24)
-    handle, key = await lab.start(spec, batch_episodes=2)  # 12 chunks: 48 units
+    # 12 chunks: 12 prefixes and 12 world groups of three worlds, 48 records
+    handle, key = await lab.start(spec, batch_episodes=2)
     await lab.approve(handle, key)
     result = await handle.result()
     assert result.status is Status.completed, result.error
@@ -137,7 +138,7 @@ async def test_a_run_saves_its_records_mid_run_and_loses_none(
     assert result.analysis.outcomes_digest == rehearse(spec).outcomes_digest
     assert [w.episodes for w in result.worlds] == [24, 24, 24]
     saves = (await lab.activity_types(handle)).count("save_progress")
-    assert saves >= 48 // 4, saves
+    assert saves >= 48 // 6, saves  # each takes 4 to 6 records (a group adds three at once)
 
 
 async def test_continue_as_new_gives_the_identical_report(

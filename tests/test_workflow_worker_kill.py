@@ -23,7 +23,8 @@ from workflows.messages import ExperimentResult, Stage, Status, workflow_id
 async def _kill_once_a_box_runs(
     lab: Lab, experiment: str, world: str, processes: WorkerProcesses, worker: Popen[bytes]
 ) -> None:
-    """SIGKILL ``worker`` while a sandbox of ``world`` (``prefix``: a prefix chunk) runs."""
+    """SIGKILL ``worker`` while a sandbox of ``world`` (``prefix``: a prefix chunk; else a
+    group's worlds joined by +) runs."""
     labels = {"forklab.experiment": experiment, "forklab.world": world}
     for _ in range(600):
         if lab.backend.list(labels):
@@ -70,13 +71,15 @@ async def test_sigkilled_worker_is_replaced_and_nothing_counts_twice(
     assert approved.returncode == 0, approved.stderr
     assert approved.stdout.startswith(f"approved: experiment {spec.id}")
 
-    await _kill_once_a_box_runs(lab, spec.id, "baseline", worker_processes, first)  # mid-world
+    # mid-world: two chunks fill the two slots, so each chunk's worlds share one sandbox
+    group = "baseline+boost+placebo"
+    await _kill_once_a_box_runs(lab, spec.id, group, worker_processes, first)
     worker_processes.start(env, log)
 
     result = await asyncio.wait_for(handle.result(), timeout=120)
     assert result.status is Status.completed, result.error
-    # 2 chunks × 3 worlds, plus the killed batch's new attempt (the workflow starts each)
-    assert (await lab.activity_types(handle)).count("run_world_batch") >= 7
+    # 2 chunks, plus the killed group's new attempt (the workflow starts each)
+    assert (await lab.activity_types(handle)).count("run_world_group") >= 3
 
     status = await asyncio.to_thread(forklab, env, "status", spec.id)
     assert status.returncode == 0 and "completed" in status.stdout

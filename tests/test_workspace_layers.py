@@ -640,13 +640,14 @@ async def test_a_world_on_another_host_rebuilds_the_chunks_layer(tmp_path: Path)
     world = spec_world_plans(spec)[3]  # skip: it edits the tests
     batch = BatchInput(
         **common,
-        world=world,
+        worlds=[world],
+        world_seconds=[120],
         chunk=chunk,
         checkpoints_digest=prefix.checkpoints_digest,
         workspace_digest=prefix.workspace_digest,
-        reservation_seconds=120,
     )
-    on_a, on_b = [await ActivityEnvironment().run(a.run_world_batch, batch) for a in acts]
+    groups = [await ActivityEnvironment().run(a.run_world_group, batch) for a in acts]
+    [on_a], [on_b] = (g.outcomes for g in groups)
     assert on_a.status is on_b.status is BatchStatus.completed, (on_a.error, on_b.error)
     assert store.get_json(on_a.columns_digest or "") == store.get_json(on_b.columns_digest or "")
     layer_a = WorkspaceEvidence.model_validate_json(store.get_bytes(prefix.workspace_digest or ""))
@@ -673,6 +674,6 @@ async def test_a_world_on_another_host_rebuilds_the_chunks_layer(tmp_path: Path)
     )
     with pytest.raises(ApplicationError, match="not what its checkpoints pin"):
         await ActivityEnvironment().run(
-            acts[1].run_world_batch, batch.model_copy(update={"workspace_digest": bad})
+            acts[1].run_world_group, batch.model_copy(update={"workspace_digest": bad})
         )
     assert hosts[1].list({}) == []

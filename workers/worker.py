@@ -126,7 +126,7 @@ def build_activities(
         approval.issue_approval_key,
         approval.approval_policy,
         sandboxes.run_prefixes,
-        sandboxes.run_world_batch,
+        sandboxes.run_world_group,
         sandboxes.cleanup_sandboxes,
         records.save_progress,
         records.load_prefix_refs,

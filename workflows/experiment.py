@@ -369,6 +369,8 @@ class ExperimentWorkflow:
                 if blocked is None and state.needs_refs(unit):
                     await self._load_refs(unit)
                     continue  # the load took history: ask again
+                if blocked is None and unit.worlds:
+                    unit = state.without_stopped(unit)
                 need = state.need(unit)
                 if blocked is None:
                     blocked = ledger.refusal(need)
@@ -408,7 +410,7 @@ class ExperimentWorkflow:
             + history.refs_window(
                 workflow.info().get_current_history_length(),
                 self._inp.history_events,
-                len(self._spec.worlds),
+                -(-len(self._spec.worlds) // state.group_size()),  # units a chunk
             ),
             state.plan.capacity.prefix_chunks,
         )
@@ -465,19 +467,20 @@ class ExperimentWorkflow:
                     )
                     if why is None:
                         continue
-                    if unit.world is None:
+                    if not unit.worlds:
                         raise  # the chunk's episodes have no checkpoints: the run fails
-                    state.record_batch(
-                        BatchOutcome(
-                            world=unit.world,
+                    share = failed.burnt / len(unit.worlds)
+                    for index, world in enumerate(unit.worlds):
+                        outcome = BatchOutcome(
+                            world=world,
                             chunk=unit.chunk,
                             status=BatchStatus.failed,
                             error=f"attempt {attempt} of {timeouts.UNIT_ATTEMPTS}: {why}",
-                            seconds=failed.burnt,
+                            seconds=share,
                             attempts=attempt,
                             sandbox_id=failed.sandbox_id,
                         )
-                    )
+                        state.record_batch(outcome, sandbox=index == 0)
                     return
         finally:
             ledger.settle(unit.key, spent)
@@ -501,7 +504,7 @@ class ExperimentWorkflow:
             "summary": f"{unit.label} · attempt {attempt}",
         }
         rehearsed = state.plan.rehearsal.prefixes
-        if unit.world is None and rehearsed is not None:
+        if not unit.worlds and rehearsed is not None:
             prefix = await workflow.execute_activity_method(
                 PlanningActivities.rehearsed_prefix,
                 RehearsedPrefixInput(index=rehearsed.index, chunk=unit.chunk),
@@ -511,7 +514,7 @@ class ExperimentWorkflow:
             )
             state.record_prefix(prefix)
             return 0.0
-        if unit.world is None:
+        if not unit.worlds:
             prefix = await workflow.execute_activity_method(
                 SandboxActivities.run_prefixes,
                 PrefixInput(
@@ -526,26 +529,27 @@ class ExperimentWorkflow:
             )
             state.record_prefix(prefix)
             return float(prefix.seconds)
-        world = next(p for p in spec_world_plans(self._spec) if p.name == unit.world)
-        outcome = await workflow.execute_activity_method(
-            SandboxActivities.run_world_batch,
+        plans = {p.name: p for p in spec_world_plans(self._spec)}
+        shares = state.shares(unit)
+        group = await workflow.execute_activity_method(
+            SandboxActivities.run_world_group,
             BatchInput(
                 experiment_id=self._spec.id,
                 run_key=self._run_key,
                 job=job,
-                world=world,
+                worlds=[plans[w] for w in unit.worlds],
+                # the reservation as it was opened, split as the worlds need it now
+                world_seconds=[need * s / sum(shares) for s in shares],
                 snapshot_id=snapshot,
                 chunk=unit.chunk,
                 checkpoints_digest=state.refs[unit.chunk.index].checkpoints_digest,
                 workspace_digest=state.refs[unit.chunk.index].workspace_digest,
-                draws_digest=state.refs[unit.chunk.index].draws_digest,
-                reservation_seconds=need,
                 attempt=attempt,
             ),
             **options,
         )
-        state.record_batch(outcome)
-        return float(outcome.seconds)
+        state.record_group(group)
+        return float(group.seconds)
 
     @property
     def _run_key(self) -> str:

@@ -10,6 +10,7 @@ a server.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,6 +20,7 @@ from activities.models import (
     BatchStatus,
     CleanupResult,
     EpisodeChunk,
+    GroupOutcome,
     PrefixRef,
     PrefixResult,
     SaveProgressInput,
@@ -38,19 +40,24 @@ SAVE_EVERY = 1000
 
 @dataclass(frozen=True)
 class Unit:
-    """One sandbox's work: the prefixes of a chunk (``world`` None) or a world over it."""
+    """One sandbox's work: the prefixes of a chunk (no ``worlds``) or a group of worlds
+    over it, each world in a process of its own (``experiments.runtime.world_group``)."""
 
     chunk: EpisodeChunk
-    world: str | None = None
+    worlds: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.worlds, tuple):  # a str would be taken as its letters
+            raise TypeError("a unit's worlds are a tuple of world names")
 
     @property
     def key(self) -> str:
         """The unit's name in the budget ledger (one reservation per unit)."""
-        return f"{self.world or PREFIX}#{self.chunk.index}"
+        return f"{'+'.join(self.worlds) or PREFIX}#{self.chunk.index}"
 
     @property
     def label(self) -> str:
-        what = self.world or "prefixes"
+        what = ", ".join(self.worlds) or "prefixes"
         return f"{what} · episodes {self.chunk.first}..{self.chunk.stop - 1}"
 
 
@@ -108,57 +115,98 @@ class RunState:
         )
 
     def world_units(self) -> Iterator[Unit]:
-        """Chunk-major: every world advances over the same episodes. Made one at a time,
-        from the first chunk some world has not recorded."""
+        """Chunk-major: every world advances over the same episodes. For each chunk, the
+        worlds that have not recorded it, in groups of ``group_size`` (spec order). Made
+        one at a time, from the first chunk some world has not recorded."""
         assert self.plan is not None
         names = [w.name for w in self.spec.worlds]
         worlds = [self.tally.world(n).recorded for n in names]
         start = min(w.first_missing() for w in worlds)
-        return (
-            Unit(c, name)
-            for c in self.plan.capacity.chunks(start)
-            for name, recorded in zip(names, worlds, strict=True)
-            if c.index not in recorded
-        )
+        size = self.group_size()
+        for c in self.plan.capacity.chunks(start):
+            left = tuple(
+                n for n, recorded in zip(names, worlds, strict=True) if c.index not in recorded
+            )
+            for i in range(0, len(left), size):
+                yield Unit(c, left[i : i + size])
+
+    def group_size(self) -> int:
+        """How many worlds of a chunk share one sandbox. As many as keep every slot busy:
+        all of them when the chunks alone fill the ``max_concurrent_sandboxes``, fewer
+        when an experiment has fewer chunks than slots. One, for a workload with files
+        (a sandbox's workspace is one world's copy-on-write view)."""
+        assert self.plan is not None
+        worlds = len(self.spec.worlds)
+        if self.plan.rehearsal.workspace:
+            return 1
+        slots = self.spec.budget.max_concurrent_sandboxes
+        groups = min(worlds, max(1, math.ceil(slots / max(self.plan.capacity.prefix_chunks, 1))))
+        return math.ceil(worlds / groups)
 
     def need(self, unit: Unit) -> float:
         """The reservation ``unit`` needs, from its rehearsed rate and the slowdown seen."""
         assert self.plan is not None
         rehearsal = self.plan.rehearsal
-        if unit.world is None:
+        if not unit.worlds:
             if rehearsal.prefixes is not None:
                 return 0.0  # run by the rehearsal: taking them over spends no compute
             return self.ledger.need(PREFIX, rehearsal.prefix_seconds_per_episode, unit.chunk.size)
-        # Once a batch of this world completed, its own pace; until then the slowest any
-        # world's batch ran at. Not another world's slowdown times this world's rehearsed
-        # rate: rates are microsecond samples, and one caught in a stall of the machine
-        # multiplied that world's reservation by the stall (under load a world was skipped
-        # as over budget while its batches cost what the others' did).
+        return sum(self.shares(unit))
+
+    def shares(self, unit: Unit) -> list[float]:
+        """Each world's share of a group's reservation, in its order (each its own limit
+        in the sandbox).
+
+        Once a batch of the world completed, its own pace; until then the slowest any
+        world's batch ran at. Not another world's slowdown times this world's rehearsed
+        rate: rates are microsecond samples, and one caught in a stall of the machine
+        multiplied that world's reservation by the stall (under load a world was skipped
+        as over budget while its batches cost what the others' did)."""
+        assert self.plan is not None
         paces = self.paces
-        pace = paces.get(unit.world, max(paces.values(), default=None))
-        rate = rehearsal.world_seconds_per_episode[unit.world]
-        return self.ledger.paced_need(rate, unit.chunk.size, pace)
+        slowest = max(paces.values(), default=None)
+        rates = self.plan.rehearsal.world_seconds_per_episode
+        return [
+            self.ledger.paced_need(rates[world], unit.chunk.size, paces.get(world, slowest))
+            for world in unit.worlds
+        ]
 
     def blocked(self, unit: Unit) -> str | None:
-        """Why ``unit`` cannot be useful any more (its chunk or world is already lost)."""
-        if unit.world is None:
+        """Why ``unit`` cannot be useful any more (its chunk, or every world of it, is
+        already lost); a group some of whose worlds stopped runs without them
+        (``without_stopped``)."""
+        if not unit.worlds:
             return None
         if unit.chunk.index not in self.tally.prefixes:
             return "its episodes' prefixes did not run"
-        stopped = self.tally.world(unit.world).stopped
-        if stopped is not None:
-            return f"the world is already {stopped.value}"
-        return None
+        stopped = [self.tally.world(w).stopped for w in unit.worlds]
+        if None in stopped:
+            return None
+        if len(stopped) == 1:
+            return f"the world is already {stopped[0]}"
+        return "every world of the group is already failed or skipped"
+
+    def without_stopped(self, unit: Unit) -> Unit:
+        """``unit`` without the worlds that already stopped, each of whose batches of the
+        chunk is recorded as skipped (not worth running)."""
+        live = []
+        for world in unit.worlds:
+            stopped = self.tally.world(world).stopped
+            if stopped is None:
+                live.append(world)
+            else:
+                self.skip(Unit(unit.chunk, (world,)), f"the world is already {stopped.value}")
+        return Unit(unit.chunk, tuple(live)) if len(live) < len(unit.worlds) else unit
 
     def needs_refs(self, unit: Unit) -> bool:
         """Whether ``unit`` is a world batch whose chunk's checkpoints this run has not
         loaded (its prefix ran in an earlier run)."""
-        return unit.world is not None and unit.chunk.index not in self.refs
+        return bool(unit.worlds) and unit.chunk.index not in self.refs
 
     def skip(self, unit: Unit, reason: str) -> None:
-        """Record ``unit`` as skipped: its world's batch, or every world's for a prefix
+        """Record ``unit`` as skipped: its worlds' batches, or every world's for a prefix
         (worlds that already recorded the chunk are left as they are)."""
-        worlds = [unit.world] if unit.world else [w.name for w in self.spec.worlds]
+        worlds = list(unit.worlds) or [w.name for w in self.spec.worlds]
         skipped = 0
         for world in worlds:
             skipped += self.record_batch(
@@ -177,13 +225,18 @@ class RunState:
             rate = self.plan.rehearsal.prefix_seconds_per_episode
             self.ledger.observe(PREFIX, prefix.seconds, rate, prefix.chunk.size)
 
-    def record_batch(self, outcome: BatchOutcome) -> bool:
+    def record_batch(self, outcome: BatchOutcome, sandbox: bool = True) -> bool:
         """Record ``outcome``; False (nothing recorded) if its world already recorded its
-        chunk."""
-        if not self.tally.add_batch(outcome):
+        chunk. ``sandbox``: count its sandbox (a group's is counted with its first world)."""
+        if not self.tally.add_batch(outcome, sandbox):
             return False
         self.new_batches.append(outcome)
         return True
+
+    def record_group(self, group: GroupOutcome) -> None:
+        """Record each world's outcome of a group's sandbox."""
+        for index, outcome in enumerate(group.outcomes):
+            self.record_batch(outcome, sandbox=index == 0)
 
     # --- the stored progress ----------------------------------------------------------
     @property

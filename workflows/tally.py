@@ -102,9 +102,9 @@ class ProgressTally(Model):
         if not prefix.rehearsed:  # (one taken over from the rehearsal had no sandbox)
             self._ran(prefix.network_isolated, prefix.note, prefix.confinement)
 
-    def add_batch(self, outcome: BatchOutcome) -> bool:
-        """Count ``outcome``; False (nothing counted) if its world already recorded its
-        chunk."""
+    def add_batch(self, outcome: BatchOutcome, sandbox: bool = True) -> bool:
+        """Count ``outcome`` (and its sandbox, with ``sandbox``: the worlds of a group
+        share one); False (nothing counted) if its world already recorded its chunk."""
         w = self.world(outcome.world)
         if outcome.chunk.index in w.recorded:
             return False
@@ -123,6 +123,6 @@ class ProgressTally(Model):
                 self.skipped_lines.append(
                     f"{outcome.world} episodes {c.first}..{c.stop - 1}: {outcome.error}"
                 )
-        else:
+        elif sandbox:
             self._ran(outcome.network_isolated, outcome.note, outcome.confinement)
         return True

@@ -159,15 +159,7 @@ class WorkloadCalls:
                     raise WorkloadCallError(
                         f"the rehearsal wrote no checkpoints for chunk {index} ({exc})"
                     ) from None
-                try:
-                    draws: bytes | None = read_box_file(folder / f"{index}.draws")
-                except FileNotFoundError:
-                    draws = None  # the workload names no world block runs
-                except OSError as exc:
-                    raise WorkloadCallError(
-                        f"the rehearsal's draws file of chunk {index} cannot be read ({exc})"
-                    ) from None
-                handover.take(index, checkpoints, draws)
+                handover.take(index, checkpoints)
 
         answer, result = self._call("rehearse", files, request, digest, started, collect)
         return answer, digest, result
@@ -273,13 +265,11 @@ class WorkloadCalls:
 
 class Handover:
     """What the rehearsal hands over when its box runs every prefix for good: the run's
-    chunks (first, stop) and where each chunk's files go (``take(index, checkpoints,
-    draws or None)``, raising to refuse them)."""
+    chunks (first, stop) and where each chunk's checkpoints go (``take(index,
+    checkpoints)``, raising to refuse them)."""
 
     def __init__(
-        self,
-        chunks: Sequence[tuple[int, int]],
-        take: Callable[[int, bytes, bytes | None], None],
+        self, chunks: Sequence[tuple[int, int]], take: Callable[[int, bytes], None]
     ) -> None:
         self.chunks = list(chunks)
         self.take = take

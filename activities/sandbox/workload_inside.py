@@ -36,11 +36,9 @@ from typing import Any, TypeVar
 
 from experiments.runtime.canon import canonical_json
 from experiments.runtime.contract import ContractViolation, feature_kinds, from_exception
-from experiments.runtime.draws_file import DrawsWriter, draws_key
 from experiments.runtime.file_format import WorldPlan
 from experiments.runtime.runner import (
     continue_checkpoints,
-    prefix_with_runs,
     run_batch,
     run_prefix,
     workload_class,
@@ -92,18 +90,10 @@ def _rehearse(workload: Workload, request: dict[str, Any], root: Path | None) ->
     def folder(episode: int) -> Path | None:
         return None if root is None else root / str(episode)
 
-    # Timed as the prefix's sandbox runs it: with the block runs every world will draw,
-    # packed for the draws file; the budget reserves each prefix chunk from this rate, and
-    # a chunk past its reservation is killed.
+    # Timed as the prefix's sandbox runs it: the budget reserves each prefix chunk from
+    # this rate, and a chunk past its reservation is killed.
     start = time.perf_counter()
-    writer = DrawsWriter(draws_key(request["workload"], request["params"], seed))
-    checkpoints = []
-    for e in range(n):
-        checkpoint, runs = prefix_with_runs(workload, seed, e, folder(e))
-        checkpoints.append(checkpoint)
-        writer.add(e, runs)
-    if writer.runs:
-        writer.data()
+    checkpoints = [run_prefix(workload, seed, e, folder(e)) for e in range(n)]
     prefix_rate = (time.perf_counter() - start) / n
     # The contract on every prefix, before any approval: by running them for good, to
     # hand over, when the workload keeps no files and that fits the box's CPU; else by a
@@ -114,6 +104,8 @@ def _rehearse(workload: Workload, request: dict[str, Any], root: Path | None) ->
         _hand_over(workload, request, chunks)
     else:
         _check_prefixes(workload, seed, range(n, total), root)
+    # Each world alone, working out every block run it draws itself: a world batch shares
+    # them with the other worlds of its sandbox, so this is what it costs at most.
     worlds = []
     for plan in _plans(request):
         start = time.perf_counter()
@@ -133,12 +125,10 @@ def _rehearse(workload: Workload, request: dict[str, Any], root: Path | None) ->
 #: The share of the box's CPU seconds the handed-over prefixes may take, as the sample's
 #: rate foretells them (a quarter of 900 s: on one CPU at half speed the rehearsal still
 #: ends within its 10-minute activity timeout); past it the rehearsal only checks each
-#: prefix (cheaper: no block runs, nothing written) and the prefix stage runs them after
-#: approval.
+#: prefix (nothing written) and the prefix stage runs them after approval.
 HANDOVER_CPU_SHARE = 0.25
 
-#: Where the handed-over prefixes go, in the box's folder: ``<chunk>.checkpoints`` and,
-#: if the workload names world block runs, ``<chunk>.draws``.
+#: Where the handed-over prefixes go, in the box's folder: ``<chunk>.checkpoints``.
 PREFIXES_DIR = "prefixes"
 
 
@@ -148,18 +138,17 @@ def _handover_fits(prefix_rate: float, episodes: int) -> bool:
 
 
 def _hand_over(workload: Workload, request: dict[str, Any], chunks: list[tuple[int, int]]) -> None:
-    """Write every chunk's checkpoints and draws file, as the prefix sandbox's runner
-    writes them (``write_prefixes``), in contiguous runs of chunks over the box's CPUs."""
-    seed, key = request["seed"], draws_key(request["workload"], request["params"], request["seed"])
+    """Write every chunk's checkpoints, as the prefix sandbox's runner writes them
+    (``write_prefixes``), in contiguous runs of chunks over the box's CPUs."""
+    seed = request["seed"]
     out = Path(PREFIXES_DIR)
     out.mkdir()
 
     def run(part: Sequence[int]) -> None:
         for index in part:
             first, stop = chunks[index]
-            base = str(out / str(index))
-            checkpoints, draws = base + ".checkpoints", base + ".draws"
-            write_prefixes(workload, key, seed, range(first, stop), None, checkpoints, draws)
+            checkpoints = str(out / f"{index}.checkpoints")
+            write_prefixes(workload, seed, range(first, stop), None, checkpoints)
 
     episodes = sum(stop - first for first, stop in chunks)
     _in_parts(range(len(chunks)), run, min(_parts(episodes), len(chunks)))

@@ -10,9 +10,9 @@ in one table per episode (:class:`EpisodeDraws`) that all its worlds share: each
 coordinate is hashed once per episode, not once per world. A workload that draws the
 same few coordinates at every tick can name them once as a :class:`Block` and draw them
 together: the block's values, and a pure function of them the workload declares, are
-then worked out once per episode and tick for all its worlds, and a run of ticks of it
-(:class:`Run`) can be shipped to another process that continues the same episode (the
-durable path's world sandboxes, ``experiments.runtime.draws_file``).
+then worked out once per episode and tick for all its worlds; a run of ticks of it
+(:class:`Run`) can be worked out before the worlds that draw it are forked, as the
+durable path's world groups do (``experiments.runtime.world_group``).
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ class Run(Generic[T]):
     world's fingerprint needs of it, so a world that draws a run never copies its
     coordinates one by one) and its ``words`` (tick by tick, the block's pairs in order).
 
-    A run made here holds its words. A run another process made and shipped (``shipped``)
-    holds only its decodings and the sum: its words are worked out again, through the
-    episode's table, only if asked for (the dict of coordinates a fingerprint makes when
-    it must merge overlapping runs, see ``coords``).
+    A run made here holds its words. A run kept for worlds to come (``kept``, see
+    ``EpisodeDraws.keep_run``) holds only its decodings and the sum: its words are worked
+    out again, through the episode's table, only if asked for (the dict of coordinates a
+    fingerprint makes when it must merge overlapping runs, see ``coords``).
     """
 
     __slots__ = (
@@ -108,7 +108,7 @@ class Run(Generic[T]):
             self.total = sum(words[t * width + i] for t in range(ticks) for i in first) & _MASK64
 
     @classmethod
-    def shipped(
+    def kept(
         cls,
         block: Block[T],
         start: int,
@@ -117,9 +117,9 @@ class Run(Generic[T]):
         total: int,
         table: EpisodeDraws,
     ) -> Run[T]:
-        """The run another process made for ``table``'s episode, from its decodings and the
-        sum of its words (their number is one per distinct pair and tick); ``table`` works
-        the words out if they are asked for."""
+        """A run of ``table``'s episode from its decodings and the sum of its words (their
+        number is one per distinct pair and tick); ``table`` works the words out if they
+        are asked for."""
         ticks = max(stop - start, 0)
         if len(decoded) != ticks:
             raise ValueError("a run needs one decoding per tick")
@@ -137,11 +137,11 @@ class Run(Generic[T]):
 
     @property
     def words(self) -> Sequence[int]:
-        """The run's words, tick by tick (worked out through the table for a shipped run)."""
+        """The run's words, tick by tick (worked out through the table for a kept run)."""
         if self._words is None:
             table = self._table
-            if table is None:  # (``shipped`` always sets one)
-                raise RuntimeError("a shipped run without its table")
+            if table is None:  # (``kept`` always sets one)
+                raise RuntimeError("a kept run without its table")
             block = self.block
             self._words = [w for t in range(self.start, self.stop) for w in table.words(block, t)]
         return self._words
@@ -180,7 +180,7 @@ class EpisodeDraws:
         self.agent: dict[tuple[int, int, str], float] = {}
         # (block, tick) -> (the block's words in pair order, what its decode returned)
         self.blocks: dict[tuple[Block[Any], int], tuple[list[int], Any]] = {}
-        # (block, start, stop) -> that run; also filled from a file by ``preload``
+        # (block, start, stop) -> that run; also filled ahead of the worlds by ``keep_run``
         self.runs: dict[tuple[Block[Any], int, int], Run[Any]] = {}
         self._prefix: Any = None  # BLAKE2b state after "seed|episode|", made on first use
 
@@ -220,7 +220,7 @@ class EpisodeDraws:
 
     def run(self, block: Block[T], start: int, stop: int) -> Run[T]:
         """``block`` at ticks ``start..stop-1``, made on first use (tick by tick through
-        ``block``), or the run ``preload`` put here."""
+        ``block``), or the run ``keep_run`` put here."""
         key = (block, start, stop)
         found = self.runs.get(key)
         if found is None:
@@ -236,10 +236,15 @@ class EpisodeDraws:
             found = self.runs[key] = Run(block, start, stop, words, tuple(decoded))
         return found
 
-    def preload(self, run: Run[Any]) -> None:
-        """Take ``run`` as this episode's run of its block and ticks (one another process
-        made for the same episode): a world that asks for exactly those ticks uses it."""
-        self.runs[(run.block, run.start, run.stop)] = run
+    def keep_run(self, block: Block[Any], start: int, stop: int) -> None:
+        """Work ``block`` out at ticks ``start..stop-1`` for the worlds to come, and keep
+        only what a world reads of it: its decodings and the number and sum of its words
+        (their coordinates would be most of the table's memory, worked out again through
+        the table only if a world asks for them, see ``Run.kept``)."""
+        run = self.run(block, start, stop)
+        self.runs[(block, start, stop)] = Run.kept(block, start, stop, run.decoded, run.total, self)
+        self.exogenous.clear()
+        self.blocks.clear()
 
 
 class Shocks:

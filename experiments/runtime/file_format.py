@@ -1,10 +1,11 @@
 """The runner's file format: every shape that crosses the sandbox boundary, defined once.
 
 The runner (``python -m experiments.runtime.runner``) reads a request and checkpoints and
-writes checkpoints or one world's columns. The local twin (``experiments.engine``), the
-sandbox activities (``activities.world_batches``) and the record activities
-(``activities.records``) read and write the same shapes, so they are spelled here and
-nowhere else. Standard library only: this file ships inside every sandbox bundle.
+writes checkpoints or, for a group of worlds, each world's columns or why there are none.
+The local twin (``experiments.engine``), the sandbox activities
+(``activities.world_batches``) and the record activities (``activities.records``) read
+and write the same shapes, so they are spelled here and nowhere else. Standard library
+only: this file ships inside every sandbox bundle.
 
 ``FORMAT_VERSION`` travels in every request. A snapshot bundles the runner of the code
 that built it, so a worker upgraded while an experiment was in flight would otherwise
@@ -23,16 +24,14 @@ from experiments.runtime.canon import canonical_json, sha256_hex
 from experiments.runtime.files import checkpoint_digest
 from experiments.runtime.workload import Feature
 
-#: Bump when any shape below changes (2: the request may name a draws file).
-FORMAT_VERSION = 2
+#: Bump when any shape below changes (3: ``continue`` runs a group of worlds).
+FORMAT_VERSION = 3
 
 #: The runner's module and the files it reads and writes in its working directory.
 RUNNER_MODULE = "experiments.runtime.runner"
 REQUEST_FILE = "request.json"
 CHECKPOINTS_FILE = "checkpoints.jsonl"
 OUT_FILE = "out.json"
-#: The block runs the prefix worked out for the worlds (``experiments.runtime.draws_file``).
-DRAWS_FILE = "draws.bin"
 
 
 class FormatError(ValueError):
@@ -65,15 +64,14 @@ def request_text(
     seed: int,
     *,
     episodes: Sequence[int] | None = None,
-    world: WorldPlan | None = None,
+    worlds: Sequence[WorldPlan] | None = None,
+    seconds: Sequence[float] | None = None,
     workspace: str | None = None,
-    draws: str | None = None,
 ) -> str:
-    """The runner's request: ``episodes`` for a ``prefix`` run, ``world`` for ``continue``;
+    """The runner's request: ``episodes`` for a ``prefix`` run; for ``continue``, the
+    ``worlds`` to run one after another and the wall ``seconds`` each may take;
     ``workspace``: the folder (relative to the runner's) holding one sub-folder per
-    episode, for a workload with ``has_workspace``; ``draws``: the draws file (relative
-    to the runner's folder) a prefix writes when the workload names world block runs,
-    and a world preloads them from."""
+    episode, for a workload with ``has_workspace``."""
     request: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "workload": workload,
@@ -82,12 +80,13 @@ def request_text(
     }
     if workspace is not None:
         request["workspace"] = workspace
-    if draws is not None:
-        request["draws"] = draws
     if episodes is not None:
         request["episodes"] = list(episodes)
-    if world is not None:
-        request["world"] = world.to_json()
+    if worlds is not None:
+        if seconds is None or len(seconds) != len(worlds):
+            raise ValueError("give the seconds of each world")
+        request["worlds"] = [w.to_json() for w in worlds]
+        request["seconds"] = [float(s) for s in seconds]
     return canonical_json(request)
 
 
@@ -210,12 +209,8 @@ def empty_columns() -> WorldColumns:
     return {"outcomes": [], "intervened": [], "shocks": [], "inherited": []}
 
 
-def parse_columns(data: bytes, episodes: int) -> WorldColumns:
-    """The runner's ``continue`` output: every column, ``episodes`` entries of its type."""
-    try:
-        value = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise FormatError(f"output is not JSON ({exc.__class__.__name__}: {exc})") from None
+def parse_columns(value: object, episodes: int) -> WorldColumns:
+    """One world's columns: every column, ``episodes`` entries of its type."""
     if not isinstance(value, dict) or sorted(value) != sorted(COLUMN_TYPES):
         raise FormatError("output is not an object with " + "/".join(COLUMN_TYPES))
     for key, kind in COLUMN_TYPES.items():
@@ -231,6 +226,63 @@ def parse_columns(data: bytes, episodes: int) -> WorldColumns:
         "inherited": value["inherited"],
     }
     return columns
+
+
+@dataclass(frozen=True)
+class WorldOutput:
+    """What the runner wrote for one world of a group: its ``columns``, or why there are
+    none (``error``: a sentence; ``contract``: the workload broke its contract;
+    ``timed_out``: it ran past its seconds) and the wall ``seconds`` it ran."""
+
+    columns: WorldColumns | None
+    error: str | None = None
+    contract: bool = False
+    timed_out: bool = False
+    seconds: float = 0.0
+
+
+#: The most characters of a world's error kept (a traceback's tail).
+ERROR_CHARS = 2000
+
+
+def parse_world_outputs(data: bytes, episodes: int, worlds: int) -> list[WorldOutput]:
+    """The runner's ``continue`` output: one entry per world of the group, in order."""
+    try:
+        value = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise FormatError(f"output is not JSON ({exc.__class__.__name__}: {exc})") from None
+    entries = value.get("worlds") if isinstance(value, dict) and len(value) == 1 else None
+    if not isinstance(entries, list) or len(entries) != worlds:
+        raise FormatError(f"output is not an object with the results of {worlds} worlds")
+    return [_world_output(entry, episodes, i) for i, entry in enumerate(entries)]
+
+
+def _world_output(entry: object, episodes: int, index: int) -> WorldOutput:
+    if not isinstance(entry, dict):
+        raise FormatError(f"the result of world {index} is not an object")
+    seconds = entry.get("seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise FormatError(f"the result of world {index} has no seconds")
+    if not 0 <= seconds < math.inf:
+        raise FormatError(f"the result of world {index} has no seconds")
+    kinds = sorted(set(entry) - {"seconds"})
+    if len(kinds) != 1 or kinds[0] not in ("columns", "contract", "error", "timed_out"):
+        raise FormatError(f"the result of world {index} is neither columns nor an error")
+    (kind,) = kinds
+    body = entry[kind]
+    spent = float(seconds)
+    if kind == "columns":
+        try:
+            return WorldOutput(parse_columns(body, episodes), seconds=spent)
+        except FormatError as exc:
+            raise FormatError(f"world {index}: {exc}") from None
+    if kind == "timed_out":
+        if body is not True:
+            raise FormatError(f"the result of world {index} is neither columns nor an error")
+        return WorldOutput(None, timed_out=True, seconds=spent)
+    if not isinstance(body, str):
+        raise FormatError(f"the error of world {index} is not text")
+    return WorldOutput(None, error=body[-ERROR_CHARS:], contract=kind == "contract", seconds=spent)
 
 
 class Batch(TypedDict):

@@ -33,16 +33,7 @@ from experiments.runtime.contract import (
     violation,
     where,
 )
-from experiments.runtime.crn import Block, EpisodeDraws, Run, Shocks
-from experiments.runtime.draws_file import (
-    DrawsFormatError,
-    DrawsWriter,
-    OtherFormatError,
-    RunEntry,
-    draws_key,
-    read_draws,
-    shipped_run,
-)
+from experiments.runtime.crn import Block, EpisodeDraws, Shocks
 from experiments.runtime.file_format import (
     Batch,
     Checkpoint,
@@ -132,29 +123,22 @@ def run_prefix(
     """Run one episode to its boundary, once, and take the checkpoint. A workload with
     ``has_workspace`` runs in ``folder`` (made empty here) and its checkpoint carries the
     digest of what the folder holds at the boundary."""
-    return _run_prefix(workload, seed, episode, folder)[0]
+    if workload.has_workspace:
+        if folder is None:
+            name = type(workload).__name__
+            raise ValueError(f"{name} has a workspace: run_prefix needs a folder")
+        folder.mkdir(parents=True)
+        workload.workspace = folder
+    state, shocks = _start(workload, seed, episode)
+    checkpoint = _prefix_from(workload, seed, episode, state, shocks, _Known(0))[0]
+    if folder is not None and workload.has_workspace:
+        checkpoint["workspace"] = _folder_digest(workload, folder, where(episode, None, 0))
+    return checkpoint
 
 
-def prefix_with_runs(
-    workload: Workload, seed: int, episode: int, folder: Path | None = None
-) -> tuple[Checkpoint, list[Run[Any]]]:
-    """``run_prefix``, and the block runs the workload says every world of the episode
-    will draw (``Workload.world_blocks``), worked out with the prefix's own draw table:
-    what the prefix's sandbox ships to the worlds' sandboxes."""
-    checkpoint, state, shocks = _run_prefix(workload, seed, episode, folder)
-    at = where(episode, None, 0)
-    try:
-        return checkpoint, [
-            shocks.draws.run(block, start, stop)
-            for block, start, stop in _world_blocks(workload, state, at)
-        ]
-    except ContractViolation:
-        raise
-    except Exception as exc:  # a block's decode failed
-        raise from_exception(workload, exc, at) from exc
-
-
-def _world_blocks(workload: Workload, state: State, at: str) -> list[tuple[Block[Any], int, int]]:
+def world_blocks(workload: Workload, state: State, at: str) -> list[tuple[Block[Any], int, int]]:
+    """The block runs the workload says every world of the checkpoint ``state`` will draw
+    (``Workload.world_blocks``), checked; ``at`` places an error."""
     try:
         hints = list(workload.world_blocks(state))
     except Exception as exc:
@@ -169,24 +153,6 @@ def _world_blocks(workload: Workload, state: State, at: str) -> list[tuple[Block
         ):
             raise violation(workload, "world_blocks", "returned no (Block, start, stop)", at)
     return hints
-
-
-def _run_prefix(
-    workload: Workload, seed: int, episode: int, folder: Path | None
-) -> tuple[Checkpoint, State, Shocks]:
-    """The checkpoint, the state read back from it (the worlds' starting state; the
-    caller's own) and the prefix's shocks."""
-    if workload.has_workspace:
-        if folder is None:
-            name = type(workload).__name__
-            raise ValueError(f"{name} has a workspace: run_prefix needs a folder")
-        folder.mkdir(parents=True)
-        workload.workspace = folder
-    state, shocks = _start(workload, seed, episode)
-    checkpoint, _, parsed, _, _ = _prefix_from(workload, seed, episode, state, shocks, _Known(0))
-    if folder is not None and workload.has_workspace:
-        checkpoint["workspace"] = _folder_digest(workload, folder, where(episode, None, 0))
-    return checkpoint, parsed, shocks
 
 
 def _folder_digest(workload: Workload, folder: Path, at: str) -> str:
@@ -427,24 +393,43 @@ def continue_world(
     world: WorldPlan,
     folder: Path | None = None,
     own: bool = False,
-    draws: EpisodeDraws | None = None,
 ) -> tuple[bool, bool, str, bool]:
-    """Fork ``checkpoint`` into ``world`` and finish it.
+    """Fork ``checkpoint`` (its canonical text) into ``world`` and finish it; see
+    ``continue_state``."""
+    state = parse_canonical(checkpoint)
+    flat = _is_flat(checkpoint)
+    return continue_state(workload, state, seed, episode, world, None, folder, own, flat)
+
+
+def continue_state(
+    workload: Workload,
+    state: State,
+    seed: int,
+    episode: int,
+    world: WorldPlan,
+    draws: EpisodeDraws | None = None,
+    folder: Path | None = None,
+    own: bool = False,
+    flat: bool = False,
+) -> tuple[bool, bool, str, bool]:
+    """Fork a checkpoint's ``state`` (read back from its text; the last replicate works
+    on it) into ``world`` and finish it.
 
     A workload with a workspace continues from the episode's ``folder``: each replicate
     works in a copy of it, except that with ``own`` (the folder is this world's own
     copy-on-write view, as in a world's sandbox) the last one works in it directly.
-    ``draws``: the episode's draw table to start from (e.g. with runs preloaded).
-    Returns (success, intervened, shock fingerprint, drew randomness).
+    ``draws``: the episode's draw table to start from (e.g. with the block runs every
+    world draws already worked out); ``flat``: the state holds scalars only (its copies
+    are shallow). Returns (success, intervened, shock fingerprint, drew randomness).
     """
-    fork = _Fork(parse_canonical(checkpoint), world.forks, False, _is_flat(checkpoint))
+    fork = _Fork(state, world.forks, False, flat)
     params = world_params(workload, world)
     prefix = Shocks(seed, episode, draws=draws)  # holds the table the replicates share
     if not workload.has_workspace:
         return _finish(workload, fork, seed, episode, world, params, prefix)
     if folder is None:
         name = type(workload).__name__
-        raise ValueError(f"{name} has a workspace: continue_world needs a folder")
+        raise ValueError(f"{name} has a workspace: continuing it needs a folder")
     import tempfile
     from pathlib import Path
 
@@ -462,16 +447,12 @@ def continue_checkpoints(
     world: WorldPlan,
     root: Path | None = None,
     own: bool = False,
-    shipped: Mapping[int, Sequence[RunEntry]] | None = None,
-    source: str = "the draws file",
 ) -> WorldColumns:
-    """Continue one world from many checkpoints (the sandbox's job).
+    """Continue one world from many checkpoints.
 
     ``inherited`` is recomputed from the checkpoint text this world actually received
     and, for a workload with a workspace, from the files it found in ``root/<episode>``
-    before it touched them (see ``continue_world`` for ``own``). ``shipped``: each
-    episode's block runs as the prefix worked them out (the draws file ``source``, read
-    by ``read_draws``), preloaded into the episode's draw table (see ``preload_draws``).
+    before it touched them (see ``continue_state`` for ``own``).
     """
     cols = empty_columns()
     for cp in checkpoints:
@@ -482,73 +463,12 @@ def continue_checkpoints(
             if folder is None or not folder.is_dir():
                 raise ValueError(f"episode {episode} has no workspace folder under {root}")
             files = _folder_digest(workload, folder, where(episode, world.name, 0))
-        entries = shipped.get(episode) if shipped is not None else None
-        table = None
-        if entries:
-            table = EpisodeDraws(seed, episode)
-            preload_draws(workload, table, cp["state"], entries, source)
-        ok, did, fp, _ = continue_world(
-            workload, cp["state"], seed, episode, world, folder, own, table
-        )
+        ok, did, fp, _ = continue_world(workload, cp["state"], seed, episode, world, folder, own)
         cols["outcomes"].append(ok)
         cols["intervened"].append(did)
         cols["shocks"].append(fp)
         cols["inherited"].append(checkpoint_digest(sha256_hex(cp["state"]), files))
     return cols
-
-
-def preload_draws(
-    workload: Workload,
-    table: EpisodeDraws,
-    checkpoint: str,
-    entries: Sequence[RunEntry],
-    source: str = "the draws file",
-) -> int:
-    """Put the shipped runs of one episode into its draw table; returns how many.
-
-    The i-th entry stands for the i-th run ``world_blocks`` names for the checkpoint's
-    state (read from its own parse of the text, so the hook cannot touch the state the
-    world starts from); an entry for other ticks is ignored (the world works out what it
-    asks for). Of each run taken, the first tick is worked out again and must give the
-    same words and the same decoding, exactly: a file of another episode or a damaged one
-    is refused, naming ``source``.
-    """
-    at = where(table.episode, None, 0)
-    taken = 0
-    hints = _world_blocks(workload, parse_canonical(checkpoint), at)
-    for (block, start, stop), entry in zip(hints, entries, strict=False):
-        if entry[0] != start or entry[1] != stop:
-            continue
-        try:
-            run, head = shipped_run(block, entry, table)
-        except (ValueError, DrawsFormatError) as exc:
-            raise DrawsFormatError(
-                f"{source} is refused: episode {table.episode}'s run of ticks "
-                f"{start}..{stop - 1} does not fit its block ({exc})"
-            ) from None
-        if run.count:
-            try:
-                words, decoded = table.block(block, start)
-            except Exception as exc:
-                raise from_exception(workload, exc, at) from exc
-            if list(head) != words or _exact(decoded) != _exact(run.decoded[0]):
-                raise DrawsFormatError(
-                    f"{source} is refused: episode {table.episode}'s run of ticks "
-                    f"{start}..{stop - 1} is not what its first tick works out to here "
-                    "(a damaged file, or one of another episode)"
-                )
-        table.preload(run)
-        taken += 1
-    return taken
-
-
-def _exact(value: Any) -> bytes | None:
-    """``value`` as bytes equal only for identical types and contents (marshal version 2
-    writes no back-references, so the sharing of equal objects does not count)."""
-    try:
-        return marshal.dumps(value, 2)
-    except ValueError:
-        return None
 
 
 def run_batch(
@@ -742,8 +662,9 @@ def parse_args(argv: Sequence[str]) -> tuple[str, dict[str, str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``prefix``: request → checkpoints (JSON lines). ``continue``: request + checkpoints
-    → one world's columns. The request is JSON: workload, params, seed, episodes | world,
-    and optionally workspace and draws (see ``_run``)."""
+    → each of the request's worlds' columns (or why not), each world in a process of its
+    own (``experiments.runtime.world_group``). The request is JSON: workload, params,
+    seed, episodes | worlds and their seconds, and optionally workspace (see ``_run``)."""
     mode, args = parse_args(sys.argv[1:] if argv is None else argv)
     with open(args["request"], encoding="utf-8") as fh:
         request = read_request(fh.read())
@@ -751,15 +672,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(mode, request, args["checkpoints"], args["out"])
     except ContractViolation as violation:
         return exit_with(violation)
-    except DrawsFormatError as refused:  # its sentence, not a traceback (the world fails)
-        print(refused, file=sys.stderr)
-        return 1
 
 
 def _run(mode: str, request: dict[str, Any], checkpoints: str, out: str) -> int:
-    """``request["draws"]`` (optional): for ``prefix``, where to write the block runs the
-    worlds will draw (only if the workload names any); for ``continue``, the prefix's
-    file to preload them from."""
     workload = workload_class(request["workload"])(request["params"])
     seed = int(request["seed"])
     # A workload with a workspace: one folder per episode under the request's folder (in
@@ -768,35 +683,19 @@ def _run(mode: str, request: dict[str, Any], checkpoints: str, out: str) -> int:
     if "workspace" in request:
         from pathlib import Path
 
-        root = Path(request["workspace"])
+        root = Path(request["workspace"]).absolute()  # (each world runs in a folder of its own)
     if workload.has_workspace and root is None:
         raise ValueError(f"{type(workload).__name__} has a workspace; the request names none")
-    key = draws_key(request["workload"], request["params"], seed)
-    draws: str | None = request.get("draws")
     if mode == "prefix":
-        write_prefixes(workload, key, seed, request["episodes"], root, checkpoints, draws)
+        write_prefixes(workload, seed, request["episodes"], root, checkpoints)
         result: Any = {"episodes": len(request["episodes"])}
     else:
-        shipped = None
-        if draws is not None:
-            with open(draws, "rb") as fb:
-                data = fb.read()
-            try:
-                shipped = read_draws(data, key)
-            except OtherFormatError:
-                shipped = None  # another build's file: the world works its runs out
-            except DrawsFormatError as exc:
-                raise DrawsFormatError(f"the draws file {draws!r} is refused: {exc}") from None
-        result = continue_checkpoints(
-            workload,
-            seed,
-            _read_jsonl(checkpoints),
-            WorldPlan.from_json(request["world"]),
-            root,
-            own=True,
-            shipped=shipped,
-            source=f"the draws file {draws!r}",
-        )
+        from experiments.runtime.world_group import run_group
+
+        worlds = [WorldPlan.from_json(w) for w in request["worlds"]]
+        seconds = [float(s) for s in request["seconds"]]
+        results = run_group(workload, seed, _read_jsonl(checkpoints), worlds, seconds, root)
+        result = {"worlds": results}
     with open(out, "w", encoding="utf-8") as fh:
         fh.write(canonical_json(result))
     return 0
@@ -804,42 +703,18 @@ def _run(mode: str, request: dict[str, Any], checkpoints: str, out: str) -> int:
 
 def write_prefixes(
     workload: Workload,
-    key: str,
     seed: int,
     episodes: Sequence[int],
     root: Path | None,
     checkpoints: str,
-    draws: str | None,
 ) -> None:
     """The prefix of every episode in ``episodes``: its checkpoint line to the file
-    ``checkpoints`` and, when ``draws`` names a file and the workload names world block
-    runs, the draws file. The prefix sandbox's runner and the rehearsal that hands its
-    prefixes over both write through here: the same checkpoint bytes and the same runs
-    (the draws file's bytes may differ, as marshal's back-references follow what the
-    process ran before)."""
-    writer = DrawsWriter(key) if draws is not None else None
+    ``checkpoints``. The prefix sandbox's runner and the rehearsal that hands its
+    prefixes over both write through here: the same checkpoint bytes."""
     with open(checkpoints, "w", encoding="utf-8") as fh:
         for episode in episodes:
             folder = None if root is None else root / str(episode)
-            if writer is None:
-                fh.write(checkpoint_line(run_prefix(workload, seed, episode, folder)))
-                continue
-            checkpoint, runs = prefix_with_runs(workload, seed, episode, folder)
-            fh.write(checkpoint_line(checkpoint))
-            writer.add(episode, runs)
-    if writer is not None and draws is not None and writer.runs:
-        _write_draws(writer, draws)
-
-
-def _write_draws(writer: DrawsWriter, path: str) -> None:
-    """Write the draws file, unless the runs' decodings are not plain values marshal can
-    write: then the worlds work them out themselves, as without the file."""
-    try:
-        data = writer.data()
-    except ValueError:
-        return
-    with open(path, "wb") as fb:
-        fb.write(data)
+            fh.write(checkpoint_line(run_prefix(workload, seed, episode, folder)))
 
 
 if __name__ == "__main__":

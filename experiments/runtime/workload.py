@@ -135,13 +135,13 @@ class Workload:
         """The block runs ``(block, start, stop)`` every world will draw with
         ``shocks.exogenous_blocks`` when continued from this checkpoint state (optional).
 
-        A hint for speed only. On the durable path each world runs in a sandbox of its
+        A hint for speed only. On the durable path each world runs in a process of its
         own, which would work out the episode's runs again for every world; with this
-        hint the prefix's sandbox works them out once per episode and ships them to the
-        worlds (``experiments.runtime.draws_file``). A world still asks for whatever it
+        hint a world group's sandbox works them out once per episode before it forks its
+        worlds (``experiments.runtime.world_group``). A world still asks for whatever it
         draws: a run it asks for that the hint did not name is made as usual, and a named
         run it never asks for is never used, so a wrong hint costs time, never a result.
-        Default: none (nothing is shipped).
+        Default: none (nothing is worked out ahead).
         """
         return ()
 

@@ -162,9 +162,8 @@ class RetryCascade(Workload):
             work[k & _LANE_MASK] | work[k >> _LANE_BITS] << 1 for k in range(1 << 2 * _LANE_BITS)
         ]
         # Who got work (bit i: agent i) -> (``fresh``, how many): one object per pattern,
-        # so equal ticks share it (a run shipped to the worlds' sandboxes then holds each
-        # once: marshal refers back to an object it already wrote, which reads back ~8x
-        # faster), as do an agent's unserved new call and the unserved calls of a tick.
+        # so equal ticks share it (a run kept for a group's worlds holds each once), as do
+        # an agent's unserved new call and the unserved calls of a tick.
         self._fresh: dict[int, tuple[tuple[tuple[int, ...], ...], int]] = {}
         self._new: list[tuple[int, ...]] = [(i,) for i in range(self._n)]
         self._unserved_call: list[_Failed] = [(i, self._new[i], 0) for i in range(self._n)]

@@ -1,0 +1,318 @@
+"""A world group: several worlds over one chunk's checkpoints in one sandbox, each world
+in a process of its own.
+
+Why one box for several worlds: the local twin works out what every world of an episode
+shares — the checkpoint read back, the block runs of shocks every world will draw
+(``Workload.world_blocks``) — once, and a box per world would have to do all of it again
+(or read it from a file and rebuild it), start an interpreter and import the workload,
+eight times a chunk. Here the box's first process does the shared work once, then forks
+one process per world, one after another. A fork copies nothing up front and shares
+nothing afterwards: each world runs in its own address space (whatever it changes, in
+its state, the draw table or the workload's globals, is its own copy), in its own
+session and a fresh working folder of its own, under its own share of the CPU and wall
+clock; and once it ends, every process it left is killed before the next world starts.
+So no world can see what another did, and the outcomes are the twin's, bit for bit.
+
+What this does *not* do is protect the worlds of one run from their own workload: the
+code in every world is the same untrusted workload, which decides every outcome it
+reports anyway. The sandbox is the boundary between that code and the host, the
+secrets and other runs (docs/sandboxes.md).
+
+Standard library only: this file ships inside every sandbox bundle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import math
+import os
+import resource
+import select
+import signal
+import time
+import traceback
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from experiments.runtime.canon import canonical_json, parse_canonical, sha256_hex
+from experiments.runtime.contract import ContractViolation, from_exception, where
+from experiments.runtime.crn import EpisodeDraws
+from experiments.runtime.file_format import (
+    Checkpoint,
+    WorldColumns,
+    WorldPlan,
+    empty_columns,
+)
+from experiments.runtime.files import checkpoint_digest
+from experiments.runtime.runner import continue_checkpoints, continue_state, world_blocks
+from experiments.runtime.workload import State, Workload
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+#: ``prctl`` option: orphaned descendants are re-parented to this process, not to init,
+#: so that what a world leaves running can be found and killed.
+_PR_SET_CHILD_SUBREAPER = 36
+#: Most a world's process may write back (its columns are ~100 bytes an episode).
+MAX_RESULT_BYTES = 256 << 20
+#: How often the group checks whether a world's process ended while its pipe is quiet.
+_POLL_SECONDS = 0.05
+
+
+class WorldResult(TypedDict, total=False):
+    """What one world of a group came to: its ``columns``, or why there are none — the
+    workload broke its ``contract`` (the sentence), the world's process failed with an
+    ``error`` (its traceback or how it died), or it ran past its allowance
+    (``timed_out``); and the wall ``seconds`` its process ran."""
+
+    columns: WorldColumns
+    contract: str
+    error: str
+    timed_out: bool
+    seconds: float
+
+
+class _Shared:
+    """What every world of the group starts from, worked out once before the forks: each
+    checkpoint's state read back, its inherited identity and the episode's draw table
+    holding the block runs the workload says every world will draw."""
+
+    __slots__ = ("inherited", "states", "tables")
+
+    def __init__(self, workload: Workload, seed: int, checkpoints: Sequence[Checkpoint]) -> None:
+        self.states: list[State] = []
+        self.tables: list[EpisodeDraws] = []
+        self.inherited = [checkpoint_digest(sha256_hex(cp["state"]), None) for cp in checkpoints]
+        # Millions of small objects are made here and all of them live on: a collection
+        # would only walk them again and again (it doubled this part's time).
+        gc.disable()
+        try:
+            for cp in checkpoints:
+                state = parse_canonical(cp["state"])
+                table = EpisodeDraws(seed, cp["episode"])
+                at = where(cp["episode"], None, 0)
+                for block, start, stop in world_blocks(workload, state, at):
+                    try:
+                        table.keep_run(block, start, stop)
+                    except Exception as exc:  # the block's decode failed
+                        raise from_exception(workload, exc, at) from exc
+                self.states.append(state)
+                self.tables.append(table)
+        finally:
+            gc.enable()
+
+
+def run_group(
+    workload: Workload,
+    seed: int,
+    checkpoints: Sequence[Checkpoint],
+    worlds: Sequence[WorldPlan],
+    seconds: Sequence[float],
+    root: Path | None = None,
+) -> list[WorldResult]:
+    """Continue every world in ``worlds`` from ``checkpoints``, each in its own forked
+    process with ``seconds[i]`` of wall clock (and as many CPU seconds); in world order.
+
+    A workload with a workspace continues from ``root/<episode>``, which each world
+    changes in place: such a group holds one world (the sandbox's workspace is that
+    world's own copy-on-write view). A contract broken in the shared part (``world_blocks``
+    or a block's decode) is raised: it is every world's."""
+    if len(seconds) != len(worlds):
+        raise ValueError("give one allowance per world")
+    if workload.has_workspace and len(worlds) > 1:
+        raise ValueError("a workload with a workspace runs one world per sandbox")
+    shared = None if workload.has_workspace else _Shared(workload, seed, checkpoints)
+    # The parent's objects stay as they are for every fork: keeping the collector off
+    # them spares each world copying the pages a collection would touch.
+    gc.freeze()
+    _become_subreaper()
+    results = []
+    for index, (world, allowance) in enumerate(zip(worlds, seconds, strict=True)):
+        folder = os.path.abspath(f"world-{index}")
+        os.mkdir(folder)
+
+        def job(world: WorldPlan = world) -> WorldColumns:
+            if shared is None:
+                return continue_checkpoints(workload, seed, checkpoints, world, root, own=True)
+            return _continue(workload, seed, checkpoints, world, shared)
+
+        results.append(_in_own_process(job, allowance, folder))
+    return results
+
+
+def _continue(
+    workload: Workload,
+    seed: int,
+    checkpoints: Sequence[Checkpoint],
+    world: WorldPlan,
+    shared: _Shared,
+) -> WorldColumns:
+    """One world over the chunk, from the shared states and draw tables (this process's
+    own copies of them, since it was forked)."""
+    cols = empty_columns()
+    outcomes, intervened, shocks = cols["outcomes"], cols["intervened"], cols["shocks"]
+    for cp, state, table in zip(checkpoints, shared.states, shared.tables, strict=True):
+        ok, did, fp, _ = continue_state(workload, state, seed, cp["episode"], world, table)
+        outcomes.append(ok)
+        intervened.append(did)
+        shocks.append(fp)
+    cols["inherited"] = shared.inherited
+    return cols
+
+
+def _become_subreaper() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: by process group only
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _in_own_process(job: Any, allowance: float, folder: str) -> WorldResult:
+    """Run ``job`` in a forked process in ``folder``, under ``allowance`` seconds; its
+    result, and then no process of it left."""
+    read, write = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the world's process: it never returns from here
+        os.close(read)
+        _world_process(job, allowance, folder, write)
+    os.close(write)
+    try:
+        data, cut, status = _read_until(read, pid, started + allowance)
+    finally:
+        os.close(read)
+    if status is None:
+        _kill_group(pid)
+        _, status = os.waitpid(pid, 0)
+    spent = time.monotonic() - started
+    _kill_leftovers(pid)
+    result = _result(data, status, cut)
+    result["seconds"] = round(spent, 6)
+    return result
+
+
+def _world_process(job: Any, allowance: float, folder: str, write: int) -> None:
+    answer: dict[str, Any]
+    try:
+        os.setsid()
+        os.chdir(folder)
+        cpu = max(1, math.ceil(allowance)) + 1
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        if hard != resource.RLIM_INFINITY:
+            cpu = min(cpu, hard - 1)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        answer = {"columns": job()}
+    except ContractViolation as violation:
+        answer = {"contract": str(violation)}
+    except BaseException:
+        answer = {"error": traceback.format_exc()}
+    try:
+        data = canonical_json(answer).encode()
+    except (TypeError, ValueError):
+        data = json.dumps({"error": "the world's result is not JSON"}).encode()
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(write, view) :]
+    finally:
+        os._exit(0)
+
+
+def _read_until(fd: int, pid: int, deadline: float) -> tuple[bytes, str | None, int | None]:
+    """What the world's process ``pid`` writes to ``fd`` until it ends, and its wait
+    status; or, cut short, why ("late" once ``deadline`` passed, "large" past
+    ``MAX_RESULT_BYTES``) and None. The end of the process, not of the pipe, ends the
+    reading: a process the world left behind may hold the pipe open for ever."""
+    chunks: list[bytes] = []
+    size = 0
+    status = None
+    os.set_blocking(fd, False)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return b"", "late", None
+        if status is None:
+            ready, _, _ = select.select([fd], [], [], min(left, _POLL_SECONDS))
+            if not ready:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if not done:
+                    status = None
+                continue
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except BlockingIOError:  # the process ended and its pipe is drained
+            return b"".join(chunks), None, status
+        if not chunk:  # every writer closed the pipe
+            if status is None:
+                _, status = os.waitpid(pid, 0)
+            return b"".join(chunks), None, status
+        size += len(chunk)
+        if size > MAX_RESULT_BYTES:
+            return b"", "large", status
+        chunks.append(chunk)
+
+
+def _result(data: bytes, status: int, cut: str | None) -> WorldResult:
+    if cut == "late":
+        return {"timed_out": True}
+    if cut == "large":
+        return {"error": f"the world's process wrote more than {MAX_RESULT_BYTES} bytes"}
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL):
+        return {"timed_out": True}  # the CPU limit: SIGXCPU at the soft one, then SIGKILL
+    try:
+        answer = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        answer = None
+    if not isinstance(answer, dict) or len(answer) != 1:
+        how = (
+            f"was killed by signal {os.WTERMSIG(status)}"
+            if os.WIFSIGNALED(status)
+            else f"exited with code {os.waitstatus_to_exitcode(status)}"
+        )
+        return {"error": f"the world's process {how} without a result"}
+    result: WorldResult = answer  # type: ignore[assignment]  # checked by the worker
+    return result
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _kill_leftovers(pid: int) -> None:
+    """Kill what the world's process left: its session's group, then every process that
+    was re-parented here (this process is their subreaper), until none is left."""
+    _kill_group(pid)
+    me = str(os.getpid())
+    while True:
+        orphans = [p for p in _children(me) if p != pid]
+        if not orphans:
+            break
+        for orphan in orphans:
+            _kill_group(orphan)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(orphan, signal.SIGKILL)
+        for orphan in orphans:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(orphan, 0)
+
+
+def _children(parent: str) -> list[int]:
+    found: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        if stat.rpartition(")")[2].split()[1:2] == [parent]:
+            found.append(int(entry))
+    return found
