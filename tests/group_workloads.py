@@ -2,15 +2,17 @@
 import path, ``group_workloads:Siblings``).
 
 Each intervention misbehaves in its own way: ``taint`` changes the module's memory,
-``linger`` leaves a process running that outlives its world, ``hang`` never ends and
-``raise`` fails. Every world's outcome is whether it saw nothing of that: no taint in
-memory and no lingering process. Run in one process (the local twin), a world after a
-``taint`` world does see it; each in a forked process of its own (a world group), none does.
+``linger`` leaves a process running that outlives its world, ``hang`` never ends,
+``raise`` fails and ``die`` kills its own process. Every world's outcome is whether it
+saw nothing of that: no taint in memory and no lingering process. Run in one process
+(the local twin), a world after a ``taint`` world does see it; each in a forked process
+of its own (a world group), none does.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -56,6 +58,7 @@ class Siblings(Workload):
         "linger": {},
         "hang": {},
         "raise": {},
+        "die": {},
     }
     feature_types: ClassVar[Mapping[str, Any]] = {"t": int}
 
@@ -92,3 +95,5 @@ class Siblings(Workload):
                 time.sleep(0.05)
         elif name == "raise":
             raise RuntimeError("the world fails on purpose")
+        elif name == "die":
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -7,6 +7,7 @@ twin's, bit for bit."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -120,10 +121,21 @@ def test_a_world_that_breaks_the_contract_fails_alone_with_its_sentence(tmp_path
     worlds = [world("raise", "raise"), world("baseline")]
     failed, after = run_group(tmp_path / "box", SIBLINGS, {}, 3, worlds, [30.0, 30.0])
     assert failed.columns is None and not failed.timed_out and failed.contract
-    assert failed.error == (
-        "Siblings.intervene() raised RuntimeError: the world fails on purpose at "
-        "group_workloads.py:94 (episode 0, world raise, step 0 after the fork)"
-    )
+    assert re.fullmatch(
+        r"Siblings\.intervene\(\) raised RuntimeError: the world fails on purpose at "
+        r"group_workloads\.py:\d+ \(episode 0, world raise, step 0 after the fork\)",
+        failed.error or "",
+    ), failed.error
+    assert after.columns is not None and after.columns["outcomes"] == [True] * 3
+
+
+def test_a_world_killed_by_a_signal_is_no_timeout(tmp_path: Path) -> None:
+    """A SIGKILL is the CPU limit's only if the world used its CPU seconds: this one
+    used none, so it failed, and says how."""
+    worlds = [world("die", "die"), world("baseline")]
+    died, after = run_group(tmp_path / "box", SIBLINGS, {}, 3, worlds, [30.0, 30.0])
+    assert not died.timed_out
+    assert died.error == "the world's process was killed by signal 9 without a result"
     assert after.columns is not None and after.columns["outcomes"] == [True] * 3
 
 

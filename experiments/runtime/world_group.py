@@ -79,14 +79,16 @@ class _Shared:
     checkpoint's state read back, its inherited identity and the episode's draw table
     holding the block runs the workload says every world will draw."""
 
-    __slots__ = ("inherited", "states", "tables")
+    __slots__ = ("episodes", "inherited", "states", "tables")
 
     def __init__(self, workload: Workload, seed: int, checkpoints: Sequence[Checkpoint]) -> None:
+        self.episodes = [cp["episode"] for cp in checkpoints]
         self.states: list[State] = []
         self.tables: list[EpisodeDraws] = []
         self.inherited = [checkpoint_digest(sha256_hex(cp["state"]), None) for cp in checkpoints]
         # Millions of small objects are made here and all of them live on: a collection
         # would only walk them again and again (it doubled this part's time).
+        collecting = gc.isenabled()
         gc.disable()
         try:
             for cp in checkpoints:
@@ -101,7 +103,8 @@ class _Shared:
                 self.states.append(state)
                 self.tables.append(table)
         finally:
-            gc.enable()
+            if collecting:
+                gc.enable()
 
 
 def run_group(
@@ -123,7 +126,10 @@ def run_group(
         raise ValueError("give one allowance per world")
     if workload.has_workspace and len(worlds) > 1:
         raise ValueError("a workload with a workspace runs one world per sandbox")
-    shared = None if workload.has_workspace else _Shared(workload, seed, checkpoints)
+    shared = None
+    if not workload.has_workspace:
+        shared = _Shared(workload, seed, checkpoints)
+        checkpoints = ()  # their text is read back: every world's process maps less
     # The parent's objects stay as they are for every fork: keeping the collector off
     # them spares each world copying the pages a collection would touch.
     gc.freeze()
@@ -136,25 +142,24 @@ def run_group(
         def job(world: WorldPlan = world) -> WorldColumns:
             if shared is None:
                 return continue_checkpoints(workload, seed, checkpoints, world, root, own=True)
-            return _continue(workload, seed, checkpoints, world, shared)
+            return _continue(workload, seed, world, shared)
 
         results.append(_in_own_process(job, allowance, folder))
     return results
 
 
-def _continue(
-    workload: Workload,
-    seed: int,
-    checkpoints: Sequence[Checkpoint],
-    world: WorldPlan,
-    shared: _Shared,
-) -> WorldColumns:
+def _continue(workload: Workload, seed: int, world: WorldPlan, shared: _Shared) -> WorldColumns:
     """One world over the chunk, from the shared states and draw tables (this process's
     own copies of them, since it was forked)."""
     cols = empty_columns()
     outcomes, intervened, shocks = cols["outcomes"], cols["intervened"], cols["shocks"]
-    for cp, state, table in zip(checkpoints, shared.states, shared.tables, strict=True):
-        ok, did, fp, _ = continue_state(workload, state, seed, cp["episode"], world, table)
+    for episode, state, kept in zip(shared.episodes, shared.states, shared.tables, strict=True):
+        # A table of the world's own for the episode, holding the runs worked out ahead:
+        # what the world draws besides goes there and is freed with it (kept in the
+        # shared one, it would hold the whole chunk's draws and touch its pages).
+        table = EpisodeDraws(seed, episode)
+        table.runs.update(kept.runs)
+        ok, did, fp, _ = continue_state(workload, state, seed, episode, world, table)
         outcomes.append(ok)
         intervened.append(did)
         shocks.append(fp)
@@ -180,15 +185,16 @@ def _in_own_process(job: Any, allowance: float, folder: str) -> WorldResult:
         _world_process(job, allowance, folder, write)
     os.close(write)
     try:
-        data, cut, status = _read_until(read, pid, started + allowance)
+        data, cut, ended = _read_until(read, pid, started + allowance)
     finally:
         os.close(read)
-    if status is None:
-        _kill_group(pid)
-        _, status = os.waitpid(pid, 0)
+    if ended is None:
+        _kill(pid)
+        ended = _reap(pid, 0)
+        assert ended is not None
     spent = time.monotonic() - started
     _kill_leftovers(pid)
-    result = _result(data, status, cut)
+    result = _result(data, ended, cut, _cpu_limit(allowance))
     result["seconds"] = round(spent, 6)
     return result
 
@@ -198,10 +204,7 @@ def _world_process(job: Any, allowance: float, folder: str, write: int) -> None:
     try:
         os.setsid()
         os.chdir(folder)
-        cpu = max(1, math.ceil(allowance)) + 1
-        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-        if hard != resource.RLIM_INFINITY:
-            cpu = min(cpu, hard - 1)
+        cpu = _cpu_limit(allowance)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         answer = {"columns": job()}
     except ContractViolation as violation:
@@ -220,46 +223,62 @@ def _world_process(job: Any, allowance: float, folder: str, write: int) -> None:
         os._exit(0)
 
 
-def _read_until(fd: int, pid: int, deadline: float) -> tuple[bytes, str | None, int | None]:
-    """What the world's process ``pid`` writes to ``fd`` until it ends, and its wait
-    status; or, cut short, why ("late" once ``deadline`` passed, "large" past
-    ``MAX_RESULT_BYTES``) and None. The end of the process, not of the pipe, ends the
-    reading: a process the world left behind may hold the pipe open for ever."""
+def _cpu_limit(allowance: float) -> int:
+    """The CPU seconds (soft limit) of a world with ``allowance`` wall seconds, within
+    what this process may still give."""
+    cpu = max(1, math.ceil(allowance)) + 1
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    return cpu if hard == resource.RLIM_INFINITY else min(cpu, hard - 1)
+
+
+def _reap(pid: int, flags: int) -> tuple[int, float] | None:
+    """The wait status and CPU seconds of ``pid`` once it ended (None: not yet)."""
+    done, status, usage = os.wait4(pid, flags)
+    return (status, usage.ru_utime + usage.ru_stime) if done else None
+
+
+def _read_until(
+    fd: int, pid: int, deadline: float
+) -> tuple[bytes, str | None, tuple[int, float] | None]:
+    """What the world's process ``pid`` writes to ``fd`` until it ends, and how it ended
+    (``_reap``); or, cut short, why ("late" once ``deadline`` passed, "large" past
+    ``MAX_RESULT_BYTES``). The end of the process, not of the pipe, ends the reading: a
+    process the world left behind may hold the pipe open for ever."""
     chunks: list[bytes] = []
     size = 0
-    status = None
+    ended = None
     os.set_blocking(fd, False)
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            return b"", "late", None
-        if status is None:
+            return b"", "late", ended
+        if ended is None:
             ready, _, _ = select.select([fd], [], [], min(left, _POLL_SECONDS))
             if not ready:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if not done:
-                    status = None
+                ended = _reap(pid, os.WNOHANG)
                 continue
         try:
             chunk = os.read(fd, 1 << 20)
         except BlockingIOError:  # the process ended and its pipe is drained
-            return b"".join(chunks), None, status
+            return b"".join(chunks), None, ended
         if not chunk:  # every writer closed the pipe
-            if status is None:
-                _, status = os.waitpid(pid, 0)
-            return b"".join(chunks), None, status
+            return b"".join(chunks), None, ended or _reap(pid, 0)
         size += len(chunk)
         if size > MAX_RESULT_BYTES:
-            return b"", "large", status
+            return b"", "large", ended
         chunks.append(chunk)
 
 
-def _result(data: bytes, status: int, cut: str | None) -> WorldResult:
+def _result(data: bytes, ended: tuple[int, float], cut: str | None, cpu_limit: int) -> WorldResult:
+    status, cpu = ended
     if cut == "late":
         return {"timed_out": True}
     if cut == "large":
         return {"error": f"the world's process wrote more than {MAX_RESULT_BYTES} bytes"}
-    if os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL):
+    if os.WIFSIGNALED(status) and (
+        os.WTERMSIG(status) == signal.SIGXCPU
+        or (os.WTERMSIG(status) == signal.SIGKILL and cpu >= cpu_limit)
+    ):
         return {"timed_out": True}  # the CPU limit: SIGXCPU at the soft one, then SIGKILL
     try:
         answer = json.loads(data)
@@ -279,6 +298,13 @@ def _result(data: bytes, status: int, cut: str | None) -> WorldResult:
 def _kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+
+
+def _kill(pid: int) -> None:
+    """Kill the world's process and its session's group (it may not have made it yet)."""
+    _kill_group(pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _kill_leftovers(pid: int) -> None:
