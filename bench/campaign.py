@@ -14,7 +14,7 @@ It prints the durable/twin ratio (goal ≤ 1.15), the events of the largest run 
 continue-as-new chain (goal < 4,096), whether the outcomes digest equals the twin's, the
 workers' peak RSS, the workflow state's size (what a continued run carries, the progress
 record) and world-runs per second per worker (from the ``ActivityTaskStarted`` identity
-of every world batch in the chain's histories).
+of every world group in the chain's histories, counted in world-runs).
 
 CPU seconds are printed beside the wall clock, measured the same way for both sides: the
 machine's busy time at nice 0 or below while each ran (``/proc/stat``; the sandboxes are
@@ -22,20 +22,19 @@ not the workers' waited-for children, so a sum over processes would miss them), 
 the worker processes and the Temporal server apart, and the twin's own ``wait4``
 figure as a check. Run it on an otherwise idle machine, or with neighbours niced.
 
-It also breaks the mean world batch down into its time queued, on a worker and in its
-box; ``--breakdown`` first profiles one batch piece by piece in CPU time (the twin's
-share of the same work, the world's own draw table, the box's start, the runner's
-imports, the worker's part; see ``bench/batch_profile.py``).
+It also breaks the mean world group (a chunk's worlds in one sandbox) down into its time
+queued, on a worker and in its box; ``--breakdown`` first takes one chunk apart in CPU
+time (the twin's, the prefixes', the group's shared part and its worlds', in and out of a
+box, the worker's part; see ``bench/batch_profile.py``).
 
 The clock of the durable run starts on a standing fleet: once both workers poll the task
 queue (their start-up, importing Temporal's SDK and the analysis stack, is printed apart),
 and stops at the result; the planning until approval is broken into the ``forklab start``
 process and each planning activity.
 
-A campaign runs 5,000 episodes a world batch by default (``CAMPAIGN_BATCH_EPISODES``):
-each box's start, imports and bookkeeping and each activity's round trip are paid once
-per batch, 12–17 % of the twin's CPU for a world at 1,000 episodes and ~4 % at 4,000
-(docs/scaling.md); the product's default stays ``DEFAULT_BATCH_EPISODES``.
+A campaign runs 5,000 episodes a chunk by default (``CAMPAIGN_BATCH_EPISODES``): each
+box's start, imports and bookkeeping and each activity's round trip are paid once per
+chunk; the product's default stays ``DEFAULT_BATCH_EPISODES``.
 
     python bench/campaign.py [--episodes 100000] [--batch-episodes 5000] [--breakdown]
 """
@@ -88,7 +87,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FORKLAB = str(Path(sys.executable).parent / "forklab")
 RATIO_GOAL = 1.15
 HISTORY_GOAL = 4_096
-#: Episodes a world batch in a campaign (see the module doc).
+#: Episodes a chunk in a campaign (see the module doc).
 CAMPAIGN_BATCH_EPISODES = 5_000
 #: The activities a plan runs before it waits for approval (``_plan_and_approve``).
 PLANNING_ACTIVITIES = (
@@ -119,7 +118,7 @@ class RunFacts:
     #: per activity type: epoch seconds of the first scheduled, of the last completed, and
     #: the sum of scheduled-to-completed seconds
     spans: dict[str, list[float]] = field(default_factory=dict)
-    #: world batches: how many, and their summed seconds waiting in the task queue
+    #: world groups: how many, and their summed seconds waiting in the task queue
     #: (scheduled to started), on a worker (started to completed) and in the sandbox (the
     #: runner's own time, as the batch reports it)
     batch_count: int = 0
@@ -372,7 +371,7 @@ class Campaign:
 
     @property
     def worlds_seconds(self) -> float:
-        """From the first world batch scheduled to the last one completed, across the chain."""
+        """From the first world group scheduled to the last one completed, across the chain."""
         return self.stages().get("run_world_group", (0.0, 0.0))[0]
 
 
@@ -660,7 +659,7 @@ def main() -> int:
     parser.add_argument(
         "--breakdown",
         action="store_true",
-        help="also profile one world batch piece by piece (bench/batch_profile.py), first",
+        help="also take one chunk apart in CPU time (bench/batch_profile.py), first",
     )
     args = parser.parse_args()
     if args.episodes < 1 or args.workers < 1 or args.sandboxes < 1:
