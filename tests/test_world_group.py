@@ -6,12 +6,14 @@ twin's, bit for bit."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,3 +170,63 @@ def test_a_groups_output_of_another_shape_is_refused(entry: bytes, why: str) -> 
 
     with pytest.raises(FormatError, match=why):
         parse_world_outputs(entry, 0, 2)
+
+
+_SLICED = """
+import json, sys
+from experiments.runtime import world_group
+from experiments.runtime.file_format import WorldPlan
+from experiments.runtime.runner import run_prefix, workload_class
+world_group.SLICE_EPISODES = int(sys.argv[2])
+name, params, episodes = sys.argv[1], json.loads(sys.argv[3]), int(sys.argv[4])
+workload = workload_class(name)(params)
+checkpoints = [run_prefix(workload, 0, e) for e in range(episodes)]
+worlds = [WorldPlan(**w) for w in json.loads(sys.argv[5])]
+seconds = json.loads(sys.argv[6])
+print(json.dumps(world_group.run_group(workload, 0, checkpoints, worlds, seconds)))
+"""
+
+
+def run_sliced(
+    folder: Path,
+    workload: str,
+    params: dict[str, object],
+    episodes: int,
+    worlds: list[WorldPlan],
+    seconds: list[float],
+    slice_episodes: int,
+) -> list[dict[str, Any]]:
+    """``run_group`` with slices of ``slice_episodes``, in a fresh process in ``folder``."""
+    folder.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    plans = json.dumps([w.to_json() for w in worlds])
+    args = [workload, str(slice_episodes), json.dumps(params), str(episodes), plans]
+    ran = subprocess.run(
+        [sys.executable, "-c", _SLICED, *args, json.dumps(seconds)],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    results: list[dict[str, Any]] = json.loads(ran.stdout)
+    return results
+
+
+def test_a_chunk_worked_in_slices_gives_the_twins_columns(tmp_path: Path) -> None:
+    """A large chunk is worked a slice at a time (what the worlds share is held for one
+    slice, each world runs once per slice): the columns are the twin's, joined in order,
+    and a world that runs out of seconds in one slice runs no more and fails once."""
+    spec = load_spec(str(ROOT / "experiments" / "retry-cascade.yaml"))
+    plans = spec_world_plans(spec)[:3]
+    params = dict(spec.workload.params)
+    results = run_sliced(tmp_path / "box", spec.workload.name, params, 40, plans, [60.0] * 3, 7)
+    workload = workload_class(spec.workload.name)(params)
+    twin = run_batch(workload, 0, range(40), plans, memo=False)["worlds"]
+    for plan, result in zip(plans, results, strict=True):
+        assert canonical_json(result["columns"]) == canonical_json(twin[plan.name]), plan.name
+    worlds = [world("baseline"), world("hang", "hang")]
+    base, hung = run_sliced(tmp_path / "hang", SIBLINGS, {}, 9, worlds, [30.0, 1.0], 4)
+    assert base["columns"]["outcomes"] == [True] * 9 and len(base["columns"]["inherited"]) == 9
+    assert hung == {"timed_out": True, "seconds": hung["seconds"]} and 1.0 <= hung["seconds"] < 10

@@ -33,7 +33,9 @@ import select
 import signal
 import time
 import traceback
+from collections import deque
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from experiments.runtime.canon import canonical_json, parse_canonical, sha256_hex
@@ -59,6 +61,14 @@ _PR_SET_CHILD_SUBREAPER = 36
 MAX_RESULT_BYTES = 256 << 20
 #: How often the group checks whether a world's process ended while its pipe is quiet.
 _POLL_SECONDS = 0.05
+#: A large chunk is worked in slices: what the worlds share is worked out for at most
+#: this many episodes, or until it takes this much more memory, then every world runs
+#: over that slice, then the next. Every world's process maps all of it, and the
+#: sandbox's memory limit holds for each process.
+SLICE_EPISODES = 5_000
+SLICE_BYTES = 96 << 20
+#: How often (in episodes) a slice's growth is measured.
+_MEASURE_EVERY = 64
 
 
 class WorldResult(TypedDict, total=False):
@@ -75,36 +85,88 @@ class WorldResult(TypedDict, total=False):
 
 
 class _Shared:
-    """What every world of the group starts from, worked out once before the forks: each
-    checkpoint's state read back, its inherited identity and the episode's draw table
-    holding the block runs the workload says every world will draw."""
+    """What every world of the group starts from over one slice of the chunk, worked out
+    once before the forks: each checkpoint's state read back, its inherited identity and
+    the episode's draw table holding the block runs the workload says every world will
+    draw. Takes checkpoints from the front of ``pending`` (each is freed once read) until
+    the slice is full (``SLICE_EPISODES``, ``SLICE_BYTES``)."""
 
     __slots__ = ("episodes", "inherited", "states", "tables")
 
-    def __init__(self, workload: Workload, seed: int, checkpoints: Sequence[Checkpoint]) -> None:
-        self.episodes = [cp["episode"] for cp in checkpoints]
+    def __init__(self, workload: Workload, seed: int, pending: deque[Checkpoint]) -> None:
+        self.episodes: list[int] = []
+        self.inherited: list[str] = []
         self.states: list[State] = []
         self.tables: list[EpisodeDraws] = []
-        self.inherited = [checkpoint_digest(sha256_hex(cp["state"]), None) for cp in checkpoints]
+        start = _resident_bytes()
         # Millions of small objects are made here and all of them live on: a collection
         # would only walk them again and again (it doubled this part's time).
         collecting = gc.isenabled()
         gc.disable()
         try:
-            for cp in checkpoints:
+            while pending and len(self.episodes) < SLICE_EPISODES:
+                if len(self.episodes) % _MEASURE_EVERY == _MEASURE_EVERY - 1 and (
+                    _resident_bytes() - start > SLICE_BYTES
+                ):
+                    break
+                cp = pending.popleft()
+                episode = cp["episode"]
                 state = parse_canonical(cp["state"])
-                table = EpisodeDraws(seed, cp["episode"])
-                at = where(cp["episode"], None, 0)
-                for block, start, stop in world_blocks(workload, state, at):
+                table = EpisodeDraws(seed, episode)
+                at = where(episode, None, 0)
+                for block, begin, stop in world_blocks(workload, state, at):
                     try:
-                        table.keep_run(block, start, stop)
+                        table.keep_run(block, begin, stop)
                     except Exception as exc:  # the block's decode failed
                         raise from_exception(workload, exc, at) from exc
+                self.episodes.append(episode)
+                self.inherited.append(checkpoint_digest(sha256_hex(cp["state"]), None))
                 self.states.append(state)
                 self.tables.append(table)
         finally:
             if collecting:
                 gc.enable()
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory (0 where ``/proc`` cannot say)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class _World:
+    """One world's results so far, slice after slice: its columns, the seconds its
+    processes ran, and the first failure (after which it runs no more)."""
+
+    __slots__ = ("columns", "failure", "seconds")
+
+    def __init__(self) -> None:
+        self.columns = empty_columns()
+        self.failure: WorldResult | None = None
+        self.seconds = 0.0
+
+    def add(self, result: WorldResult) -> None:
+        self.seconds += result.pop("seconds", 0.0)
+        if "columns" not in result:
+            self.failure = result
+            return
+        got, cols = result["columns"], self.columns
+        # (what a world's process wrote: the worker checks the whole, this only the shape)
+        if not isinstance(got, dict) or not all(isinstance(v, list) for v in got.values()):
+            self.failure = {"error": "the world's process wrote columns of another shape"}
+            return
+        cols["outcomes"] += got.get("outcomes", [])
+        cols["intervened"] += got.get("intervened", [])
+        cols["shocks"] += got.get("shocks", [])
+        cols["inherited"] += got.get("inherited", [])
+
+    def result(self) -> WorldResult:
+        out: WorldResult = self.failure or {"columns": self.columns}
+        out["seconds"] = round(self.seconds, 6)
+        return out
 
 
 def run_group(
@@ -116,36 +178,45 @@ def run_group(
     root: Path | None = None,
 ) -> list[WorldResult]:
     """Continue every world in ``worlds`` from ``checkpoints``, each in its own forked
-    process with ``seconds[i]`` of wall clock (and as many CPU seconds); in world order.
+    process (one per slice of the chunk) with ``seconds[i]`` of wall clock in all (and as
+    many CPU seconds a process); in world order.
 
     A workload with a workspace continues from ``root/<episode>``, which each world
     changes in place: such a group holds one world (the sandbox's workspace is that
-    world's own copy-on-write view). A contract broken in the shared part (``world_blocks``
-    or a block's decode) is raised: it is every world's."""
+    world's own copy-on-write view), run over the chunk in one process. A contract broken
+    in the shared part (``world_blocks`` or a block's decode) is raised: it is every
+    world's."""
     if len(seconds) != len(worlds):
         raise ValueError("give one allowance per world")
     if workload.has_workspace and len(worlds) > 1:
         raise ValueError("a workload with a workspace runs one world per sandbox")
-    shared = None
-    if not workload.has_workspace:
-        shared = _Shared(workload, seed, checkpoints)
-        checkpoints = ()  # their text is read back: every world's process maps less
-    # The parent's objects stay as they are for every fork: keeping the collector off
-    # them spares each world copying the pages a collection would touch.
-    gc.freeze()
     _become_subreaper()
-    results = []
-    for index, (world, allowance) in enumerate(zip(worlds, seconds, strict=True)):
-        folder = os.path.abspath(f"world-{index}")
+    folders = [os.path.abspath(f"world-{i}") for i in range(len(worlds))]
+    for folder in folders:
         os.mkdir(folder)
-
-        def job(world: WorldPlan = world) -> WorldColumns:
-            if shared is None:
-                return continue_checkpoints(workload, seed, checkpoints, world, root, own=True)
-            return _continue(workload, seed, world, shared)
-
-        results.append(_in_own_process(job, allowance, folder))
-    return results
+    if workload.has_workspace:
+        job = partial(continue_checkpoints, workload, seed, checkpoints, worlds[0], root, True)
+        return [_in_own_process(job, seconds[0], folders[0])]
+    pending = deque(checkpoints)
+    del checkpoints  # each checkpoint is freed once its slice has read it back
+    runs = [_World() for _ in worlds]
+    while pending:
+        shared = _Shared(workload, seed, pending)
+        # The parent's objects stay as they are for every fork: keeping the collector off
+        # them spares each world copying the pages a collection would touch.
+        gc.freeze()
+        for world, allowance, folder, run in zip(worlds, seconds, folders, runs, strict=True):
+            left = allowance - run.seconds
+            if run.failure is None and left <= 0:
+                run.failure = {"timed_out": True}
+            if run.failure is not None:
+                continue
+            job = partial(_continue, workload, seed, world, shared)
+            run.add(_in_own_process(job, left, folder))
+        if pending:  # (the last slice's is left to the process's end: freeing takes time)
+            gc.unfreeze()
+            del shared  # the slice's memory goes back for the next one
+    return [run.result() for run in runs]
 
 
 def _continue(workload: Workload, seed: int, world: WorldPlan, shared: _Shared) -> WorldColumns:
