@@ -48,18 +48,20 @@ def run_group(
     (folder / "checkpoints.jsonl").write_text(lines)
     request = request_text(workload, params, 0, worlds=worlds, seconds=seconds)
     (folder / "request.json").write_text(request)
+    files = ["--request", "request.json", "--checkpoints", "checkpoints.jsonl", "--out", "out"]
+    python(folder, "-m", "experiments.runtime.runner", "continue", *files)
+    return parse_world_outputs((folder / "out").read_bytes(), episodes, len(worlds))
+
+
+def python(folder: Path, *args: str) -> str:
+    """This interpreter run with ``args`` in ``folder`` (the tests' workloads importable),
+    to its successful end; what it printed."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    files = ["--request", "request.json", "--checkpoints", "checkpoints.jsonl"]
     ran = subprocess.run(
-        [sys.executable, "-m", "experiments.runtime.runner", "continue", *files, "--out", "out"],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=120
     )
     assert ran.returncode == 0, ran.stderr
-    return parse_world_outputs((folder / "out").read_bytes(), episodes, len(worlds))
+    return ran.stdout
 
 
 def world(name: str, intervention: str | None = None) -> WorldPlan:
@@ -198,19 +200,11 @@ def run_sliced(
 ) -> list[dict[str, Any]]:
     """``run_group`` with slices of ``slice_episodes``, in a fresh process in ``folder``."""
     folder.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     plans = json.dumps([w.to_json() for w in worlds])
     args = [workload, str(slice_episodes), json.dumps(params), str(episodes), plans]
-    ran = subprocess.run(
-        [sys.executable, "-c", _SLICED, *args, json.dumps(seconds)],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    results: list[dict[str, Any]] = json.loads(
+        python(folder, "-c", _SLICED, *args, json.dumps(seconds))
     )
-    assert ran.returncode == 0, ran.stderr
-    results: list[dict[str, Any]] = json.loads(ran.stdout)
     return results
 
 
