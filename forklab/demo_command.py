@@ -90,8 +90,8 @@ async def _follow(settings: Settings, experiment: str) -> ExperimentResult:
         p, b = view.progress, view.budget
         line = (
             f"  [{view.stage.value}] prefixes {p.prefixes_done}/{p.prefix_chunks} · world "
-            f"batches {p.batches_completed}/{p.batches} done, {p.running} running, "
-            f"{p.batches_failed} failed, {p.batches_skipped} skipped · "
+            f"batches {p.batches_completed}/{p.batches} done, {p.batches_failed} failed, "
+            f"{p.batches_skipped} skipped, {p.running} sandboxes running · "
             f"{b.spent_world_seconds:.1f}/{b.max_world_seconds:g} world-seconds"
         )
         if line != last:

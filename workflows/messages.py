@@ -175,7 +175,7 @@ class RunProgress(Model):
     batches_completed: int = 0
     batches_failed: int = 0
     batches_skipped: int = 0
-    running: int = 0
+    running: int = 0  # sandboxes running now (a world group's worlds share one)
 
 
 class Carry(Model):

@@ -48,7 +48,7 @@ def details(state: RunState) -> str:
         "",
         f"- prefixes: {p.prefixes_done}/{p.prefix_chunks} chunks{_handed(state)}",
         f"- world batches: {p.batches_completed}/{p.batches} done, {p.batches_failed} failed, "
-        f"{p.batches_skipped} skipped, {p.running} running",
+        f"{p.batches_skipped} skipped; {p.running} sandboxes running",
         f"- budget: {b.spent_world_seconds:.1f} of {b.max_world_seconds:g} world-seconds "
         f"spent, {b.reserved_world_seconds:.1f} reserved",
         f"- approval: {state.gate.state.status.value}",
