@@ -1,4 +1,5 @@
-"""Sandbox activities: run prefixes once, run world batches, and clean up by label.
+"""Sandbox activities: run prefixes once, run world batches (a group of worlds over a
+chunk in one sandbox, each world in a process of its own), and clean up by label.
 
 Each activity execution is one attempt of one unit (the workflow starts the next one
 under a renewed reservation, see ``workflows.attempts``). It heartbeats before anything

@@ -40,8 +40,8 @@ async def test_sigkilled_worker_is_replaced_and_nothing_counts_twice(
     settings = lab_settings(temporal_env, tmp_path / "home")
     env = cli_env(settings)
     lab = Lab(client=temporal_env.client, settings=settings)
-    # about 2 s per world batch; the rehearsal sees the same pace, so a retried batch
-    # still fits in its reservation
+    # about 2 s per world batch (a group of three shares a sandbox); the rehearsal sees
+    # the same pace, so a retried group still fits in its reservation
     spec = make_spec(params={"sandbox_sleep": 0.15, "twin_sleep": 0.15})
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(spec.model_dump_json())
