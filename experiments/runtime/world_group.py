@@ -213,9 +213,8 @@ def run_group(
                 continue
             job = partial(_continue, workload, seed, world, shared)
             run.add(_in_own_process(job, left, folder))
-        if pending:  # (the last slice's is left to the process's end: freeing takes time)
-            gc.unfreeze()
-            del shared  # the slice's memory goes back for the next one
+        gc.unfreeze()
+        del shared  # the slice's memory goes back for the next one
     return [run.result() for run in runs]
 
 
