@@ -31,15 +31,14 @@ class RehearseInput(Model):
         pattern=r"^[0-9a-f]{64}$",
         description="Digest of the workload bundle; None for a workload built into ForkLab.",
     )
-    run_key: str | None = Field(
+    batch_episodes: int | None = Field(
         default=None,
-        min_length=1,
+        ge=1,
         description=(
-            "The run the rehearsal may hand its prefixes over to, with ``batch_episodes``; "
+            "The run's chunk size: the rehearsal may hand its prefixes over, chunk by chunk; "
             "None: it only checks them."
         ),
     )
-    batch_episodes: int | None = Field(default=None, ge=1)
 
 
 class RehearsedPrefixes(Model):

@@ -155,7 +155,7 @@ class PlanningActivities:
         boxes: list[int] = []
         refs: list[PrefixRef] = []
         handover = None
-        if inp.run_key is not None and inp.batch_episodes is not None:
+        if inp.batch_episodes is not None:
             chunks = episode_chunks(spec.episodes, inp.batch_episodes)
             handover = Handover([(c.first, c.stop) for c in chunks], self._taker(inp, refs))
         job = asyncio.to_thread(

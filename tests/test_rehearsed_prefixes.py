@@ -216,11 +216,9 @@ async def test_the_rehearse_activity_stores_them_and_the_prefix_stage_takes_them
     store = LocalArtifactStore(tmp_path / "artifacts")
     planning = _planning(tmp_path, store)
     spec = _cascade_spec()
-    run_key = "forklab-handed/run-1"
     env = ActivityEnvironment()
     rehearsal = await env.run(
-        planning.rehearse,
-        RehearseInput(spec=spec, sample_episodes=20, run_key=run_key, batch_episodes=250),
+        planning.rehearse, RehearseInput(spec=spec, sample_episodes=20, batch_episodes=250)
     )
     handed = rehearsal.prefixes
     assert handed is not None and (handed.chunks, handed.batch_episodes) == (3, 250)

@@ -276,7 +276,6 @@ class ExperimentWorkflow:
                 spec=spec,
                 sample_episodes=self._inp.rehearsal_episodes,
                 workload_bundle=self._inp.workload_bundle,
-                run_key=self._run_key,
                 batch_episodes=self._inp.batch_episodes,
             ),
             start_to_close_timeout=timeouts.REHEARSE_TIMEOUT,

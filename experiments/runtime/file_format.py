@@ -261,9 +261,11 @@ def _world_output(entry: object, episodes: int, index: int) -> WorldOutput:
     if not isinstance(entry, dict):
         raise FormatError(f"the result of world {index} is not an object")
     seconds = entry.get("seconds")
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        raise FormatError(f"the result of world {index} has no seconds")
-    if not 0 <= seconds < math.inf:
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 <= seconds < math.inf
+    ):
         raise FormatError(f"the result of world {index} has no seconds")
     kinds = sorted(set(entry) - {"seconds"})
     if len(kinds) != 1 or kinds[0] not in ("columns", "contract", "error", "timed_out"):
