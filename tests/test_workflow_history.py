@@ -207,7 +207,10 @@ async def test_a_run_continued_mid_execution_gives_the_same_outcomes_and_carries
     world batches; the chain reports the same outcomes as one run, each run stays under
     the limit, and what a continued run inherits does not grow with the work done."""
     spec = make_spec(episodes=36)
-    handle, key = await lab.start(spec, batch_episodes=6)
+    # Small chunks: a chunk's worlds run as one unit, so 18 chunks give ~36 units, enough
+    # to continue as new ~4 times under this limit whatever the machine's pace (at 6
+    # chunks a slow runner batched results into fewer events and continued only once).
+    handle, key = await lab.start(spec, batch_episodes=2)
     await lab.approve(handle, key)
     plain = await handle.result()
     assert plain.status is Status.completed and plain.runs == 1
@@ -220,7 +223,7 @@ async def test_a_run_continued_mid_execution_gives_the_same_outcomes_and_carries
         ExperimentInput(
             spec=spec2,
             approver_public_key=public_key_hex(key2),
-            batch_episodes=6,
+            batch_episodes=2,
             rehearsal_episodes=0,
             history_events=limit,
             workload_bundle=lab.ship(spec2),
