@@ -3,7 +3,8 @@ import path, ``group_workloads:Siblings``).
 
 Each intervention misbehaves in its own way: ``taint`` changes the module's memory,
 ``linger`` leaves a process running that outlives its world, ``hang`` never ends,
-``raise`` fails and ``die`` kills its own process. Every world's outcome is whether it
+``spin`` burns CPU with SIGXCPU ignored, ``raise`` fails and ``die`` kills its own
+process. Every world's outcome is whether it
 saw nothing of that: no taint in memory and no lingering process. Run in one process
 (the local twin), a world after a ``taint`` world does see it; each in a forked process
 of its own (a world group), none does.
@@ -57,6 +58,7 @@ class Siblings(Workload):
         "taint": {},
         "linger": {},
         "hang": {},
+        "spin": {},
         "raise": {},
         "die": {},
     }
@@ -93,6 +95,10 @@ class Siblings(Workload):
         elif name == "hang":
             while True:
                 time.sleep(0.05)
+        elif name == "spin":  # deaf to the soft CPU limit: only the hard one stops it
+            signal.signal(signal.SIGXCPU, signal.SIG_IGN)
+            while True:
+                pass
         elif name == "raise":
             raise RuntimeError("the world fails on purpose")
         elif name == "die":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -40,8 +41,10 @@ def run_group(
     episodes: int,
     worlds: list[WorldPlan],
     seconds: list[float],
+    cpu_seconds: int | None = None,
 ) -> list[WorldOutput]:
-    """The runner's ``continue`` of ``worlds`` in ``folder``, in a fresh process."""
+    """The runner's ``continue`` of ``worlds`` in ``folder``, in a fresh process (under a
+    hard limit of ``cpu_seconds``, as a box may set one)."""
     folder.mkdir()
     wl = workload_class(workload)(params)
     lines = "".join(checkpoint_line(run_prefix(wl, 0, e)) for e in range(episodes))
@@ -49,16 +52,27 @@ def run_group(
     request = request_text(workload, params, 0, worlds=worlds, seconds=seconds)
     (folder / "request.json").write_text(request)
     files = ["--request", "request.json", "--checkpoints", "checkpoints.jsonl", "--out", "out"]
-    python(folder, "-m", "experiments.runtime.runner", "continue", *files)
+    python(folder, "-m", "experiments.runtime.runner", "continue", *files, cpu_seconds=cpu_seconds)
     return parse_world_outputs((folder / "out").read_bytes(), episodes, len(worlds))
 
 
-def python(folder: Path, *args: str) -> str:
+def python(folder: Path, *args: str, cpu_seconds: int | None = None) -> str:
     """This interpreter run with ``args`` in ``folder`` (the tests' workloads importable),
     to its successful end; what it printed."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+
+    def limit_cpu() -> None:
+        if cpu_seconds is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
+
     ran = subprocess.run(
-        [sys.executable, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limit_cpu,
     )
     assert ran.returncode == 0, ran.stderr
     return ran.stdout
@@ -119,6 +133,20 @@ def test_a_world_past_its_seconds_is_killed_and_the_next_one_runs(tmp_path: Path
     assert hang.timed_out and hang.columns is None and 1.0 <= hang.seconds < 10
     assert after.columns is not None and after.columns["outcomes"] == [True] * 3
     assert time.monotonic() - started < 30
+
+
+def test_a_world_deaf_to_sigxcpu_is_stopped_by_the_hard_cpu_limit_as_a_timeout(
+    tmp_path: Path,
+) -> None:
+    """The box's hard CPU limit (4 s here) caps each world's: the soft limit at 3 s, the
+    hard at 4. A world that ignores SIGXCPU runs on to the SIGKILL of the hard one, long
+    before its 30 wall seconds; having used its CPU seconds, it timed out, and the next
+    world runs."""
+    worlds = [world("spin", "spin"), world("baseline")]
+    spun, after = run_group(tmp_path / "box", SIBLINGS, {}, 3, worlds, [30.0, 30.0], 4)
+    assert spun.timed_out and spun.columns is None and spun.error is None
+    assert 3.0 <= spun.seconds < 20, spun.seconds  # stopped by CPU, not the wall clock
+    assert after.columns is not None and after.columns["outcomes"] == [True] * 3
 
 
 def test_a_world_that_breaks_the_contract_fails_alone_with_its_sentence(tmp_path: Path) -> None:
