@@ -32,7 +32,7 @@ from forklab.rehearsal import rehearse
 from forklab.specfile import load_spec
 from workers.config import Settings
 from workers.server import temporal_binary
-from workers.worker import build_worker, cpu_pool
+from workers.worker import build_worker, cpu_pool, start_pool
 from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
     DEFAULT_BATCH_EPISODES,
@@ -77,6 +77,7 @@ async def durable(
     marks: dict[str, float] = {}
     try:
         with cpu_pool() as cpu:
+            await start_pool(cpu)  # as ``forklab worker`` does before it polls
             async with build_worker(env.client, settings, cpu):
                 key = new_private_key()
                 start = time.perf_counter()

@@ -60,6 +60,15 @@ def _svg(fig: Figure) -> str:
     return text[text.index("<svg") :]
 
 
+def load_renderer() -> None:
+    """Import matplotlib and draw a chart with text: a process's first chart pays that
+    and the SVG backend's and fonts' loading (~0.3 s); a process that will render
+    reports does it ahead (``workers.worker.cpu_pool``)."""
+    with _figure(1.0) as (fig, ax):
+        ax.set_title("forklab")
+        _svg(fig)
+
+
 def failure_rate_chart(worlds: list[WorldRow]) -> str:
     """Failure rate per world with its Wilson interval, baseline rate as a reference line."""
     rows = [w for w in worlds if w.episodes]
