@@ -28,7 +28,7 @@ from workers.server import (
     start_server,
     stop_server,
 )
-from workers.worker import run_worker
+from workers.worker import AnalysisPoolError, run_worker
 
 
 def ensure_server(settings: Settings) -> bool:
@@ -90,6 +90,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         run(lambda: run_worker(settings))
     except ConfigError as exc:
         raise CliError(str(exc), code=2) from None
+    except AnalysisPoolError as exc:
+        raise CliError(str(exc)) from None
     except RuntimeError as exc:
         raise CliError(
             f"the worker cannot connect to Temporal at {settings.address} "

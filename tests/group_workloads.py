@@ -4,10 +4,9 @@ import path, ``group_workloads:Siblings``).
 Each intervention misbehaves in its own way: ``taint`` changes the module's memory,
 ``linger`` leaves a process running that outlives its world, ``hang`` never ends,
 ``spin`` burns CPU with SIGXCPU ignored, ``raise`` fails and ``die`` kills its own
-process. Every world's outcome is whether it
-saw nothing of that: no taint in memory and no lingering process. Run in one process
-(the local twin), a world after a ``taint`` world does see it; each in a forked process
-of its own (a world group), none does.
+process. Every world's outcome is whether it saw nothing of that: no taint in memory and
+no lingering process. Run in one process (the local twin), a world after a ``taint``
+world does see it; each in a forked process of its own (a world group), none does.
 """
 
 from __future__ import annotations

@@ -5,12 +5,12 @@ before it takes work."""
 from __future__ import annotations
 
 import sys
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
 
-from workers.worker import cpu_pool, start_pool
+from tests.helpers import run_cli
+from workers.worker import AnalysisPoolError, cpu_pool, start_pool
 
 
 def _renderer_loaded() -> bool:
@@ -23,13 +23,30 @@ async def test_a_started_pool_renders_its_first_chart_with_matplotlib_loaded() -
         assert cpu.submit(_renderer_loaded).result(timeout=60)
 
 
-async def test_a_pool_that_cannot_start_stops_the_worker(
+def _break_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A matplotlib that fails to import, first on the path spawned processes import from."""
+    broken = tmp_path / "broken" / "matplotlib"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('matplotlib is broken here')\n")
+    monkeypatch.syspath_prepend(str(broken.parent))
+
+
+async def test_a_pool_that_cannot_start_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A broken matplotlib (first on the path the spawned processes import from)."""
-    broken = tmp_path / "matplotlib"
-    broken.mkdir()
-    (broken / "__init__.py").write_text("raise ImportError('matplotlib is broken here')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with cpu_pool() as cpu, pytest.raises(BrokenProcessPool):
+    _break_matplotlib(tmp_path, monkeypatch)
+    with cpu_pool() as cpu, pytest.raises(AnalysisPoolError, match="could not start"):
         await start_pool(cpu)
+
+
+def test_forklab_worker_with_a_broken_install_stops_before_it_connects(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One sentence, exit 1, and not the "cannot connect" of a missing server."""
+    _break_matplotlib(tmp_path, monkeypatch)
+    monkeypatch.setenv("FORKLAB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FORKLAB_ADDRESS", "127.0.0.1:9")  # nothing listens: never reached
+    code, _, err = run_cli(capsys, "worker")
+    assert code == 1, err
+    assert "the worker's analysis processes could not start" in err
+    assert "cannot connect" not in err

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any
 
@@ -115,6 +116,11 @@ def _pool_pid() -> int:
     return os.getpid()
 
 
+class AnalysisPoolError(Exception):
+    """The analysis pool's processes could not start (not a ``RuntimeError``, which the
+    CLI reads as Temporal being out of reach)."""
+
+
 async def start_pool(cpu: Executor) -> None:
     """Start the pool's processes now rather than at the first analysis, which otherwise
     waits ~1.5 s for a process to spawn, import the analysis stack and load matplotlib;
@@ -124,7 +130,15 @@ async def start_pool(cpu: Executor) -> None:
     loop = asyncio.get_running_loop()
     jobs = [loop.run_in_executor(cpu, _pool_pid) for _ in range(CPU_PROCESSES)]
     done, _ = await asyncio.wait(jobs, return_when=asyncio.FIRST_COMPLETED)
-    done.pop().result()
+    try:
+        done.pop().result()
+    except BrokenProcessPool:
+        await asyncio.gather(*jobs, return_exceptions=True)  # every job failed with it
+        raise AnalysisPoolError(
+            "the worker's analysis processes could not start (their error is printed "
+            "above); check that this environment imports ForkLab's dependencies, e.g. "
+            "`python -c 'import matplotlib, scipy'`, or reinstall it"
+        ) from None
 
 
 def build_activities(
@@ -204,16 +218,16 @@ async def run_worker(settings: Settings) -> None:
     await asyncio.to_thread(check_stores, settings)
     readout_config()
     braintrust_config()
-    client = await connect(settings)
-    await ensure_search_attributes(client, settings.namespace)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     version = worker_version(settings)
     backend = sandbox_backend(settings)
     with cpu_pool() as cpu:
         await start_pool(cpu)
+        client = await connect(settings)
+        await ensure_search_attributes(client, settings.namespace)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         async with build_worker(client, settings, cpu, backend, version):
             if version is not None:
                 await announce(client, version, settings.promote)
