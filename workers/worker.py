@@ -112,10 +112,6 @@ def cpu_pool() -> ProcessPoolExecutor:
     )
 
 
-def _pool_pid() -> int:
-    return os.getpid()
-
-
 class AnalysisPoolError(Exception):
     """The analysis pool's processes could not start (not a ``RuntimeError``, which the
     CLI reads as Temporal being out of reach)."""
@@ -128,7 +124,7 @@ async def start_pool(cpu: Executor) -> None:
     work. One job per process makes each spawn; returns once one of them has run (the
     others finish starting in the background)."""
     loop = asyncio.get_running_loop()
-    jobs = [loop.run_in_executor(cpu, _pool_pid) for _ in range(CPU_PROCESSES)]
+    jobs = [loop.run_in_executor(cpu, os.getpid) for _ in range(CPU_PROCESSES)]
     done, _ = await asyncio.wait(jobs, return_when=asyncio.FIRST_COMPLETED)
     try:
         done.pop().result()
