@@ -16,6 +16,7 @@ from pathlib import Path
 from temporalio import activity
 
 from activities.approval_keys import (
+    ALLOW_UNAPPROVED,
     KeyFileError,
     key_path,
     new_private_key,
@@ -24,9 +25,6 @@ from activities.approval_keys import (
     write_private_key,
 )
 from activities.models import ApprovalPolicy, KeyInput, KeyIssued, PolicyInput
-
-#: The setting that lets a spec's ``approval.required: false`` skip approval on a worker.
-ALLOW_UNAPPROVED = "FORKLAB_ALLOW_UNAPPROVED"
 
 
 class ApprovalActivities:

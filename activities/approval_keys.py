@@ -29,6 +29,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 
 #: What a signature commits to; a signature for anything else (e.g. a reject) never verifies.
 PURPOSE = "forklab-approve-v1"
+#: The setting that lets a spec's ``approval.required: false`` skip approval on a worker
+#: (``activities.approval``). Here rather than there so that ``workers.config`` can name
+#: it without importing the activities and their models.
+ALLOW_UNAPPROVED = "FORKLAB_ALLOW_UNAPPROVED"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import os
 import sys
@@ -11,45 +12,58 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from forklab import plan_commands
 from forklab.errors import CliError
 from forklab.terminal import visible_output
 
-#: Commands that need neither Temporal nor the workers: they are parsed without importing
-#: the other commands' modules (temporalio, activities, workers), which would otherwise
-#: take longer than a whole ``forklab plan`` of a small spec.
-LOCAL_COMMANDS = ("plan", "schema")
+#: Every module that registers sub-commands: the module, its function that registers them,
+#: and the commands it registers, in the order ``forklab --help`` lists them.
+#: ``tests/test_cli_imports.py`` checks that this says what the modules register.
+REGISTRARS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("forklab.plan_commands", "register", ("schema", "plan")),
+    (
+        "forklab.experiment_commands",
+        "register",
+        ("start", "bundle", "status", "cancel", "report"),
+    ),
+    ("forklab.approval_commands", "register", ("approve", "sign", "reject")),
+    ("forklab.service_commands", "register", ("server", "worker", "up", "down")),
+    ("forklab.demo_command", "register", ("demo",)),
+    (
+        "forklab.agent_commands",
+        "register",
+        ("fork", "steps", "diff", "trail", "outcome", "promote", "watch"),
+    ),
+    ("forklab.agent_services", "register", ("agent-worker",)),
+    ("forklab.doctor_command", "register", ("doctor",)),
+    ("forklab.evals_command", "register", ("evals",)),
+    ("forklab.workspace_command", "register_layers", ("layers",)),
+)
+#: Sub-command → the module and function that register it. ``forklab approve …`` imports
+#: ``forklab.approval_commands`` and what it needs, and none of the other commands' modules
+#: (the worker, the analysis stack, the agent framework, the store clients): importing
+#: them all took longer than most commands take to run.
+COMMANDS: dict[str, tuple[str, str]] = {
+    name: (module, function) for module, function, names in REGISTRARS for name in names
+}
 
 
-def build_parser(local_only: bool = False) -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``forklab`` parser with every sub-command, or, for a ``command`` named in
+    ``COMMANDS``, with only the sub-commands its module registers. Help, usage and errors
+    for that command read the same either way: only the top-level parser lists the
+    commands (in ``forklab --help`` and "invalid choice" errors), and it is built whole
+    whenever the first word is not a command."""
     parser = argparse.ArgumentParser(
         prog="forklab",
         description="Fork agent runs into counterfactual worlds; count rescues and harms.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    plan_commands.register(sub)
-    if not local_only:
-        from forklab import (
-            agent_commands,
-            agent_services,
-            approval_commands,
-            demo_command,
-            doctor_command,
-            evals_command,
-            experiment_commands,
-            service_commands,
-            workspace_command,
-        )
-
-        experiment_commands.register(sub)
-        approval_commands.register(sub)
-        service_commands.register(sub)
-        demo_command.register(sub)
-        agent_commands.register(sub)
-        agent_services.register(sub)
-        doctor_command.register(sub)
-        evals_command.register(sub)
-        workspace_command.register_layers(sub)
+    if command is not None and command in COMMANDS:
+        wanted = [COMMANDS[command]]
+    else:
+        wanted = [(module, function) for module, function, _ in REGISTRARS]
+    for module, function in wanted:
+        getattr(importlib.import_module(module), function)(sub)
     return parser
 
 
@@ -61,7 +75,7 @@ def dispatch(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(words: list[str]) -> int:
-    parser = build_parser(local_only=bool(words) and words[0] in LOCAL_COMMANDS)
+    parser = build_parser(words[0] if words else None)
     args = parser.parse_args(words)
     try:
         code: int = args.func(args)

@@ -23,9 +23,8 @@ from activities.sandbox.base import SandboxBackend, SandboxError
 from activities.world_batches import RUN_LABEL
 from forklab.errors import CliError
 from forklab.ops_common import add_connection_flags, run, settings_from
+from workers.client import connect
 from workers.config import ConfigError, Settings
-from workers.providers import sandbox_backend
-from workers.worker import connect
 
 #: A ``forklab.run`` value no run has (run keys are ``<workflow id>/<run id>``): what a
 #: backend lists under it are the leftovers it lists whatever the labels (a local sandbox
@@ -57,6 +56,9 @@ class _Sweep:
 
 
 def doctor(args: argparse.Namespace) -> int:
+    # the backends' modules (and the activities they share): imported when the doctor runs
+    from workers.providers import sandbox_backend
+
     settings = settings_from(args)
     try:
         backend = sandbox_backend(settings)

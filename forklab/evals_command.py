@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import os
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from activities.sdk_errors import innermost_sentence
 from activities.secrets_text import redact
-from evals import acquisition, capacity, causal
-from evals.suite import SuiteResult
 from forklab.errors import CliError
+
+if TYPE_CHECKING:
+    from evals.suite import SuiteResult
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,6 +36,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def evals(args: argparse.Namespace) -> int:
+    # the suites (Braintrust, the analysis): imported when they run, not with the parser
+    from evals import acquisition, capacity, causal
+
     keyed = bool(os.environ.get("BRAINTRUST_API_KEY", "").strip())
     if args.send and not keyed:
         raise CliError("--send needs BRAINTRUST_API_KEY; set it or run without --send", code=2)

@@ -46,10 +46,9 @@ from forklab.ops_common import (
 from forklab.report_files import write_report
 from forklab.specfile import SPEC_EXIT, load_spec
 from forklab.workload_files import collect_workload
+from workers.client import ensure_search_attributes
 from workers.config import Settings
 from workers.stores import artifact_store
-from workers.worker import ensure_search_attributes
-from workflows.experiment import ExperimentWorkflow
 from workflows.messages import (
     BATCH_EPISODES_RANGE,
     DEFAULT_BATCH_EPISODES,
@@ -57,6 +56,7 @@ from workflows.messages import (
     DEFAULT_REHEARSAL_EPISODES,
     HISTORY_EVENTS_RANGE,
     REHEARSAL_EPISODES_RANGE,
+    WORKFLOW_TYPE,
     ExperimentInput,
     ExperimentResult,
     Stage,
@@ -135,8 +135,9 @@ async def start_experiment(
     pending = write_private_key(key_path(settings.home, wid, f"pending-{os.getpid()}"), key)
     folder = pending.parent
     try:
+        # by name: importing ``workflows.experiment`` would import the worker's activities
         handle = await client.start_workflow(
-            ExperimentWorkflow.run,
+            WORKFLOW_TYPE,
             ExperimentInput(
                 spec=spec,
                 approver_public_key=public_key_hex(key),
@@ -149,6 +150,7 @@ async def start_experiment(
             ),
             id=wid,
             task_queue=settings.task_queue,
+            result_type=ExperimentResult,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             search_attributes=TypedSearchAttributes(

@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from temporalio.api.enums.v1 import DescribeTaskQueueMode, TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import PollerInfo, TaskQueue
@@ -24,11 +24,12 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from forklab.errors import CliError
 from workers import processes
+from workers.client import connect
 from workers.config import ConfigError, Settings
 from workers.server import child_env, pidfile
-from workers.worker import connect
-from workflows.experiment import ExperimentWorkflow
-from workflows.messages import ExperimentResult, StatusView, workflow_id
+
+if TYPE_CHECKING:
+    from workflows.messages import ExperimentResult, StatusView
 
 _T = TypeVar("_T")
 
@@ -131,9 +132,15 @@ async def open_client(settings: Settings) -> Client:
 
 async def experiment_handle(
     settings: Settings, experiment: str
-) -> WorkflowHandle[ExperimentWorkflow, ExperimentResult]:
+) -> WorkflowHandle[Any, ExperimentResult]:
+    """The experiment's workflow, by name: importing ``workflows.experiment`` would import
+    every activity of the worker. Its messages (pydantic models of the spec and the
+    analysis, with numpy) are imported here, not with this module: the agent-run commands
+    share the rest of it and need none of them."""
+    from workflows.messages import ExperimentResult, workflow_id
+
     client = await open_client(settings)
-    handle = client.get_workflow_handle_for(ExperimentWorkflow.run, workflow_id(experiment))
+    handle = client.get_workflow_handle(workflow_id(experiment), result_type=ExperimentResult)
     try:
         await handle.describe()
     except RPCError as exc:
@@ -160,12 +167,15 @@ async def query_status(settings: Settings, handle: WorkflowHandle[Any, Any]) -> 
     ~30 s; if it has not answered at once and no worker that could answer it is seen
     polling, the command says so on stderr right away, and still waits: a worker that
     has just started may not be listed yet, and a query it answers is the truth."""
-    query = asyncio.ensure_future(handle.query(ExperimentWorkflow.status))
+    from workflows.messages import STATUS_QUERY, StatusView  # (see ``experiment_handle``)
+
+    query = asyncio.ensure_future(handle.query(STATUS_QUERY, result_type=StatusView))
     try:
         done, _ = await asyncio.wait({query}, timeout=QUICK_ANSWER_SECONDS)
         if not done and (nobody := await _no_worker(settings, handle)) is not None:
             print(f"forklab: {nobody}; waiting for the status query", file=sys.stderr, flush=True)
-        return await query
+        view: StatusView = await query
+        return view
     except RPCError as exc:
         raise CliError(
             f"the experiment did not answer its status query ({exc.message}); "

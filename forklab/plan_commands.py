@@ -7,15 +7,10 @@ import json
 from pathlib import Path
 
 from experiments.bundle import BundleError
-from experiments.report.render_html import render_html
-from experiments.report.render_markdown import render_markdown
-from experiments.report.render_text import render_text
 from experiments.runtime.contract import ContractViolation
 from experiments.runtime.workload import WorkloadError
 from experiments.spec import SpecError, json_schema
-from experiments.twin_workspace import twin_workspace_section
 from forklab.errors import CliError
-from forklab.rehearsal import rehearse
 from forklab.report_files import write_report
 from forklab.specfile import SPEC_EXIT, load_spec
 
@@ -26,6 +21,15 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    # the analysis and the renderings (numpy, scipy): imported when a plan runs, not for
+    # `forklab schema` or `plan --help`; and before ``load_spec`` puts the spec's folder
+    # first on the import path
+    from experiments.report.render_html import render_html
+    from experiments.report.render_markdown import render_markdown
+    from experiments.report.render_text import render_text
+    from experiments.twin_workspace import twin_workspace_section
+    from forklab.rehearsal import rehearse
+
     spec = load_spec(args.spec)
     try:
         # --debug runs in this process, so the traceback shows the workload's own frames.

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from types import FrameType
 
-from activities.sandbox.jail import bubblewrap
 from forklab.agent_services import agent_settings, ensure_agent_services, stop_agent_services
 from forklab.errors import CliError
 from forklab.ops_common import (
@@ -28,7 +27,6 @@ from workers.server import (
     start_server,
     stop_server,
 )
-from workers.worker import AnalysisPoolError, run_worker
 
 
 def ensure_server(settings: Settings) -> bool:
@@ -86,6 +84,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         f"(namespace {settings.namespace}), home {settings.home}; Ctrl-C stops it",
         flush=True,
     )
+    # the worker's activities, analysis and store clients: imported by this command only
+    from workers.worker import AnalysisPoolError, run_worker
+
     try:
         run(lambda: run_worker(settings))
     except ConfigError as exc:
@@ -101,6 +102,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from activities.sandbox.jail import bubblewrap  # the sandbox modules: only `up` needs them
+
     settings = settings_from(args)
     agent_settings(settings)  # a bad agent setting stops `up` before anything starts
     server = ensure_server(settings)

@@ -21,7 +21,7 @@ from pydantic import (
     field_validator,
 )
 
-from activities.approval import ALLOW_UNAPPROVED
+from activities.approval_keys import ALLOW_UNAPPROVED
 
 
 class ConfigError(ValueError):

@@ -24,42 +24,41 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-import boto3
-import psycopg
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
-
 from activities.artifacts import ArtifactStore, LocalArtifactStore
-from activities.artifacts_s3 import S3ArtifactStore
 from activities.effect_ledger import EffectLedger, SqliteEffectLedger
-from activities.effect_ledger_postgres import PostgresEffectLedger
 from activities.ledger import Ledger, LedgerError, SqliteLedger
-from activities.ledger_postgres import PostgresLedger
 from activities.outages import StoreUnavailableError
-from activities.postgres import PostgresDatabase, SchemaError
 from workers.agent_config import AgentSettings
 from workers.config import ENV, ConfigError, Settings
 
+# The S3 and PostgreSQL clients (boto3, psycopg) are imported only when a setting names a
+# shared store: they take longer to import than an operator command takes to run.
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-#: One request's own retries; longer outages are ridden out by ``activities.outages``.
-_S3_CONFIG = Config(
-    retries={"mode": "standard", "max_attempts": 2},
-    connect_timeout=5,
-    read_timeout=60,
-    s3={"addressing_style": "path"},
-)
+    from activities.postgres import PostgresDatabase
 
 
 def s3_client(endpoint: str) -> S3Client:
-    """A client for ``endpoint`` (empty: AWS); module-level so a partial of it pickles."""
-    return boto3.session.Session().client("s3", endpoint_url=endpoint or None, config=_S3_CONFIG)
+    """A client for ``endpoint`` (empty: AWS); module-level so a partial of it pickles.
+    One request's own retries; longer outages are ridden out by ``activities.outages``."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        retries={"mode": "standard", "max_attempts": 2},
+        connect_timeout=5,
+        read_timeout=60,
+        s3={"addressing_style": "path"},
+    )
+    return boto3.session.Session().client("s3", endpoint_url=endpoint or None, config=config)
 
 
 def artifact_store(settings: Settings) -> ArtifactStore:
     if not settings.shared_artifacts:
         return LocalArtifactStore(settings.artifacts_dir)
+    from activities.artifacts_s3 import S3ArtifactStore
+
     bucket, _, prefix = settings.artifacts.removeprefix("s3://").partition("/")
     factory = partial(s3_client, settings.s3_endpoint)
     return S3ArtifactStore(factory, bucket, prefix, settings.store_retry_seconds)
@@ -70,23 +69,38 @@ def shared_database(settings: Settings) -> PostgresDatabase | None:
     (the experiment ledger, the effect ledger); None when the ledger is a local file."""
     if not settings.shared_ledger:
         return None
+    from activities.postgres import PostgresDatabase
+
     return PostgresDatabase(settings.ledger, settings.store_retry_seconds)
 
 
 def ledger(settings: Settings) -> Ledger:
     db = shared_database(settings)
-    return SqliteLedger(settings.ledger_path) if db is None else PostgresLedger(db)
+    if db is None:
+        return SqliteLedger(settings.ledger_path)
+    from activities.ledger_postgres import PostgresLedger
+
+    return PostgresLedger(db)
 
 
 def effect_ledger(agent: AgentSettings) -> EffectLedger:
     if not agent.effects_database:
         return SqliteEffectLedger(agent.effect_ledger_path)
+    from activities.effect_ledger_postgres import PostgresEffectLedger
+    from activities.postgres import PostgresDatabase
+
     return PostgresEffectLedger(PostgresDatabase(agent.effects_database, agent.store_retry_seconds))
 
 
 def check_stores(settings: Settings) -> None:
     """At worker start: fail with the fix when a shared store is misconfigured, instead of
     failing every activity later."""
+    import psycopg  # (a worker's start, not an operator command's: whatever the stores)
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from activities.artifacts_s3 import S3ArtifactStore
+    from activities.postgres import SchemaError
+
     store = artifact_store(settings)
     if isinstance(store, S3ArtifactStore):
         try:

@@ -14,14 +14,8 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any
 
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import (
-    AddSearchAttributesRequest,
-    ListSearchAttributesRequest,
-)
 from temporalio.client import Client
 from temporalio.common import WorkerDeploymentVersion
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -36,13 +30,13 @@ from activities.shared_snapshots import SharedSnapshots
 from activities.workload_bundles import WorkloadBundles
 from activities.world_batches import SandboxActivities
 from experiments.report.charts import load_renderer
+from workers.client import connect, ensure_search_attributes
 from workers.config import Settings
 from workers.housekeeping import collect_until
 from workers.providers import braintrust_config, readout_config, sandbox_backend
 from workers.stores import artifact_store, check_stores, ledger
 from workers.versioning import announce, deployment_config, worker_version
 from workflows.experiment import ExperimentWorkflow
-from workflows.search_attributes import EXPERIMENT, STAGE
 from workflows.timeouts import HEARTBEAT_THROTTLE
 
 WORKFLOWS: list[type] = [ExperimentWorkflow]
@@ -52,29 +46,6 @@ _SPARE_ACTIVITY_SLOTS = 4
 CPU_PROCESSES = 2
 #: prctl option: the signal a process gets when its parent dies.
 PR_SET_PDEATHSIG = 1
-
-
-async def connect(settings: Settings) -> Client:
-    return await Client.connect(
-        settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
-    )
-
-
-async def ensure_search_attributes(client: Client, namespace: str) -> None:
-    """Register ForkLab's search attributes when the server lacks them (the embedded dev
-    server has them from its flags; another cluster may not)."""
-    known = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=namespace)
-    )
-    missing = {
-        key.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
-        for key in (EXPERIMENT, STAGE)
-        if key.name not in known.custom_attributes
-    }
-    if missing:
-        await client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
-        )
 
 
 def _die_with_worker(worker: int) -> None:

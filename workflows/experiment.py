@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.attempts import failed_attempt
     from workflows.budget_ledger import BudgetLedger
     from workflows.messages import (
+        STATUS_QUERY,
         WORKFLOW_TYPE,
         ApprovalAttempt,
         ApprovalStatus,
@@ -184,7 +185,7 @@ class ExperimentWorkflow:
     def _moment(self) -> Moment:
         return self._state.moment(workflow.now(), workflow.uuid4().hex)
 
-    @workflow.query
+    @workflow.query(name=STATUS_QUERY)
     def status(self) -> StatusView:
         return views.status_view(self._state)
 

@@ -20,6 +20,8 @@ from workflows.tally import MAX_SKIPPED_LINES, ProgressTally
 
 #: Workflow type name, as the CLI, the docs and ``temporal workflow start`` spell it.
 WORKFLOW_TYPE = "ForkLabExperiment"
+#: Its query that answers a ``StatusView`` (``forklab status``, ``temporal workflow query``).
+STATUS_QUERY = "status"
 #: Default episodes per batch: one sandbox runs one world over this many episodes.
 DEFAULT_BATCH_EPISODES = 1000
 #: Default episodes the rehearsal times (0 would rehearse them all).
