@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 import types
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from experiments.bundle import BundleFile
 from experiments.engine import spec_world_plans
 from experiments.runtime.contract import ContractViolation
 from experiments.runtime.file_format import WorldPlan
+from experiments.runtime.workload import WorkloadError
 from experiments.spec import ExperimentSpec
 from tests.helpers import restart_spec
 
@@ -269,3 +272,39 @@ def test_without_bubblewrap_the_rehearsal_runs_as_a_confined_process(
     assert ran.confinement == "process" and ran.note and "bwrap is not installed" in ran.note
     assert answer["episodes"] == 10
     assert [w["name"] for w in answer["worlds"]] == ["baseline", "restart"]
+
+
+def _piece_job(slow: int, fails: dict[int, float]) -> Callable[[Sequence[int]], int]:
+    """A job over pieces of one item: the ``slow`` item takes a second, an item in
+    ``fails`` raises after that many seconds; each piece returns the pid that ran it."""
+
+    def job(piece: Sequence[int]) -> int:
+        (item,) = piece
+        if item == slow:
+            time.sleep(1.0)
+        if item in fails:
+            time.sleep(fails[item])
+            raise WorkloadError(f"item{item}", "broken")
+        return os.getpid()
+
+    return job
+
+
+def test_a_part_that_is_slow_on_one_piece_leaves_the_rest_to_the_others() -> None:
+    """Pieces are taken from a queue, not dealt out in runs: while one part is stuck on
+    the first piece, the other does all the rest (dealt out in runs, it would have done
+    only the second half and left the first part three more pieces)."""
+    pids = workload_inside._in_parts(range(8), _piece_job(0, {}), parts=2, piece=1)
+    assert len(pids) == 8
+    assert os.getpid() not in pids, "every piece ran in a forked part"
+    assert pids[0] not in pids[1:], pids
+    assert len(set(pids[1:])) == 1, pids
+
+
+def test_the_first_failed_piece_in_order_is_answered_not_the_first_in_time() -> None:
+    """Item 3 fails at once, item 1 a second later: the answer is item 1's, as one loop
+    over the items would give."""
+    job = _piece_job(-1, {1: 1.0, 3: 0.0})
+    with pytest.raises(workload_inside._Answer) as caught:
+        workload_inside._in_parts(range(6), job, parts=2, piece=1)
+    assert caught.value.answer == {"error": "field item1: broken"}

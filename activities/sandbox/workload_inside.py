@@ -24,6 +24,7 @@ import json
 import math
 import os
 import resource
+import select
 import shutil
 import signal
 import sys
@@ -139,7 +140,8 @@ def _handover_fits(prefix_rate: float, episodes: int) -> bool:
 
 def _hand_over(workload: Workload, request: dict[str, Any], chunks: list[tuple[int, int]]) -> None:
     """Write every chunk's checkpoints, as the prefix sandbox's runner writes them
-    (``write_prefixes``), in contiguous runs of chunks over the box's CPUs."""
+    (``write_prefixes``), over the box's CPUs, each part taking the next chunk as it
+    finishes one."""
     seed = request["seed"]
     out = Path(PREFIXES_DIR)
     out.mkdir()
@@ -151,7 +153,7 @@ def _hand_over(workload: Workload, request: dict[str, Any], chunks: list[tuple[i
             write_prefixes(workload, seed, range(first, stop), None, checkpoints)
 
     episodes = sum(stop - first for first, stop in chunks)
-    _in_parts(range(len(chunks)), run, min(_parts(episodes), len(chunks)))
+    _in_parts(range(len(chunks)), run, min(_parts(episodes), len(chunks)), piece=1)
 
 
 #: Below this many episodes a part, checking prefixes in one process is cheaper than forking.
@@ -257,73 +259,130 @@ def _children_cpu() -> float:
 
 
 def _check_prefixes(workload: Workload, seed: int, episodes: range, root: Path | None) -> None:
-    """Run the prefix of every episode in ``episodes``, in contiguous parts over the CPUs
-    this box may use (the twin runs them over ``--processes``; here they would otherwise
-    take one core for the whole check); see ``_in_parts``. The first failure in episode
-    order is the one answered, as one loop would answer it."""
+    """Run the prefix of every episode in ``episodes``, in pieces over the CPUs this box
+    may use (the twin runs them over ``--processes``; here they would otherwise take one
+    core for the whole check); see ``_in_parts``. The first failure in episode order is
+    the one answered, as one loop would answer it."""
 
     _in_parts(episodes, lambda part: _check(workload, seed, part, root))
 
 
+#: Pieces a part's share of the work is cut into: parts take the next piece as they finish
+#: one, so a part on a slower CPU (or with costlier episodes) does fewer pieces instead of
+#: holding the box until it has done as many as the others.
+PIECES_PER_PART = 4
+#: Bytes of one piece's number in the queue the parts read: every number is written
+#: before the parts start, so the queue must fit in a pipe's buffer (at least
+#: ``PIPE_BUF`` bytes; a read of fewer is never split between readers).
+_PIECE = 4
+_MAX_PIECES = select.PIPE_BUF // _PIECE
+
+
 def _in_parts(
-    episodes: Sequence[int], job: Callable[[Sequence[int]], _R], parts: int | None = None
+    items: Sequence[int],
+    job: Callable[[Sequence[int]], _R],
+    parts: int | None = None,
+    piece: int | None = None,
 ) -> list[_R]:
-    """``job`` over contiguous parts of ``episodes`` (or other items in order), one per
-    CPU this box may use (``_parts``, unless ``parts`` says how many), each in a forked
-    process under its share of the box's limits while this one waits; a part whose
-    process could not be forked runs here afterwards. Returns each part's result in
-    order. The first part (in order) that failed with a spec error or a broken contract
-    is the one answered; a part that crashed fails the box with its traceback."""
-    parts = _parts(len(episodes)) if parts is None else parts
+    """``job`` over contiguous pieces of ``items`` (episodes, or chunk numbers), in
+    ``parts`` forked processes (one per CPU this box may use, ``_parts``, unless given),
+    each under its share of the box's limits while this one waits. The pieces (``piece``
+    items each, default a ``PIECES_PER_PART``-th of a part's share) wait in a queue in
+    order and each part takes the next one when it has done its last, so the parts end
+    together. Returns each piece's result, in order.
+
+    The first piece (in order) that failed with a spec error or a broken contract is the
+    one answered, as one loop would answer it: every piece before it was taken before it
+    and is done, since a part stops only at its own failure. A part that crashed fails the
+    box with its traceback. When no process could be forked, the pieces run here."""
+    parts = _parts(len(items)) if parts is None else parts
     if parts == 1:
-        return [job(episodes)]
-    size = -(-len(episodes) // parts)
-    ranges = [episodes[i : i + size] for i in range(0, len(episodes), size)]
-    limits = _part_limits(len(ranges))
+        return [job(items)]
+    size = max(piece or -(-len(items) // (parts * PIECES_PER_PART)), 1)
+    size = max(size, -(-len(items) // _MAX_PIECES))
+    pieces = [items[i : i + size] for i in range(0, len(items), size)]
+    limits = _part_limits(parts)
     before = _children_cpu()
-    forked: list[tuple[int, int] | None] = []
+    queue, queue_write = os.pipe()
+    # Every piece's number is in the queue before a part starts, and its writing end is
+    # closed: a part that finds the queue empty is done.
+    os.write(queue_write, b"".join(i.to_bytes(_PIECE, "little") for i in range(len(pieces))))
+    os.close(queue_write)
     running: dict[int, int] = {}
-    reports: dict[int, str] = {}
+    reports: list[dict[str, Any]] = []
     try:
-        for part in ranges:
-            child = _fork_part(job, part, limits)
-            forked.append(child)
+        for _ in range(parts):
+            child = _fork_part(job, pieces, queue, limits)
             if child is not None:
                 running[child[0]] = child[1]
+        forked = bool(running)
         for pid, fd in list(running.items()):
             with os.fdopen(fd, encoding="utf-8") as pipe:
                 del running[pid]
-                reports[pid] = pipe.read()
+                report = pipe.read()
             os.waitpid(pid, 0)
+            reports.append(json.loads(report or '{"crash": "the part\'s process died"}'))
+        if not forked:  # no part could be forked: one loop, here
+            results: list[list[Any]] = []
+            while number := os.read(queue, _PIECE):
+                index = int.from_bytes(number, "little")
+                results.append([index, job(pieces[index])])
+            reports.append({"results": results})
     except BaseException:
         for pid, fd in running.items():
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             os.close(fd)
         raise
+    finally:
+        os.close(queue)
     _charge_children_cpu(before)
-    results: list[_R] = []
-    for part, child in zip(ranges, forked, strict=True):
-        if child is None:
-            results.append(job(part))
-            continue
-        answer = json.loads(reports[child[0]] or '{"crash": "the part\'s process died"}')
-        if "crash" in answer:
-            raise RuntimeError(f"a part's process failed:\n{answer['crash']}")
-        if "result" not in answer:
-            raise _Answer(answer)
-        results.append(answer["result"])
-    return results
+    return _in_order(reports, len(pieces))
+
+
+def _take_pieces(
+    job: Callable[[Sequence[int]], object], pieces: list[Sequence[int]], queue: int
+) -> dict[str, Any]:
+    """Run the pieces this process takes from ``queue`` until it is empty or one fails:
+    ``{"results": [[piece, result], ...]}`` and, after a failure, ``"failed": [piece,
+    answer]``."""
+    results: list[list[Any]] = []
+    report: dict[str, Any] = {"results": results}
+    while number := os.read(queue, _PIECE):
+        index = int.from_bytes(number, "little")
+        try:
+            results.append([index, job(pieces[index])])
+        except (_Answer, WorkloadError, ContractViolation) as exc:
+            report["failed"] = [index, _answer(exc)]
+            break
+    return report
+
+
+def _in_order(reports: list[dict[str, Any]], count: int) -> list[Any]:
+    """Every piece's result in order, from the parts' ``reports``; or the answer of the
+    first piece that failed (``_Answer``), or a part's crash (``RuntimeError``)."""
+    for report in reports:
+        if "crash" in report:
+            raise RuntimeError(f"a part's process failed:\n{report['crash']}")
+    failures = [report["failed"] for report in reports if "failed" in report]
+    first = min((index for index, _ in failures), default=count)
+    done = {index: result for report in reports for index, result in report["results"]}
+    if any(index not in done for index in range(first)):  # (a part stops only at its own)
+        raise RuntimeError("a piece before the first failure was never run")
+    if first < count:
+        raise _Answer(next(answer for index, answer in failures if index == first))
+    return [done[index] for index in range(count)]
 
 
 def _fork_part(
     job: Callable[[Sequence[int]], object],
-    part: Sequence[int],
+    pieces: list[Sequence[int]],
+    queue: int,
     limits: list[tuple[int, tuple[int, int]]],
 ) -> tuple[int, int] | None:
-    """A child running ``job`` on ``part`` under ``limits``; it writes ``{"result": ...}``
-    or its answer to the pipe returned. None: no process could be made (the box's
-    process limit)."""
+    """A child taking pieces from ``queue`` under ``limits`` (``_take_pieces``); it writes
+    its report, or ``{"crash": traceback}``, to the pipe returned. None: no process could
+    be made (the box's process limit)."""
     try:
         read, write = os.pipe()
     except OSError:
@@ -341,20 +400,18 @@ def _fork_part(
     try:
         for which, limit in limits:
             resource.setrlimit(which, limit)
-        answer: dict[str, Any] = {"result": job(part)}
-    except (WorkloadError, ContractViolation) as exc:
-        answer = dict(_answer(exc))
+        report = _take_pieces(job, pieces, queue)
     except BaseException:
-        answer = {"crash": traceback.format_exc()}
+        report = {"crash": traceback.format_exc()}
     with os.fdopen(write, "w", encoding="utf-8") as pipe:
-        pipe.write(json.dumps(answer))
+        pipe.write(json.dumps(report))
     os._exit(0)
 
 
 def batch(request: dict[str, Any]) -> dict[str, Any]:
-    """Every world over ``episodes``, in contiguous parts over the box's CPUs as the twin
-    runs them over its processes (``_in_parts``), joined in episode order: the guard's
-    held-out episodes otherwise took one core for the whole analysis stage."""
+    """Every world over ``episodes``, in pieces over the box's CPUs as the twin runs them
+    over its processes (``_in_parts``), joined in episode order: the guard's held-out
+    episodes otherwise took one core for the whole analysis stage."""
     workload = _workload(request)
     seed, plans = request["seed"], _plans(request)
 
