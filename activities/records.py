@@ -12,6 +12,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.artifacts import ArtifactStore
 from activities.heartbeat import heartbeat_until
+from activities.held_out import HeldOutAhead
 from activities.ledger import ExperimentRecord, Ledger, WorldRecord
 from activities.models import (
     AnalyseInput,
@@ -129,18 +130,18 @@ def analyse_run(
 ) -> AnalysisResult:
     """The analysis, in the worker's process pool; the guard's held-out episodes (the one
     part that runs workload code) run in a box, from ``files``, which must be the code
-    the plan named."""
+    the plan named, started before the outcomes are read (``HeldOutAhead``)."""
     progress = read_progress(store, inp.progress_digest)
-    outcomes = assemble_outcomes(inp, store, progress)
-    held_out = calls.held_out_runner(files, inp.code_digest)
-    report = build_report(
-        inp.spec,
-        outcomes,
-        inp.code_digest,
-        inp.infra,
-        held_out,
-        workload_bundle=inp.workload_bundle,
-    )
+    with HeldOutAhead(calls, files, inp.code_digest, inp.spec, progress) as held_out:
+        outcomes = assemble_outcomes(inp, store, progress)
+        report = build_report(
+            inp.spec,
+            outcomes,
+            inp.code_digest,
+            inp.infra,
+            held_out.runner,
+            workload_bundle=inp.workload_bundle,
+        )
     workspace_files = None
     evidence = workspace_evidence(inp, store, progress)
     if evidence is not None:

@@ -171,11 +171,12 @@ class WorkloadCalls:
         plans: Sequence[WorldPlan],
         files: list[BundleFile],
         expected_digest: str,
+        started: Callable[[int], None] = lambda pid: None,
     ) -> ColumnBatch:
         """Every world's columns and the features over ``episodes``, run from the code the
-        plan named."""
+        plan named; ``started`` gets the box's process group id."""
         request = self._request(spec, plans) | {"episodes": list(episodes)}
-        answer, _ = self._call("batch", files, request, expected_digest)
+        answer, _ = self._call("batch", files, request, expected_digest, started)
         return to_columns(_held_out_batch(answer, [p.name for p in plans], list(episodes)))
 
     def held_out_runner(

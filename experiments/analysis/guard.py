@@ -231,6 +231,17 @@ def guarded_outcomes(
     return np.where(fires, bools(treated), bools(reference)), fires & bools(intervened)
 
 
+def held_out_request(
+    spec: ExperimentSpec, treatment: World, holdout: int
+) -> tuple[range, list[WorldPlan]]:
+    """The held-out episodes and the two worlds ``validate_guard`` runs on them: known from
+    the spec alone, so the durable path can start them before the training outcomes are
+    read."""
+    forks = spec.analysis.forks_per_checkpoint
+    plans = [world_plan(spec.baseline, forks), world_plan(treatment, forks)]
+    return range(spec.episodes, spec.episodes + holdout), plans
+
+
 def validate_guard(
     spec: ExperimentSpec,
     treatment: World,
@@ -242,9 +253,7 @@ def validate_guard(
     """Baseline and treatment on ``holdout`` fresh episodes after the spec's, and the
     guarded world derived from them (``guarded_outcomes``): on the twin with
     ``processes``, or in the sandbox of a ``held_out`` runner."""
-    forks = spec.analysis.forks_per_checkpoint
-    plans = [world_plan(spec.baseline, forks), world_plan(treatment, forks)]
-    episodes = range(spec.episodes, spec.episodes + holdout)
+    episodes, plans = held_out_request(spec, treatment, holdout)
     if held_out is None:
         batch = run_twin(spec, episodes=episodes, worlds=plans, processes=processes).batch
     else:
