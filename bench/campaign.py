@@ -27,6 +27,12 @@ queued, on a worker and in its box; ``--breakdown`` first takes one chunk apart 
 time (the twin's, the prefixes', the group's shared part and its worlds', in and out of a
 box, the worker's part; see ``bench/batch_profile.py``).
 
+The machine's speed drifts over minutes (on the shared 2-core machine the same twin took
+188–228 s in four runs of one hour): ``--rounds N`` runs N rounds on one standing fleet,
+their sides alternating (twin then durable, durable then twin, ...), and prints each
+round's ratio, the ratio of all durable seconds to all twin seconds (a drift that is
+steady over a pair of rounds weighs on both sides alike) and the median of the rounds'.
+
 The clock of the durable run starts on a standing fleet: once both workers poll the task
 queue (their start-up, importing Temporal's SDK and the analysis stack, is printed apart),
 and stops at the result; the planning until approval is broken into the ``forklab start``
@@ -36,21 +42,25 @@ A campaign runs 5,000 episodes a chunk by default (``CAMPAIGN_BATCH_EPISODES``):
 box's start, imports and bookkeeping and each activity's round trip are paid once per
 chunk; the product's default stays ``DEFAULT_BATCH_EPISODES``.
 
-    python bench/campaign.py [--episodes 100000] [--batch-episodes 5000] [--breakdown]
+    python bench/campaign.py [--episodes 100000] [--batch-episodes 5000] [--rounds 1]
+                             [--breakdown]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,7 +280,6 @@ class Worker:
     proc: subprocess.Popen[bytes]
     peak_rss_kib: int = 0  # the worker process (Temporal worker, workflow cache, activities)
     tree_rss_kib: int = 0  # the largest process in its tree (sandboxes, analysis pool)
-    cpu_seconds: float = 0.0  # the worker process itself over the durable clock
 
     def stop(self) -> None:
         """SIGTERM (graceful), then collect the tree's peak RSS."""
@@ -297,39 +306,46 @@ def campaign_spec(path: Path, episodes: int, sandboxes: int) -> ExperimentSpec:
     )
 
 
+def round_spec(spec: ExperimentSpec, index: int, rounds: int) -> ExperimentSpec:
+    """The spec of round ``index``: with several rounds each has an id (and so a workflow)
+    of its own; the outcomes do not depend on the id."""
+    if rounds == 1:
+        return spec
+    dumped = spec.model_dump(mode="json")
+    return ExperimentSpec.model_validate({**dumped, "id": f"{spec.id}-r{index + 1}"})
+
+
 @dataclass
-class Campaign:
+class TwinRun:
+    """One ``forklab plan --processes 2`` of the spec, in a fresh process."""
+
+    finished: Finished
+    digest: str
+    machine_cpu_seconds: float  # the machine at nice <= 0 over the run
+
+
+@dataclass
+class DurableRun:
+    """One experiment through the operator's path on the standing fleet."""
+
     spec: ExperimentSpec
-    twin: Finished
-    twin_digest: str
-    durable_seconds: float
+    seconds: float  # ``forklab start`` until the result
     planning_seconds: float  # start until the plan waits for approval
-    fleet_seconds: float  # the workers' start until both poll the task queue (not in durable)
     start_cli_seconds: float  # the ``forklab start`` process, spawn to exit
     result: ExperimentResult
     runs: list[RunFacts]
-    workers: list[Worker]
     progress_bytes: int
     server_cpu_seconds: float  # the Temporal dev server over the durable clock
     machine_cpu_seconds: float  # the machine at nice <= 0 over the durable clock
-    twin_machine_cpu_seconds: float  # the same over the twin's run
+    worker_cpu_seconds: dict[int, float]  # each worker process itself over the clock
     store_kept_bytes: int  # the shared artifact folder after the run
 
     @property
     def sandbox_cpu_seconds(self) -> float:
         """The machine's CPU over the clock besides the workers and the server: the
         sandboxes, ``forklab start`` and ``forklab approve``."""
-        own = self.server_cpu_seconds + sum(w.cpu_seconds for w in self.workers)
+        own = self.server_cpu_seconds + sum(self.worker_cpu_seconds.values())
         return self.machine_cpu_seconds - own
-
-    @property
-    def ratio(self) -> float:
-        return self.durable_seconds / self.twin.seconds
-
-    @property
-    def same_digest(self) -> bool:
-        analysis = self.result.analysis
-        return analysis is not None and analysis.outcomes_digest == self.twin_digest
 
     @property
     def largest_run_events(self) -> int:
@@ -373,6 +389,58 @@ class Campaign:
     def worlds_seconds(self) -> float:
         """From the first world group scheduled to the last one completed, across the chain."""
         return self.stages().get("run_world_group", (0.0, 0.0))[0]
+
+
+@dataclass
+class Round:
+    """A twin and a durable run of one spec, one right after the other (see ``run_campaign``
+    for their order)."""
+
+    index: int
+    twin: TwinRun
+    durable: DurableRun
+    durable_first: bool
+
+    @property
+    def ratio(self) -> float:
+        return self.durable.seconds / self.twin.finished.seconds
+
+    @property
+    def cpu_ratio(self) -> float:
+        return self.durable.machine_cpu_seconds / self.twin.machine_cpu_seconds
+
+    @property
+    def same_digest(self) -> bool:
+        analysis = self.durable.result.analysis
+        return analysis is not None and analysis.outcomes_digest == self.twin.digest
+
+
+@dataclass
+class Campaign:
+    spec: ExperimentSpec
+    rounds: list[Round]
+    workers: list[Worker]
+    fleet_seconds: float  # the workers' start until both poll the task queue (not in durable)
+
+    @property
+    def ratio(self) -> float:
+        """Every round's durable seconds over every round's twin seconds: with the rounds'
+        sides alternating (twin first, then durable first, ...) a drift of the machine's
+        speed over the session weighs on both sides alike."""
+        durable = sum(r.durable.seconds for r in self.rounds)
+        return durable / sum(r.twin.finished.seconds for r in self.rounds)
+
+    @property
+    def median_ratio(self) -> float:
+        return statistics.median(r.ratio for r in self.rounds)
+
+    @property
+    def same_digest(self) -> bool:
+        return all(r.same_digest for r in self.rounds)
+
+    @property
+    def largest_run_events(self) -> int:
+        return max(r.durable.largest_run_events for r in self.rounds)
 
 
 def worker_env(base: dict[str, str], home: Path, shared: Path, sandboxes: int) -> dict[str, str]:
@@ -438,35 +506,24 @@ async def wait_stage(client: Client, wid: str, stages: set[Stage], timeout: floa
         await asyncio.sleep(0.2)
 
 
-async def run_campaign(
-    spec: ExperimentSpec,
-    root: Path,
-    *,
-    workers: int = 2,
-    batch_episodes: int = CAMPAIGN_BATCH_EPISODES,
-    rehearsal_episodes: int = DEFAULT_REHEARSAL_EPISODES,
-    history_events: int = DEFAULT_HISTORY_EVENTS,
-    extra_env: dict[str, str] | None = None,
-) -> Campaign:
-    """The twin, then the campaign on ``workers`` worker processes; see the module doc.
+@dataclass
+class Fleet:
+    """A Temporal dev server and the worker processes polling one task queue."""
 
-    Each worker allows as many sandboxes as the spec's ``max_concurrent_sandboxes`` (the
-    capacity check, run on one worker, refuses a spec that one worker could not serve);
-    the workflow keeps that many at once, and Temporal hands each to a worker with a free
-    slot."""
-    sandboxes = spec.budget.max_concurrent_sandboxes
-    spec_file = root / "spec.json"
-    spec_file.write_text(spec.model_dump_json())
-    base = {**os.environ, **(extra_env or {})}
+    client: Client
+    connection: dict[str, str]  # FORKLAB_ADDRESS, FORKLAB_NAMESPACE, FORKLAB_TASK_QUEUE
+    workers: list[Worker]
+    seconds: float  # the workers' start until every one polls
+    shared: Path
 
-    twin_json = root / "twin.json"
-    before_twin = machine_cpu()
-    twin = await asyncio.to_thread(
-        run_timed, [FORKLAB, "plan", str(spec_file), "--json", "--processes", "2"], base, twin_json
-    )
-    twin_machine = machine_cpu() - before_twin
-    twin_digest = json.loads(twin_json.read_text())["outcomes_digest"]
 
+@contextlib.asynccontextmanager
+async def standing_fleet(
+    root: Path, base: dict[str, str], workers: int, sandboxes: int
+) -> AsyncIterator[Fleet]:
+    """Start the server and ``workers`` worker processes with their own homes, sharing an
+    artifact folder and a SQLite ledger, each allowing ``sandboxes``; yield once every
+    worker polls; stop them all."""
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(temporal_binary()),
         dev_server_database_filename=str(root / "temporal.db"),
@@ -500,142 +557,242 @@ async def run_campaign(
             started.append(Worker(name, proc))
         # A campaign runs on a standing fleet: the clock starts once every worker polls.
         await wait_pollers(client, connection["FORKLAB_TASK_QUEUE"], started, 600)
-        fleet = time.perf_counter() - spawned
-        operator = {**base, **connection, "FORKLAB_HOME": str(root / "operator")}
-        wid = workflow_id(spec.id)
-        server = server_pid()
-        cpu0 = [process_cpu(w.proc.pid) for w in started]
-        server0 = process_cpu(server) if server is not None else 0.0
-        machine0 = machine_cpu()
-        t0 = time.perf_counter()
-        start = [FORKLAB, "start", str(spec_file), "--batch-episodes", str(batch_episodes)]
-        start += ["--rehearsal-episodes", str(rehearsal_episodes)]
-        start += ["--history-events", str(history_events)]
-        done = await asyncio.to_thread(
-            subprocess.run, start, env=operator, capture_output=True, text=True
-        )
-        start_cli = time.perf_counter() - t0
-        if done.returncode != 0:
-            raise RuntimeError(f"forklab start failed: {done.stderr}")
-        view = await wait_stage(client, wid, {Stage.awaiting_approval, Stage.done}, 1800)
-        planning = time.perf_counter() - t0
-        if view.stage is Stage.done:
-            raise RuntimeError(f"the campaign ended before approval: {view.error}")
-        done = await asyncio.to_thread(
-            subprocess.run,
-            [FORKLAB, "approve", spec.id, "--approver", "campaign"],
-            env=operator,
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"forklab approve failed: {done.stderr}{done.stdout}")
-        result = await client.get_workflow_handle(wid, result_type=ExperimentResult).result()
-        durable = time.perf_counter() - t0
-        for w in started:
-            if w.proc.poll() is not None:
-                raise RuntimeError(f"worker {w.name} died ({w.proc.returncode}); see its log")
-        machine = machine_cpu() - machine0
-        for w, before in zip(started, cpu0, strict=True):
-            w.cpu_seconds = process_cpu(w.proc.pid) - before
-        server_cpu = process_cpu(server) - server0 if server is not None else 0.0
-        if result.analysis is None:
-            raise RuntimeError(f"the campaign ended without an analysis: {result.error}")
-        runs = await chain_runs(client, wid, view.approval.run_id)
-        digest = next((r.progress_digest for r in runs if r.progress_digest), "")
-        store = LocalArtifactStore(shared / "artifacts")
-        progress_bytes = len(read_progress(store, digest).model_dump_json())  # every record
-        kept = sum(f.stat().st_size for f in store.root.rglob("*") if f.is_file())
+        yield Fleet(client, connection, started, time.perf_counter() - spawned, shared)
     finally:
         for w in started:
             w.stop()
         await env.shutdown()
-    return Campaign(
+
+
+def run_twin(spec_file: Path, base: dict[str, str], out: Path) -> TwinRun:
+    before = machine_cpu()
+    finished = run_timed([FORKLAB, "plan", str(spec_file), "--json", "--processes", "2"], base, out)
+    machine = machine_cpu() - before
+    return TwinRun(finished, json.loads(out.read_text())["outcomes_digest"], machine)
+
+
+async def run_durable(
+    fleet: Fleet,
+    spec: ExperimentSpec,
+    root: Path,
+    base: dict[str, str],
+    *,
+    batch_episodes: int,
+    rehearsal_episodes: int,
+    history_events: int,
+) -> DurableRun:
+    """``forklab start`` (the operator's own home keeps the approver key), ``forklab
+    approve`` once the plan waits, then the result; the clock runs from the start to the
+    result."""
+    client = fleet.client
+    spec_file = root / f"{spec.id}.json"
+    spec_file.write_text(spec.model_dump_json())
+    operator = {**base, **fleet.connection, "FORKLAB_HOME": str(root / "operator")}
+    wid = workflow_id(spec.id)
+    server = server_pid()
+    cpu0 = {w.proc.pid: process_cpu(w.proc.pid) for w in fleet.workers}
+    server0 = process_cpu(server) if server is not None else 0.0
+    machine0 = machine_cpu()
+    t0 = time.perf_counter()
+    start = [FORKLAB, "start", str(spec_file), "--batch-episodes", str(batch_episodes)]
+    start += ["--rehearsal-episodes", str(rehearsal_episodes)]
+    start += ["--history-events", str(history_events)]
+    done = await asyncio.to_thread(
+        subprocess.run, start, env=operator, capture_output=True, text=True
+    )
+    start_cli = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"forklab start failed: {done.stderr}")
+    view = await wait_stage(client, wid, {Stage.awaiting_approval, Stage.done}, 1800)
+    planning = time.perf_counter() - t0
+    if view.stage is Stage.done:
+        raise RuntimeError(f"the campaign ended before approval: {view.error}")
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [FORKLAB, "approve", spec.id, "--approver", "campaign"],
+        env=operator,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"forklab approve failed: {done.stderr}{done.stdout}")
+    result = await client.get_workflow_handle(wid, result_type=ExperimentResult).result()
+    durable = time.perf_counter() - t0
+    for w in fleet.workers:
+        if w.proc.poll() is not None:
+            raise RuntimeError(f"worker {w.name} died ({w.proc.returncode}); see its log")
+    machine = machine_cpu() - machine0
+    worker_cpu = {pid: process_cpu(pid) - before for pid, before in cpu0.items()}
+    server_cpu = process_cpu(server) - server0 if server is not None else 0.0
+    if result.analysis is None:
+        raise RuntimeError(f"the campaign ended without an analysis: {result.error}")
+    runs = await chain_runs(client, wid, view.approval.run_id)
+    digest = next((r.progress_digest for r in runs if r.progress_digest), "")
+    store = LocalArtifactStore(fleet.shared / "artifacts")
+    progress_bytes = len(read_progress(store, digest).model_dump_json())  # every record
+    kept = sum(f.stat().st_size for f in store.root.rglob("*") if f.is_file())
+    return DurableRun(
         spec=spec,
-        twin=twin,
-        twin_digest=twin_digest,
-        durable_seconds=durable,
+        seconds=durable,
         planning_seconds=planning,
-        fleet_seconds=fleet,
         start_cli_seconds=start_cli,
         result=result,
         runs=runs,
-        workers=started,
         progress_bytes=progress_bytes,
         server_cpu_seconds=server_cpu,
         machine_cpu_seconds=machine,
-        twin_machine_cpu_seconds=twin_machine,
+        worker_cpu_seconds=worker_cpu,
         store_kept_bytes=kept,
     )
+
+
+async def run_campaign(
+    spec: ExperimentSpec,
+    root: Path,
+    *,
+    workers: int = 2,
+    batch_episodes: int = CAMPAIGN_BATCH_EPISODES,
+    rehearsal_episodes: int = DEFAULT_REHEARSAL_EPISODES,
+    history_events: int = DEFAULT_HISTORY_EVENTS,
+    rounds: int = 1,
+    extra_env: dict[str, str] | None = None,
+) -> Campaign:
+    """``rounds`` rounds of the twin and the campaign on ``workers`` worker processes (see
+    the module doc), on one standing fleet. The sides alternate: the twin first in the
+    first round, the durable run first in the second, and so on (twin, durable, durable,
+    twin, ...), so that a drift of the machine's speed over the session is not read as a
+    difference between them.
+
+    Each worker allows as many sandboxes as the spec's ``max_concurrent_sandboxes`` (the
+    capacity check, run on one worker, refuses a spec that one worker could not serve);
+    the workflow keeps that many at once, and Temporal hands each to a worker with a free
+    slot."""
+    if rounds < 1:
+        raise ValueError("run at least one round")
+    sandboxes = spec.budget.max_concurrent_sandboxes
+    spec_file = root / "spec.json"
+    spec_file.write_text(spec.model_dump_json())
+    base = {**os.environ, **(extra_env or {})}
+    done: list[Round] = []
+    async with standing_fleet(root, base, workers, sandboxes) as fleet:
+        for index in range(rounds):
+            durable_first = index % 2 == 1
+            twin: TwinRun | None = None
+            if not durable_first:
+                twin = await asyncio.to_thread(run_twin, spec_file, base, root / "twin.json")
+            durable = await run_durable(
+                fleet,
+                round_spec(spec, index, rounds),
+                root,
+                base,
+                batch_episodes=batch_episodes,
+                rehearsal_episodes=rehearsal_episodes,
+                history_events=history_events,
+            )
+            if twin is None:
+                twin = await asyncio.to_thread(run_twin, spec_file, base, root / "twin.json")
+            done.append(Round(index, twin, durable, durable_first))
+        workers_seen = fleet.workers
+        fleet_seconds = fleet.seconds
+    return Campaign(spec=spec, rounds=done, workers=workers_seen, fleet_seconds=fleet_seconds)
 
 
 def _mib(kib: int) -> str:
     return f"{kib / 1024:,.0f} MiB"
 
 
+def rounds_lines(c: Campaign) -> list[str]:
+    """One line a round, then the ratio over all rounds and the median of the rounds'."""
+    lines = []
+    for r in c.rounds:
+        order = "durable, then twin" if r.durable_first else "twin, then durable"
+        lines.append(
+            f"round {r.index + 1} ({order}): twin {r.twin.finished.seconds:.1f} s, durable "
+            f"{r.durable.seconds:.1f} s, durable/twin {r.ratio:.3f}x wall, "
+            f"{r.cpu_ratio:.3f}x CPU; digest {'equal' if r.same_digest else 'DIFFERENT'}"
+        )
+    twin = sum(r.twin.finished.seconds for r in c.rounds)
+    durable = sum(r.durable.seconds for r in c.rounds)
+    ratios = sorted(r.ratio for r in c.rounds)
+    lines.append(
+        f"durable/twin over {len(c.rounds)} rounds: {c.ratio:.3f}x ({durable:.1f} s / "
+        f"{twin:.1f} s; goal <= {RATIO_GOAL}x: {'met' if c.ratio <= RATIO_GOAL else 'missed'}); "
+        f"median of the rounds {c.median_ratio:.3f}x, range {ratios[0]:.3f}x-{ratios[-1]:.3f}x"
+    )
+    return lines
+
+
 def report(c: Campaign) -> list[str]:
-    """The figures, one line each."""
-    spec, b = c.spec, c.result.budget
+    """The figures, one line each: with several rounds, each round's and the ratio over
+    them all first, then the details of the last round."""
+    last = c.rounds[-1]
+    d, spec = last.durable, c.spec
+    b = d.result.budget
     world_runs = spec.episodes * len(spec.worlds)
     lines = [
         f"{spec.workload.name}: {spec.episodes:,} episodes x {len(spec.worlds)} worlds "
         f"= {world_runs:,} world-runs; {len(c.workers)} worker processes, one task queue",
-        f"twin (forklab plan --processes 2): {c.twin.seconds:8.1f} s, "
-        f"peak RSS {_mib(c.twin.peak_rss_kib)}",
-        f"durable (forklab start -> approve -> result): {c.durable_seconds:8.1f} s "
-        f"(planning until approval {c.planning_seconds:.1f} s); the clock starts on a "
+    ]
+    if len(c.rounds) > 1:
+        lines += rounds_lines(c)
+        lines.append(f"the details of round {last.index + 1}:")
+    lines += [
+        f"twin (forklab plan --processes 2): {last.twin.finished.seconds:8.1f} s, "
+        f"peak RSS {_mib(last.twin.finished.peak_rss_kib)}",
+        f"durable (forklab start -> approve -> result): {d.seconds:8.1f} s "
+        f"(planning until approval {d.planning_seconds:.1f} s); the clock starts on a "
         f"standing fleet: the workers' start-up until both poll the task queue, "
         f"{c.fleet_seconds:.1f} s, is not in it",
-        "planning until approval: " + c.planning_line(),
-        f"durable/twin: {c.ratio:.3f}x (goal <= {RATIO_GOAL}x: "
-        f"{'met' if c.ratio <= RATIO_GOAL else 'missed'})",
+        "planning until approval: " + d.planning_line(),
+        f"durable/twin: {last.ratio:.3f}x (goal <= {RATIO_GOAL}x: "
+        f"{'met' if last.ratio <= RATIO_GOAL else 'missed'})",
         f"CPU seconds (the machine at nice <= 0 while each ran): twin "
-        f"{c.twin_machine_cpu_seconds:,.1f} (its own processes {c.twin.cpu_seconds:,.1f}); "
-        f"durable {c.machine_cpu_seconds:,.1f} "
-        f"({c.machine_cpu_seconds / c.twin_machine_cpu_seconds:.3f}x), of which worker "
-        "processes "
-        + " + ".join(f"{w.cpu_seconds:,.1f}" for w in c.workers)
-        + f", Temporal server {c.server_cpu_seconds:,.1f}, the rest (sandboxes, CLIs) "
-        f"{c.sandbox_cpu_seconds:,.1f}",
-        f"outcomes digest equal to the twin's: {'yes' if c.same_digest else 'NO'} "
-        f"({c.twin_digest[:16]})",
-        f"workflow runs in the chain: {len(c.runs)}; events per run: "
-        f"{', '.join(str(r.events) for r in c.runs)}",
-        f"largest run: {c.largest_run_events} events (goal < {HISTORY_GOAL}: "
-        f"{'met' if c.largest_run_events < HISTORY_GOAL else 'missed'}), "
-        f"{max(r.history_bytes for r in c.runs) / 1024:,.0f} KiB of history",
+        f"{last.twin.machine_cpu_seconds:,.1f} (its own processes "
+        f"{last.twin.finished.cpu_seconds:,.1f}); durable {d.machine_cpu_seconds:,.1f} "
+        f"({last.cpu_ratio:.3f}x), of which worker processes "
+        + " + ".join(f"{d.worker_cpu_seconds[w.proc.pid]:,.1f}" for w in c.workers)
+        + f", Temporal server {d.server_cpu_seconds:,.1f}, the rest (sandboxes, CLIs) "
+        f"{d.sandbox_cpu_seconds:,.1f}",
+        f"outcomes digest equal to the twin's: {'yes' if last.same_digest else 'NO'} "
+        f"({last.twin.digest[:16]})",
+        f"workflow runs in the chain: {len(d.runs)}; events per run: "
+        f"{', '.join(str(r.events) for r in d.runs)}",
+        f"largest run: {d.largest_run_events} events (goal < {HISTORY_GOAL}: "
+        f"{'met' if d.largest_run_events < HISTORY_GOAL else 'missed'}), "
+        f"{max(r.history_bytes for r in d.runs) / 1024:,.0f} KiB of history",
         "workflow state: "
         + (
-            f"carry {', '.join(f'{r.carry_bytes:,} B' for r in c.runs[1:])} per continued run"
-            if len(c.runs) > 1
+            f"carry {', '.join(f'{r.carry_bytes:,} B' for r in d.runs[1:])} per continued run"
+            if len(d.runs) > 1
             else "no continued run, so no carry"
         )
-        + f"; progress records (JSON) {c.progress_bytes / 1024:,.0f} KiB; "
-        f"largest event {max(r.largest_event_bytes for r in c.runs) / 1024:,.0f} KiB",
+        + f"; progress records (JSON) {d.progress_bytes / 1024:,.0f} KiB; "
+        f"largest event {max(r.largest_event_bytes for r in d.runs) / 1024:,.0f} KiB",
         f"sandboxes: {b.spent_world_seconds:,.0f} world-seconds, "
         f"peak {b.peak_concurrent_sandboxes} at once",
-        f"artifact store after the run: {c.store_kept_bytes / 2**20:,.1f} MiB kept "
-        "(checkpoints, columns, progress, report)",
+        f"artifact store after the run: {d.store_kept_bytes / 2**20:,.1f} MiB kept "
+        "(checkpoints, columns, progress, report"
+        + (", of every round so far)" if len(c.rounds) > 1 else ")"),
         "activities (first scheduled to last completed / summed), s: "
-        + ", ".join(f"{n} {span:.1f}/{busy:.1f}" for n, (span, busy) in c.stages().items()),
+        + ", ".join(f"{n} {span:.1f}/{busy:.1f}" for n, (span, busy) in d.stages().items()),
     ]
-    n = sum(r.batch_count for r in c.runs)
+    n = sum(r.batch_count for r in d.runs)
     if n:
-        queued = sum(r.batch_queued for r in c.runs) / n
-        on_worker = sum(r.batch_on_worker for r in c.runs) / n
-        in_box = sum(r.batch_in_box for r in c.runs) / n
-        slots = c.spec.budget.max_concurrent_sandboxes
+        queued = sum(r.batch_queued for r in d.runs) / n
+        on_worker = sum(r.batch_on_worker for r in d.runs) / n
+        in_box = sum(r.batch_in_box for r in d.runs) / n
+        slots = spec.budget.max_concurrent_sandboxes
         lines.append(
             f"per world group (mean of {n:,}): {queued * 1000:,.0f} ms queued (scheduled to "
             f"started), {on_worker * 1000:,.0f} ms on a worker, of which "
             f"{in_box * 1000:,.0f} ms the runner in its box and "
             f"{(on_worker - in_box) * 1000:,.0f} ms the worker around it (store, sandbox "
             f"create/upload/download/delete, columns); {slots} slots kept "
-            f"{n * on_worker / (slots * c.worlds_seconds):.1%} busy over the worlds stage"
+            f"{n * on_worker / (slots * d.worlds_seconds):.1%} busy over the worlds stage"
         )
-    worlds = c.worlds_seconds
+    worlds = d.worlds_seconds
     for w in c.workers:
-        n, busy = c.world_runs(w), c.busy_seconds(w)
+        n, busy = d.world_runs(w), d.busy_seconds(w)
         lines.append(
             f"worker {w.name} (pid {w.proc.pid}): {n:,} world-runs, "
             f"{n / worlds if worlds else 0:,.0f} world-runs/s over the worlds stage "
@@ -657,13 +814,19 @@ def main() -> int:
     parser.add_argument("--sandboxes", type=int, default=2, help="sandboxes at once (2 cores: 2)")
     parser.add_argument("--keep", type=Path, default=None, help="work folder to keep (logs)")
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds of twin and durable on one standing fleet, their order alternating",
+    )
+    parser.add_argument(
         "--breakdown",
         action="store_true",
         help="also take one chunk apart in CPU time (bench/batch_profile.py), first",
     )
     args = parser.parse_args()
-    if args.episodes < 1 or args.workers < 1 or args.sandboxes < 1:
-        parser.error("--episodes, --workers and --sandboxes must be at least 1")
+    if min(args.episodes, args.workers, args.sandboxes, args.rounds) < 1:
+        parser.error("--episodes, --workers, --sandboxes and --rounds must be at least 1")
     spec = campaign_spec(args.spec, args.episodes, args.sandboxes)
     profile = profile_batch(spec, args.batch_episodes) if args.breakdown else None
     with tempfile.TemporaryDirectory(prefix="forklab-campaign-") as tmp:
@@ -677,6 +840,7 @@ def main() -> int:
                 batch_episodes=args.batch_episodes,
                 rehearsal_episodes=args.rehearsal_episodes,
                 history_events=args.history_events,
+                rounds=args.rounds,
             )
         )
     for line in report(c):
