@@ -35,8 +35,9 @@ def _complete(progress: Progress, world: str) -> bool:
 class HeldOutAhead:
     """A context whose ``runner`` answers the guard's held-out request from a batch started
     on entry, and runs any other request when it is made. The batch starts only when the
-    spec has a guard world and it and the baseline completed every chunk (else the report
-    has no guard to validate). On exit, a batch nobody asked for is killed and waited for."""
+    spec has a guard world with an intervention and it and the baseline completed every
+    chunk (else the report has no guard to validate: ``guard_policy``). On exit, a batch
+    nobody asked for is killed and waited for."""
 
     def __init__(
         self,
@@ -52,8 +53,10 @@ class HeldOutAhead:
         self._spec = spec
         self._request: tuple[range, list[WorldPlan]] | None = None
         world = guard_world(spec)
-        if world is not None and all(
-            _complete(progress, name) for name in (spec.baseline.name, world.name)
+        if (
+            world is not None
+            and world.intervention is not None
+            and all(_complete(progress, name) for name in (spec.baseline.name, world.name))
         ):
             self._request = held_out_request(spec, world, holdout_size(spec))
         self._pool: ThreadPoolExecutor | None = None
