@@ -28,7 +28,7 @@ time (the twin's, the prefixes', the group's shared part and its worlds', in and
 box, the worker's part; see ``bench/batch_profile.py``).
 
 The machine's speed drifts over minutes (on the shared 2-core machine the same twin took
-188–228 s in four runs of one hour): ``--rounds N`` runs N rounds on one standing fleet,
+178–256 s over one morning): ``--rounds N`` runs N rounds on one standing fleet,
 their sides alternating (twin then durable, durable then twin, ...), and prints each
 round's ratio, the ratio of all durable seconds to all twin seconds (a drift that is
 steady over a pair of rounds weighs on both sides alike) and the median of the rounds'.
