@@ -27,11 +27,12 @@ queued, on a worker and in its box; ``--breakdown`` first takes one chunk apart 
 time (the twin's, the prefixes', the group's shared part and its worlds', in and out of a
 box, the worker's part; see ``bench/batch_profile.py``).
 
-The machine's speed drifts over minutes (on the shared 2-core machine the same twin took
-178–256 s over one morning): ``--rounds N`` runs N rounds on one standing fleet,
-their sides alternating (twin then durable, durable then twin, ...), and prints each
-round's ratio, the ratio of all durable seconds to all twin seconds (a drift that is
-steady over a pair of rounds weighs on both sides alike) and the median of the rounds'.
+The machine's speed drifts over minutes (on a shared 2-core machine the same twin took
+178–256 s over one morning): ``--rounds N`` runs N rounds on one standing fleet, their
+sides alternating (twin then durable, durable then twin, ...), and prints each round's
+ratio (with its durable run's planning, world groups and analysis), the ratio of all
+durable seconds to all twin seconds (a drift that is steady over a pair of rounds weighs
+on both sides alike) and the median of the rounds'.
 
 The clock of the durable run starts on a standing fleet: once both workers poll the task
 queue (their start-up, importing Temporal's SDK and the analysis stack, is printed apart),
@@ -385,6 +386,16 @@ class DurableRun:
         )
         return ", ".join(parts)
 
+    def stages_line(self) -> str:
+        """The durable run's clock in its main stages (so that a slow round shows where it
+        was slow): until approval, the world groups (first scheduled to last completed)
+        and the analysis."""
+        stages = self.stages()
+        return (
+            f"planning {self.planning_seconds:.1f} s, world groups {self.worlds_seconds:.1f} s, "
+            f"analyse {stages.get('analyse', (0.0, 0.0))[0]:.1f} s"
+        )
+
     @property
     def worlds_seconds(self) -> float:
         """From the first world group scheduled to the last one completed, across the chain."""
@@ -709,7 +720,8 @@ def rounds_lines(c: Campaign) -> list[str]:
         lines.append(
             f"round {r.index + 1} ({order}): twin {r.twin.finished.seconds:.1f} s, durable "
             f"{r.durable.seconds:.1f} s, durable/twin {r.ratio:.3f}x wall, "
-            f"{r.cpu_ratio:.3f}x CPU; digest {'equal' if r.same_digest else 'DIFFERENT'}"
+            f"{r.cpu_ratio:.3f}x CPU; digest {'equal' if r.same_digest else 'DIFFERENT'}; "
+            f"durable stages: {r.durable.stages_line()}"
         )
     twin = sum(r.twin.finished.seconds for r in c.rounds)
     durable = sum(r.durable.seconds for r in c.rounds)

@@ -67,4 +67,8 @@ async def test_rounds_alternate_their_sides_on_one_fleet(tmp_path: Path) -> None
     assert c.ratio == (first.durable.seconds + second.durable.seconds) / twins
     lines = report(c)
     assert any(line.startswith("round 2 (durable, then twin)") for line in lines), lines
+    for r in c.rounds:  # each round's line says where its durable clock went
+        assert r.durable.worlds_seconds > 0
+        stages = f"world groups {r.durable.worlds_seconds:.1f} s"
+        assert any(ln.startswith(f"round {r.index + 1} ") and stages in ln for ln in lines)
     assert any(line.startswith("durable/twin over 2 rounds") for line in lines), lines
