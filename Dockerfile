@@ -8,11 +8,6 @@ FROM ${PYTHON_IMAGE} AS wheels
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY forklab ./forklab
-COPY experiments ./experiments
-COPY workflows ./workflows
-COPY activities ./activities
-COPY workers ./workers
-COPY evals ./evals
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}

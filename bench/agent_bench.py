@@ -19,12 +19,12 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from forklab.agent_lab import AgentLab
-from workers.agent_config import AgentSettings
-from workers.effects_service import EffectsService
-from workers.model_server import ModelServer
-from workers.server import temporal_binary
-from workflows.runfork.search_attributes import RUN_FORK_KEYS
+from forklab.cli.runfork.agent_lab import AgentLab
+from forklab.workers.runfork.agent_config import AgentSettings
+from forklab.workers.runfork.effects_service import EffectsService
+from forklab.workers.runfork.model_server import ModelServer
+from forklab.workers.server import temporal_binary
+from forklab.workflows.runfork.search_attributes import RUN_FORK_KEYS
 
 
 @dataclass

@@ -11,7 +11,7 @@ campaign runs them (CPU read with ``wait4``, children included):
 - the prefixes: the runner's ``prefix`` mode over the chunk (what the rehearsal hands
   over, or the prefix's sandbox runs);
 - the world group outside a box: the runner's ``continue`` mode with every world
-  (``experiments.runtime.world_group``): its first process reads the checkpoints and
+  (``forklab.runtime.world_group``): its first process reads the checkpoints and
   works out what the worlds share, then each world runs in a forked process of its own;
   split into that shared part and the worlds' own (as each world's process timed itself);
 - the same group in a real box (its own CPU, read inside it: a PID namespace hides it
@@ -37,14 +37,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.artifacts import LocalArtifactStore
-from activities.runner_bundle import bundle_files
-from activities.sandbox.base import Limits
-from activities.sandbox.jail import bubblewrap
-from activities.sandbox.local import LocalSandboxBackend
-from experiments.engine import spec_world_plans
-from experiments.outcomes import StoredColumns
-from experiments.runtime.file_format import (
+from forklab.activities.experiment.runner_bundle import bundle_files
+from forklab.activities.sandbox.base import Limits
+from forklab.activities.sandbox.jail import bubblewrap
+from forklab.activities.sandbox.local import LocalSandboxBackend
+from forklab.activities.stores.artifacts import LocalArtifactStore
+from forklab.cli.experiment.specfile import load_spec
+from forklab.experiments.experiment.outcomes import StoredColumns
+from forklab.experiments.experiment.spec import ExperimentSpec
+from forklab.experiments.experiment.worlds import spec_world_plans
+from forklab.runtime.file_format import (
     CHECKPOINTS_FILE,
     OUT_FILE,
     REQUEST_FILE,
@@ -52,17 +54,15 @@ from experiments.runtime.file_format import (
     parse_world_outputs,
     request_text,
 )
-from experiments.spec import ExperimentSpec
-from forklab.specfile import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
 #: The twin's inner loop over one chunk, in a fresh process.
 _TWIN = """
 import json, sys
-from experiments.engine import spec_world_plans
-from experiments.runtime.runner import run_batch, workload_class
-from experiments.spec import ExperimentSpec
+from forklab.experiments.experiment.worlds import spec_world_plans
+from forklab.runtime.runner import run_batch, workload_class
+from forklab.experiments.experiment.spec import ExperimentSpec
 spec = ExperimentSpec.model_validate_json(open(sys.argv[1]).read())
 workload = workload_class(spec.workload.name)(dict(spec.workload.params))
 run_batch(workload, spec.seed, range(int(sys.argv[2])), spec_world_plans(spec), memo=False)
@@ -193,7 +193,9 @@ def profile_batch(spec: ExperimentSpec, episodes: int, repeats: int = 3) -> Batc
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", type=Path, default=ROOT / "experiments" / "retry-cascade.yaml")
+    parser.add_argument(
+        "--spec", type=Path, default=ROOT / "forklab" / "workloads" / "retry-cascade.yaml"
+    )
     parser.add_argument("--episodes", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

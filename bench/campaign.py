@@ -76,14 +76,14 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.artifacts import LocalArtifactStore
-from activities.models import AnalyseInput, BatchInput
-from activities.progress import read_progress
 from bench.batch_profile import profile_batch
-from experiments.spec import ExperimentSpec
-from forklab.specfile import load_spec
-from workers.server import temporal_binary
-from workflows.messages import (
+from forklab.activities.experiment.progress import read_progress
+from forklab.activities.stores.artifacts import LocalArtifactStore
+from forklab.cli.experiment.specfile import load_spec
+from forklab.contracts.experiment import AnalyseInput, BatchInput
+from forklab.experiments.experiment.spec import ExperimentSpec
+from forklab.workers.server import temporal_binary
+from forklab.workflows.experiment.messages import (
     DEFAULT_HISTORY_EVENTS,
     DEFAULT_REHEARSAL_EPISODES,
     ExperimentInput,
@@ -92,7 +92,7 @@ from workflows.messages import (
     StatusView,
     workflow_id,
 )
-from workflows.search_attributes import EXPERIMENT, STAGE
+from forklab.workflows.experiment.search_attributes import EXPERIMENT, STAGE
 
 ROOT = Path(__file__).resolve().parent.parent
 FORKLAB = str(Path(sys.executable).parent / "forklab")
@@ -817,7 +817,9 @@ def report(c: Campaign) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", type=Path, default=ROOT / "experiments" / "retry-cascade.yaml")
+    parser.add_argument(
+        "--spec", type=Path, default=ROOT / "forklab" / "workloads" / "retry-cascade.yaml"
+    )
     parser.add_argument("--episodes", type=int, default=100_000)
     parser.add_argument("--batch-episodes", type=int, default=CAMPAIGN_BATCH_EPISODES)
     parser.add_argument("--rehearsal-episodes", type=int, default=DEFAULT_REHEARSAL_EPISODES)

@@ -40,11 +40,11 @@ async def worker(args: argparse.Namespace) -> None:
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.worker import Worker
 
-    from activities.agent_tools import EffectTools, LedgerMode
-    from activities.effect_ledger import SqliteEffectLedger
-    from activities.run_context import RunContextInterceptor
-    from activities.run_log import RunLog
-    from workflows.runfork.interceptor import ForkInterceptor
+    from forklab.activities.runfork.run_context import RunContextInterceptor
+    from forklab.activities.stores.effect_ledger import SqliteEffectLedger
+    from forklab.activities.stores.run_log import RunLog
+    from forklab.agents.tools import EffectTools, LedgerMode
+    from forklab.workflows.runfork.interceptor import ForkInterceptor
 
     client = await Client.connect(args.address, data_converter=pydantic_data_converter)
     home = Path(args.home)

@@ -10,7 +10,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities.agent_tools import ChargeRequest, EffectResult
+    from forklab.agents.tools import ChargeRequest, EffectResult
 
 STEPS = 6
 

@@ -13,8 +13,8 @@ retry-cascade with its eight worlds) the same episodes run, in one process run:
   continuation that drew no randomness is reused for an identical state), on one
   process and on every core (at most two). For a workload with batch methods
   (counter-recovery) each appears twice: ``batched`` (a chunk of episodes at once, in
-  numpy: ``experiments/vector.py``) next to ``scalar`` (the runner's methods, episode by
-  episode, as on the durable path), so the figure that rests on the workload having
+  numpy: ``forklab/experiments/experiment/vector.py``) next to ``scalar`` (the runner's methods,
+  episode by episode, as on the durable path), so the figure that rests on the workload having
   batch methods is shown beside the one without them.
 
 Every path must produce the same per-world outcomes as the naive loop, episode by
@@ -50,14 +50,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.engine import run_twin, spec_world_plans
-from experiments.runtime.crn import Shocks
-from experiments.runtime.file_format import WorldPlan
-from experiments.runtime.runner import workload_class
-from experiments.runtime.workload import State, Workload
-from experiments.spec import ExperimentSpec
-from experiments.vector import batchable
-from experiments.workloads.retry_cascade import RetryCascade
+from forklab.activities.experiment.twin import run_twin
+from forklab.experiments.experiment.spec import ExperimentSpec
+from forklab.experiments.experiment.vector import batchable
+from forklab.experiments.experiment.worlds import spec_world_plans
+from forklab.runtime.crn import Shocks
+from forklab.runtime.file_format import WorldPlan
+from forklab.runtime.runner import workload_class
+from forklab.runtime.workload import State, Workload
+from forklab.workloads.retry_cascade import RetryCascade
 
 Outcomes = dict[str, list[bool]]
 
@@ -126,10 +127,10 @@ def engine(spec: ExperimentSpec, processes: int, memo: bool, batched: bool) -> O
 
 _AGAINST = """
 import json, sys, time
-from experiments.runtime.runner import run_batch, workload_class
+from forklab.runtime.runner import run_batch, workload_class
 workload, episodes, worlds = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 try:  # world plans became a dataclass with the runner's file format
-    from experiments.runtime.file_format import WorldPlan
+    from forklab.runtime.file_format import WorldPlan
     worlds = [WorldPlan.from_json(w) for w in worlds]
 except ImportError:
     pass

@@ -37,10 +37,12 @@ from depth_workflow import DepthInput, DepthWorkflow, tick
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.fork_models import INTERNAL_PREFIX
-from activities.run_history import ClosedRuns, ForkActivities, locate_step, read_chain
-from experiments.runfork.policy import ToolPolicy
-from workflows.runfork.interceptor import ForkInterceptor
+from forklab.activities.runfork.fork_activities import ForkActivities
+from forklab.activities.runfork.history_events import ClosedRuns
+from forklab.activities.runfork.history_reads import locate_step, read_chain
+from forklab.contracts.runfork import INTERNAL_PREFIX
+from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.workflows.runfork.interceptor import ForkInterceptor
 
 
 @dataclass

@@ -26,12 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent_bench import bench_env
 
-from experiments.runfork.diff import diff_states
-from experiments.runfork.policy import ToolPolicy
-from experiments.runfork.research_score import PIPELINE
-from workers.agent_worker import build_agent_worker, connect_agents
-from workers.config import Settings
-from workflows.agents.research import ResearchInput, ResearchPipelineWorkflow
+from forklab.agents.research import ResearchInput, ResearchPipelineWorkflow
+from forklab.agents.research_score import PIPELINE
+from forklab.experiments.runfork.diff import diff_states
+from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.workers.config import Settings
+from forklab.workers.runfork.agent_worker import build_agent_worker, connect_agents
 
 
 def _distance(a: dict[str, Any], b: dict[str, Any]) -> int:

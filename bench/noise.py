@@ -23,11 +23,12 @@ import statistics
 import time
 from typing import Any
 
-from experiments.analysis.guard import learn_rule
-from experiments.analysis.pairs import paired_effect, paired_table
-from experiments.analysis.slices import dimensions, slice_effects
-from experiments.engine import run_twin, world_plan
-from experiments.spec import ExperimentSpec, parse_spec
+from forklab.activities.experiment.twin import run_twin
+from forklab.experiments.experiment.analysis.guard import learn_rule
+from forklab.experiments.experiment.analysis.pairs import paired_effect, paired_table
+from forklab.experiments.experiment.analysis.slices import dimensions, slice_effects
+from forklab.experiments.experiment.spec import ExperimentSpec, parse_spec
+from forklab.experiments.experiment.worlds import world_plan
 
 SPEC = """
 id: noise-bench

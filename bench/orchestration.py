@@ -1,7 +1,7 @@
 """The durable path's overhead: the same large experiment on the local twin and on Temporal.
 
-Twin: ``experiments.plan.rehearse`` with both cores (every world in-process, then the
-analysis). Durable: the ``ExperimentWorkflow`` from start to report on an embedded dev
+Twin: ``forklab.cli.experiment.rehearsal.rehearse`` with both cores (every world in-process, then
+the analysis). Durable: the ``ExperimentWorkflow`` from start to report on an embedded dev
 server (SQLite file), approved as soon as its plan is ready, worlds in local sandboxes
 two at a time — rehearsal sample, snapshot, capacity check, prefixes, world batches,
 cleanup, analysis and ledger included. Both must give the same outcomes digest; the
@@ -25,16 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.approval_keys import approval_payload, new_private_key, public_key_hex, sign
-from experiments.spec import ExperimentSpec
-from forklab.experiment_commands import ship_spec_workload
-from forklab.rehearsal import rehearse
-from forklab.specfile import load_spec
-from workers.config import Settings
-from workers.server import temporal_binary
-from workers.worker import build_worker, cpu_pool, start_pool
-from workflows.experiment import ExperimentWorkflow
-from workflows.messages import (
+from forklab.activities.experiment.approval_keys import new_private_key, public_key_hex
+from forklab.cli.experiment.experiment_commands import ship_spec_workload
+from forklab.cli.experiment.rehearsal import rehearse
+from forklab.cli.experiment.specfile import load_spec
+from forklab.contracts.approval import approval_payload, sign
+from forklab.experiments.experiment.spec import ExperimentSpec
+from forklab.workers.config import Settings
+from forklab.workers.experiment.worker import build_worker, cpu_pool, start_pool
+from forklab.workers.server import temporal_binary
+from forklab.workflows.experiment.messages import (
     DEFAULT_BATCH_EPISODES,
     DEFAULT_REHEARSAL_EPISODES,
     ApproveRequest,
@@ -44,7 +44,8 @@ from workflows.messages import (
     StatusView,
     workflow_id,
 )
-from workflows.search_attributes import EXPERIMENT, STAGE
+from forklab.workflows.experiment.search_attributes import EXPERIMENT, STAGE
+from forklab.workflows.experiment.workflow import ExperimentWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 1.25
@@ -140,7 +141,9 @@ async def durable(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", type=Path, default=ROOT / "experiments" / "retry-cascade.yaml")
+    parser.add_argument(
+        "--spec", type=Path, default=ROOT / "forklab" / "workloads" / "retry-cascade.yaml"
+    )
     parser.add_argument("--episodes", type=int, default=6000)
     parser.add_argument("--batch-episodes", type=int, default=DEFAULT_BATCH_EPISODES)
     parser.add_argument("--rehearsal-episodes", type=int, default=DEFAULT_REHEARSAL_EPISODES)

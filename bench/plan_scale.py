@@ -12,8 +12,8 @@ One run prints:
    seconds (the process tree's) are both printed: the wall ratio is what a user waits,
    the CPU ratio the steadier figure on a loaded machine (two processes show in wall);
    counter-recovery has batch methods, so the twin runs it batched
-   (``experiments/vector.py``); ``--no-memo, scalar`` is the same plan with them switched
-   off (every chunk on the runner's scalar methods, as for a workload without them), the
+   (``forklab/experiments/experiment/vector.py``); ``--no-memo, scalar`` is the same plan with them
+   switched off (every chunk on the runner's scalar methods, as for a workload without them), the
    figure that does not rest on that property of the workload;
 3. with ``--scale M[,M2…]``: the same plan at M episodes (memo on and off), its time as a
    multiple of the N run and its peak RSS;
@@ -26,7 +26,7 @@ One run prints:
    checkpoint digests and shock fingerprints (as many distinct strings as R real episodes
    have), are merged and analysed by ``build_report`` — the guard's held-out episodes
    (capped) really run. The simulation itself holds one chunk of Python objects per
-   process (``experiments.engine.CHUNK_EPISODES``), whatever R.
+   process (``forklab.experiments.experiment.chunks.CHUNK_EPISODES``), whatever R.
 
 Two peaks are printed. ``largest`` is the largest resident set of any one measured process
 (``ru_maxrss`` of a wrapper process: the plan or a worker of its pool). ``tree`` is the
@@ -52,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.workloads.retry_cascade import RetryCascade
+from forklab.workloads.retry_cascade import RetryCascade
 
 ROOT = Path(__file__).resolve().parent.parent
 #: retry-cascade's treatment worlds: every intervention it has, in its order.
@@ -188,12 +188,12 @@ SAMPLE = 10_000
 
 REPLAY = r"""
 import json, sys
-from experiments.analysis.build import build_report
-from experiments.columnar import StrColumn, merge_columns
-from experiments.engine import run_twin
-from experiments.outcomes import from_batch
-from forklab.rehearsal import workload_code_digest
-from experiments.spec import ExperimentSpec
+from forklab.experiments.experiment.analysis.build import build_report
+from forklab.experiments.experiment.columnar import StrColumn, merge_columns
+from forklab.activities.experiment.twin import run_twin
+from forklab.experiments.experiment.outcomes import from_batch
+from forklab.cli.experiment.rehearsal import workload_code_digest
+from forklab.experiments.experiment.spec import ExperimentSpec
 
 spec = ExperimentSpec.model_validate_json(open(sys.argv[1]).read())
 sample = int(sys.argv[2])
@@ -228,9 +228,9 @@ print(report.model_dump_json())
 #: ``forklab plan`` with the twin's batched path switched off (in this process and in the
 #: pool's workers, which it forks): every chunk runs on the runner's scalar methods.
 SCALAR_PLAN = (
-    "import sys; import experiments.engine as engine; "
+    "import sys; import forklab.experiments.experiment.chunks as engine; "
     "engine.batchable = lambda workload: False; "
-    "from forklab.cli import main; main(sys.argv[1:])"
+    "from forklab.cli.main import main; main(sys.argv[1:])"
 )
 
 

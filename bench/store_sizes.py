@@ -56,7 +56,7 @@ def measure(
     work: Path, endpoint: str, bucket: str, database: str, episodes: int
 ) -> tuple[str, int, int]:
     """Run one experiment of ``episodes`` episodes; return its id, objects and bytes."""
-    spec = yaml.safe_load((ROOT / "experiments" / "retry-cascade.yaml").read_text())
+    spec = yaml.safe_load((ROOT / "forklab" / "workloads" / "retry-cascade.yaml").read_text())
     spec["episodes"] = episodes
     spec_file = work / f"spec-{episodes}.yaml"
     spec_file.write_text(yaml.safe_dump(spec))

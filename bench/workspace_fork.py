@@ -39,12 +39,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.coding_agent import BLOB, write_workspace
-from activities.runner_bundle import bundle_files
-from activities.sandbox.base import Limits
-from activities.sandbox.local import LocalSandboxBackend
-from activities.sandbox.workspace import Workspaces, unmount_under
-from experiments.workloads.coding_fix import DEMO_CASES, package_files, vendored_chunks
+from forklab.activities.experiment.runner_bundle import bundle_files
+from forklab.activities.runfork.coding_agent import BLOB, write_workspace
+from forklab.activities.sandbox.base import Limits
+from forklab.activities.sandbox.local import LocalSandboxBackend
+from forklab.activities.sandbox.workspace import Workspaces, unmount_under
+from forklab.workloads.coding_fix import DEMO_CASES, package_files, vendored_chunks
 
 CHILDREN = 3
 MIB = 1 << 20

@@ -9,8 +9,8 @@ switch costs one step.
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from experiments.runtime.crn import Shocks
-from experiments.runtime.workload import Feature, State, Workload, WorkloadError
+from forklab.runtime.crn import Shocks
+from forklab.runtime.workload import Feature, State, Workload, WorkloadError
 
 
 class FlakyTool(Workload):

@@ -17,14 +17,18 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from activities.agent_tools import LedgerMode
-from forklab.agent_lab import AgentLab
-from workers.agent_config import AgentSettings
-from workers.agent_worker import build_agent_worker, connect_agents, ensure_run_fork_attributes
-from workers.config import Settings
-from workers.effects_service import EffectsService
-from workers.model_server import ModelServer
-from workflows.agents.research import ResearchInput, ResearchPipelineWorkflow
+from forklab.agents.research import ResearchInput, ResearchPipelineWorkflow
+from forklab.agents.tools import LedgerMode
+from forklab.cli.runfork.agent_lab import AgentLab
+from forklab.workers.config import Settings
+from forklab.workers.runfork.agent_config import AgentSettings
+from forklab.workers.runfork.agent_worker import (
+    build_agent_worker,
+    connect_agents,
+    ensure_run_fork_attributes,
+)
+from forklab.workers.runfork.effects_service import EffectsService
+from forklab.workers.runfork.model_server import ModelServer
 
 
 @dataclass

@@ -27,8 +27,8 @@ from orchestration_lab import (  # noqa: E402
     start_dev_server,
 )
 
+from forklab.workers.experiment.worker import build_worker, cpu_pool  # noqa: E402
 from tests.sandbox_lab import root, workspaces  # noqa: E402, F401 (workspace-layer fixtures)
-from workers.worker import build_worker, cpu_pool  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,8 @@ from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities.agent_tools import ChargeRequest, EffectResult
-    from activities.agent_workspace import WorkspaceStep, WorkspaceWrite
+    from forklab.activities.runfork.workspace import WorkspaceStep, WorkspaceWrite
+    from forklab.agents.tools import ChargeRequest, EffectResult
 
 
 class StepsInput(BaseModel):

@@ -17,8 +17,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from experiments.runtime.crn import Shocks
-from experiments.runtime.workload import Feature, State, Workload
+from forklab.runtime.crn import Shocks
+from forklab.runtime.workload import Feature, State, Workload
 
 TAINTED = False
 #: Where a ``linger`` world's leftover process writes its pid (the worlds' working

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from experiments.spec import ExperimentSpec
-from forklab.cli import dispatch
+from forklab.cli.main import dispatch
+from forklab.experiments.experiment.spec import ExperimentSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 

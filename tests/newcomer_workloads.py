@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from experiments.runtime.crn import Shocks
-from experiments.runtime.workload import Feature, State, Workload
+from forklab.runtime.crn import Shocks
+from forklab.runtime.workload import Feature, State, Workload
 
 
 class SupportTicket(Workload):

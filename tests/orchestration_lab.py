@@ -23,17 +23,17 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.approval_keys import approval_payload, new_private_key, public_key_hex, sign
-from activities.artifacts import LocalArtifactStore
-from activities.ledger import SqliteLedger
-from activities.sandbox.local import LocalSandboxBackend
-from activities.workload_bundles import ship_workload
-from experiments.spec import ExperimentSpec, resolve_workload
-from forklab.workload_files import collect_workload
-from workers.config import ENV, Settings
-from workers.stores import artifact_store
-from workflows.experiment import ExperimentWorkflow
-from workflows.messages import (
+from forklab.activities.experiment.approval_keys import new_private_key, public_key_hex
+from forklab.activities.experiment.workload_bundles import ship_workload
+from forklab.activities.sandbox.local import LocalSandboxBackend
+from forklab.activities.stores.artifacts import LocalArtifactStore
+from forklab.activities.stores.ledger import SqliteLedger
+from forklab.cli.experiment.workload_files import collect_workload
+from forklab.contracts.approval import approval_payload, sign
+from forklab.experiments.experiment.spec import ExperimentSpec, resolve_workload
+from forklab.workers.config import ENV, Settings
+from forklab.workers.stores import artifact_store
+from forklab.workflows.experiment.messages import (
     ApprovalAttempt,
     ApproveRequest,
     ExperimentInput,
@@ -42,7 +42,8 @@ from workflows.messages import (
     StatusView,
     workflow_id,
 )
-from workflows.search_attributes import EXPERIMENT, STAGE
+from forklab.workflows.experiment.search_attributes import EXPERIMENT, STAGE
+from forklab.workflows.experiment.workflow import ExperimentWorkflow
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from experiments.runtime.crn import Shocks
-from experiments.runtime.workload import Feature, State, Workload
+from forklab.runtime.crn import Shocks
+from forklab.runtime.workload import Feature, State, Workload
 
 
 def in_sandbox() -> bool:
-    return os.path.basename(sys.argv[0]) == "runner.py"
+    return os.path.basename(sys.argv[0]) == "box.py"
 
 
 _PREFIX_SLEPT = False
@@ -137,7 +137,7 @@ class Hostile(Toy):
     def check_params(self) -> None:
         if "pytest" in sys.modules or not self.params["home"]:
             return
-        from experiments.runtime.workload import WorkloadError
+        from forklab.runtime.workload import WorkloadError
 
         report = _probe(str(self.params["home"]), int(self.params["port"]))
         raise WorkloadError("workload.params.home", f"hostile report: {report}")

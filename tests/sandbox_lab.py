@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.sandbox import ExecResult, LocalSandboxBackend
-from activities.sandbox.workspace import Workspaces, mounts_under, unmount_under
+from forklab.activities.sandbox import ExecResult, LocalSandboxBackend
+from forklab.activities.sandbox.workspace import Workspaces, mounts_under, unmount_under
 from tests.helpers import ROOT
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from tests.helpers import ROOT, plan_json, run_cli
 
-RECOVERY = ROOT / "experiments" / "recovery-counter.yaml"
-RETRY = ROOT / "experiments" / "retry-cascade.yaml"
+RECOVERY = ROOT / "forklab" / "workloads" / "recovery-counter.yaml"
+RETRY = ROOT / "forklab" / "workloads" / "retry-cascade.yaml"
 
 
 def test_recovery_counter_plan_shows_the_analysis(capsys: pytest.CaptureFixture[str]) -> None:

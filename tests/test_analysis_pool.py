@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from forklab.workers.experiment.worker import AnalysisPoolError, cpu_pool, start_pool
 from tests.helpers import run_cli
-from workers.worker import AnalysisPoolError, cpu_pool, start_pool
 
 
 def _renderer_loaded() -> bool:

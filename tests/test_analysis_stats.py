@@ -16,12 +16,13 @@ from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
-from experiments.analysis.build import build_report, comparison_rows
-from experiments.analysis.pairs import paired_effect, paired_table
-from experiments.analysis.power import power_row
-from experiments.analysis.slices import dimensions
-from experiments.outcomes import ExperimentOutcomes, WorldOutcomes
-from experiments.spec import Direction, parse_spec
+from forklab.activities.experiment.twin import twin_held_out
+from forklab.experiments.experiment.analysis.build import build_report, comparison_rows
+from forklab.experiments.experiment.analysis.pairs import paired_effect, paired_table
+from forklab.experiments.experiment.analysis.power import power_row
+from forklab.experiments.experiment.analysis.slices import dimensions
+from forklab.experiments.experiment.outcomes import ExperimentOutcomes, WorldOutcomes
+from forklab.experiments.experiment.spec import Direction, parse_spec
 from tests.reference_stats import reference_newcombe
 
 TOL = 1e-9
@@ -133,7 +134,9 @@ def test_comparison_rows_holm_and_wilson_match_statsmodels() -> None:
                 assert s.ci_low <= s.difference <= s.ci_high
         # the guard in build_report runs counter-recovery, so give it that workload's feature
         feats = [{"obs_repeated": f["flag"]} for f in out.features]
-        worlds = build_report(spec, out.model_copy(update={"features": feats}), "d").worlds
+        worlds = build_report(
+            spec, out.model_copy(update={"features": feats}), "d", held_out=twin_held_out(1)
+        ).worlds
         assert [w.name for w in worlds] == list(columns)
         for w in worlds:
             failures = n - sum(columns[w.name])
@@ -165,7 +168,7 @@ def test_world_failure_intervals_are_wilson() -> None:
             for w in spec.worlds
         ],
     )
-    report = build_report(spec, out, "d")
+    report = build_report(spec, out, "d", held_out=twin_held_out(1))
     assert [row.name for row in report.worlds] == ["baseline", "w0", "w1"]
     for row in report.worlds:
         low, high = proportion_confint(row.failures, row.episodes, alpha=0.05, method="wilson")

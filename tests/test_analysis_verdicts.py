@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.analysis.build import build_report
-from experiments.analysis.pairs import paired_effect, paired_table
-from experiments.analysis.verdicts import Verdict, judge
-from experiments.outcomes import InfraUsage
-from experiments.plan import rehearse_outcomes
-from experiments.report.render_html import render_html
-from experiments.report.render_markdown import render_markdown
-from experiments.report.render_text import render_text
-from experiments.spec import Direction, ExperimentSpec, parse_spec
-from forklab.rehearsal import workload_code_digest
+from forklab.activities.experiment.twin import rehearse_outcomes, twin_held_out
+from forklab.cli.experiment.rehearsal import workload_code_digest
+from forklab.experiments.experiment.analysis.build import build_report
+from forklab.experiments.experiment.analysis.pairs import paired_effect, paired_table
+from forklab.experiments.experiment.analysis.verdicts import Verdict, judge
+from forklab.experiments.experiment.report.render_html import render_html
+from forklab.experiments.experiment.report.render_markdown import render_markdown
+from forklab.experiments.experiment.report.render_text import render_text
+from forklab.experiments.experiment.results import InfraUsage
+from forklab.experiments.experiment.spec import Direction, ExperimentSpec, parse_spec
 from tests.helpers import ROOT
 
-RECOVERY = ROOT / "experiments" / "recovery-counter.yaml"
+RECOVERY = ROOT / "forklab" / "workloads" / "recovery-counter.yaml"
 
 
 def _table(n11: int, n10: int, n01: int, n00: int) -> tuple[list[bool], list[bool]]:
@@ -68,7 +68,7 @@ def test_a_failed_validity_check_makes_every_verdict_invalid() -> None:
     digest = workload_code_digest(spec)
     tampered = outcomes.model_copy(deep=True)
     tampered.worlds[1].code_digest = "0" * 64  # refresh ran other code than the plan's
-    report = build_report(spec, tampered, digest)
+    report = build_report(spec, tampered, digest, held_out=twin_held_out(1))
     identity = next(c for c in report.checks if c.name == "workload_identity")
     assert not identity.passed and "refresh" in identity.reason
     assert report.valid is False
@@ -79,7 +79,7 @@ def test_a_failed_validity_check_makes_every_verdict_invalid() -> None:
     assert "Invalid: workload_identity failed; the effects below are not evidence." in page
     assert "Hypothesis not judged: the experiment is invalid." in page
     # the untampered outcomes give real verdicts
-    clean = build_report(spec, outcomes, digest)
+    clean = build_report(spec, outcomes, digest, held_out=twin_held_out(1))
     assert clean.valid and Verdict.invalid not in {v.verdict for v in clean.verdicts}
 
 
@@ -93,11 +93,11 @@ def test_infrastructure_fit_reads_the_durable_usage() -> None:
         max_concurrent_sandboxes=2,
         peak_concurrent_sandboxes=2,
     )
-    report = build_report(spec, outcomes, digest, fine)
+    report = build_report(spec, outcomes, digest, fine, held_out=twin_held_out(1))
     check = next(c for c in report.checks if c.name == "infrastructure_fit")
     assert check.passed and "12.5 of 600.0" in check.reason
     over = fine.model_copy(update={"world_seconds_spent": 601.0, "sandboxes_left": 1})
-    report = build_report(spec, outcomes, digest, over)
+    report = build_report(spec, outcomes, digest, over, held_out=twin_held_out(1))
     check = next(c for c in report.checks if c.name == "infrastructure_fit")
     assert not check.passed
     assert "601.0 of a 600.0" in check.reason and "1 sandboxes left" in check.reason
@@ -109,7 +109,7 @@ def test_snapshot_provenance_must_be_common() -> None:
     outcomes = rehearse_outcomes(spec, workload_code_digest(spec))
     mixed = outcomes.model_copy(deep=True)
     mixed.worlds[2].snapshot = "another-image"
-    report = build_report(spec, mixed, workload_code_digest(spec))
+    report = build_report(spec, mixed, workload_code_digest(spec), held_out=twin_held_out(1))
     check = next(c for c in report.checks if c.name == "common_snapshot")
     assert not check.passed and "another-image" in check.reason
 
@@ -125,7 +125,7 @@ def test_a_partial_world_is_reported_not_crashed_on() -> None:
         w.shocks[:200],
         w.inherited[:200],
     )
-    report = build_report(spec, partial, workload_code_digest(spec))
+    report = build_report(spec, partial, workload_code_digest(spec), held_out=twin_held_out(1))
     completion = next(c for c in report.checks if c.name == "completion")
     assert (
         not completion.passed and "refresh" in completion.reason and "200/300" in completion.reason

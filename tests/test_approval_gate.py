@@ -8,10 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from activities.approval_keys import approval_payload, new_private_key, public_key_hex, sign
-from workflows import inbox
-from workflows.approval_gate import ApprovalGate, Moment
-from workflows.messages import (
+from forklab.activities.experiment.approval_keys import new_private_key, public_key_hex
+from forklab.contracts.approval import approval_payload, sign
+from forklab.workflows.experiment import inbox
+from forklab.workflows.experiment.approval_gate import ApprovalGate, Moment
+from forklab.workflows.experiment.messages import (
     MAX_ATTEMPTS,
     MAX_NAME,
     ApprovalStatus,

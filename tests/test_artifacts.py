@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.artifacts import ArtifactError, LocalArtifactStore, run_name
-from experiments.runtime.canon import canonical_json
+from forklab.activities.stores.artifacts import ArtifactError, LocalArtifactStore, run_name
+from forklab.runtime.canon import canonical_json
 from tests.helpers import ROOT
 
 
@@ -67,7 +67,7 @@ def test_missing_and_malformed_digests_are_clear_errors(store: LocalArtifactStor
 WRITER = """
 import sys
 from pathlib import Path
-from activities.artifacts import LocalArtifactStore
+from forklab.activities.stores.artifacts import LocalArtifactStore
 store = LocalArtifactStore(Path(sys.argv[1]))
 blob = bytes(range(256)) * 4096
 for i in range(40):

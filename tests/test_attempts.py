@@ -5,9 +5,9 @@ from __future__ import annotations
 from temporalio.api.enums.v1 import TimeoutType
 from temporalio.exceptions import ApplicationError, TimeoutError
 
-from workflows.attempts import failed_attempt
-from workflows.budget_ledger import BudgetLedger
-from workflows.messages import BudgetUse
+from forklab.workflows.experiment.attempts import failed_attempt
+from forklab.workflows.experiment.budget_ledger import BudgetLedger
+from forklab.workflows.experiment.messages import BudgetUse
 
 LAG = 4.0
 

@@ -15,23 +15,28 @@ from typing import Any
 
 import pytest
 
-from activities.runner_bundle import bundle_files
-from activities.sandbox import confine, workload_inside
-from activities.sandbox.base import Limits
-from activities.sandbox.workload_calls import CALL_LIMITS, WorkloadCalls, WorkloadContractError
-from experiments.bundle import BundleFile
-from experiments.engine import spec_world_plans
-from experiments.runtime.contract import ContractViolation
-from experiments.runtime.file_format import WorldPlan
-from experiments.runtime.workload import WorkloadError
-from experiments.spec import ExperimentSpec
+from forklab.activities.experiment.runner_bundle import bundle_files
+from forklab.activities.sandbox import confine
+from forklab.activities.sandbox.base import Limits
+from forklab.activities.sandbox.workload_calls import (
+    CALL_LIMITS,
+    WorkloadCalls,
+    WorkloadContractError,
+)
+from forklab.experiments.experiment.bundle import BundleFile
+from forklab.experiments.experiment.spec import ExperimentSpec
+from forklab.experiments.experiment.worlds import spec_world_plans
+from forklab.runtime import worker_calls
+from forklab.runtime.contract import ContractViolation
+from forklab.runtime.file_format import WorldPlan
+from forklab.runtime.workload import WorkloadError
 from tests.helpers import restart_spec
 
 #: A two-step workload whose step raises (a contract violation) in the episodes ``bad``.
 BREAKS_AT = """
 import threading
 
-from experiments.runtime.workload import Workload
+from forklab.runtime.workload import Workload
 
 _HELD = []  # threads that take the box's process slots (``threads``)
 
@@ -148,7 +153,7 @@ def _broken_answer(tmp_path: Path, limits: Limits = CALL_LIMITS, threads: int = 
 def test_a_part_runs_under_its_share_of_the_boxs_limits(tmp_path: Path) -> None:
     """Episode 4,999 is in the last part, a forked process on two CPUs or more: it may use
     its share of the box's CPU seconds and address space, not the box's whole."""
-    parts = min(len(os.sched_getaffinity(0)), EPISODES // workload_inside.MIN_CHECKS_PER_PROCESS)
+    parts = min(len(os.sched_getaffinity(0)), EPISODES // worker_calls.MIN_CHECKS_PER_PROCESS)
     found = re.search(r"cpu=(\d+) as=(\d+)", _broken_answer(tmp_path))
     assert found is not None
     cpu, memory = int(found[1]), int(found[2])
@@ -187,12 +192,12 @@ def test_a_part_that_cannot_be_forked_is_checked_in_process(
 
     monkeypatch.setattr(os, "fork", no_fork)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
-    monkeypatch.setattr(workload_inside, "MIN_CHECKS_PER_PROCESS", 10)
+    monkeypatch.setattr(worker_calls, "MIN_CHECKS_PER_PROCESS", 10)
     cls = BREAKS_AT_HERE["BreaksAt"]
     assert isinstance(cls, type)
     workload = cls({"bad": [25, 35]})
     with pytest.raises(ContractViolation) as caught:
-        workload_inside._check_prefixes(workload, 1, range(40), None)
+        worker_calls._check_prefixes(workload, 1, range(40), None)
     assert "(episode 25, prefix" in str(caught.value), str(caught.value)
     assert len(attempts) == 3, "the check was split in three parts, each fork failed"
 
@@ -201,7 +206,7 @@ def parts_on_three_cpus(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Make the box's work split into parts of at least 10 over three CPUs; returns the
     list that gets one entry per process forked."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
-    monkeypatch.setattr(workload_inside, "MIN_CHECKS_PER_PROCESS", 10)
+    monkeypatch.setattr(worker_calls, "MIN_CHECKS_PER_PROCESS", 10)
     forks: list[int] = []
     real_fork = os.fork
 
@@ -236,9 +241,9 @@ def test_held_out_episodes_run_in_parts_and_join_as_one_loop(
     """The guard's held-out batch in three forked parts equals it in one process, column
     for column and in episode order."""
     request = _held_out_request("retry-cascade", {}, range(100, 160))
-    one = workload_inside.batch(request)
+    one = worker_calls.batch(request)
     forks = parts_on_three_cpus(monkeypatch)
-    assert workload_inside.batch(request) == one
+    assert worker_calls.batch(request) == one
     assert len(forks) == 3
     assert one["episodes"] == list(range(100, 160))
 
@@ -250,12 +255,12 @@ def test_a_held_out_part_that_breaks_the_contract_answers_its_sentence(
     the part's first episode: this workload draws nothing, so a later episode of the part
     reuses that prefix (the memo, as on the twin) and never steps."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(workload_inside, "MIN_CHECKS_PER_PROCESS", 10)
+    monkeypatch.setattr(worker_calls, "MIN_CHECKS_PER_PROCESS", 10)
     monkeypatch.setitem(sys.modules, "breaks_at_held_out", _module(BREAKS_AT))
     request = _held_out_request("breaks_at_held_out:BreaksAt", {"bad": [20]}, range(40))
     request["worlds"] = [WorldPlan("baseline").to_json()]
-    with pytest.raises(workload_inside._Answer) as caught:
-        workload_inside.batch(request)
+    with pytest.raises(worker_calls._Answer) as caught:
+        worker_calls.batch(request)
     assert "(episode 20, prefix" in str(caught.value), str(caught.value)
 
 
@@ -294,7 +299,7 @@ def test_a_part_that_is_slow_on_one_piece_leaves_the_rest_to_the_others() -> Non
     """Pieces are taken from a queue, not dealt out in runs: while one part is stuck on
     the first piece, the other does all the rest (dealt out in runs, it would have done
     only the second half and left the first part three more pieces)."""
-    pids = workload_inside._in_parts(range(8), _piece_job(0, {}), parts=2, piece=1)
+    pids = worker_calls._in_parts(range(8), _piece_job(0, {}), parts=2, piece=1)
     assert len(pids) == 8
     assert os.getpid() not in pids, "every piece ran in a forked part"
     assert pids[0] not in pids[1:], pids
@@ -305,6 +310,6 @@ def test_the_first_failed_piece_in_order_is_answered_not_the_first_in_time() -> 
     """Item 3 fails at once, item 1 a second later: the answer is item 1's, as one loop
     over the items would give."""
     job = _piece_job(-1, {1: 1.0, 3: 0.0})
-    with pytest.raises(workload_inside._Answer) as caught:
-        workload_inside._in_parts(range(6), job, parts=2, piece=1)
+    with pytest.raises(worker_calls._Answer) as caught:
+        worker_calls._in_parts(range(6), job, parts=2, piece=1)
     assert caught.value.answer == {"error": "field item1: broken"}

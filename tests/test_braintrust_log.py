@@ -14,12 +14,12 @@ from fake_braintrust import API_KEY, FakeBraintrust, fake_braintrust
 from orchestration_lab import Lab, lab_settings, make_spec
 from temporalio.testing import WorkflowEnvironment
 
-from experiments.evidence_scores import SCORE_NAMES
+from forklab.experiments.experiment.evidence_scores import SCORE_NAMES
+from forklab.workers.config import ConfigError
+from forklab.workers.experiment.providers import BRAINTRUST_WITH_KEY, braintrust_config
+from forklab.workers.experiment.worker import build_worker
+from forklab.workflows.experiment.messages import ExperimentResult, Status
 from tests.helpers import run_cli
-from workers.config import ConfigError
-from workers.providers import BRAINTRUST_WITH_KEY, braintrust_config
-from workers.worker import build_worker
-from workflows.messages import ExperimentResult, Status
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from activities.budget import START_ALLOWANCE
-from workflows.budget_ledger import BudgetLedger, BudgetRefused
-from workflows.messages import BudgetUse
+from forklab.experiments.experiment.budget import START_ALLOWANCE
+from forklab.workflows.experiment.budget_ledger import BudgetLedger, BudgetRefused
+from forklab.workflows.experiment.messages import BudgetUse
 
 
 def ledger(max_seconds: float = 100.0, concurrent: int = 2, safety: float = 2.0) -> BudgetLedger:

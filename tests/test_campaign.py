@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from activities.artifacts import LocalArtifactStore
-from activities.progress import read_progress
 from bench.campaign import HISTORY_GOAL, campaign_spec, report, run_campaign
-from workflows.messages import Stage
+from forklab.activities.experiment.progress import read_progress
+from forklab.activities.stores.artifacts import LocalArtifactStore
+from forklab.workflows.experiment.messages import Stage
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 async def test_a_small_campaign_on_two_workers_equals_the_twin(tmp_path: Path) -> None:
-    spec = campaign_spec(ROOT / "experiments" / "retry-cascade.yaml", episodes=200, sandboxes=2)
+    spec = campaign_spec(
+        ROOT / "forklab" / "workloads" / "retry-cascade.yaml", episodes=200, sandboxes=2
+    )
     limit = 150
     c = await run_campaign(
         spec, tmp_path, workers=2, batch_episodes=25, rehearsal_episodes=20, history_events=limit
@@ -55,7 +57,9 @@ async def test_rounds_alternate_their_sides_on_one_fleet(tmp_path: Path) -> None
     """Two rounds on one standing fleet: the twin first, then the durable run first; each
     round's experiment is a workflow of its own, and the ratio over the rounds is the
     sum of the durable seconds over the sum of the twin seconds."""
-    spec = campaign_spec(ROOT / "experiments" / "retry-cascade.yaml", episodes=40, sandboxes=2)
+    spec = campaign_spec(
+        ROOT / "forklab" / "workloads" / "retry-cascade.yaml", episodes=40, sandboxes=2
+    )
     c = await run_campaign(
         spec, tmp_path, workers=2, batch_episodes=20, rehearsal_episodes=10, rounds=2
     )

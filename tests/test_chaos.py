@@ -29,18 +29,18 @@ from orchestration_lab import FORKLAB, cli_env, forklab, make_spec
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.sandbox.jail import bubblewrap
-from forklab.rehearsal import rehearse
-from workers.config import Settings
-from workers.server import server_argv
-from workflows.experiment import ExperimentWorkflow
-from workflows.messages import (
+from forklab.activities.sandbox.jail import bubblewrap
+from forklab.cli.experiment.rehearsal import rehearse
+from forklab.workers.config import Settings
+from forklab.workers.server import server_argv
+from forklab.workflows.experiment.messages import (
     ExperimentResult,
     Stage,
     Status,
     StatusView,
     workflow_id,
 )
+from forklab.workflows.experiment.workflow import ExperimentWorkflow
 
 pytestmark = pytest.mark.skipif(
     bubblewrap()[0] is None, reason=f"bubblewrap cannot run here: {bubblewrap()[1]}"

@@ -1,7 +1,7 @@
 """``forklab <command>`` imports what that command needs, not every command's modules: the
 operator commands (``start``, ``approve``, ``status``, ``watch``…) used to import the
 worker, the analysis stack (scipy, matplotlib), Braintrust and the store clients at start,
-about two seconds before they did anything. And ``forklab.cli.COMMANDS``, which says which
+about two seconds before they did anything. And ``forklab.cli.main.COMMANDS``, which says which
 module registers each command, says what the modules register."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from forklab.cli import COMMANDS, REGISTRARS, build_parser
+from forklab.cli.main import COMMANDS, REGISTRARS, build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: workflow (every activity), the analysis and its rendering, the eval and agent SDKs, the
 #: S3 and PostgreSQL clients.
 HEAVY = (
-    "workers.worker",
-    "workflows.experiment",
-    "experiments.analysis.build",
+    "forklab.workers.experiment.worker",
+    "forklab.workflows.experiment.workflow",
+    "forklab.experiments.experiment.analysis.build",
     "scipy",
     "matplotlib",
     "braintrust",
@@ -40,7 +40,7 @@ HEAVY = (
 #: interpreter, and prints which of the heavy modules are then imported.
 _PROBE = """
 import contextlib, io, json, sys
-from forklab.cli import dispatch
+from forklab.cli.main import dispatch
 words, heavy = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 out = io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
@@ -70,8 +70,8 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
         ("status", ()),
         ("report", ()),
         # the agent-run commands need neither the experiment's models nor numpy
-        ("watch", ("numpy", "workflows.messages")),
-        ("fork", ("numpy", "workflows.messages")),
+        ("watch", ("numpy", "forklab.workflows.experiment.messages")),
+        ("fork", ("numpy", "forklab.workflows.experiment.messages")),
         ("plan", ("numpy",)),
     ],
 )

@@ -14,14 +14,20 @@ from pathlib import Path
 import pytest
 from orchestration_lab import Lab
 
-from activities.coding_agent import BLOB, FIXED_MTIME, run_coding_agent_fork
-from activities.sandbox import LocalSandboxBackend
-from activities.sandbox.workspace import mounts_under, unmount_under
-from experiments.analysis.pairs import paired_table
-from experiments.engine import run_twin
-from experiments.report.model import Report
-from experiments.twin_workspace import twin_workspace_section
-from experiments.workloads.coding_fix import (
+from forklab.activities.experiment.twin import run_twin
+from forklab.activities.experiment.twin_workspace import twin_workspace_section
+from forklab.activities.runfork.coding_agent import BLOB, FIXED_MTIME, run_coding_agent_fork
+from forklab.activities.sandbox import LocalSandboxBackend
+from forklab.activities.sandbox.workspace import mounts_under, unmount_under
+from forklab.cli.experiment.experiment_commands import save_report
+from forklab.cli.experiment.rehearsal import rehearse
+from forklab.cli.experiment.specfile import load_spec
+from forklab.experiments.experiment.analysis.pairs import paired_table
+from forklab.experiments.experiment.report.model import Report
+from forklab.experiments.experiment.workspace_report import PYCACHE, WorkspaceDemoSummary
+from forklab.experiments.workspace import ManifestDiff, WorkspaceManifest
+from forklab.workflows.experiment.messages import Stage, Status
+from forklab.workloads.coding_fix import (
     BUGS,
     CORE_CASES,
     OPTIONAL_CASES,
@@ -31,15 +37,9 @@ from experiments.workloads.coding_fix import (
     run_suite,
     vendored_chunks,
 )
-from experiments.workspace import ManifestDiff, WorkspaceManifest
-from experiments.workspace_report import PYCACHE, WorkspaceDemoSummary
-from forklab.experiment_commands import save_report
-from forklab.rehearsal import rehearse
-from forklab.specfile import load_spec
 from tests.helpers import ROOT, run_cli
-from workflows.messages import Stage, Status
 
-SPEC = ROOT / "experiments" / "coding-fix.yaml"
+SPEC = ROOT / "forklab" / "workloads" / "coding-fix.yaml"
 
 
 @pytest.fixture

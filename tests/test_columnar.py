@@ -9,11 +9,22 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from experiments.columnar import StrColumn, concat_strings, merge_columns, to_columns, to_lists
-from experiments.outcomes import ExperimentOutcomes, StoredColumns, from_batch, outcomes_digest
-from experiments.runtime.file_format import WorldPlan
-from experiments.runtime.runner import run_batch
-from experiments.workloads.retry_cascade import RetryCascade
+from forklab.experiments.experiment.columnar import (
+    StrColumn,
+    concat_strings,
+    merge_columns,
+    to_columns,
+    to_lists,
+)
+from forklab.experiments.experiment.outcomes import (
+    ExperimentOutcomes,
+    StoredColumns,
+    from_batch,
+    outcomes_digest,
+)
+from forklab.runtime.file_format import WorldPlan
+from forklab.runtime.runner import run_batch
+from forklab.workloads.retry_cascade import RetryCascade
 
 WORLDS = [WorldPlan("baseline"), WorldPlan("restart", "restart"), WorldPlan("placebo", "placebo")]
 

@@ -14,11 +14,11 @@ import pytest
 from daytona import DaytonaError
 from fake_daytona import API_KEY, FakeDaytona, fake_daytona
 
-from activities.runner_bundle import bundle_files
-from activities.sandbox.base import Limits, SandboxError
-from activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
-from activities.sandbox.daytona_http import bound_client
-from activities.sandbox.preflight import SandboxUnavailableError
+from forklab.activities.experiment.runner_bundle import bundle_files
+from forklab.activities.sandbox.base import Limits, SandboxError
+from forklab.activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
+from forklab.activities.sandbox.daytona_http import bound_client
+from forklab.activities.sandbox.preflight import SandboxUnavailableError
 
 LABELS = {"forklab.experiment": "exp-1", "forklab.world": "w", "forklab.batch": "0"}
 

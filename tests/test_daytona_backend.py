@@ -13,21 +13,21 @@ from helpers import run_cli
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.artifacts import ArtifactError, LocalArtifactStore
-from activities.models import CleanupInput, EpisodeChunk, PrefixInput, RunnerJob
-from activities.runner_bundle import bundle_files, code_digest
-from activities.sandbox.base import (
+from forklab.activities.experiment.runner_bundle import bundle_files, code_digest
+from forklab.activities.experiment.world_batches import SandboxActivities
+from forklab.activities.sandbox.base import (
     Limits,
     SandboxError,
     SandboxNotFoundError,
     SnapshotCorruptedError,
 )
-from activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
-from activities.sandbox.preflight import SandboxUnavailableError
-from activities.shared_snapshots import SharedSnapshots
-from activities.world_batches import SandboxActivities
-from workers.config import ConfigError, Settings
-from workers.providers import sandbox_backend
+from forklab.activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
+from forklab.activities.sandbox.preflight import SandboxUnavailableError
+from forklab.activities.sandbox.shared_snapshots import SharedSnapshots
+from forklab.activities.stores.artifacts import ArtifactError, LocalArtifactStore
+from forklab.contracts.experiment import CleanupInput, EpisodeChunk, PrefixInput, RunnerJob
+from forklab.workers.config import ConfigError, Settings
+from forklab.workers.experiment.providers import sandbox_backend
 
 LABELS = {
     "forklab.experiment": "exp-1",

@@ -21,13 +21,13 @@ from orchestration_lab import Lab, cli_env, forklab, lab_settings, make_spec, si
 from stores_lab import S3_ENV, make_bucket, moto_server
 from temporalio.testing import WorkflowEnvironment
 
-from activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
-from forklab.rehearsal import rehearse
-from forklab.specfile import load_spec
-from workers.config import Settings
-from workers.stores import artifact_store
-from workers.worker import build_worker, cpu_pool
-from workflows.messages import Stage, Status
+from forklab.activities.sandbox.daytona import DaytonaOptions, DaytonaSandboxBackend
+from forklab.cli.experiment.rehearsal import rehearse
+from forklab.cli.experiment.specfile import load_spec
+from forklab.workers.config import Settings
+from forklab.workers.experiment.worker import build_worker, cpu_pool
+from forklab.workers.stores import artifact_store
+from forklab.workflows.experiment.messages import Stage, Status
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,7 +69,7 @@ async def test_durable_flow_on_daytona_matches_the_local_twin(
     daytona_lab: tuple[Lab, FakeDaytona, FakeBraintrust],
 ) -> None:
     lab, fake, braintrust = daytona_lab
-    spec = load_spec(str(ROOT / "experiments" / "recovery-counter.yaml"))
+    spec = load_spec(str(ROOT / "forklab" / "workloads" / "recovery-counter.yaml"))
     spec = spec.model_copy(update={"id": "daytona-recovery", "episodes": 40})
     handle, token = await lab.start(spec, batch_episodes=20, rehearsal_episodes=10)
     view = await lab.wait_for(handle, Stage.awaiting_approval)
@@ -182,7 +182,7 @@ async def test_a_workload_with_files_is_refused_before_approval_on_daytona(
     (coding-fix) is refused by the capacity check, before approval and any sandbox, not
     by its first prefix after compute is spent."""
     lab, fake, _ = daytona_lab
-    spec = load_spec(str(ROOT / "experiments" / "coding-fix.yaml")).model_copy(
+    spec = load_spec(str(ROOT / "forklab" / "workloads" / "coding-fix.yaml")).model_copy(
         update={"id": f"files-{uuid.uuid4().hex[:8]}", "episodes": 10}
     )
     handle, _ = await lab.start(spec)

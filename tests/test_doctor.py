@@ -15,11 +15,11 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.runner_bundle import bundle_files
-from activities.sandbox.base import Limits
-from activities.sandbox.local import LocalSandboxBackend
-from activities.world_batches import EXPERIMENT_LABEL, RUN_LABEL, WORLD_LABEL
-from workers.config import Settings
+from forklab.activities.experiment.runner_bundle import bundle_files
+from forklab.activities.experiment.world_batches import EXPERIMENT_LABEL, RUN_LABEL, WORLD_LABEL
+from forklab.activities.sandbox.base import Limits
+from forklab.activities.sandbox.local import LocalSandboxBackend
+from forklab.workers.config import Settings
 
 
 @workflow.defn(sandboxed=False)

@@ -26,15 +26,15 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.agent_tools import EffectTools, LedgerMode
-from activities.effect_ledger import EffectLedger, SqliteEffectLedger
-from activities.effect_ledger_postgres import PostgresEffectLedger
-from activities.postgres import Conn, PostgresDatabase
-from experiments.runfork.effects import ClaimOutcome, request_sha256
-from workers.agent_config import AgentSettings
-from workers.config import Settings
-from workers.stores import effect_ledger
-from workflows.runfork.interceptor import ForkInterceptor
+from forklab.activities.stores.effect_ledger import EffectLedger, SqliteEffectLedger
+from forklab.activities.stores.effect_ledger_postgres import PostgresEffectLedger
+from forklab.activities.stores.postgres import Conn, PostgresDatabase
+from forklab.agents.tools import EffectTools, LedgerMode
+from forklab.experiments.runfork.effects import ClaimOutcome, request_sha256
+from forklab.workers.config import Settings
+from forklab.workers.runfork.agent_config import AgentSettings
+from forklab.workers.stores import effect_ledger
+from forklab.workflows.runfork.interceptor import ForkInterceptor
 
 _T = TypeVar("_T")
 

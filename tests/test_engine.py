@@ -10,18 +10,18 @@ from typing import Any, ClassVar
 
 import pytest
 
-from experiments.columnar import to_lists
-from experiments.engine import run_twin
-from experiments.runtime.crn import Shocks, uniform
-from experiments.runtime.file_format import WorldPlan
-from experiments.runtime.runner import continue_world, run_batch, run_prefix
-from experiments.spec import ExperimentSpec
-from experiments.workloads.counter_recovery import CounterRecovery
+from forklab.activities.experiment.twin import run_twin
+from forklab.experiments.experiment.columnar import to_lists
+from forklab.experiments.experiment.spec import ExperimentSpec
+from forklab.runtime.crn import Shocks, uniform
+from forklab.runtime.file_format import WorldPlan
+from forklab.runtime.runner import continue_world, run_batch, run_prefix
+from forklab.workloads.counter_recovery import CounterRecovery
 from tests.helpers import ROOT, plan_json
 
 
 def test_recovery_counter_reproduces_the_seed_table(capsys: pytest.CaptureFixture[str]) -> None:
-    report = plan_json(capsys, ROOT / "experiments" / "recovery-counter.yaml")
+    report = plan_json(capsys, ROOT / "forklab" / "workloads" / "recovery-counter.yaml")
     comp = next(
         c for c in report["comparisons"] if (c["world"], c["vs"]) == ("refresh", "baseline")
     )
@@ -278,7 +278,7 @@ def test_docs_show_the_example_workload_verbatim() -> None:
     ("name", "intervention"), [("counter-recovery", "refresh"), ("retry-cascade", "jitter")]
 )
 def test_memo_off_runs_everything_and_changes_no_result(name: str, intervention: str) -> None:
-    from experiments.runtime.runner import workload_class
+    from forklab.runtime.runner import workload_class
 
     wl = workload_class(name)({})
     plans = [WORLDS[0], WorldPlan(name="treated", intervention=intervention)]
@@ -286,7 +286,7 @@ def test_memo_off_runs_everything_and_changes_no_result(name: str, intervention:
 
 
 def test_shared_draws_change_no_value_and_fingerprints_see_every_coordinate() -> None:
-    from experiments.runtime.crn import EpisodeDraws
+    from forklab.runtime.crn import EpisodeDraws
 
     draws = EpisodeDraws(1, 2)
     shared, alone = Shocks(1, 2, draws=draws), Shocks(1, 2)
@@ -330,8 +330,8 @@ class DivergentDraws(CounterRecovery):
 
 
 def test_the_crn_check_fails_when_worlds_see_different_shocks() -> None:
-    from experiments.analysis.checks import common_random_numbers
-    from experiments.outcomes import from_batch
+    from forklab.experiments.experiment.analysis.checks import common_random_numbers
+    from forklab.experiments.experiment.outcomes import from_batch
 
     good = from_batch(run_batch(CounterRecovery({}), 0, range(50), WORLDS), "c", "s", 1.0)
     assert common_random_numbers(good).passed
@@ -341,8 +341,8 @@ def test_the_crn_check_fails_when_worlds_see_different_shocks() -> None:
 
 
 def test_outcomes_digest_is_the_digest_of_the_canonical_json() -> None:
-    from experiments.outcomes import outcomes_digest
-    from experiments.runtime.canon import digest
+    from forklab.experiments.experiment.outcomes import outcomes_digest
+    from forklab.runtime.canon import digest
 
     batch = run_batch(CounterRecovery({"noise": 0.1}), 0, range(257), WORLDS)
     out = from_batch_for_test(batch)
@@ -354,7 +354,7 @@ def test_outcomes_digest_is_the_digest_of_the_canonical_json() -> None:
 
 
 def from_batch_for_test(batch: Any) -> Any:
-    from experiments.outcomes import from_batch
+    from forklab.experiments.experiment.outcomes import from_batch
 
     return from_batch(batch, "code", "snap", 1.0)
 
@@ -390,7 +390,7 @@ class LateTuple(CounterRecovery):
 def test_a_state_met_before_is_still_checked_in_every_episode() -> None:
     """The batch keeps the digest and parse of states it met (memo off too); a state
     that only encodes like one of them is not let through."""
-    from experiments.runtime.contract import ContractViolation
+    from forklab.runtime.contract import ContractViolation
 
     with pytest.raises(ContractViolation, match=r"a tuple at state\['path'\].*episode 150"):
         run_batch(LateTuple({}), 0, range(200), WORLDS, memo=False)
@@ -404,7 +404,7 @@ def test_kept_checkpoint_states_change_no_result(
     """Whether a checkpoint's state is kept (shared: every world copies it) or not (the
     last world takes it), on a flat state and a nested one, every column equals the
     sandbox's path (run_prefix + continue_world, nothing kept)."""
-    from experiments.runtime import runner
+    from forklab.runtime import runner
 
     monkeypatch.setattr(runner, "STATES_KEPT", kept)
     for wl, worlds in (
@@ -429,7 +429,7 @@ def test_kept_checkpoint_states_change_no_result(
 
 
 def test_a_block_is_its_coordinates_drawn_one_by_one_and_decoded_once_per_episode() -> None:
-    from experiments.runtime.crn import Block, EpisodeDraws
+    from forklab.runtime.crn import Block, EpisodeDraws
 
     decoded: list[tuple[float, ...]] = []
 

@@ -9,21 +9,21 @@ import pytest
 from fake_braintrust import API_KEY, fake_braintrust
 from helpers import run_cli
 
-from evals import acquisition, capacity, causal
-from experiments.analysis.guard import learn_rule
-from experiments.analysis.power import PowerRow, power_row
-from experiments.analysis.slices import Clause, SliceEffect
-from experiments.analysis.verdicts import Verdict
-from experiments.capacity import (
+from forklab.evals import acquisition, capacity, causal
+from forklab.experiments.experiment.analysis.guard import learn_rule
+from forklab.experiments.experiment.analysis.power import PowerRow, power_row
+from forklab.experiments.experiment.analysis.slices import Clause, SliceEffect
+from forklab.experiments.experiment.analysis.verdicts import Verdict
+from forklab.experiments.experiment.capacity import (
     Refusal,
     RefusalKind,
     RegionQuota,
     SnapshotFacts,
     capacity_refusals,
 )
-from experiments.outcomes import ExperimentOutcomes
-from experiments.report.model import Report
-from experiments.spec import Direction, ExperimentSpec
+from forklab.experiments.experiment.outcomes import ExperimentOutcomes
+from forklab.experiments.experiment.report.model import Report
+from forklab.experiments.experiment.spec import Direction, ExperimentSpec
 
 
 def test_causal_suite_passes_and_catches_a_policy_that_ignores_validity() -> None:

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from activities.runner_bundle import bundle_files
-from activities.sandbox import Limits
-from activities.sandbox.base import SandboxError, read_box_file
-from activities.sandbox.local import LocalSandboxBackend
-from experiments.analysis.slices import MAX_CATEGORIES
-from experiments.runtime.canon import sha256_hex
-from experiments.runtime.file_format import FormatError, parse_checkpoints, parse_world_outputs
+from forklab.activities.experiment.runner_bundle import bundle_files
+from forklab.activities.sandbox import Limits
+from forklab.activities.sandbox.base import SandboxError, read_box_file
+from forklab.activities.sandbox.local import LocalSandboxBackend
+from forklab.experiments.experiment.analysis.slices import MAX_CATEGORIES
+from forklab.runtime.canon import sha256_hex
+from forklab.runtime.file_format import FormatError, parse_checkpoints, parse_world_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.evidence_scores import experiment_scores, world_scores
-from experiments.spec import Direction, ExperimentSpec
-from forklab.rehearsal import rehearse
-from forklab.specfile import load_spec
+from forklab.cli.experiment.rehearsal import rehearse
+from forklab.cli.experiment.specfile import load_spec
+from forklab.experiments.experiment.evidence_scores import experiment_scores, world_scores
+from forklab.experiments.experiment.spec import Direction, ExperimentSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _spec(**expected: Direction) -> ExperimentSpec:
-    spec = load_spec(str(ROOT / "experiments" / "retry-cascade.yaml"))
+    spec = load_spec(str(ROOT / "forklab" / "workloads" / "retry-cascade.yaml"))
     hypothesis = spec.hypothesis.model_copy(
         update={"expected": {**spec.hypothesis.expected, **expected}}
     )

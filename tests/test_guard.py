@@ -8,9 +8,15 @@ from typing import Any
 
 import pytest
 
-from activities.runner_bundle import bundle_files
-from activities.sandbox.workload_calls import WorkloadCallError, WorkloadCalls, _held_out_batch
-from experiments.analysis.guard import (
+from forklab.activities.experiment.runner_bundle import bundle_files
+from forklab.activities.experiment.twin import run_twin, twin_held_out
+from forklab.activities.sandbox.workload_calls import (
+    WorkloadCallError,
+    WorkloadCalls,
+    _held_out_batch,
+)
+from forklab.cli.experiment.rehearsal import rehearse, workload_code_digest
+from forklab.experiments.experiment.analysis.guard import (
     DEFAULT_HOLDOUT_CAP,
     GuardCounts,
     GuardEvaluation,
@@ -21,26 +27,25 @@ from experiments.analysis.guard import (
     rule_words,
     validate_guard,
 )
-from experiments.analysis.slices import (
+from forklab.experiments.experiment.analysis.slices import (
     MAX_CATEGORIES,
     Dimension,
     SliceEffect,
     dimensions,
     slice_effects,
 )
-from experiments.engine import run_twin, world_plan
-from experiments.report.render_html import render_html
-from experiments.report.render_markdown import render_markdown
-from experiments.report.render_text import render_text
-from experiments.runtime.file_format import WorldPlan
-from experiments.runtime.runner import rule_fires, run_batch
-from experiments.runtime.workload import Feature
-from experiments.spec import ExperimentSpec, parse_spec
-from experiments.workloads.counter_recovery import CounterRecovery
-from forklab.rehearsal import rehearse, workload_code_digest
+from forklab.experiments.experiment.report.render_html import render_html
+from forklab.experiments.experiment.report.render_markdown import render_markdown
+from forklab.experiments.experiment.report.render_text import render_text
+from forklab.experiments.experiment.spec import ExperimentSpec, parse_spec
+from forklab.experiments.experiment.worlds import world_plan
+from forklab.runtime.file_format import WorldPlan
+from forklab.runtime.runner import rule_fires, run_batch
+from forklab.runtime.workload import Feature
+from forklab.workloads.counter_recovery import CounterRecovery
 from tests.helpers import ROOT, restart_spec
 
-RECOVERY = ROOT / "experiments" / "recovery-counter.yaml"
+RECOVERY = ROOT / "forklab" / "workloads" / "recovery-counter.yaml"
 
 
 def _slice(value: str, rescue: int, harm: int) -> SliceEffect:
@@ -255,7 +260,7 @@ def test_the_durable_guard_runs_two_worlds_in_its_box_and_equals_the_twin(
         asked.append([p.name for p in plans])
         return in_box(spec, episodes, plans)
 
-    twin = validate_guard(spec, spec.worlds[1], rule, 150)
+    twin = validate_guard(spec, spec.worlds[1], rule, 150, twin_held_out(1))
     durable = validate_guard(spec, spec.worlds[1], rule, 150, sandboxed)
     assert asked == [["baseline", "restart"]]
     assert durable == twin

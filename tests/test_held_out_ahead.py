@@ -7,13 +7,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from activities.held_out import HeldOutAhead
-from activities.models import BatchOutcome, BatchStatus, EpisodeChunk, Progress
-from activities.runner_bundle import bundle_files
-from activities.sandbox.workload_calls import WorkloadCalls
-from experiments.analysis.guard import held_out_request, holdout_size, validate_guard
-from experiments.spec import ExperimentSpec
-from forklab.rehearsal import workload_code_digest
+from forklab.activities.experiment.held_out import HeldOutAhead
+from forklab.activities.experiment.runner_bundle import bundle_files
+from forklab.activities.experiment.twin import twin_held_out
+from forklab.activities.sandbox.workload_calls import WorkloadCalls
+from forklab.cli.experiment.rehearsal import workload_code_digest
+from forklab.contracts.experiment import BatchOutcome, BatchStatus, EpisodeChunk, Progress
+from forklab.experiments.experiment.analysis.guard import (
+    held_out_request,
+    holdout_size,
+    validate_guard,
+)
+from forklab.experiments.experiment.spec import ExperimentSpec
 from tests.helpers import restart_spec
 
 
@@ -46,7 +51,7 @@ def _boxes_started(ahead: HeldOutAhead, seconds: float = 30.0) -> list[int]:
 def test_the_batch_started_ahead_is_the_one_the_guard_validates_with(tmp_path: Path) -> None:
     spec = restart_spec("ahead", 3, 60)
     rule = {"any": [{"queue_depth": {"ge": 1}}]}
-    twin = validate_guard(spec, spec.worlds[1], rule, holdout_size(spec))
+    twin = validate_guard(spec, spec.worlds[1], rule, holdout_size(spec), twin_held_out(1))
     with _ahead(tmp_path, spec, _progress(spec)) as ahead:
         assert _boxes_started(ahead), "the box starts on entry, before anyone asks"
         durable = validate_guard(spec, spec.worlds[1], rule, holdout_size(spec), ahead.runner)

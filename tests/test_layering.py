@@ -1,52 +1,136 @@
-"""``experiments/`` is the pure science core: it imports nothing that reaches the disk, the
-clock, the network or other processes, and nothing from the layers above it. Side effects
-live in ``activities/`` (worker) and ``forklab/`` (CLI).
+"""The floor plan, enforced: each package of ``forklab`` imports only the packages below
+it, ``forklab.experiments`` (the science) reaches no disk, clock, network or process,
+``forklab.runtime`` (what runs inside a box) and the shipped workloads use the standard
+library only, and no workflow module loads the analysis stack.
 
-Known exceptions, each with its reason: ``runtime/`` and ``workloads/`` run inside sandboxes
-(the runner reads its request and writes its columns; workloads with files edit their
-workspace); ``engine.py`` is the local twin (a process pool, and it times itself);
-``twin_workspace.py`` gives the twin's workloads their folders.
+The order (``docs/architecture.md``): runtime ← workloads, experiments ← contracts ←
+activities ← workflows ← agents ← workers, evals ← cli.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
-EXPERIMENTS = ROOT / "experiments"
-EXCEPTIONS = {"engine.py", "twin_workspace.py"}
+PACKAGE = ROOT / "forklab"
+
+_BELOW: dict[str, set[str]] = {
+    "runtime": set(),
+    "workloads": {"runtime"},
+    "experiments": {"runtime"},
+    "contracts": {"runtime", "experiments"},
+    "activities": {"runtime", "workloads", "experiments", "contracts"},
+    "workflows": {"runtime", "experiments", "contracts"},
+    "agents": {"runtime", "experiments", "contracts", "activities", "workflows"},
+    "evals": {"runtime", "workloads", "experiments", "contracts", "activities"},
+    "workers": {"runtime", "workloads", "experiments", "contracts", "activities", "workflows"}
+    | {"agents"},
+    "cli": {"runtime", "workloads", "experiments", "contracts", "activities", "workflows"}
+    | {"agents", "workers", "evals"},
+}
+#: Standard-library modules that reach the disk, the clock, the network or other processes.
 IMPURE = {
     "asyncio", "concurrent", "glob", "http", "importlib", "multiprocessing", "os", "random",
     "secrets", "shutil", "signal", "socket", "subprocess", "sys", "tempfile", "threading",
     "time", "urllib", "uuid",
 }  # fmt: skip
-UPPER_LAYERS = {"activities", "forklab", "workflows", "workers"}
+#: Third-party packages the science may use (pure computation).
+PURE_THIRD_PARTY = {"numpy", "scipy", "matplotlib", "pydantic", "yaml"}
 
 
-def _impure_imports(path: Path) -> list[str]:
-    roots: list[str] = []
+def _imports(path: Path) -> list[str]:
+    names: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            roots += [alias.name.split(".")[0] for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            roots.append((node.module or "").split(".")[0])
-    return sorted(r for r in set(roots) if r in IMPURE | UPPER_LAYERS)
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return names
 
 
-def test_the_science_core_imports_no_side_effects_and_no_upper_layer() -> None:
-    files = [
-        p
-        for p in sorted(EXPERIMENTS.rglob("*.py"))
-        if p.relative_to(EXPERIMENTS).parts[0] not in {"runtime", "workloads"}
-        and p.relative_to(EXPERIMENTS).as_posix() not in EXCEPTIONS
-    ]
-    assert {"bundle.py", "plan.py", "spec.py"} <= {p.name for p in files}
-    found = {p.relative_to(ROOT).as_posix(): _impure_imports(p) for p in files}
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "forklab" and len(parts) > 1 else None
+
+
+def _files(layer: str) -> list[Path]:
+    return sorted((PACKAGE / layer).rglob("*.py"))
+
+
+def _breaks_a_rule(name: str, layer: str) -> bool:
+    root = name.split(".")[0]
+    other = _layer(name)
+    if root == "forklab":
+        upward = other is not None and other != layer and other not in _BELOW[layer]
+        return upward or (other is None and name != "forklab")
+    stdlib = root in sys.stdlib_module_names
+    if layer == "experiments":
+        return root in IMPURE or not (stdlib or root in PURE_THIRD_PARTY)
+    return layer in ("runtime", "workloads") and not stdlib
+
+
+def _violations(path: Path, layer: str) -> list[str]:
+    """What ``path`` (a module of ``layer``) imports that its layer may not."""
+    return sorted({name for name in _imports(path) if _breaks_a_rule(name, layer)})
+
+
+@pytest.mark.parametrize("layer", sorted(_BELOW))
+def test_each_layer_imports_only_the_layers_below_it(layer: str) -> None:
+    files = _files(layer)
+    assert files, f"forklab/{layer} is empty"
+    found = {p.relative_to(ROOT).as_posix(): _violations(p, layer) for p in files}
     assert {path: bad for path, bad in found.items() if bad} == {}
 
 
-def test_the_layering_check_rejects_a_file_that_reads_the_disk(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.py"
-    bad.write_text("import os\nfrom time import time\nfrom forklab.workload_files import x\n")
-    assert _impure_imports(bad) == ["forklab", "os", "time"]
+def test_every_module_belongs_to_a_layer() -> None:
+    loose = [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert loose == [] and folders == set(_BELOW)
+
+
+def test_the_layering_check_rejects_what_breaks_a_rule(tmp_path: Path) -> None:
+    science = tmp_path / "science.py"
+    science.write_text("import os\nfrom time import time\nimport temporalio\nimport numpy\n")
+    assert _violations(science, "experiments") == ["os", "temporalio", "time"]
+    upward = tmp_path / "upward.py"
+    upward.write_text("from forklab.activities.files import atomic_write\n")
+    assert _violations(upward, "workflows") == ["forklab.activities.files"]
+    boxed = tmp_path / "boxed.py"
+    boxed.write_text("import json\nimport pydantic\nfrom forklab.experiments import x\n")
+    assert _violations(boxed, "runtime") == ["forklab.experiments", "pydantic"]
+
+
+def _heavy_after_importing(modules: list[str]) -> list[str]:
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(json.dumps(sorted(m for m in ('numpy', 'scipy', 'matplotlib', 'statsmodels')"
+        " if m in sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    heavy: list[str] = json.loads(done.stdout)
+    return heavy
+
+
+def _modules(layer: str) -> list[str]:
+    out = []
+    for path in _files(layer):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return out
+
+
+def test_no_workflow_module_imports_the_analysis_stack() -> None:
+    """The workflows (and the wire types they hold) load in a worker's sandbox and in the
+    CLI: neither may pay for numpy, scipy or matplotlib."""
+    assert _heavy_after_importing(_modules("workflows") + _modules("contracts")) == []
+    # the check can fail: the analysis does import them
+    assert "numpy" in _heavy_after_importing(["forklab.experiments.experiment.analysis.build"])

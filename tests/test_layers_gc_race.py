@@ -27,14 +27,14 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.agent_workspace import (
+from forklab.activities.runfork.workspace import (
     WorkspaceStep,
     WorkspaceTools,
     WorkspaceWrite,
     collect_agent_layers,
     run_pins,
 )
-from activities.sandbox.workspace import (
+from forklab.activities.sandbox.workspace import (
     GcResult,
     WorkspaceError,
     Workspaces,
@@ -236,7 +236,7 @@ def test_a_killed_holder_does_not_block_gc(workspaces: Workspaces, root: Path) -
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path;"
-            "from activities.sandbox.workspace import layer_lock\n"
+            "from forklab.activities.sandbox.workspace import layer_lock\n"
             "with layer_lock(Path(sys.argv[1])).hold():\n"
             "    print('held', flush=True); time.sleep(600)",
             str(workspaces.layers.root.parent),

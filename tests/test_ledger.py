@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from activities.ledger import ExperimentRecord, LedgerError, SqliteLedger, WorldRecord
+from forklab.activities.stores.ledger import (
+    ExperimentRecord,
+    LedgerError,
+    SqliteLedger,
+    WorldRecord,
+)
 from tests.helpers import ROOT
 
 T0 = datetime(2026, 11, 29, 15, 0, tzinfo=UTC)
@@ -155,7 +160,7 @@ WRITER = """
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from activities.ledger import ExperimentRecord, SqliteLedger, WorldRecord
+from forklab.activities.stores.ledger import ExperimentRecord, SqliteLedger, WorldRecord
 ledger = SqliteLedger(Path(sys.argv[1]))
 me = sys.argv[2]
 now = datetime.now(UTC)
@@ -194,7 +199,7 @@ import multiprocessing as mp
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from activities.ledger import ExperimentRecord, SqliteLedger
+from forklab.activities.stores.ledger import ExperimentRecord, SqliteLedger
 
 def create(path, me, go):
     go.wait()

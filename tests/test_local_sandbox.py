@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.runner_bundle import bundle_files, code_digest
-from activities.sandbox import (
+from forklab.activities.experiment.runner_bundle import bundle_files, code_digest
+from forklab.activities.sandbox import (
     ExecResult,
     Limits,
     LocalSandboxBackend,
@@ -28,12 +28,12 @@ from activities.sandbox import (
     SandboxNotFoundError,
     SnapshotInfo,
 )
-from experiments.bundle import BundleFile
-from experiments.engine import spec_world_plans
-from experiments.runtime.canon import canonical_json
-from experiments.runtime.file_format import checkpoint_line, parse_world_outputs, request_text
-from experiments.runtime.runner import continue_checkpoints, run_prefix
-from experiments.spec import parse_spec, resolve_workload
+from forklab.experiments.experiment.bundle import BundleFile
+from forklab.experiments.experiment.spec import parse_spec, resolve_workload
+from forklab.experiments.experiment.worlds import spec_world_plans
+from forklab.runtime.canon import canonical_json
+from forklab.runtime.file_format import checkpoint_line, parse_world_outputs, request_text
+from forklab.runtime.runner import continue_checkpoints, run_prefix
 from tests.helpers import ROOT
 from tests.sandbox_lab import (
     marked_sleeper,
@@ -127,12 +127,12 @@ def test_each_sandbox_gets_a_fresh_folder(
     backend: LocalSandboxBackend, snapshot: SnapshotInfo
 ) -> None:
     first = backend.create(snapshot.id, LABELS, Limits())
-    backend.upload(first, "experiments/runtime/runner.py", b"# written by a world")
+    backend.upload(first, "forklab/runtime/runner.py", b"# written by a world")
     second = backend.create(snapshot.id, LABELS, Limits())
     assert list((backend.root / "boxes" / second).iterdir()) == []
-    code = "import experiments.runtime.runner as r; print(open(r.__file__).read()[:20])"
+    code = "import forklab.runtime.runner as r; print(open(r.__file__).read()[:20])"
     result = run_python(backend, second, code)
-    assert result.stdout == (ROOT / "experiments/runtime/runner.py").read_text()[:20] + "\n"
+    assert result.stdout == (ROOT / "forklab/runtime/runner.py").read_text()[:20] + "\n"
 
 
 def test_bad_requests_say_what_is_wrong(
@@ -178,7 +178,7 @@ def test_leftovers_the_registry_cannot_vouch_for_are_listed_and_removed(
 ) -> None:
     # A folder without a registry entry, and an entry without its folder.
     stray = backend.root / "boxes" / "lsb-00000000000000aa"
-    (stray / "experiments").mkdir(parents=True)
+    (stray / "forklab").mkdir(parents=True)
     half = backend.create(snapshot.id, LABELS, Limits())
     shutil.rmtree(backend.root / "boxes" / half)
     assert backend.list({"forklab.experiment": "exp-1"}) == sorted([stray.name, half])
@@ -191,7 +191,7 @@ def test_leftovers_the_registry_cannot_vouch_for_are_listed_and_removed(
 HOST = """
 import sys
 from pathlib import Path
-from activities.sandbox import Limits, LocalSandboxBackend
+from forklab.activities.sandbox import Limits, LocalSandboxBackend
 backend = LocalSandboxBackend(Path(sys.argv[1]))
 snapshot_id = sys.argv[2]
 box = backend.create(snapshot_id, {"forklab.experiment": "crash"}, Limits())
@@ -263,7 +263,7 @@ def test_python_sees_only_the_bundle_and_a_clean_environment(
         box,
         """
         import json, os
-        import experiments.runtime.runner as runner
+        import forklab.runtime.runner as runner
         try:
             import pydantic
             pydantic_found = True
@@ -276,7 +276,7 @@ def test_python_sees_only_the_bundle_and_a_clean_environment(
     assert result.exit_code == 0, result.stderr
     seen = json.loads(result.stdout)
     assert result.confinement == "bubblewrap", result.note
-    assert seen["file"] == "/code/experiments/runtime/runner.py"
+    assert seen["file"] == "/code/forklab/runtime/runner.py"
     assert seen["pydantic"] is False, "site-packages must not be importable in a sandbox"
     assert "FORKLAB_TEST_SECRET" not in seen["env"]
     assert seen["env"]["PYTHONPATH"] == "/code"
@@ -319,7 +319,7 @@ def test_no_network_inside_the_sandbox(
 FALLBACK_HOST = """
 import sys, textwrap
 from pathlib import Path
-from activities.sandbox import Limits, LocalSandboxBackend
+from forklab.activities.sandbox import Limits, LocalSandboxBackend
 backend = LocalSandboxBackend(Path(sys.argv[1]))
 box = backend.create(sys.argv[2], {}, Limits())
 result = backend.exec(box, ["python", "-c", textwrap.dedent(sys.argv[3])], 30)
@@ -409,7 +409,7 @@ def test_output_is_bounded_keeping_head_and_tail(
 def test_runner_in_a_sandbox_matches_the_in_process_runner(
     backend: LocalSandboxBackend, snapshot: SnapshotInfo
 ) -> None:
-    spec_path = ROOT / "experiments" / "recovery-counter.yaml"
+    spec_path = ROOT / "forklab" / "workloads" / "recovery-counter.yaml"
     spec = parse_spec(spec_path.read_text(), str(spec_path))
     workload = resolve_workload(spec)
     checkpoints = [run_prefix(workload, spec.seed, episode) for episode in range(120)]
@@ -422,7 +422,7 @@ def test_runner_in_a_sandbox_matches_the_in_process_runner(
     box = backend.create(snapshot.id, {**LABELS, "forklab.world": "all"}, Limits())
     backend.upload(box, "request.json", request.encode())
     backend.upload(box, "checkpoints.jsonl", checkpoint_lines.encode())
-    runner = ["python", "-m", "experiments.runtime.runner", "continue"]
+    runner = ["python", "-m", "forklab.runtime.box", "continue"]
     files = ["--request", "request.json", "--checkpoints", "checkpoints.jsonl"]
     result = backend.exec(box, [*runner, *files, "--out", "out.json"], 60)
     assert result.exit_code == 0, result.stderr
@@ -450,18 +450,18 @@ def test_boxes_read_the_bytecode_the_worker_compiled_and_cannot_change_it(
     backend: LocalSandboxBackend, snapshot: SnapshotInfo
 ) -> None:
     box = backend.create(snapshot.id, LABELS, Limits())
-    code = "import experiments.runtime.runner"
+    code = "import forklab.runtime.runner"
     result = backend.exec(box, ["python", "-v", "-c", code], 30)
     assert result.exit_code == 0, result.stderr
     pyc = f"runner.{sys.implementation.cache_tag}.pyc"
-    assert f"'/code/experiments/runtime/__pycache__/{pyc}'" in _bytecode_read(result)
+    assert f"'/code/forklab/runtime/__pycache__/{pyc}'" in _bytecode_read(result)
     written = run_python(
         backend,
         box,
         """
         import pathlib, sys
         try:
-            cache = pathlib.Path("/code/experiments/runtime/__pycache__")
+            cache = pathlib.Path("/code/forklab/runtime/__pycache__")
             (cache / f"runner.{sys.implementation.cache_tag}.pyc").write_bytes(b"x")
             print("wrote")
         except OSError as exc:
@@ -482,7 +482,7 @@ def test_bytecode_changed_on_the_host_is_compiled_again_never_run(
     backend: LocalSandboxBackend, snapshot: SnapshotInfo, tmp_path: Path
 ) -> None:
     box = backend.create(snapshot.id, LABELS, Limits())
-    assert run_python(backend, box, "import experiments.runtime.runner").exit_code == 0
+    assert run_python(backend, box, "import forklab.runtime.runner").exit_code == 0
     (cached,) = (backend.root / "bytecode").rglob("runtime/__pycache__/runner.*.pyc")
     # an unchecked-hash .pyc is run without a look at its source: the worker must notice
     evil = tmp_path / "evil.py"
@@ -494,14 +494,14 @@ def test_bytecode_changed_on_the_host_is_compiled_again_never_run(
     )
     cached.chmod(0o644)
     cached.write_bytes((tmp_path / "evil.pyc").read_bytes())
-    result = run_python(backend, box, "import experiments.runtime.runner; print('ok')")
+    result = run_python(backend, box, "import forklab.runtime.runner; print('ok')")
     assert (result.exit_code, result.stdout) == (0, "ok\n"), result.stdout + result.stderr
 
 
 #: A workload bundle's module; ``{imports}`` is the line that imports its siblings.
 _BUNDLED = """
 {imports}
-from experiments.runtime.workload import Workload
+from forklab.runtime.workload import Workload
 
 
 class Bundled(Workload):
@@ -509,8 +509,8 @@ class Bundled(Workload):
 """
 
 _IMPORT_IT = """
-from experiments.runtime.runner import workload_class
-from experiments.runtime.workload import WorkloadError
+from forklab.runtime.runner import workload_class
+from forklab.runtime.workload import WorkloadError
 try:
     print(workload_class("bundled:Bundled").__name__)
 except WorkloadError as exc:
@@ -604,7 +604,7 @@ def test_a_module_runs_as_python_m_would_run_it(
     box = backend.create(snapshot.id, LABELS, Limits())
     probe = """
         import json, os, sys
-        import experiments.runtime.runner  # found on PYTHONPATH (the snapshot)
+        import forklab.runtime.runner  # found on PYTHONPATH (the snapshot)
         print(json.dumps({"name": __name__, "argv": sys.argv[1:], "path0": sys.path[0],
                           "cwd": os.getcwd(), "no_pyc": sys.dont_write_bytecode,
                           "pid": os.getpid()}))

@@ -14,22 +14,31 @@ from pathlib import Path
 import pytest
 from fake_openai import Answer, FakeOpenAI, fake_openai
 
-from activities.artifacts import LocalArtifactStore
-from activities.models import AnalysisResult
-from activities.readout import ReadoutActivities, ReadoutConfig
-from experiments.analysis.checks import CheckKind
-from experiments.readout.check import check_readout, world_counts
-from experiments.readout.fallback import deterministic_readout
-from experiments.readout.packet import EvidencePacket, evidence_packet, hypothesis_supported
-from experiments.readout.render import readout_markdown
-from experiments.readout.schema import ModelReadout, ReadoutSource, ReadoutVerdict, ShownReadout
-from experiments.report.model import Report
-from experiments.report.render_html import render_html
-from experiments.report.render_markdown import render_markdown
-from forklab.rehearsal import rehearse
-from forklab.specfile import load_spec
-from workers.config import ConfigError
-from workers.providers import readout_config
+from forklab.activities.experiment.readout import ReadoutActivities, ReadoutConfig
+from forklab.activities.stores.artifacts import LocalArtifactStore
+from forklab.cli.experiment.rehearsal import rehearse
+from forklab.cli.experiment.specfile import load_spec
+from forklab.contracts.experiment import AnalysisResult
+from forklab.experiments.experiment.readout.check import check_readout, world_counts
+from forklab.experiments.experiment.readout.fallback import deterministic_readout
+from forklab.experiments.experiment.readout.packet import (
+    EvidencePacket,
+    evidence_packet,
+    hypothesis_supported,
+)
+from forklab.experiments.experiment.readout.render import readout_markdown
+from forklab.experiments.experiment.readout.schema import (
+    ModelReadout,
+    ReadoutSource,
+    ReadoutVerdict,
+    ShownReadout,
+)
+from forklab.experiments.experiment.report.model import Report
+from forklab.experiments.experiment.report.render_html import render_html
+from forklab.experiments.experiment.report.render_markdown import render_markdown
+from forklab.experiments.experiment.results import CheckKind
+from forklab.workers.config import ConfigError
+from forklab.workers.experiment.providers import readout_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def report() -> Report:
     """The eight worlds of the retry-cascade experiment on the twin, at 40 episodes."""
-    spec = load_spec(ROOT / "experiments" / "retry-cascade.yaml")
+    spec = load_spec(ROOT / "forklab" / "workloads" / "retry-cascade.yaml")
     return rehearse(spec.model_copy(update={"episodes": 40}), processes=1)
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from fake_openai import Answer, FakeOpenAI, fake_openai
 
-from activities.artifacts import LocalArtifactStore
-from activities.readout import ReadoutActivities, ReadoutConfig
-from experiments.readout.packet import EvidencePacket, evidence_packet
-from experiments.readout.schema import ReadoutSource, ShownReadout
-from forklab.rehearsal import rehearse
-from forklab.specfile import load_spec
+from forklab.activities.experiment.readout import ReadoutActivities, ReadoutConfig
+from forklab.activities.stores.artifacts import LocalArtifactStore
+from forklab.cli.experiment.rehearsal import rehearse
+from forklab.cli.experiment.specfile import load_spec
+from forklab.experiments.experiment.readout.packet import EvidencePacket, evidence_packet
+from forklab.experiments.experiment.readout.schema import ReadoutSource, ShownReadout
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "sk-readout-secret"
@@ -25,7 +25,7 @@ SECRET = "sk-readout-secret"
 
 @pytest.fixture(scope="module")
 def packet() -> EvidencePacket:
-    spec = load_spec(ROOT / "experiments" / "retry-cascade.yaml")
+    spec = load_spec(ROOT / "forklab" / "workloads" / "retry-cascade.yaml")
     return evidence_packet(rehearse(spec.model_copy(update={"episodes": 10}), processes=1))
 
 

@@ -13,25 +13,24 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.artifacts import LocalArtifactStore
-from activities.models import EpisodeChunk, RehearsedPrefixInput, RehearseInput
-from activities.planning import PlanningActivities
-from activities.runner_bundle import bundle_files
-from activities.sandbox import workload_inside
-from activities.sandbox.local import LocalSandboxBackend
-from activities.sandbox.workload_calls import (
+from forklab.activities.experiment.planning import PlanningActivities
+from forklab.activities.experiment.runner_bundle import bundle_files
+from forklab.activities.experiment.workload_bundles import WorkloadBundles
+from forklab.activities.sandbox.local import LocalSandboxBackend
+from forklab.activities.sandbox.shared_snapshots import SharedSnapshots
+from forklab.activities.sandbox.workload_calls import (
     Handover,
     WorkloadCallError,
     WorkloadCalls,
     WorkloadContractError,
 )
-from activities.shared_snapshots import SharedSnapshots
-from activities.workload_bundles import WorkloadBundles
-from experiments.bundle import BundleFile
-from experiments.engine import spec_world_plans
-from experiments.runtime import runner
-from experiments.runtime.file_format import request_text
-from experiments.spec import ExperimentSpec
+from forklab.activities.stores.artifacts import LocalArtifactStore
+from forklab.contracts.experiment import EpisodeChunk, RehearsedPrefixInput, RehearseInput
+from forklab.experiments.experiment.bundle import BundleFile
+from forklab.experiments.experiment.spec import ExperimentSpec
+from forklab.experiments.experiment.worlds import spec_world_plans
+from forklab.runtime import box, worker_calls
+from forklab.runtime.file_format import request_text
 from tests.test_boxed_rehearsal import BREAKS_AT, breaks_spec, parts_on_three_cpus
 
 CHUNKS = [(0, 250), (250, 500), (500, 600)]
@@ -66,7 +65,7 @@ def _runner_prefix(tmp_path: Path, spec: ExperimentSpec, first: int, stop: int) 
     (folder / "request.json").write_text(request)
     args = ["prefix", "--request", str(folder / "request.json")]
     args += ["--checkpoints", str(folder / "cp"), "--out", str(folder / "out")]
-    assert runner.main(args) == 0
+    assert box.main(args) == 0
     return (folder / "cp").read_bytes()
 
 
@@ -113,18 +112,18 @@ def test_chunks_written_in_parts_equal_one_loop(
     spec = _cascade_spec(120)
     request = _box_request(spec)
     chunks = [(a, a + 20) for a in range(0, 120, 20)]
-    workload = workload_inside._workload(request)
+    workload = worker_calls._workload(request)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "one").mkdir()
     os.chdir(tmp_path / "one")
-    workload_inside._hand_over(workload, request, chunks)
+    worker_calls._hand_over(workload, request, chunks)
     forks = parts_on_three_cpus(monkeypatch)
     (tmp_path / "parts").mkdir()
     os.chdir(tmp_path / "parts")
-    workload_inside._hand_over(workload, request, chunks)
+    worker_calls._hand_over(workload, request, chunks)
     assert len(forks) == 3
-    one = tmp_path / "one" / workload_inside.PREFIXES_DIR
-    parts = tmp_path / "parts" / workload_inside.PREFIXES_DIR
+    one = tmp_path / "one" / worker_calls.PREFIXES_DIR
+    parts = tmp_path / "parts" / worker_calls.PREFIXES_DIR
     names = sorted(p.name for p in one.iterdir())
     assert names == sorted(p.name for p in parts.iterdir())
     assert len(names) == 6, names  # the checkpoints of each chunk
@@ -156,16 +155,16 @@ def test_prefixes_that_do_not_fit_the_box_are_only_checked(
     """Past its share of the box's CPU the rehearsal only checks the prefixes (and the
     prefix stage runs them after approval): nothing is written."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(workload_inside, "_limit", lambda which: (100, 100))
-    monkeypatch.setattr(workload_inside, "HANDOVER_CPU_SHARE", 0.0)
+    monkeypatch.setattr(worker_calls, "_limit", lambda which: (100, 100))
+    monkeypatch.setattr(worker_calls, "HANDOVER_CPU_SHARE", 0.0)
     spec = _cascade_spec(60)
     request = _box_request(spec) | {"episodes": 10, "all_episodes": 60}
     request["chunks"] = [[0, 30], [30, 60]]
-    assert workload_inside.rehearse(request)["handed"] is False
-    assert not (tmp_path / workload_inside.PREFIXES_DIR).exists()
-    monkeypatch.setattr(workload_inside, "HANDOVER_CPU_SHARE", 1.0)
-    assert workload_inside.rehearse(request)["handed"] is True
-    assert len(list((tmp_path / workload_inside.PREFIXES_DIR).iterdir())) == 2
+    assert worker_calls.rehearse(request)["handed"] is False
+    assert not (tmp_path / worker_calls.PREFIXES_DIR).exists()
+    monkeypatch.setattr(worker_calls, "HANDOVER_CPU_SHARE", 1.0)
+    assert worker_calls.rehearse(request)["handed"] is True
+    assert len(list((tmp_path / worker_calls.PREFIXES_DIR).iterdir())) == 2
 
 
 #: A workload that, in the last episode it runs, swaps chunk 0's checkpoints for a link

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from experiments.analysis.slices import SliceEffect
-from experiments.report.charts import difference_axis
-from experiments.report.model import Report
-from experiments.report.render_html import render_html
-from experiments.spec import parse_spec
-from forklab.rehearsal import rehearse
+from forklab.cli.experiment.rehearsal import rehearse
+from forklab.experiments.experiment.analysis.slices import SliceEffect
+from forklab.experiments.experiment.report.charts import difference_axis
+from forklab.experiments.experiment.report.model import Report
+from forklab.experiments.experiment.report.render_html import render_html
+from forklab.experiments.experiment.spec import parse_spec
 from tests.helpers import ROOT, assert_self_contained
 
-RECOVERY = ROOT / "experiments" / "recovery-counter.yaml"
+RECOVERY = ROOT / "forklab" / "workloads" / "recovery-counter.yaml"
 #: The bar colours of the rescues-vs-harms chart (used nowhere else on the page).
 RESCUE_GREEN = (0x05, 0x96, 0x69)
 HARM_RED = (0xE1, 0x1D, 0x48)

@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import ast
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from experiments.runtime.crn import Shocks, uniform
-from experiments.runtime.file_format import Batch, WorldPlan
-from experiments.runtime.runner import (
+from forklab.runtime.crn import Shocks, uniform
+from forklab.runtime.file_format import Batch, WorldPlan
+from forklab.runtime.runner import (
     continue_checkpoints,
     run_batch,
     run_prefix,
     workload_class,
 )
-from experiments.runtime.workload import WorkloadError
-from experiments.workloads.retry_cascade import RetryCascade
-from tests.helpers import ROOT
+from forklab.runtime.workload import WorkloadError
+from forklab.workloads.retry_cascade import RetryCascade
 
 WORLDS = [
     "baseline",
@@ -263,41 +259,6 @@ def test_sandbox_path_matches_local_twin(seed0: Batch) -> None:
         cols = continue_checkpoints(wl, 0, checkpoints, world)
         assert cols["outcomes"] == seed0["worlds"][world.name]["outcomes"][:20]
         assert cols["shocks"] == seed0["worlds"][world.name]["shocks"][:20]
-
-
-def _imported_roots(path: Path) -> list[str]:
-    roots = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            roots += [alias.name.split(".")[0] for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            roots.append("." if node.level else (node.module or "").split(".")[0])
-    return roots
-
-
-def _stdlib_only(path: Path) -> list[str]:
-    """The imports of ``path`` that a sandbox (standard library + the bundle) lacks."""
-    allowed = {"__future__", "experiments"}
-    return [r for r in _imported_roots(path) if r not in sys.stdlib_module_names | allowed]
-
-
-def test_runtime_and_workloads_use_only_the_standard_library() -> None:
-    files = sorted((ROOT / "experiments" / "runtime").glob("*.py"))
-    files += sorted((ROOT / "experiments" / "workloads").glob("*.py"))
-    names = {f.name for f in files}
-    assert {"runner.py", "contract.py", "file_format.py", "retry_cascade.py"} <= names
-    for path in files:
-        assert _stdlib_only(path) == [], path
-        # within the bundle, only the runtime and the workloads may be imported
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.startswith(("from experiments", "import experiments")):
-                assert line.split()[1].startswith(("experiments.runtime", "experiments.workloads"))
-
-
-def test_the_stdlib_check_rejects_what_a_sandbox_lacks(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.py"
-    bad.write_text("import os\nimport yaml\nfrom pydantic import BaseModel\nfrom . import x\n")
-    assert _stdlib_only(bad) == ["yaml", "pydantic", "."]
 
 
 # --- a plain reference of the documented model ------------------------------------------

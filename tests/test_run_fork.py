@@ -12,10 +12,10 @@ import pytest
 from agent_fixtures import AgentTestLab
 from temporalio.client import WorkflowFailureError
 
-from experiments.runfork.policy import ToolPolicy
-from experiments.runfork.receipt import BoundaryMode
-from experiments.runfork.steps import prefix_sha256
-from workflows.agents.support import SupportAgentWorkflow, SupportInput
+from forklab.agents.support import SupportAgentWorkflow, SupportInput
+from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.experiments.runfork.receipt import BoundaryMode
+from forklab.experiments.runfork.steps import prefix_sha256
 
 
 async def _history_bytes(handle: Any) -> list[bytes]:

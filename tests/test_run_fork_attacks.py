@@ -17,20 +17,21 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.agent_tools import EffectTools, LedgerMode, ModelActivities
-from activities.fork_models import MARKER_ERROR, MARKER_MEMO_KEY
-from activities.run_history import ForkActivities
-from forklab.agent_lab import AgentLab, ForkError
-from workers.agent_worker import (
+from forklab.activities.runfork.fork_activities import ForkActivities
+from forklab.agents.inputs import AgentErrorType
+from forklab.agents.research import ResearchInput, ResearchPipelineWorkflow
+from forklab.agents.tools import EffectTools, LedgerMode, ModelActivities
+from forklab.cli.runfork.agent_lab import AgentLab, ForkError
+from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.runfork import MARKER_MEMO_KEY
+from forklab.workers.config import Settings
+from forklab.workers.runfork.agent_worker import (
     connect_agents,
     ensure_run_fork_attributes,
     fork_interceptors,
     openai_client,
 )
-from workers.config import Settings
-from workers.stores import effect_ledger
-from workflows.agents.inputs import INVALID_INPUT
-from workflows.agents.research import ResearchInput, ResearchPipelineWorkflow
+from forklab.workers.stores import effect_ledger
 
 
 async def _agent_client(temporal_env: WorkflowEnvironment, home: Path, agent: Any) -> Client:
@@ -163,7 +164,9 @@ async def test_a_malformed_fork_marker_fails_the_run_instead_of_wedging_it(
             memo={MARKER_MEMO_KEY: marker},
         )
         cause = await _failure(handle)
-        assert isinstance(cause, ApplicationError) and cause.type == MARKER_ERROR, cause
+        assert isinstance(cause, ApplicationError) and cause.type == ForkErrorType.marker_invalid, (
+            cause
+        )
         assert cause.message.startswith(f"memo {MARKER_MEMO_KEY!r} is not a fork marker ("), cause
     assert agent_lab.charges() == charges
 
@@ -181,7 +184,9 @@ async def test_an_agent_started_with_bad_input_fails_instead_of_wedging(
             task_queue=agent_lab.agent.agent_task_queue,
         )
         cause = await _failure(handle)
-        assert isinstance(cause, ApplicationError) and cause.type == INVALID_INPUT, cause
+        assert isinstance(cause, ApplicationError) and cause.type == AgentErrorType.invalid_input, (
+            cause
+        )
         assert cause.message.startswith("the workflow's input is not a ResearchInput ("), cause
         assert ", first: field " in cause.message and "\n" not in cause.message
     assert agent_lab.charges() == charges

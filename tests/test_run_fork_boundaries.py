@@ -18,13 +18,15 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
-from activities.run_history import ForkActivities, digest_payloads, locate_step
-from experiments.runfork.policy import ToolPolicy
-from experiments.runfork.receipt import BoundaryMode
-from experiments.runfork.steps import prefix_sha256
-from forklab.agent_lab import AgentLab, ForkError
-from workers.agent_worker import ensure_run_fork_attributes
-from workflows.runfork.interceptor import ForkInterceptor
+from forklab.activities.runfork.fork_activities import ForkActivities
+from forklab.activities.runfork.history_events import digest_payloads
+from forklab.activities.runfork.history_reads import locate_step
+from forklab.cli.runfork.agent_lab import AgentLab, ForkError
+from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.experiments.runfork.receipt import BoundaryMode
+from forklab.experiments.runfork.steps import prefix_sha256
+from forklab.workers.runfork.agent_worker import ensure_run_fork_attributes
+from forklab.workflows.runfork.interceptor import ForkInterceptor
 
 
 @dataclass

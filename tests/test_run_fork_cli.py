@@ -10,7 +10,7 @@ from agent_fixtures import AgentTestLab
 from orchestration_lab import forklab
 from temporalio.client import WorkflowFailureError
 
-from workers.config import ENV
+from forklab.workers.config import ENV
 
 
 def _env(agent_lab: AgentTestLab, address: str) -> dict[str, str]:

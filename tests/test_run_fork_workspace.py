@@ -24,21 +24,25 @@ from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.agent_tools import LedgerMode
-from activities.agent_workspace import (
-    LAYER_CORRUPTED_ERROR,
+from forklab.activities.runfork.fork_activities import ForkActivities
+from forklab.activities.runfork.workspace import (
     WorkspaceStep,
     WorkspaceTools,
     WorkspaceWrite,
     agent_workspaces_root,
 )
-from activities.run_history import ForkActivities
-from activities.sandbox.workspace import LayerStore, Workspaces, unmount_under
-from experiments.runfork.steps import Step
-from forklab.agent_lab import AgentLab, ForkError, workspace_layer_at
-from workers.agent_worker import build_agent_worker, connect_agents, ensure_run_fork_attributes
-from workers.config import ENV, Settings
-from workflows.runfork.interceptor import ForkInterceptor
+from forklab.activities.sandbox.workspace import LayerStore, Workspaces, unmount_under
+from forklab.agents.tools import LedgerMode
+from forklab.cli.runfork.agent_lab import AgentLab, ForkError, workspace_layer_at
+from forklab.contracts.errors import ForkErrorType
+from forklab.experiments.runfork.steps import Step
+from forklab.workers.config import ENV, Settings
+from forklab.workers.runfork.agent_worker import (
+    build_agent_worker,
+    connect_agents,
+    ensure_run_fork_attributes,
+)
+from forklab.workflows.runfork.interceptor import ForkInterceptor
 
 WRITE = "workspace_write"
 
@@ -203,7 +207,10 @@ async def test_a_tampered_layer_refuses_the_fork(ws_lab: AgentTestLab, tmp_path:
     with pytest.raises(WorkflowFailureError) as failure:
         await blind.handle.result()
     cause = failure.value.cause.cause  # the activity's error
-    assert isinstance(cause, ApplicationError) and cause.type == LAYER_CORRUPTED_ERROR
+    assert (
+        isinstance(cause, ApplicationError)
+        and cause.type == ForkErrorType.workspace_layer_corrupted
+    )
     assert "modified after sealing" in str(cause)
     kinds = [(s.activity_type, s.status.value) for s in await lab.lab.steps(blind.handle.id)]
     assert kinds[-1] == (WRITE, "failed") and len(kinds) == 6

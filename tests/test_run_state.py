@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from orchestration_lab import make_spec
 
-from activities.artifacts import ArtifactError, LocalArtifactStore
-from activities.budget import START_ALLOWANCE
-from activities.models import (
+from forklab.activities.experiment.progress import prefix_refs, read_progress, save_progress
+from forklab.activities.stores.artifacts import ArtifactError, LocalArtifactStore
+from forklab.contracts.experiment import (
     BatchOutcome,
     BatchStatus,
     CapacityVerdict,
@@ -19,13 +19,13 @@ from activities.models import (
     PrefixResult,
     Rehearsal,
 )
-from activities.progress import prefix_refs, read_progress, save_progress
-from workflows import views
-from workflows.approval_gate import ApprovalGate
-from workflows.budget_ledger import BudgetLedger
-from workflows.messages import BudgetUse, Plan, Stage, Status
-from workflows.run_state import RunState, Unit
-from workflows.tally import ChunkSet, ProgressTally
+from forklab.experiments.experiment.budget import START_ALLOWANCE
+from forklab.workflows.experiment import views
+from forklab.workflows.experiment.approval_gate import ApprovalGate
+from forklab.workflows.experiment.budget_ledger import BudgetLedger
+from forklab.workflows.experiment.messages import BudgetUse, Plan, Stage, Status
+from forklab.workflows.experiment.run_state import RunState, Unit
+from forklab.workflows.experiment.tally import ChunkSet, ProgressTally
 
 
 def state(episodes: int = 24, chunk: int = 12, workspace: bool = False) -> RunState:

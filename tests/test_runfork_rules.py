@@ -7,20 +7,25 @@ from pathlib import Path
 
 import pytest
 
-from activities.run_log import RunLog
-from experiments.runfork.diff import diff_states, divergence_step
-from experiments.runfork.effects import downstream_key, request_sha256
-from experiments.runfork.fencing import Verdict
-from experiments.runfork.policy import (
+from forklab.activities.stores.run_log import RunLog
+from forklab.experiments.runfork.diff import diff_states, divergence_step
+from forklab.experiments.runfork.effects import downstream_key, request_sha256
+from forklab.experiments.runfork.fencing import Verdict
+from forklab.experiments.runfork.policy import (
     Decision,
     PolicyError,
     ToolPolicy,
     decide,
     parse_policies,
 )
-from experiments.runfork.receipt import BoundaryError, BoundaryMode, PrefixEvent, resolve_boundary
-from experiments.runfork.scripted_model import respond
-from experiments.runfork.steps import Step, StepStatus, prefix_sha256
+from forklab.experiments.runfork.receipt import (
+    BoundaryError,
+    BoundaryMode,
+    PrefixEvent,
+    resolve_boundary,
+)
+from forklab.experiments.runfork.scripted_model import respond
+from forklab.experiments.runfork.steps import Step, StepStatus, prefix_sha256
 
 
 def _steps(n: int, pending_at: int | None = None) -> list[Step]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.runtime.runner import parse_args
+from forklab.runtime.box import parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,7 +46,7 @@ def test_a_bad_command_line_exits_2_with_the_usage(
 def test_a_box_imports_no_more_than_the_runner_needs() -> None:
     """A workload without files needs none of these; each adds to every box's start."""
     code = (
-        "import sys; import experiments.runtime.runner, experiments.workloads.retry_cascade; "
+        "import sys; import forklab.runtime.box, forklab.workloads.retry_cascade; "
         "print(' '.join(sorted(sys.modules)))"
     )
     out = subprocess.run(

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from activities.runner_bundle import bundle_files
-from activities.sandbox import (
+from forklab.activities.experiment.runner_bundle import bundle_files
+from forklab.activities.sandbox import (
     ExecResult,
     Limits,
     LocalSandboxBackend,
     SnapshotCorruptedError,
     SnapshotInfo,
 )
-from activities.sandbox.jail import bubblewrap, process_allowance
+from forklab.activities.sandbox.jail import bubblewrap, process_allowance
 from tests.sandbox_lab import marked_sleeper, pids_running, run_python, wait_for
 
 LABELS = {"forklab.experiment": "attack", "forklab.world": "hostile", "forklab.batch": "0"}
@@ -69,8 +69,8 @@ def test_writes_outside_the_box_fail_and_leave_nothing_on_the_host(
         str(tmp_path / "escaped"),
         str(home / "escaped"),
         str(home / "tokens" / "victim.token"),
-        "/code/experiments/runtime/runner.py",
-        "/code/experiments/poison.py",
+        "/code/forklab/runtime/runner.py",
+        "/code/forklab/poison.py",
         "/usr/escaped",
         "../escaped",
     ]
@@ -142,7 +142,7 @@ def test_a_poisoned_snapshot_is_refused_then_rebuilt(
     backend: LocalSandboxBackend, snapshot: SnapshotInfo
 ) -> None:
     folder = backend.root / "snapshots" / snapshot.code_digest
-    runner = folder / "experiments" / "runtime" / "runner.py"
+    runner = folder / "forklab" / "runtime" / "runner.py"
     assert runner.stat().st_mode & 0o222 == 0, "snapshot files are read-only on disk"
     box = backend.create(snapshot.id, LABELS, Limits())
     # Someone with the host's rights (not a sandbox: it cannot) appends to the runner.
@@ -155,13 +155,13 @@ def test_a_poisoned_snapshot_is_refused_then_rebuilt(
     # An added file is tampering too.
     again = backend.prepare_snapshot(bundle_files("counter-recovery"))
     assert again == snapshot and "POISON" not in runner.read_text()
-    (folder / "experiments").chmod(0o755)
-    (folder / "experiments" / "extra.py").write_text("x = 1\n")
+    (folder / "forklab").chmod(0o755)
+    (folder / "forklab" / "extra.py").write_text("x = 1\n")
     with pytest.raises(SnapshotCorruptedError):
         backend.create(snapshot.id, LABELS, Limits())
     backend.prepare_snapshot(bundle_files("counter-recovery"))
     fresh = backend.create(snapshot.id, LABELS, Limits())
-    assert hostile(backend, fresh, "import experiments.runtime.runner").exit_code == 0
+    assert hostile(backend, fresh, "import forklab.runtime.runner").exit_code == 0
 
 
 def test_a_fork_bomb_hits_the_process_limit(

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-import activities.heartbeat
-from activities.artifacts import LocalArtifactStore
-from activities.models import EpisodeChunk, PrefixInput, PrefixResult, RunnerJob
-from activities.runner_bundle import bundle_files
-from activities.sandbox import ExecResult, Limits, LocalSandboxBackend, SandboxError
-from activities.shared_snapshots import SharedSnapshots
-from activities.world_batches import RUN_LABEL, SandboxActivities
+import forklab.activities.heartbeat
+from forklab.activities.experiment.runner_bundle import bundle_files
+from forklab.activities.experiment.world_batches import RUN_LABEL, SandboxActivities
+from forklab.activities.sandbox import ExecResult, Limits, LocalSandboxBackend, SandboxError
+from forklab.activities.sandbox.shared_snapshots import SharedSnapshots
+from forklab.activities.stores.artifacts import LocalArtifactStore
+from forklab.contracts.experiment import EpisodeChunk, PrefixInput, PrefixResult, RunnerJob
 
 RUN_KEY = "wf/run"
 #: Only guards against a hang; nothing here is timed.
@@ -95,7 +95,7 @@ async def test_cancel_while_creating_deletes_the_sandbox_it_made(
     """Cancelled (twice, as a heartbeat cancel and then a worker shutdown would) while the
     create is held: the attempt keeps heartbeating until the create returns, deletes that
     sandbox, and only then ends cancelled, so nothing of the run is left when it ends."""
-    monkeypatch.setattr(activities.heartbeat, "HEARTBEAT_SECONDS", 0.02)
+    monkeypatch.setattr(forklab.activities.heartbeat, "HEARTBEAT_SECONDS", 0.02)
     backend = GatedCreate(tmp_path / "sandboxes")
     env = ActivityEnvironment()
     beats: list[Any] = []
@@ -142,7 +142,7 @@ async def test_the_cancel_ends_the_attempt_as_soon_as_the_create_returns(
     """Heartbeats far apart: the attempt does not wait for the next beat once the create
     has returned, it deletes the sandbox and ends cancelled (else this hangs), and it
     never starts the runner."""
-    monkeypatch.setattr(activities.heartbeat, "HEARTBEAT_SECONDS", 10 * HANG)
+    monkeypatch.setattr(forklab.activities.heartbeat, "HEARTBEAT_SECONDS", 10 * HANG)
     backend = GatedCreate(tmp_path / "sandboxes")
     env = ActivityEnvironment()
     task = _prefix_attempt(backend, tmp_path, env)

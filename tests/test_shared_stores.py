@@ -20,19 +20,24 @@ import psycopg
 import pytest
 from stores_lab import S3_ENV, Proxy, make_bucket, moto_server, postgres_database
 
-from activities.artifacts import ArtifactError, ArtifactStore, LocalArtifactStore, run_name
-from activities.artifacts_s3 import S3ArtifactStore
-from activities.ledger import Ledger, SqliteLedger
-from activities.ledger_postgres import MIGRATIONS, PostgresLedger
-from activities.outages import StoreUnavailableError
-from activities.postgres import Migration, PostgresDatabase, SchemaError, redacted
-from activities.runner_bundle import bundle_files, code_digest
-from activities.sandbox.local import LocalSandboxBackend
-from activities.shared_snapshots import SharedSnapshots
+from forklab.activities.experiment.runner_bundle import bundle_files, code_digest
+from forklab.activities.sandbox.local import LocalSandboxBackend
+from forklab.activities.sandbox.shared_snapshots import SharedSnapshots
+from forklab.activities.stores.artifacts import (
+    ArtifactError,
+    ArtifactStore,
+    LocalArtifactStore,
+    run_name,
+)
+from forklab.activities.stores.artifacts_s3 import S3ArtifactStore
+from forklab.activities.stores.ledger import Ledger, SqliteLedger
+from forklab.activities.stores.ledger_postgres import MIGRATIONS, PostgresLedger
+from forklab.activities.stores.outages import StoreUnavailableError
+from forklab.activities.stores.postgres import Migration, PostgresDatabase, SchemaError, redacted
+from forklab.workers.config import ConfigError, Settings
+from forklab.workers.stores import artifact_store, check_stores, ledger
 from tests.helpers import ROOT
 from tests.test_ledger import T0, experiment, world
-from workers.config import ConfigError, Settings
-from workers.stores import artifact_store, check_stores, ledger
 
 
 @pytest.fixture(scope="module")
@@ -235,8 +240,8 @@ def test_postgres_schema_is_migrated_once_and_a_newer_one_refused(database: str)
 
 MIGRATOR = """
 import sys
-from activities.ledger_postgres import PostgresLedger
-from activities.postgres import PostgresDatabase
+from forklab.activities.stores.ledger_postgres import PostgresLedger
+from forklab.activities.stores.postgres import PostgresDatabase
 PostgresLedger(PostgresDatabase(sys.argv[1])).record_world(__import__("tests.test_ledger",
     fromlist=["world"]).world(sys.argv[2]))
 """

@@ -14,12 +14,12 @@ from pydantic import ValidationError
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from experiments.spec import Role, parse_spec
-from experiments.workloads.counter_recovery import CounterRecovery
+from forklab.experiments.experiment.spec import Role, parse_spec
+from forklab.workflows.experiment.messages import ExperimentInput
+from forklab.workloads.counter_recovery import CounterRecovery
 from tests.helpers import ROOT, run_cli
-from workflows.messages import ExperimentInput
 
-GOOD = yaml.safe_load((ROOT / "experiments" / "recovery-counter.yaml").read_text())
+GOOD = yaml.safe_load((ROOT / "forklab" / "workloads" / "recovery-counter.yaml").read_text())
 
 
 def write(tmp_path: Path, data: object, name: str = "spec.yaml") -> Path:
@@ -169,7 +169,7 @@ def test_boundary_that_no_episode_reaches_is_an_error(
     line = inspect.getsourcelines(CounterRecovery.boundary)[1]
     assert err == (
         f"forklab: error: {path}: CounterRecovery.boundary() asked for cursor 20 but the run "
-        f"ended at 9; boundary() is defined at experiments/workloads/counter_recovery.py:{line} "
+        f"ended at 9; boundary() is defined at forklab/workloads/counter_recovery.py:{line} "
         "(episode 0, prefix, step 10)\n"
     )
 

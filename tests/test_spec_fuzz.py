@@ -25,13 +25,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from orchestration_lab import FORKLAB, ROOT
 
-from forklab.cli import dispatch
+from forklab.cli.main import dispatch
 
 #: Seconds one example may take before it counts as a hang.
 HANG_SECONDS = 60
 EXAMPLES = 1000
 
-BASE: dict[str, Any] = yaml.safe_load((ROOT / "experiments" / "recovery-counter.yaml").read_text())
+BASE: dict[str, Any] = yaml.safe_load(
+    (ROOT / "forklab" / "workloads" / "recovery-counter.yaml").read_text()
+)
 BASE.update({"id": "fuzz", "episodes": 20})
 BASE["analysis"]["guard"] = {"holdout_episodes": 4}
 
@@ -248,7 +250,7 @@ def test_dev_zero_is_refused_not_read_forever() -> None:
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
     """`forklab plan … | head -1` (and any reader that stops reading) must not print a
     BrokenPipeError traceback."""
-    spec = ROOT / "experiments" / "recovery-counter.yaml"
+    spec = ROOT / "forklab" / "workloads" / "recovery-counter.yaml"
     for command in (f"{FORKLAB} plan {spec} --json | head -1", f"{FORKLAB} schema | true"):
         done = subprocess.run(
             ["bash", "-c", f"set -o pipefail; {command}"],

@@ -1,4 +1,4 @@
-"""Tests for experiments.stats against independent references.
+"""Tests for forklab.experiments.experiment.stats against independent references.
 
 The module uses scipy.special for the McNemar tail and the normal quantile;
 statsmodels, exact fractions and big-integer sums are the independent references here.
@@ -36,7 +36,7 @@ from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
-from experiments.stats import (
+from forklab.experiments.experiment.stats import (
     bin_bounds,
     bin_label,
     holm_adjust,

@@ -31,11 +31,11 @@ from orchestration_lab import (
 from stores_lab import S3_ENV, Proxy, make_bucket, moto_server, postgres_database, s3_admin
 from temporalio.testing import WorkflowEnvironment
 
-from activities.approval_keys import key_path
-from activities.sandbox.local import LocalSandboxBackend
-from forklab.rehearsal import rehearse
-from workers.config import Settings
-from workflows.messages import ExperimentResult, Stage, Status, workflow_id
+from forklab.activities.experiment.approval_keys import key_path
+from forklab.activities.sandbox.local import LocalSandboxBackend
+from forklab.cli.experiment.rehearsal import rehearse
+from forklab.workers.config import Settings
+from forklab.workflows.experiment.messages import ExperimentResult, Stage, Status, workflow_id
 
 
 def host_env(settings: Settings, home: Path, shared: dict[str, str]) -> dict[str, str]:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from stores_lab import free_port
 
+from forklab.workers.config import Settings
+from forklab.workers.server import ServerError, start_server
 from tests.helpers import run_cli
-from workers.config import Settings
-from workers.server import ServerError, start_server
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""The twin's batched episode path (experiments/vector.py) gives the scalar runner's columns
-exactly, episode by episode, and falls back to it (or refuses) when it cannot vouch."""
+"""The twin's batched episode path (forklab/experiments/experiment/vector.py) gives the scalar
+runner's columns exactly, episode by episode, and falls back to it (or refuses) when it cannot
+vouch."""
 
 from __future__ import annotations
 
@@ -9,16 +10,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from experiments import vector
-from experiments.columnar import ColumnBatch, to_columns, to_lists
-from experiments.engine import run_twin
-from experiments.runtime.contract import BoundaryMissingError, ContractViolation, StuckWorldError
-from experiments.runtime.file_format import WorldPlan
-from experiments.runtime.runner import continue_checkpoints, run_batch, run_prefix
-from experiments.runtime.workload import Column, Columns, State
-from experiments.spec import ExperimentSpec
-from experiments.vector import batchable, run_columns
-from experiments.workloads.counter_recovery import CounterRecovery
+from forklab.activities.experiment.twin import run_twin
+from forklab.experiments.experiment import vector
+from forklab.experiments.experiment.columnar import ColumnBatch, to_columns, to_lists
+from forklab.experiments.experiment.spec import ExperimentSpec
+from forklab.experiments.experiment.vector import batchable, run_columns
+from forklab.experiments.experiment.worlds import spec_world_plans
+from forklab.runtime.contract import BoundaryMissingError, ContractViolation, StuckWorldError
+from forklab.runtime.file_format import WorldPlan
+from forklab.runtime.runner import continue_checkpoints, run_batch, run_prefix
+from forklab.runtime.workload import Column, Columns, State
+from forklab.workloads.counter_recovery import CounterRecovery
 
 WORLDS = [
     WorldPlan(name="baseline"),
@@ -196,7 +198,7 @@ def _spec(
 def test_noise_falls_back_to_the_scalar_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """Batch methods get no shocks, so counter-recovery with noise says no (batch_ok);
     the twin then never enters the batched path, and without noise it does."""
-    from experiments import engine
+    from forklab.experiments.experiment import chunks as engine
 
     def refuse(*args: Any, **kwargs: Any) -> ColumnBatch:
         raise AssertionError("the batched path ran")
@@ -205,7 +207,7 @@ def test_noise_falls_back_to_the_scalar_path(monkeypatch: pytest.MonkeyPatch) ->
     noisy = _spec(2000, "counter-recovery", noise=0.1)
     assert not batchable(CounterRecovery({"noise": 0.1}))
     got = run_twin(noisy, processes=1).batch
-    plans = engine.spec_world_plans(noisy)
+    plans = spec_world_plans(noisy)
     assert to_lists(got) == run_batch(CounterRecovery({"noise": 0.1}), 5, range(2000), plans)
     quiet = run_batch(CounterRecovery({}), 5, range(2000), plans)
     assert (
@@ -229,7 +231,7 @@ def test_batch_methods_count_only_for_the_class_that_defines_batch_ok() -> None:
     assert not batchable(ScalarOverride({}))
     assert batchable(Inverted({}))  # it defines batch_ok: its batch methods are its claim
     assert not batchable(CounterRecovery({"budget_base": 2**62}))  # beyond int64 columns
-    from experiments.runtime.runner import workload_class
+    from forklab.runtime.runner import workload_class
 
     assert not batchable(workload_class("retry-cascade")({}))  # no batch methods
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.runfork.policy import ToolPolicy
-from experiments.runfork.receipt import BoundaryMode, ForkReceipt, receipt_markdown
-from experiments.visible_text import visible
+from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.experiments.runfork.receipt import BoundaryMode, ForkReceipt, receipt_markdown
+from forklab.experiments.visible_text import visible
 from tests.helpers import ROOT, run_cli
 
 #: Erase the line, return to its start and write a forged verdict; set the window title;
@@ -51,7 +51,7 @@ def test_visible_escapes_what_acts_and_keeps_the_rest() -> None:
 
 
 def _spec(tmp_path: Path, **changes: object) -> Path:
-    spec = yaml.safe_load((ROOT / "experiments" / "recovery-counter.yaml").read_text())
+    spec = yaml.safe_load((ROOT / "forklab" / "workloads" / "recovery-counter.yaml").read_text())
     spec.update(episodes=40, **changes)
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, allow_unicode=True))

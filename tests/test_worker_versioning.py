@@ -24,17 +24,21 @@ from temporalio.common import WorkerDeploymentVersion
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from forklab.agent_lab import AgentLab
-from workers.agent_worker import agents_plugin, build_agent_worker, ensure_run_fork_attributes
-from workers.config import ConfigError, Settings
-from workers.versioning import (
+from forklab.cli.runfork.agent_lab import AgentLab
+from forklab.workers.config import ConfigError, Settings
+from forklab.workers.runfork.agent_worker import (
+    agents_plugin,
+    build_agent_worker,
+    ensure_run_fork_attributes,
+)
+from forklab.workers.versioning import (
     AGENTS,
     code_build_id,
     deployment_config,
     promote_if_newest,
     worker_version,
 )
-from workflows.messages import ExperimentResult, Stage, Status, workflow_id
+from forklab.workflows.experiment.messages import ExperimentResult, Stage, Status, workflow_id
 
 
 def test_the_build_id_is_a_digest_of_the_code(tmp_path: Path) -> None:

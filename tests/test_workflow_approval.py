@@ -13,10 +13,14 @@ from orchestration_lab import SANDBOX_ACTIVITIES, Lab, make_spec, signed
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
-from activities.approval_keys import key_path, new_private_key, public_key_hex, read_private_key
-from workers.worker import build_worker
-from workflows.experiment import ExperimentWorkflow
-from workflows.messages import (
+from forklab.activities.experiment.approval_keys import (
+    key_path,
+    new_private_key,
+    public_key_hex,
+    read_private_key,
+)
+from forklab.workers.experiment.worker import build_worker
+from forklab.workflows.experiment.messages import (
     ApprovalStatus,
     ExperimentInput,
     ExperimentResult,
@@ -25,6 +29,7 @@ from workflows.messages import (
     Status,
     workflow_id,
 )
+from forklab.workflows.experiment.workflow import ExperimentWorkflow
 
 
 async def _assert_nothing_ran(lab: Lab, handle: WorkflowHandle[object, object]) -> None:

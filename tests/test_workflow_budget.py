@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from orchestration_lab import SANDBOX_ACTIVITIES, Lab, make_spec
 
-from workflows.messages import Stage, Status
+from forklab.workflows.experiment.messages import Stage, Status
 
 
 async def test_infeasible_budget_is_refused_before_approval(lab: Lab) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 from orchestration_lab import ROOT, Lab, cli_env, make_spec
 from orchestration_lab import forklab as forklab_in
 
-from forklab.ops_common import POLLER_GONE, live_pollers, workflow_pollers
-from workflows.messages import Stage, Status, workflow_id
+from forklab.cli.ops_common import POLLER_GONE, live_pollers, workflow_pollers
+from forklab.workflows.experiment.messages import Stage, Status, workflow_id
 
 FORKLAB = str(Path(sys.executable).parent / "forklab")
 
@@ -40,7 +40,7 @@ def test_demo_runs_from_nothing_and_stops_what_it_started(tmp_path: Path) -> Non
         "FORKLAB_UI_PORT": str(free_port()),
         "FORKLAB_TASK_QUEUE": "forklab-demo-test",
     }
-    spec = ROOT / "experiments" / "recovery-counter.yaml"
+    spec = ROOT / "forklab" / "workloads" / "recovery-counter.yaml"
     demo = subprocess.run(
         [FORKLAB, "demo", "--yes", "--spec", str(spec)],
         env=env,

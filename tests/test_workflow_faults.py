@@ -9,7 +9,7 @@ import pytest
 from orchestration_lab import Lab, make_spec
 from temporalio.client import WorkflowFailureError
 
-from workflows.messages import Stage, Status
+from forklab.workflows.experiment.messages import Stage, Status
 
 
 async def test_crashing_and_garbage_worlds_fail_alone(lab: Lab) -> None:

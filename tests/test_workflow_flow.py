@@ -9,18 +9,18 @@ from pathlib import Path
 
 from orchestration_lab import Lab, cli_env, forklab
 
-from activities.planning import plan_fingerprint
-from forklab.rehearsal import rehearse
-from forklab.specfile import load_spec
+from forklab.activities.experiment.planning import plan_fingerprint
+from forklab.cli.experiment.rehearsal import rehearse
+from forklab.cli.experiment.specfile import load_spec
+from forklab.workflows.experiment.messages import Stage, Status
+from forklab.workflows.experiment.search_attributes import EXPERIMENT, STAGE
 from tests.helpers import assert_self_contained
-from workflows.messages import Stage, Status
-from workflows.search_attributes import EXPERIMENT, STAGE
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> None:
-    spec = load_spec(str(ROOT / "experiments" / "recovery-counter.yaml"))
+    spec = load_spec(str(ROOT / "forklab" / "workloads" / "recovery-counter.yaml"))
     spec = spec.model_copy(update={"id": "flow-recovery", "episodes": 60})
     handle, key = await lab.start(spec, batch_episodes=25, rehearsal_episodes=20)
     view = await lab.wait_for(handle, Stage.awaiting_approval)

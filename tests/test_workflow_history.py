@@ -15,9 +15,15 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from workflows import run_state
-from workflows.experiment import ExperimentWorkflow
-from workflows.messages import ExperimentInput, ExperimentResult, Stage, Status, workflow_id
+from forklab.workflows.experiment import run_state
+from forklab.workflows.experiment.messages import (
+    ExperimentInput,
+    ExperimentResult,
+    Stage,
+    Status,
+    workflow_id,
+)
+from forklab.workflows.experiment.workflow import ExperimentWorkflow
 
 # This module defines a workflow, so the workflow sandbox re-imports it: pass the helpers
 # (which touch the file system at import) and the worker wiring through instead of
@@ -25,11 +31,14 @@ from workflows.messages import ExperimentInput, ExperimentResult, Stage, Status,
 with workflow.unsafe.imports_passed_through():
     from orchestration_lab import Lab, lab_settings, make_spec, science, start_dev_server
 
-    from activities.approval_keys import new_private_key, public_key_hex
-    from activities.progress import read_progress
     from bench.campaign import chain_runs
-    from forklab.rehearsal import rehearse
-    from workers.worker import build_worker, workflow_runner  # store clients import urllib3
+    from forklab.activities.experiment.approval_keys import new_private_key, public_key_hex
+    from forklab.activities.experiment.progress import read_progress
+    from forklab.cli.experiment.rehearsal import rehearse
+    from forklab.workers.experiment.worker import (  # store clients import urllib3
+        build_worker,
+        workflow_runner,
+    )
 
 
 @pytest.fixture(scope="module")

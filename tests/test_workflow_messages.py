@@ -31,11 +31,11 @@ from temporalio.client import WorkflowFailureError
 from temporalio.common import RawValue
 from temporalio.testing import WorkflowEnvironment
 
-from activities.approval_keys import new_private_key, write_private_key
-from activities.sandbox.base import ExecResult
-from activities.sandbox.local import LocalSandboxBackend
-from workers.worker import build_worker
-from workflows.messages import (
+from forklab.activities.experiment.approval_keys import new_private_key, write_private_key
+from forklab.activities.sandbox.base import ExecResult
+from forklab.activities.sandbox.local import LocalSandboxBackend
+from forklab.workers.experiment.worker import build_worker
+from forklab.workflows.experiment.messages import (
     MAX_NAME,
     ExperimentResult,
     RejectRequest,

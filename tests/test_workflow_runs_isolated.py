@@ -10,15 +10,15 @@ import contextlib
 from orchestration_lab import Lab, make_spec, signed
 from temporalio.client import WorkflowFailureError
 
-from activities.approval_keys import new_private_key, public_key_hex
-from workflows.experiment import ExperimentWorkflow
-from workflows.messages import (
+from forklab.activities.experiment.approval_keys import new_private_key, public_key_hex
+from forklab.workflows.experiment.messages import (
     ApprovalAttempt,
     ExperimentInput,
     ExperimentResult,
     Stage,
     Status,
 )
+from forklab.workflows.experiment.workflow import ExperimentWorkflow
 
 
 async def test_cancelling_one_run_leaves_the_other_runs_sandboxes_alone(lab: Lab) -> None:

@@ -12,9 +12,9 @@ import pytest
 from orchestration_lab import Lab, make_spec
 from temporalio.client import WorkflowFailureError
 
-from forklab.specfile import load_spec
+from forklab.cli.experiment.specfile import load_spec
+from forklab.workflows.experiment.messages import Stage, Status
 from tests.helpers import ROOT
-from workflows.messages import Stage, Status
 
 
 async def test_hostile_rehearsal_reaches_no_token_no_server_no_home(lab: Lab) -> None:
@@ -61,7 +61,7 @@ async def test_a_snapshot_poisoned_mid_run_fails_the_run_and_never_validates(lab
     view = await lab.status(handle)
     assert view.plan is not None
     digest = view.plan.snapshot.code_digest
-    runner = lab.settings.sandboxes_dir / "snapshots" / digest / "experiments/runtime/runner.py"
+    runner = lab.settings.sandboxes_dir / "snapshots" / digest / "forklab/runtime/runner.py"
     runner.chmod(0o644)
     runner.write_text(runner.read_text() + "\n# poisoned\n")
     result = await asyncio.wait_for(handle.result(), timeout=180)
@@ -77,7 +77,7 @@ async def test_a_workspace_layer_tampered_mid_run_fails_the_run_and_never_valida
     """The coding-fix workload keeps its package as files: each prefix chunk's workspace
     is frozen into a sealed layer that every world attaches. A layer changed after it was
     sealed (one source file of one episode) is refused before any world runs on it."""
-    spec = load_spec(str(ROOT / "experiments" / "coding-fix.yaml"))
+    spec = load_spec(str(ROOT / "forklab" / "workloads" / "coding-fix.yaml"))
     spec = spec.model_copy(update={"id": "tampered-layer", "episodes": 40})
     handle, token = await lab.start(spec, batch_episodes=5, rehearsal_episodes=5)
     await lab.approve(handle, token)

@@ -14,10 +14,10 @@ from subprocess import Popen
 from orchestration_lab import Lab, WorkerProcesses, cli_env, forklab, lab_settings, make_spec
 from temporalio.testing import WorkflowEnvironment
 
-from activities.approval_keys import key_path
-from activities.world_batches import PREFIX_WORLD
-from forklab.rehearsal import rehearse
-from workflows.messages import ExperimentResult, Stage, Status, workflow_id
+from forklab.activities.experiment.approval_keys import key_path
+from forklab.activities.experiment.world_batches import PREFIX_WORLD
+from forklab.cli.experiment.rehearsal import rehearse
+from forklab.workflows.experiment.messages import ExperimentResult, Stage, Status, workflow_id
 
 
 async def _kill_once_a_box_runs(

@@ -20,14 +20,15 @@ from orchestration_lab import FORKLAB, ROOT, Lab, cli_env, make_spec
 from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.approval_keys import key_path
-from activities.artifacts import LocalArtifactStore
-from activities.workload_bundles import (
+from forklab.activities.experiment.approval_keys import key_path
+from forklab.activities.experiment.workload_bundles import (
     WorkloadBundleError,
     WorkloadBundles,
     ship_workload,
 )
-from experiments.bundle import (
+from forklab.activities.stores.artifacts import LocalArtifactStore
+from forklab.cli.experiment.workload_files import collect_workload
+from forklab.experiments.experiment.bundle import (
     MAX_BUNDLE_BYTES,
     MAX_BUNDLE_FILES,
     MAX_FILE_BYTES,
@@ -35,11 +36,16 @@ from experiments.bundle import (
     read_manifest,
     workload_sources,
 )
-from experiments.runtime.canon import digest, sha256_hex
-from forklab.workload_files import collect_workload
+from forklab.runtime.canon import digest, sha256_hex
+from forklab.workflows.experiment.messages import (
+    ExperimentInput,
+    ExperimentResult,
+    Stage,
+    Status,
+    workflow_id,
+)
+from forklab.workflows.experiment.workflow import ExperimentWorkflow
 from tests.helpers import run_cli
-from workflows.experiment import ExperimentWorkflow
-from workflows.messages import ExperimentInput, ExperimentResult, Stage, Status, workflow_id
 
 # --- the manifest (pure) ------------------------------------------------------------------
 
@@ -80,8 +86,8 @@ def test_the_manifest_is_content_addressed_and_order_free() -> None:
             "like identifiers, the file ending in .py, at most 400 characters)",
         ),
         (
-            "experiments/runtime/runner.py",
-            "bundle path 'experiments/runtime/runner.py' lies in experiments/, ForkLab's own "
+            "forklab/runtime/runner.py",
+            "bundle path 'forklab/runtime/runner.py' lies in forklab/, ForkLab's own "
             "package, which a workload may not replace; rename the workload's package",
         ),
     ],

@@ -16,12 +16,12 @@ from orchestration_lab import Lab, make_spec
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
-from experiments.runtime.contract import ContractViolation
-from experiments.runtime.file_format import WorldPlan
-from experiments.runtime.runner import continue_world, run_prefix
-from forklab.experiment_commands import start_experiment
+from forklab.cli.experiment.experiment_commands import start_experiment
+from forklab.runtime.contract import ContractViolation
+from forklab.runtime.file_format import WorldPlan
+from forklab.runtime.runner import continue_world, run_prefix
+from forklab.workflows.experiment.messages import Stage, Status, workflow_id
 from tests.helpers import plan_json, run_cli
-from workflows.messages import Stage, Status, workflow_id
 
 FILE = os.path.relpath(inspect.getfile(nw))
 JSON_RULE = (
@@ -132,7 +132,7 @@ def test_plan_with_two_processes_gives_the_same_sentence(
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     workload, params, sentence = MISTAKES["step raises"]
-    from forklab.cli import dispatch
+    from forklab.cli.main import dispatch
 
     with pytest.raises(ContractViolation) as caught:
         dispatch(["plan", str(spec_file(tmp_path, workload, **params)), "--debug"])

@@ -13,19 +13,20 @@ from pathlib import Path
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.artifacts import LocalArtifactStore
-from activities.runner_bundle import bundle_files
-from activities.sandbox import Limits, LocalSandboxBackend
-from activities.sandbox.base import WorkspaceRefusedError
-from activities.sandbox.workspace import mounts_under, remove_tree
-from activities.world_batches import _Files
-from experiments.runtime.files import WorkspaceContentError, folder_digest
-from experiments.workspace_report import (
+from forklab.activities.experiment.runner_bundle import bundle_files
+from forklab.activities.experiment.world_batches import _Files
+from forklab.activities.sandbox import Limits, LocalSandboxBackend
+from forklab.activities.sandbox.base import WorkspaceRefusedError
+from forklab.activities.sandbox.workspace import mounts_under, remove_tree
+from forklab.activities.stores.artifacts import LocalArtifactStore
+from forklab.contracts.errors import ExperimentErrorType
+from forklab.experiments.experiment.workspace_report import (
     PathChange,
     WorkspaceSection,
     WorldWorkspace,
     workspace_markdown,
 )
+from forklab.runtime.files import WorkspaceContentError, folder_digest
 from tests.sandbox_lab import run_python
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="boxes with a sandbox uid need root")
@@ -123,7 +124,7 @@ def test_an_episode_folder_that_links_to_a_host_folder_fails_the_prefix(
     files = _Files(backend, LocalArtifactStore(root / "art"), None, "run-1", freeze=True)
     with pytest.raises(ApplicationError, match=r"workspace/0 is not a folder") as raised:
         files.read(box)
-    assert raised.value.non_retryable and raised.value.type == "PrefixFailed"
+    assert raised.value.non_retryable and raised.value.type == ExperimentErrorType.prefix_failed
     assert files.folders == {}
     _nothing_left(backend, root)
 
@@ -138,7 +139,7 @@ def test_a_fifo_in_the_workspace_fails_the_prefix_once_and_leaves_nothing(
     files = _Files(backend, LocalArtifactStore(root / "art"), None, "run-1", freeze=True)
     with pytest.raises(ApplicationError, match=r"'0/p' is a 'p'-type special file") as raised:
         files.read(box)
-    assert raised.value.non_retryable and raised.value.type == "PrefixFailed"
+    assert raised.value.non_retryable and raised.value.type == ExperimentErrorType.prefix_failed
     assert (Path(backend.workspace_folder(box)) / "0").is_dir()  # the workspace as it was
     _nothing_left(backend, root)
 
@@ -296,7 +297,7 @@ def test_a_workspace_of_too_many_paths_is_refused_before_the_worker_holds_them(
     files = _Files(backend, LocalArtifactStore(root / "art"), None, "run-1", freeze=True)
     with pytest.raises(ApplicationError, match=r"more than 100 paths") as raised:
         files.read(box)
-    assert raised.value.non_retryable and raised.value.type == "PrefixFailed"
+    assert raised.value.non_retryable and raised.value.type == ExperimentErrorType.prefix_failed
     workspace = Path(backend.workspace_folder(box))
     assert len(list((workspace / "0").iterdir())) == 100  # the workspace as it was
     _run(backend, box, "import os; os.remove('/work/workspace/0/f0')")  # 100 paths: enough

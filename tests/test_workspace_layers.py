@@ -19,8 +19,19 @@ from orchestration_lab import WorkerProcesses, lab_settings
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.artifacts import LocalArtifactStore, run_name
-from activities.models import (
+from forklab.activities.experiment.runner_bundle import bundle_files
+from forklab.activities.experiment.world_batches import SandboxActivities
+from forklab.activities.sandbox import Limits, LocalSandboxBackend, SandboxError
+from forklab.activities.sandbox.shared_snapshots import SharedSnapshots
+from forklab.activities.sandbox.workspace import (
+    WorkspaceError,
+    Workspaces,
+    mounts_under,
+    unmount_under,
+)
+from forklab.activities.stores.artifacts import LocalArtifactStore, run_name
+from forklab.cli.experiment.specfile import load_spec
+from forklab.contracts.experiment import (
     BatchInput,
     BatchStatus,
     CleanupInput,
@@ -29,29 +40,19 @@ from activities.models import (
     PrefixInput,
     RunnerJob,
 )
-from activities.runner_bundle import bundle_files
-from activities.sandbox import Limits, LocalSandboxBackend, SandboxError
-from activities.sandbox.workspace import (
-    WorkspaceError,
-    Workspaces,
-    mounts_under,
-)
-from activities.shared_snapshots import SharedSnapshots
-from activities.world_batches import SandboxActivities
-from experiments.analysis.checks import common_checkpoints
-from experiments.engine import spec_world_plans
-from experiments.outcomes import ExperimentOutcomes, WorldOutcomes
-from experiments.runtime.file_format import checkpoint_id
-from experiments.runtime.runner import continue_checkpoints, run_prefix
-from experiments.workloads.coding_fix import CodingFix
-from experiments.workspace import (
+from forklab.experiments.experiment.analysis.checks import common_checkpoints
+from forklab.experiments.experiment.outcomes import ExperimentOutcomes, WorldOutcomes
+from forklab.experiments.experiment.worlds import spec_world_plans
+from forklab.experiments.workspace import (
     FileRecord,
     WorkspaceCheckpoint,
     WorkspaceEvidence,
     WorkspaceManifest,
     diff_manifests,
 )
-from forklab.specfile import load_spec
+from forklab.runtime.file_format import checkpoint_id
+from forklab.runtime.runner import continue_checkpoints, run_prefix
+from forklab.workloads.coding_fix import CodingFix
 from tests.helpers import ROOT, run_cli
 from tests.sandbox_lab import without_sys_admin
 
@@ -151,7 +152,7 @@ def test_overlay_fork_shares_the_bytes_and_the_fallback_says_it_copied(root: Pat
 FALLBACK = """
 import sys
 from pathlib import Path
-from activities.sandbox.workspace import Workspaces
+from forklab.activities.sandbox.workspace import Workspaces
 ws = Workspaces(Path(sys.argv[1]))
 info = ws.attach("child", Path(sys.argv[1]) / "mnt", sys.argv[2])
 print(info.model_dump_json())
@@ -241,6 +242,25 @@ def test_manifest_diff_and_checkpoint_digest() -> None:
 
 
 @needs_root
+def test_mounts_under_a_non_ascii_root_are_found_and_detached(tmp_path: Path) -> None:
+    """mountinfo writes a path's own bytes (octal escapes only for space, tab, newline,
+    backslash): a root named in UTF-8, with a space in it, must still see its mounts, or a
+    box's delete would leave them mounted."""
+    root = tmp_path / "r\u00e9sum\u00e9 \u6f22\u5b57"
+    point = root / "boxes" / "x" / "workspace"
+    point.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(point)], check=True)
+    try:
+        assert mounts_under(root) == [point]
+        unmount_under(root)
+        assert mounts_under(root) == []
+        assert point.is_dir() and not os.path.ismount(point)
+    finally:
+        if os.path.ismount(point):
+            subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+@needs_root
 def test_sandbox_fork_and_delete_unmount(root: Path) -> None:
     backend = LocalSandboxBackend(root / "sandboxes")
     snapshot = backend.prepare_snapshot(bundle_files("counter-recovery"))
@@ -276,8 +296,8 @@ def test_sandbox_fork_and_delete_unmount(root: Path) -> None:
 _KILLED_AFTER_MOUNTING = """
 import os, signal, sys
 from pathlib import Path
-from activities.sandbox import Limits, LocalSandboxBackend, workspace
-from activities.runner_bundle import bundle_files
+from forklab.activities.sandbox import Limits, LocalSandboxBackend, workspace
+from forklab.activities.experiment.runner_bundle import bundle_files
 
 mount = workspace._mount_overlay
 
@@ -373,7 +393,7 @@ def test_a_world_that_sees_other_files_fails_common_checkpoints(tmp_path: Path) 
     """The checkpoint of a workload with files pins them: a world handed a folder whose
     files differ from the prefix's reports another inherited checkpoint, and the validity
     check says so (the state alone is the same)."""
-    spec = load_spec(str(ROOT / "experiments" / "coding-fix.yaml"))
+    spec = load_spec(str(ROOT / "forklab" / "workloads" / "coding-fix.yaml"))
     workload = CodingFix(dict(spec.workload.params))
     root = tmp_path / "chunk"
     checkpoints = [run_prefix(workload, spec.seed, e, root / str(e)) for e in range(4)]
@@ -600,7 +620,7 @@ def test_replicates_of_a_world_with_files_each_get_their_own_folder(tmp_path: Pa
     """With forks > 1, every replicate but the last works in a copy of the episode's
     folder (a deterministic workload votes as one); without ``own`` the folder the prefix
     left is never written, and no copy is left behind."""
-    spec = load_spec(str(ROOT / "experiments" / "coding-fix.yaml"))
+    spec = load_spec(str(ROOT / "forklab" / "workloads" / "coding-fix.yaml"))
     workload = CodingFix(dict(spec.workload.params))
     root = tmp_path / "chunk"
     checkpoints = [run_prefix(workload, spec.seed, e, root / str(e)) for e in range(6)]
@@ -627,7 +647,7 @@ async def test_a_world_on_another_host_rebuilds_the_chunks_layer(tmp_path: Path)
     store = LocalArtifactStore(tmp_path / "artifacts")
     hosts = [LocalSandboxBackend(tmp_path / name) for name in ("host-a", "host-b")]
     acts = [SandboxActivities(h, store, SharedSnapshots(h, store)) for h in hosts]
-    spec = load_spec(str(ROOT / "experiments" / "coding-fix.yaml"))
+    spec = load_spec(str(ROOT / "forklab" / "workloads" / "coding-fix.yaml"))
     info = SharedSnapshots(hosts[0], store).prepare(bundle_files("coding-fix"))
     job = RunnerJob(
         workload="coding-fix", params=dict(spec.workload.params), seed=spec.seed, workspace=True

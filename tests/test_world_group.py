@@ -1,5 +1,5 @@
 """A world group: the worlds of one chunk in one sandbox, each in a forked process of its
-own. The runner runs here as a sandbox runs it (``python -m experiments.runtime.runner
+own. The runner runs here as a sandbox runs it (``python -m forklab.runtime.runner
 continue``, in a folder of its own), so what one world does to its process, its folder
 or the processes it starts must not reach the next world, and the outcomes must be the
 twin's, bit for bit."""
@@ -18,17 +18,17 @@ from typing import Any
 
 import pytest
 
-from experiments.engine import spec_world_plans
-from experiments.runtime.canon import canonical_json
-from experiments.runtime.file_format import (
+from forklab.cli.experiment.specfile import load_spec
+from forklab.experiments.experiment.worlds import spec_world_plans
+from forklab.runtime.canon import canonical_json
+from forklab.runtime.file_format import (
     WorldOutput,
     WorldPlan,
     checkpoint_line,
     parse_world_outputs,
     request_text,
 )
-from experiments.runtime.runner import run_batch, run_prefix, workload_class
-from forklab.specfile import load_spec
+from forklab.runtime.runner import run_batch, run_prefix, workload_class
 
 ROOT = Path(__file__).resolve().parent.parent
 SIBLINGS = "group_workloads:Siblings"
@@ -52,7 +52,7 @@ def run_group(
     request = request_text(workload, params, 0, worlds=worlds, seconds=seconds)
     (folder / "request.json").write_text(request)
     files = ["--request", "request.json", "--checkpoints", "checkpoints.jsonl", "--out", "out"]
-    python(folder, "-m", "experiments.runtime.runner", "continue", *files, cpu_seconds=cpu_seconds)
+    python(folder, "-m", "forklab.runtime.box", "continue", *files, cpu_seconds=cpu_seconds)
     return parse_world_outputs((folder / "out").read_bytes(), episodes, len(worlds))
 
 
@@ -85,7 +85,7 @@ def world(name: str, intervention: str | None = None) -> WorldPlan:
 def test_a_group_gives_the_twins_outcomes_with_the_shared_block_runs(tmp_path: Path) -> None:
     """Retry-cascade names the block runs every world draws: the group works them out
     once, before the forks, and every world's columns are still the twin's."""
-    spec = load_spec(str(ROOT / "experiments" / "retry-cascade.yaml"))
+    spec = load_spec(str(ROOT / "forklab" / "workloads" / "retry-cascade.yaml"))
     plans = spec_world_plans(spec)
     params = dict(spec.workload.params)
     outputs = run_group(tmp_path / "box", spec.workload.name, params, 150, plans, [60.0] * 8)
@@ -196,7 +196,7 @@ def test_each_world_works_in_a_fresh_folder_of_its_own(tmp_path: Path) -> None:
 def test_a_groups_output_of_another_shape_is_refused(entry: bytes, why: str) -> None:
     """The box writes the group's output: what the worker reads of it is checked, entry
     by entry (its world count, each result's one kind, its seconds, its columns)."""
-    from experiments.runtime.file_format import FormatError
+    from forklab.runtime.file_format import FormatError
 
     with pytest.raises(FormatError, match=why):
         parse_world_outputs(entry, 0, 2)
@@ -204,9 +204,9 @@ def test_a_groups_output_of_another_shape_is_refused(entry: bytes, why: str) -> 
 
 _SLICED = """
 import json, sys
-from experiments.runtime import world_group
-from experiments.runtime.file_format import WorldPlan
-from experiments.runtime.runner import run_prefix, workload_class
+from forklab.runtime import world_group
+from forklab.runtime.file_format import WorldPlan
+from forklab.runtime.runner import run_prefix, workload_class
 world_group.SLICE_EPISODES = int(sys.argv[2])
 name, params, episodes = sys.argv[1], json.loads(sys.argv[3]), int(sys.argv[4])
 workload = workload_class(name)(params)
@@ -240,7 +240,7 @@ def test_a_chunk_worked_in_slices_gives_the_twins_columns(tmp_path: Path) -> Non
     """A large chunk is worked a slice at a time (what the worlds share is held for one
     slice, each world runs once per slice): the columns are the twin's, joined in order,
     and a world that runs out of seconds in one slice runs no more and fails once."""
-    spec = load_spec(str(ROOT / "experiments" / "retry-cascade.yaml"))
+    spec = load_spec(str(ROOT / "forklab" / "workloads" / "retry-cascade.yaml"))
     plans = spec_world_plans(spec)[:3]
     params = dict(spec.workload.params)
     results = run_sliced(tmp_path / "box", spec.workload.name, params, 40, plans, [60.0] * 3, 7)

@@ -1,0 +1,355 @@
+"""An agent run's steps, parsed out of its recorded history events.
+
+A run's steps are its activity calls in scheduling order, numbered from 1 across its
+continue-as-new chain. A fork's steps start with the ones it inherited (recorded in its
+``forklab.fetch_prefix`` results) and include the calls its policies served or blocked
+(recorded as ``forklab.step_decision`` activities), so a fork of a fork sees the same
+numbering. Parsing only: the reads through a client are ``history_reads``. Everything
+parsed here comes from history and is treated as untrusted data.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import WorkflowHistory
+
+from forklab.contracts.runfork import (
+    BASE_STEP_MEMO_KEY,
+    FETCH_PREFIX,
+    INTERNAL_PREFIX,
+    MARKER_MEMO_KEY,
+    MODEL_FIELDS,
+    RECEIPT_MEMO_KEY,
+    STEP_DECISION,
+    ForkMarker,
+    PrefixPage,
+    RunSummary,
+    StepDecisionInput,
+)
+from forklab.experiments.runfork.receipt import ForkReceipt, PrefixEvent
+from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
+
+#: Events that reach a workflow besides activity results; a fork does not see them again.
+_OTHER_INPUTS = {
+    "timer_fired_event_attributes": "timer",
+    "start_child_workflow_execution_initiated_event_attributes": "child workflow",
+    "workflow_execution_signaled_event_attributes": "signal",
+    "workflow_execution_update_accepted_event_attributes": "update",
+    "nexus_operation_scheduled_event_attributes": "nexus operation",
+}
+
+
+_CLOSE_EVENTS = {
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
+}
+
+
+def digest_payloads(payloads: list[Payload]) -> str:
+    return payload_digest([(p.metadata.get("encoding", b""), p.data) for p in payloads])
+
+
+def _b64(payload: Payload) -> str:
+    return base64.b64encode(payload.SerializeToString()).decode()
+
+
+def _label(activity_type: str, payloads: list[Payload]) -> str:
+    field_name = MODEL_FIELDS.get(activity_type)
+    if field_name is None or not payloads:
+        return activity_type
+    try:
+        data = json.loads(payloads[0].data)
+    except ValueError:
+        return activity_type
+    model = data.get(field_name) if isinstance(data, dict) else None
+    return f"{activity_type} ({model})" if isinstance(model, str) else activity_type
+
+
+@dataclass
+class RunRecord:
+    """One run of a chain as read from its history."""
+
+    workflow_id: str
+    run_id: str
+    workflow_type: str
+    task_queue: str
+    input: list[Payload]
+    base_step: int
+    steps: list[Step]
+    others: list[PrefixEvent]
+    marker: ForkMarker | None
+    receipt: ForkReceipt | None
+    previous_run_id: str | None
+    status: str = ""
+    close: dict[str, Any] = field(default_factory=dict)
+    event_count: int = 0
+    #: the run has closed (completed, failed, continued-as-new, …): its history is final
+    closed: bool = False
+
+
+@dataclass
+class _Own:
+    """A step the run executed itself, filled in as its events arrive."""
+
+    index: int
+    activity_type: str
+    input_sha256: str
+    label: str
+    scheduled_s: float
+    status: StepStatus = StepStatus.pending
+    result_sha256: str | None = None
+    result_b64: str | None = None
+    duration_ms: float | None = None
+
+
+def _seconds(event: HistoryEvent) -> float:
+    return event.event_time.seconds + event.event_time.nanos / 1e9
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What a run's first event says: its input, its place in the chain, its fork."""
+
+    run_id: str
+    previous_run_id: str | None
+    #: steps of the chain before this run; None when unknown (a run that continued from
+    #: one not written by the fork interceptor: count the earlier runs' steps instead)
+    base_step: int | None
+    marker: ForkMarker | None
+    receipt: ForkReceipt | None
+    input: list[Payload]
+    workflow_type: str
+    task_queue: str
+
+
+def run_start(event: HistoryEvent, run_id: str) -> RunStart:
+    started = event.workflow_execution_started_event_attributes
+    fields = started.memo.fields
+    marker = None
+    if MARKER_MEMO_KEY in fields and fields[MARKER_MEMO_KEY].data:
+        marker = ForkMarker.model_validate_json(fields[MARKER_MEMO_KEY].data)
+    receipt = None
+    if RECEIPT_MEMO_KEY in fields and fields[RECEIPT_MEMO_KEY].data:
+        receipt = ForkReceipt.model_validate_json(fields[RECEIPT_MEMO_KEY].data)
+    previous = started.continued_execution_run_id or None
+    base: int | None = None
+    if BASE_STEP_MEMO_KEY in fields and fields[BASE_STEP_MEMO_KEY].data:
+        base = int(json.loads(fields[BASE_STEP_MEMO_KEY].data))
+    elif marker is not None and not marker.continued:
+        base = marker.base_step  # a fork's first run
+    elif previous is None:
+        base = 0
+    return RunStart(
+        run_id,
+        previous,
+        base,
+        marker,
+        receipt,
+        list(started.input.payloads),
+        started.workflow_type.name,
+        started.task_queue.name,
+    )
+
+
+def parse_run(
+    workflow_id: str, history: WorkflowHistory, base_step: int, run_id: str = ""
+) -> RunRecord:
+    """The steps and other inputs of one run's history (payloads assumed codec-free);
+    ``base_step`` counts the chain's earlier steps when the run's memo does not."""
+    events = list(history.events)
+    started = events[0].workflow_execution_started_event_attributes
+    start = run_start(events[0], run_id)
+    marker, receipt = start.marker, start.receipt
+    if start.base_step is not None:
+        base_step = start.base_step
+    rec = RunRecord(
+        workflow_id=workflow_id,
+        run_id=run_id,
+        workflow_type=started.workflow_type.name,
+        task_queue=started.task_queue.name,
+        input=list(started.input.payloads),
+        base_step=base_step,
+        steps=[],
+        others=[],
+        marker=marker,
+        receipt=receipt,
+        previous_run_id=started.continued_execution_run_id or None,
+        event_count=len(events),
+    )
+    rec.steps, rec.others = parse_events(events, base_step, run_id)
+    last = events[-1]
+    rec.closed = last.event_type in _CLOSE_EVENTS
+    if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+        r = last.workflow_execution_completed_event_attributes.result.payloads
+        rec.close = {"result": _json(r[0]) if r else None}
+    elif last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+        f = last.workflow_execution_failed_event_attributes.failure
+        details = f.application_failure_info.details.payloads
+        rec.close = {"error": f.message, "details": _json(details[0]) if details else None}
+    return rec
+
+
+def parse_events(
+    events: list[HistoryEvent], base_step: int, run_id: str
+) -> tuple[list[Step], list[PrefixEvent]]:
+    """The steps (numbered after ``base_step``) and other inputs in ``events``: a whole
+    run's history, or its tail from a step's scheduling on."""
+    items: list[Step | _Own] = []
+    own: dict[int, _Own] = {}
+    others: list[PrefixEvent] = []
+    scheduled: dict[int, str] = {}
+    next_index = base_step + 1
+    for ev in events:
+        kind = ev.WhichOneof("attributes")
+        if kind == "activity_task_scheduled_event_attributes":
+            a = ev.activity_task_scheduled_event_attributes
+            name = a.activity_type.name
+            scheduled[ev.event_id] = name
+            payloads = list(a.input.payloads)
+            if name == STEP_DECISION:
+                d = StepDecisionInput.model_validate_json(payloads[0].data)
+                items.append(
+                    Step(
+                        index=next_index,
+                        activity_type=d.activity_type,
+                        input_sha256=d.input_sha256,
+                        result_sha256=d.result_sha256,
+                        status=StepStatus.completed if d.result_b64 else StepStatus.blocked,
+                        run_id=run_id,
+                        origin=d.decision,
+                        label=f"{d.activity_type} [{d.decision} by policy {d.policy}]",
+                        result_b64=d.result_b64,
+                    )
+                )
+                next_index += 1
+                continue
+            if name.startswith(INTERNAL_PREFIX):
+                continue
+            step = _Own(
+                index=next_index,
+                activity_type=name,
+                input_sha256=digest_payloads(payloads),
+                label=_label(name, payloads),
+                scheduled_s=_seconds(ev),
+            )
+            own[ev.event_id] = step
+            items.append(step)
+            next_index += 1
+        elif kind == "activity_task_completed_event_attributes":
+            c = ev.activity_task_completed_event_attributes
+            results = list(c.result.payloads)
+            mine = own.get(c.scheduled_event_id)
+            if mine is None:
+                # a ForkLab activity: the inherited prefix arrives in fetch_prefix results
+                if results and scheduled.get(c.scheduled_event_id) == FETCH_PREFIX:
+                    page = PrefixPage.model_validate_json(results[0].data)
+                    items.extend(
+                        s.model_copy(update={"origin": StepOrigin.inherited}) for s in page.steps
+                    )
+                    next_index = base_step + len(items) + 1
+                continue
+            mine.status = StepStatus.completed
+            mine.result_sha256 = digest_payloads(results)
+            mine.result_b64 = _b64(results[0]) if results else None
+            mine.duration_ms = (_seconds(ev) - mine.scheduled_s) * 1000
+        elif kind in (
+            "activity_task_failed_event_attributes",
+            "activity_task_timed_out_event_attributes",
+            "activity_task_canceled_event_attributes",
+        ):
+            mine = own.get(getattr(ev, kind).scheduled_event_id)
+            if mine is not None:
+                mine.status = StepStatus.failed
+        elif kind in _OTHER_INPUTS:
+            others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=next_index - 1))
+        elif kind == "marker_recorded_event_attributes":
+            name = ev.marker_recorded_event_attributes.marker_name
+            if name == "core_local_activity":
+                others.append(PrefixEvent(kind="local activity", after_step=next_index - 1))
+    steps = [
+        item
+        if isinstance(item, Step)
+        else Step(
+            index=item.index,
+            activity_type=item.activity_type,
+            input_sha256=item.input_sha256,
+            result_sha256=item.result_sha256,
+            status=item.status,
+            run_id=run_id,
+            duration_ms=item.duration_ms,
+            label=item.label,
+            result_b64=item.result_b64,
+        )
+        for item in items
+    ]
+    return steps, others
+
+
+def _json(p: Payload) -> Any:
+    try:
+        return json.loads(p.data)
+    except ValueError:
+        return None
+
+
+class ClosedRuns:
+    """Parsed runs that have closed, least recently used out past ``max_bytes`` of
+    results: a closed run's history never changes, so forks of one parent run (several
+    steps, several interventions) read and parse it once per process. A run still running
+    is never kept."""
+
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._runs: OrderedDict[tuple[str, str, int], tuple[RunRecord, int]] = OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+
+    def get(self, workflow_id: str, run_id: str, base_step: int) -> RunRecord | None:
+        key = (workflow_id, run_id, base_step)
+        found = self._runs.get(key)
+        if found is None:
+            return None
+        self._runs.move_to_end(key)
+        self.hits += 1
+        return dataclasses.replace(found[0])
+
+    def put(self, rec: RunRecord, base_step: int) -> None:
+        if not rec.closed:
+            return
+        size = sum(len(s.result_b64 or "") + 400 for s in rec.steps)
+        key = (rec.workflow_id, rec.run_id, base_step)
+        if size > self.max_bytes or key in self._runs:
+            return
+        self._runs[key] = (dataclasses.replace(rec), size)
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            _, (_, dropped) = self._runs.popitem(last=False)
+            self._bytes -= dropped
+
+
+def summarize(rec: RunRecord, start: RunStart) -> RunSummary:
+    return RunSummary(
+        run_id=rec.run_id,
+        steps=len(rec.steps),
+        previous_run_id=rec.previous_run_id,
+        fork_base_step=start.base_step,
+        marker_json=rec.marker.model_dump_json() if rec.marker else None,
+        receipt_json=rec.receipt.model_dump_json() if rec.receipt else None,
+    )
+
+
+def chain_steps(chain: list[RunRecord]) -> list[Step]:
+    return [s for run in chain for s in run.steps]

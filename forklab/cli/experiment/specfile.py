@@ -1,0 +1,58 @@
+"""Reading a spec file from disk (the CLI's side of ``forklab.experiments.experiment.spec``)."""
+
+from __future__ import annotations
+
+import importlib
+import stat
+import sys
+from pathlib import Path
+
+from forklab.cli.errors import CliError
+from forklab.experiments.experiment.spec import (
+    MAX_SPEC_BYTES,
+    ExperimentSpec,
+    SpecError,
+    parse_spec,
+)
+
+#: Exit code for a spec that cannot be run (bad input).
+SPEC_EXIT = 2
+
+
+def add_import_roots(spec_file: Path) -> None:
+    """Put the spec file's folder, then the current folder, first on the import path: a
+    workload named by import path is found beside its spec or where forklab runs (then on
+    ``PYTHONPATH``), and bundled from there for the workers (docs/workloads.md)."""
+    for folder in (Path.cwd(), spec_file.resolve().parent):
+        entry = str(folder)
+        if entry in sys.path:
+            sys.path.remove(entry)
+        sys.path.insert(0, entry)
+    importlib.invalidate_caches()
+
+
+def load_spec(path: str) -> ExperimentSpec:
+    file = Path(path)
+    try:
+        if not stat.S_ISREG(file.stat().st_mode):
+            raise CliError(f"{path}: not a regular file; pass a .yaml or .json spec", SPEC_EXIT)
+        with file.open("rb") as handle:  # never more than a spec may weigh (/dev/zero…)
+            data = handle.read(MAX_SPEC_BYTES + 1)
+        if len(data) > MAX_SPEC_BYTES:
+            raise CliError(
+                f"{path}: larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is small", SPEC_EXIT
+            )
+        text = data.decode("utf-8")
+    except FileNotFoundError:
+        raise CliError(
+            f"{path}: no such spec file; pass the path to a .yaml or .json spec", SPEC_EXIT
+        ) from None
+    except UnicodeDecodeError:
+        raise CliError(f"{path}: not UTF-8 text; a spec is YAML or JSON", SPEC_EXIT) from None
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read the spec ({exc.strerror})", SPEC_EXIT) from None
+    add_import_roots(file)
+    try:
+        return parse_spec(text, path)
+    except SpecError as exc:
+        raise CliError(str(exc), SPEC_EXIT) from None

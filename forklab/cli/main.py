@@ -1,0 +1,133 @@
+"""The ``forklab`` command: one entry point, one sub-command per operator action."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import NoReturn
+
+from forklab.cli.errors import CliError
+from forklab.cli.terminal import visible_output
+
+#: Every module that registers sub-commands: the module, its function that registers them,
+#: and the commands it registers, in the order ``forklab --help`` lists them.
+#: ``tests/test_cli_imports.py`` checks that this says what the modules register.
+REGISTRARS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("forklab.cli.experiment.plan_commands", "register", ("schema", "plan")),
+    (
+        "forklab.cli.experiment.experiment_commands",
+        "register",
+        ("start", "bundle", "status", "cancel", "report"),
+    ),
+    ("forklab.cli.experiment.approval_commands", "register", ("approve", "sign", "reject")),
+    ("forklab.cli.service_commands", "register", ("server", "worker", "up", "down")),
+    ("forklab.cli.experiment.demo_command", "register", ("demo",)),
+    (
+        "forklab.cli.runfork.fork_commands",
+        "register",
+        ("fork", "steps", "diff", "trail", "outcome", "promote", "watch"),
+    ),
+    ("forklab.cli.runfork.agent_services", "register", ("agent-worker",)),
+    ("forklab.cli.doctor_command", "register", ("doctor",)),
+    ("forklab.cli.evals_command", "register", ("evals",)),
+    ("forklab.cli.runfork.workspace_command", "register_layers", ("layers",)),
+)
+#: Sub-command → the module and function that register it. ``forklab approve …`` imports
+#: ``forklab.cli.experiment.approval_commands`` and what it needs, and none of the other commands'
+#: modules (the worker, the analysis stack, the agent framework, the store clients): importing
+#: them all took longer than most commands take to run.
+COMMANDS: dict[str, tuple[str, str]] = {
+    name: (module, function) for module, function, names in REGISTRARS for name in names
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``forklab`` parser with every sub-command, or, for a ``command`` named in
+    ``COMMANDS``, with only the sub-commands its module registers. Help, usage and errors
+    for that command read the same either way: only the top-level parser lists the
+    commands (in ``forklab --help`` and "invalid choice" errors), and it is built whole
+    whenever the first word is not a command."""
+    parser = argparse.ArgumentParser(
+        prog="forklab",
+        description="Fork agent runs into counterfactual worlds; count rescues and harms.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    if command is not None and command in COMMANDS:
+        wanted = [COMMANDS[command]]
+    else:
+        wanted = [(module, function) for module, function, _ in REGISTRARS]
+    for module, function in wanted:
+        getattr(importlib.import_module(module), function)(sub)
+    return parser
+
+
+def dispatch(argv: Sequence[str] | None = None) -> int:
+    """Run one command in this process and return its exit code. Everything it prints
+    goes through ``forklab.cli.terminal.visible_output``."""
+    with visible_output():
+        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+
+
+def _dispatch(words: list[str]) -> int:
+    parser = build_parser(words[0] if words else None)
+    args = parser.parse_args(words)
+    try:
+        code: int = args.func(args)
+    except CliError as exc:
+        print(f"forklab: error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        print("forklab: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        _stop_writing()
+        return BROKEN_PIPE_EXIT
+    return code
+
+
+#: Exit code when the reader of our output went away (128 + SIGPIPE, as a shell reports).
+BROKEN_PIPE_EXIT = 141
+
+
+def _stop_writing() -> None:
+    """The reader of stdout went away (``forklab … | head -1``): what the command did is
+    done; send the rest of its output nowhere, so that flushing cannot fail again."""
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """The ``forklab`` executable: run the command, flush its output, and end the process
+    with ``os._exit``, skipping interpreter finalisation.
+
+    A command that talked to Temporal leaves the SDK's core runtime behind (Rust threads
+    that hold Python objects). Finalisation would run while those threads are alive; when
+    one of them then takes the GIL, CPython aborts the process (SIGABRT, "PyGILState_Release:
+    thread state ... must be current") after the command has already succeeded. Every file
+    a command writes is closed before it returns, so nothing is lost by skipping it.
+
+    An exception no command turned into an error sentence (a bug, or ``plan --debug``'s
+    workload traceback) is printed here, still through ``visible_output``: its message may
+    hold a workload's or a server's text.
+    """
+    try:
+        code = dispatch(argv)
+    except Exception:
+        with visible_output():
+            traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # the reader went away
+            stream.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

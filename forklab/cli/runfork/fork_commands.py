@@ -1,0 +1,224 @@
+"""``forklab fork|steps|diff|trail|outcome|promote|watch``: fork agent runs and decide
+between the forks. Thin shells over ``forklab.cli.runfork.agent_lab.AgentLab``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from forklab.activities.runfork.history_reads import RunNotFound
+from forklab.cli.errors import CliError
+from forklab.cli.ops_common import add_connection_flags, run, settings_from
+from forklab.cli.runfork.agent_lab import AgentLab, ForkError
+from forklab.cli.runfork.agent_services import agent_settings
+from forklab.experiments.runfork.policy import PolicyError, ToolPolicy, parse_policies
+from forklab.experiments.runfork.receipt import BoundaryMode
+
+BAD_INPUT = 2
+WATCH_POLL_SECONDS = 0.5
+
+
+async def _lab(args: argparse.Namespace) -> AgentLab:
+    settings = settings_from(args)
+    agent = agent_settings(settings)
+    try:
+        # a plain client: forks are started with the parent's raw input payloads, so the
+        # CLI needs neither the agent framework nor its converter (nor their import time)
+        client = await Client.connect(
+            settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
+        )
+    except RuntimeError as exc:
+        raise CliError(
+            f"cannot reach Temporal at {settings.address} ({str(exc).splitlines()[0]}); "
+            "start it with `forklab up`"
+        ) from None
+    return AgentLab(client, agent)
+
+
+def _guard(fn: Any) -> Any:
+    """Turn a bad request into one line and exit code 2."""
+
+    async def wrapped(args: argparse.Namespace) -> int:
+        try:
+            code: int = await fn(args)
+            return code
+        except (ForkError, RunNotFound, PolicyError) as exc:
+            raise CliError(str(exc).strip("'\""), code=BAD_INPUT) from None
+
+    return wrapped
+
+
+def _parse_intervention(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"--intervention is not valid JSON ({exc})", code=BAD_INPUT) from None
+    if not isinstance(value, dict):
+        raise CliError("--intervention must be a JSON object", code=BAD_INPUT)
+    return value
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+@_guard
+async def _fork(args: argparse.Namespace) -> int:
+    intervention = _parse_intervention(args.intervention)
+    policies: dict[str, ToolPolicy] = parse_policies(args.tool_policy or [])
+    lab = await _lab(args)
+    fork = await lab.fork(
+        args.run,
+        args.at_step,
+        name=args.name,
+        intervention=intervention,
+        model=args.model,
+        tool_policies=policies,
+        boundary=BoundaryMode(args.boundary),
+    )
+    print(
+        f"fork {fork.receipt.fork_workflow_id} started (workflow run {fork.handle.result_run_id})"
+    )
+    _print_json(fork.receipt.model_dump(mode="json"))
+    return 0
+
+
+@_guard
+async def _steps(args: argparse.Namespace) -> int:
+    lab = await _lab(args)
+    steps = await lab.steps(args.run)
+    print(f"{'step':>5}  {'origin':<9} {'status':<9} {'ms':>8}  input sha256  call")
+    for s in steps:
+        ms = f"{s.duration_ms:8.1f}" if s.duration_ms is not None else "       -"
+        print(
+            f"{s.index:>5}  {s.origin:<9} {s.status.value:<9} {ms}  {s.input_sha256[:12]}  "
+            f"{s.label or s.activity_type}"
+        )
+    return 0
+
+
+@_guard
+async def _diff(args: argparse.Namespace) -> int:
+    lab = await _lab(args)
+    d = await lab.diff(args.a, args.b)
+    print(f"common ancestor: {d.common_ancestor or '(none)'}")
+    print(f"divergence step: {d.divergence_step or '(none)'}")
+    for name, changes in (("added", d.diff.added), ("removed", d.diff.removed)):
+        for c in changes:
+            print(f"{name:>8} {c.path}")
+    for c in d.diff.changed:
+        print(f"{'changed':>8} {c.path}: {json.dumps(c.before)} -> {json.dumps(c.after)}")
+    return 0
+
+
+@_guard
+async def _trail(args: argparse.Namespace) -> int:
+    lab = await _lab(args)
+    _print_json(await lab.trail(args.run))
+    return 0
+
+
+@_guard
+async def _outcome(args: argparse.Namespace) -> int:
+    if args.score is not None and not math.isfinite(args.score):
+        raise CliError("--score must be a finite number", code=BAD_INPUT)
+    lab = await _lab(args)
+    await lab.steps(args.run)  # the run must exist
+    lab.outcome(args.run, args.label, args.score)
+    print(f"outcome of {args.run}: {args.label} (score {args.score})")
+    return 0
+
+
+@_guard
+async def _promote(args: argparse.Namespace) -> int:
+    lab = await _lab(args)
+    closed = await lab.promote(args.run)
+    print(f"promoted {args.run}; closed: {', '.join(closed) or '(none)'}")
+    return 0
+
+
+@_guard
+async def _watch(args: argparse.Namespace) -> int:
+    lab = await _lab(args)
+    await lab.is_closed(args.run)  # the run must exist
+    after = args.from_offset - 1
+    while True:
+        events = lab.watch(args.run, after)
+        for e in events:
+            print(json.dumps({"offset": e.offset, **e.event}, sort_keys=True), flush=True)
+            after = e.offset
+        if not args.follow:
+            break
+        if not events:
+            if await lab.is_closed(args.run) and not lab.watch(args.run, after):
+                break
+            await asyncio.sleep(WATCH_POLL_SECONDS)
+    print(f"next offset: {after + 1}")
+    return 0
+
+
+def _runner(fn: Any) -> Any:
+    return lambda args: run(lambda: fn(args))
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("fork", help="fork an agent run at a step into a new workflow")
+    p.add_argument("run", help="workflow id of the run to fork")
+    p.add_argument("--at-step", type=int, required=True, help="inherit steps 1..N")
+    p.add_argument("--name", help="workflow id of the fork (default: RUN--fork-XXXX)")
+    p.add_argument("--intervention", help="opaque JSON object the workflow may read")
+    p.add_argument("--model", help="swap the model of every live model call")
+    p.add_argument(
+        "--tool-policy",
+        action="append",
+        metavar="TOOL=POLICY",
+        help="auto|replay|block|live per tool, '*' for the default (repeatable)",
+    )
+    p.add_argument(
+        "--boundary", choices=[b.value for b in BoundaryMode], default=BoundaryMode.exact.value
+    )
+    add_connection_flags(p)
+    p.set_defaults(func=_runner(_fork))
+
+    p = sub.add_parser("steps", help="list the steps of an agent run")
+    p.add_argument("run")
+    add_connection_flags(p)
+    p.set_defaults(func=_runner(_steps))
+
+    p = sub.add_parser("diff", help="compare two runs' final states")
+    p.add_argument("a")
+    p.add_argument("b")
+    add_connection_flags(p)
+    p.set_defaults(func=_runner(_diff))
+
+    p = sub.add_parser("trail", help="lineage, receipts, policy decisions and ledger of a run")
+    p.add_argument("run")
+    add_connection_flags(p)
+    p.set_defaults(func=_runner(_trail))
+
+    p = sub.add_parser("outcome", help="record an outcome (append-only)")
+    p.add_argument("run")
+    p.add_argument("--label", required=True)
+    p.add_argument("--score", type=float)
+    add_connection_flags(p)
+    p.set_defaults(func=_runner(_outcome))
+
+    p = sub.add_parser("promote", help="promote a fork; its siblings are closed (append-only)")
+    p.add_argument("run")
+    add_connection_flags(p)
+    p.set_defaults(func=_runner(_promote))
+
+    p = sub.add_parser("watch", help="print a run's event log from an offset")
+    p.add_argument("run")
+    p.add_argument("--from", dest="from_offset", type=int, default=0, help="first offset")
+    p.add_argument("--follow", action="store_true", help="keep waiting until the run closes")
+    add_connection_flags(p)
+    p.set_defaults(func=_runner(_watch))

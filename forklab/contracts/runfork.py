@@ -1,0 +1,130 @@
+"""Messages between a fork's workflow (the interceptor) and the fork activities, and the
+fork marker a fork carries in its memo."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.experiments.runfork.receipt import BoundaryMode
+from forklab.experiments.runfork.steps import Step, StepOrigin
+
+#: Memo key of the fork marker (kept on continue-as-new with ``continued`` set: the later
+#: runs of a fork inherit nothing more, but keep its lineage, policies, model and
+#: intervention).
+MARKER_MEMO_KEY = "forklab_fork"
+#: Memo key the interceptor writes on every continue-as-new: the number of steps the
+#: chain made before the new run. It indexes the chain: the run holding step N is found
+#: from the runs' first events alone, without reading (or counting) earlier histories.
+BASE_STEP_MEMO_KEY = "forklab_base_step"
+#: Memo key of the receipt (a copy of what the fork receipt file says).
+RECEIPT_MEMO_KEY = "forklab_receipt"
+#: Activity header naming the lineage root, read by the effect ledger.
+LINEAGE_HEADER = "forklab-lineage-root"
+#: Activity header naming the step index of a call.
+STEP_HEADER = "forklab-step"
+#: ForkLab's own activities; they are not steps of a run.
+INTERNAL_PREFIX = "forklab."
+FETCH_PREFIX = "forklab.fetch_prefix"
+STEP_DECISION = "forklab.step_decision"
+#: Activity types whose input names a model, and the field: ``--model`` rewrites it on
+#: every live call (the OpenAI Agents SDK's model activity and ForkLab's chat call).
+MODEL_FIELDS = {"invoke_model_activity": "model_name", "chat_model": "model"}
+#: A step whose (JSON) result has this key says which sealed layer holds the run's
+#: workspace after it; a fork at step N starts from the last such layer at or before N.
+WORKSPACE_LAYER_FIELD = "workspace_layer"
+#: The error type of a call a fork refuses (block policy, replay miss).
+#: a memo marker that is no fork marker: the run fails instead of retrying its task
+
+
+class ModelSwap(BaseModel):
+    """From step ``after_step + 1`` on, live model calls use ``model``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    after_step: int = Field(ge=0)
+    model: str
+
+
+class ForkMarker(BaseModel):
+    """What makes a workflow a fork: read by the worker interceptor at start."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    parent_workflow_id: str
+    source_run_id: str
+    base_step: int = Field(ge=0)
+    at_step: int = Field(ge=0)
+    boundary: BoundaryMode
+    lineage_root: str
+    model: str | None = None
+    #: every swap along the lineage, oldest first (this fork's own last): a fork of a fork
+    #: must make the calls its parent made after the parent's own swap
+    model_swaps: list[ModelSwap] = Field(default_factory=list)
+    tool_policies: dict[str, ToolPolicy] = Field(default_factory=dict)
+    intervention: dict[str, Any] | None = None
+    #: a later run of the fork (it continued-as-new): nothing to inherit any more
+    continued: bool = False
+
+    def model_at(self, index: int) -> str | None:
+        """The model a call at step ``index`` uses (None: the workflow's own choice)."""
+        chosen = None
+        for swap in self.model_swaps:
+            if index > swap.after_step:
+                chosen = swap.model
+        return chosen
+
+
+class FetchPrefixInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    workflow_id: str
+    run_id: str
+    #: steps before this run of the chain (its own steps are numbered after them)
+    base_step: int = 0
+    #: the first step this page returns and the last step of the prefix (global indexes)
+    from_step: int
+    upto_step: int
+    max_bytes: int = 1_000_000
+
+
+class PrefixPage(BaseModel):
+    """Part of the prefix: inherited steps with their results; on the last page also the
+    parent's completed calls after the boundary (for ``auto``/``replay`` policies)."""
+
+    steps: list[Step]
+    next_step: int | None = None
+    recorded_after: list[Step] = Field(default_factory=list)
+
+
+class StepDecisionInput(BaseModel):
+    """A live call a fork did not run: served from the record, or blocked."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    activity_type: str
+    input_sha256: str
+    decision: StepOrigin
+    policy: str
+    result_b64: str | None = None
+    result_sha256: str | None = None
+
+
+class RunSummary(BaseModel):
+    """What locating a step needs of a run whose first event does not record its place in
+    the chain (a run continued-as-new by a worker without this interceptor's memo). Runs
+    that continued-as-new never change again, so their summaries may be cached."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    steps: int
+    previous_run_id: str | None
+    #: the run's own base when its first event records it (a fork's first run, a run the
+    #: fork interceptor continued-as-new); its steps are numbered after this
+    fork_base_step: int | None = None
+    marker_json: str | None = None
+    receipt_json: str | None = None

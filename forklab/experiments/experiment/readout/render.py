@@ -1,0 +1,69 @@
+"""The readout section of the report, in Markdown and in HTML (escaped: a model wrote it)."""
+
+from __future__ import annotations
+
+import html
+
+from forklab.experiments.experiment.readout.schema import ReadoutSource, ShownReadout
+from forklab.experiments.visible_text import visible
+
+
+def _origin(shown: ShownReadout) -> str:
+    if shown.source is ReadoutSource.model:
+        return f"Written by model `{shown.model}`; checked against the evidence packet."
+    return f"Deterministic readout: {shown.why}."
+
+
+def _line(text: str) -> str:
+    """A model's (or a workload's) text as one visible line: a line break in it would let
+    it start a heading or a table of the report's own, a control character rewrite the
+    reader's terminal."""
+    return visible(" ".join(text.split()))
+
+
+def readout_markdown(shown: ShownReadout) -> str:
+    r = shown.readout
+    lines = ["## Readout", "", f"*{_line(_origin(shown))}*", "", _line(r.summary), ""]
+    lines += [
+        f"- **{_line(f.world)}** ({f.verdict.value}): {_line(f.statement)}" for f in r.findings
+    ]
+    if r.caveats:
+        lines += ["", *[f"> {_line(c)}" for c in r.caveats]]
+    if shown.problems:
+        lines += ["", "Why the model's readout was rejected:", ""]
+        lines += [f"- {_line(p)}" for p in shown.problems]
+    return "\n".join(lines) + "\n"
+
+
+def readout_html(shown: ShownReadout) -> str:
+    r = shown.readout
+    e = html.escape
+    items = "".join(
+        f"<li><strong>{e(f.world)}</strong> ({e(f.verdict.value)}): {e(f.statement)}</li>"
+        for f in r.findings
+    )
+    parts = [
+        '<section id="readout"><h2>Readout</h2>',
+        f"<p><em>{e(_origin(shown))}</em></p>",
+        f"<p>{e(r.summary)}</p>",
+        f"<ul>{items}</ul>",
+        *(f"<blockquote>{e(c)}</blockquote>" for c in r.caveats),
+    ]
+    if shown.problems:
+        parts.append("<p>Why the model's readout was rejected:</p><ul>")
+        parts += [f"<li>{e(p)}</li>" for p in shown.problems]
+        parts.append("</ul>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def with_readout_markdown(markdown: str, shown: ShownReadout) -> str:
+    return markdown.rstrip("\n") + "\n\n" + readout_markdown(shown)
+
+
+def with_readout_html(page: str, shown: ShownReadout) -> str:
+    """The readout section inserted just before the page's closing ``</body>``."""
+    head, sep, tail = page.rpartition("</body>")
+    if not sep:
+        return page + readout_html(shown)
+    return head + readout_html(shown) + "\n" + sep + tail
