@@ -13,6 +13,8 @@ and the team read back from its recorded histories.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from typing import Any
 
 import pytest
 from agent_fixtures import Services, agent_settings
+from orchestration_lab import forklab
 from team_workflows import GreetingChild, GreetingParent, compose_greeting
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.service import RPCError
@@ -155,6 +158,30 @@ async def test_the_team_is_read_from_its_histories_and_cut_at_the_conclusion(
     # from the reviewer, following the edges back, the same team is found
     again = await read_team(team_lab.client, ids.reviewer)
     assert {m.workflow_id for m in again.members} == {m.workflow_id for m in team.members}
+
+
+async def test_forklab_team_prints_members_messages_and_the_cut(team_lab: TeamLab) -> None:
+    handles, _ = await team_lab.run("fast")
+    ids = handles.ids
+    env = {
+        **os.environ,
+        "FORKLAB_ADDRESS": team_lab.client.service_client.config.target_host,
+        "FORKLAB_HOME": str(team_lab.agent.home),
+    }
+    done = forklab(env, "team", ids.writer, "--at-step", "3", "--member", ids.researcher)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "members (3):" in out and "messages (3):" in out
+    assert f"signal        'findings'   {ids.researcher} (after step 3) -> {ids.writer}" in out
+    assert f"cut for {ids.researcher} at step 3:" in out
+    assert f"{ids.writer:<32} at step 0 of 2   moved back by signal:findings:" in out
+    as_json = forklab(env, "team", ids.researcher, "--json")
+    assert len(json.loads(as_json.stdout)["team"]["members"]) == 3
+    bad = forklab(env, "team", ids.researcher, "--at-step", "9")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().endswith("the step to cut it at must be 0..3")
+    missing = forklab(env, "team", "no-such-team-member")
+    assert missing.returncode == 2 and "no workflow 'no-such-team-member'" in missing.stderr
 
 
 async def test_named_members_bound_the_team_and_the_rest_is_outside(team_lab: TeamLab) -> None:
