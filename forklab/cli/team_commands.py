@@ -46,7 +46,7 @@ def _cut_lines(cut: TeamCut) -> list[str]:
         frozen = " (frozen)" if m.frozen else ""
         moved = f"   moved back by {', '.join(m.moved_by)}" if m.moved_by else ""
         lines.append(f"  {m.workflow_id:<32} {m.label()}{frozen}{moved}")
-    lines.append("messages across the cut:")
+    lines.append("what the cut does with each message:")
     for e in cut.edges:
         lines.append(f"  {e.message.id}: {e.status.value}, {e.treatment.value}")
     return lines
