@@ -167,9 +167,9 @@ class ResearcherWorkflow:
             await writer.signal("findings", findings)
         except Exception as exc:
             raise ApplicationError(
-                f"could not signal the writer {inp.writer!r} ({exc}); start the team with "
-                "start_team so that the writer runs first",
-                type=AgentErrorType.invalid_input,
+                f"could not signal the writer {inp.writer!r} ({exc}): it is not running "
+                "(start_team starts it before the researcher)",
+                type=AgentErrorType.team_member_unreachable,
                 non_retryable=True,
             ) from None
         return findings.model_dump()

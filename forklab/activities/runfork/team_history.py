@@ -167,7 +167,13 @@ class _Walker:
         elif kind == "activity_task_completed_event_attributes":
             c = ev.activity_task_completed_event_attributes
             if scheduled.get(c.scheduled_event_id) == FETCH_PREFIX and c.result.payloads:
-                page = PrefixPage.model_validate_json(c.result.payloads[0].data)
+                try:
+                    page = PrefixPage.model_validate_json(c.result.payloads[0].data)
+                except ValueError:
+                    raise TeamReadError(
+                        f"{m.workflow_id!r} holds a fork prefix ForkLab cannot read; "
+                        "leave it out of the team (--members)"
+                    ) from None
                 m.steps += len(page.steps)  # a fork's inherited steps
         elif kind == "signal_external_workflow_execution_initiated_event_attributes":
             out = ev.signal_external_workflow_execution_initiated_event_attributes
