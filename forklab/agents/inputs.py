@@ -27,6 +27,8 @@ class AgentErrorType(StrEnum):
     invalid_input = "invalid_input"
     #: the research pipeline's scorer failed the report
     low_quality_report = "low_quality_report"
+    #: a team member could not message another (not running, or not found)
+    team_member_unreachable = "team_member_unreachable"
 
 
 def checked_input(model: type[_M], value: object) -> _M:

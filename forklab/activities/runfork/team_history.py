@@ -1,0 +1,437 @@
+"""Reading a team out of recorded Temporal histories: which workflows a run signalled,
+updated or started as children, and which signalled, updated or started it — each message
+placed in both histories by position (``forklab.experiments.runfork.team_cut``).
+
+Links, as the histories record them:
+
+- a signal from a workflow: ``SignalExternalWorkflowExecutionInitiated`` in the sender
+  (target and name), ``WorkflowExecutionSignaled`` in the receiver, which names the
+  sending execution; the k-th such signal of a name from one sender to one receiver is
+  the k-th the receiver got from it;
+- an update: workflows send updates from activities (``team.send_update``), whose update
+  id names the sending activity (``forklab.contracts.team``); the receiver's
+  ``UpdateAccepted`` carries it, and the sender's step is the activity with that id;
+- a child: ``StartChildWorkflowExecutionInitiated`` in the parent, the child's start
+  naming its parent, and the parent's ``ChildWorkflowExecution{Completed,Failed,...}``.
+
+Anything else (a client's signal or update, a child or target outside the team) is a
+message with one end outside. Steps are counted as ForkLab numbers them (activity calls in
+scheduling order, a fork's inherited and decided steps included) across a continue-as-new
+chain. Everything read here comes from history and is treated as untrusted data: names
+and ids are kept as strings, never interpreted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from forklab.contracts.runfork import FETCH_PREFIX, INTERNAL_PREFIX, STEP_DECISION, PrefixPage
+from forklab.contracts.team import TEAM_UPDATE_ACTIVITY, TeamUpdateCall, parse_update_id
+from forklab.experiments.runfork.team_cut import (
+    Member,
+    Message,
+    MessageKind,
+    Position,
+    Team,
+)
+
+#: A team read by following edges stops growing here.
+MAX_MEMBERS = 100
+
+_CHILD_CLOSES = {
+    "child_workflow_execution_completed_event_attributes": "completed",
+    "child_workflow_execution_failed_event_attributes": "failed",
+    "child_workflow_execution_canceled_event_attributes": "canceled",
+    "child_workflow_execution_timed_out_event_attributes": "timed out",
+    "child_workflow_execution_terminated_event_attributes": "terminated",
+}
+_CLOSED = {
+    WorkflowExecutionStatus.COMPLETED,
+    WorkflowExecutionStatus.FAILED,
+    WorkflowExecutionStatus.CANCELED,
+    WorkflowExecutionStatus.TERMINATED,
+    WorkflowExecutionStatus.TIMED_OUT,
+}
+
+
+class TeamReadError(LookupError):
+    """A team that cannot be read; the message names the workflow."""
+
+
+@dataclass
+class _Send:
+    target: str
+    name: str
+    at: Position
+
+
+@dataclass
+class _Receipt:
+    sender: str | None
+    name: str
+    at: Position
+
+
+@dataclass
+class _UpdateCall:
+    """A ``team.send_update`` step: the update it sends, as its input names it."""
+
+    target: str
+    name: str
+    activity_id: str
+
+
+@dataclass
+class _Update:
+    update_id: str
+    name: str
+    accepted: Position
+    completed: Position | None = None
+
+
+@dataclass
+class _Child:
+    workflow_id: str
+    workflow_type: str
+    started: Position
+    closed: Position | None = None
+
+
+@dataclass
+class MemberHistory:
+    """What one member's history says about its messages."""
+
+    workflow_id: str
+    run_id: str
+    workflow_type: str
+    steps: int = 0
+    closed: bool = False
+    parent: str | None = None
+    sends: list[_Send] = field(default_factory=list)
+    received: list[_Receipt] = field(default_factory=list)
+    updates: list[_Update] = field(default_factory=list)
+    update_calls: list[_UpdateCall] = field(default_factory=list)
+    children: list[_Child] = field(default_factory=list)
+    #: activity id of an activity step -> the position its messages take
+    activity_positions: dict[str, Position] = field(default_factory=dict)
+    end: Position | None = None
+    #: workflows this one names in its messages (to follow when finding a team)
+    neighbours: set[str] = field(default_factory=set)
+
+
+class _Walker:
+    """Counts steps and places message events while one chain's events go by."""
+
+    def __init__(self, member: MemberHistory) -> None:
+        self.m = member
+        self.gap: dict[int, int] = defaultdict(int)
+
+    def here(self) -> Position:
+        pos = Position(after_step=self.m.steps, seq=self.gap[self.m.steps])
+        self.gap[self.m.steps] += 1
+        return pos
+
+    def step(self, activity_id: str | None = None) -> None:
+        if activity_id is not None:
+            # an activity's messages sit after what the member saw before scheduling it
+            at = Position(after_step=self.m.steps, seq=self.gap[self.m.steps])
+            self.m.activity_positions[activity_id] = at
+        self.m.steps += 1
+
+    def _update_call(self, data: bytes, activity_id: str) -> None:
+        try:
+            call = TeamUpdateCall.model_validate_json(data)
+        except ValueError:
+            return  # not ForkLab's form: the receiver's history still names the sender
+        self.m.update_calls.append(_UpdateCall(call.target, call.update, activity_id))
+        self.m.neighbours.add(call.target)
+
+    def event(self, ev: HistoryEvent, scheduled: dict[int, str]) -> None:
+        kind = ev.WhichOneof("attributes")
+        m = self.m
+        if kind == "activity_task_scheduled_event_attributes":
+            a = ev.activity_task_scheduled_event_attributes
+            name = a.activity_type.name
+            scheduled[ev.event_id] = name
+            if name == STEP_DECISION:
+                self.step()
+            elif not name.startswith(INTERNAL_PREFIX):
+                self.step(a.activity_id)
+                if name == TEAM_UPDATE_ACTIVITY and a.input.payloads:
+                    self._update_call(a.input.payloads[0].data, a.activity_id)
+        elif kind == "activity_task_completed_event_attributes":
+            c = ev.activity_task_completed_event_attributes
+            if scheduled.get(c.scheduled_event_id) == FETCH_PREFIX and c.result.payloads:
+                try:
+                    page = PrefixPage.model_validate_json(c.result.payloads[0].data)
+                except ValueError:
+                    raise TeamReadError(
+                        f"{m.workflow_id!r} holds a fork prefix ForkLab cannot read; "
+                        "leave it out of the team (--members)"
+                    ) from None
+                m.steps += len(page.steps)  # a fork's inherited steps
+        elif kind == "signal_external_workflow_execution_initiated_event_attributes":
+            out = ev.signal_external_workflow_execution_initiated_event_attributes
+            target = out.workflow_execution.workflow_id
+            m.sends.append(_Send(target=target, name=out.signal_name, at=self.here()))
+            m.neighbours.add(target)
+        elif kind == "workflow_execution_signaled_event_attributes":
+            s = ev.workflow_execution_signaled_event_attributes
+            sender = s.external_workflow_execution.workflow_id or None
+            m.received.append(_Receipt(sender=sender, name=s.signal_name, at=self.here()))
+            if sender:
+                m.neighbours.add(sender)
+        elif kind == "workflow_execution_update_accepted_event_attributes":
+            req = ev.workflow_execution_update_accepted_event_attributes.accepted_request
+            up = _Update(update_id=req.meta.update_id, name=req.input.name, accepted=self.here())
+            m.updates.append(up)
+            caller = parse_update_id(up.update_id)
+            if caller is not None:
+                m.neighbours.add(caller.workflow_id)
+        elif kind == "workflow_execution_update_completed_event_attributes":
+            done = ev.workflow_execution_update_completed_event_attributes.meta.update_id
+            for up in m.updates:
+                if up.update_id == done and up.completed is None:
+                    up.completed = self.here()
+                    break
+        elif kind == "start_child_workflow_execution_initiated_event_attributes":
+            init = ev.start_child_workflow_execution_initiated_event_attributes
+            child = _Child(init.workflow_id, init.workflow_type.name, self.here())
+            m.children.append(child)
+            m.neighbours.add(init.workflow_id)
+        elif kind in _CHILD_CLOSES:
+            wid = getattr(ev, kind).workflow_execution.workflow_id
+            for child in m.children:
+                if child.workflow_id == wid and child.closed is None:
+                    child.closed = self.here()
+                    break
+
+
+async def read_member(client: Client, workflow_id: str) -> MemberHistory:
+    """One member's message events, across its continue-as-new chain (latest run last)."""
+    if client.data_converter.payload_codec is not None:
+        raise TeamReadError(
+            "payload codecs are not supported by the team reader yet; read teams with a "
+            "client without a codec"
+        )
+    try:
+        desc = await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:
+            raise TeamReadError(f"no workflow {workflow_id!r} in this namespace") from None
+        raise
+    runs: list[str] = []
+    run_id: str | None = desc.run_id
+    first_events: dict[str, HistoryEvent] = {}
+    while run_id:
+        runs.append(run_id)
+        async for ev in client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history_events(
+            page_size=1
+        ):
+            first_events[run_id] = ev
+            break
+        started = first_events[run_id].workflow_execution_started_event_attributes
+        run_id = started.continued_execution_run_id or None
+    runs.reverse()
+    first = first_events[runs[0]].workflow_execution_started_event_attributes
+    member = MemberHistory(
+        workflow_id=workflow_id,
+        run_id=desc.run_id,
+        workflow_type=first.workflow_type.name,
+        parent=first.parent_workflow_execution.workflow_id or None,
+    )
+    if member.parent:
+        member.neighbours.add(member.parent)
+    walker = _Walker(member)
+    for rid in runs:
+        scheduled: dict[int, str] = {}
+        history = await client.get_workflow_handle(workflow_id, run_id=rid).fetch_history()
+        for ev in history.events:
+            walker.event(ev, scheduled)
+    member.closed = desc.status in _CLOSED
+    if member.closed:
+        member.end = walker.here()
+    return member
+
+
+def link(histories: dict[str, MemberHistory]) -> Team:
+    """The team these members' histories make, every message placed in both."""
+    messages: list[Message] = []
+    # signals: the k-th (sender, receiver, name) send is the k-th such receipt
+    receipts: dict[tuple[str, str, str], list[Position]] = defaultdict(list)
+    for m in histories.values():
+        for r in m.received:
+            if r.sender in histories:
+                receipts[(r.sender, m.workflow_id, r.name)].append(r.at)
+            else:
+                messages.append(
+                    _message(MessageKind.signal, r.name, None, m.workflow_id, None, r.at)
+                )
+    for m in histories.values():
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for s in m.sends:
+            key = (m.workflow_id, s.target, s.name)
+            k = counts[(s.target, s.name)]
+            counts[(s.target, s.name)] += 1
+            got = receipts.get(key, [])
+            at = got[k] if k < len(got) else None
+            receiver = s.target if s.target in histories else None
+            messages.append(_message(MessageKind.signal, s.name, m.workflow_id, receiver, s.at, at))
+    # updates: the id names the sending activity
+    for m in histories.values():
+        for up in m.updates:
+            sender = parse_update_id(up.update_id)
+            caller = histories.get(sender.workflow_id) if sender is not None else None
+            call = (
+                caller.activity_positions.get(sender.activity_id)
+                if caller is not None and sender is not None
+                else None
+            )
+            if caller is None or call is None:
+                messages.append(
+                    _message(MessageKind.update, up.name, None, m.workflow_id, None, up.accepted)
+                )
+                continue
+            messages.append(
+                _message(
+                    MessageKind.update,
+                    up.name,
+                    caller.workflow_id,
+                    m.workflow_id,
+                    call,
+                    up.accepted,
+                )
+            )
+            if up.completed is not None:
+                messages.append(
+                    _message(
+                        MessageKind.update_result,
+                        up.name,
+                        m.workflow_id,
+                        caller.workflow_id,
+                        up.completed,
+                        call,
+                    )
+                )
+    # updates to workflows outside the team, as the sending step's input names them
+    for m in histories.values():
+        for uc in m.update_calls:
+            if uc.target not in histories:
+                at = m.activity_positions[uc.activity_id]
+                messages.append(
+                    _message(MessageKind.update, uc.name, m.workflow_id, None, at, None)
+                )
+    # children
+    for m in histories.values():
+        for c in m.children:
+            child = histories.get(c.workflow_id)
+            if child is None or child.parent != m.workflow_id:
+                messages.append(
+                    _message(
+                        MessageKind.child_start,
+                        c.workflow_type,
+                        m.workflow_id,
+                        None,
+                        c.started,
+                        None,
+                    )
+                )
+                continue
+            messages.append(
+                _message(
+                    MessageKind.child_start,
+                    c.workflow_type,
+                    m.workflow_id,
+                    child.workflow_id,
+                    c.started,
+                    Position(after_step=-1),
+                )
+            )
+            if child.end is not None:
+                messages.append(
+                    _message(
+                        MessageKind.child_result,
+                        c.workflow_type,
+                        child.workflow_id,
+                        m.workflow_id,
+                        child.end,
+                        c.closed,
+                    )
+                )
+    numbered = _number(messages)
+    members = [
+        Member(
+            workflow_id=m.workflow_id,
+            run_id=m.run_id,
+            workflow_type=m.workflow_type,
+            steps=m.steps,
+            closed=m.closed,
+        )
+        for m in histories.values()
+    ]
+    return Team(members=members, messages=numbered)
+
+
+def _message(
+    kind: MessageKind,
+    name: str,
+    sender: str | None,
+    receiver: str | None,
+    sent: Position | None,
+    received: Position | None,
+) -> Message:
+    return Message(
+        id="-",
+        kind=kind,
+        name=name,
+        sender=sender,
+        receiver=receiver,
+        sent_at=sent,
+        received_at=received,
+    )
+
+
+def _number(messages: list[Message]) -> list[Message]:
+    """Ids a person can read: ``kind:name#k:sender->receiver``."""
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for msg in messages:
+        ends = f"{msg.sender or '(outside)'}->{msg.receiver or '(outside)'}"
+        base = f"{msg.kind.value}:{msg.name}:{ends}"
+        seen[base] += 1
+        out.append(msg.model_copy(update={"id": f"{base}#{seen[base]}"}))
+    return out
+
+
+async def read_team(
+    client: Client, member: str, members: list[str] | None = None, max_members: int = MAX_MEMBERS
+) -> Team:
+    """The team of ``member``: exactly ``members`` (and ``member``) when given; otherwise
+    found by following every message edge from ``member``, up to ``max_members``."""
+    histories: dict[str, MemberHistory] = {}
+    named = [member, *(members or [])]
+    queue = list(named)
+    explicit = members is not None
+    while queue:
+        wid = queue.pop(0)
+        if wid in histories:
+            continue
+        if len(histories) >= max_members:
+            raise TeamReadError(
+                f"the team of {member!r} has more than {max_members} members; name them "
+                "with --members"
+            )
+        try:
+            histories[wid] = await read_member(client, wid)
+        except TeamReadError:
+            if wid in named:
+                raise
+            continue  # a neighbour that does not exist (a signal that failed): outside
+        if not explicit:
+            queue.extend(sorted(histories[wid].neighbours - set(histories)))
+    return link(histories)
