@@ -44,7 +44,7 @@ from forklab.workers.runfork.langgraph_worker import (
     langgraph_plugin,
     langgraph_task_queue,
 )
-from forklab.workflows.langgraph_inputs import LangGraphInputs
+from forklab.workflows.runfork.langgraph_inputs import LangGraphInputs
 
 NODES = ["support-graph.model", "support-graph.tools", "support-graph.model"]
 

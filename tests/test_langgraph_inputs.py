@@ -8,7 +8,7 @@ from typing import Any
 
 from temporalio.langgraph._activity import ActivityInput
 
-from forklab.workflows.langgraph_inputs import is_node_input, steady
+from forklab.workflows.runfork.langgraph_inputs import is_node_input, steady
 
 
 def _node_input(task: str, checkpoint: str, at: float) -> ActivityInput:

@@ -26,7 +26,7 @@ from forklab.workers.runfork.agent_worker import (
     openai_client,
 )
 from forklab.workers.stores import effect_ledger
-from forklab.workflows.langgraph_inputs import LangGraphInputs
+from forklab.workflows.runfork.langgraph_inputs import LangGraphInputs
 
 
 def langgraph_task_queue(agent: AgentSettings) -> str:
