@@ -230,8 +230,9 @@ async def test_two_concurrent_cli_approvals_each_print_their_own_outcome(
 
 
 async def test_the_temporal_cli_route_with_forklab_sign(lab: Lab) -> None:
-    """As the README shows: `temporal workflow start` without a key (the worker makes the
-    pair), then `temporal workflow update execute --input "$(forklab sign …)"`."""
+    """As docs/orchestration.md shows ("The same with the `temporal` CLI"): `temporal
+    workflow start` without a key (the worker makes the pair), then `temporal workflow
+    update execute --input "$(forklab sign …)"`."""
     env = cli_env(lab.settings)
     spec = make_spec(episodes=12)
     wid = workflow_id(spec.id)
