@@ -31,7 +31,7 @@ test: lint
 # only (mypy over the whole package takes longer than these tests).
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q -m "not durable"
+	$(VENV)/bin/pytest -q -n 2 -m "not durable"
 
 # Record tests/golden/ anew (after a deliberate change to a workflow: see docs/testing.md).
 golden: $(STAMP)
