@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench
+.PHONY: demo test test-fast golden lint bench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,17 @@ test: lint
 	@bash scripts/ensure-bubblewrap.sh
 	@bash scripts/ensure-postgres.sh
 	$(VENV)/bin/pytest -q
+
+# The pure tests (no server, worker, sandbox, process, database or mount; see
+# docs/testing.md) and the golden histories' offline replay, in well under a minute; ruff
+# only (mypy over the whole package takes longer than these tests).
+test-fast: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q -n 2 -m "not durable"
+
+# Record tests/golden/ anew (after a deliberate change to a workflow: see docs/testing.md).
+golden: $(STAMP)
+	$(VENV)/bin/python scripts/record_golden_histories.py
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/engine.py

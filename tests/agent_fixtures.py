@@ -1,9 +1,10 @@
-"""Fixtures for the agent-run tests: the local model server and the payments/mail service
-on free ports (real HTTP), a client with the OpenAI Agents plugin, and one agent worker per
-test on its own task queue, on the session's dev server."""
+"""What the agent-run fixtures (``conftest.py``) start: the local model server and the
+payments/mail service on free ports (real HTTP), a client with the OpenAI Agents plugin,
+and one agent worker per test on its own task queue, on the session's dev server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import urllib.request
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
@@ -48,8 +48,9 @@ def _serve(server: Any) -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
 
-@pytest.fixture(scope="session")
-def services() -> Iterator[Services]:
+@contextlib.contextmanager
+def running_services() -> Iterator[Services]:
+    """The ``services`` fixture (``conftest.py``): both servers on free ports."""
     model = ModelServer(("127.0.0.1", 0), seed=7)
     effects = EffectsService(("127.0.0.1", 0))
     _serve(model)
@@ -93,10 +94,11 @@ def agent_settings(services: Services, home: Path) -> AgentSettings:
     )
 
 
-@pytest.fixture
-async def agent_lab(
+@contextlib.asynccontextmanager
+async def running_agent_lab(
     temporal_env: WorkflowEnvironment, services: Services, tmp_path: Path
 ) -> AsyncIterator[AgentTestLab]:
+    """The ``agent_lab`` fixture (``conftest.py``): an agent worker on its own queue."""
     agent = agent_settings(services, tmp_path / "home")
     target = temporal_env.client.service_client.config.target_host
     settings = Settings.load({"address": target, "home": tmp_path / "home"}, env={})

@@ -3,19 +3,17 @@ watch host processes by a marker, and run a host script without CAP_SYS_ADMIN.""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from forklab.activities.sandbox import ExecResult, LocalSandboxBackend
-from forklab.activities.sandbox.workspace import Workspaces, mounts_under, unmount_under
 from tests.helpers import ROOT
 
 
@@ -80,20 +78,3 @@ def without_sys_admin(script: str, *args: str) -> subprocess.CompletedProcess[st
         cwd=ROOT,
         timeout=60,
     )
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Iterator[Path]:
-    """A scratch root whose mounts are undone in teardown, even when the test failed."""
-    yield tmp_path
-    left = mounts_under(tmp_path)
-    unmount_under(tmp_path)
-    assert left == [], f"the test left mounts behind: {left}"
-
-
-@pytest.fixture(params=["overlay", "copy"])
-def workspaces(request: pytest.FixtureRequest, root: Path) -> Workspaces:
-    """A layer store on overlay mounts (as root) and on plain copies."""
-    if request.param == "overlay" and os.geteuid() != 0:
-        pytest.skip("overlayfs mounts need root")
-    return Workspaces(root / "store", overlay=request.param == "overlay")
