@@ -40,7 +40,7 @@ from temporalio.worker import Worker
 from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.activities.runfork.history_events import ClosedRuns
 from forklab.activities.runfork.history_reads import locate_step, read_chain
-from forklab.contracts.runfork import INTERNAL_PREFIX
+from forklab.contracts.runfork import INTERNAL_PREFIX, fork_task_queue
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.workflows.runfork.interceptor import ForkInterceptor
 
@@ -76,13 +76,17 @@ async def main(depths: list[int], mid: bool, can_every: int, rounds: int) -> Non
     async with bench_env() as b:
         forks = ForkActivities(b.client)
         queue = b.agent.agent_task_queue
-        async with Worker(
-            b.client,
-            task_queue=queue,
+        # wired by hand (what ForkLabPlugin adds), to reach the fork activities' cache of
+        # closed runs: the cold rounds empty it
+        wiring = dict(
             workflows=[DepthWorkflow],
             activities=[tick, forks.fetch_prefix, forks.step_decision],
             interceptors=[ForkInterceptor()],
             max_concurrent_activities=50,
+        )
+        async with (
+            Worker(b.client, task_queue=queue, **wiring),  # type: ignore[arg-type]
+            Worker(b.client, task_queue=fork_task_queue(queue), **wiring),  # type: ignore[arg-type]
         ):
             rows: list[Row] = []
             for n in depths:

@@ -25,7 +25,6 @@ from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.runfork.agent_worker import (
     build_agent_worker,
     connect_agents,
-    ensure_run_fork_attributes,
 )
 from forklab.workers.runfork.effects_service import EffectsService
 from forklab.workers.runfork.model_server import ModelServer
@@ -103,7 +102,6 @@ async def running_agent_lab(
     target = temporal_env.client.service_client.config.target_host
     settings = Settings.load({"address": target, "home": tmp_path / "home"}, env={})
     client = await connect_agents(settings, agent)
-    await ensure_run_fork_attributes(client)
     async with build_agent_worker(client, agent, LedgerMode.ledger_query):
         yield AgentTestLab(
             lab=AgentLab(client, agent), client=client, agent=agent, services=services

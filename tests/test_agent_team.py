@@ -46,9 +46,10 @@ from forklab.experiments.runfork.team_cut import (
     Position,
     consistent_cut,
 )
+from forklab.temporal import ensure_search_attributes
 from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
-from forklab.workers.runfork.agent_worker import connect_agents, ensure_run_fork_attributes
+from forklab.workers.runfork.agent_worker import connect_agents
 from forklab.workers.runfork.team_worker import build_team_worker, team_task_queue
 
 
@@ -77,7 +78,7 @@ async def team_lab(
     target = temporal_env.client.service_client.config.target_host
     settings = Settings.load({"address": target, "home": tmp_path / "home"}, env={})
     client = await connect_agents(settings, agent)
-    await ensure_run_fork_attributes(client)
+    await ensure_search_attributes(client)
     async with build_team_worker(client, agent):
         yield TeamLab(client=client, agent=agent)
 

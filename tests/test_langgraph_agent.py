@@ -26,7 +26,6 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
-from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.agents.support_graph import SupportGraphInput, SupportGraphWorkflow
 from forklab.agents.tools import LedgerMode
 from forklab.cli.runfork.agent_lab import AgentLab
@@ -36,8 +35,7 @@ from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.runfork.agent_worker import (
     connect_agents,
-    ensure_run_fork_attributes,
-    fork_interceptors,
+    fork_plugin,
 )
 from forklab.workers.runfork.langgraph_worker import (
     build_langgraph_worker,
@@ -83,7 +81,6 @@ async def graph_lab(
     target = temporal_env.client.service_client.config.target_host
     settings = Settings.load({"address": target, "home": tmp_path / "home"}, env={})
     client = await connect_agents(settings, agent)
-    await ensure_run_fork_attributes(client)
     async with build_langgraph_worker(client, agent, LedgerMode.ledger_query):
         yield GraphLab(client, agent, settings, services, AgentLab(client, agent))
 
@@ -143,8 +140,11 @@ async def test_the_graph_forks_exactly_at_every_node(graph_lab: GraphLab) -> Non
     # a fork's history replays deterministically on a worker set up like this one
     replayer = Replayer(
         workflows=[SupportGraphWorkflow],
-        interceptors=[*fork_interceptors(graph_lab.agent), LangGraphInputs()],
-        plugins=[langgraph_plugin(graph_lab.agent, LedgerMode.ledger_query)],
+        interceptors=[LangGraphInputs()],
+        plugins=[
+            langgraph_plugin(graph_lab.agent, LedgerMode.ledger_query),
+            fork_plugin(graph_lab.agent),
+        ],
         data_converter=graph_lab.client.data_converter,
     )
     history = await graph_lab.client.get_workflow_handle(f"{parent.id}/at-2").fetch_history()
@@ -152,8 +152,10 @@ async def test_the_graph_forks_exactly_at_every_node(graph_lab: GraphLab) -> Non
     # and only there: without the steady inputs the served prefix no longer matches
     bare = Replayer(
         workflows=[SupportGraphWorkflow],
-        interceptors=fork_interceptors(graph_lab.agent),
-        plugins=[langgraph_plugin(graph_lab.agent, LedgerMode.ledger_query)],
+        plugins=[
+            langgraph_plugin(graph_lab.agent, LedgerMode.ledger_query),
+            fork_plugin(graph_lab.agent),
+        ],
         data_converter=graph_lab.client.data_converter,
     )
     with pytest.raises(Exception, match=r"fork_prefix_diverged|[Nn]ondetermin"):
@@ -181,14 +183,14 @@ async def test_without_steady_inputs_the_fork_is_refused_at_the_first_node(
     """The defence's own test: the same worker without ``LangGraphInputs``. (A fork at
     step 2 with the defence is ``test_the_graph_forks_exactly_at_every_node``.)"""
     queue = f"{langgraph_task_queue(graph_lab.agent)}-plain"
-    forks = ForkActivities(graph_lab.client)
     plain = Worker(
         graph_lab.client,
         task_queue=queue,
         workflows=[SupportGraphWorkflow],
-        activities=[forks.fetch_prefix, forks.step_decision],
-        interceptors=fork_interceptors(graph_lab.agent),
-        plugins=[langgraph_plugin(graph_lab.agent, LedgerMode.ledger_query)],
+        plugins=[
+            langgraph_plugin(graph_lab.agent, LedgerMode.ledger_query),
+            fork_plugin(graph_lab.agent),
+        ],
     )
     async with plain:
         parent, _ = await graph_lab.run(queue)

@@ -17,7 +17,6 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.agents.inputs import AgentErrorType
 from forklab.agents.research import ResearchInput, ResearchPipelineWorkflow
 from forklab.agents.tools import EffectTools, LedgerMode, ModelActivities
@@ -27,8 +26,7 @@ from forklab.contracts.runfork import MARKER_MEMO_KEY
 from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_worker import (
     connect_agents,
-    ensure_run_fork_attributes,
-    fork_interceptors,
+    fork_plugin,
     openai_client,
 )
 from forklab.workers.stores import effect_ledger
@@ -38,7 +36,6 @@ async def _agent_client(temporal_env: WorkflowEnvironment, home: Path, agent: An
     target = temporal_env.client.service_client.config.target_host
     settings = Settings.load({"address": target, "home": home}, env={})
     client = await connect_agents(settings, agent)
-    await ensure_run_fork_attributes(client)
     return client
 
 
@@ -63,7 +60,6 @@ async def test_a_fork_beside_its_parent_waits_for_the_parents_charge(
         crash_flag=hung,
         hang_seconds=4.0,
     )
-    forks = ForkActivities(client)
     models = ModelActivities(openai_client(agent))
     async with Worker(
         client,
@@ -72,10 +68,8 @@ async def test_a_fork_beside_its_parent_waits_for_the_parents_charge(
         activities=[
             models.chat_model,
             tools.charge_customer,
-            forks.fetch_prefix,
-            forks.step_decision,
         ],
-        interceptors=fork_interceptors(agent),
+        plugins=[fork_plugin(agent)],
     ):
         parent_id = f"parent-{uuid.uuid4().hex[:8]}"
         customer = f"c-{uuid.uuid4().hex[:8]}"

@@ -18,15 +18,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
-from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.activities.runfork.history_events import digest_payloads
 from forklab.activities.runfork.history_reads import locate_step
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.steps import prefix_sha256
-from forklab.workers.runfork.agent_worker import ensure_run_fork_attributes
-from forklab.workflows.runfork.interceptor import ForkInterceptor
+from forklab.temporal import ForkLabPlugin
 
 
 @dataclass
@@ -54,15 +52,13 @@ async def steps_lab(
         temporal_env.client.service_client.config.target_host,
         data_converter=pydantic_data_converter,
     )
-    await ensure_run_fork_attributes(client)
     agent = agent_settings(services, tmp_path / "home")
-    forks = ForkActivities(client)
     async with Worker(
         client,
         task_queue=agent.agent_task_queue,
         workflows=[StepsWorkflow],
-        activities=[echo, hold, forks.fetch_prefix, forks.step_decision],
-        interceptors=[ForkInterceptor()],
+        activities=[echo, hold],
+        plugins=[ForkLabPlugin(agent.run_log_path)],
     ):
         yield StepsLab(AgentLab(client, agent), client, agent.agent_task_queue)
 
@@ -90,7 +86,7 @@ async def test_fork_serves_the_prefix_and_replays_deterministically(steps_lab: S
     assert scheduled == ["forklab.fetch_prefix", "echo", "echo"]
     await Replayer(
         workflows=[StepsWorkflow],
-        interceptors=[ForkInterceptor()],
+        plugins=[ForkLabPlugin(steps_lab.lab.agent.run_log_path)],
         data_converter=pydantic_data_converter,
     ).replay_workflow(history)
     # without the interceptor the fork's history is not what the workflow code does
@@ -308,13 +304,12 @@ async def test_a_chain_without_step_counts_in_its_memo_is_located_by_counting(
         expected = await steps_lab.client.execute_workflow(
             StepsWorkflow.run, StepsInput(steps=9, can_every=3), id=wid, task_queue=queue
         )
-    forks = ForkActivities(steps_lab.client)
     async with Worker(
         steps_lab.client,
         task_queue=queue,
         workflows=[StepsWorkflow],
-        activities=[echo, forks.fetch_prefix, forks.step_decision],
-        interceptors=[ForkInterceptor()],
+        activities=[echo],
+        plugins=[ForkLabPlugin(steps_lab.lab.agent.run_log_path)],
     ):
         located = await locate_step(steps_lab.client, wid, 5)
         assert located.histories_read == 3 and not located.tail_only

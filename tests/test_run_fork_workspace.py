@@ -24,7 +24,6 @@ from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.activities.runfork.workspace import (
     WorkspaceStep,
     WorkspaceTools,
@@ -36,13 +35,12 @@ from forklab.agents.tools import LedgerMode
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError, workspace_layer_at
 from forklab.contracts.errors import ForkErrorType
 from forklab.experiments.runfork.steps import Step
+from forklab.temporal import ForkLabPlugin
 from forklab.workers.config import ENV, Settings
 from forklab.workers.runfork.agent_worker import (
     build_agent_worker,
     connect_agents,
-    ensure_run_fork_attributes,
 )
-from forklab.workflows.runfork.interceptor import ForkInterceptor
 
 WRITE = "workspace_write"
 
@@ -58,7 +56,6 @@ async def ws_lab(
     target = temporal_env.client.service_client.config.target_host
     settings = Settings.load({"address": target, "home": tmp_path / "home"}, env={})
     client = await connect_agents(settings, agent)
-    await ensure_run_fork_attributes(client)
     try:
         async with build_agent_worker(
             client, agent, LedgerMode.ledger_query, overlay=request.param
@@ -244,16 +241,14 @@ async def _files_worker(
         temporal_env.client.service_client.config.target_host,
         data_converter=pydantic_data_converter,
     )
-    await ensure_run_fork_attributes(client)
     agent = agent_settings(services, home)
     tools = WorkspaceTools(agent_workspaces_root(agent.home), overlay=False)
-    forks = ForkActivities(client)
     async with Worker(
         client,
         task_queue=agent.agent_task_queue,
         workflows=[FilesWorkflow],
-        activities=[echo, hold, tools.write, forks.fetch_prefix, forks.step_decision],
-        interceptors=[ForkInterceptor()],
+        activities=[echo, hold, tools.write],
+        plugins=[ForkLabPlugin(agent.run_log_path)],
     ):
         yield AgentLab(client, agent)
 

@@ -25,11 +25,11 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from forklab.cli.runfork.agent_lab import AgentLab
+from forklab.temporal import ensure_search_attributes
 from forklab.workers.config import ConfigError, Settings
 from forklab.workers.runfork.agent_worker import (
     agents_plugin,
     build_agent_worker,
-    ensure_run_fork_attributes,
 )
 from forklab.workers.versioning import (
     AGENTS,
@@ -209,7 +209,7 @@ async def test_an_agent_run_stays_on_its_build_and_its_fork_takes_the_newest(
         )
 
     v1_client, v2_client = await worker_client("v1"), await worker_client("v2")
-    await ensure_run_fork_attributes(v1_client)
+    await ensure_search_attributes(v1_client)
     v1 = worker_version(build("v1"), AGENTS)
     v2 = worker_version(build("v2"), AGENTS)
     assert v1 is not None and v2 is not None and v1.deployment_name == f"{deployment}-agents"

@@ -35,6 +35,18 @@ MODEL_FIELDS = {"invoke_model_activity": "model_name", "chat_model": "model"}
 #: A step whose (JSON) result has this key says which sealed layer holds the run's
 #: workspace after it; a fork at step N starts from the last such layer at or before N.
 WORKSPACE_LAYER_FIELD = "workspace_layer"
+#: Forks run on their parent's task queue with this suffix, which only workers with
+#: ``ForkLabPlugin`` poll: a worker without the fork interceptor would run the fork as an
+#: ordinary run, re-executing every inherited step live.
+FORK_QUEUE_SUFFIX = "@forklab"
+
+
+def fork_task_queue(queue: str) -> str:
+    """The queue a fork of a run recorded on ``queue`` starts on (a fork of a fork stays on
+    its parent's)."""
+    return queue if queue.endswith(FORK_QUEUE_SUFFIX) else queue + FORK_QUEUE_SUFFIX
+
+
 #: The error type of a call a fork refuses (block policy, replay miss).
 #: a memo marker that is no fork marker: the run fails instead of retrying its task
 

@@ -53,6 +53,7 @@ from forklab.contracts.runfork import (
     WORKSPACE_LAYER_FIELD,
     ForkMarker,
     ModelSwap,
+    fork_task_queue,
 )
 from forklab.experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
@@ -68,6 +69,7 @@ from forklab.experiments.runfork.receipt import (
 from forklab.experiments.runfork.steps import Step, StepOrigin
 from forklab.experiments.visible_text import visible
 from forklab.workers.runfork.agent_config import AgentSettings
+from forklab.workers.runfork.plugin import search_attributes_hint
 from forklab.workers.stores import effect_ledger
 from forklab.workflows.runfork.search_attributes import BOUNDARY, LINEAGE_ROOT, PARENT, RUN
 
@@ -278,7 +280,23 @@ class AgentLab:
     ) -> WorkflowHandle[Any, Any]:
         """Start the fork under a workflow id never used before: not as a second run of a
         closed workflow (an unrelated run's or an earlier fork's), whose history ``steps``,
-        ``diff`` and ``promote`` would then read as this fork's."""
+        ``diff`` and ``promote`` would then read as this fork's. It starts on the fork
+        queue of the parent's (``<queue>@forklab``), which only ``ForkLabPlugin`` workers
+        poll: no worker without the fork interceptor can run it as an ordinary run."""
+        try:
+            return await self._start_workflow(source, start_input, marker, receipt)
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.INVALID_ARGUMENT and "search attribute" in str(exc):
+                raise ForkError(search_attributes_hint(self.client.namespace)) from None
+            raise
+
+    async def _start_workflow(
+        self,
+        source: RunRecord,
+        start_input: list[Payload],
+        marker: ForkMarker,
+        receipt: ForkReceipt,
+    ) -> WorkflowHandle[Any, Any]:
         fork_id, parent = receipt.fork_workflow_id, marker.parent_workflow_id
         boundary = marker.boundary.value
         return await self.client.start_workflow(
@@ -286,7 +304,7 @@ class AgentLab:
             args=[RawValue(p) for p in start_input],
             id=fork_id,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            task_queue=source.task_queue,
+            task_queue=fork_task_queue(source.task_queue),
             memo={
                 MARKER_MEMO_KEY: marker.model_dump(mode="json"),
                 RECEIPT_MEMO_KEY: receipt.model_dump(mode="json"),

@@ -1,5 +1,6 @@
-"""The agent-run worker: the example agents, their model and tool activities, the fork
-activities and the fork interceptor, on a client with the OpenAI Agents plugin."""
+"""The agent-run worker: the example agents and their model and tool activities, made
+fork-capable by ``ForkLabPlugin`` (as any team's worker is), on a client with the OpenAI
+Agents plugin."""
 
 from __future__ import annotations
 
@@ -9,29 +10,20 @@ from datetime import timedelta
 
 from agents.models.openai_provider import OpenAIProvider
 from openai import AsyncOpenAI
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import (
-    AddSearchAttributesRequest,
-    ListSearchAttributesRequest,
-)
 from temporalio.client import Client
 from temporalio.common import WorkerDeploymentVersion
 from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
 from temporalio.worker import Worker
 
-from forklab.activities.runfork.fork_activities import ForkActivities
-from forklab.activities.runfork.run_context import RunContextInterceptor
 from forklab.activities.runfork.workspace import WorkspaceTools, agent_workspaces_root
-from forklab.activities.stores.run_log import RunLog
 from forklab.agents.research import ResearchPipelineWorkflow
 from forklab.agents.support import SupportAgentWorkflow
 from forklab.agents.tools import EffectTools, LedgerMode, ModelActivities
 from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
+from forklab.workers.runfork.plugin import ForkLabPlugin
 from forklab.workers.stores import effect_ledger
 from forklab.workers.versioning import AGENTS, announce, deployment_config, worker_version
-from forklab.workflows.runfork.interceptor import ForkInterceptor
-from forklab.workflows.runfork.search_attributes import RUN_FORK_KEYS
 
 AGENT_WORKFLOWS: list[type] = [ResearchPipelineWorkflow, SupportAgentWorkflow]
 MODEL_CALL_TIMEOUT = timedelta(seconds=60)
@@ -59,8 +51,9 @@ async def connect_agents(settings: Settings, agent: AgentSettings) -> Client:
     )
 
 
-def fork_interceptors(agent: AgentSettings) -> list[ForkInterceptor | RunContextInterceptor]:
-    return [ForkInterceptor(), RunContextInterceptor(RunLog(agent.run_log_path))]
+def fork_plugin(agent: AgentSettings) -> ForkLabPlugin:
+    """The plugin with this home's run log."""
+    return ForkLabPlugin(agent.run_log_path)
 
 
 def build_agent_worker(
@@ -76,7 +69,6 @@ def build_agent_worker(
     tools = EffectTools(agent.resolved_effects_url, effect_ledger(agent), mode)
     files = WorkspaceTools(agent_workspaces_root(agent.home), overlay=overlay)
     models = ModelActivities(openai_client(agent))
-    forks = ForkActivities(client)
     return Worker(
         client,
         task_queue=agent.agent_task_queue,
@@ -87,33 +79,14 @@ def build_agent_worker(
             tools.charge_customer,
             tools.send_email,
             files.write,
-            forks.fetch_prefix,
-            forks.step_decision,
         ],
-        interceptors=fork_interceptors(agent),
+        plugins=[fork_plugin(agent)],
     )
-
-
-async def ensure_run_fork_attributes(client: Client) -> None:
-    """Register the run/fork search attributes when the server lacks them."""
-    known = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=client.namespace)
-    )
-    missing = {
-        key.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
-        for key in RUN_FORK_KEYS
-        if key.name not in known.custom_attributes
-    }
-    if missing:
-        await client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
-        )
 
 
 async def run_agent_worker(settings: Settings, agent: AgentSettings) -> None:
     """Run until SIGINT or SIGTERM, then finish gracefully."""
     client = await connect_agents(settings, agent)
-    await ensure_run_fork_attributes(client)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,6 +1,7 @@
 """The worker of the LangGraph support agent: the workflow, its graph's nodes as
-activities through ``temporalio-langgraph``'s plugin, the fork activities and
-interceptors, and :class:`LangGraphInputs` after them so that forks see steady inputs.
+activities through ``temporalio-langgraph``'s plugin, ``ForkLabPlugin``, and
+:class:`LangGraphInputs` (the plugin puts the fork interceptor before it, so that forks
+see steady inputs).
 
 It polls a queue of its own (:func:`langgraph_task_queue`)."""
 
@@ -13,7 +14,6 @@ from temporalio.client import Client
 from temporalio.langgraph import LangGraphPlugin
 from temporalio.worker import Worker
 
-from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.agents.support_graph import GRAPH, SupportGraphWorkflow
 from forklab.agents.support_graph_nodes import SupportGraphNodes, support_graph
 from forklab.agents.tools import EffectTools, LedgerMode
@@ -21,8 +21,7 @@ from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.runfork.agent_worker import (
     connect_agents,
-    ensure_run_fork_attributes,
-    fork_interceptors,
+    fork_plugin,
     openai_client,
 )
 from forklab.workers.stores import effect_ledger
@@ -42,21 +41,18 @@ def langgraph_plugin(agent: AgentSettings, mode: LedgerMode) -> LangGraphPlugin:
 def build_langgraph_worker(
     client: Client, agent: AgentSettings, mode: LedgerMode = LedgerMode.ledger_query
 ) -> Worker:
-    forks = ForkActivities(client)
     return Worker(
         client,
         task_queue=langgraph_task_queue(agent),
         workflows=[SupportGraphWorkflow],
-        activities=[forks.fetch_prefix, forks.step_decision],
-        interceptors=[*fork_interceptors(agent), LangGraphInputs()],
-        plugins=[langgraph_plugin(agent, mode)],
+        interceptors=[LangGraphInputs()],
+        plugins=[langgraph_plugin(agent, mode), fork_plugin(agent)],
     )
 
 
 async def run_langgraph_worker(settings: Settings, agent: AgentSettings) -> None:
     """Run until SIGINT or SIGTERM, then finish gracefully."""
     client = await connect_agents(settings, agent)
-    await ensure_run_fork_attributes(client)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,6 +1,5 @@
 """The example team's worker: its three workflows, the model call and the team's messaging
-activity, with the fork activities and interceptors every fork-capable worker has (as
-``agent_worker`` builds them).
+activity, made fork-capable by ``ForkLabPlugin`` (as ``agent_worker`` is).
 
 It polls a queue of its own, :func:`team_task_queue`: a worker that lacks a workflow type
 must not share a queue with one that has it (its tasks for that type would fail there)."""
@@ -13,7 +12,6 @@ import signal
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.agents.team import TEAM_WORKFLOWS
 from forklab.agents.team_tools import TeamMessenger
 from forklab.agents.tools import ModelActivities
@@ -21,8 +19,7 @@ from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.runfork.agent_worker import (
     connect_agents,
-    ensure_run_fork_attributes,
-    fork_interceptors,
+    fork_plugin,
     openai_client,
 )
 
@@ -34,7 +31,6 @@ def team_task_queue(agent: AgentSettings) -> str:
 def build_team_worker(client: Client, agent: AgentSettings) -> Worker:
     models = ModelActivities(openai_client(agent))
     messenger = TeamMessenger(client)
-    forks = ForkActivities(client)
     return Worker(
         client,
         task_queue=team_task_queue(agent),
@@ -42,17 +38,14 @@ def build_team_worker(client: Client, agent: AgentSettings) -> Worker:
         activities=[
             models.chat_model,
             messenger.send_update,
-            forks.fetch_prefix,
-            forks.step_decision,
         ],
-        interceptors=fork_interceptors(agent),
+        plugins=[fork_plugin(agent)],
     )
 
 
 async def run_team_worker(settings: Settings, agent: AgentSettings) -> None:
     """Run until SIGINT or SIGTERM, then finish gracefully."""
     client = await connect_agents(settings, agent)
-    await ensure_run_fork_attributes(client)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
