@@ -149,16 +149,17 @@ async def _promote(args: argparse.Namespace) -> int:
 async def _watch(args: argparse.Namespace) -> int:
     lab = await _lab(args)
     await lab.is_closed(args.run)  # the run must exist
+    stream = await lab.run_stream(args.run)  # its latest chain's, not an earlier one's
     after = args.from_offset - 1
     while True:
-        events = lab.watch(args.run, after)
+        events = lab.watch(stream, after)
         for e in events:
             print(json.dumps({"offset": e.offset, **e.event}, sort_keys=True), flush=True)
             after = e.offset
         if not args.follow:
             break
         if not events:
-            if await lab.is_closed(args.run) and not lab.watch(args.run, after):
+            if await lab.is_closed(args.run) and not lab.watch(stream, after):
                 break
             await asyncio.sleep(WATCH_POLL_SECONDS)
     print(f"next offset: {after + 1}")
