@@ -25,6 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from forklab.activities.experiment.approval_keys import new_private_key, public_key_hex
 from forklab.activities.experiment.workload_bundles import ship_workload
+from forklab.activities.sandbox.jail import ALLOW_UNCONFINED, bubblewrap
 from forklab.activities.sandbox.local import LocalSandboxBackend
 from forklab.activities.stores.artifacts import LocalArtifactStore
 from forklab.activities.stores.ledger import SqliteLedger
@@ -142,12 +143,21 @@ def make_spec(**fields: Any) -> ExperimentSpec:
     return spec
 
 
+#: On a host without a working bubblewrap the tests' workers accept the confined-process
+#: fallback, as every test did before workers failed closed; where bwrap works it changes
+#: nothing. ``test_fail_closed.py`` hides bwrap and tests the default both ways.
+UNCONFINED_HERE = bubblewrap()[0] is None
+if UNCONFINED_HERE:
+    os.environ.setdefault(ALLOW_UNCONFINED, "1")  # for the `forklab` processes tests start
+
+
 def lab_settings(env: WorkflowEnvironment, home: Path) -> Settings:
     return Settings.load(
         {
             "address": env.client.service_client.config.target_host,
             "home": home,
             "task_queue": f"forklab-test-{uuid.uuid4().hex[:8]}",
+            "allow_unconfined_workloads": UNCONFINED_HERE,
         },
         env={},
     )

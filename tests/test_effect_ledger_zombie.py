@@ -31,6 +31,7 @@ from forklab.activities.stores.effect_ledger_postgres import PostgresEffectLedge
 from forklab.activities.stores.postgres import Conn, PostgresDatabase
 from forklab.agents.tools import EffectTools, LedgerMode
 from forklab.experiments.runfork.effects import ClaimOutcome, request_sha256
+from forklab.experiments.runfork.identity import effect_scope, lineage_root
 from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.stores import effect_ledger
@@ -253,15 +254,18 @@ async def test_zombie_completion_is_rejected_and_nothing_is_charged_twice(
         activities=[tools.charge_customer],
         interceptors=[ForkInterceptor()],
     ):
-        status = await client.execute_workflow(
+        handle = await client.start_workflow(
             ChargeOnceWorkflow.run, customer, id=customer, task_queue=queue
         )
-        assert status == "recovered"  # attempt 2 found the applied charge by its key
+        assert await handle.result() == "recovered"  # attempt 2 found the applied charge by its key
+        scope = effect_scope(
+            client.namespace, lineage_root(customer, handle.first_execution_run_id or "")
+        )
         for _ in range(100):  # wait for the zombie to wake up and try to complete
-            if any(e["event"] == "complete:rejected" for e in ledger.events(customer)):
+            if any(e["event"] == "complete:rejected" for e in ledger.events(scope)):
                 break
             await asyncio.sleep(0.1)
-    events = [(e["event"], e["epoch"]) for e in ledger.events(customer)]
+    events = [(e["event"], e["epoch"]) for e in ledger.events(scope)]
     assert events == [
         ("claim:new", 1),
         ("claim:ambiguous", 2),
@@ -274,5 +278,5 @@ async def test_zombie_completion_is_rejected_and_nothing_is_charged_twice(
         if e["kind"] == "charge" and e["params"]["customer"] == customer
     ]
     assert len(charges) == 1
-    (entry,) = ledger.entries(customer)
+    (entry,) = ledger.entries(scope)
     assert entry.epoch == 2 and entry.result is not None and entry.result["status"] == "recovered"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orchestration_lab import UNCONFINED_HERE
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -203,6 +204,7 @@ def _planning(tmp_path: Path, store: LocalArtifactStore) -> PlanningActivities:
         WorkloadCalls(tmp_path / "calls"),
         WorkloadBundles(store, tmp_path / "bundles"),
         store,
+        allow_unconfined=UNCONFINED_HERE,
     )
 
 

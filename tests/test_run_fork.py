@@ -71,7 +71,9 @@ async def test_fork_at_step_three_with_slow_model_and_blocked_charge(
     assert (await desc.memo_value("forklab_receipt"))["prefix_sha256"] == r.prefix_sha256
     attrs = {k.name: v for k, v in ((p.key, p.value) for p in desc.typed_search_attributes)}
     assert attrs["ForkLabParent"] == parent_id and attrs["ForkLabBoundary"] == "exact"
-    assert attrs["ForkLabLineageRoot"] == parent_id
+    # the lineage root is the parent chain's identity: its id and its first run id
+    first_run = (await agent_lab.lab.chain(parent_id))[0].run_id
+    assert attrs["ForkLabLineageRoot"] == f"{parent_id}@{first_run}"
     # the blocked charge is a visible step; the trail shows it and the ledger
     steps = await agent_lab.lab.steps(fork.handle.id)
     assert [s.origin for s in steps][:4] == ["inherited"] * 3 + ["blocked"]
@@ -112,7 +114,7 @@ async def test_auto_replays_the_inherited_charge_and_replay_miss_blocks(
     )
     assert (await live.handle.result())["invoice"]["status"] == "charged"
     assert agent_lab.charges() == charges
-    events = agent_lab.lab.ledger.events(parent_id)
+    events = agent_lab.lab.ledger.events(await agent_lab.lab.effect_scope(parent_id))
     assert any(e["event"] == "claim:replay" and live.handle.id in e["holder"] for e in events)
 
 
@@ -160,20 +162,21 @@ async def test_watch_resumes_mid_run_without_loss_or_duplicates(
     parent = await agent_lab.start_research(model="slow", fail_on_low_score=False)
     seen: list[int] = []
     events: list[dict[str, Any]] = []
+    stream = await agent_lab.lab.run_stream(parent.id)
     after = -1
     while not seen or len(seen) < 3:  # read part of the log while the run is going
-        for e in agent_lab.lab.watch(parent.id, after):
+        for e in agent_lab.lab.watch(stream, after):
             seen.append(e.offset)
             events.append(e.event)
             after = e.offset
         await asyncio.sleep(0.05)
     # a "disconnect": resume from the last offset once the run has finished
     await parent.result()
-    for e in agent_lab.lab.watch(parent.id, after):
+    for e in agent_lab.lab.watch(stream, after):
         seen.append(e.offset)
         events.append(e.event)
     assert seen == list(range(len(seen)))
-    assert agent_lab.lab.run_log.count(parent.id) == len(seen) == 12  # 6 steps x 2
+    assert agent_lab.lab.run_log.count(stream) == len(seen) == 12  # 6 steps x 2
     assert [e["kind"] for e in events].count("step_completed") == 6
 
 

@@ -95,7 +95,10 @@ async def test_a_fork_beside_its_parent_waits_for_the_parents_charge(
         if e["kind"] == "charge" and e["params"]["customer"] == customer
     ]
     assert len(charges) == 1
-    events = [(e["event"], e["holder"].split("/")[0]) for e in ledger.events(parent_id)]
+    events = [
+        (e["event"], e["holder"].split("/")[0])
+        for e in ledger.events(await AgentLab(client, agent).effect_scope(parent_id))
+    ]
     assert events[0] == ("claim:new", parent_id)
     assert ("claim:held", fork.receipt.fork_workflow_id) in events
     assert events[-2:] == [("complete", parent_id), ("claim:replay", fork.receipt.fork_workflow_id)]

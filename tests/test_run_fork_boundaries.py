@@ -234,7 +234,8 @@ async def test_exact_fork_inside_an_earlier_run_of_a_running_chain(steps_lab: St
     ]
     assert [t for t, _ in await _scheduled(later)] == ["echo", "forklab.step_decision"]
     assert fork_chain[1].marker is not None and fork_chain[1].marker.intervention == {"v": 2}
-    assert fork_chain[1].marker.lineage_root == wid
+    parent_first_run = (await steps_lab.lab.chain(wid))[0].run_id
+    assert fork_chain[1].marker.lineage_root == f"{wid}@{parent_first_run}"
     # a fork of the fork, inside its later run, is exact too
     grandchild = await steps_lab.lab.fork(fork.handle.id, 7, tool_policies=policies)
     assert grandchild.receipt.base_step == 6 and grandchild.receipt.lineage == [wid, fork.handle.id]

@@ -2,8 +2,8 @@
 
 ``chat_model`` calls any OpenAI-compatible endpoint with the ``openai`` client.
 ``charge_customer`` and ``email.send`` go to the payments/mail service through the effect
-ledger: key (lineage root, key name), request digest without volatile fields, claim token
-and attempt epoch; in the ambiguous window (claimed, no completion) a tool in
+ledger: key (namespace and lineage root, key name), request digest without volatile
+fields, claim token and attempt epoch; in the ambiguous window (claimed, no completion) a tool in
 ``ledger_query`` mode asks the service whether its key was applied before trying again.
 """
 
@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from forklab.activities.runfork.run_context import holder, lineage_root
+from forklab.activities.runfork.run_context import effect_scope, holder
 from forklab.activities.stores.effect_ledger import Claim, EffectLedger
 from forklab.contracts.errors import ForkErrorType
 from forklab.experiments.runfork.effects import ClaimOutcome, downstream_key, request_sha256
@@ -214,7 +214,7 @@ class EffectTools:
             return EffectResult(
                 key_name=key_name, effect_id=out["effect"]["effect_id"], status="applied", kind=kind
             )
-        root = lineage_root()
+        root = effect_scope()
         info = activity.info()
         ledger_key = f"{kind}:{key_name}"
         digest = request_sha256(params)

@@ -122,11 +122,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"worker: {'started' if worker else 'already running'} (logs {settings.logs_dir})")
     bwrap, why_not = bubblewrap()
     if bwrap is None:
-        print(
-            f"forklab: warning: {why_not}; sandboxes will run as confined processes and every "
-            "report says what that does not protect (docs/sandboxes.md)",
-            file=sys.stderr,
+        then = (
+            "sandboxes will run as confined processes and every report says what that does "
+            "not protect"
+            if settings.allow_unconfined_workloads
+            else "the worker runs no workload code, so every experiment fails before approval "
+            "(FORKLAB_ALLOW_UNCONFINED_WORKLOADS=1 accepts the confined-process fallback)"
         )
+        print(f"forklab: warning: {why_not}; {then} (docs/sandboxes.md)", file=sys.stderr)
     print(f"agent runs: {'started ' + ', '.join(agent_services) if agent_services else 'running'}")
     print(f"Web UI: {settings.ui_url}")
     print("stop them with `forklab down`")

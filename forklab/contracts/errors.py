@@ -24,6 +24,8 @@ class ExperimentErrorType(StrEnum):
     #: the workload broke its contract (state, features, outcome, determinism)
     workload_contract = "WorkloadContract"
     rehearsal_failed = "RehearsalFailed"
+    #: no working bubblewrap on the worker, and its policy does not allow the fallback
+    unconfined_refused = "UnconfinedRefused"
     #: the run failed before anyone approved it
     failed_before_approval = "FailedBeforeApproval"
     snapshot_unavailable = "SnapshotUnavailable"

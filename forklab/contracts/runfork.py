@@ -21,8 +21,11 @@ MARKER_MEMO_KEY = "forklab_fork"
 BASE_STEP_MEMO_KEY = "forklab_base_step"
 #: Memo key of the receipt (a copy of what the fork receipt file says).
 RECEIPT_MEMO_KEY = "forklab_receipt"
-#: Activity header naming the lineage root, read by the effect ledger.
+#: Activity header naming the lineage root (``forklab.experiments.runfork.identity``),
+#: read by the effect ledger.
 LINEAGE_HEADER = "forklab-lineage-root"
+#: Activity header naming the first run id of the calling chain: the run log's stream.
+CHAIN_HEADER = "forklab-chain"
 #: Activity header naming the step index of a call.
 STEP_HEADER = "forklab-step"
 #: ForkLab's own activities; they are not steps of a run.

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from forklab.activities.experiment.approval_keys import ALLOW_UNAPPROVED
+from forklab.activities.sandbox.jail import ALLOW_UNCONFINED
 
 
 class ConfigError(ValueError):
@@ -37,6 +38,7 @@ ENV = {
     "ui_port": "FORKLAB_UI_PORT",
     "max_sandboxes": "FORKLAB_MAX_SANDBOXES",
     "allow_unapproved": ALLOW_UNAPPROVED,
+    "allow_unconfined_workloads": ALLOW_UNCONFINED,
     "artifacts": "FORKLAB_ARTIFACTS",
     "ledger": "FORKLAB_LEDGER",
     "s3_endpoint": "FORKLAB_S3_ENDPOINT",
@@ -77,6 +79,12 @@ class Settings(BaseModel):
     allow_unapproved: bool = Field(
         default=False,
         description="Worker policy: may a spec's approval.required: false skip approval?",
+    )
+    allow_unconfined_workloads: bool = Field(
+        default=False,
+        description="Worker policy: without a working bubblewrap, may workload code run as "
+        "a process that can read and write whatever the worker can? (default: the "
+        "experiment fails before approval)",
     )
     artifacts: str = Field(
         default="",

@@ -13,6 +13,7 @@ from forklab.activities.experiment.workload_bundles import WorkloadBundleError, 
 from forklab.activities.heartbeat import heartbeat_until
 from forklab.activities.sandbox.base import SandboxError, WorkspaceBackend
 from forklab.activities.sandbox.confine import kill_group
+from forklab.activities.sandbox.jail import UnconfinedRefused, require_confinement
 from forklab.activities.sandbox.preflight import Preflight, SandboxUnavailableError
 from forklab.activities.sandbox.shared_snapshots import SharedSnapshots
 from forklab.activities.sandbox.workload_calls import (
@@ -132,8 +133,12 @@ class PlanningActivities:
         calls: WorkloadCalls,
         bundles: WorkloadBundles,
         store: ArtifactStore,
+        *,
+        allow_unconfined: bool = False,
     ) -> None:
         """``calls`` runs the rehearsal's workload code in a box, never in the worker;
+        ``allow_unconfined`` is the worker's policy for a host without bubblewrap (default:
+        the rehearsal, and so the experiment, fails before approval);
         ``snapshots`` prepares the snapshot and publishes it for workers on other hosts;
         ``bundles`` unpacks the workload bundle the experiment was started with;
         ``store`` keeps the prefixes a rehearsal hands over."""
@@ -142,6 +147,7 @@ class PlanningActivities:
         self._calls = calls
         self._bundles = bundles
         self._store = store
+        self._allow_unconfined = allow_unconfined
         self._indexes: dict[str, PrefixIndex] = {}
 
     async def _runner_files(self, spec: ExperimentSpec, bundle: str | None) -> list[BundleFile]:
@@ -159,6 +165,12 @@ class PlanningActivities:
         """Time the sandbox code path (prefix, then each world from the checkpoints) on the
         first ``sample_episodes`` episodes, in a box; a cancellation kills the box."""
         spec = inp.spec
+        try:
+            require_confinement(self._allow_unconfined)
+        except UnconfinedRefused as exc:
+            raise ApplicationError(
+                str(exc), type=ExperimentErrorType.unconfined_refused, non_retryable=True
+            ) from None
         n = spec.episodes if inp.sample_episodes == 0 else min(inp.sample_episodes, spec.episodes)
         files = await self._runner_files(spec, inp.workload_bundle)
         boxes: list[int] = []

@@ -98,6 +98,9 @@ class RunRecord:
     event_count: int = 0
     #: the run has closed (completed, failed, continued-as-new, …): its history is final
     closed: bool = False
+    #: the first run id of the chain (Temporal's ``first_execution_run_id``): with the
+    #: workflow id and namespace, the chain's identity that no later run shares
+    first_run_id: str = ""
 
 
 @dataclass
@@ -133,6 +136,8 @@ class RunStart:
     input: list[Payload]
     workflow_type: str
     task_queue: str
+    #: the first run id of the chain
+    first_run_id: str = ""
 
 
 def run_start(event: HistoryEvent, run_id: str) -> RunStart:
@@ -161,6 +166,7 @@ def run_start(event: HistoryEvent, run_id: str) -> RunStart:
         list(started.input.payloads),
         started.workflow_type.name,
         started.task_queue.name,
+        started.first_execution_run_id,
     )
 
 
@@ -188,6 +194,7 @@ def parse_run(
         receipt=receipt,
         previous_run_id=started.continued_execution_run_id or None,
         event_count=len(events),
+        first_run_id=started.first_execution_run_id,
     )
     rec.steps, rec.others = parse_events(events, base_step, run_id)
     last = events[-1]

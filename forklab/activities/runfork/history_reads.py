@@ -87,6 +87,13 @@ async def _describe_latest(client: Client, workflow_id: str) -> WorkflowExecutio
         raise
 
 
+async def latest_start(client: Client, workflow_id: str) -> RunStart:
+    """What the first event of ``workflow_id``'s latest run says (its chain's first run
+    id, its fork marker); ``RunNotFound`` when there is none."""
+    desc = await _describe_latest(client, workflow_id)
+    return run_start(await _first_event(client, workflow_id, desc.run_id), desc.run_id)
+
+
 async def read_chain(client: Client, workflow_id: str) -> list[RunRecord]:
     """Every run of a workflow's continue-as-new chain, oldest first, steps numbered
     across the chain; the last one carries the chain's status."""
@@ -258,6 +265,7 @@ async def _boundary_at_run_end(
         receipt=start.receipt,
         previous_run_id=start.previous_run_id,
         status="continued_as_new",
+        first_run_id=start.first_run_id,
     )
 
 

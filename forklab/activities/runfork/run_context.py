@@ -1,9 +1,11 @@
 """What an activity knows about the run that called it, and the run log it writes.
 
-The worker interceptor here reads the fork headers (lineage root, step index) into
-context variables for the effect ledger, and publishes each step's start and end to the
-run log. The producer is the activity execution and the epoch its attempt, so an attempt
-that outlived its successor (a zombie) cannot write after it.
+The worker interceptor here reads the fork headers (lineage root, chain, step index)
+into context variables for the effect ledger, and publishes each step's start and end to
+the run log. Both stores are keyed by an identity no later run shares (namespace and
+first run id, ``forklab.experiments.runfork.identity``), never by the bare workflow id.
+The producer is the activity execution and the epoch its attempt, so an attempt that
+outlived its successor (a zombie) cannot write after it.
 """
 
 from __future__ import annotations
@@ -21,17 +23,42 @@ from temporalio.worker import (
 )
 
 from forklab.activities.stores.run_log import RunLog
-from forklab.contracts.runfork import INTERNAL_PREFIX, LINEAGE_HEADER, STEP_DECISION, STEP_HEADER
+from forklab.contracts.runfork import (
+    CHAIN_HEADER,
+    INTERNAL_PREFIX,
+    LINEAGE_HEADER,
+    STEP_DECISION,
+    STEP_HEADER,
+)
+from forklab.experiments.runfork import identity
 
 _lineage_root: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "forklab_lineage_root", default=None
 )
+_chain: contextvars.ContextVar[str | None] = contextvars.ContextVar("forklab_chain", default=None)
 _step: contextvars.ContextVar[int | None] = contextvars.ContextVar("forklab_step", default=None)
 
 
-def lineage_root() -> str:
-    """The lineage root of the calling run (its own workflow id unless it is a fork)."""
-    return _lineage_root.get() or activity.info().workflow_id or ""
+def _first_run_id() -> str:
+    """The first run id of the calling chain; without the fork interceptor's header, the
+    calling run's own id (a chain then has one stream per run, still never shared)."""
+    return _chain.get() or activity.info().workflow_run_id or ""
+
+
+def effect_scope() -> str:
+    """The effect ledger's key of the calling run: its namespace (as the server says,
+    never the caller) and its lineage root (its chain's own unless it is a fork)."""
+    info = activity.info()
+    root = _lineage_root.get() or identity.lineage_root(info.workflow_id or "", _first_run_id())
+    return identity.effect_scope(info.workflow_namespace or "", root)
+
+
+def run_stream() -> str:
+    """The run log stream of the calling chain."""
+    info = activity.info()
+    return identity.run_stream(
+        info.workflow_namespace or "", info.workflow_id or "", _first_run_id()
+    )
 
 
 def holder() -> str:
@@ -55,15 +82,15 @@ class _RunContextInbound(ActivityInboundInterceptor):
     async def _publish(self, seq: int, event: dict[str, Any]) -> None:
         info = activity.info()
         producer = f"{info.workflow_run_id}/{info.activity_id}"
-        await asyncio.to_thread(
-            self._log.append, info.workflow_id or "", producer, info.attempt, seq, event
-        )
+        await asyncio.to_thread(self._log.append, run_stream(), producer, info.attempt, seq, event)
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         conv = default_converter().payload_converter
         root = input.headers.get(LINEAGE_HEADER)
         step = input.headers.get(STEP_HEADER)
+        chain = input.headers.get(CHAIN_HEADER)
         _lineage_root.set(conv.from_payload(root, str) if root is not None else None)
+        _chain.set(conv.from_payload(chain, str) if chain is not None else None)
         _step.set(conv.from_payload(step, int) if step is not None else None)
         info = activity.info()
         name = info.activity_type

@@ -107,6 +107,29 @@ def bubblewrap() -> tuple[str | None, str]:
     return path, ""
 
 
+#: The worker setting that lets workload code run without bubblewrap, named for what it
+#: gives up: the fallback process can read and write whatever the worker can.
+ALLOW_UNCONFINED = "FORKLAB_ALLOW_UNCONFINED_WORKLOADS"
+
+
+class UnconfinedRefused(Exception):
+    """This host has no working bubblewrap and the worker's policy does not allow running
+    workload code without it; the message is the sentence to show."""
+
+
+def require_confinement(allow_unconfined: bool) -> None:
+    """Fail closed: raise ``UnconfinedRefused`` unless bubblewrap works here or the
+    worker's policy explicitly accepts the confined-process fallback. Without bwrap a
+    hostile workload's box could write the host's ``/tmp`` and read ``FORKLAB_HOME``."""
+    bwrap, why_not = bubblewrap()
+    if bwrap is None and not allow_unconfined:
+        raise UnconfinedRefused(
+            f"this worker runs no workload code unconfined and {why_not} (Debian/Ubuntu: "
+            f"apt-get install bubblewrap); or set {ALLOW_UNCONFINED}=1 on the worker to run "
+            "it as a process that can read and write whatever the worker can"
+        )
+
+
 def _system_mounts() -> list[str]:
     args: list[str] = []
     for path in _SYSTEM:

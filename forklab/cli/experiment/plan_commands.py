@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from forklab.cli.errors import CliError
@@ -18,6 +19,15 @@ from forklab.runtime.workload import WorkloadError
 def cmd_schema(args: argparse.Namespace) -> int:
     print(json.dumps(json_schema(), indent=2))
     return 0
+
+
+#: What ``forklab plan`` says before anything else: it runs the workload's code in this
+#: process, with no sandbox (the durable path's workers refuse to, without bubblewrap).
+UNCONFINED_WARNING = (
+    "WARNING: forklab plan runs the workload's code unconfined, in this process, as you: it "
+    "can read and write whatever you can; plan only code you trust, and run anything else "
+    "with `forklab start` on a worker with bubblewrap"
+)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -50,6 +60,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); check workload.params",
             SPEC_EXIT,
         ) from None
+    # loud, and first (a failure says only its one sentence); --json keeps stdout for the
+    # report, so there it goes to stderr
+    print(UNCONFINED_WARNING, file=sys.stderr if args.json else sys.stdout, flush=True)
     workspace_files: dict[str, str] = {}
     if evidence is not None:  # a workload with files: what each world did to them
         section, workspace_files = evidence

@@ -38,7 +38,12 @@ from forklab.activities.runfork.history_events import (
     chain_steps,
     digest_payloads,
 )
-from forklab.activities.runfork.history_reads import RunNotFound, locate_step, read_chain
+from forklab.activities.runfork.history_reads import (
+    RunNotFound,
+    latest_start,
+    locate_step,
+    read_chain,
+)
 from forklab.activities.runfork.workspace import (
     agent_workspaces_root,
     collect_agent_layers,
@@ -55,6 +60,7 @@ from forklab.contracts.runfork import (
     ModelSwap,
     fork_task_queue,
 )
+from forklab.experiments.runfork import identity
 from forklab.experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
 from forklab.experiments.runfork.receipt import (
@@ -250,7 +256,9 @@ class AgentLab:
                 if boundary is not BoundaryMode.lineage_only
                 else 0,
                 boundary=boundary,
-                lineage_root=lineage[0],
+                lineage_root=first_marker.lineage_root
+                if first_marker is not None
+                else identity.lineage_root(run, located.source.first_run_id),
                 model=model,
                 model_swaps=inherited_swaps + own_swap,
                 tool_policies=policies,
@@ -418,7 +426,9 @@ class AgentLab:
             "lineage": lineage,
             "receipts": [r.model_dump(mode="json") for r in receipts],
             "policy_decisions": decisions,
-            "ledger": [e.model_dump(mode="json") for e in self.ledger.entries(lineage[0])],
+            "ledger": [
+                e.model_dump(mode="json") for e in self.ledger.entries(await self.effect_scope(run))
+            ],
             "decisions": self.registry.decisions(run),
         }
 
@@ -451,8 +461,26 @@ class AgentLab:
             raise
         return desc.close_time is not None
 
-    def watch(self, run: str, after: int = -1, limit: int = 1000) -> list[LogEvent]:
-        return self.run_log.read(run, after, limit)
+    async def effect_scope(self, run: str) -> str:
+        """The effect ledger's key of ``run``'s latest chain: this namespace and its lineage
+        root (its fork marker's, else the chain's own), never the bare workflow id, which
+        an earlier run of the same id, or a run in another namespace, may have used."""
+        start = await latest_start(self.client, run)
+        root = (
+            start.marker.lineage_root
+            if start.marker is not None
+            else identity.lineage_root(run, start.first_run_id)
+        )
+        return identity.effect_scope(self.client.namespace, root)
+
+    async def run_stream(self, run: str) -> str:
+        """The run log stream of ``run``'s latest chain (``RunNotFound`` if none)."""
+        start = await latest_start(self.client, run)
+        return identity.run_stream(self.client.namespace, run, start.first_run_id)
+
+    def watch(self, stream: str, after: int = -1, limit: int = 1000) -> list[LogEvent]:
+        """Events of a stream from :meth:`run_stream` after offset ``after``."""
+        return self.run_log.read(stream, after, limit)
 
 
 def _signature(s: Step) -> tuple[str, str, str | None, str]:

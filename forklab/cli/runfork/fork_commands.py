@@ -54,13 +54,36 @@ def _guard(fn: Any) -> Any:
     return wrapped
 
 
+#: The offsets ``watch --from`` accepts: what the run log (SQLite INTEGER) can hold.
+MAX_OFFSET = 2**63 - 1
+
+
+def _no_constant(name: str) -> Any:
+    """``NaN``, ``Infinity``, ``-Infinity``: Python's JSON reads them, JSON has no such
+    numbers, and a receipt would record them as ``null``."""
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _offset(text: str) -> int:
+    """``--from``: an offset from 0 to 2^63 - 1 (else one line, exit 2, not a traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise CliError(f"--from {text[:40]!r} is not a whole number", code=BAD_INPUT) from None
+    if not 0 <= value <= MAX_OFFSET:
+        raise CliError(f"--from: give an offset from 0 to {MAX_OFFSET}", code=BAD_INPUT)
+    return value
+
+
 def _parse_intervention(text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_no_constant)
     except ValueError as exc:
         raise CliError(f"--intervention is not valid JSON ({exc})", code=BAD_INPUT) from None
+    except RecursionError:
+        raise CliError("--intervention is nested too deeply", code=BAD_INPUT) from None
     if not isinstance(value, dict):
         raise CliError("--intervention must be a JSON object", code=BAD_INPUT)
     return value
@@ -147,18 +170,20 @@ async def _promote(args: argparse.Namespace) -> int:
 
 @_guard
 async def _watch(args: argparse.Namespace) -> int:
+    first = _offset(args.from_offset)
     lab = await _lab(args)
     await lab.is_closed(args.run)  # the run must exist
-    after = args.from_offset - 1
+    stream = await lab.run_stream(args.run)  # its latest chain's, not an earlier one's
+    after = first - 1
     while True:
-        events = lab.watch(args.run, after)
+        events = lab.watch(stream, after)
         for e in events:
             print(json.dumps({"offset": e.offset, **e.event}, sort_keys=True), flush=True)
             after = e.offset
         if not args.follow:
             break
         if not events:
-            if await lab.is_closed(args.run) and not lab.watch(args.run, after):
+            if await lab.is_closed(args.run) and not lab.watch(stream, after):
                 break
             await asyncio.sleep(WATCH_POLL_SECONDS)
     print(f"next offset: {after + 1}")
@@ -218,7 +243,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("watch", help="print a run's event log from an offset")
     p.add_argument("run")
-    p.add_argument("--from", dest="from_offset", type=int, default=0, help="first offset")
+    p.add_argument("--from", dest="from_offset", default="0", help="first offset")
     p.add_argument("--follow", action="store_true", help="keep waiting until the run closes")
     add_connection_flags(p)
     p.set_defaults(func=_runner(_watch))

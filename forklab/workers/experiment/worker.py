@@ -118,7 +118,14 @@ def build_activities(
     snapshots = SharedSnapshots(backend, store)
     calls = WorkloadCalls(settings.sandboxes_dir / "calls")
     bundles = WorkloadBundles(store, settings.home / "workload-bundles")
-    planning = PlanningActivities(snapshots, settings.max_sandboxes, calls, bundles, store)
+    planning = PlanningActivities(
+        snapshots,
+        settings.max_sandboxes,
+        calls,
+        bundles,
+        store,
+        allow_unconfined=settings.allow_unconfined_workloads,
+    )
     approval = ApprovalActivities(settings.home, settings.allow_unapproved)
     sandboxes = SandboxActivities(backend, store, snapshots)
     records = RecordActivities(store, ledger(settings), cpu, calls, bundles)

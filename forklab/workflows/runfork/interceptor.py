@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
 
     from forklab.contracts.runfork import (
         BASE_STEP_MEMO_KEY,
+        CHAIN_HEADER,
         FETCH_PREFIX,
         INTERNAL_PREFIX,
         LINEAGE_HEADER,
@@ -58,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         PrefixPage,
         StepDecisionInput,
     )
+    from forklab.experiments.runfork.identity import lineage_root
     from forklab.experiments.runfork.policy import Decision, decide, policy_for, uses_records
     from forklab.experiments.runfork.receipt import BoundaryMode
     from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
@@ -128,7 +130,8 @@ class _ForkInbound(WorkflowInboundInterceptor):
 
     async def execute_workflow(self, input: _ExecuteWorkflowInput) -> Any:
         state = self._state
-        state.lineage_root = workflow.info().workflow_id
+        info = workflow.info()
+        state.lineage_root = lineage_root(info.workflow_id, info.first_execution_run_id)
         marker = current_fork()
         state.base = _base_step(marker)
         if marker is not None:
@@ -220,6 +223,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         headers = dict(input.headers)
         headers[LINEAGE_HEADER] = conv.to_payloads([self._state.lineage_root])[0]
         headers[STEP_HEADER] = conv.to_payloads([index])[0]
+        headers[CHAIN_HEADER] = conv.to_payloads([workflow.info().first_execution_run_id])[0]
         return dataclasses.replace(input, headers=headers)
 
     def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
