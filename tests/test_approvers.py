@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from orchestration_lab import Lab, lab_settings, make_spec, signed
 from temporalio.client import WorkflowFailureError, WorkflowHandle
@@ -186,10 +187,10 @@ def test_the_approvers_file_is_read_whole_or_refused(tmp_path: Path) -> None:
     assert approver_policy(env) == ApproverPolicy(approvers=TEAM, requester_may_approve=False)
     assert approver_policy({}) == ApproverPolicy()  # the single-user default
     for text, why in [
-        (f"alice {TEAM[0].public_key[:-2]}\n", "line 1 of"),
-        (f"alice {TEAM[0].public_key} extra\n", "line 1 of"),
-        (f"al ice {TEAM[0].public_key}\n", "line 1 of"),
-        (f"alice {TEAM[0].public_key}\nalice {TEAM[1].public_key}\n", "line 2 of"),
+        (f"alice {TEAM[0].public_key[:-2]}\n", "line 1 is not"),
+        (f"alice {TEAM[0].public_key} extra\n", "line 1 is not"),
+        (f"al ice {TEAM[0].public_key}\n", "line 1 is not"),
+        (f"alice {TEAM[0].public_key}\nalice {TEAM[1].public_key}\n", "line 2 repeats"),
         (f"alice {TEAM[0].public_key}\nbob {TEAM[0].public_key}\n", "repeats a name or a key"),
         ("# nobody\n", "names no approver"),
     ]:
@@ -202,6 +203,29 @@ def test_the_approvers_file_is_read_whole_or_refused(tmp_path: Path) -> None:
         approver_policy({"FORKLAB_REQUESTER_MAY_APPROVE": "0"})
     with pytest.raises(ConfigError, match="use 1 or 0"):
         approver_policy({"FORKLAB_REQUESTER_MAY_APPROVE": "no"})
+    inline = f"alice {TEAM[0].public_key}; bob {TEAM[1].public_key}"
+    assert approver_policy({"FORKLAB_APPROVERS": inline}).approvers == TEAM
+    with pytest.raises(ConfigError, match="FORKLAB_APPROVERS: entry 2 is not"):
+        approver_policy({"FORKLAB_APPROVERS": "alice " + TEAM[0].public_key + "; bob"})
+    with pytest.raises(ConfigError, match="keep one"):
+        approver_policy({"FORKLAB_APPROVERS": inline, "FORKLAB_APPROVERS_FILE": str(good)})
+
+
+def test_the_compose_deployment_keeps_requesters_from_approving_their_own_plans() -> None:
+    """Its workers mount no file, so the approvers are a setting; the example's placeholder
+    stops a worker with a sentence until real keys replace it."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    env = compose["x-forklab-env"]
+    assert env["FORKLAB_REQUESTER_MAY_APPROVE"] == "0"
+    assert env["FORKLAB_APPROVERS"].startswith("${FORKLAB_APPROVERS:?")
+    example = dict(
+        line.split("=", 1)
+        for line in (ROOT / "deploy" / "example.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    policy_env = {**env, "FORKLAB_APPROVERS": example["FORKLAB_APPROVERS"]}
+    with pytest.raises(ConfigError, match="FORKLAB_APPROVERS: entry 1 is not"):
+        approver_policy(policy_env)
 
 
 def _forklab(*args: str) -> subprocess.CompletedProcess[str]:
