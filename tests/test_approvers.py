@@ -310,6 +310,11 @@ async def test_on_a_real_worker_only_another_registered_approver_approves(
         handle = await _start(lab, request, "alice", "sod")
         view = await lab.wait_for(handle, Stage.awaiting_approval)
         assert view.approval.requester == "alice" and len(view.approval.approvers) == 2
+        metadata = await handle.query("__temporal_workflow_metadata")
+        assert (  # the Web UI's details say who may approve
+            "- approval: pending by a registered approver (alice, bob); requested by alice, "
+            "who may not approve it" in metadata.current_details
+        )
         as_alice = settings.model_copy(update={"home": alice_home})
         as_bob = settings.model_copy(update={"home": bob_home})
         own = await approve(as_alice, "sod", "alice")
