@@ -1,7 +1,8 @@
 """The bounded readout: the real ``openai`` client against a local OpenAI-compatible server
-with crafted answers. A faithful readout is shown; one that invents a world, changes a
-number, flips a verdict or asks for compute is rejected for the deterministic one; an
-outage, a timeout or garbage never holds the report up."""
+with crafted answers. Faithful claims are shown (in ForkLab's words); claims that invent a
+world, change a number or flip a verdict, and prose or a request for compute (no field
+holds either), are rejected for the deterministic readout; an outage, a timeout or
+garbage never holds the report up. The lies of issue 35 are in ``test_readout_lies.py``."""
 
 from __future__ import annotations
 
@@ -19,20 +20,24 @@ from forklab.activities.stores.artifacts import LocalArtifactStore
 from forklab.cli.experiment.rehearsal import rehearse
 from forklab.cli.experiment.specfile import load_spec
 from forklab.contracts.experiment import AnalysisResult
-from forklab.experiments.experiment.readout.check import check_readout, world_counts
+from forklab.experiments.experiment.readout.check import check_readout
 from forklab.experiments.experiment.readout.fallback import deterministic_readout
 from forklab.experiments.experiment.readout.packet import (
     EvidencePacket,
     evidence_packet,
-    hypothesis_supported,
 )
 from forklab.experiments.experiment.readout.render import readout_markdown
 from forklab.experiments.experiment.readout.schema import (
+    Figure,
+    FigureName,
+    Finding,
     ModelReadout,
     ReadoutSource,
     ReadoutVerdict,
     ShownReadout,
+    WrittenReadout,
 )
+from forklab.experiments.experiment.readout.write import written_readout
 from forklab.experiments.experiment.report.model import Report
 from forklab.experiments.experiment.report.render_html import render_html
 from forklab.experiments.experiment.report.render_markdown import render_markdown
@@ -62,25 +67,27 @@ def server() -> Iterator[FakeOpenAI]:
 
 
 def faithful(packet: EvidencePacket) -> ModelReadout:
-    """A readout a careful model could write: other words, only the packet's facts."""
-    world = {w.name: w for w in packet.worlds}
+    """Claims a careful model could make: its own order and choice of figures, only the
+    packet's facts."""
+    direct = {d.world: d.direction for d in deterministic_readout(packet).claims}
     verdict = {v.world: v.verdict for v in packet.verdicts}
     pair = {c.world: c for c in packet.comparisons}
-    b, base = pair["broadcast"], world["baseline"]
-    summary = (
-        f"Across {len(packet.worlds)} worlds the baseline failed {base.failures} of "
-        f"{base.episodes} episodes; broadcast rescued {b.rescue} of them and harmed {b.harm}."
-    )
-    findings = [
+    world = {w.name: w for w in packet.worlds}
+    order = sorted(verdict, key=lambda name: -abs(pair[name].net))
+    claims = [
         {
             "world": name,
             "verdict": verdict[name],
-            "statement": f"Failure rate {world[name].failure_rate * 100:.1f}%, "
-            f"net {pair[name].net} against the baseline.",
+            "direction": direct[name],
+            "figures": [
+                {"name": "net", "value": pair[name].net},
+                {"name": "failure_rate", "value": round(world[name].failure_rate, 3)},
+                {"name": "ci_low", "value": pair[name].ci_low},
+            ],
         }
-        for name in ("broadcast", "latency", "placebo")
+        for name in order
     ]
-    return ModelReadout.model_validate({"summary": summary, "findings": findings})
+    return ModelReadout.model_validate({"claims": claims})
 
 
 def config(server: FakeOpenAI, timeout: float = 20.0) -> ReadoutConfig:
@@ -92,7 +99,7 @@ def config(server: FakeOpenAI, timeout: float = 20.0) -> ReadoutConfig:
 def test_deterministic_readout_passes_its_own_check(packet: EvidencePacket) -> None:
     readout = deterministic_readout(packet)
     assert check_readout(readout, packet) == []
-    assert {f.world for f in readout.findings} == {v.world for v in packet.verdicts}
+    assert {c.world for c in readout.claims} == {v.world for v in packet.verdicts}
 
 
 def _with_checks(packet: EvidencePacket, **passed: bool) -> EvidencePacket:
@@ -109,17 +116,17 @@ def test_deterministic_readout_keeps_validity_apart_from_the_hypothesis(
     validity = [c for c in packet.checks if c.kind is CheckKind.validity]
     assert all(c.passed for c in validity) and packet.valid
     assert [c.name for c in packet.checks if not c.passed] == ["effect_direction"]
-    summary = deterministic_readout(packet).summary
+    summary = written_readout(deterministic_readout(packet), packet).summary
     assert f"Valid experiment: all {len(validity)} validity checks passed." in summary
     assert "Hypothesis not supported: effect_direction failed" in summary
     assert "checks failed" not in summary
 
     supported = _with_checks(packet, effect_direction=True)
-    summary = deterministic_readout(supported).summary
+    summary = written_readout(deterministic_readout(supported), supported).summary
     assert "Hypothesis supported: every world moved as pre-registered." in summary
 
     invalid = _with_checks(packet, placebo_fidelity=False)
-    summary = deterministic_readout(invalid).summary
+    summary = written_readout(deterministic_readout(invalid), invalid).summary
     assert (
         f"Not a valid experiment: 1 of {len(validity)} validity checks failed "
         "(placebo_fidelity), so the effects are not evidence." in summary
@@ -141,7 +148,8 @@ async def ask(
 async def test_faithful_readout_is_shown(server: FakeOpenAI, packet: EvidencePacket) -> None:
     result = await ask(server, faithful(packet), packet)
     assert result.source is ReadoutSource.model, result.problems
-    assert result.readout == faithful(packet)
+    assert result.readout == written_readout(faithful(packet), packet)
+    assert [f.world for f in result.readout.findings] == [c.world for c in faithful(packet).claims]
     sent = server.requests[0]["body"]
     assert sent["model"] == "crafted"
     assert sent["response_format"]["type"] == "json_schema"
@@ -151,62 +159,68 @@ async def test_faithful_readout_is_shown(server: FakeOpenAI, packet: EvidencePac
 
 async def test_ninth_world_is_rejected(server: FakeOpenAI, packet: EvidencePacket) -> None:
     readout = faithful(packet)
-    extra = readout.findings[0].model_copy(update={"world": "broadcast-retry"})
-    invented = readout.model_copy(update={"findings": [*readout.findings, extra]})
+    extra = readout.claims[0].model_copy(update={"world": "broadcast-retry"})
+    invented = readout.model_copy(update={"claims": [*readout.claims, extra]})
     result = await ask(server, invented, packet)
     assert result.source is ReadoutSource.deterministic
     assert any("broadcast-retry" in p for p in result.problems), result.problems
-    assert result.readout == deterministic_readout(packet)
+    assert result.readout == written_readout(deterministic_readout(packet), packet)
 
 
-async def test_nine_worlds_in_words_is_rejected(server: FakeOpenAI, packet: EvidencePacket) -> None:
+async def test_a_left_out_or_repeated_world_is_rejected(
+    server: FakeOpenAI, packet: EvidencePacket
+) -> None:
+    """Claims that pass over a world (its harm, say) or repeat one are refused."""
     readout = faithful(packet)
-    summary = readout.summary.replace(f"Across {len(packet.worlds)} worlds", "Across 9 worlds")
-    assert 9 not in world_counts(packet)
-    assert summary != readout.summary
-    result = await ask(server, readout.model_copy(update={"summary": summary}), packet)
+    left_out = readout.model_copy(update={"claims": readout.claims[1:]})
+    result = await ask(server, left_out, packet)
     assert result.source is ReadoutSource.deterministic
-    assert any("speaks of 9 worlds" in p for p in result.problems), result.problems
+    assert any(f"leaves out judged worlds: {readout.claims[0].world}" in p for p in result.problems)
+    twice = readout.model_copy(update={"claims": [*readout.claims, readout.claims[0]]})
+    result = await ask(server, twice, packet)
+    assert any("makes 2 claims about" in p for p in result.problems), result.problems
 
 
 async def test_changed_number_is_rejected(server: FakeOpenAI, packet: EvidencePacket) -> None:
     readout = faithful(packet)
     rescue = next(c.rescue for c in packet.comparisons if c.world == "broadcast")
-    summary = readout.summary.replace(f"rescued {rescue}", f"rescued {rescue + 7}")
-    assert summary != readout.summary
-    result = await ask(server, readout.model_copy(update={"summary": summary}), packet)
+    claims = [
+        c.model_copy(update={"figures": [Figure(name=FigureName.rescue, value=rescue + 7)]})
+        if c.world == "broadcast"
+        else c
+        for c in readout.claims
+    ]
+    result = await ask(server, readout.model_copy(update={"claims": claims}), packet)
     assert result.source is ReadoutSource.deterministic
-    assert any(f"states {rescue + 7}" in p for p in result.problems), result.problems
+    assert any(
+        f"cites broadcast's rescue as {rescue + 7}; the packet says {rescue}" in p
+        for p in result.problems
+    ), result.problems
 
 
 async def test_flipped_verdict_is_rejected(server: FakeOpenAI, packet: EvidencePacket) -> None:
     readout = faithful(packet)
     flipped = [
-        f.model_copy(update={"verdict": ReadoutVerdict.refuted}) if f.world == "latency" else f
-        for f in readout.findings
+        c.model_copy(update={"verdict": ReadoutVerdict.refuted}) if c.world == "latency" else c
+        for c in readout.claims
     ]
-    result = await ask(server, readout.model_copy(update={"findings": flipped}), packet)
+    result = await ask(server, readout.model_copy(update={"claims": flipped}), packet)
     assert result.source is ReadoutSource.deterministic
     assert any("latency is refuted" in p for p in result.problems), result.problems
 
 
-async def test_flipped_verdict_in_words_is_rejected(
+async def test_prose_or_a_request_for_compute_is_no_readout(
     server: FakeOpenAI, packet: EvidencePacket
 ) -> None:
-    readout = faithful(packet)
-    caveat = "The latency world is refuted."
-    assert next(v.verdict for v in packet.verdicts if v.world == "latency") != "refuted"
-    result = await ask(server, readout.model_copy(update={"caveats": [caveat]}), packet)
-    assert result.source is ReadoutSource.deterministic
-    assert any("calls latency refuted" in p for p in result.problems), result.problems
-
-
-async def test_asking_for_compute_is_rejected(server: FakeOpenAI, packet: EvidencePacket) -> None:
-    readout = faithful(packet)
-    caveat = "Approve additional episodes to tighten the intervals."
-    result = await ask(server, readout.model_copy(update={"caveats": [caveat]}), packet)
-    assert result.source is ReadoutSource.deterministic
-    assert any("asks for compute" in p for p in result.problems), result.problems
+    """No field holds prose or a request: a summary, or a caveat asking for episodes, makes
+    the answer no readout at all, and none of its words reach the report."""
+    ask_more = "Approve additional episodes to tighten the intervals."
+    for extra in ({"summary": "All good."}, {"caveats": [ask_more]}):
+        answer = json.dumps({**faithful(packet).model_dump(mode="json"), **extra})
+        result = await ask(server, answer, packet)
+        assert result.source is ReadoutSource.deterministic
+        assert "not a readout" in result.why
+        assert ask_more not in result.model_dump_json()
 
 
 @pytest.mark.parametrize(
@@ -267,8 +281,8 @@ async def test_report_marks_which_readout_it_shows(
     by_model = await ReadoutActivities(store, config(server)).write_readout(analysis)
     assert by_model.readout == "model"
     md = store.get_bytes(by_model.markdown_digest).decode()
-    assert "## Readout" in md and "Written by model `crafted`" in md
-    assert faithful(packet).summary in md
+    assert "## Readout" in md and "Claims by model crafted, each checked" in md
+    assert written_readout(faithful(packet), packet).findings[0].statement in md
 
     offline = await ReadoutActivities(store, None).write_readout(analysis)
     assert offline.readout == "deterministic"
@@ -310,41 +324,13 @@ async def test_without_a_model_the_sdk_is_not_imported(
     assert shown.source is ReadoutSource.deterministic
 
 
-def test_a_verdict_word_must_belong_to_the_world_or_the_hypothesis_it_judges(
-    packet: EvidencePacket,
-) -> None:
-    """A sentence "It is supported." after one naming a world passed for that world's
-    verdict (the check compared verdict words only with a world named in the same one)."""
-    verdict = {v.world: v.verdict for v in packet.verdicts}
-    wrong = next(w for w in ("supported", "inconclusive", "refuted") if w != verdict["latency"])
-    unattached = f"The latency world was measured against baseline. It is {wrong}."
-    readout = faithful(packet).model_copy(update={"summary": unattached})
-    assert any(
-        "without naming the one world it judges" in p for p in check_readout(readout, packet)
-    )
-    pair = f"Both latency and broadcast are {wrong}."
-    both = faithful(packet).model_copy(update={"summary": pair})
-    if {verdict["latency"], verdict["broadcast"]} != {wrong}:
-        problems = check_readout(both, packet)
-        assert any(p.startswith("calls broadcast, latency ") for p in problems), problems
-    supported = hypothesis_supported(packet)
-    assert supported is not None
-    true = "The hypothesis is supported." if supported else "The hypothesis is not supported."
-    false = "The hypothesis is not supported." if supported else "The hypothesis is supported."
-    assert check_readout(faithful(packet).model_copy(update={"summary": true}), packet) == []
-    lie = check_readout(faithful(packet).model_copy(update={"summary": false}), packet)
-    assert any("judges the hypothesis" in p for p in lie), lie
-    assert packet.valid
-    invalid = faithful(packet).model_copy(update={"summary": "The experiment is invalid."})
-    assert check_readout(invalid, packet) == ["calls the experiment invalid; the packet's is valid"]
-
-
 def test_the_readout_is_one_visible_line_per_part(packet: EvidencePacket) -> None:
     """A summary holding a heading and a table (and a terminal escape) stood in report.md
     as the report's own."""
     forged = "Fine.\n\n## Verdicts\n\n| backup | **supported** |\x1b[2J"
-    readout = faithful(packet).model_copy(update={"summary": forged, "caveats": [forged]})
+    finding = Finding(world="w", verdict=ReadoutVerdict.supported, statement=forged)
+    readout = WrittenReadout(summary=forged, findings=[finding], caveats=[forged])
     shown = ShownReadout(readout=readout, source=ReadoutSource.model, model="m", why="")
     text = readout_markdown(shown)
     assert "\n## Verdicts" not in text and "\n| backup" not in text and "\x1b" not in text
-    assert "Fine. ## Verdicts | backup | **supported** |\\u001b[2J" in text
+    assert "Fine. ## Verdicts \\| backup \\| \\*\\*supported\\*\\* \\|\\\\u001b\\[2J" in text

@@ -26,6 +26,7 @@ REGISTRARS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("start", "bundle", "status", "cancel", "report"),
     ),
     ("forklab.cli.experiment.approval_commands", "register", ("approve", "sign", "reject")),
+    ("forklab.cli.experiment.keys_command", "register", ("keys",)),
     ("forklab.cli.service_commands", "register", ("server", "worker", "up", "down")),
     ("forklab.cli.experiment.demo_command", "register", ("demo",)),
     (

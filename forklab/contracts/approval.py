@@ -55,3 +55,24 @@ def verify(public_key: str, payload: bytes, signature: str) -> bool:
     except (ValueError, InvalidSignature):
         return False
     return True
+
+
+#: What a requester's signature over a start commits to (never an approval: the purposes differ).
+REQUEST_PURPOSE = "forklab-request-v1"
+
+
+def request_payload(
+    *, workflow_id: str, experiment_id: str, requested_by: str, requested_at: str
+) -> bytes:
+    """The exact bytes a requester signs when starting an experiment: who asks for which
+    workflow, when (ISO 8601). A worker whose policy keeps requesters from approving their
+    own plans reads the requester's identity from this signature, not from a name anyone
+    could type."""
+    body = {
+        "purpose": REQUEST_PURPOSE,
+        "workflow_id": workflow_id,
+        "experiment_id": experiment_id,
+        "requested_by": requested_by,
+        "requested_at": requested_at,
+    }
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()

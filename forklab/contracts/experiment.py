@@ -164,6 +164,22 @@ class PolicyInput(Model):
     experiment_id: str
 
 
+class RegisteredApprover(Model):
+    """One person the worker's policy lets approve: a name and an Ed25519 public key (hex)."""
+
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.@-]+$")
+    public_key: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class ApproverPolicy(Model):
+    """Who may approve on this worker: ``approvers`` empty means whoever holds the run's
+    key (the single-user default); otherwise only those keys, and the requester only when
+    ``requester_may_approve``."""
+
+    approvers: list[RegisteredApprover] = Field(default=[], max_length=1000)
+    requester_may_approve: bool = True
+
+
 class ApprovalPolicy(Model):
     skip_allowed: bool = Field(description="Whether this worker lets a spec skip approval.")
     reason: str

@@ -7,6 +7,7 @@ from forklab.contracts.experiment import (
     AnalyseInput,
     AnalysisResult,
     ApprovalPolicy,
+    ApproverPolicy,
     BatchInput,
     CapacityInput,
     CapacityVerdict,
@@ -34,6 +35,9 @@ from forklab.contracts.experiment import (
 # planning (no sandbox compute)
 APPROVAL_POLICY = ActivityRef[PolicyInput, ApprovalPolicy](
     "approval_policy", PolicyInput, ApprovalPolicy
+)
+APPROVER_POLICY = ActivityRef[PolicyInput, ApproverPolicy](
+    "approver_policy", PolicyInput, ApproverPolicy
 )
 ISSUE_APPROVAL_KEY = ActivityRef[KeyInput, KeyIssued]("issue_approval_key", KeyInput, KeyIssued)
 REHEARSE = ActivityRef[RehearseInput, Rehearsal]("rehearse", RehearseInput, Rehearsal)
@@ -68,6 +72,7 @@ LOG_EVIDENCE = ActivityRef[EvidenceInput, EvidenceLogResult](
 
 ALL = (
     APPROVAL_POLICY,
+    APPROVER_POLICY,
     ISSUE_APPROVAL_KEY,
     REHEARSE,
     RESOLVE_SNAPSHOT,

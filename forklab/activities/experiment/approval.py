@@ -6,6 +6,8 @@ private key owner-only under ``<home>/approval-keys/<workflow id>/<run id>.key``
 only the public key. Workload code never sees that folder: it runs in sandboxes that do not
 mount the ForkLab home. ``approval_policy`` tells the workflow whether this worker lets a
 spec skip approval (default: never); the spec alone cannot switch the approver off.
+``approver_policy`` tells it who may approve (``forklab.workers.experiment.approvers``
+reads that policy when the worker starts).
 """
 
 from __future__ import annotations
@@ -24,14 +26,32 @@ from forklab.activities.experiment.approval_keys import (
     read_private_key,
     write_private_key,
 )
-from forklab.contracts.experiment import ApprovalPolicy, KeyInput, KeyIssued, PolicyInput
-from forklab.contracts.experiment_activities import APPROVAL_POLICY, ISSUE_APPROVAL_KEY
+from forklab.contracts.experiment import (
+    ApprovalPolicy,
+    ApproverPolicy,
+    KeyInput,
+    KeyIssued,
+    PolicyInput,
+)
+from forklab.contracts.experiment_activities import (
+    APPROVAL_POLICY,
+    APPROVER_POLICY,
+    ISSUE_APPROVAL_KEY,
+)
 
 
 class ApprovalActivities:
-    def __init__(self, home: Path, allow_unapproved: bool) -> None:
+    def __init__(
+        self, home: Path, allow_unapproved: bool, approvers: ApproverPolicy | None = None
+    ) -> None:
         self._home = home
         self._allow_unapproved = allow_unapproved
+        self._approvers = approvers or ApproverPolicy()
+
+    @activity.defn(name=APPROVER_POLICY.name)
+    async def approver_policy(self, inp: PolicyInput) -> ApproverPolicy:
+        """Who may approve experiment ``inp.experiment_id`` on this worker."""
+        return self._approvers
 
     @activity.defn(name=ISSUE_APPROVAL_KEY.name)
     async def issue_approval_key(self, inp: KeyInput) -> KeyIssued:

@@ -48,6 +48,12 @@ def key_path(home: Path, workflow_id: str, run_id: str) -> Path:
     return home / "approval-keys" / _SAFE.sub("_", workflow_id) / f"{_SAFE.sub('_', run_id)}.key"
 
 
+def personal_key_path(home: Path) -> Path:
+    """Where ``forklab keys`` keeps a person's own key pair (as an approver registered in a
+    worker's ``FORKLAB_APPROVERS_FILE``, and as a requester whose starts it signs)."""
+    return home / "approver" / "approver.key"
+
+
 def write_private_key(path: Path, key: Ed25519PrivateKey) -> Path:
     """Write ``key`` (PEM, unencrypted) to an owner-only (0600) file, atomically; the
     folders above it are made owner-only (0700)."""

@@ -1,7 +1,8 @@
-"""The readout activity: ask an OpenAI-compatible model to phrase the evidence packet,
-check its answer against the packet, and show it — or the deterministic readout — in the
-report. Every failure of the model (no configuration, outage, timeout, refusal, garbage,
-an unfaithful answer) ends in the deterministic readout, within ``timeout_seconds``.
+"""The readout activity: ask an OpenAI-compatible model for its claims about the evidence
+packet, check them against the packet, and show them (or the deterministic claims) written
+out by ForkLab in the report: a model writes no sentence of it. Every failure of the model
+(no configuration, outage, timeout, refusal, garbage, an unfaithful claim) ends in the
+deterministic readout, within ``timeout_seconds``.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ from forklab.experiments.experiment.readout.fallback import deterministic_readou
 from forklab.experiments.experiment.readout.packet import EvidencePacket, evidence_packet
 from forklab.experiments.experiment.readout.render import with_readout_html, with_readout_markdown
 from forklab.experiments.experiment.readout.schema import ModelReadout, ReadoutSource, ShownReadout
+from forklab.experiments.experiment.readout.write import written_readout
 from forklab.experiments.experiment.report.model import Report
 
 _INSTRUCTIONS = (
-    "You write a short technical readout of a finished causal experiment. Use only the "
-    "evidence packet you are given: name only its worlds, copy each world's verdict exactly, "
-    "and state only numbers that appear in it. Do not recommend or request further runs, "
-    "compute or approvals. At most three sentences of summary and one finding per world."
+    "You read out a finished causal experiment from the evidence packet you are given. "
+    "Give one claim per world that has a verdict, most important first: its name exactly "
+    "as in the packet, its verdict exactly as in the packet, the direction its failure rate "
+    "moved against the baseline (lowered when the success difference's interval lies above "
+    "zero, raised when below, no_clear_change when it crosses zero), and the figures worth "
+    "citing with their values exactly as in the packet."
 )
 
 
@@ -78,7 +82,7 @@ class ReadoutActivities:
                 source=ReadoutSource.deterministic,
                 why=why,
                 model=config.model if config else None,
-                readout=deterministic_readout(packet),
+                readout=written_readout(deterministic_readout(packet), packet),
                 problems=problems or [],
             )
 
@@ -109,12 +113,12 @@ class ReadoutActivities:
             return fallback("the model gave no readout (refusal or empty answer)")
         problems = check_readout(answer, packet)
         if problems:
-            return fallback("the model's readout did not match the evidence", problems)
+            return fallback("the model's claims did not match the evidence", problems)
         return ShownReadout(
             source=ReadoutSource.model,
-            why="every world, number and verdict it names is in the evidence packet",
+            why="every world, direction, verdict and figure it claims is the evidence packet's",
             model=config.model,
-            readout=answer,
+            readout=written_readout(answer, packet),
         )
 
     @activity.defn(name=WRITE_READOUT.name)

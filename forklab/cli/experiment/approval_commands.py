@@ -5,8 +5,9 @@ exactly that (no polling a query, no reading someone else's attempt). ``approve`
 the gate's current challenge (experiment, workflow id and first run, plan fingerprint,
 nonce, approver) with the run's private key, kept owner-only under
 ``<home>/approval-keys/<workflow id>/<run id>.key`` by ``forklab start`` (or by the worker
-that made it). ``sign`` prints the same request as JSON for
-``temporal workflow update execute --name approve --input …``.
+that made it); when the worker's policy names approvers, with your own key from
+``forklab keys`` (``<home>/approver/approver.key``) instead. ``sign`` prints the same
+request as JSON for ``temporal workflow update execute --name approve --input …``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from pathlib import Path
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from forklab.activities.experiment.approval_keys import KeyFileError, key_path, read_private_key
+from forklab.activities.experiment.approval_keys import (
+    KeyFileError,
+    key_path,
+    personal_key_path,
+    read_private_key,
+)
 from forklab.cli.errors import CliError
 from forklab.cli.ops_common import (
     add_connection_flags,
@@ -61,7 +67,20 @@ def signed_request(
             )
         fingerprint = view.plan.fingerprint
     gate = view.approval
-    path = key_file or key_path(settings.home, gate.workflow_id, gate.run_id)
+    run_key = key_path(settings.home, gate.workflow_id, gate.run_id)
+    own_key = personal_key_path(settings.home)
+    if key_file is not None:
+        path = key_file
+    elif gate.approvers:  # the worker's policy names approvers: only your own key counts
+        path = own_key
+        if not path.is_file():
+            raise CliError(
+                f"experiment {view.experiment_id}'s worker names who approves, and you have "
+                f"no approver key at {path}: make one with `forklab keys` and have its line "
+                "registered in the worker's FORKLAB_APPROVERS_FILE"
+            )
+    else:
+        path = run_key if run_key.is_file() or not own_key.is_file() else own_key
     if not path.is_file():
         raise CliError(
             f"no approver key for experiment {view.experiment_id} (run {gate.run_id}) at "

@@ -36,6 +36,7 @@ from forklab.activities.stores.outages import StoreUnavailableError
 from forklab.cli.errors import CliError
 from forklab.cli.experiment.report_files import write_report
 from forklab.cli.experiment.specfile import SPEC_EXIT, load_spec
+from forklab.cli.experiment.start_request import signed_start
 from forklab.cli.experiment.workload_files import collect_workload
 from forklab.cli.ops_common import (
     add_connection_flags,
@@ -149,6 +150,12 @@ async def start_experiment(
                 approver_public_key=public_key_hex(key),
                 key_location=f"{socket.gethostname()}:{folder}",
                 requested_by=requested_by,
+                request=signed_start(
+                    settings.home,
+                    workflow_id=wid,
+                    experiment_id=spec.id,
+                    requested_by=requested_by,
+                ),
                 batch_episodes=batch_episodes,
                 rehearsal_episodes=rehearsal_episodes,
                 workload_bundle=bundle.digest if bundle is not None else None,

@@ -32,6 +32,7 @@ from forklab.activities.sandbox.workload_calls import WorkloadCalls
 from forklab.experiments.experiment.report.charts import load_renderer
 from forklab.workers.client import connect, ensure_search_attributes
 from forklab.workers.config import Settings
+from forklab.workers.experiment.approvers import approver_policy
 from forklab.workers.experiment.providers import braintrust_config, readout_config, sandbox_backend
 from forklab.workers.housekeeping import collect_until
 from forklab.workers.stores import artifact_store, check_stores, ledger
@@ -126,7 +127,7 @@ def build_activities(
         store,
         allow_unconfined=settings.allow_unconfined_workloads,
     )
-    approval = ApprovalActivities(settings.home, settings.allow_unapproved)
+    approval = ApprovalActivities(settings.home, settings.allow_unapproved, approver_policy())
     sandboxes = SandboxActivities(backend, store, snapshots)
     records = RecordActivities(store, ledger(settings), cpu, calls, bundles)
     readout = ReadoutActivities(store, readout_config())
@@ -138,6 +139,7 @@ def build_activities(
         planning.rehearsed_prefix,
         approval.issue_approval_key,
         approval.approval_policy,
+        approval.approver_policy,
         sandboxes.run_prefixes,
         sandboxes.run_world_group,
         sandboxes.cleanup_sandboxes,

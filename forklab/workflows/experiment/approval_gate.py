@@ -12,14 +12,23 @@ keeps only the public key, so nothing in history lets a reader approve; a valid 
 once seen, uses up its nonce. Every other attempt is recorded with its reason and changes
 nothing. The log keeps the latest ``MAX_ATTEMPTS`` attempts, names and reasons truncated,
 and counts them all.
+
+A worker's policy may name who approves (``ApproverPolicy``): then only a signature by a
+registered approver's own key counts, under that approver's registered name, and the
+run's key approves nothing. When the policy also keeps the requester from approving their
+own plan, the start must carry the requester's signature (``SignedRequest``) by a
+registered key, made at most ``REQUEST_WINDOW`` before the run started (so an old signed
+start cannot be replayed under someone else's name much later); that key may then not
+approve this run.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from forklab.contracts.approval import approval_payload, verify
+from forklab.contracts.approval import approval_payload, request_payload, verify
+from forklab.contracts.experiment import ApproverPolicy
 from forklab.workflows.experiment.messages import (
     MAX_ATTEMPTS,
     MAX_NAME,
@@ -29,9 +38,15 @@ from forklab.workflows.experiment.messages import (
     ApprovalStatus,
     ApproveRequest,
     RejectRequest,
+    SignedRequest,
     Stage,
     Status,
 )
+
+#: How long before its run started a signed start may have been signed (and how far
+#: after, for clocks that disagree a little).
+REQUEST_WINDOW = timedelta(minutes=15)
+CLOCK_SKEW = timedelta(minutes=2)
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,47 @@ class ApprovalGate:
         self.state.status = ApprovalStatus.not_required
         self.state.policy = policy
 
+    def adopt(
+        self,
+        policy: ApproverPolicy,
+        request: SignedRequest | None,
+        *,
+        experiment_id: str,
+        requested_by: str,
+        started_at: datetime,
+    ) -> str | None:
+        """Take the worker's approver policy; why the run cannot be approved under it
+        (None: it can)."""
+        state = self.state
+        state.approvers = list(policy.approvers)
+        state.requester_may_approve = policy.requester_may_approve
+        if not state.approvers:
+            return None
+        registered = {a.public_key: a.name for a in state.approvers}
+        if request is not None:
+            payload = request_payload(
+                workflow_id=state.workflow_id,
+                experiment_id=experiment_id,
+                requested_by=requested_by,
+                requested_at=request.requested_at.isoformat(),
+            )
+            age = started_at - request.requested_at
+            if (
+                verify(request.public_key, payload, request.signature)
+                and request.public_key in registered
+                and -CLOCK_SKEW <= age <= REQUEST_WINDOW
+            ):
+                state.requester = registered[request.public_key]
+                state.requester_key = request.public_key
+        if state.requester or state.requester_may_approve:
+            return None
+        return (
+            "this worker's policy keeps requesters from approving their own plans, and the "
+            "start carries no valid signature by a registered key made within "
+            f"{REQUEST_WINDOW.seconds // 60} minutes of it: start it with forklab start, "
+            "holding a key made by forklab keys and registered in FORKLAB_APPROVERS_FILE"
+        )
+
     def expire(self) -> None:
         self.state.status = ApprovalStatus.expired
 
@@ -98,6 +154,7 @@ class ApprovalGate:
         if not self.pending or at.status is not Status.running:
             reason = f"reject ignored: approval is already {self.state.status.value}"
             return self._record(at, "reject", req.by, reason)
+        # Unsigned (rejecting only stops compute): the sender is recorded by the name given.
         reason = f"rejected{': ' + req.reason if req.reason else ''}"
         return self._record(at, "reject", req.by, reason, ApprovalStatus.rejected)
 
@@ -136,9 +193,26 @@ class ApprovalGate:
             nonce=state.nonce,
             approver=req.approver,
         )
-        if not verify(state.public_key, payload, req.signature):
+        if state.approvers:
+            key = next((a.public_key for a in state.approvers if a.name == req.approver), None)
+            if key is None:
+                return (
+                    f"{clip(req.approver, MAX_NAME)} is not a registered approver: this "
+                    "worker's policy names who approves (FORKLAB_APPROVERS_FILE)"
+                )
+            if not verify(key, payload, req.signature):
+                return (
+                    "bad signature: it does not verify with the key registered for "
+                    f"{clip(req.approver, MAX_NAME)}"
+                )
+        elif not verify(state.public_key, payload, req.signature):
             return "bad signature: it does not verify with this run's approver key"
         state.nonce = at.fresh_nonce  # this signature is used up, whatever follows
+        if state.approvers and not state.requester_may_approve and key == state.requester_key:
+            return (
+                f"{req.approver} requested this experiment, and this worker's policy says the "
+                "requester may not approve their own plan: another registered approver must"
+            )
         if state.expires_at is not None and at.now >= state.expires_at:
             return "the approval window has expired; start it again under a new spec id"
         return None

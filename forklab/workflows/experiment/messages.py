@@ -12,6 +12,7 @@ from forklab.contracts.experiment import (
     CapacityVerdict,
     CleanupResult,
     PlanSnapshot,
+    RegisteredApprover,
     Rehearsal,
     WorldSummary,
 )
@@ -132,6 +133,24 @@ class ApprovalState(Model):
         default=[], description=f"The latest {MAX_ATTEMPTS} attempts."
     )
     attempts_total: int = 0
+    approvers: list[RegisteredApprover] = Field(
+        default=[],
+        description="The worker's registered approvers; empty: whoever holds the run's key.",
+    )
+    requester_may_approve: bool = True
+    requester: str = Field(
+        default="", description="The registered name whose key signed the start, if any."
+    )
+    requester_key: str = Field(default="", description="That key (Ed25519, hex).")
+
+
+class SignedRequest(Model):
+    """A start signed by the requester's own key (``forklab keys``) over
+    ``forklab.contracts.approval.request_payload``: who asks, provably."""
+
+    public_key: str = Field(pattern=r"^[0-9a-f]{64}$")
+    requested_at: datetime
+    signature: str = Field(max_length=128)
 
 
 class Plan(Model):
@@ -207,6 +226,9 @@ class ExperimentInput(Model):
         default="", max_length=1000, description="Host and folder of the private key."
     )
     requested_by: str = Field(default="", max_length=MAX_NAME)
+    request: SignedRequest | None = Field(
+        default=None, description="The requester's signature over the start (forklab keys)."
+    )
     batch_episodes: int = Field(
         default=DEFAULT_BATCH_EPISODES,
         ge=BATCH_EPISODES_RANGE[0],

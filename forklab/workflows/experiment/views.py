@@ -51,13 +51,25 @@ def details(state: RunState) -> str:
         f"{p.batches_skipped} skipped; {p.running} sandboxes running",
         f"- budget: {b.spent_world_seconds:.1f} of {b.max_world_seconds:g} world-seconds "
         f"spent, {b.reserved_world_seconds:.1f} reserved",
-        f"- approval: {state.gate.state.status.value}",
+        f"- approval: {state.gate.state.status.value}{_approvers(state)}",
     ]
     if state.plan:
         lines.append(f"- plan fingerprint: `{state.plan.fingerprint}`")
         if state.plan.snapshot.workload_bundle:
             lines.append(f"- workload bundle: `{state.plan.snapshot.workload_bundle}`")
     return "\n".join(lines)
+
+
+def _approvers(state: RunState) -> str:
+    """Who the worker's policy lets approve, when it names anyone."""
+    gate = state.gate.state
+    if not gate.approvers:
+        return ""
+    names = ", ".join(a.name for a in gate.approvers[:10])
+    more = f" and {len(gate.approvers) - 10} more" if len(gate.approvers) > 10 else ""
+    who = f"requested by {gate.requester}" if gate.requester else "requester unsigned"
+    rule = "" if gate.requester_may_approve else ", who may not approve it"
+    return f" by a registered approver ({names}{more}); {who}{rule}"
 
 
 def _handed(state: RunState) -> str:

@@ -259,8 +259,24 @@ class ExperimentWorkflow:
             else:
                 gate.state.policy = policy.reason
         if gate.pending:
+            approvers = await execute(
+                acts.APPROVER_POLICY,
+                PolicyInput(experiment_id=spec.id),
+                start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+                retry_policy=timeouts.TRANSIENT_RETRY,
+                summary="who this worker's policy lets approve",
+            )
+            refusal = gate.adopt(
+                approvers,
+                self._inp.request,
+                experiment_id=spec.id,
+                requested_by=self._inp.requested_by,
+                started_at=workflow.info().start_time,
+            )
+            if refusal is not None:
+                raise _Stop(Status.failed, refusal)
             gate.state.expires_at = workflow.now() + timedelta(minutes=spec.approval.expiry_minutes)
-            if not gate.state.public_key:
+            if not gate.state.public_key and not gate.state.approvers:
                 issued = await execute(
                     acts.ISSUE_APPROVAL_KEY,
                     KeyInput(workflow_id=gate.state.workflow_id, run_id=gate.state.run_id),

@@ -1,7 +1,9 @@
-"""The bounded readout: a model may phrase the evidence, never change it.
+"""The bounded readout: a model may choose what to cite of the evidence, never change it
+or phrase it.
 
 ``packet`` builds the only thing a model sees (a typed evidence packet); ``schema`` is the
-structured answer it must give; ``check`` rejects an answer that names a world, number or
-verdict the packet does not hold; ``fallback`` writes the deterministic readout used
-otherwise; ``render`` shows whichever readout won, and why.
+structured answer it must give (claims: world, verdict, direction, cited figures);
+``check`` rejects claims the packet does not hold; ``fallback`` makes the deterministic
+claims used otherwise; ``write`` writes the prose of whichever claims won from the
+packet's own values; ``render`` shows it, escaped, and why those claims.
 """

@@ -1,4 +1,10 @@
-"""The readout section of the report, in Markdown and in HTML (escaped: a model wrote it)."""
+"""The readout section of the report, in Markdown and in HTML.
+
+The prose is ForkLab's (``write``), but it carries names from the spec and the guard's
+rule, and the reasons a model's claims were refused quote what the model sent: all of it
+is escaped for where it lands, so no part can become markup (a ``<script>``, a
+``javascript:`` link, raw HTML, a heading or a table row of the report's own).
+"""
 
 from __future__ import annotations
 
@@ -7,18 +13,26 @@ import html
 from forklab.experiments.experiment.readout.schema import ReadoutSource, ShownReadout
 from forklab.experiments.visible_text import visible
 
+#: Markdown's inline markup characters, written with a backslash so they stay text;
+#: ``<``, ``>`` and ``&`` become entities (no raw HTML, no autolink).
+_MARKDOWN = str.maketrans({c: "\\" + c for c in "\\`*[]|"})
+
 
 def _origin(shown: ShownReadout) -> str:
     if shown.source is ReadoutSource.model:
-        return f"Written by model `{shown.model}`; checked against the evidence packet."
+        return (
+            f"Claims by model {shown.model}, each checked against the evidence packet; "
+            "the sentences are ForkLab's, from the packet's figures."
+        )
     return f"Deterministic readout: {shown.why}."
 
 
 def _line(text: str) -> str:
-    """A model's (or a workload's) text as one visible line: a line break in it would let
-    it start a heading or a table of the report's own, a control character rewrite the
-    reader's terminal."""
-    return visible(" ".join(text.split()))
+    """Text as one visible line of Markdown: a line break in it would let it start a
+    heading or a table of the report's own, a control character rewrite the reader's
+    terminal, markup a link or a script."""
+    flat = visible(" ".join(text.split())).translate(_MARKDOWN)
+    return html.escape(flat, quote=False)
 
 
 def readout_markdown(shown: ShownReadout) -> str:

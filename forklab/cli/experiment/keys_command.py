@@ -1,0 +1,60 @@
+"""``forklab keys``: make (once) the approver key pair in your own ForkLab home and print
+the line to register in a worker's ``FORKLAB_APPROVERS_FILE``.
+
+The private key stays owner-only in ``<home>/approver/approver.key``; only the public key
+leaves it. With it, ``forklab approve`` signs approvals on a worker whose policy names
+approvers, and ``forklab start`` signs your starts, so such a worker knows who requested a
+plan (and, if its policy says so, keeps you from approving your own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import re
+from pathlib import Path
+
+from forklab.activities.experiment.approval_keys import (
+    KeyFileError,
+    new_private_key,
+    personal_key_path,
+    public_key_hex,
+    read_private_key,
+    write_private_key,
+)
+from forklab.cli.errors import CliError
+from forklab.cli.ops_common import settings_from
+
+_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,100}")
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    if not _NAME.fullmatch(args.name):
+        raise CliError(
+            f"--name {args.name!r} is not a name an approvers file holds; use up to 100 "
+            "letters, digits, _ . @ and -",
+            2,
+        )
+    path = personal_key_path(settings_from(args).home)
+    if path.exists():
+        try:
+            key = read_private_key(path)
+        except KeyFileError as exc:
+            raise CliError(str(exc)) from None
+        made = "kept"
+    else:
+        key = new_private_key()
+        write_private_key(path, key)
+        made = "made"
+    print(f"# {made} {path} (owner-only); register this line in FORKLAB_APPROVERS_FILE:")
+    print(f"{args.name} {public_key_hex(key)}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "keys", help="make your approver key pair and print the line to register with workers"
+    )
+    p.add_argument("--name", default=getpass.getuser(), help="your approver name (default: you)")
+    p.add_argument("--home", type=Path, help="ForkLab home folder (FORKLAB_HOME, ~/.forklab)")
+    p.set_defaults(func=cmd_keys)
