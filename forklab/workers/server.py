@@ -16,7 +16,6 @@ from pathlib import Path
 
 from forklab.workers import processes
 from forklab.workers.config import ENV, ConfigError, Settings
-from forklab.workflows.experiment.search_attributes import DEV_SERVER_FLAGS
 
 #: Seconds ``start_server`` waits for the dev server to accept connections.
 START_SECONDS = 60.0
@@ -41,6 +40,9 @@ def temporal_binary() -> Path:
 
 
 def server_argv(settings: Settings, extra: list[str] | None = None) -> list[str]:
+    # (the search attributes' keys are Temporal SDK types: loaded only to start a server)
+    from forklab.workflows.experiment.search_attributes import DEV_SERVER_FLAGS
+
     argv = [
         str(temporal_binary()),
         "server",

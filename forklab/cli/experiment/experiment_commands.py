@@ -1,4 +1,5 @@
-"""The experiment commands: start, status, cancel, report (approve/reject: approval_commands)."""
+"""The experiment commands: start, bundle, report (status/cancel: status_commands;
+approve/reject: approval_commands)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,6 @@ from forklab.cli.ops_common import (
     experiment_handle,
     live_pollers,
     open_client,
-    pinned_build,
     query_status,
     run,
     settings_from,
@@ -65,7 +65,6 @@ from forklab.workflows.experiment.messages import (
     ExperimentInput,
     ExperimentResult,
     Stage,
-    StatusView,
     workflow_id,
 )
 from forklab.workflows.experiment.search_attributes import EXPERIMENT, STAGE
@@ -249,7 +248,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- status / cancel / report ---------------------------------------------------------
+# --- report ---------------------------------------------------------
 #: The workspace evidence files a report folder may receive (see ``workspace_section``).
 _WORKSPACE_FILE = re.compile(r"workspace-[A-Za-z0-9_.-]+\.json")
 
@@ -264,83 +263,6 @@ class ReportFiles:
     html: str
     #: A workload with files: its workspace manifests and diffs, written beside the report.
     workspace_files: tuple[str, ...] = ()
-
-
-def render_status(view: StatusView) -> str:
-    p, b, a = view.progress, view.budget, view.approval
-    lines = [
-        f"experiment {view.experiment_id}: {view.status.value}, stage {view.stage.value}",
-        f"  {view.message}",
-    ]
-    if view.error:
-        lines.append(f"  error: {view.error}")
-    if view.plan:
-        lines.append(f"  plan fingerprint {view.plan.fingerprint}")
-        lines.append(f"  snapshot {view.plan.snapshot.snapshot_id}")
-        if view.plan.snapshot.workload_bundle:
-            lines.append(f"  workload bundle {view.plan.snapshot.workload_bundle}")
-        lines.append(f"  capacity: {view.plan.capacity.reason}")
-        lines.append(f"  prefixes: {view.plan.prefixes}")
-    expiry = f", expires {a.expires_at:%Y-%m-%d %H:%M:%S} UTC" if a.expires_at else ""
-    lines.append(f"  approval: {a.status.value}{expiry} ({a.policy})")
-    if a.public_key:
-        lines.append(f"    approver key {a.public_key[:16]}… in {a.key_location}")
-    hidden = a.attempts_total - len(a.attempts)
-    if hidden:
-        lines.append(f"    ({hidden} earlier attempts not kept)")
-    lines += [
-        f"    {'accepted' if t.accepted else 'refused'} {t.kind} by {t.approver or '?'} "
-        f"at {t.at:%H:%M:%S}: {t.reason}"
-        for t in a.attempts
-    ]
-    lines.append(
-        f"  progress: prefixes {p.prefixes_done}/{p.prefix_chunks}, world batches "
-        f"{p.batches_completed}/{p.batches} done, {p.batches_failed} failed, "
-        f"{p.batches_skipped} skipped; {p.running} sandboxes running"
-    )
-    lines.append(
-        f"  budget: {b.spent_world_seconds:.1f} of {b.max_world_seconds:g} world-seconds spent "
-        f"(estimated {b.estimated_world_seconds:.1f}), peak {b.peak_concurrent_sandboxes} "
-        f"of {b.max_concurrent_sandboxes} sandboxes"
-    )
-    if view.cleanup:
-        lines.append(f"  cleanup: {view.cleanup.summary()}")
-    return "\n".join(lines)
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
-
-    async def go() -> tuple[StatusView, tuple[str, str] | None]:
-        handle = await experiment_handle(settings, args.experiment)
-        return await query_status(settings, handle), await pinned_build(handle)
-
-    view, pinned = run(go)
-    if args.json:
-        print(view.model_dump_json(indent=2))
-    else:
-        print(render_status(view))
-        if pinned is not None:
-            print(f"  runs on build {pinned[0]}:{pinned[1]} (pinned: its workers only)")
-        print(f"  web UI: {settings.experiment_url(workflow_id(args.experiment))}")
-    return 0
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
-
-    async def go() -> None:
-        handle = await experiment_handle(settings, args.experiment)
-        desc = await handle.describe()
-        if desc.raw_description.workflow_execution_info.status != (
-            WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
-        ):
-            raise CliError(f"experiment {args.experiment} is not running; nothing to cancel")
-        await handle.cancel()
-
-    run(go)
-    print(f"cancellation requested for {args.experiment}; its cleanup deletes every sandbox")
-    return 0
 
 
 async def fetch_result(settings: Settings, experiment: str) -> ExperimentResult:
@@ -453,17 +375,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("spec", help="path to the experiment spec (.yaml or .json)")
     add_connection_flags(p)
     p.set_defaults(func=cmd_bundle)
-
-    p = sub.add_parser("status", help="stage, plan, approval attempts, progress and budget")
-    p.add_argument("experiment", help="experiment id")
-    p.add_argument("--json", action="store_true", help="machine-readable")
-    add_connection_flags(p, ui=True)
-    p.set_defaults(func=cmd_status)
-
-    p = sub.add_parser("cancel", help="cancel a running experiment (cleanup still runs)")
-    p.add_argument("experiment", help="experiment id")
-    add_connection_flags(p)
-    p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser(
         "report", help="write a finished experiment's report (.md, .json, .html); print it"
