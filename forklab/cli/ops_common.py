@@ -35,6 +35,8 @@ _FLAGS = (
     "task_queue",
     "home",
     "ui_port",
+    "http_port",
+    "metrics_port",
     "max_sandboxes",
     "deployment",
     "build_id",
@@ -52,7 +54,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise CliError(str(exc), code=2) from None
 
 
-def add_connection_flags(p: argparse.ArgumentParser, ui: bool = False) -> None:
+def add_connection_flags(
+    p: argparse.ArgumentParser, ui: bool = False, dev_server: bool = False
+) -> None:
     g = p.add_argument_group("connection (default: FORKLAB_* environment, then built-ins)")
     g.add_argument("--address", help="Temporal frontend host:port (FORKLAB_ADDRESS)")
     g.add_argument("--namespace", help="Temporal namespace (FORKLAB_NAMESPACE)")
@@ -60,6 +64,20 @@ def add_connection_flags(p: argparse.ArgumentParser, ui: bool = False) -> None:
     g.add_argument("--home", type=Path, help="ForkLab home folder (FORKLAB_HOME, ~/.forklab)")
     if ui:
         g.add_argument("--ui-port", dest="ui_port", type=int, help="Web UI port (8233)")
+    if dev_server:
+        g.add_argument(
+            "--http-port",
+            dest="http_port",
+            type=int,
+            help="the dev server's HTTP API port (FORKLAB_HTTP_PORT; default: address port + 10)",
+        )
+        g.add_argument(
+            "--metrics-port",
+            dest="metrics_port",
+            type=int,
+            help="the dev server's /metrics port (FORKLAB_METRICS_PORT; default: address "
+            "port + 11)",
+        )
 
 
 def add_version_flags(p: argparse.ArgumentParser) -> None:

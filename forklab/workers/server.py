@@ -55,6 +55,10 @@ def server_argv(settings: Settings, extra: list[str] | None = None) -> list[str]
         str(settings.port),
         "--ui-port",
         str(settings.ui_port),
+        "--http-port",
+        str(settings.dev_http_port),
+        "--metrics-port",
+        str(settings.dev_metrics_port),
         "--namespace",
         settings.namespace,
         "--log-level",
@@ -97,7 +101,11 @@ def child_env(settings: Settings) -> dict[str, str]:
     """The environment of background processes: this one's, plus the resolved settings."""
     env = dict(os.environ)
     for field, var in ENV.items():
-        env[var] = str(getattr(settings, field))
+        value = getattr(settings, field)
+        if value is None:  # unset and derived (the dev server's HTTP and metrics ports)
+            env.pop(var, None)
+        else:
+            env[var] = str(value)
     return env
 
 
