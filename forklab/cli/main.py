@@ -36,6 +36,8 @@ REGISTRARS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("forklab.cli.doctor_command", "register", ("doctor",)),
     ("forklab.cli.evals_command", "register", ("evals",)),
     ("forklab.cli.runfork.workspace_command", "register_layers", ("layers",)),
+    ("forklab.cli.list_command", "register", ("list",)),
+    ("forklab.cli.habits", "register", ("config", "completion", "temporal")),
 )
 #: Sub-command → the module and function that register it. ``forklab approve …`` imports
 #: ``forklab.cli.experiment.approval_commands`` and what it needs, and none of the other commands'
@@ -102,6 +104,8 @@ def dispatch(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(words: list[str]) -> int:
+    if words[:1] == ["temporal"]:  # every later word is the temporal CLI's, flags too
+        words = ["temporal", "--", *words[1:]]
     parser = build_parser(words[0] if words else None)
     args = parser.parse_args(words)
     if not hasattr(args, "func"):  # the listing's entry (``forklab -- status x``)

@@ -29,7 +29,7 @@ _T = TypeVar("_T")
 
 
 #: Settings that some commands take as flags (the workers: the last four).
-_FLAGS = (
+FLAGS = (
     "address",
     "namespace",
     "task_queue",
@@ -47,7 +47,7 @@ _FLAGS = (
 def settings_from(args: argparse.Namespace) -> Settings:
     """The settings from the command's flags and the environment; a bad one is bad input
     (exit 2, like a bad spec or flag), not a failure of the command."""
-    flags = {name: getattr(args, name, None) for name in _FLAGS}
+    flags = {name: getattr(args, name, None) for name in FLAGS}
     try:
         return Settings.load(flags)
     except ConfigError as exc:

@@ -217,22 +217,39 @@ def cmd_start(args: argparse.Namespace) -> int:
             args.spec,
         )
     )
-    print(f"started experiment {spec.id} (workflow {workflow_id(spec.id)})")
-    if started.workload_bundle is not None:
-        b = started.workload_bundle
+    b = started.workload_bundle
+    if args.json:
         print(
-            f"workload bundle {b.digest} ({len(b.entries)} files, {b.total_bytes:,} bytes) "
-            "shipped through the artifact store"
+            json.dumps(
+                {
+                    "experiment_id": spec.id,
+                    "workflow_id": workflow_id(spec.id),
+                    "approver_key": str(started.key_path),
+                    "workload_bundle": b.digest if b is not None else None,
+                    "web_ui": settings.experiment_url(workflow_id(spec.id)),
+                    "workers_polling": started.workers_polling,
+                },
+                indent=2,
+            )
         )
-    print(f"approver key (private, readable only by you): {started.key_path}")
-    print(f"watch it: {settings.experiment_url(workflow_id(spec.id))}")
+    else:
+        print(f"started experiment {spec.id} (workflow {workflow_id(spec.id)})")
+        if b is not None:
+            print(
+                f"workload bundle {b.digest} ({len(b.entries)} files, {b.total_bytes:,} bytes) "
+                "shipped through the artifact store"
+            )
+        print(f"approver key (private, readable only by you): {started.key_path}")
+        print(f"watch it: {settings.experiment_url(workflow_id(spec.id))}")
     if not started.workers_polling:
         print(
-            f"no worker has polled task queue {settings.task_queue!r} lately: the run waits "
-            "until one does; if none runs, start one with `forklab up` (or `forklab worker` "
-            "where Temporal is reachable)"
+            f"forklab: no worker has polled task queue {settings.task_queue!r} lately: the run "
+            "waits until one does; if none runs, start one with `forklab up` (or `forklab "
+            "worker` where Temporal is reachable)",
+            file=sys.stderr,
         )
-    print(f"next: forklab status {spec.id}   then   forklab approve {spec.id}")
+    if not args.json:
+        print(f"next: forklab status {spec.id}   then   forklab approve {spec.id}")
     return 0
 
 
@@ -272,9 +289,15 @@ async def fetch_result(settings: Settings, experiment: str) -> ExperimentResult:
         WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
     ):
         view = await query_status(settings, handle)
+        if view.stage is Stage.awaiting_approval:
+            raise CliError(
+                f"experiment {experiment} is awaiting approval and has no report until it is "
+                f"decided: approve it (`forklab approve {experiment}`) or reject it "
+                f"(`forklab reject {experiment}`); `forklab status {experiment}` shows the plan"
+            )
         raise CliError(
             f"experiment {experiment} is still running (stage {view.stage.value}); "
-            "wait for it, or watch `forklab status`"
+            f"wait for it, or watch `forklab status {experiment}`"
         )
     view = await query_status(settings, handle)
     try:
@@ -332,12 +355,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     wrote = f"wrote report.md, report.json and report.html to {files.folder}"
     if files.workspace_files:
         wrote += f" (and {len(files.workspace_files)} workspace manifest and diff files)"
-    if args.json:
-        print(files.report_json, end="")
-        print(wrote, file=sys.stderr)
-    else:
-        print(files.markdown)
-        print(wrote)
+    # the report on stdout, the line about the files on stderr: `report X > r.md` is Markdown
+    text = files.report_json if args.json else files.markdown
+    print(text, end="" if text.endswith("\n") else "\n")
+    print(wrote, file=sys.stderr)
     return 0
 
 
@@ -364,6 +385,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=DEFAULT_HISTORY_EVENTS,
         help="events one workflow run records at most before it continues as new",
     )
+    p.add_argument("--json", action="store_true", help="machine-readable")
     add_connection_flags(p, ui=True)
     p.set_defaults(func=cmd_start)
 
