@@ -53,7 +53,7 @@ async def test_fork_steps_diff_trail_outcome_promote_watch(agent_lab: AgentTestL
     assert f"common ancestor: {parent.id}" in out.stdout and "divergence step: 4" in out.stdout
     assert "changed sections.recommendations" in out.stdout
 
-    out = forklab(env, "trail", fork.id)
+    out = forklab(env, "trail", fork.id, "--json")
     trail = json.loads(out.stdout)
     assert trail["lineage"] == [parent.id, fork.id] and trail["receipts"][0]["requested_step"] == 3
 

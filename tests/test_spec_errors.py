@@ -78,7 +78,10 @@ CASES = {
         ),
         ["worlds[0]", "takes no intervention"],
     ),
-    "unknown top-level field": (variant(sede=3), ["field sede", "Extra inputs are not permitted"]),
+    "unknown top-level field": (
+        variant(sede=3),
+        ["field sede", "unknown field; did you mean seed?"],
+    ),
     "yaml syntax error": (
         "id: x\nworlds: [\n  - name: a\n",
         ["YAML/JSON syntax error at line", "fix the file's syntax"],

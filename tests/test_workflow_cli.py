@@ -125,7 +125,8 @@ async def test_without_a_worker_start_and_status_say_why(lab: Lab, tmp_path: Pat
     spec_file.write_text(spec.model_dump_json())
     started = await asyncio.to_thread(forklab_in, env, "start", str(spec_file))
     assert started.returncode == 0, started.stderr
-    assert f"no worker has polled task queue {queue!r} lately: the run waits" in started.stdout
+    # a message, not data: on stderr (stdout is what `start --json` would print)
+    assert f"no worker has polled task queue {queue!r} lately: the run waits" in started.stderr
     status = await asyncio.to_thread(forklab_in, env, "status", spec.id)
     assert status.returncode == 1 and status.stdout == ""
     note, error = status.stderr.splitlines()
@@ -149,5 +150,5 @@ async def test_without_a_worker_start_and_status_say_why(lab: Lab, tmp_path: Pat
     spec_file.write_text(other.model_dump_json())
     started = await asyncio.to_thread(forklab_in, cli_env(lab.settings), "start", str(spec_file))
     assert started.returncode == 0, started.stderr
-    assert "no worker has polled" not in started.stdout
+    assert "no worker has polled" not in started.stdout + started.stderr
     await lab.client.get_workflow_handle(workflow_id(other.id)).terminate("test over")

@@ -63,7 +63,9 @@ async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> Non
         forklab, cli_env(lab.settings), "report", spec.id, "--out", str(out)
     )
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout == f"{markdown}\nwrote report.md, report.json and report.html to {out}\n"
+    # the Markdown alone on stdout (`report X > r.md`), the line about the files on stderr
+    assert shown.stdout == (markdown if markdown.endswith("\n") else markdown + "\n")
+    assert shown.stderr == f"wrote report.md, report.json and report.html to {out}\n"
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"]
     assert (out / "report.md").read_text() == markdown
     assert json.loads((out / "report.json").read_text()) == report

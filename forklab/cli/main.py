@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
+from forklab.cli.catalogue import CATALOGUE, epilog
 from forklab.cli.errors import CliError
 from forklab.cli.terminal import visible_output
 
@@ -20,11 +21,8 @@ from forklab.cli.terminal import visible_output
 #: ``tests/test_cli_imports.py`` checks that this says what the modules register.
 REGISTRARS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("forklab.cli.experiment.plan_commands", "register", ("schema", "plan")),
-    (
-        "forklab.cli.experiment.experiment_commands",
-        "register",
-        ("start", "bundle", "status", "cancel", "report"),
-    ),
+    ("forklab.cli.experiment.experiment_commands", "register", ("start", "bundle", "report")),
+    ("forklab.cli.experiment.status_commands", "register", ("status", "cancel")),
     ("forklab.cli.experiment.approval_commands", "register", ("approve", "sign", "reject")),
     ("forklab.cli.experiment.keys_command", "register", ("keys",)),
     ("forklab.cli.service_commands", "register", ("server", "worker", "up", "down")),
@@ -39,6 +37,8 @@ REGISTRARS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("forklab.cli.doctor_command", "register", ("doctor",)),
     ("forklab.cli.evals_command", "register", ("evals",)),
     ("forklab.cli.runfork.workspace_command", "register_layers", ("layers",)),
+    ("forklab.cli.list_command", "register", ("list",)),
+    ("forklab.cli.habits", "register", ("config", "completion", "temporal")),
 )
 #: Sub-command → the module and function that register it. ``forklab approve …`` imports
 #: ``forklab.cli.experiment.approval_commands`` and what it needs, and none of the other commands'
@@ -49,23 +49,51 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Version(argparse.Action):
+    """``forklab --version``: the installed distribution's version, looked up only when
+    asked (``importlib.metadata`` reads the installed files)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print ForkLab's version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("forklab")
+        except PackageNotFoundError:
+            found = "unknown (not installed; run from a source tree)"
+        print(f"forklab {found}")
+        parser.exit()
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The ``forklab`` parser with every sub-command, or, for a ``command`` named in
-    ``COMMANDS``, with only the sub-commands its module registers. Help, usage and errors
-    for that command read the same either way: only the top-level parser lists the
-    commands (in ``forklab --help`` and "invalid choice" errors), and it is built whole
-    whenever the first word is not a command."""
+    """The ``forklab`` parser: for a ``command`` named in ``COMMANDS``, with the
+    sub-commands its module registers; otherwise with every command listed from
+    ``forklab.cli.catalogue`` and none of their modules imported (``forklab --help``,
+    a misspelt command, none at all). Help, usage and errors of a command come from its
+    own module either way: ``_dispatch`` builds its parser when the listing chose it."""
     parser = argparse.ArgumentParser(
         prog="forklab",
         description="Fork agent runs into counterfactual worlds; count rescues and harms.",
+        epilog="`forklab COMMAND --help` gives a command's options and an example.",
     )
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     if command is not None and command in COMMANDS:
-        wanted = [COMMANDS[command]]
+        getattr(importlib.import_module(COMMANDS[command][0]), COMMANDS[command][1])(sub)
     else:
-        wanted = [(module, function) for module, function, _ in REGISTRARS]
-    for module, function in wanted:
-        getattr(importlib.import_module(module), function)(sub)
+        for module, function, names in REGISTRARS:
+            if all(name in CATALOGUE for name in names):
+                for name in names:
+                    entry = sub.add_parser(name, help=CATALOGUE[name].help, add_help=False)
+                    entry.add_argument("words", nargs=argparse.REMAINDER)
+            else:  # a command the catalogue does not know yet: its module says its help
+                getattr(importlib.import_module(module), function)(sub)
+    for name, child in sub.choices.items():
+        if child.epilog is None and (example := epilog(name)) is not None:
+            child.epilog = example
+            child.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
@@ -77,8 +105,12 @@ def dispatch(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(words: list[str]) -> int:
+    if words[:1] == ["temporal"]:  # every later word is the temporal CLI's, flags too
+        words = ["temporal", "--", *words[1:]]
     parser = build_parser(words[0] if words else None)
     args = parser.parse_args(words)
+    if not hasattr(args, "func"):  # the listing's entry (``forklab -- status x``)
+        args = build_parser(args.command).parse_args(words)
     try:
         code: int = args.func(args)
     except CliError as exc:

@@ -11,36 +11,32 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from temporalio.api.enums.v1 import DescribeTaskQueueMode, TaskQueueKind, TaskQueueType
-from temporalio.api.taskqueue.v1 import PollerInfo, TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import (
-    Client,
-    WorkflowExecutionDescription,
-    WorkflowHandle,
-    WorkflowQueryFailedError,
-)
-from temporalio.service import RPCError, RPCStatusCode
-
 from forklab.cli.errors import CliError
 from forklab.workers import processes
-from forklab.workers.client import connect
 from forklab.workers.config import ConfigError, Settings
-from forklab.workers.server import child_env, pidfile
+from forklab.workers.server import child_env, pidfile, reachable
 
 if TYPE_CHECKING:
+    # Temporal's SDK loads in about half a second: a command imports it when it talks to
+    # Temporal, after ``open_client`` found the server's port open (``forklab status``
+    # against no server answers before it would have loaded).
+    from temporalio.api.taskqueue.v1 import PollerInfo
+    from temporalio.client import Client, WorkflowExecutionDescription, WorkflowHandle
+
     from forklab.workflows.experiment.messages import ExperimentResult, StatusView
 
 _T = TypeVar("_T")
 
 
 #: Settings that some commands take as flags (the workers: the last four).
-_FLAGS = (
+FLAGS = (
     "address",
     "namespace",
     "task_queue",
     "home",
     "ui_port",
+    "http_port",
+    "metrics_port",
     "max_sandboxes",
     "deployment",
     "build_id",
@@ -51,14 +47,16 @@ _FLAGS = (
 def settings_from(args: argparse.Namespace) -> Settings:
     """The settings from the command's flags and the environment; a bad one is bad input
     (exit 2, like a bad spec or flag), not a failure of the command."""
-    flags = {name: getattr(args, name, None) for name in _FLAGS}
+    flags = {name: getattr(args, name, None) for name in FLAGS}
     try:
         return Settings.load(flags)
     except ConfigError as exc:
         raise CliError(str(exc), code=2) from None
 
 
-def add_connection_flags(p: argparse.ArgumentParser, ui: bool = False) -> None:
+def add_connection_flags(
+    p: argparse.ArgumentParser, ui: bool = False, dev_server: bool = False
+) -> None:
     g = p.add_argument_group("connection (default: FORKLAB_* environment, then built-ins)")
     g.add_argument("--address", help="Temporal frontend host:port (FORKLAB_ADDRESS)")
     g.add_argument("--namespace", help="Temporal namespace (FORKLAB_NAMESPACE)")
@@ -66,6 +64,20 @@ def add_connection_flags(p: argparse.ArgumentParser, ui: bool = False) -> None:
     g.add_argument("--home", type=Path, help="ForkLab home folder (FORKLAB_HOME, ~/.forklab)")
     if ui:
         g.add_argument("--ui-port", dest="ui_port", type=int, help="Web UI port (8233)")
+    if dev_server:
+        g.add_argument(
+            "--http-port",
+            dest="http_port",
+            type=int,
+            help="the dev server's HTTP API port (FORKLAB_HTTP_PORT; default: address port + 10)",
+        )
+        g.add_argument(
+            "--metrics-port",
+            dest="metrics_port",
+            type=int,
+            help="the dev server's /metrics port (FORKLAB_METRICS_PORT; default: address "
+            "port + 11)",
+        )
 
 
 def add_version_flags(p: argparse.ArgumentParser) -> None:
@@ -121,7 +133,20 @@ def run(coro_fn: Callable[[], Awaitable[_T]]) -> _T:
     return asyncio.run(main())
 
 
+def check_reachable(settings: Settings) -> None:
+    """Refuse at once when nothing listens on the Temporal address: the SDK would load
+    and then retry the connection before saying the same."""
+    if not reachable(settings.host, settings.port):
+        raise CliError(
+            f"cannot reach Temporal at {settings.address} (nothing listens there); "
+            "start it with `forklab up` or point FORKLAB_ADDRESS at your server"
+        )
+
+
 async def open_client(settings: Settings) -> Client:
+    check_reachable(settings)
+    from forklab.workers.client import connect
+
     try:
         return await connect(settings)
     except RuntimeError as exc:
@@ -138,9 +163,11 @@ async def experiment_handle(
     would import every activity of the worker. Its messages (pydantic models of the spec and the
     analysis, with numpy) are imported here, not with this module: the agent-run commands
     share the rest of it and need none of them."""
+    client = await open_client(settings)
+    from temporalio.service import RPCError, RPCStatusCode
+
     from forklab.workflows.experiment.messages import ExperimentResult, workflow_id
 
-    client = await open_client(settings)
     handle = client.get_workflow_handle(workflow_id(experiment), result_type=ExperimentResult)
     try:
         await handle.describe()
@@ -168,6 +195,9 @@ async def query_status(settings: Settings, handle: WorkflowHandle[Any, Any]) -> 
     ~30 s; if it has not answered at once and no worker that could answer it is seen
     polling, the command says so on stderr right away, and still waits: a worker that
     has just started may not be listed yet, and a query it answers is the truth."""
+    from temporalio.client import WorkflowQueryFailedError
+    from temporalio.service import RPCError
+
     from forklab.workflows.experiment.messages import (  # (see ``experiment_handle``)
         STATUS_QUERY,
         StatusView,
@@ -213,6 +243,10 @@ async def workflow_pollers(client: Client, namespace: str, task_queue: str) -> l
     pollers and their build; the enhanced one lists every partition, but not the pollers
     of worker deployments. A worker shows in at least one of them once its polls reach
     the server (a versioned one's within a long poll or so, when it polls the root)."""
+    from temporalio.api.enums.v1 import DescribeTaskQueueMode, TaskQueueKind, TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
     queue = TaskQueue(name=task_queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL)
     workflow = TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
     service = client.workflow_service
@@ -238,6 +272,8 @@ async def workflow_pollers(client: Client, namespace: str, task_queue: str) -> l
 async def _no_worker(settings: Settings, handle: WorkflowHandle[Any, Any]) -> str | None:
     """Why no worker seems able to answer the run's queries now, or None if one may (or
     the server cannot tell)."""
+    from temporalio.service import RPCError
+
     try:
         description = await handle.describe()
         client = await open_client(settings)
@@ -270,6 +306,8 @@ def _pinned(description: WorkflowExecutionDescription) -> tuple[str, str] | None
 async def pinned_build(handle: WorkflowHandle[Any, Any]) -> tuple[str, str] | None:
     """The (deployment, build id) the run is pinned to; None if it is not versioned
     (docs/deployment.md, "Rolling upgrades") or cannot be described."""
+    from temporalio.service import RPCError
+
     try:
         return _pinned(await handle.describe())
     except RPCError:

@@ -6,6 +6,7 @@ import argparse
 import signal
 import subprocess
 import sys
+from collections.abc import Collection
 from types import FrameType
 
 from forklab.cli.errors import CliError
@@ -22,7 +23,9 @@ from forklab.cli.runfork.agent_services import (
     stop_agent_services,
 )
 from forklab.workers import processes
-from forklab.workers.config import ConfigError, Settings
+from forklab.workers.config import ENV, ConfigError, Settings
+from forklab.workers.ports import OwnedPort, holder
+from forklab.workers.runfork.agent_config import AGENT_ENV
 from forklab.workers.server import (
     ServerError,
     pidfile,
@@ -31,6 +34,66 @@ from forklab.workers.server import (
     start_server,
     stop_server,
 )
+
+
+def owned_ports(settings: Settings) -> list[OwnedPort]:
+    """Every port ``forklab up`` opens under these settings, with the service that opens it."""
+    agent = agent_settings(settings)
+    ports = [
+        OwnedPort(settings.port, "server", "the Temporal frontend", ENV["address"]),
+        OwnedPort(settings.ui_port, "server", "the Web UI", ENV["ui_port"]),
+        OwnedPort(settings.dev_http_port, "server", "the dev server's HTTP API", ENV["http_port"]),
+        OwnedPort(
+            settings.dev_metrics_port, "server", "the dev server's metrics", ENV["metrics_port"]
+        ),
+    ]
+    if agent.local_model:
+        ports.append(
+            OwnedPort(
+                agent.model_port, "model-server", "the local model server", AGENT_ENV["model_port"]
+            )
+        )
+    if agent.local_effects:
+        ports.append(
+            OwnedPort(
+                agent.effects_port,
+                "effects-service",
+                "the payments/mail service",
+                AGENT_ENV["effects_port"],
+            )
+        )
+    return ports
+
+
+def claim_ports(settings: Settings, services: Collection[str] | None = None) -> None:
+    """Refuse, before anything starts, a port that two settings share or that something
+    ``forklab up`` did not start holds: it would otherwise take that something for its own
+    service (another user's dev server, or their payments stand-in). ``services``: only
+    the ports of these (default: all)."""
+    ports = [p for p in owned_ports(settings) if services is None or p.service in services]
+    seen: dict[int, OwnedPort] = {}
+    for owned in ports:
+        if (other := seen.setdefault(owned.port, owned)) is not owned:
+            raise CliError(
+                f"{other.setting} and {owned.setting} both give port {owned.port}; "
+                "give each its own port",
+                code=2,
+            )
+    for owned in ports:
+        if processes.running(pidfile(settings, owned.service)) is not None:
+            continue  # ours: `forklab up` started it and it still runs
+        host = settings.host if owned.service == "server" else "127.0.0.1"
+        if reachable(host, owned.port):
+            hint = (
+                " (to use that server as it is, run only a worker: `forklab worker`)"
+                if owned.setting == ENV["address"]
+                else ""
+            )
+            raise CliError(
+                f"port {owned.port} ({owned.what}, setting {owned.setting}) is held by "
+                f"{holder(owned.port)}, which `forklab up` did not start; stop it or set "
+                f"{owned.setting} to a free port{hint}"
+            )
 
 
 def ensure_server(settings: Settings) -> bool:
@@ -112,6 +175,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     agent_settings(settings)  # a bad agent setting stops `up` before anything starts
+    claim_ports(settings)  # and so does a port that something else holds
     server = ensure_server(settings)
     worker = ensure_worker(settings)
     agent_services = ensure_agent_services(settings)
@@ -148,7 +212,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("server", help="run the embedded Temporal dev server (foreground)")
-    add_connection_flags(p, ui=True)
+    add_connection_flags(p, ui=True, dev_server=True)
     p.set_defaults(func=cmd_server)
 
     p = sub.add_parser("worker", help="run a ForkLab worker (foreground)")
@@ -158,7 +222,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("up", help="start the dev server and a worker in the background")
-    add_connection_flags(p, ui=True)
+    add_connection_flags(p, ui=True, dev_server=True)
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="stop what `forklab up` started")

@@ -36,6 +36,8 @@ ENV = {
     "task_queue": "FORKLAB_TASK_QUEUE",
     "home": "FORKLAB_HOME",
     "ui_port": "FORKLAB_UI_PORT",
+    "http_port": "FORKLAB_HTTP_PORT",
+    "metrics_port": "FORKLAB_METRICS_PORT",
     "max_sandboxes": "FORKLAB_MAX_SANDBOXES",
     "allow_unapproved": ALLOW_UNAPPROVED,
     "allow_unconfined_workloads": ALLOW_UNCONFINED,
@@ -74,7 +76,19 @@ class Settings(BaseModel):
     namespace: str = "default"
     task_queue: str = "forklab"
     home: Path = Field(default=Path("~/.forklab"), description="Where ForkLab keeps its files.")
-    ui_port: int = Field(default=8233, ge=1, le=65535)
+    ui_port: int = Field(default=8233, ge=1, le=65535, description="The dev server's Web UI.")
+    http_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="The dev server's HTTP API; unset: the address's port + 10.",
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="The dev server's /metrics; unset: the address's port + 11.",
+    )
     max_sandboxes: int = Field(default=8, ge=1, description="Sandboxes one worker runs at once.")
     allow_unapproved: bool = Field(
         default=False,
@@ -205,6 +219,16 @@ class Settings(BaseModel):
         return int(self.address.rpartition(":")[2])
 
     @property
+    def dev_http_port(self) -> int:
+        """The port of the dev server's HTTP API: pinned, never a random free one."""
+        return self.http_port or _beside(self.port, 10)
+
+    @property
+    def dev_metrics_port(self) -> int:
+        """The port of the dev server's ``/metrics``: pinned, never a random free one."""
+        return self.metrics_port or _beside(self.port, 11)
+
+    @property
     def ui_url(self) -> str:
         host = "localhost" if self.host in ("0.0.0.0", "127.0.0.1") else self.host
         return f"http://{host}:{self.ui_port}"
@@ -258,3 +282,21 @@ class Settings(BaseModel):
     def run_dir(self) -> Path:
         """Pidfiles of the server and worker that ``forklab up`` started."""
         return self.home / "run"
+
+
+def _beside(port: int, offset: int) -> int:
+    """``port + offset``, or below ``port`` when that would pass 65535."""
+    return port + offset if port + offset <= 65535 else port - offset
+
+
+def sources(
+    flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Where ``Settings.load(flags, env)`` took each setting from: ``flag``, ``env``
+    (naming the variable) or ``default`` (``forklab config``)."""
+    env = os.environ if env is None else env
+    given = {k for k, v in (flags or {}).items() if v is not None}
+    return {
+        field: "flag" if field in given else f"env {var}" if env.get(var) else "default"
+        for field, var in ENV.items()
+    }

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from forklab.workers import processes
 from forklab.workers.config import ENV, ConfigError, Settings
-from forklab.workflows.experiment.search_attributes import DEV_SERVER_FLAGS
 
 #: Seconds ``start_server`` waits for the dev server to accept connections.
 START_SECONDS = 60.0
@@ -41,6 +40,9 @@ def temporal_binary() -> Path:
 
 
 def server_argv(settings: Settings, extra: list[str] | None = None) -> list[str]:
+    # (the search attributes' keys are Temporal SDK types: loaded only to start a server)
+    from forklab.workflows.experiment.search_attributes import DEV_SERVER_FLAGS
+
     argv = [
         str(temporal_binary()),
         "server",
@@ -53,6 +55,10 @@ def server_argv(settings: Settings, extra: list[str] | None = None) -> list[str]
         str(settings.port),
         "--ui-port",
         str(settings.ui_port),
+        "--http-port",
+        str(settings.dev_http_port),
+        "--metrics-port",
+        str(settings.dev_metrics_port),
         "--namespace",
         settings.namespace,
         "--log-level",
@@ -95,7 +101,11 @@ def child_env(settings: Settings) -> dict[str, str]:
     """The environment of background processes: this one's, plus the resolved settings."""
     env = dict(os.environ)
     for field, var in ENV.items():
-        env[var] = str(getattr(settings, field))
+        value = getattr(settings, field)
+        if value is None:  # unset and derived (the dev server's HTTP and metrics ports)
+            env.pop(var, None)
+        else:
+            env[var] = str(value)
     return env
 
 

@@ -143,7 +143,12 @@ def cmd_approve(args: argparse.Namespace) -> int:
     attempt = run(lambda: approve(settings, args.experiment, approver, args.fingerprint, args.key))
     if not attempt.accepted:
         raise CliError(f"approval of {args.experiment} was not accepted: {attempt.reason}")
-    print(f"approved: experiment {args.experiment} by {attempt.approver} at {attempt.at:%H:%M:%S}")
+    if args.json:
+        print(attempt.model_dump_json(indent=2))
+    else:
+        print(
+            f"approved: experiment {args.experiment} by {attempt.approver} at {attempt.at:%H:%M:%S}"
+        )
     return 0
 
 
@@ -196,6 +201,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             default=None,
             help="the private key file (default: <home>/approval-keys/<workflow id>/<run>.key)",
         )
+        if name == "approve":
+            p.add_argument("--json", action="store_true", help="print the recorded attempt (JSON)")
         add_connection_flags(p)
         p.set_defaults(func=func)
 

@@ -27,7 +27,12 @@ from forklab.cli.ops_common import (
     settings_from,
 )
 from forklab.cli.runfork import agent_demo, workspace_command
-from forklab.cli.service_commands import ensure_server, ensure_worker, stop_services
+from forklab.cli.service_commands import (
+    claim_ports,
+    ensure_server,
+    ensure_worker,
+    stop_services,
+)
 from forklab.workers.config import Settings
 from forklab.workers.stores import artifact_store, ledger
 from forklab.workflows.experiment.messages import (
@@ -146,6 +151,13 @@ async def demo_flow(settings: Settings, spec_path: Path, yes: bool) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     spec_path = Path(args.spec) if args.spec else default_spec()
+    # what can fail early fails before any work: no terminal to ask (and no --yes) used to
+    # surface after half a minute of rehearsal, leaving an experiment awaiting approval
+    if not args.yes and not sys.stdin.isatty():
+        raise CliError(
+            "no terminal to ask for approval; pass --yes to approve non-interactively", 2
+        )
+    claim_ports(settings, services={"server"})
     server = ensure_server(settings)
     worker = ensure_worker(settings)
     started = [name for name, did in (("server", server), ("worker", worker)) if did]
@@ -170,6 +182,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_connection_flags(p, ui=True)
     p.set_defaults(func=cmd_demo)
-    scenarios = p.add_subparsers(dest="scenario", metavar="SCENARIO")
+    # optional: `forklab demo` alone runs the experiment
+    scenarios = p.add_subparsers(dest="scenario", metavar="[SCENARIO]")
     workspace_command.register(scenarios)
     agent_demo.register(scenarios)

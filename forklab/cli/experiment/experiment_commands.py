@@ -1,4 +1,5 @@
-"""The experiment commands: start, status, cancel, report (approve/reject: approval_commands)."""
+"""The experiment commands: start, bundle, report (status/cancel: status_commands;
+approve/reject: approval_commands)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,6 @@ from forklab.cli.ops_common import (
     experiment_handle,
     live_pollers,
     open_client,
-    pinned_build,
     query_status,
     run,
     settings_from,
@@ -66,7 +66,6 @@ from forklab.workflows.experiment.messages import (
     ExperimentInput,
     ExperimentResult,
     Stage,
-    StatusView,
     workflow_id,
 )
 from forklab.workflows.experiment.search_attributes import EXPERIMENT, STAGE
@@ -225,22 +224,39 @@ def cmd_start(args: argparse.Namespace) -> int:
             args.spec,
         )
     )
-    print(f"started experiment {spec.id} (workflow {workflow_id(spec.id)})")
-    if started.workload_bundle is not None:
-        b = started.workload_bundle
+    b = started.workload_bundle
+    if args.json:
         print(
-            f"workload bundle {b.digest} ({len(b.entries)} files, {b.total_bytes:,} bytes) "
-            "shipped through the artifact store"
+            json.dumps(
+                {
+                    "experiment_id": spec.id,
+                    "workflow_id": workflow_id(spec.id),
+                    "approver_key": str(started.key_path),
+                    "workload_bundle": b.digest if b is not None else None,
+                    "web_ui": settings.experiment_url(workflow_id(spec.id)),
+                    "workers_polling": started.workers_polling,
+                },
+                indent=2,
+            )
         )
-    print(f"approver key (private, readable only by you): {started.key_path}")
-    print(f"watch it: {settings.experiment_url(workflow_id(spec.id))}")
+    else:
+        print(f"started experiment {spec.id} (workflow {workflow_id(spec.id)})")
+        if b is not None:
+            print(
+                f"workload bundle {b.digest} ({len(b.entries)} files, {b.total_bytes:,} bytes) "
+                "shipped through the artifact store"
+            )
+        print(f"approver key (private, readable only by you): {started.key_path}")
+        print(f"watch it: {settings.experiment_url(workflow_id(spec.id))}")
     if not started.workers_polling:
         print(
-            f"no worker has polled task queue {settings.task_queue!r} lately: the run waits "
-            "until one does; if none runs, start one with `forklab up` (or `forklab worker` "
-            "where Temporal is reachable)"
+            f"forklab: no worker has polled task queue {settings.task_queue!r} lately: the run "
+            "waits until one does; if none runs, start one with `forklab up` (or `forklab "
+            "worker` where Temporal is reachable)",
+            file=sys.stderr,
         )
-    print(f"next: forklab status {spec.id}   then   forklab approve {spec.id}")
+    if not args.json:
+        print(f"next: forklab status {spec.id}   then   forklab approve {spec.id}")
     return 0
 
 
@@ -256,7 +272,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- status / cancel / report ---------------------------------------------------------
+# --- report ---------------------------------------------------------
 #: The workspace evidence files a report folder may receive (see ``workspace_section``).
 _WORKSPACE_FILE = re.compile(r"workspace-[A-Za-z0-9_.-]+\.json")
 
@@ -273,83 +289,6 @@ class ReportFiles:
     workspace_files: tuple[str, ...] = ()
 
 
-def render_status(view: StatusView) -> str:
-    p, b, a = view.progress, view.budget, view.approval
-    lines = [
-        f"experiment {view.experiment_id}: {view.status.value}, stage {view.stage.value}",
-        f"  {view.message}",
-    ]
-    if view.error:
-        lines.append(f"  error: {view.error}")
-    if view.plan:
-        lines.append(f"  plan fingerprint {view.plan.fingerprint}")
-        lines.append(f"  snapshot {view.plan.snapshot.snapshot_id}")
-        if view.plan.snapshot.workload_bundle:
-            lines.append(f"  workload bundle {view.plan.snapshot.workload_bundle}")
-        lines.append(f"  capacity: {view.plan.capacity.reason}")
-        lines.append(f"  prefixes: {view.plan.prefixes}")
-    expiry = f", expires {a.expires_at:%Y-%m-%d %H:%M:%S} UTC" if a.expires_at else ""
-    lines.append(f"  approval: {a.status.value}{expiry} ({a.policy})")
-    if a.public_key:
-        lines.append(f"    approver key {a.public_key[:16]}… in {a.key_location}")
-    hidden = a.attempts_total - len(a.attempts)
-    if hidden:
-        lines.append(f"    ({hidden} earlier attempts not kept)")
-    lines += [
-        f"    {'accepted' if t.accepted else 'refused'} {t.kind} by {t.approver or '?'} "
-        f"at {t.at:%H:%M:%S}: {t.reason}"
-        for t in a.attempts
-    ]
-    lines.append(
-        f"  progress: prefixes {p.prefixes_done}/{p.prefix_chunks}, world batches "
-        f"{p.batches_completed}/{p.batches} done, {p.batches_failed} failed, "
-        f"{p.batches_skipped} skipped; {p.running} sandboxes running"
-    )
-    lines.append(
-        f"  budget: {b.spent_world_seconds:.1f} of {b.max_world_seconds:g} world-seconds spent "
-        f"(estimated {b.estimated_world_seconds:.1f}), peak {b.peak_concurrent_sandboxes} "
-        f"of {b.max_concurrent_sandboxes} sandboxes"
-    )
-    if view.cleanup:
-        lines.append(f"  cleanup: {view.cleanup.summary()}")
-    return "\n".join(lines)
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
-
-    async def go() -> tuple[StatusView, tuple[str, str] | None]:
-        handle = await experiment_handle(settings, args.experiment)
-        return await query_status(settings, handle), await pinned_build(handle)
-
-    view, pinned = run(go)
-    if args.json:
-        print(view.model_dump_json(indent=2))
-    else:
-        print(render_status(view))
-        if pinned is not None:
-            print(f"  runs on build {pinned[0]}:{pinned[1]} (pinned: its workers only)")
-        print(f"  web UI: {settings.experiment_url(workflow_id(args.experiment))}")
-    return 0
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
-
-    async def go() -> None:
-        handle = await experiment_handle(settings, args.experiment)
-        desc = await handle.describe()
-        if desc.raw_description.workflow_execution_info.status != (
-            WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
-        ):
-            raise CliError(f"experiment {args.experiment} is not running; nothing to cancel")
-        await handle.cancel()
-
-    run(go)
-    print(f"cancellation requested for {args.experiment}; its cleanup deletes every sandbox")
-    return 0
-
-
 async def fetch_result(settings: Settings, experiment: str) -> ExperimentResult:
     handle = await experiment_handle(settings, experiment)
     desc = await handle.describe()
@@ -357,9 +296,15 @@ async def fetch_result(settings: Settings, experiment: str) -> ExperimentResult:
         WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
     ):
         view = await query_status(settings, handle)
+        if view.stage is Stage.awaiting_approval:
+            raise CliError(
+                f"experiment {experiment} is awaiting approval and has no report until it is "
+                f"decided: approve it (`forklab approve {experiment}`) or reject it "
+                f"(`forklab reject {experiment}`); `forklab status {experiment}` shows the plan"
+            )
         raise CliError(
             f"experiment {experiment} is still running (stage {view.stage.value}); "
-            "wait for it, or watch `forklab status`"
+            f"wait for it, or watch `forklab status {experiment}`"
         )
     view = await query_status(settings, handle)
     try:
@@ -417,12 +362,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     wrote = f"wrote report.md, report.json and report.html to {files.folder}"
     if files.workspace_files:
         wrote += f" (and {len(files.workspace_files)} workspace manifest and diff files)"
-    if args.json:
-        print(files.report_json, end="")
-        print(wrote, file=sys.stderr)
-    else:
-        print(files.markdown)
-        print(wrote)
+    # the report on stdout, the line about the files on stderr: `report X > r.md` is Markdown
+    text = files.report_json if args.json else files.markdown
+    print(text, end="" if text.endswith("\n") else "\n")
+    print(wrote, file=sys.stderr)
     return 0
 
 
@@ -449,6 +392,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=DEFAULT_HISTORY_EVENTS,
         help="events one workflow run records at most before it continues as new",
     )
+    p.add_argument("--json", action="store_true", help="machine-readable")
     add_connection_flags(p, ui=True)
     p.set_defaults(func=cmd_start)
 
@@ -460,17 +404,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("spec", help="path to the experiment spec (.yaml or .json)")
     add_connection_flags(p)
     p.set_defaults(func=cmd_bundle)
-
-    p = sub.add_parser("status", help="stage, plan, approval attempts, progress and budget")
-    p.add_argument("experiment", help="experiment id")
-    p.add_argument("--json", action="store_true", help="machine-readable")
-    add_connection_flags(p, ui=True)
-    p.set_defaults(func=cmd_status)
-
-    p = sub.add_parser("cancel", help="cancel a running experiment (cleanup still runs)")
-    p.add_argument("experiment", help="experiment id")
-    add_connection_flags(p)
-    p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser(
         "report", help="write a finished experiment's report (.md, .json, .html); print it"

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import math
+import sys
 from typing import Any
 
 from temporalio.client import Client
@@ -107,9 +108,11 @@ async def _fork(args: argparse.Namespace) -> int:
         tool_policies=policies,
         boundary=BoundaryMode(args.boundary),
     )
-    print(
+    started = (
         f"fork {fork.receipt.fork_workflow_id} started (workflow run {fork.handle.result_run_id})"
     )
+    # --json: the receipt alone on stdout (the line that says what happened goes to stderr)
+    print(started, file=sys.stderr if args.json else sys.stdout)
     _print_json(fork.receipt.model_dump(mode="json"))
     return 0
 
@@ -118,6 +121,9 @@ async def _fork(args: argparse.Namespace) -> int:
 async def _steps(args: argparse.Namespace) -> int:
     lab = await _lab(args)
     steps = await lab.steps(args.run)
+    if args.json:
+        _print_json([s.model_dump(mode="json", exclude={"result_b64"}) for s in steps])
+        return 0
     print(f"{'step':>5}  {'origin':<9} {'status':<9} {'ms':>8}  input sha256  call")
     for s in steps:
         ms = f"{s.duration_ms:8.1f}" if s.duration_ms is not None else "       -"
@@ -132,11 +138,23 @@ async def _steps(args: argparse.Namespace) -> int:
 async def _diff(args: argparse.Namespace) -> int:
     lab = await _lab(args)
     d = await lab.diff(args.a, args.b)
+    if args.json:
+        _print_json(
+            {
+                "a": d.a,
+                "b": d.b,
+                "common_ancestor": d.common_ancestor,
+                "divergence_step": d.divergence_step,
+                "diff": d.diff.model_dump(mode="json"),
+            }
+        )
+        return 0
     print(f"common ancestor: {d.common_ancestor or '(none)'}")
     print(f"divergence step: {d.divergence_step or '(none)'}")
-    for name, changes in (("added", d.diff.added), ("removed", d.diff.removed)):
-        for c in changes:
-            print(f"{name:>8} {c.path}")
+    for c in d.diff.added:
+        print(f"{'added':>8} {c.path}: {json.dumps(c.after)}")
+    for c in d.diff.removed:
+        print(f"{'removed':>8} {c.path}: {json.dumps(c.before)}")
     for c in d.diff.changed:
         print(f"{'changed':>8} {c.path}: {json.dumps(c.before)} -> {json.dumps(c.after)}")
     return 0
@@ -145,8 +163,35 @@ async def _diff(args: argparse.Namespace) -> int:
 @_guard
 async def _trail(args: argparse.Namespace) -> int:
     lab = await _lab(args)
-    _print_json(await lab.trail(args.run))
+    trail = await lab.trail(args.run)
+    if args.json:
+        _print_json(trail)
+    else:
+        print(render_trail(trail))
     return 0
+
+
+def render_trail(trail: dict[str, Any]) -> str:
+    """``forklab trail`` for people: the lineage, each fork's receipt in a line, the steps
+    served or blocked by policy, the ledger's effects and the recorded decisions."""
+    lines = [f"run {trail['run']}", f"  lineage: {' -> '.join(trail['lineage'])}"]
+    for r in trail["receipts"]:
+        model = f", model {r['model']}" if r.get("model") else ""
+        lines.append(
+            f"  fork {r['fork_workflow_id']} of {r['parent_workflow_id']} at step "
+            f"{r['resolved_step']} (asked {r['requested_step']}, boundary {r['boundary']}{model})"
+        )
+    if trail["policy_decisions"]:
+        lines.append("  steps not run live:")
+        lines += [
+            f"    {d['index']:>4} {d['activity_type']}: {d['origin']}"
+            for d in trail["policy_decisions"]
+        ]
+    lines.append(f"  ledger: {len(trail['ledger'])} effects")
+    lines += [f"    {json.dumps(e, sort_keys=True, default=str)[:160]}" for e in trail["ledger"]]
+    lines.append(f"  decisions: {len(trail['decisions'])}")
+    lines += [f"    {json.dumps(d, sort_keys=True, default=str)[:160]}" for d in trail["decisions"]]
+    return "\n".join(lines)
 
 
 @_guard
@@ -208,24 +253,34 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="auto|replay|block|live per tool, '*' for the default (repeatable)",
     )
     p.add_argument(
-        "--boundary", choices=[b.value for b in BoundaryMode], default=BoundaryMode.exact.value
+        "--boundary",
+        choices=[b.value for b in BoundaryMode],
+        default=BoundaryMode.exact.value,
+        help="exact (default): every inherited call must match its recorded type and input, "
+        "else the fork is refused; approximate: types must match, drift, timers and signals "
+        "in the prefix are recorded in the receipt; lineage_only: nothing is inherited, the "
+        "fork re-runs live and only its lineage is recorded",
     )
+    p.add_argument("--json", action="store_true", help="print the receipt only (JSON)")
     add_connection_flags(p)
     p.set_defaults(func=_runner(_fork))
 
     p = sub.add_parser("steps", help="list the steps of an agent run")
     p.add_argument("run")
+    p.add_argument("--json", action="store_true", help="machine-readable")
     add_connection_flags(p)
     p.set_defaults(func=_runner(_steps))
 
     p = sub.add_parser("diff", help="compare two runs' final states")
     p.add_argument("a")
     p.add_argument("b")
+    p.add_argument("--json", action="store_true", help="machine-readable")
     add_connection_flags(p)
     p.set_defaults(func=_runner(_diff))
 
     p = sub.add_parser("trail", help="lineage, receipts, policy decisions and ledger of a run")
     p.add_argument("run")
+    p.add_argument("--json", action="store_true", help="machine-readable (all of it)")
     add_connection_flags(p)
     p.set_defaults(func=_runner(_trail))
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 from enum import StrEnum
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Self, get_args
 
 import yaml
 from pydantic import (
@@ -257,6 +258,36 @@ class ExperimentSpec(Strict):
         return digest(self.canonical())
 
 
+def _did_you_mean(loc: tuple[int | str, ...]) -> str:
+    """``; did you mean X?`` for an unknown key at ``loc``, from the fields its model has
+    (followed through nested models, lists and optionals); empty when none is close."""
+    model: Any = ExperimentSpec
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        fields = getattr(model, "model_fields", {})
+        if part not in fields:
+            return ""
+        model = _model_in(fields[part].annotation)
+        if model is None:
+            return ""
+    known = list(getattr(model, "model_fields", {}))
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]}?"
+    return f"; the fields here are {', '.join(known)}" if known else ""
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (``M``, ``list[M]``, ``M | None``, ...)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        if (found := _model_in(arg)) is not None:
+            return found
+    return None
+
+
 def _field_path(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
@@ -351,7 +382,17 @@ def _parse_spec(text: str, source: str) -> ExperimentSpec:
     try:
         spec = ExperimentSpec.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        errors = exc.errors()
+        # an unknown key first: a misspelt field (``episods:``) also leaves the real one
+        # missing, and "episodes: Field required" alone hides the typo that caused it
+        unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+        err = unknown[0] if unknown else errors[0]
+        if unknown:
+            field = _field_path(tuple(err["loc"]))
+            rest = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+            raise SpecError(
+                f"{source}: field {field}: unknown field{_did_you_mean(err['loc'])}{rest}"
+            ) from None
         field = _field_path(tuple(p for p in err["loc"] if not str(p).startswith("function-")))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] in _TYPE_ERRORS:
