@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -128,7 +129,9 @@ def test_a_bad_design_is_one_sentence_naming_the_field(
 
 
 def test_the_report_gives_each_worlds_path_and_the_unspent_budget() -> None:
-    spec = parse_spec(yaml.safe_dump(spec_with({"looks": 4}, episodes=400)), "s.yaml")
+    spec = parse_spec(
+        yaml.safe_dump(spec_with({"looks": 4, "futility": 0}, episodes=400)), "s.yaml"
+    )
     design = design_for(spec)
     assert design is not None
     rng = np.random.default_rng(1)
@@ -156,3 +159,34 @@ def test_the_report_gives_each_worlds_path_and_the_unspent_budget() -> None:
     )
     assert all(p.stopped is Decision.continue_ for p in short.worlds)
     assert all(len(p.looks) == 2 for p in short.worlds)
+    # with the default futility a treatment identical to the baseline stops once its
+    # conditional power falls below 0.005 (look 2)
+    default = parse_spec(yaml.safe_dump(spec_with({"looks": 4}, episodes=400)), "s.yaml")
+    design = design_for(default)
+    assert design is not None
+    same = sequential_report(
+        default, design, {"baseline": base, "refresh": base, "null-refresh": base}
+    )
+    paths = {p.world: p for p in same.worlds}
+    assert paths["refresh"].stopped is Decision.futility and paths["refresh"].episodes == 200
+    assert paths["refresh"].p_value >= 0.05
+    assert paths["null-refresh"].stopped is Decision.futility
+
+
+def test_plan_rehearses_the_design_and_prints_the_compute_saved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec_with({"looks": 4})))
+    code, out, _ = run_cli(capsys, "plan", str(path))
+    assert code == 0
+    section = out[out.index("sequential design (group_sequential") :]
+    # null-refresh only harms: it crosses early; the baseline runs as long as refresh does
+    assert "null-refresh: stopped for efficacy at look" in section
+    code, js, _ = run_cli(capsys, "plan", str(path), "--json")
+    seq = json.loads(js)["sequential"]
+    assert seq["fixed_world_episodes"] == 3 * 300
+    paths = {p["world"]: p for p in seq["worlds"]}
+    used = seq["baseline_episodes"] + sum(p["episodes"] for p in paths.values())
+    assert seq["sequential_world_episodes"] == used < 900
+    assert f"{seq['saved_fraction']:.1%} saved" in section

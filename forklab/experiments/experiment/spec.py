@@ -191,14 +191,15 @@ class Sequential(Strict):
         "fixed design); pocock spends it evenly (earlier stops, a costlier last look).",
     )
     looks: int = Field(
-        default=5, ge=2, le=MAX_LOOKS, description="Waves of episodes, one decision after each."
+        default=8, ge=2, le=MAX_LOOKS, description="Waves of episodes, one decision after each."
     )
     futility: float = Field(
-        default=0.0,
+        default=0.005,
         ge=0.0,
         lt=0.5,
         description="Stop a treatment once its conditional power under the current trend "
-        "is below this (non-binding, so α holds); 0, the default, never stops for futility.",
+        "is below this (non-binding, so α holds); 0 never stops for futility. The defaults "
+        "are those docs/benchmarks/sequential.md measured to keep the fixed design's power.",
     )
 
 
