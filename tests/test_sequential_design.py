@@ -10,6 +10,7 @@ import pytest
 import yaml
 from scipy.stats import norm
 
+from forklab.experiments.experiment.analysis.verdicts import Verdict
 from forklab.experiments.experiment.sequential import (
     Decision,
     Rule,
@@ -149,6 +150,9 @@ def test_the_report_gives_each_worlds_path_and_the_unspent_budget() -> None:
     assert paths["refresh"].ci_low > 0
     assert paths["null-refresh"].stopped is Decision.efficacy
     assert paths["null-refresh"].ci_high < 0
+    # refresh is meant to cut failures and does; null-refresh is registered as an increase
+    assert paths["refresh"].verdict is Verdict.supported
+    assert paths["null-refresh"].verdict is Verdict.supported
     look = paths["refresh"].looks[0]
     assert (look.episodes, look.harm, look.boundary) == (100, 0, design.bounds[0])
     assert report.baseline_episodes == max(p.episodes for p in paths.values())
@@ -170,6 +174,7 @@ def test_the_report_gives_each_worlds_path_and_the_unspent_budget() -> None:
     paths = {p.world: p for p in same.worlds}
     assert paths["refresh"].stopped is Decision.futility and paths["refresh"].episodes == 200
     assert paths["refresh"].p_value >= 0.05
+    assert paths["refresh"].verdict is Verdict.inconclusive
     assert paths["null-refresh"].stopped is Decision.futility
 
 
@@ -182,7 +187,7 @@ def test_plan_rehearses_the_design_and_prints_the_compute_saved(
     assert code == 0
     section = out[out.index("sequential design (group_sequential") :]
     # null-refresh only harms: it crosses early; the baseline runs as long as refresh does
-    assert "null-refresh: stopped for efficacy at look" in section
+    assert "null-refresh: SUPPORTED, stopped for efficacy at look" in section
     code, js, _ = run_cli(capsys, "plan", str(path), "--json")
     seq = json.loads(js)["sequential"]
     assert seq["fixed_world_episodes"] == 3 * 300

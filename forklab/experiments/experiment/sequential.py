@@ -33,7 +33,7 @@ import numpy.typing as npt
 from pydantic import BaseModel
 from scipy.special import ndtr
 
-from forklab.experiments.experiment.analysis.verdicts import expected_direction
+from forklab.experiments.experiment.analysis.verdicts import Verdict, expected_direction
 from forklab.experiments.experiment.sequential_bounds import efficacy_bounds, stagewise_p
 from forklab.experiments.experiment.spec import (
     Direction,
@@ -43,6 +43,7 @@ from forklab.experiments.experiment.spec import (
     SequentialMethod,
     Spending,
 )
+from forklab.experiments.experiment.stats import holm_adjust
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -198,6 +199,11 @@ class WorldPath(BaseModel):
     #: The repeated confidence interval of the success difference at the stopping look.
     ci_low: float
     ci_high: float
+    #: Holm-adjusted across the worlds' comparisons with the baseline.
+    holm_p: float = 1.0
+    #: The verdict the design's numbers support (validity checks aside): as the fixed
+    #: design's, from the stage-wise p (Holm) and the repeated interval.
+    verdict: Verdict = Verdict.inconclusive
 
 
 class SequentialReport(BaseModel):
@@ -296,6 +302,24 @@ _DECISION = {
 }
 
 
+def sequential_verdict(path: WorldPath, holm_p: float, alpha: float) -> Verdict:
+    """Supported when the Holm-adjusted stage-wise p is below α *and* the repeated interval
+    lies on the expected side of zero; refuted on the other side; for an expected ``none``
+    supported only by a world identical to the baseline over the whole budget."""
+    last = path.looks[-1]
+    significant = holm_p < alpha and (path.ci_low > 0.0 or path.ci_high < 0.0)
+    if path.expected is Direction.none:
+        if significant:
+            return Verdict.refuted
+        identical = last.rescue == 0 and last.harm == 0 and path.unspent_episodes == 0
+        return Verdict.supported if identical else Verdict.inconclusive
+    if not significant:
+        return Verdict.inconclusive
+    fewer_failures = path.ci_low > 0.0
+    wanted = path.expected is Direction.decrease
+    return Verdict.supported if fewer_failures == wanted else Verdict.refuted
+
+
 def cumulative_at_looks(
     design: Design, reference: npt.ArrayLike, world: npt.ArrayLike
 ) -> tuple[list[int], list[int]]:
@@ -336,6 +360,11 @@ def sequential_report(
                 harm,
             )
         )
+    adjusted = holm_adjust([p.p_value for p in paths])
+    paths = [
+        p.model_copy(update={"holm_p": q, "verdict": sequential_verdict(p, q, design.alpha)})
+        for p, q in zip(paths, adjusted, strict=True)
+    ]
     base_n = max((p.episodes for p in paths), default=0)
     fixed = design.episodes * len(spec.worlds)
     used = base_n + sum(p.episodes for p in paths)

@@ -27,8 +27,10 @@ def path_line(p: WorldPath) -> str:
     last = p.looks[-1]
     steps = " → ".join(f"{lk.statistic:+.2f}/{lk.boundary:.2f}" for lk in p.looks)
     return (
-        f"{p.world}: {_WHY[p.stopped]} at look {last.look} ({p.episodes} episodes, "
-        f"rescue {last.rescue}, harm {last.harm}); Z/boundary {steps}; p {p.p_value:.3g}, "
+        f"{p.world}: {p.verdict.value.upper()}, {_WHY[p.stopped]} at look {last.look} "
+        f"({p.episodes} episodes, "
+        f"rescue {last.rescue}, harm {last.harm}); Z/boundary {steps}; p {p.p_value:.3g} "
+        f"(Holm {p.holm_p:.3g}), "
         f"repeated CI [{p.ci_low:+.3f}, {p.ci_high:+.3f}]; {p.unspent_episodes} episodes unspent"
     )
 
