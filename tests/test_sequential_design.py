@@ -8,7 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from pydantic import ValidationError
 from scipy.stats import norm
+from temporalio.api.common.v1 import Payload
+from temporalio.contrib.pydantic import pydantic_data_converter
 
 from forklab.experiments.experiment.analysis.verdicts import Verdict
 from forklab.experiments.experiment.sequential import (
@@ -26,6 +29,7 @@ from forklab.experiments.experiment.sequential_bounds import (
     stagewise_p,
 )
 from forklab.experiments.experiment.spec import Sequential, Spending, parse_spec
+from forklab.workflows.experiment.messages import ExperimentInput
 from tests.helpers import ROOT, run_cli
 
 GOOD = yaml.safe_load((ROOT / "forklab" / "workloads" / "recovery-counter.yaml").read_text())
@@ -115,6 +119,9 @@ def test_the_design_is_part_of_the_fingerprint_and_absent_when_not_declared() ->
         ({"futility": 0.7}, ["analysis.sequential.futility", "less than 0.5"]),
         ({"looks": "5"}, ["analysis.sequential.looks", "without quotes"]),
         ({"wave": 10}, ["analysis.sequential.wave", "Extra inputs"]),
+        ({"looks": True}, ["analysis.sequential.looks", "not the boolean true"]),
+        ({"futility": float("nan")}, ["analysis.sequential.futility", "finite number"]),
+        ([5], ["analysis.sequential", "valid dictionary"]),
     ],
 )
 def test_a_bad_design_is_one_sentence_naming_the_field(
@@ -195,3 +202,26 @@ def test_plan_rehearses_the_design_and_prints_the_compute_saved(
     used = seq["baseline_episodes"] + sum(p["episodes"] for p in paths.values())
     assert seq["sequential_world_episodes"] == used < 900
     assert f"{seq['saved_fraction']:.1%} saved" in section
+
+
+def test_the_design_crosses_the_workers_converter_unchanged_and_as_strictly() -> None:
+    """A spec reaches the workflow as JSON through the pydantic converter: the design it
+    signs must arrive as parsed, and a wrong type be refused there too."""
+
+    def start_input(spec: dict[str, object]) -> ExperimentInput:
+        payload = Payload(
+            metadata={"encoding": b"json/plain"}, data=json.dumps({"spec": spec}).encode()
+        )
+        [value] = pydantic_data_converter.payload_converter.from_payloads(
+            [payload], [ExperimentInput]
+        )
+        assert isinstance(value, ExperimentInput)
+        return value
+
+    data = spec_with({"looks": 4, "spending": "pocock"})
+    spec = start_input(data).spec
+    assert spec == parse_spec(yaml.safe_dump(data), "spec.yaml")
+    assert spec.digest() == parse_spec(yaml.safe_dump(data), "spec.yaml").digest()
+    assert spec.analysis.sequential == Sequential(looks=4, spending=Spending.pocock)
+    with pytest.raises(ValidationError):
+        start_input(spec_with({"looks": "4"}))
