@@ -202,6 +202,10 @@ def test_plan_rehearses_the_design_and_prints_the_compute_saved(
     used = seq["baseline_episodes"] + sum(p["episodes"] for p in paths.values())
     assert seq["sequential_world_episodes"] == used < 900
     assert f"{seq['saved_fraction']:.1%} saved" in section
+    # the expected saving resamples the rehearsal's episodes: a spread around a mean
+    low, mean, high = (seq[f"expected_saved_{k}"] for k in ("low", "fraction", "high"))
+    assert 0.0 <= low <= mean <= high < 1.0 and low < high
+    assert f"expected over experiments like this one: {mean:.1%} saved" in section
 
 
 def test_the_design_crosses_the_workers_converter_unchanged_and_as_strictly() -> None:

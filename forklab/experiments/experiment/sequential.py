@@ -215,6 +215,10 @@ class SequentialReport(BaseModel):
     sequential_world_episodes: int
     unspent_world_episodes: int
     saved_fraction: float
+    #: The saving expected over experiments like this one (``expected_saving``).
+    expected_saved_fraction: float | None = None
+    expected_saved_low: float | None = None
+    expected_saved_high: float | None = None
 
 
 def _interval(design: Design, look: int, rescue: int, harm: int, n: int) -> tuple[float, float]:
@@ -368,6 +372,8 @@ def sequential_report(
     base_n = max((p.episodes for p in paths), default=0)
     fixed = design.episodes * len(spec.worlds)
     used = base_n + sum(p.episodes for p in paths)
+    expected = expected_saving(spec, design, columns)
+    mean, low, high = expected if expected is not None else (None, None, None)
     return SequentialReport(
         design=design,
         worlds=paths,
@@ -376,4 +382,53 @@ def sequential_report(
         sequential_world_episodes=used,
         unspent_world_episodes=fixed - used,
         saved_fraction=round(1.0 - used / fixed, 6),
+        expected_saved_fraction=mean,
+        expected_saved_low=low,
+        expected_saved_high=high,
     )
+
+
+#: Resampled experiments behind the expected saving.
+EXPECTED_DRAWS = 400
+
+
+def expected_saving(
+    spec: ExperimentSpec, design: Design, columns: dict[str, npt.ArrayLike]
+) -> tuple[float, float, float] | None:
+    """The saving the design is expected to have on experiments like the rehearsed one:
+    the mean, 5th and 95th percentile over ``EXPECTED_DRAWS`` experiments whose episodes
+    are drawn with replacement from the rehearsal's (the bootstrap ``bench/sequential.py``
+    uses). Each episode is its pattern of pair cells across the worlds, so a wave's draw is
+    one multinomial over the distinct patterns: memory grows with the patterns, not the
+    episodes. Seeded by the spec's seed, so the plan prints the same figure every time.
+    None without a full rehearsal."""
+    base = spec.baseline.name
+    others = [w for w in spec.worlds if w.role is not Role.baseline]
+    ref = np.asarray(columns[base], dtype=bool)
+    if len(ref) < design.episodes or not others:
+        return None
+    cells = np.stack(
+        [
+            (~ref & np.asarray(columns[w.name], dtype=bool)).astype(np.int8)
+            - (ref & ~np.asarray(columns[w.name], dtype=bool)).astype(np.int8)
+            for w in others
+        ],
+        axis=1,
+    )
+    patterns, counts = np.unique(cells, axis=0, return_counts=True)
+    rng = np.random.default_rng(spec.seed)
+    sizes = np.diff([0, *design.wave_ends])
+    drawn = np.stack(
+        [rng.multinomial(n, counts / counts.sum(), size=EXPECTED_DRAWS) for n in sizes], axis=1
+    ).cumsum(axis=1)  # (draws, looks, patterns)
+    rescue = drawn @ (patterns == 1).astype(np.int64)  # (draws, looks, worlds)
+    harm = drawn @ (patterns == -1).astype(np.int64)
+    ends = np.array(design.wave_ends)
+    used = np.zeros((EXPECTED_DRAWS, len(others)), dtype=np.int64)
+    for j, w in enumerate(others):
+        at, _ = decide(design, rescue[:, :, j], harm[:, :, j], rule_of(spec, w.name, w.role))
+        used[:, j] = ends[at]
+    share = (used.sum(axis=1) + used.max(axis=1)) / (design.episodes * len(spec.worlds))
+    saved = 1.0 - share
+    low, high = np.quantile(saved, [0.05, 0.95])
+    return round(float(saved.mean()), 6), round(float(low), 6), round(float(high), 6)

@@ -36,10 +36,17 @@ def path_line(p: WorldPath) -> str:
 
 
 def saving_line(s: SequentialReport) -> str:
+    expected = ""
+    if s.expected_saved_fraction is not None:
+        expected = (
+            f"; expected over experiments like this one: {s.expected_saved_fraction:.1%} "
+            f"saved (90% of them {s.expected_saved_low:.1%} to {s.expected_saved_high:.1%})"
+        )
     return (
         f"compute: {s.sequential_world_episodes} of {s.fixed_world_episodes} world-episodes "
-        f"({s.saved_fraction:.1%} saved, {s.unspent_world_episodes} unspent); the baseline "
-        f"runs {s.baseline_episodes} episodes, as long as any world runs"
+        f"on these episodes ({s.saved_fraction:.1%} saved, {s.unspent_world_episodes} "
+        f"unspent){expected}; the baseline runs {s.baseline_episodes} episodes, as long as "
+        "any world runs"
     )
 
 
