@@ -104,6 +104,14 @@ def capacity_verdict(
             f"budget.max_concurrent_sandboxes is {spec.budget.max_concurrent_sandboxes} but "
             f"the workers allow at most {host_sandboxes} sandboxes at once; lower it"
         )
+    if spec.analysis.sequential is not None:
+        # Refused before approval, so no approver signs a design the run would not follow
+        # and no report claims a saving that was never made.
+        problems.append(
+            "analysis.sequential: the durable path does not run episodes in waves yet and "
+            "would run every world over every episode; remove analysis.sequential to run the "
+            "fixed design, or rehearse the design with forklab plan"
+        )
     batches = len(chunks) * len(spec.worlds)
     prefix_chunks = f"{len(chunks)} prefix chunk{'s' if len(chunks) != 1 else ''}" + (
         " run by the rehearsal" if rehearsal.prefixes is not None else ""

@@ -56,6 +56,8 @@ MAX_EXPIRY_MINUTES = 7 * 24 * 60
 MAX_FORKS = 99
 MAX_HOLDOUT = 1_000_000
 MAX_WORLDS = 32
+#: Looks of a sequential design (each look is one wave of episodes and one decision).
+MAX_LOOKS = 50
 _NAME = 64
 
 
@@ -164,6 +166,44 @@ class Guard(Strict):
     )
 
 
+class SequentialMethod(StrEnum):
+    """How a sequential design decides after each wave (see docs/analysis.md)."""
+
+    #: Lan–DeMets α-spending boundaries on each world's paired score statistic.
+    group_sequential = "group_sequential"
+
+
+class Spending(StrEnum):
+    """The α-spending function of a group-sequential design."""
+
+    obrien_fleming = "obrien_fleming"
+    pocock = "pocock"
+
+
+class Sequential(Strict):
+    """A pre-registered sequential design: the episodes run in ``looks`` equal waves and
+    after each wave every world stops for efficacy, for futility or continues. The
+    maximum is ``episodes`` (the budget), α and power are ``analysis.alpha``/``power``."""
+
+    method: Annotated[SequentialMethod, _Lax] = SequentialMethod.group_sequential
+    spending: Annotated[Spending, _Lax] = Field(
+        default=Spending.obrien_fleming,
+        description="obrien_fleming spends little α early (the last look stays near the "
+        "fixed design); pocock spends it evenly (earlier stops, a costlier last look).",
+    )
+    looks: int = Field(
+        default=8, ge=2, le=MAX_LOOKS, description="Waves of episodes, one decision after each."
+    )
+    futility: float = Field(
+        default=0.005,
+        ge=0.0,
+        lt=0.5,
+        description="Stop a treatment once its conditional power under the current trend "
+        "is below this (non-binding, so α holds); 0 never stops for futility. The defaults "
+        "are those docs/benchmarks/sequential.md measured to keep the fixed design's power.",
+    )
+
+
 class Analysis(Strict):
     comparisons: list[Comparison] = Field(
         default_factory=list,
@@ -185,6 +225,11 @@ class Analysis(Strict):
     alpha: float = Field(default=0.05, gt=0, lt=1, description="Significance level.")
     power: float = Field(default=0.8, gt=0, lt=1, description="Power for the episode count.")
     guard: Guard = Field(default_factory=Guard)
+    sequential: Sequential | None = Field(
+        default=None,
+        description="A sequential design (waves and early stops); null runs every world "
+        "over every episode.",
+    )
 
     @model_validator(mode="after")
     def _odd_forks(self) -> Self:
@@ -238,6 +283,12 @@ class ExperimentSpec(Strict):
             for name in (comp.world, comp.vs):
                 if name not in known:
                     raise ValueError(f"analysis.comparisons: names unknown world {name!r}")
+        design = self.analysis.sequential
+        if design is not None and design.looks > self.episodes:
+            raise ValueError(
+                f"analysis.sequential.looks: {design.looks} looks need at least as many "
+                f"episodes (the spec has {self.episodes}); lower looks or raise episodes"
+            )
         guard_world = self.analysis.guard.world
         if guard_world is not None and guard_world not in known:
             raise ValueError(f"analysis.guard.world: names unknown world {guard_world!r}")
@@ -252,6 +303,11 @@ class ExperimentSpec(Strict):
         return next(w for w in self.worlds if w.role is Role.baseline)
 
     def canonical(self) -> dict[str, Any]:
+        """The spec as the fingerprint signs it. A spec without a sequential design dumps
+        without the key, so the fingerprints of specs written before designs existed stay
+        what their approvers signed; a design, once declared, is signed with the rest."""
+        if self.analysis.sequential is None:
+            return self.model_dump(mode="json", exclude={"analysis": {"sequential"}})
         return self.model_dump(mode="json")
 
     def digest(self) -> str:

@@ -46,6 +46,11 @@ from forklab.experiments.experiment.report.model import (
     experiment_fingerprint,
 )
 from forklab.experiments.experiment.results import InfraUsage, WorldStatus
+from forklab.experiments.experiment.sequential import (
+    SequentialReport,
+    design_for,
+    sequential_report,
+)
 from forklab.experiments.experiment.spec import Direction, ExperimentSpec, Role, SpecError
 from forklab.experiments.experiment.stats import holm_adjust, wilson_interval
 
@@ -243,7 +248,18 @@ def build_report(
         ),
         guard=guard,
         infra=infra,
+        sequential=_sequential(spec, out),
     )
+
+
+def _sequential(spec: ExperimentSpec, out: ExperimentOutcomes) -> SequentialReport | None:
+    """The design's paths through the outcomes. On the twin every world holds every
+    episode, so this *rehearses* the design: the paths and the saving are those a durable
+    run of these very episodes takes."""
+    design = design_for(spec)
+    if design is None:
+        return None
+    return sequential_report(spec, design, {w.name: w.outcomes for w in out.worlds})
 
 
 def _effect_of(row: ComparisonRow) -> PairedEffect:

@@ -17,6 +17,7 @@ from forklab.experiments.experiment.analysis.power import PowerAnalysis
 from forklab.experiments.experiment.analysis.slices import SliceEffect
 from forklab.experiments.experiment.analysis.verdicts import WorldVerdict
 from forklab.experiments.experiment.results import Check, InfraUsage, WorldStatus
+from forklab.experiments.experiment.sequential import SequentialReport
 from forklab.experiments.experiment.spec import ExperimentSpec, Role
 from forklab.experiments.experiment.workspace_report import WorkspaceSection
 from forklab.runtime.canon import digest
@@ -106,6 +107,9 @@ class Report(BaseModel):
     #: A workload with files, on the durable path: per world, the workspace at the branch
     #: and at the end and what diverged (the manifests are files next to the report).
     workspaces: WorkspaceSection | None = None
+    #: A spec with ``analysis.sequential``: each world's path through the looks, where and
+    #: why it stopped, its design-valid p-value and interval, and the compute unspent.
+    sequential: SequentialReport | None = None
 
 
 def experiment_fingerprint(spec: ExperimentSpec, code_digest: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from forklab.experiments.experiment.report.model import Report
+from forklab.experiments.experiment.report.sequential_text import sequential_lines
 from forklab.experiments.experiment.report.tables import (
     Table,
     comparisons_table,
@@ -99,6 +100,9 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
     lines += ["", f"## Power (α {p.alpha:g}, power {p.power:g})", ""]
     lines += _shared(power_table(report))
     lines += [f"\n**Warning:** {w}" for w in p.warnings]
+    if report.sequential is not None:
+        head, *rest = sequential_lines(report.sequential)
+        lines += ["", "## Sequential design", "", head + ".", "", *(f"- {t}" for t in rest)]
     if report.guard is not None:
         g = report.guard
         lines += ["", f"## Guard policy for `{g.world}`", "", f"**{g.words}**", ""]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from forklab.experiments.experiment.report.model import Report
+from forklab.experiments.experiment.report.sequential_text import sequential_lines
 from forklab.experiments.experiment.report.tables import (
     Table,
     comparisons_table,
@@ -88,6 +89,9 @@ def render_text(report: Report) -> str:
     lines += ["", f"power (α {p.alpha:g}, power {p.power:g}, from the rehearsal's discordance)"]
     lines += [f"  {r.world}: {r.note}" for r in p.rows]
     lines += [f"  WARNING: {w}" for w in p.warnings]
+    if report.sequential is not None:
+        head, *rest = sequential_lines(report.sequential)
+        lines += ["", f"sequential design ({head})", *(f"  {t}" for t in rest)]
     if report.guard is not None:
         g = report.guard
         cap = "harms ≤ rescues per slice" if g.harm_cap is None else f"harm cap {g.harm_cap}"
