@@ -328,6 +328,23 @@ def parse_spec(text: str, source: str) -> ExperimentSpec:
 
 
 def _parse_spec(text: str, source: str) -> ExperimentSpec:
+    raw = load_spec_mapping(text, source)
+    if "cohort" in raw and "workload" not in raw:
+        raise SpecError(
+            f"{source}: names a cohort of recorded runs, not a workload; read it with "
+            "forklab.experiments.cohort.spec.parse_cohort_spec"
+        )
+    try:
+        spec = ExperimentSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(validation_message(exc, source)) from None
+    resolve_workload(spec, source)
+    return spec
+
+
+def load_spec_mapping(text: str, source: str) -> dict[str, Any]:
+    """The top-level mapping of a spec's YAML or JSON text, read within the size, alias and
+    nesting limits (shared by workload and cohort specs)."""
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError(f"{source}: larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is small")
     try:
@@ -348,21 +365,21 @@ def _parse_spec(text: str, source: str) -> ExperimentSpec:
         ) from None
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping of spec fields at the top level")
-    try:
-        spec = ExperimentSpec.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = _field_path(tuple(p for p in err["loc"] if not str(p).startswith("function-")))
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] in _TYPE_ERRORS:
-            msg = f"{msg}, {_got(err['input'])}"
-        head, sep, rest = msg.partition(": ")
-        if not err["loc"] and sep and " " not in head:
-            field, msg = head, rest
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise SpecError(f"{source}: field {field}: {msg}{more}") from None
-    resolve_workload(spec, source)
-    return spec
+    return raw
+
+
+def validation_message(exc: ValidationError, source: str) -> str:
+    """The first validation error as one line naming the field (and how many more)."""
+    err = exc.errors()[0]
+    field = _field_path(tuple(p for p in err["loc"] if not str(p).startswith("function-")))
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] in _TYPE_ERRORS:
+        msg = f"{msg}, {_got(err['input'])}"
+    head, sep, rest = msg.partition(": ")
+    if not err["loc"] and sep and " " not in head:
+        field, msg = head, rest
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{source}: field {field}: {msg}{more}"
 
 
 def resolve_workload(spec: ExperimentSpec, source: str = "spec") -> Workload:
