@@ -11,13 +11,12 @@ from scipy.stats import permutation_test
 
 from forklab.experiments.cohort.noise import (
     CohortVerdict,
-    Coupling,
     compare_rates,
     judge_worlds,
     noise_floor,
-    rate_test_power,
     sign_flip_p,
 )
+from forklab.experiments.cohort.power import Coupling, rate_test_power
 from forklab.experiments.experiment.spec import Direction, Role
 from tests.reference_stats import reference_newcombe
 
@@ -113,4 +112,5 @@ def test_the_power_estimate_matches_a_simulation() -> None:
     mc = 3 * np.sqrt(planned * (1 - planned) / sims)
     assert abs(hits / sims - planned) < 0.05 + mc
     assert rate_test_power(p, p, k) == 0.0  # identical coupled worlds never differ
-    assert rate_test_power(p, p, k, coupling=Coupling.independent) == pytest.approx(0.05, abs=0.01)
+    # under the null the (conservative, discrete) test rejects at most at alpha
+    assert 0.01 < rate_test_power(p, p, k, coupling=Coupling.independent) <= 0.05

@@ -32,7 +32,6 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel
-from scipy.special import ndtr
 
 from forklab.experiments.experiment.spec import Direction, Role
 from forklab.experiments.experiment.stats import (
@@ -259,49 +258,3 @@ def judge_worlds(
             )
         )
     return floor, out
-
-
-class Coupling(StrEnum):
-    """How the forks of two worlds of one run share randomness in a power estimate."""
-
-    #: fork f of both worlds draws the same uniform (the per-call seeds line up)
-    common = "common"
-    #: the worlds' forks are independent (a provider that ignores ``seed``)
-    independent = "independent"
-
-
-def rate_test_power(
-    p_base: Sequence[float] | npt.NDArray[np.float64],
-    p_world: Sequence[float] | npt.NDArray[np.float64],
-    forks: int,
-    alpha: float = 0.05,
-    coupling: Coupling = Coupling.common,
-) -> float:
-    """The rate test's power, by the normal approximation of the sign-flip statistic.
-
-    Run i succeeds per fork with probability ``p_base[i]`` in the baseline and
-    ``p_world[i]`` in the world. Its difference ``x_i`` (successes over ``forks``) has
-    mean ``k δ_i`` and variance ``k v_i`` where, per fork, ``v_i = |δ_i| - δ_i²`` when the
-    worlds share a uniform (``common``) and ``p_w(1-p_w) + p_b(1-p_b)`` when not. The
-    test rejects when ``|Σx| >= z·sqrt(Σx²)``, and ``Σx² ≈ n E[x²]``.
-    """
-    pb = np.asarray(p_base, dtype=np.float64)
-    pw = np.asarray(p_world, dtype=np.float64)
-    if pb.shape != pw.shape or pb.ndim != 1 or pb.size == 0:
-        raise ValueError("p_base and p_world must be equal-length, non-empty lists")
-    n, k = pb.size, forks
-    delta = pw - pb
-    if coupling is Coupling.common:
-        per_fork = np.abs(delta) - delta**2
-    else:
-        per_fork = pw * (1 - pw) + pb * (1 - pb)
-    mean_x = k * delta
-    mu = float(mean_x.mean())
-    second = float((k * per_fork + mean_x**2).mean())
-    if second <= 0.0:  # every difference is 0: the test never rejects
-        return 0.0
-    var = max(second - mu * mu, 1e-300)
-    z = -normal_quantile(alpha / 2.0)
-    edge = z * math.sqrt(n * second)
-    scale = math.sqrt(n * var)
-    return float(ndtr((n * mu - edge) / scale) + ndtr((-n * mu - edge) / scale))
