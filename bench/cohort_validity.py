@@ -77,7 +77,7 @@ def main() -> None:
     mc_alpha = 3 * math.sqrt(alpha * (1 - alpha) / n)
     load = os.getloadavg()
     print(
-        f"# {n} experiments per row, {args.runs} runs x k = {args.forks}, alpha {alpha}, "
+        f"Run: {n} experiments per row, {args.runs} runs x k = {args.forks}, alpha {alpha}, "
         f"effects +{args.effects}; {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
@@ -119,7 +119,7 @@ def main() -> None:
                 )
             all_ok &= ok
             print(row, flush=True)
-    print(f"# all within bounds: {all_ok}")
+    print(f"Result: all within bounds: {all_ok}")
 
 
 if __name__ == "__main__":
