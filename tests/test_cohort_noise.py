@@ -36,6 +36,8 @@ def test_sign_flip_p_edge_cases() -> None:
     assert sign_flip_p([0, 0, 0]) == 1.0
     assert sign_flip_p([1]) == 1.0
     assert sign_flip_p([3] * 10) == pytest.approx(2 / 2**10)
+    with pytest.raises(ValueError, match="counts of forks"):
+        sign_flip_p([10**12])  # refused before any array is made
 
 
 def test_the_noise_floor_is_the_mean_pairwise_disagreement_of_baseline_forks() -> None:

@@ -42,6 +42,9 @@ from forklab.experiments.experiment.stats import (
 )
 
 Outcomes = npt.NDArray[np.bool_]
+#: The exact null distribution spans -total..total; beyond this (a million runs x 10
+#: forks) its array would not fit a worker, and no cohort comes near it.
+MAX_SIGNED_SUM = 10_000_000
 
 
 def _matrix(name: str, outcomes: Outcomes | Sequence[Sequence[bool]]) -> Outcomes:
@@ -99,6 +102,11 @@ def sign_flip_p(differences: Sequence[int] | npt.NDArray[np.int64]) -> float:
     if x.size == 0:
         return 1.0
     total = int(x.sum())
+    if total > MAX_SIGNED_SUM:
+        raise ValueError(
+            f"the differences sum to {total} in absolute value, over {MAX_SIGNED_SUM}: "
+            "they are counts of forks (at most runs x k), not arbitrary integers"
+        )
     dist = np.zeros(2 * total + 1)
     dist[total] = 1.0
     for v in x.tolist():
