@@ -3,11 +3,13 @@ and the Responses API, tool calls in both, streaming, ``seed``, and the behaviou
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from urllib.parse import urlparse
 
 import openai
 import pytest
@@ -181,3 +183,15 @@ def test_a_malformed_request_is_a_400_naming_the_field(url: str) -> None:
             urllib.request.urlopen(req, timeout=5)
         assert info.value.code == 400
         assert field in json.loads(info.value.read())["error"]["message"]
+
+
+def test_a_bad_content_length_is_refused_at_once(url: str) -> None:
+    where = urlparse(url)
+    for length in ("-5", "lots", str(64 * 1024 * 1024)):
+        conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=5)
+        conn.putrequest("POST", "/v1/chat/completions")
+        conn.putheader("Content-Length", length)
+        conn.endheaders()
+        response = conn.getresponse()  # answered without waiting for a body
+        assert response.status in (400, 413)
+        conn.close()

@@ -309,7 +309,13 @@ class _Handler(BaseHTTPRequestHandler):
                 404, f"no route {self.path}; this server speaks chat completions and responses"
             )
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:  # read(-1) would wait for the client to close the connection
+            self._error(400, "malformed request: Content-Length must be a non-negative integer")
+            return
         if length > MAX_BODY_BYTES:
             self._error(413, f"request body over {MAX_BODY_BYTES} bytes")
             return
