@@ -195,3 +195,26 @@ def test_a_bad_content_length_is_refused_at_once(url: str) -> None:
         response = conn.getresponse()  # answered without waiting for a body
         assert response.status in (400, 413)
         conn.close()
+
+
+def test_a_counter_instruction_makes_its_mistake_rarer_under_the_same_seeds(
+    client: openai.OpenAI,
+) -> None:
+    def thin(seed: int, system: str) -> bool:
+        out = client.chat.completions.create(
+            model="fast",
+            messages=[
+                {"role": "system", "content": system},
+                {"role": "user", "content": "STEP: recommendations\nTOPIC: caching"},
+            ],
+            temperature=1.0,
+            seed=seed,
+        )
+        return (out.choices[0].message.content or "").startswith("draft")
+
+    plain = [thin(s, "You write one section of a report.") for s in range(200)]
+    patched = [thin(s, "You write one section. Write every section in full.") for s in range(200)]
+    assert abs(sum(plain) / 200 - 0.6) < 0.1
+    assert abs(sum(patched) / 200 - 0.15) < 0.07
+    # the same seed draws the same uniform: a patched mistake is a plain one too
+    assert all(p for p, q in zip(plain, patched, strict=True) if q)

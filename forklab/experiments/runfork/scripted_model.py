@@ -22,6 +22,12 @@ every rate moves towards one half. The mistakes:
 - *skips the tool*: a ticket answered in text without calling the mail tool;
 - *bad address*: the mail tool called with ``unknown@invalid`` instead of the customer.
 
+An instruction can make a mistake rarer, as a prompt patch would: when a system (or
+developer) message contains a mistake's *counter-instruction* (``COUNTER_INSTRUCTIONS``,
+any case), that mistake's rate is divided by ``HEEDED_DIVISOR`` (4): "write every section
+in full", "approve eligible refunds", "always email the customer", "check the customer's
+address".
+
 Draws are a pure function of (seed, counter, stream). The server uses the request's
 ``seed`` when the client sends one (counter 0: the same seed draws the same mistakes
 whatever came before, which is what lines up an experiment's worlds), else its own seed
@@ -84,6 +90,30 @@ BEHAVIOURS: dict[str, Behaviour] = {
         thin_recommendations=0.2, thin_section=0.1, no_refund=0.3, skips_tool=0.05, bad_address=0.05
     ),
 }
+
+
+#: Per mistake (a ``Behaviour`` field), the instruction that makes it rarer.
+COUNTER_INSTRUCTIONS = {
+    "thin_recommendations": "write every section in full",
+    "thin_section": "write every section in full",
+    "no_refund": "approve eligible refunds",
+    "skips_tool": "always email the customer",
+    "bad_address": "check the customer's address",
+}
+#: A heeded counter-instruction divides its mistake's rate by this.
+HEEDED_DIVISOR = 4.0
+
+
+def _instructions(messages: list[dict[str, Any]]) -> str:
+    return " ".join(_text(m).lower() for m in messages if m.get("role") in ("system", "developer"))
+
+
+def rate_of(how: Behaviour, mistake: str, instructions: str) -> float:
+    """The mistake's rate at temperature 1, given the conversation's instructions."""
+    rate = float(getattr(how, mistake))
+    if COUNTER_INSTRUCTIONS[mistake] in instructions:
+        rate /= HEEDED_DIVISOR
+    return rate
 
 
 def behaviour(model: str) -> Behaviour:
@@ -168,13 +198,15 @@ def respond(
 ) -> Reply:
     """The scripted answer to one chat request. ``tools`` are the offered tool names."""
     how = behaviour(model)
+    told = _instructions(messages)
     convo = "\n".join(_text(m) for m in messages)
     prompt_tokens = max(1, len(convo) // 4)
     last = messages[-1] if messages else {}
     step = _marker(_text(last), "STEP") if last.get("role") == "user" else None
     if step is not None:
         topic = _marker(_text(last), "TOPIC") or "the topic"
-        rate = how.thin_recommendations if step == "recommendations" else how.thin_section
+        which = "thin_recommendations" if step == "recommendations" else "thin_section"
+        rate = rate_of(how, which, told)
         if _mistake(rate, temperature, seed, counter, "thin/" + step):
             content = f"draft: {topic} - tbd"
         else:
@@ -195,7 +227,7 @@ def respond(
         ticket is not None
         and mail_tool is not None
         and not answered
-        and not _mistake(how.skips_tool, temperature, seed, counter, "skip")
+        and not _mistake(rate_of(how, "skips_tool", told), temperature, seed, counter, "skip")
     ):
         wants_refund = "refund" in ticket.lower()
         subject = "Your refund" if wants_refund else "About your ticket"
@@ -203,14 +235,14 @@ def respond(
             ["we are on it", "thanks for your patience"], temperature, seed, counter, "tone"
         )
         approves = wants_refund and not _mistake(
-            how.no_refund, temperature, seed, counter, "refund"
+            rate_of(how, "no_refund", told), temperature, seed, counter, "refund"
         )
         body = f"Hello, {tone}. " + (
             "Your refund is approved." if approves else "We will follow up."
         )
         to = (
             "unknown@invalid"
-            if _mistake(how.bad_address, temperature, seed, counter, "address")
+            if _mistake(rate_of(how, "bad_address", told), temperature, seed, counter, "address")
             else customer
         )
         call = ToolCall(
