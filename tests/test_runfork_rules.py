@@ -131,8 +131,9 @@ def test_scripted_model_is_greedy_at_zero_and_varies_with_temperature() -> None:
     assert len(texts) > 1
     thin = respond("fast", [{"role": "user", "content": "STEP: recommendations\nTOPIC: t"}], [])
     assert thin.content is not None and thin.content.startswith("draft")
-    with pytest.raises(ValueError, match="unknown model"):
-        respond("gpt-x", msgs, [])
+    # an unknown name behaves as the documented default model
+    unknown = respond("gpt-x", msgs, []).content
+    assert unknown == respond("default", msgs, []).content.replace("default", "gpt-x")
     call = respond(
         "slow", [{"role": "user", "content": "TICKET: refund\nCUSTOMER: a@b"}], ["send_email"]
     )

@@ -314,10 +314,10 @@ class ExperimentSpec(Strict):
         return digest(self.canonical())
 
 
-def _did_you_mean(loc: tuple[int | str, ...]) -> str:
+def _did_you_mean(loc: tuple[int | str, ...], root: type[BaseModel]) -> str:
     """``; did you mean X?`` for an unknown key at ``loc``, from the fields its model has
     (followed through nested models, lists and optionals); empty when none is close."""
-    model: Any = ExperimentSpec
+    model: Any = root
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
@@ -415,6 +415,23 @@ def parse_spec(text: str, source: str) -> ExperimentSpec:
 
 
 def _parse_spec(text: str, source: str) -> ExperimentSpec:
+    raw = load_spec_mapping(text, source)
+    if "cohort" in raw and "workload" not in raw:
+        raise SpecError(
+            f"{source}: names a cohort of recorded runs, not a workload; read it with "
+            "forklab.experiments.cohort.spec.parse_cohort_spec"
+        )
+    try:
+        spec = ExperimentSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(validation_message(exc, source)) from None
+    resolve_workload(spec, source)
+    return spec
+
+
+def load_spec_mapping(text: str, source: str) -> dict[str, Any]:
+    """The top-level mapping of a spec's YAML or JSON text, read within the size, alias and
+    nesting limits (shared by workload and cohort specs)."""
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError(f"{source}: larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is small")
     try:
@@ -435,31 +452,31 @@ def _parse_spec(text: str, source: str) -> ExperimentSpec:
         ) from None
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping of spec fields at the top level")
-    try:
-        spec = ExperimentSpec.model_validate(raw)
-    except ValidationError as exc:
-        errors = exc.errors()
-        # an unknown key first: a misspelt field (``episods:``) also leaves the real one
-        # missing, and "episodes: Field required" alone hides the typo that caused it
-        unknown = [e for e in errors if e["type"] == "extra_forbidden"]
-        err = unknown[0] if unknown else errors[0]
-        if unknown:
-            field = _field_path(tuple(err["loc"]))
-            rest = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-            raise SpecError(
-                f"{source}: field {field}: unknown field{_did_you_mean(err['loc'])}{rest}"
-            ) from None
-        field = _field_path(tuple(p for p in err["loc"] if not str(p).startswith("function-")))
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] in _TYPE_ERRORS:
-            msg = f"{msg}, {_got(err['input'])}"
-        head, sep, rest = msg.partition(": ")
-        if not err["loc"] and sep and " " not in head:
-            field, msg = head, rest
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise SpecError(f"{source}: field {field}: {msg}{more}") from None
-    resolve_workload(spec, source)
-    return spec
+    return raw
+
+
+def validation_message(
+    exc: ValidationError, source: str, model: type[BaseModel] | None = None
+) -> str:
+    """The first validation error as one line naming the field (and how many more). An
+    unknown key comes first: a misspelt field (``episods:``) also leaves the real one
+    missing, and "episodes: Field required" alone hides the typo that caused it."""
+    errors = exc.errors()
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    if unknown:
+        loc = tuple(unknown[0]["loc"])
+        hint = _did_you_mean(loc, model or ExperimentSpec)
+        return f"{source}: field {_field_path(loc)}: unknown field{hint}{more}"
+    err = errors[0]
+    field = _field_path(tuple(p for p in err["loc"] if not str(p).startswith("function-")))
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] in _TYPE_ERRORS:
+        msg = f"{msg}, {_got(err['input'])}"
+    head, sep, rest = msg.partition(": ")
+    if not err["loc"] and sep and " " not in head:
+        field, msg = head, rest
+    return f"{source}: field {field}: {msg}{more}"
 
 
 def resolve_workload(spec: ExperimentSpec, source: str = "spec") -> Workload:

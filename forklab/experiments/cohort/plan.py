@@ -1,0 +1,171 @@
+"""The cohort part of an experiment's plan: which recorded runs are forked where, which
+are excluded and why, and which tools their histories call, with each tool's policy.
+
+Pure: the rehearsal reads each run's chain (``forklab.activities.runfork.cohort_reads``)
+and hands the parsed steps here. The plan's ``digest`` covers every run id, the run ids
+of each chain, the fork steps, the prefix digests and the tool list, so the approver's
+signature names exactly the runs that will be forked: a run recorded after the approval
+is not in the plan, and the experiment never runs it. An excluded run is listed with its
+reason and never replaced by another run or forked at another step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forklab.experiments.cohort.fork_point import (
+    MODEL_ACTIVITY_TYPES,
+    ForkPoint,
+    ForkPointKind,
+    ResolvedForkPoint,
+    Unresolved,
+    resolve_fork_point,
+)
+from forklab.experiments.cohort.spec import CohortExperimentSpec
+from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.experiments.runfork.steps import Step, StepStatus
+from forklab.runtime.canon import digest
+
+#: Run statuses whose histories are final (a run still running is no recorded run).
+CLOSED = frozenset({"completed", "failed", "terminated", "timed_out", "canceled"})
+
+
+class RecordedRun(BaseModel):
+    """One recorded run (its whole continue-as-new chain) as the rehearsal read it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workflow_id: str
+    #: the latest run of the chain, and every run of it, oldest first
+    run_id: str
+    chain_run_ids: list[str]
+    workflow_type: str
+    #: the chain's status, lower case (``completed``, ``failed``, ``running`` …)
+    status: str
+    steps: list[Step]
+
+
+class CohortRun(BaseModel):
+    """A run of the cohort and where it is forked."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workflow_id: str
+    run_id: str
+    chain_run_ids: list[str]
+    workflow_type: str
+    status: str
+    fork_point: str
+    at_step: int
+    decisive_step: int | None
+    prefix_sha256: str
+    #: the run failed (harms are counted on the runs that did not)
+    failed: bool
+
+
+class ExcludedRun(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    workflow_id: str
+    reason: str
+
+
+class CohortPlan(BaseModel):
+    runs: list[CohortRun]
+    excluded: list[ExcludedRun]
+    #: every tool the cohort's histories call, with its policy on the experiment's forks
+    tools: dict[str, ToolPolicy]
+    digest: str = Field(default="")
+
+
+def _needs_failure(point: ForkPoint) -> bool:
+    return point.kind in (ForkPointKind.failed, ForkPointKind.last_model_call_before_failure)
+
+
+def _point_for(spec: CohortExperimentSpec, steps: Sequence[Step]) -> ForkPoint:
+    """``fork_at``, or ``fork_at_succeeded`` for a run with no failed step when
+    ``fork_at`` needs one (the spec says so: no substitution)."""
+    cohort = spec.cohort
+    has_failed = any(s.status is StepStatus.failed for s in steps)
+    if not has_failed and _needs_failure(cohort.fork_at) and cohort.fork_at_succeeded:
+        return cohort.fork_at_succeeded
+    return cohort.fork_at
+
+
+def plan_cohort(
+    spec: CohortExperimentSpec,
+    recorded: Sequence[RecordedRun],
+    missing: Sequence[ExcludedRun] = (),
+) -> CohortPlan:
+    """Resolve every recorded run's fork point (in workflow id order) and list the tools.
+
+    ``missing`` are runs the rehearsal could not read (named by id, not found), excluded
+    with their reason.
+    """
+    runs: list[CohortRun] = []
+    excluded = list(missing)
+    tools: set[str] = set()
+    for rec in sorted(recorded, key=lambda r: r.workflow_id):
+        tools.update(
+            s.label or s.activity_type
+            for s in rec.steps
+            if s.activity_type not in MODEL_ACTIVITY_TYPES
+        )
+        if rec.status not in CLOSED:
+            excluded.append(
+                ExcludedRun(
+                    workflow_id=rec.workflow_id, reason=f"the run is {rec.status}, not recorded"
+                )
+            )
+            continue
+        point = _point_for(spec, rec.steps)
+        found: ResolvedForkPoint | Unresolved = resolve_fork_point(rec.steps, point)
+        if isinstance(found, Unresolved):
+            excluded.append(
+                ExcludedRun(workflow_id=rec.workflow_id, reason=f"{point.text}: {found.reason}")
+            )
+            continue
+        runs.append(
+            CohortRun(
+                workflow_id=rec.workflow_id,
+                run_id=rec.run_id,
+                chain_run_ids=rec.chain_run_ids,
+                workflow_type=rec.workflow_type,
+                status=rec.status,
+                fork_point=point.text,
+                at_step=found.at_step,
+                decisive_step=found.decisive_step,
+                prefix_sha256=found.prefix_sha256,
+                failed=rec.status != "completed",
+            )
+        )
+    excluded.sort(key=lambda e: e.workflow_id)
+    policies = {tool: spec.policy(tool) for tool in sorted(tools)}
+    plan = CohortPlan(runs=runs, excluded=excluded, tools=policies)
+    plan.digest = cohort_digest(plan)
+    return plan
+
+
+def cohort_digest(plan: CohortPlan) -> str:
+    """The digest the approver signs: runs, chains, fork steps, prefixes, tools."""
+    return digest(
+        {
+            "runs": [
+                [r.workflow_id, r.run_id, r.chain_run_ids, r.at_step, r.prefix_sha256]
+                for r in plan.runs
+            ],
+            "excluded": [[e.workflow_id, e.reason] for e in plan.excluded],
+            "tools": {t: p.value for t, p in plan.tools.items()},
+        }
+    )
+
+
+def check_digest(plan: CohortPlan) -> None:
+    """Refuse a plan whose runs, chains, fork steps or tools differ from what its digest
+    (the one the approver signed) covers."""
+    if cohort_digest(plan) != plan.digest:
+        raise ValueError(
+            "the cohort plan differs from its signed digest; rehearse and approve it again"
+        )

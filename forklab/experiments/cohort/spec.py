@@ -1,0 +1,354 @@
+"""The spec of an experiment over recorded agent runs: a ``cohort:`` instead of a workload.
+
+Its worlds are interventions on forks of each run at its fork point (model swap, an
+intervention descriptor the workflow reads, a prompt patch, tool policies, an override of
+the decisive step, injected faults). It reuses the workload spec's hypothesis, approval
+and analysis blocks and the same reading rules: strict types, one sentence naming the
+field for anything wrong (``forklab.experiments.experiment.spec``).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Self
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Strict as StrictMode
+
+from forklab.experiments.cohort.faults import Fault, describe_fault
+from forklab.experiments.cohort.fork_point import ForkPoint
+from forklab.experiments.experiment.spec import (
+    MAX_SEED,
+    MAX_WORLD_SECONDS,
+    MAX_WORLDS,
+    Analysis,
+    Approval,
+    ExperimentSpec,
+    Hypothesis,
+    Intervention,
+    Role,
+    RoleName,
+    SpecError,
+    Strict,
+    load_spec_mapping,
+    parse_spec,
+    validation_message,
+)
+from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
+from forklab.runtime.canon import digest
+
+MAX_COHORT = 100_000
+MAX_FORKS_PER_WORLD = 99
+MAX_FORKS = 10_000_000
+MAX_QUERY = 2000
+_NAME = 64
+_CALLABLE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_Lax = StrictMode(False)
+PolicyName = Annotated[ToolPolicy, _Lax]
+ToolName = Annotated[
+    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_*][A-Za-z0-9_.:-]*$")
+]
+ForkPointText = Annotated[ForkPoint, _Lax]
+
+
+def _plain(text: str, what: str) -> str:
+    if _CONTROL.search(text):
+        raise ValueError(f"{what} holds a control character (a newline, a NUL); write one line")
+    return text
+
+
+class Cohort(Strict):
+    """The recorded runs that are the experiment's episodes, and where to fork each."""
+
+    query: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_QUERY,
+        description="A Temporal visibility query, e.g. WorkflowType='SupportAgent'.",
+    )
+    workflow_ids: list[Annotated[str, Field(min_length=1, max_length=1000)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_COHORT
+    )
+    limit: int = Field(default=1000, ge=1, le=MAX_COHORT)
+    fork_at: ForkPointText
+    fork_at_succeeded: ForkPointText | None = Field(
+        default=None,
+        description="The fork point of runs with no failed step, when fork_at needs one "
+        "(failed, last_model_call_before_failure); without it such runs are excluded.",
+    )
+    forks_per_world: int = Field(default=3, ge=3, le=MAX_FORKS_PER_WORLD)
+    outcome: str = Field(
+        pattern=_CALLABLE, max_length=200, description="'module:function' scoring a fork."
+    )
+    success_threshold: float = Field(
+        default=0.5, gt=0, le=1, description="A score at or above this is a success."
+    )
+    features: str | None = Field(
+        default=None,
+        pattern=_CALLABLE,
+        max_length=200,
+        description="'module:function' over the inherited steps at the fork point.",
+    )
+
+    @field_validator("query")
+    @classmethod
+    def _one_line_query(cls, query: str | None) -> str | None:
+        return None if query is None else _plain(query, "the query")
+
+    @field_validator("workflow_ids")
+    @classmethod
+    def _unique_ids(cls, ids: list[str] | None) -> list[str] | None:
+        if ids is None:
+            return None
+        for wid in ids:
+            _plain(wid, f"workflow id {wid[:40]!r}")
+        seen: set[str] = set()
+        dupes = sorted({w for w in ids if w in seen or seen.add(w)})  # type: ignore[func-returns-value]
+        if dupes:
+            raise ValueError(f"workflow ids must be unique; repeated: {', '.join(dupes[:5])}")
+        return ids
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if (self.query is None) == (self.workflow_ids is None):
+            raise ValueError("name either a visibility 'query' or 'workflow_ids', not both")
+        if self.workflow_ids is not None and len(self.workflow_ids) > self.limit:
+            raise ValueError(
+                f"lists {len(self.workflow_ids)} workflow ids, over its limit {self.limit}"
+            )
+        if self.forks_per_world % 2 == 0:
+            raise ValueError("forks_per_world must be odd so a run's majority cannot tie")
+        if self.fork_at_succeeded is not None and self.fork_at_succeeded.kind.value in (
+            "failed",
+            "last_model_call_before_failure",
+        ):
+            raise ValueError("fork_at_succeeded: a run without a failed step has no such point")
+        return self
+
+
+class PatchTarget(StrEnum):
+    """Which instructions of the model calls from the fork point on a patch changes."""
+
+    system = "system"
+    tool_instructions = "tool_instructions"
+
+
+class PatchMode(StrEnum):
+    append = "append"
+    prepend = "prepend"
+    #: the whole instructions become ``text`` (``replace`` would shadow ``str.replace``)
+    instead = "replace"
+
+
+class PromptPatch(Strict):
+    target: Annotated[PatchTarget, _Lax] = PatchTarget.system
+    mode: Annotated[PatchMode, _Lax] = PatchMode.append
+    text: str = Field(min_length=1, max_length=8000)
+    #: for tool_instructions: the tools whose descriptions change (empty: all)
+    tools: list[ToolName] = Field(default_factory=list, max_length=100)
+
+
+class OverridePart(StrEnum):
+    result = "result"
+    input = "input"
+
+
+class Override(Strict):
+    """Replace the recorded result (or input) of the decisive step with ``value``."""
+
+    part: Annotated[OverridePart, _Lax] = OverridePart.result
+    value: Any
+
+
+class ForkWorld(Strict):
+    name: str = Field(min_length=1, max_length=_NAME, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    role: RoleName
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    intervention: Intervention | None = None
+    prompt_patch: PromptPatch | None = None
+    tool_policies: dict[ToolName, PolicyName] = Field(default_factory=dict, max_length=200)
+    override: Override | None = None
+    faults: list[Fault] = Field(default_factory=list, max_length=20)
+
+    def changes(self) -> list[str]:
+        """The kinds of change this world makes, in a fixed order."""
+        named = {
+            "model": self.model is not None,
+            "intervention": self.intervention is not None,
+            "prompt_patch": self.prompt_patch is not None,
+            "tool_policies": bool(self.tool_policies),
+            "override": self.override is not None,
+            "faults": bool(self.faults),
+        }
+        return [k for k, v in named.items() if v]
+
+    @model_validator(mode="after")
+    def _changes_match_role(self) -> Self:
+        changes = self.changes()
+        if self.role is Role.baseline and changes:
+            raise ValueError(
+                f"the baseline is the unchanged fork (an A/A world); remove {', '.join(changes)}"
+            )
+        if self.role is Role.placebo and (
+            not changes or set(changes) - {"prompt_patch", "intervention"}
+        ):
+            raise ValueError(
+                "a placebo is an inert change: a prompt_patch or an intervention descriptor only"
+            )
+        if self.role is Role.positive_control and not self.faults:
+            raise ValueError("a positive control is a fault known to harm; give it 'faults'")
+        if self.role is Role.treatment and not changes:
+            raise ValueError(
+                "a treatment changes something: model, intervention, prompt_patch, "
+                "tool_policies, override or faults"
+            )
+        return self
+
+    def describe(self) -> str:
+        """The world in one line, for the report."""
+        if not self.changes():
+            return f"{self.name} ({self.role.value}): the unchanged fork, continued live"
+        parts: list[str] = []
+        if self.model is not None:
+            parts.append(f"model {self.model} from the fork point")
+        if self.intervention is not None:
+            parts.append(f"intervention {self.intervention.name}")
+        if self.prompt_patch is not None:
+            p = self.prompt_patch
+            text = p.text if len(p.text) <= 40 else p.text[:39] + "…"
+            parts.append(f"{p.mode.value} {p.target.value} {text!r}")
+        if self.tool_policies:
+            parts.append(
+                "tools "
+                + ", ".join(f"{t}={v.value}" for t, v in sorted(self.tool_policies.items()))
+            )
+        if self.override is not None:
+            parts.append(f"override the decisive step's {self.override.part.value}")
+        parts += [describe_fault(f) for f in self.faults]
+        return f"{self.name} ({self.role.value}): " + "; ".join(parts)
+
+
+class CohortBudget(Strict):
+    """Hard caps, estimated in the plan from the cohort's own recorded steps."""
+
+    max_forks: int = Field(default=10_000, ge=1, le=MAX_FORKS)
+    max_model_tokens: int = Field(default=10_000_000, ge=1, le=10**12)
+    max_world_seconds: float = Field(default=36_000.0, gt=0, le=MAX_WORLD_SECONDS)
+    max_concurrent_forks: int = Field(default=8, ge=1, le=1000)
+
+
+class CohortExperimentSpec(Strict):
+    id: str = Field(min_length=1, max_length=80, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    hypothesis: Hypothesis
+    seed: int = Field(ge=0, le=MAX_SEED, description="Seeds every model call and fault.")
+    cohort: Cohort
+    worlds: list[ForkWorld] = Field(min_length=2, max_length=MAX_WORLDS)
+    tools: dict[ToolName, PolicyName] = Field(
+        default_factory=dict,
+        max_length=500,
+        description="Policies of the cohort's tools on every fork; '*' (default block) "
+        "covers the rest. The approver signs this list.",
+    )
+    budget: CohortBudget = Field(default_factory=CohortBudget)
+    approval: Approval = Field(default_factory=Approval)
+    analysis: Analysis = Field(default_factory=Analysis)
+
+    @field_validator("tools")
+    @classmethod
+    def _default_block(cls, tools: dict[str, ToolPolicy]) -> dict[str, ToolPolicy]:
+        return {DEFAULT_KEY: ToolPolicy.block, **tools}
+
+    @field_validator("worlds")
+    @classmethod
+    def _one_baseline_unique_names(cls, worlds: list[ForkWorld]) -> list[ForkWorld]:
+        baselines = [w.name for w in worlds if w.role is Role.baseline]
+        if len(baselines) != 1:
+            raise ValueError(
+                f"exactly one world must have role 'baseline' (found {len(baselines)}: "
+                f"{', '.join(baselines) or 'none'})"
+            )
+        names = [w.name for w in worlds]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"world names must be unique; repeated: {', '.join(dupes)}")
+        return worlds
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        known = {w.name for w in self.worlds}
+        for name in self.hypothesis.expected:
+            if name not in known:
+                raise ValueError(f"hypothesis.expected: names unknown world {name!r}")
+        for comp in self.analysis.comparisons:
+            for name in (comp.world, comp.vs):
+                if name not in known:
+                    raise ValueError(f"analysis.comparisons: names unknown world {name!r}")
+        if self.analysis.forks_per_checkpoint != 1:
+            raise ValueError(
+                "analysis.forks_per_checkpoint: a cohort sets its forks with "
+                "cohort.forks_per_world; remove it"
+            )
+        for i, world in enumerate(self.worlds):
+            for tool, policy in world.tool_policies.items():
+                if policy is ToolPolicy.live and self.policy(tool) is not ToolPolicy.live:
+                    raise ValueError(
+                        f"worlds[{i}].tool_policies: {tool!r} may run live only if the "
+                        "experiment's signed 'tools' list makes it live"
+                    )
+        upper = self.cohort.limit * len(self.worlds) * self.cohort.forks_per_world
+        if upper > self.budget.max_forks:
+            raise ValueError(
+                f"budget.max_forks: the cohort's limit allows up to {upper} forks "
+                f"({self.cohort.limit} runs x {len(self.worlds)} worlds x "
+                f"{self.cohort.forks_per_world}), over {self.budget.max_forks}; lower "
+                "cohort.limit or raise the budget"
+            )
+        return self
+
+    def policy(self, tool: str) -> ToolPolicy:
+        """The experiment's policy for ``tool`` (its own entry, else the ``*`` default)."""
+        return self.tools.get(tool, self.tools[DEFAULT_KEY])
+
+    @property
+    def baseline(self) -> ForkWorld:
+        return next(w for w in self.worlds if w.role is Role.baseline)
+
+    def canonical(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def digest(self) -> str:
+        return digest(self.canonical())
+
+
+def parse_cohort_spec(text: str, source: str) -> CohortExperimentSpec:
+    """Parse YAML or JSON text into a cohort spec; raise ``SpecError`` with one line."""
+    raw = load_spec_mapping(text, source)
+    if "workload" in raw:
+        raise SpecError(f"{source}: field workload: a spec names a workload or a cohort, not both")
+    try:
+        spec = CohortExperimentSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(validation_message(exc, source, CohortExperimentSpec)) from None
+    return spec
+
+
+def parse_any_spec(text: str, source: str) -> ExperimentSpec | CohortExperimentSpec:
+    """A workload spec or, when it names a ``cohort:``, a cohort spec."""
+    raw = load_spec_mapping(text, source)
+    if "cohort" in raw and "workload" not in raw:
+        return parse_cohort_spec(text, source)
+    return parse_spec(text, source)
+
+
+__all__ = [
+    "Cohort",
+    "CohortBudget",
+    "CohortExperimentSpec",
+    "ForkWorld",
+    "Override",
+    "PromptPatch",
+    "parse_any_spec",
+    "parse_cohort_spec",
+]
