@@ -50,6 +50,7 @@ PROCESS_NAMES = frozenset(
         "start_pool",
         "FORKLAB",
         "start_dev_server",
+        "start_server",  # `forklab up`'s dev server, in the background
         "WorkflowEnvironment",
         "LocalSandboxBackend",
         "WorkloadCalls",  # a workload's calls, each in a confined process
@@ -119,11 +120,25 @@ def _helper(module: str) -> Path | None:
     return path if "." not in name and path.is_file() else None
 
 
+_IN_PROGRESS: set[Path] = set()
+
+
 @functools.cache
 def spawning_names(path: Path) -> frozenset[str]:
     """The names bound at the top of the module at ``path`` whose use starts a process:
     its own functions and classes whose bodies use one, and names it imports from a
-    helper module of this folder that are such there."""
+    helper module of this folder that are such there. Helpers that import each other
+    (or themselves) are read once: a module still being read contributes nothing."""
+    if path in _IN_PROGRESS:
+        return frozenset()
+    _IN_PROGRESS.add(path)
+    try:
+        return _spawning_names(path)
+    finally:
+        _IN_PROGRESS.discard(path)
+
+
+def _spawning_names(path: Path) -> frozenset[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     spawning: set[str] = set()
     defs: dict[str, ast.AST] = {}

@@ -27,7 +27,7 @@ from forklab.workflows.experiment.workflow import ExperimentWorkflow
 with workflow.unsafe.imports_passed_through():
     from forklab.workers.experiment.worker import workflow_runner
     from forklab.workers.runfork.agent_config import AgentSettings
-    from forklab.workers.runfork.agent_worker import agents_plugin, fork_interceptors
+    from forklab.workers.runfork.agent_worker import agents_plugin, fork_plugin
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 INDEX: dict[str, dict[str, str]] = json.loads((GOLDEN / "index.json").read_text())
@@ -51,12 +51,11 @@ def experiment_replayer(*workflows: type) -> Replayer:
 
 def agent_replayer(*workflows: type, interceptors: bool = True) -> Replayer:
     """Set up as ``build_agent_worker`` sets up its worker: the OpenAI Agents plugin (no
-    model is called in replay: model calls are activities) and the fork interceptors."""
+    model is called in replay: model calls are activities) and ForkLab's plugin."""
     agent = AgentSettings(model_base_url="http://127.0.0.1:9/v1", effects_url="http://127.0.0.1:9")
     return Replayer(
         workflows=list(workflows or [ResearchPipelineWorkflow]),
-        interceptors=fork_interceptors(agent) if interceptors else [],
-        plugins=[agents_plugin(agent)],
+        plugins=[agents_plugin(agent), *([fork_plugin(agent)] if interceptors else [])],
     )
 
 

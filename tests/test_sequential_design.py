@@ -118,7 +118,7 @@ def test_the_design_is_part_of_the_fingerprint_and_absent_when_not_declared() ->
         ({"spending": "linear"}, ["analysis.sequential.spending", "obrien_fleming"]),
         ({"futility": 0.7}, ["analysis.sequential.futility", "less than 0.5"]),
         ({"looks": "5"}, ["analysis.sequential.looks", "without quotes"]),
-        ({"wave": 10}, ["analysis.sequential.wave", "Extra inputs"]),
+        ({"wave": 10}, ["analysis.sequential.wave", "unknown field", "looks"]),
         ({"looks": True}, ["analysis.sequential.looks", "not the boolean true"]),
         ({"futility": float("nan")}, ["analysis.sequential.futility", "finite number"]),
         ([5], ["analysis.sequential", "valid dictionary"]),

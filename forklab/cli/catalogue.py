@@ -53,6 +53,10 @@ CATALOGUE: dict[str, Entry] = {
         "approve an experiment's plan, signed with the run's approver key",
         "forklab approve retry-cascade --fingerprint 3f2a…",
     ),
+    "keys": Entry(
+        "make your approver key pair and print the line to register with workers",
+        "forklab keys",
+    ),
     "sign": Entry(
         "print a signed approve request (JSON) for `temporal workflow update execute`",
         "forklab sign retry-cascade > approve.json",

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from forklab.contracts.experiment import (
         AnalyseInput,
         AnalysisResult,
+        ApproverPolicy,
         BatchInput,
         BatchOutcome,
         BatchStatus,
@@ -94,6 +95,8 @@ def _cause(err: BaseException) -> str:
 #: arguments) fails the run at once with the reason, instead of failing its workflow task
 #: forever; nothing has been created at that point, so there is nothing to clean up.
 _BAD_INPUT = [ValidationError, TypeError]
+#: the patch that added the approver-policy step (older runs replay without it)
+APPROVER_POLICY_PATCH = "approver-policy"
 
 
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=_BAD_INPUT)
@@ -259,13 +262,17 @@ class ExperimentWorkflow:
             else:
                 gate.state.policy = policy.reason
         if gate.pending:
-            approvers = await execute(
-                acts.APPROVER_POLICY,
-                PolicyInput(experiment_id=spec.id),
-                start_to_close_timeout=timeouts.SHORT_TIMEOUT,
-                retry_policy=timeouts.TRANSIENT_RETRY,
-                summary="who this worker's policy lets approve",
-            )
+            # runs started before workers had an approver policy recorded no such step;
+            # they replay with the policy they ran under (anyone holding the run's key)
+            approvers = ApproverPolicy()
+            if workflow.patched(APPROVER_POLICY_PATCH):
+                approvers = await execute(
+                    acts.APPROVER_POLICY,
+                    PolicyInput(experiment_id=spec.id),
+                    start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+                    retry_policy=timeouts.TRANSIENT_RETRY,
+                    summary="who this worker's policy lets approve",
+                )
             refusal = gate.adopt(
                 approvers,
                 self._inp.request,
