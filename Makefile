@@ -24,7 +24,7 @@ test: lint
 	@bash scripts/ensure-chromium.sh
 	@bash scripts/ensure-bubblewrap.sh
 	@bash scripts/ensure-postgres.sh
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2
 
 # The pure tests (no server, worker, sandbox, process, database or mount; see
 # docs/testing.md) and the golden histories' offline replay, in well under a minute; ruff
