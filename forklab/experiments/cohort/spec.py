@@ -31,6 +31,8 @@ from forklab.experiments.experiment.spec import (
     RoleName,
     SpecError,
     Strict,
+    check_world_names,
+    check_world_references,
     load_spec_mapping,
     parse_spec,
     validation_message,
@@ -263,28 +265,11 @@ class CohortExperimentSpec(Strict):
     @field_validator("worlds")
     @classmethod
     def _one_baseline_unique_names(cls, worlds: list[ForkWorld]) -> list[ForkWorld]:
-        baselines = [w.name for w in worlds if w.role is Role.baseline]
-        if len(baselines) != 1:
-            raise ValueError(
-                f"exactly one world must have role 'baseline' (found {len(baselines)}: "
-                f"{', '.join(baselines) or 'none'})"
-            )
-        names = [w.name for w in worlds]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"world names must be unique; repeated: {', '.join(dupes)}")
-        return worlds
+        return check_world_names(worlds)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        known = {w.name for w in self.worlds}
-        for name in self.hypothesis.expected:
-            if name not in known:
-                raise ValueError(f"hypothesis.expected: names unknown world {name!r}")
-        for comp in self.analysis.comparisons:
-            for name in (comp.world, comp.vs):
-                if name not in known:
-                    raise ValueError(f"analysis.comparisons: names unknown world {name!r}")
+        check_world_references(self.worlds, self.hypothesis, self.analysis)
         if self.analysis.forks_per_checkpoint != 1:
             raise ValueError(
                 "analysis.forks_per_checkpoint: a cohort sets its forks with "

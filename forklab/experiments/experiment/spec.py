@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import Annotated, Any, Self, get_args
+from typing import Annotated, Any, Protocol, Self, TypeVar, get_args
 
 import yaml
 from pydantic import (
@@ -260,29 +261,13 @@ class ExperimentSpec(Strict):
     @field_validator("worlds")
     @classmethod
     def _one_baseline_unique_names(cls, worlds: list[World]) -> list[World]:
-        baselines = [w.name for w in worlds if w.role is Role.baseline]
-        if len(baselines) != 1:
-            raise ValueError(
-                f"exactly one world must have role 'baseline' (found {len(baselines)}: "
-                f"{', '.join(baselines) or 'none'})"
-            )
-        names = [w.name for w in worlds]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"world names must be unique; repeated: {', '.join(dupes)}")
-        return worlds
+        return check_world_names(worlds)
 
     @model_validator(mode="after")
     def _references_known_worlds(self) -> Self:
         # Messages start with the field they concern; parse_spec reports it as the field.
+        check_world_references(self.worlds, self.hypothesis, self.analysis)
         known = {w.name for w in self.worlds}
-        for name in self.hypothesis.expected:
-            if name not in known:
-                raise ValueError(f"hypothesis.expected: names unknown world {name!r}")
-        for comp in self.analysis.comparisons:
-            for name in (comp.world, comp.vs):
-                if name not in known:
-                    raise ValueError(f"analysis.comparisons: names unknown world {name!r}")
         design = self.analysis.sequential
         if design is not None and design.looks > self.episodes:
             raise ValueError(
@@ -312,6 +297,45 @@ class ExperimentSpec(Strict):
 
     def digest(self) -> str:
         return digest(self.canonical())
+
+
+class _NamedWorld(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def role(self) -> Role: ...
+
+
+_W = TypeVar("_W", bound=_NamedWorld)
+
+
+def check_world_names(worlds: list[_W]) -> list[_W]:
+    """Exactly one baseline and unique names: both spec kinds pair every world with it."""
+    baselines = [w.name for w in worlds if w.role is Role.baseline]
+    if len(baselines) != 1:
+        raise ValueError(
+            f"exactly one world must have role 'baseline' (found {len(baselines)}: "
+            f"{', '.join(baselines) or 'none'})"
+        )
+    names = [w.name for w in worlds]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"world names must be unique; repeated: {', '.join(dupes)}")
+    return worlds
+
+
+def check_world_references(
+    worlds: Sequence[_NamedWorld], hypothesis: Hypothesis, analysis: Analysis
+) -> None:
+    """The hypothesis and the comparisons name only worlds the spec declares."""
+    known = {w.name for w in worlds}
+    for name in hypothesis.expected:
+        if name not in known:
+            raise ValueError(f"hypothesis.expected: names unknown world {name!r}")
+    for comp in analysis.comparisons:
+        for name in (comp.world, comp.vs):
+            if name not in known:
+                raise ValueError(f"analysis.comparisons: names unknown world {name!r}")
 
 
 def _did_you_mean(loc: tuple[int | str, ...], root: type[BaseModel]) -> str:
