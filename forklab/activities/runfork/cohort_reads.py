@@ -8,7 +8,13 @@ from temporalio.client import Client
 
 from forklab.activities.runfork.history_events import chain_steps
 from forklab.activities.runfork.history_reads import RunNotFound, read_chain
-from forklab.experiments.cohort.plan import CohortPlan, ExcludedRun, RecordedRun, plan_cohort
+from forklab.experiments.cohort.plan import (
+    CohortPlan,
+    ExcludedRun,
+    RecordedRun,
+    RunStatus,
+    plan_cohort,
+)
 from forklab.experiments.cohort.spec import CohortExperimentSpec
 
 
@@ -36,7 +42,7 @@ async def read_recorded(client: Client, workflow_id: str) -> RecordedRun:
         run_id=last.run_id,
         chain_run_ids=[rec.run_id for rec in chain],
         workflow_type=last.workflow_type,
-        status=last.status,
+        status=RunStatus(last.status),
         steps=chain_steps(chain),
     )
 

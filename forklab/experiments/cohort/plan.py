@@ -12,6 +12,7 @@ reason and never replaced by another run or forked at another step.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,8 +29,30 @@ from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.steps import Step, StepStatus
 from forklab.runtime.canon import digest
 
+
+class RunStatus(StrEnum):
+    """A recorded chain's status as the run-fork reader spells it (Temporal's execution
+    status, lower case)."""
+
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    canceled = "canceled"
+    terminated = "terminated"
+    continued_as_new = "continued_as_new"
+    timed_out = "timed_out"
+
+
 #: Run statuses whose histories are final (a run still running is no recorded run).
-CLOSED = frozenset({"completed", "failed", "terminated", "timed_out", "canceled"})
+CLOSED = frozenset(
+    {
+        RunStatus.completed,
+        RunStatus.failed,
+        RunStatus.terminated,
+        RunStatus.timed_out,
+        RunStatus.canceled,
+    }
+)
 
 
 class RecordedRun(BaseModel):
@@ -42,8 +65,7 @@ class RecordedRun(BaseModel):
     run_id: str
     chain_run_ids: list[str]
     workflow_type: str
-    #: the chain's status, lower case (``completed``, ``failed``, ``running`` …)
-    status: str
+    status: RunStatus
     steps: list[Step]
 
 
@@ -56,7 +78,7 @@ class CohortRun(BaseModel):
     run_id: str
     chain_run_ids: list[str]
     workflow_type: str
-    status: str
+    status: RunStatus
     fork_point: str
     at_step: int
     decisive_step: int | None
@@ -116,7 +138,8 @@ def plan_cohort(
         if rec.status not in CLOSED:
             excluded.append(
                 ExcludedRun(
-                    workflow_id=rec.workflow_id, reason=f"the run is {rec.status}, not recorded"
+                    workflow_id=rec.workflow_id,
+                    reason=f"the run is {rec.status.value}, not recorded",
                 )
             )
             continue
@@ -138,7 +161,7 @@ def plan_cohort(
                 at_step=found.at_step,
                 decisive_step=found.decisive_step,
                 prefix_sha256=found.prefix_sha256,
-                failed=rec.status != "completed",
+                failed=rec.status is not RunStatus.completed,
             )
         )
     excluded.sort(key=lambda e: e.workflow_id)
