@@ -97,7 +97,7 @@ def test_adjacent_numeric_bins_merge_into_one_range_the_runner_understands() -> 
     reference = [v < 5 for v in values]
     world = [v >= 5 for v in values]
     slices = slice_effects(reference, world, features, [dim])
-    assert [s.value for s in slices] == ["(-inf, 5)", "[5, 10)", "[10, 15)", "[15, inf)"]
+    assert [s.value for s in slices] == ["0..4", "5..9", "10..14", "15..19"]  # the integers held
     _, clauses, _ = learn_rule([slices], 0)
     assert clauses == [{"depth": {"ge": 5.0}}]
     rule = {"any": clauses}

@@ -25,6 +25,7 @@ __all__ = [
     "bin_bounds",
     "bin_label",
     "holm_adjust",
+    "integer_bin_label",
     "mcnemar_exact_p",
     "mcnemar_sample_size",
     "normal_quantile",
@@ -293,3 +294,22 @@ def bin_label(value: float, edges: Sequence[float]) -> str:
     low, high = bin_bounds(value, edges)
     opening = "(" if math.isinf(low) else "["
     return f"{opening}{_fmt(low)}, {_fmt(high)})"
+
+
+def integer_bin_label(value: int, edges: Sequence[float], seen: tuple[int, int]) -> str:
+    """The bin holding ``value`` of a feature whose values are all integers, named by the
+    integers in it, e.g. ``"3"`` or ``"1..2"`` rather than ``"[1, 3)"`` or ``"(-inf, 1)"``.
+
+    An open end is named by the extreme value ``seen`` (lowest, highest) among the
+    episodes the bins were cut from: the label reads what those episodes hold, while the
+    bin (and its guard clause) still takes a value never seen, which reads ``"≤ 0"`` or
+    ``"≥ 9"`` when it falls outside ``seen``.
+    """
+    low, high = bin_bounds(value, edges)
+    first = math.ceil(low) if math.isfinite(low) else min(seen[0], value)
+    last = math.ceil(high) - 1 if math.isfinite(high) else max(seen[1], value)
+    if not math.isfinite(low) and value < seen[0]:
+        return f"≤ {last}"
+    if not math.isfinite(high) and value > seen[1]:
+        return f"≥ {first}"
+    return str(first) if first == last else f"{first}..{last}"

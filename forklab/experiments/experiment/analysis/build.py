@@ -23,6 +23,7 @@ from forklab.experiments.experiment.analysis.slices import (
     Dimension,
     SliceEffect,
     dimensions,
+    identical_partitions,
     slice_effects,
 )
 from forklab.experiments.experiment.analysis.verdicts import (
@@ -249,6 +250,7 @@ def build_report(
         guard=guard,
         infra=infra,
         sequential=_sequential(spec, out),
+        identical_slices=identical_partitions(features, dims),
     )
 
 

@@ -3,7 +3,8 @@
 Categorical features (booleans, strings) slice by value. Numeric features are binned
 into quantiles of the values seen at the boundary, and each bin is a half-open range
 ``[lo, hi)`` whose outer ends are open, so that a value never seen in training still
-falls into a bin. A string feature with more than ``MAX_CATEGORIES`` values (an id, a
+falls into a bin; a bin of an integer feature is named by the integers it holds (``0``,
+``1..2``), not by its range. A string feature with more than ``MAX_CATEGORIES`` values (an id, a
 free-text message) keeps a slice for each of its commonest values and folds the rest into
 one slice, "other", which also holds values never seen in training: a slice per value
 would be one episode each (nothing a guard could learn from) and would grow the tables,
@@ -26,7 +27,12 @@ from pydantic import BaseModel
 from forklab.experiments.experiment.analysis.columns import pair_kinds
 from forklab.experiments.experiment.analysis.pairs import CONFIDENCE, PairedTable, paired_effect
 from forklab.experiments.experiment.columnar import Bools, FeatureRows, as_features
-from forklab.experiments.experiment.stats import bin_bounds, bin_label, quantile_edges
+from forklab.experiments.experiment.stats import (
+    bin_bounds,
+    bin_label,
+    integer_bin_label,
+    quantile_edges,
+)
 from forklab.runtime.workload import Feature
 
 #: A clause of the runner's guard rule: feature → matcher; all matchers must hold.
@@ -60,6 +66,9 @@ class Dimension:
     edges: tuple[float, ...] | None = None
     kept: tuple[Feature, ...] | None = None
     folded: int = 0
+    #: (lowest, highest) value of a binned feature whose values are all integers: its
+    #: bins are named by the integers they hold (``integer_bin_label``)
+    integers: tuple[int, int] | None = None
 
     def cell(self, value: Feature) -> tuple[tuple[int, float, str], Feature, dict[str, Any]]:
         """(sort key, shown value, matcher) of the slice that holds ``value``; a missing
@@ -76,6 +85,8 @@ class Dimension:
         if math.isfinite(hi):
             matcher["lt"] = hi
         key = (0, lo, "")
+        if self.integers is not None and isinstance(value, int):
+            return key, integer_bin_label(value, self.edges, self.integers), matcher
         return key, bin_label(float(value), self.edges), matcher
 
 
@@ -114,7 +125,10 @@ def dimensions(
             numbered = [(float(v), counts[k]) for v, k in present if isinstance(v, int | float)]
             numbers = np.repeat([v for v, _ in numbered], [c for _, c in numbered])
             edges = quantile_edges(numbers, bins)
-            dims[name] = Dimension(name, tuple(edges))
+            given = [v for v in values if v is not None]
+            whole = [v for v in given if isinstance(v, int)]
+            integers = (min(whole), max(whole)) if whole and len(whole) == len(given) else None
+            dims[name] = Dimension(name, tuple(edges), integers=integers)
         else:
             dims[name] = _capped(name, [(v, int(counts[k])) for v, k in present if counts[k]])
     return dims
@@ -210,3 +224,25 @@ def feature_text(value: Feature) -> str:
     if value is None:
         return "missing"
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def identical_partitions(
+    features: FeatureRows | Sequence[Mapping[str, Feature]], dims: Mapping[str, Dimension]
+) -> list[list[str]]:
+    """Groups of two or more features whose slices hold exactly the same episodes (each
+    slice of one is a slice of the other: ``agents_in_retry`` and ``queue_depth`` when
+    every agent in retry adds one to the queue). Their slices carry the same counts and
+    intervals under other names, so a report shows them once and names both; the guard
+    still sees every feature. A group's names are in ``dims`` order."""
+    table = as_features(features)
+    seen = table.counts() > 0
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for name, dim in dims.items():
+        first: dict[Any, int] = {}  # the cell's order key → its number in order of first use
+        shape = tuple(
+            first.setdefault(dim.cell(feats.get(name))[0], len(first))
+            for k, feats in enumerate(table.rows)
+            if seen[k]
+        )
+        groups.setdefault(shape, []).append(name)
+    return [names for names in groups.values() if len(names) > 1]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import html
 
 from forklab.experiments.experiment.readout.schema import ReadoutSource, ShownReadout
+from forklab.experiments.experiment.report.render_html import READOUT_PLACE
+from forklab.experiments.experiment.report.render_markdown import READOUT_BEFORE
 from forklab.experiments.visible_text import visible
 
 #: Markdown's inline markup characters, written with a backslash so they stay text;
@@ -72,11 +74,23 @@ def readout_html(shown: ShownReadout) -> str:
 
 
 def with_readout_markdown(markdown: str, shown: ShownReadout) -> str:
-    return markdown.rstrip("\n") + "\n\n" + readout_markdown(shown)
+    """The readout section right after the verdicts (before ``READOUT_BEFORE``, a heading
+    no text of the report can write: every other line is the report's own, quoted or a
+    table row); at the end of a report without that heading."""
+    section = readout_markdown(shown)
+    marker = f"\n{READOUT_BEFORE}\n"
+    head, sep, tail = markdown.partition(marker)
+    if not sep:
+        return markdown.rstrip("\n") + "\n\n" + section
+    return head.rstrip("\n") + "\n\n" + section + "\n" + READOUT_BEFORE + "\n" + tail
 
 
 def with_readout_html(page: str, shown: ShownReadout) -> str:
-    """The readout section inserted just before the page's closing ``</body>``."""
+    """The readout section at the page's ``READOUT_PLACE``, right under the verdicts (a
+    page rendered before there was one: just before the closing ``</body>``)."""
+    head, sep, tail = page.partition(READOUT_PLACE)
+    if sep:
+        return head + readout_html(shown) + tail
     head, sep, tail = page.rpartition("</body>")
     if not sep:
         return page + readout_html(shown)

@@ -11,6 +11,7 @@ the CLI imports the renderers for every command while only a few draw.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -69,6 +70,14 @@ def load_renderer() -> None:
         _svg(fig)
 
 
+def rate_axis(worlds: list[WorldRow]) -> float:
+    """The right end of the failure-rate axis, in percent: the highest interval bound with
+    a margin, rounded up to a multiple of 10 (a fixed 100 % would squash a 39 % maximum
+    into the left third of the chart); 100 at most, 10 at least."""
+    top = max([0.0, *(w.failure_ci_high for w in worlds if w.episodes)]) * 100
+    return float(min(100, max(10, math.ceil(top * 1.08 / 10) * 10)))
+
+
 def failure_rate_chart(worlds: list[WorldRow]) -> str:
     """Failure rate per world with its Wilson interval, baseline rate as a reference line."""
     rows = [w for w in worlds if w.episodes]
@@ -85,7 +94,7 @@ def failure_rate_chart(worlds: list[WorldRow]) -> str:
         if base is not None:
             ax.axvline(base.failure_rate * 100, color="#6b7280", ls="--", lw=1)
         ax.set_yticks(ys, [w.name for w in rows], parse_math=False)
-        ax.set_xlim(0, 100)
+        ax.set_xlim(0, rate_axis(rows))
         ax.set_xlabel("failure rate, % of episodes (bars: 95% Wilson interval)")
         return _svg(fig)
 

@@ -85,7 +85,7 @@ class AnalysisSettings(BaseModel):
 
 
 #: Bump when a stored report changes shape, so a reader can tell which one it holds.
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2
 
 
 class Report(BaseModel):
@@ -110,6 +110,10 @@ class Report(BaseModel):
     #: A spec with ``analysis.sequential``: each world's path through the looks, where and
     #: why it stopped, its design-valid p-value and interval, and the compute unspent.
     sequential: SequentialReport | None = None
+    #: Features whose slices hold the same episodes (``identical_partitions``): every
+    #: comparison's ``slice_effects`` keep each of them, the renderings show the first of
+    #: a group and name the others in a note.
+    identical_slices: list[list[str]] = Field(default_factory=list)
 
 
 def experiment_fingerprint(spec: ExperimentSpec, code_digest: str) -> str:

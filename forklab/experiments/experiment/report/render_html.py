@@ -10,6 +10,7 @@ import json
 import re
 from html import escape
 
+from forklab.experiments.experiment.analysis.guard import GuardPolicy
 from forklab.experiments.experiment.analysis.verdicts import Verdict
 from forklab.experiments.experiment.report.charts import (
     failure_rate_chart,
@@ -24,6 +25,7 @@ from forklab.experiments.experiment.report.tables import (
     guard_verdict_row,
     hypothesis_text,
     power_table,
+    shown_slices,
     slices_table,
     validity_text,
     worlds_table,
@@ -51,6 +53,8 @@ white-space:nowrap;vertical-align:bottom}
 .chart{background:#fff;border:1px solid #e5e7eb;margin:.6rem 0;padding:.4rem}
 .chart svg{width:100%;max-width:820px;height:auto}
 pre{background:#111827;color:#f9fafb;padding:.7rem;border-radius:.4rem;overflow:auto}
+.legend .badge{font-size:.75rem}details summary{cursor:pointer;color:#1d4ed8;margin:.4rem 0}
+#readout{background:#fff;border:1px solid #e5e7eb;border-radius:.4rem;padding:0 1rem .6rem}
 """
 
 
@@ -107,9 +111,57 @@ def _guard_row(report: Report) -> list[list[str]]:
     return [[escape(row[0]), escape(row[1]), escape(row[2]), _badge(row[3], css), escape(row[4])]]
 
 
+#: Where the readout section goes (``forklab.experiments.experiment.readout.render``):
+#: right under the verdicts. Every text of the page is escaped, so no name, hypothesis or
+#: error can write this comment and move the readout.
+READOUT_PLACE = "<!-- forklab:readout -->"
+
+
+def _provenance(report: Report, provenance: dict[str, str] | None) -> str:
+    """Digests and, for a durable run, plan, snapshot, approval, spend and cleanup: what a
+    reader checks after the findings, folded so it does not fill the first screen."""
+    e = report.experiment
+    rows = [["fingerprint", _hash(e.fingerprint)]]
+    if e.workload_bundle:
+        rows.append(["workload bundle", _hash(e.workload_bundle)])
+    rows.append(["outcomes digest", _hash(report.outcomes_digest)])
+    rows += [[escape(k), _inline(v)] for k, v in (provenance or {}).items()]
+    what = (
+        "the durable run: plan, snapshot, approval, budget, isolation, cleanup"
+        if provenance is not None
+        else "fingerprint and digests"
+    )
+    return "\n".join(
+        [
+            '<h2 id="provenance">Provenance</h2>',
+            f"<details><summary>Show {what}</summary>",
+            _table(["item", "value"], rows, set()),
+            "</details>",
+        ]
+    )
+
+
+def _slices(report: Report) -> list[str]:
+    parts = ["<h2>Slices</h2>"]
+    guard_vs = next((w.name for w in report.worlds if w.role is Role.baseline), "")
+    for c in report.comparisons:
+        effects, notes = shown_slices(report, c.slice_effects + c.interaction_effects)
+        if not effects:
+            continue
+        parts.append(f"<h3>{escape(c.world)} vs {escape(c.vs)}</h3>")
+        parts += [f'<p class="meta note">{escape(n)}</p>' for n in notes]
+        learns = report.guard is not None and (c.world, c.vs) == (report.guard.world, guard_vs)
+        title = f"{c.world} vs {c.vs}" + (": the slices the guard learns from" if learns else "")
+        parts.append(f'<div class="chart">{slice_forest_chart(title, effects)}</div>')
+        parts.append(_shared(slices_table(report, effects)))
+    return parts
+
+
 def render_html(report: Report, provenance: dict[str, str] | None = None) -> str:
-    """``provenance``, given for a durable run (values are Markdown inline text, as for
-    ``render_markdown``), becomes a "Durable run" section before the verdicts."""
+    """The page reads top-down: what was tested, whether it is valid and what held (the
+    verdicts, then the readout when one is added at ``READOUT_PLACE``), the figures behind
+    them, and last, folded, the provenance: digests and, given ``provenance`` (a durable
+    run's; values are Markdown inline text, as for ``render_markdown``), the run's own."""
     e = report.experiment
     parts = [
         "<!DOCTYPE html>",
@@ -119,23 +171,14 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
         f"<h1>Experiment <code>{escape(e.id)}</code></h1>",
         f'<p class="meta">{escape(e.hypothesis)}</p>',
         f'<p class="meta">workload <code>{escape(e.workload)}</code>, seed {e.seed}, '
-        f"{e.episodes} episodes per world · fingerprint {_hash(e.fingerprint)}"
-        + (f" · workload bundle {_hash(e.workload_bundle)}" if e.workload_bundle else "")
-        + f" · outcomes digest {_hash(report.outcomes_digest)}</p>",
+        f'{e.episodes} episodes per world · <a href="#provenance">provenance</a></p>',
     ]
     valid, validity = validity_text(report)
     parts.append(f'<p class="banner {"pass" if valid else "fail"}">{escape(validity)}</p>')
     supported, hypothesis = hypothesis_text(report)
     css = {True: "supported", False: "inconclusive", None: "notjudged"}[supported]
     parts.append(f'<p class="banner {css}">{escape(hypothesis)}</p>')
-    if provenance is not None:
-        parts.append("<h2>Durable run</h2>")
-        parts.append(
-            _table(
-                ["item", "value"], [[escape(k), _inline(v)] for k, v in provenance.items()], set()
-            )
-        )
-    parts.append("<h2>Verdicts</h2>")
+    parts.append('<h2 id="verdicts">Verdicts</h2>')
     parts.append(
         _table(
             ["world", "role", "expected", "verdict", "why"],
@@ -153,6 +196,15 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
             set(),
         )
     )
+    parts.append(
+        f'<p class="meta legend">{_badge("supported", Verdict.supported.value)} interval '
+        "and Holm p on the expected side · "
+        f"{_badge('refuted', Verdict.refuted.value)} the same on the other side · "
+        f"{_badge('inconclusive', Verdict.inconclusive.value)} the interval crosses zero or "
+        f"p is not small enough · {_badge('invalid', Verdict.invalid.value)} a validity "
+        "check failed</p>"
+    )
+    parts.append(READOUT_PLACE)
     parts += [
         "<h2>Failure rate per world</h2>",
         f'<div class="chart">{failure_rate_chart(report.worlds)}</div>',
@@ -163,17 +215,7 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
         f'<div class="chart">{rescue_harm_chart(report.comparisons)}</div>',
     ]
     parts.append(_shared(comparisons_table(report)))
-    parts.append("<h2>Slices</h2>")
-    guard_vs = next((w.name for w in report.worlds if w.role is Role.baseline), "")
-    for c in report.comparisons:
-        effects = c.slice_effects + c.interaction_effects
-        if not effects:
-            continue
-        parts.append(f"<h3>{escape(c.world)} vs {escape(c.vs)}</h3>")
-        learns = report.guard is not None and (c.world, c.vs) == (report.guard.world, guard_vs)
-        title = f"{c.world} vs {c.vs}" + (": the slices the guard learns from" if learns else "")
-        parts.append(f'<div class="chart">{slice_forest_chart(title, effects)}</div>')
-        parts.append(_shared(slices_table(report, effects)))
+    parts += _slices(report)
     parts.append("<h2>Checks</h2>")
     parts.append(
         _table(
@@ -201,43 +243,38 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
     parts += [f'<p class="warn">{escape(w)}</p>' for w in p.warnings]
     parts.append(_shared(power_table(report)))
     if report.guard is not None:
-        g = report.guard
-        parts += [
-            f"<h2>Guard policy for <code>{escape(g.world)}</code></h2>",
-            f"<p><strong>{escape(g.words)}</strong> (learned on {escape(g.basis)})</p>",
-            f'<p class="{"meta" if g.validated else "warn"}">{escape(g.validation)}</p>',
-            f"<pre>{escape(json.dumps(g.rule, indent=2))}</pre>",
-        ]
-        rows = []
-        for label, ev in (("training", g.training), ("held-out", g.held_out)):
-            for mode, k in (("always", ev.before), ("guarded", ev.after)):
-                rows.append(
-                    [
-                        f"{label} {ev.first_episode}..{ev.last_episode}",
-                        mode,
-                        str(k.intervened),
-                        str(k.rescue),
-                        str(k.harm),
-                        f"{k.net:+d}",
-                    ]
-                )
-        parts.append(
-            _table(
-                ["episodes", "policy", "intervened", "rescue", "harm", "net"], rows, {2, 3, 4, 5}
-            )
-        )
+        parts += _guard(report.guard)
     if report.workspaces is not None:
         parts.append(_workspaces(report.workspaces))
-    parts.append(
-        f"<h2>Verdict legend</h2><p>{_badge('supported', Verdict.supported.value)} interval "
-        "and Holm p on the expected side · "
-        f"{_badge('refuted', Verdict.refuted.value)} the same on the other side · "
-        f"{_badge('inconclusive', Verdict.inconclusive.value)} the interval crosses zero or "
-        f"p is not small enough · {_badge('invalid', Verdict.invalid.value)} a validity "
-        "check failed</p>"
-    )
+    parts.append(_provenance(report, provenance))
     parts.append("</body></html>")
     return visible("\n".join(parts) + "\n")  # a name or an error cannot reorder the page
+
+
+def _guard(g: GuardPolicy) -> list[str]:
+    parts = [
+        f"<h2>Guard policy for <code>{escape(g.world)}</code></h2>",
+        f"<p><strong>{escape(g.words)}</strong> (learned on {escape(g.basis)})</p>",
+        f'<p class="{"meta" if g.validated else "warn"}">{escape(g.validation)}</p>',
+        f"<pre>{escape(json.dumps(g.rule, indent=2))}</pre>",
+    ]
+    rows = []
+    for label, ev in (("training", g.training), ("held-out", g.held_out)):
+        for mode, k in (("always", ev.before), ("guarded", ev.after)):
+            rows.append(
+                [
+                    f"{label} {ev.first_episode}..{ev.last_episode}",
+                    mode,
+                    str(k.intervened),
+                    str(k.rescue),
+                    str(k.harm),
+                    f"{k.net:+d}",
+                ]
+            )
+    parts.append(
+        _table(["episodes", "policy", "intervened", "rescue", "harm", "net"], rows, {2, 3, 4, 5})
+    )
+    return parts
 
 
 def _workspaces(section: WorkspaceSection) -> str:

@@ -14,6 +14,7 @@ from forklab.experiments.experiment.report.tables import (
     guard_verdict_row,
     hypothesis_text,
     power_table,
+    shown_slices,
     slices_table,
     validity_text,
     worlds_table,
@@ -42,9 +43,15 @@ def _shared(t: Table) -> list[str]:
     return table(t.headers, t.rows)
 
 
+#: The heading after the verdicts, before which the readout section goes
+#: (``forklab.experiments.experiment.readout.render``).
+READOUT_BEFORE = "## Worlds"
+
+
 def render_markdown(report: Report, provenance: dict[str, str] | None = None) -> str:
-    """``provenance``, given for a durable run (plan, snapshot, approval, spend, cleanup;
-    values are Markdown inline text), becomes a "Durable run" section before the verdicts."""
+    """In the HTML page's order: verdicts first (the readout goes right after them), the
+    figures, and the provenance last: digests and, given ``provenance`` (a durable run's
+    plan, snapshot, approval, spend, cleanup; values are Markdown inline text), the run's."""
     e = report.experiment
     lines = [
         f"# Experiment `{e.id}`",
@@ -56,15 +63,7 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
         f"- **{validity_text(report)[1]}**",
         f"- **{hypothesis_text(report)[1]}**",
         "",
-        f"Fingerprint `{e.fingerprint}`  ",
-        *([f"Workload bundle `{e.workload_bundle}`  "] if e.workload_bundle else []),
-        f"Outcomes digest `{report.outcomes_digest}`",
-        "",
     ]
-    if provenance is not None:
-        lines += ["## Durable run", ""]
-        lines += table(["item", "value"], [[k, v] for k, v in provenance.items()])
-        lines.append("")
     lines += ["## Verdicts", ""]
     rows = [
         [v.world, v.role.value, v.expected.value, f"**{v.verdict.value}**", v.reason]
@@ -74,16 +73,19 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
     if guard is not None:
         rows.append([*guard[:3], f"**{guard[3]}**", guard[4]])
     lines += table(["world", "role", "expected", "verdict", "why"], rows)
-    lines += ["", "## Worlds", ""]
+    if not report.valid:
+        lines += ["", "The verdicts above are void: the experiment failed a validity check."]
+    lines += ["", READOUT_BEFORE, ""]
     lines += _shared(worlds_table(report))
     lines += ["", "## Paired comparisons", ""]
     lines += _shared(comparisons_table(report))
     lines += ["", "## Slices", ""]
     for c in report.comparisons:
-        effects = c.slice_effects + c.interaction_effects
+        effects, notes = shown_slices(report, c.slice_effects + c.interaction_effects)
         if not effects:
             continue
         lines += [f"### {c.world} vs {c.vs}", ""]
+        lines += [*(f"*{n}*" for n in notes), *([""] if notes else [])]
         lines += _shared(slices_table(report, effects))
         lines.append("")
     lines += ["## Checks", ""]
@@ -114,6 +116,11 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
             lines.append("")
     if report.workspaces is not None:
         lines += ["", *workspace_markdown(report.workspaces)]
-    if not report.valid:
-        lines += ["", "The verdicts above are void: the experiment failed a validity check."]
+    lines += ["", "## Provenance", ""]
+    items = [["fingerprint", f"`{e.fingerprint}`"]]
+    if e.workload_bundle:
+        items.append(["workload bundle", f"`{e.workload_bundle}`"])
+    items.append(["outcomes digest", f"`{report.outcomes_digest}`"])
+    items += [[k, v] for k, v in (provenance or {}).items()]
+    lines += table(["item", "value"], items)
     return visible("\n".join(lines).rstrip() + "\n")

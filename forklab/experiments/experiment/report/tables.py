@@ -147,6 +147,25 @@ def slices_table(report: Report, effects: list[SliceEffect]) -> Table:
     )
 
 
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def shown_slices(report: Report, effects: list[SliceEffect]) -> tuple[list[SliceEffect], list[str]]:
+    """The slices a rendering shows of ``effects``, and a note per group of features that
+    split the episodes identically (``Report.identical_slices``): only the first of a
+    group is shown, under a note naming them all, rather than the same rows twice."""
+    present = {s.feature for s in effects}
+    groups = [g for g in report.identical_slices if g[0] in present]
+    hidden = {name for g in groups for name in g[1:]}
+    notes = [
+        f"{_names(g)} split the episodes identically: their slices are the same, "
+        f"shown once as {g[0]}."
+        for g in groups
+    ]
+    return [s for s in effects if s.feature not in hidden], notes
+
+
 def evidence_table(report: Report) -> Table:
     return Table(
         ["rank", "world", "−log10 p", "world-seconds", "per world-second"],
