@@ -55,7 +55,8 @@ def readout_html(shown: ShownReadout) -> str:
     r = shown.readout
     e = html.escape
     items = "".join(
-        f"<li><strong>{e(f.world)}</strong> ({e(f.verdict.value)}): {e(f.statement)}</li>"
+        f'<li><strong>{e(f.world)}</strong> <span class="badge {e(f.verdict.value)}">'
+        f"{e(f.verdict.value)}</span> {e(f.statement)}</li>"
         for f in r.findings
     )
     parts = [

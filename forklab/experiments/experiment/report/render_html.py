@@ -54,7 +54,8 @@ white-space:nowrap;vertical-align:bottom}
 .chart svg{width:100%;max-width:820px;height:auto}
 pre{background:#111827;color:#f9fafb;padding:.7rem;border-radius:.4rem;overflow:auto}
 .legend .badge{font-size:.75rem}details summary{cursor:pointer;color:#1d4ed8;margin:.4rem 0}
-#readout{background:#fff;border:1px solid #e5e7eb;border-radius:.4rem;padding:0 1rem .6rem}
+#readout{background:#fff;border:1px solid #e5e7eb;border-left:6px solid #0e7490;
+border-radius:.4rem;padding:0 1rem .6rem}#readout h2{margin-top:.6rem}
 """
 
 
