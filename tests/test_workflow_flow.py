@@ -74,7 +74,11 @@ async def test_full_flow_matches_the_local_twin(lab: Lab, tmp_path: Path) -> Non
     # failure rates, rescues vs harms, a slice chart for each of the three comparisons
     assert html.count("<svg") == 2 + 3 and '<h2 id="provenance">Provenance</h2>' in html
     # the readout right under the verdicts, the provenance folded at the end
-    assert html.index("Verdicts</h2>") < html.index('<section id="readout">') < html.index("Failure rate per world")
+    assert (
+        html.index("Verdicts</h2>")
+        < html.index('<section id="readout">')
+        < html.index("Failure rate per world")
+    )
     assert html.index("<details>") > html.index("Power (")
     assert (
         f'<code class="hash" title="{result.plan_fingerprint}">{result.plan_fingerprint}</code>'
