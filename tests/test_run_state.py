@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,11 @@ from orchestration_lab import make_spec
 from forklab.activities.experiment.progress import prefix_refs, read_progress, save_progress
 from forklab.activities.stores.artifacts import ArtifactError, LocalArtifactStore
 from forklab.contracts.experiment import (
+    AnalysisResult,
     BatchOutcome,
     BatchStatus,
     CapacityVerdict,
+    CleanupResult,
     EpisodeChunk,
     PlanSnapshot,
     PrefixRefsInput,
@@ -26,6 +29,7 @@ from forklab.workflows.experiment.budget_ledger import BudgetLedger
 from forklab.workflows.experiment.messages import BudgetUse, Plan, Stage, Status
 from forklab.workflows.experiment.run_state import RunState, Unit
 from forklab.workflows.experiment.tally import ChunkSet, ProgressTally
+from tests.helpers import ROOT
 
 
 def state(episodes: int = 24, chunk: int = 12, workspace: bool = False) -> RunState:
@@ -189,6 +193,40 @@ def test_status_details_and_result_show_the_same_state() -> None:
     assert result.budget.spent_world_seconds == 2.0 and result.plan_fingerprint == "f" * 64
     assert views.infra(s).world_seconds_spent == 2.0
     assert views.provenance(s)["approval"] == "pending"
+
+
+def test_the_web_ui_shows_verdicts_at_the_top_and_the_whole_cleanup() -> None:
+    """The run's current details lead with the verdicts once the analysis is done, and
+    say what cleanup and the evidence log did; the result's JSON (the Web UI's Result
+    panel) has the verdicts right after the status."""
+    s = state()
+    assert "Verdicts" not in views.details(s) and "cleanup" not in views.details(s)
+    s.verdicts = ["boost: supported (expected failures to decrease: …)", "placebo: supported"]
+    s.cleanup = CleanupResult(found=3, removed=3, rounds=1, left=0)
+    s.evidence_log = "skipped: Braintrust is not configured"
+    text = views.details(s)
+    lines = text.splitlines()
+    assert lines[2] == "**Verdicts**" and lines[4] == f"- {s.verdicts[0]}"
+    assert text.index("**Verdicts**") < text.index("- prefixes")
+    assert "- cleanup: 3 found, 3 removed, 0 left" in lines
+    assert "- evidence log: skipped: Braintrust is not configured" in lines
+    analysis = AnalysisResult(
+        report_digest="r", markdown_digest="m", html_digest="h", outcomes_digest="o",
+        valid=True, worlds=[], verdicts=s.verdicts,
+    )  # fmt: skip
+    shown = views.result(s, analysis).model_dump(mode="json")
+    assert list(shown)[:4] == ["experiment_id", "status", "error", "verdicts"]
+    assert shown["verdicts"] == s.verdicts
+
+
+def test_the_experiment_activity_summaries_are_short_and_say_what_happens() -> None:
+    """The Web UI cuts a long summary (the cleanup one named the whole run key), and the
+    evidence log must not claim Braintrust on a worker without it."""
+    source = (ROOT / "forklab" / "workflows" / "experiment" / "workflow.py").read_text()
+    summaries = re.findall(r'summary=f?"([^"]*)"', source)
+    assert summaries and all(len(s) <= 72 for s in summaries), summaries
+    assert not any("Braintrust" in s for s in summaries)
+    assert not any("_run_key" in s or "run_id" in s for s in summaries)  # ids run long
 
 
 def test_a_world_whose_rehearsal_caught_a_stall_is_priced_by_paces_seen() -> None:

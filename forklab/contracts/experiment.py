@@ -432,6 +432,10 @@ class AnalysisResult(Model):
         default=None, description="Which readout the report shows: model or deterministic."
     )
     readout_why: str | None = None
+    verdicts: list[str] = Field(
+        default_factory=list,
+        description="One line per judged world, its verdict and why (the report's table).",
+    )
 
 
 class LedgerInput(Model):

@@ -184,6 +184,7 @@ def analyse_run(
         valid=report.valid,
         worlds=worlds,
         workspace_files_digest=workspace_files,
+        verdicts=[f"{v.world}: {v.verdict.value} ({v.reason})" for v in report.verdicts],
     )
 
 

@@ -278,6 +278,10 @@ class ExperimentResult(Model):
     experiment_id: str
     status: Status
     error: str | None
+    #: first after the status, so that the Web UI's Result shows them at its top
+    verdicts: list[str] = Field(
+        default_factory=list, description="Each judged world's verdict and why."
+    )
     plan_fingerprint: str | None
     snapshot_id: str | None
     approval: ApprovalState

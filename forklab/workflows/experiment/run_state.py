@@ -82,6 +82,8 @@ class RunState:
     refs: dict[int, PrefixRef] = field(default_factory=dict)
     cleanup: CleanupResult | None = None
     evidence_log: str | None = None
+    #: each judged world's verdict, once the analysis is done (``AnalysisResult.verdicts``)
+    verdicts: list[str] = field(default_factory=list)
 
     def moment(self, now: datetime, fresh_nonce: str) -> Moment:
         """The run as the approval gate sees it at ``now``."""

@@ -46,6 +46,10 @@ def details(state: RunState) -> str:
     lines = [
         f"**{state.spec.id}** · stage **{state.stage.value}** · {state.message}",
         "",
+    ]
+    if state.verdicts:
+        lines += ["**Verdicts**", "", *(f"- {v}" for v in state.verdicts), ""]
+    lines += [
         f"- prefixes: {p.prefixes_done}/{p.prefix_chunks} chunks{_handed(state)}",
         f"- world batches: {p.batches_completed}/{p.batches} done, {p.batches_failed} failed, "
         f"{p.batches_skipped} skipped; {p.running} sandboxes running",
@@ -53,6 +57,10 @@ def details(state: RunState) -> str:
         f"spent, {b.reserved_world_seconds:.1f} reserved",
         f"- approval: {state.gate.state.status.value}{_approvers(state)}",
     ]
+    if state.cleanup is not None:
+        lines.append(f"- cleanup: {state.cleanup.summary()}")
+    if state.evidence_log is not None:
+        lines.append(f"- evidence log: {state.evidence_log}")
     if state.plan:
         lines.append(f"- plan fingerprint: `{state.plan.fingerprint}`")
         if state.plan.snapshot.workload_bundle:
@@ -147,6 +155,7 @@ def result(state: RunState, analysis: AnalysisResult | None) -> ExperimentResult
         experiment_id=state.spec.id,
         status=state.status,
         error=state.error,
+        verdicts=analysis.verdicts if analysis else [],
         plan_fingerprint=plan.fingerprint if plan else None,
         snapshot_id=plan.snapshot.snapshot_id if plan else None,
         approval=state.gate.state,

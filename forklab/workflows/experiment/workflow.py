@@ -211,6 +211,7 @@ class ExperimentWorkflow:
             await self._run_units(state.world_units())
             await self._clean_up()
             analysis = await self._readout(await self._analyse())
+            state.verdicts = analysis.verdicts
             state.status = Status.completed
         except _Stop as stop:
             state.status = stop.status
@@ -645,7 +646,7 @@ class ExperimentWorkflow:
             start_to_close_timeout=timeouts.CLEANUP_TIMEOUT,
             heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
             retry_policy=timeouts.CLEANUP_RETRY,
-            summary=f"cleanup: delete sandboxes labelled forklab.run={self._run_key}",
+            summary="cleanup: delete this run's sandboxes until none is left",
         )
 
     async def _analyse(self) -> AnalysisResult:
@@ -732,7 +733,7 @@ class ExperimentWorkflow:
                 EvidenceInput(ledger=ledger, progress_digest=digest),
                 start_to_close_timeout=timeouts.EVIDENCE_LOG_TIMEOUT,
                 retry_policy=timeouts.TRANSIENT_RETRY,
-                summary="evidence log: Braintrust root span and one child per world",
+                summary="evidence log: the run's trace, if the worker has a log configured",
             )
             state.evidence_log = f"{logged.state.value}: {logged.message}"
         except ActivityError as err:
