@@ -68,14 +68,15 @@ from forklab.experiments.runfork.receipt import (
     BoundaryMode,
     ForkReceipt,
     ends_its_run,
+    fork_summary,
     make_receipt,
     receipt_markdown,
     resolve_boundary,
 )
 from forklab.experiments.runfork.steps import Step, StepOrigin
-from forklab.experiments.visible_text import visible
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.runfork.plugin import search_attributes_hint
+from forklab.workers.runfork.start_links import forked_from, with_start_links
 from forklab.workers.stores import effect_ledger
 from forklab.workflows.runfork.search_attributes import BOUNDARY, LINEAGE_ROOT, PARENT, RUN
 
@@ -307,7 +308,12 @@ class AgentLab:
     ) -> WorkflowHandle[Any, Any]:
         fork_id, parent = receipt.fork_workflow_id, marker.parent_workflow_id
         boundary = marker.boundary.value
-        return await self.client.start_workflow(
+        # the model the fork's calls after the boundary use: its own swap, else one it
+        # inherits from the forks before it (None: the workflow's own choice)
+        model = marker.model_at(marker.at_step + 1)
+        # linked to the run it starts from: the Web UI shows that on its first event
+        link = forked_from(self.client.namespace, parent, marker.source_run_id)
+        return await with_start_links(self.client, [link]).start_workflow(
             source.workflow_type,
             args=[RawValue(p) for p in start_input],
             id=fork_id,
@@ -325,10 +331,8 @@ class AgentLab:
                     SearchAttributePair(BOUNDARY, boundary),
                 ]
             ),
-            static_summary=visible(
-                f"fork of {parent} at step {receipt.requested_step} ({boundary})"
-            ),
-            static_details=receipt_markdown(receipt),
+            static_summary=fork_summary(receipt, model),
+            static_details=receipt_markdown(receipt, model),
         )
 
     def _referencing_layers(self) -> contextlib.AbstractAsyncContextManager[None]:

@@ -7,6 +7,7 @@ cause, never a quietly different boundary.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -216,10 +217,51 @@ def make_receipt(
     )
 
 
-def receipt_markdown(r: ForkReceipt) -> str:
-    """The receipt as the Web UI shows it in the workflow's details (``visible``: tool
-    names and the intervention come from the run's history and the operator's input)."""
+def _policies(r: ForkReceipt) -> str:
+    """The tool policies that are not the default ``auto``."""
+    set_ = [
+        f"{k}={v.value}" for k, v in sorted(r.tool_policies.items()) if v is not ToolPolicy.auto
+    ]
+    return ", ".join(set_) or "all auto"
+
+
+def _intervention(r: ForkReceipt) -> str:
+    if r.intervention is None:
+        return "none"
+    text = json.dumps(r.intervention, sort_keys=True, separators=(",", ":"))
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def fork_summary(r: ForkReceipt, model_in_effect: str | None) -> str:
+    """The fork's line in the Web UI (its static summary, shown on its first event): where
+    it forks, and what is in effect after the boundary, which its Input (the parent's,
+    unchanged) does not show. ``model_in_effect``: the model its calls after the
+    boundary use (None: the workflow's own choice, as in the parent)."""
+    model = model_in_effect or "the parent's"
+    text = (
+        f"fork of {r.parent_workflow_id} at step {r.requested_step} ({r.boundary.value}): "
+        f"model {model}, intervention {_intervention(r)}, tools {_policies(r)}"
+    )
+    return visible(text if len(text) <= 240 else text[:239] + "…")
+
+
+def receipt_markdown(r: ForkReceipt, model_in_effect: str | None = None) -> str:
+    """The receipt as the Web UI shows it in the workflow's details, what is in effect
+    first (``visible``: tool names and the intervention come from the run's history and
+    the operator's input)."""
     policies = ", ".join(f"`{k}={v.value}`" for k, v in sorted(r.tool_policies.items()))
+    model = f"`{model_in_effect}`" if model_in_effect else "the parent's (unchanged)"
+    head = [
+        "**ForkLab fork receipt**",
+        "",
+        f"**In effect from step {r.resolved_step + 1}**: model {model}, intervention "
+        f"`{_intervention(r)}`, tools {_policies(r)}.",
+        "",
+        f"The Input is the parent run's, unchanged (sha256 `{r.source_input_sha256}`): steps "
+        f"up to {r.resolved_step} are served from its history, and the model and "
+        "intervention above apply to the calls after them, not to the input.",
+        "",
+    ]
     rows = [
         ("fork of", f"`{r.parent_workflow_id}` run `{r.parent_run_id}`"),
         ("step", f"requested {r.requested_step}, resolved {r.resolved_step}"),
@@ -227,7 +269,7 @@ def receipt_markdown(r: ForkReceipt) -> str:
         ("starts from", f"run `{r.source_run_id}`'s input (state after step {r.base_step})"),
         ("prefix sha256", f"`{r.prefix_sha256}`"),
         ("lineage", " → ".join(f"`{w}`" for w in r.lineage)),
-        ("model", r.model or "(unchanged)"),
+        ("model", model),
         ("intervention", f"`{r.intervention}`" if r.intervention is not None else "(none)"),
         ("tool policies", policies),
         (
@@ -236,4 +278,4 @@ def receipt_markdown(r: ForkReceipt) -> str:
         ),
         ("by", f"{r.requested_by} at {r.created_at.isoformat()}"),
     ]
-    return visible("**ForkLab fork receipt**\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in rows))
+    return visible("\n".join([*head, *(f"- **{k}**: {v}" for k, v in rows)]))

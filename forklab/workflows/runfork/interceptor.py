@@ -151,6 +151,14 @@ def _inherits(marker: ForkMarker) -> bool:
     return marker.at_step > marker.base_step or uses_records(marker.tool_policies)
 
 
+def _prefix_summary(marker: ForkMarker, start: int) -> str:
+    """The fetch's line in the Web UI's timeline, the fork's first: what it inherits and
+    the model its later calls use (its Input, the parent's, still names the old one)."""
+    after = marker.model_at(marker.at_step + 1)
+    model = f"; model {after} from step {marker.at_step + 1}" if after else ""
+    return f"fork of {marker.parent_workflow_id}: inherit steps {start}..{marker.at_step}{model}"
+
+
 async def _load_prefix(state: _ForkState, marker: ForkMarker) -> None:
     start = marker.base_step + 1
     while True:
@@ -166,7 +174,7 @@ async def _load_prefix(state: _ForkState, marker: ForkMarker) -> None:
             result_type=PrefixPage,
             start_to_close_timeout=_FORK_ACTIVITY_TIMEOUT,
             retry_policy=_FORK_RETRY,
-            summary=f"fork: inherit steps {start}..{marker.at_step} of {marker.parent_workflow_id}",
+            summary=_prefix_summary(marker, start),
         )
         for s in page.steps:
             state.prefix[s.index] = s
@@ -238,7 +246,9 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             return super().start_activity(self._headers(input, index))
         model = marker.model_at(index)
         if model is not None:
-            input = _swap_model(input, model)
+            swapped = _swap_model(input, model)
+            if swapped is not input:  # say so where the UI shows the call
+                input = dataclasses.replace(swapped, summary=f"{swapped.summary} · model {model}")
         if (
             marker.boundary is not BoundaryMode.lineage_only
             and not marker.continued
