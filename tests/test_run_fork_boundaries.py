@@ -229,7 +229,7 @@ async def test_exact_fork_inside_an_earlier_run_of_a_running_chain(steps_lab: St
         steps_lab.client.get_workflow_handle(fork.handle.id, run_id=x.run_id) for x in fork_chain
     )
     assert await _scheduled(first) == [
-        ("forklab.fetch_prefix", f"fork: inherit steps 4..5 of {wid}"),
+        ("forklab.fetch_prefix", f"fork of {wid}: inherit steps 4..5"),
         ("echo", "step 6: echo"),
     ]
     assert [t for t, _ in await _scheduled(later)] == ["echo", "forklab.step_decision"]

@@ -18,7 +18,12 @@ import pytest
 import yaml
 
 from forklab.experiments.runfork.policy import ToolPolicy
-from forklab.experiments.runfork.receipt import BoundaryMode, ForkReceipt, receipt_markdown
+from forklab.experiments.runfork.receipt import (
+    BoundaryMode,
+    ForkReceipt,
+    fork_summary,
+    receipt_markdown,
+)
 from forklab.experiments.visible_text import visible
 from tests.helpers import ROOT, run_cli
 
@@ -109,6 +114,7 @@ def test_a_hostile_tool_name_in_a_fork_receipt_is_shown_not_obeyed() -> None:
     )
     shown = receipt_markdown(receipt)
     assert not acting(shown) and "`ok\\u001b[2K" in shown  # the tool's policy row
+    assert not acting(fork_summary(receipt, HOSTILE))  # the UI's summary line too
 
 
 def test_a_hypothesis_of_several_lines_stays_in_its_quote(
