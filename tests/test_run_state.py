@@ -10,6 +10,7 @@ from orchestration_lab import make_spec
 
 from forklab.activities.experiment.progress import prefix_refs, read_progress, save_progress
 from forklab.activities.stores.artifacts import ArtifactError, LocalArtifactStore
+from forklab.cli.experiment.experiment_commands import summary_line
 from forklab.contracts.experiment import (
     AnalysisResult,
     BatchOutcome,
@@ -207,7 +208,7 @@ def test_the_web_ui_shows_verdicts_at_the_top_and_the_whole_cleanup() -> None:
     text = views.details(s)
     lines = text.splitlines()
     assert lines[2] == "**Verdicts**" and lines[4] == f"- {s.verdicts[0]}"
-    assert text.index("**Verdicts**") < text.index("- prefixes")
+    assert text.index("**Verdicts**") < text.index("**Run**") < text.index("- prefixes")
     assert "- cleanup: 3 found, 3 removed, 0 left" in lines
     assert "- evidence log: skipped: Braintrust is not configured" in lines
     analysis = AnalysisResult(
@@ -217,6 +218,14 @@ def test_the_web_ui_shows_verdicts_at_the_top_and_the_whole_cleanup() -> None:
     shown = views.result(s, analysis).model_dump(mode="json")
     assert list(shown)[:4] == ["experiment_id", "status", "error", "verdicts"]
     assert shown["verdicts"] == s.verdicts
+
+
+def test_the_static_summary_is_cut_at_a_word() -> None:
+    hypothesis = "Broadcasting the failure state to peers prevents the retry storm; " * 5
+    line = summary_line(f"ForkLab x: {hypothesis}")
+    assert len(line) <= 200 and line.endswith("…")
+    assert hypothesis.startswith(line[len("ForkLab x: ") : -1] + " ")  # cut between words
+    assert summary_line("ForkLab x: short\n text") == "ForkLab x: short text"
 
 
 def test_the_experiment_activity_summaries_are_short_and_say_what_happens() -> None:

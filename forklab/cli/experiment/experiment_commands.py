@@ -72,6 +72,15 @@ from forklab.workflows.experiment.search_attributes import EXPERIMENT, STAGE
 
 
 # --- start ----------------------------------------------------------------------------
+def summary_line(text: str, limit: int = 200) -> str:
+    """``text`` as the Web UI's one-line summary: whole when it fits, else cut at a word
+    with "…" (a cut mid-word or mid-clause reads as the whole sentence)."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    return flat[: limit - 1].rsplit(" ", 1)[0].rstrip(",;:") + "…"
+
+
 def static_details(spec: ExperimentSpec, requested_by: str, key_folder: str) -> str:
     """What the Web UI shows of the run (Markdown); ``visible`` as what the CLI prints."""
     worlds = ", ".join(f"{w.name} ({w.role.value})" for w in spec.worlds)
@@ -171,7 +180,7 @@ async def start_experiment(
                     SearchAttributePair(STAGE, Stage.starting.value),
                 ]
             ),
-            static_summary=visible(f"ForkLab {spec.id}: {spec.hypothesis.text[:140]}"),
+            static_summary=visible(summary_line(f"ForkLab {spec.id}: {spec.hypothesis.text}")),
             static_details=static_details(spec, requested_by, str(folder)),
         )
     except WorkflowAlreadyStartedError:

@@ -48,7 +48,7 @@ def details(state: RunState) -> str:
         "",
     ]
     if state.verdicts:
-        lines += ["**Verdicts**", "", *(f"- {v}" for v in state.verdicts), ""]
+        lines += ["**Verdicts**", "", *(f"- {v}" for v in state.verdicts), "", "**Run**", ""]
     lines += [
         f"- prefixes: {p.prefixes_done}/{p.prefix_chunks} chunks{_handed(state)}",
         f"- world batches: {p.batches_completed}/{p.batches} done, {p.batches_failed} failed, "

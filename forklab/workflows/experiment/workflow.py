@@ -733,7 +733,7 @@ class ExperimentWorkflow:
                 EvidenceInput(ledger=ledger, progress_digest=digest),
                 start_to_close_timeout=timeouts.EVIDENCE_LOG_TIMEOUT,
                 retry_policy=timeouts.TRANSIENT_RETRY,
-                summary="evidence log: the run's trace, if the worker has a log configured",
+                summary="evidence log, if the worker has one",
             )
             state.evidence_log = f"{logged.state.value}: {logged.message}"
         except ActivityError as err:
