@@ -54,7 +54,7 @@ def test_demo_runs_from_nothing_and_stops_what_it_started(tmp_path: Path) -> Non
     assert "started in the background: server and worker" in out
     assert "3. approved by 'demo --yes'" in out
     assert "  [running_" in out and "world batches" in out  # progress was shown
-    assert "# Experiment `recovery-counter-" in out and "## Durable run" in out
+    assert "# Experiment `recovery-counter-" in out and "## Provenance" in out
     assert "cleanup: 0 sandboxes found, 0 removed, 0 left" in out
     reports = tmp_path / "home" / "reports"
     (folder,) = reports.iterdir()  # <home>/reports/<experiment id>
