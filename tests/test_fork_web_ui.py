@@ -24,6 +24,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.experiments.runfork.receipt import BoundaryMode
 
 
 @pytest.fixture
@@ -133,6 +134,16 @@ async def test_a_fork_in_the_web_ui_names_its_parent_and_the_model_it_ran(
         if e.activity_task_scheduled_event_attributes.activity_type.name == "chat_model"
     ]
     assert models and all(s.endswith(" · model slow") for s in models), models
+
+    # a lineage-only fork inherits nothing, yet its model is swapped after the step asked
+    live = await lab.lab.fork(
+        parent.id, at_step=3, model="slow", boundary=BoundaryMode.lineage_only
+    )
+    shown = await (await live.handle.describe()).static_summary() or ""
+    assert shown.startswith(f"fork of {parent.id} at step 3 (lineage_only): model slow,")
+    receipt = await (await live.handle.describe()).static_details() or ""
+    assert "nothing is served from the parent's history (lineage only)" in receipt
+    assert "**In effect from step 4**: model `slow`" in receipt
 
     # the Web UI's page of that first event: the summary, and a link to the parent's run
     run_id = history.events[0].workflow_execution_started_event_attributes.original_execution_run_id

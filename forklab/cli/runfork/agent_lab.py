@@ -310,7 +310,7 @@ class AgentLab:
         boundary = marker.boundary.value
         # the model the fork's calls after the boundary use: its own swap, else one it
         # inherits from the forks before it (None: the workflow's own choice)
-        model = marker.model_at(marker.at_step + 1)
+        model = marker.model_at(receipt.requested_step + 1)
         # linked to the run it starts from: the Web UI shows that on its first event
         link = forked_from(self.client.namespace, parent, marker.source_run_id)
         return await with_start_links(self.client, [link]).start_workflow(

@@ -232,6 +232,14 @@ def _intervention(r: ForkReceipt) -> str:
     return text if len(text) <= 60 else text[:59] + "…"
 
 
+def _inherited(r: ForkReceipt) -> str:
+    if r.boundary is BoundaryMode.lineage_only:
+        return "nothing is served from the parent's history (lineage only): every call runs"
+    if r.base_step >= r.resolved_step:
+        return f"it holds the state after step {r.base_step}, so nothing is served"
+    return f"steps {r.base_step + 1}..{r.resolved_step} are served from the parent's history"
+
+
 def fork_summary(r: ForkReceipt, model_in_effect: str | None) -> str:
     """The fork's line in the Web UI (its static summary, shown on its first event): where
     it forks, and what is in effect after the boundary, which its Input (the parent's,
@@ -254,12 +262,12 @@ def receipt_markdown(r: ForkReceipt, model_in_effect: str | None = None) -> str:
     head = [
         "**ForkLab fork receipt**",
         "",
-        f"**In effect from step {r.resolved_step + 1}**: model {model}, intervention "
+        f"**In effect from step {r.requested_step + 1}**: model {model}, intervention "
         f"`{_intervention(r)}`, tools {_policies(r)}.",
         "",
-        f"The Input is the parent run's, unchanged (sha256 `{r.source_input_sha256}`): steps "
-        f"up to {r.resolved_step} are served from its history, and the model and "
-        "intervention above apply to the calls after them, not to the input.",
+        f"The Input is the parent run's, unchanged (sha256 `{r.source_input_sha256}`); "
+        f"{_inherited(r)}. The model and intervention above apply to the calls after step "
+        f"{r.requested_step}, not to the input.",
         "",
     ]
     rows = [
