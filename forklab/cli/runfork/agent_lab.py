@@ -32,6 +32,7 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from forklab.activities.runfork.fork_keys import issuer_key
 from forklab.activities.runfork.history_events import (
     ClosedRuns,
     RunRecord,
@@ -52,6 +53,7 @@ from forklab.activities.runfork.workspace import (
 from forklab.activities.sandbox.workspace import GcResult, LayerStore, WorkspaceError, layer_lock
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.run_log import LogEvent, RunLog
+from forklab.contracts.fork_signature import sign_marker
 from forklab.contracts.runfork import (
     MARKER_MEMO_KEY,
     RECEIPT_MEMO_KEY,
@@ -263,7 +265,13 @@ class AgentLab:
                 model_swaps=inherited_swaps + own_swap,
                 tool_policies=policies,
                 intervention=intervention,
+                fork_workflow_id=fork_id,
+                start_input_sha256=digest_payloads(start_input),
+                issued_at=datetime.now(UTC),
             )
+            # signed with this home's issuer key: a worker serves the parent's steps (and
+            # the lineage's effects) only to a marker an issuer it trusts made for this run
+            marker = sign_marker(marker, issuer_key(self.agent.home))
             try:
                 handle = await self._start(source, start_input, marker, receipt)
             except WorkflowAlreadyStartedError:

@@ -28,7 +28,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import (
     ContinueAsNewInput,
     Interceptor,
@@ -54,10 +54,12 @@ with workflow.unsafe.imports_passed_through():
         MODEL_FIELDS,
         STEP_DECISION,
         STEP_HEADER,
+        VERIFY_FORK,
         FetchPrefixInput,
         ForkMarker,
         PrefixPage,
         StepDecisionInput,
+        VerifyForkInput,
     )
     from forklab.experiments.runfork.identity import lineage_root
     from forklab.experiments.runfork.policy import Decision, decide, policy_for, uses_records
@@ -67,6 +69,9 @@ with workflow.unsafe.imports_passed_through():
 
 _FORK_ACTIVITY_TIMEOUT = timedelta(minutes=2)
 _FORK_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=10))
+#: Forks whose first run verifies its marker (``forklab.verify_fork``) before anything
+#: else; histories recorded before it replay without that activity.
+VERIFY_PATCH = "forklab-verify-fork-marker"
 
 
 class ForkInterceptor(Interceptor):
@@ -135,11 +140,78 @@ class _ForkInbound(WorkflowInboundInterceptor):
         marker = current_fork()
         state.base = _base_step(marker)
         if marker is not None:
+            await _verify(marker)
             state.marker = marker
             state.lineage_root = marker.lineage_root
             if _inherits(marker):
                 await _load_prefix(state, marker)
+                _check_servable(state, marker)
         return await super().execute_workflow(input)
+
+
+def _refused(why: str, error: ForkErrorType = ForkErrorType.marker_unverified) -> ApplicationError:
+    return ApplicationError(why, type=error, non_retryable=True)
+
+
+async def _verify(marker: ForkMarker) -> None:
+    """Fails the run at once, before anything of the parent is read, unless the marker is
+    vouched for: a later run of a fork or a child by the server (it continued-as-new from
+    a run, or a run started it, whose own marker this interceptor wrote), a fork's first
+    run by ``forklab.verify_fork`` (signed by an issuer this worker trusts, for this run)."""
+    info = workflow.info()
+    if marker.child_of is not None:
+        parent = info.parent
+        if (parent is None or parent.workflow_id != marker.child_of) and not (
+            marker.continued and info.continued_run_id
+        ):
+            raise _refused(
+                f"the fork marker names parent workflow {marker.child_of[:100]!r}, and this "
+                "run was not started by it"
+            )
+        return
+    if marker.continued:
+        if not info.continued_run_id:
+            raise _refused(
+                "the fork marker says this is a later run of a fork, and this run did not "
+                "continue from one"
+            )
+        return
+    if not workflow.patched(VERIFY_PATCH):
+        return  # recorded before forks were verified
+    try:
+        await workflow.execute_activity(
+            VERIFY_FORK,
+            VerifyForkInput(marker=marker),
+            result_type=VerifyForkInput,
+            start_to_close_timeout=_FORK_ACTIVITY_TIMEOUT,
+            retry_policy=_FORK_RETRY,
+            summary=f"fork: verify the marker for {marker.parent_workflow_id[:100]}",
+        )
+    except ActivityError as exc:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == ForkErrorType.marker_unverified:
+            raise _refused(f"fork refused: {cause.message}") from None
+        raise
+
+
+def _check_servable(state: _ForkState, marker: ForkMarker) -> None:
+    """Every step the fork is to be served must be in the fetched prefix with a result (or
+    be a step its parent fork blocked); else the run fails now, naming the step, instead
+    of failing its workflow task on that step for ever."""
+    if marker.boundary is BoundaryMode.lineage_only:
+        return
+    for index in range(marker.base_step + 1, marker.at_step + 1):
+        step = state.prefix.get(index)
+        if step is None:
+            why = "is not in the parent's history"
+        elif step.status is StepStatus.completed or step.status is StepStatus.blocked:
+            continue
+        else:
+            why = f"is {step.status.value} in the parent's history ({step.activity_type[:100]})"
+        raise _refused(
+            f"fork refused: its prefix cannot be served: step {index} {why}",
+            ForkErrorType.prefix_unservable,
+        )
 
 
 def _inherits(marker: ForkMarker) -> bool:
@@ -186,11 +258,25 @@ def _input_digest(args: Any) -> str:
 
 
 def _decode(step: Step, ret_type: type | None) -> Any:
-    payload = Payload.FromString(base64.b64decode(step.result_b64 or ""))
+    """A recorded result as the workflow expects it; one that does not decode fails the
+    run (non-retryable) rather than its workflow task, which would be retried for ever."""
+    if step.result_b64 is None:
+        return None  # an activity that completed without a result payload
     converter = workflow.payload_converter()
-    return (
-        converter.from_payload(payload, ret_type) if ret_type else converter.from_payload(payload)
-    )
+    try:
+        payload = Payload.FromString(base64.b64decode(step.result_b64))
+        return (
+            converter.from_payload(payload, ret_type)
+            if ret_type
+            else converter.from_payload(payload)
+        )
+    except Exception as exc:
+        raise ApplicationError(
+            f"step {step.index} ({step.activity_type[:100]}): its recorded result cannot be "
+            f"served ({type(exc).__name__})",
+            type=ForkErrorType.prefix_unservable,
+            non_retryable=True,
+        ) from None
 
 
 def _blocked(tool: str, index: int, why: str) -> ApplicationError:
@@ -333,4 +419,6 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             memo[MARKER_MEMO_KEY] = marker.model_copy(update={"continued": True}).model_dump(
                 mode="json"
             )
+        else:  # only a fork's own (verified) marker goes on: the server vouches for it
+            memo.pop(MARKER_MEMO_KEY, None)
         return super().continue_as_new(dataclasses.replace(input, memo=memo))
