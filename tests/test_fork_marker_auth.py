@@ -28,12 +28,15 @@ from forklab.activities.runfork.fork_keys import issuer_key
 from forklab.activities.runfork.history_events import digest_payloads
 from forklab.activities.runfork.history_reads import latest_start
 from forklab.agents.research import ResearchInput
+from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.contracts.errors import ForkErrorType
-from forklab.contracts.fork_signature import sign_marker
+from forklab.contracts.fork_signature import issuer_public_key, sign_marker
 from forklab.contracts.runfork import FETCH_PREFIX, MARKER_MEMO_KEY, ForkMarker
 from forklab.experiments.runfork.identity import lineage_root
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.temporal import ForkLabPlugin
+from forklab.workers.runfork.agent_config import AgentSettings
+from forklab.workers.runfork.fork_issuers import FORK_ISSUERS
 
 
 async def _finished_parent(lab: AgentTestLab, secret: str) -> tuple[str, str, ForkMarker]:
@@ -282,3 +285,42 @@ async def test_a_marker_whose_prefix_holds_a_failed_step_fails_at_once(
                 )
             else:
                 assert cause.type == ForkErrorType.marker_unverified, cause
+
+
+async def test_a_worker_with_registered_issuers_serves_only_their_forks(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers on other hosts hold public keys only: the operator's home's issuer key
+    (`forklab keys --fork-issuer`) registered in FORKLAB_FORK_ISSUERS. A fork issued from
+    another home, and one signed by the worker's own home key, are refused."""
+    client = await Client.connect(
+        temporal_env.client.service_client.config.target_host,
+        data_converter=pydantic_data_converter,
+    )
+    operator, stranger, worker_home = tmp_path / "op", tmp_path / "stranger", tmp_path / "w"
+    monkeypatch.setenv(FORK_ISSUERS, f"ops {issuer_public_key(issuer_key(operator))}; x {'0' * 64}")
+    queue = f"issuers-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[FailsInTheMiddleWorkflow],
+        activities=[note, boom],
+        plugins=[ForkLabPlugin(home=worker_home)],
+    ):
+        parent = await client.start_workflow(
+            FailsInTheMiddleWorkflow.run, 1, id=f"one-{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
+        await parent.result()
+        issuer_key(worker_home)  # the worker's own home key counts for nothing now
+        for home, served in ((operator, True), (stranger, False), (worker_home, False)):
+            lab = AgentLab(client, AgentSettings(home=home, agent_task_queue=queue))
+            fork = await lab.fork(parent.id, 1)
+            if served:
+                assert await fork.handle.result() == ["note 1"]
+                continue
+            with pytest.raises(WorkflowFailureError) as failure:
+                await asyncio.wait_for(fork.handle.result(), 30)
+            cause = failure.value.cause
+            assert isinstance(cause, ApplicationError)
+            assert cause.type == ForkErrorType.marker_unverified
+            assert "which this worker does not trust" in cause.message

@@ -1,7 +1,7 @@
 """The fork issuer key of a ForkLab home: what ``forklab fork`` signs fork markers with.
 
 Like an experiment's approver key, it is an Ed25519 key pair kept in an owner-only file
-(``<home>/fork-issuer/issuer.key``, folders 0700, file 0600), made the first time a fork
+(``<home>/fork-issuer/issuer.key``, its folder 0700, the file 0600), made the first time a fork
 is issued from that home. A worker trusts the public half of its own home's key when its
 policy registers no issuers (the single-user default: ``forklab up`` and ``forklab fork``
 share the home); a deployment registers the keys of the hosts that issue forks instead
@@ -14,13 +14,13 @@ import contextlib
 import os
 from pathlib import Path
 
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from forklab.activities.experiment.approval_keys import (
     KeyFileError,
     new_private_key,
     read_private_key,
-    write_private_key,
 )
 from forklab.contracts.fork_signature import issuer_public_key
 
@@ -34,8 +34,21 @@ def issuer_key(home: Path) -> Ed25519PrivateKey:
     home agree on one key: the file is put in place by a link, which never replaces one."""
     path = issuer_key_path(home)
     if not path.is_file():
+        # only the key's own folder is made owner-only: the home stays as it is (boxes of
+        # other uids may need to pass through it)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
         staged = path.with_name(f".issuer.key.new{os.getpid()}")
-        write_private_key(staged, new_private_key())
+        pem = new_private_key().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, pem)
+        finally:
+            os.close(fd)
         with contextlib.suppress(FileExistsError):
             os.link(staged, path)
         staged.unlink()
