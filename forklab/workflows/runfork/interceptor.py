@@ -33,6 +33,8 @@ from temporalio.worker import (
     ContinueAsNewInput,
     Interceptor,
     StartActivityInput,
+    StartChildWorkflowInput,
+    StartLocalActivityInput,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
     WorkflowOutboundInterceptor,
@@ -57,12 +59,19 @@ with workflow.unsafe.imports_passed_through():
         VERIFY_FORK,
         FetchPrefixInput,
         ForkMarker,
+        ModelSwap,
         PrefixPage,
         StepDecisionInput,
         VerifyForkInput,
     )
     from forklab.experiments.runfork.identity import lineage_root
-    from forklab.experiments.runfork.policy import Decision, decide, policy_for, uses_records
+    from forklab.experiments.runfork.policy import (
+        Decision,
+        ToolPolicy,
+        decide,
+        policy_for,
+        uses_records,
+    )
     from forklab.experiments.runfork.receipt import BoundaryMode
     from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
     from forklab.experiments.validation_text import first_error
@@ -72,6 +81,9 @@ _FORK_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds
 #: Forks whose first run verifies its marker (``forklab.verify_fork``) before anything
 #: else; histories recorded before it replay without that activity.
 VERIFY_PATCH = "forklab-verify-fork-marker"
+#: Child workflows started with a child marker (the run's lineage root and, on a fork,
+#: its policies); histories recorded before it replay without the patch marker.
+CHILD_PATCH = "forklab-child-marker"
 
 
 class ForkInterceptor(Interceptor):
@@ -279,6 +291,10 @@ def _decode(step: Step, ret_type: type | None) -> Any:
         ) from None
 
 
+async def _raise(error: BaseException) -> Any:
+    raise error
+
+
 def _blocked(tool: str, index: int, why: str) -> ApplicationError:
     return ApplicationError(
         f"step {index} ({tool}) {why}", type=ForkErrorType.tool_blocked, non_retryable=True
@@ -379,6 +395,78 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             result_b64=note.result_b64,
         )
         return _decode(step, input.ret_type)
+
+    def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:
+        """A local activity is no step (its input is not recorded, so it can be neither
+        served nor matched), but the fork's policies still decide whether it runs, and it
+        carries the lineage root, so a live effect meets the lineage's record in the
+        effect ledger instead of being applied under a root of its own."""
+        if input.activity.startswith(INTERNAL_PREFIX):
+            return super().start_local_activity(input)
+        marker = self._state.marker
+        if marker is not None:
+            policy = policy_for(input.activity, marker.tool_policies)
+            if policy in (ToolPolicy.block, ToolPolicy.replay):
+                why = (
+                    "is blocked on this fork"
+                    if policy is ToolPolicy.block
+                    else "is a local activity, whose input is not recorded to replay"
+                )
+                error = ApplicationError(
+                    f"local activity {input.activity} {why} (policy {policy.value})",
+                    type=ForkErrorType.tool_blocked,
+                    non_retryable=True,
+                )
+                return workflow.ActivityHandle(_raise(error))
+        conv = workflow.payload_converter()
+        headers = dict(input.headers)
+        headers[LINEAGE_HEADER] = conv.to_payloads([self._state.lineage_root])[0]
+        headers[CHAIN_HEADER] = conv.to_payloads([workflow.info().first_execution_run_id])[0]
+        return super().start_local_activity(dataclasses.replace(input, headers=headers))
+
+    async def start_child_workflow(
+        self, input: StartChildWorkflowInput
+    ) -> workflow.ChildWorkflowHandle[Any, Any]:
+        """A child workflow acts for its parent: on a fork the policies decide whether it
+        starts (by its workflow type) and its own calls follow them; every child carries
+        its parent's lineage root (the effect ledger's key) in a child marker. The memo the
+        workflow gives a child never carries a marker of its own making."""
+        memo = dict(input.memo or {})
+        memo.pop(MARKER_MEMO_KEY, None)
+        marker = self._state.marker
+        if marker is not None:
+            policy = policy_for(input.workflow, marker.tool_policies)
+            if policy in (ToolPolicy.block, ToolPolicy.replay):
+                raise ApplicationError(
+                    f"child workflow {input.workflow} is blocked on this fork "
+                    f"(policy {policy.value})",
+                    type=ForkErrorType.tool_blocked,
+                    non_retryable=True,
+                )
+        if workflow.patched(CHILD_PATCH):
+            memo[MARKER_MEMO_KEY] = self._child_marker().model_dump(mode="json")
+        return await super().start_child_workflow(dataclasses.replace(input, memo=memo))
+
+    def _child_marker(self) -> ForkMarker:
+        """What a child of this run inherits: no steps, the lineage root, and on a fork its
+        policies, intervention and the model its calls would use now."""
+        info = workflow.info()
+        state = self._state
+        marker = state.marker
+        model = marker.model_at(state.base + state.calls + 1) if marker is not None else None
+        return ForkMarker(
+            parent_workflow_id=info.workflow_id,
+            source_run_id=info.run_id,
+            base_step=0,
+            at_step=0,
+            boundary=BoundaryMode.lineage_only,
+            lineage_root=state.lineage_root,
+            model=model,
+            model_swaps=[ModelSwap(after_step=0, model=model)] if model is not None else [],
+            tool_policies=marker.tool_policies if marker is not None else {},
+            intervention=marker.intervention if marker is not None else None,
+            child_of=info.workflow_id,
+        )
 
     def _serve_prefix(
         self, input: StartActivityInput, index: int, marker: ForkMarker
