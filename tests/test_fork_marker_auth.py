@@ -227,7 +227,8 @@ async def test_a_marker_whose_prefix_holds_a_failed_step_fails_at_once(
 ) -> None:
     """Before: the run stayed open, its workflow task failing with `Unknown payload
     encoding <unknown>`. A marker signed by a trusted issuer (ForkLab's CLI refuses such a
-    boundary; another issuer may not) and an unsigned one both fail the run at once."""
+    boundary; another issuer may not) and an unsigned one both fail the run at once; so
+    does a signed one naming a parent run that is not there."""
     client = await Client.connect(
         temporal_env.client.service_client.config.target_host,
         data_converter=pydantic_data_converter,
@@ -246,11 +247,13 @@ async def test_a_marker_whose_prefix_holds_a_failed_step_fails_at_once(
         )
         assert await parent.result() == ["note 1", "failed 2", "note 3"]
         start = await latest_start(client, parent.id)
-        for signed in (True, False):
+        missing = str(uuid.uuid4())
+        cases = [(True, start.run_id), (False, start.run_id), (True, missing), (True, "x")]
+        for signed, run_id in cases:
             wid = f"bad-prefix-{uuid.uuid4().hex[:8]}"
             marker = ForkMarker(
                 parent_workflow_id=parent.id,
-                source_run_id=start.run_id,
+                source_run_id=run_id,
                 base_step=0,
                 at_step=3,
                 boundary=BoundaryMode.approximate,
@@ -277,7 +280,10 @@ async def test_a_marker_whose_prefix_holds_a_failed_step_fails_at_once(
             else:
                 pytest.fail("the run was served a failed step and completed")
             assert isinstance(cause, ApplicationError)
-            if signed:
+            if run_id != start.run_id:  # a parent run that is not there (retention, a typo)
+                assert cause.type == ForkErrorType.prefix_unservable, cause
+                assert cause.message.startswith("fork refused: its prefix cannot be served: ")
+            elif signed:
                 assert cause.type == ForkErrorType.prefix_unservable, cause
                 assert cause.message == (
                     "fork refused: its prefix cannot be served: step 2 is failed in the "

@@ -10,6 +10,7 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from forklab.activities.runfork.fork_keys import home_issuer
 from forklab.activities.runfork.history_events import ClosedRuns, digest_payloads
@@ -84,7 +85,20 @@ class ForkActivities:
     async def fetch_prefix(self, req: FetchPrefixInput) -> PrefixPage:
         """Steps ``from_step..upto_step`` of the parent's run, with their results, in pages
         of at most ``max_bytes`` (a Temporal payload must stay small)."""
-        rec = await read_run(self._client, req.workflow_id, req.run_id, req.base_step, self.runs)
+        try:
+            rec = await read_run(
+                self._client, req.workflow_id, req.run_id, req.base_step, self.runs
+            )
+        except (RunNotFound, RPCError) as exc:
+            # gone (retention, deleted) or no run id at all: no retry brings it back
+            if isinstance(exc, RPCError) and exc.status is not RPCStatusCode.INVALID_ARGUMENT:
+                raise
+            raise ApplicationError(
+                f"fork refused: its prefix cannot be served: no run {req.run_id[:100]!r} of "
+                f"{req.workflow_id[:100]!r} ({type(exc).__name__})",
+                type=ForkErrorType.prefix_unservable,
+                non_retryable=True,
+            ) from None
         wanted = [s for s in rec.steps if req.from_step <= s.index <= req.upto_step]
         out: list[Step] = []
         size = 0

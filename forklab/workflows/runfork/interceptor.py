@@ -238,6 +238,23 @@ def _inherits(marker: ForkMarker) -> bool:
 async def _load_prefix(state: _ForkState, marker: ForkMarker) -> None:
     start = marker.base_step + 1
     while True:
+        page = await _fetch_page(marker, start)
+        for s in page.steps:
+            state.prefix[s.index] = s
+        for s in page.recorded_after:
+            state.recorded.setdefault((s.activity_type, s.input_sha256), s)
+        if page.next_step is None:
+            break
+        start = page.next_step
+    for s in state.prefix.values():
+        if s.status is StepStatus.completed:
+            state.recorded.setdefault((s.activity_type, s.input_sha256), s)
+
+
+async def _fetch_page(marker: ForkMarker, start: int) -> PrefixPage:
+    """One page of the parent's steps; a parent that cannot be read (gone with its
+    retention, never there) fails the fork with the activity's sentence."""
+    try:
         page: PrefixPage = await workflow.execute_activity(
             FETCH_PREFIX,
             FetchPrefixInput(
@@ -252,16 +269,12 @@ async def _load_prefix(state: _ForkState, marker: ForkMarker) -> None:
             retry_policy=_FORK_RETRY,
             summary=f"fork: inherit steps {start}..{marker.at_step} of {marker.parent_workflow_id}",
         )
-        for s in page.steps:
-            state.prefix[s.index] = s
-        for s in page.recorded_after:
-            state.recorded.setdefault((s.activity_type, s.input_sha256), s)
-        if page.next_step is None:
-            break
-        start = page.next_step
-    for s in state.prefix.values():
-        if s.status is StepStatus.completed:
-            state.recorded.setdefault((s.activity_type, s.input_sha256), s)
+    except ActivityError as exc:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == ForkErrorType.prefix_unservable:
+            raise _refused(cause.message, ForkErrorType.prefix_unservable) from None
+        raise
+    return page
 
 
 def _input_digest(args: Any) -> str:
