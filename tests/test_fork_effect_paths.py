@@ -91,6 +91,14 @@ async def test_block_stops_a_charge_made_through_a_local_activity(paths_lab: Pat
     fork = await paths_lab.lab.fork(wid, 1, tool_policies=BLOCK)
     assert await fork.handle.result() == {"status": "blocked"}
     assert paths_lab.charges(customer) == 1
+    # the refusal is recorded where `forklab steps` reads it
+    (refused,) = await paths_lab.lab.acting_calls(fork.handle.id)
+    assert (refused.kind, refused.name, refused.after_step, refused.blocked) == (
+        "local activity",
+        "charge_customer",
+        1,
+        True,
+    )
 
 
 async def test_a_local_charge_on_a_fork_meets_the_lineages_charge(paths_lab: PathsLab) -> None:
@@ -116,6 +124,8 @@ async def test_block_reaches_the_calls_of_a_child_workflow(paths_lab: PathsLab) 
     fork = await paths_lab.lab.fork(wid, 1, tool_policies={"ChargeChild": ToolPolicy.block})
     assert await fork.handle.result() == {"status": "child blocked"}
     assert paths_lab.charges(customer) == 1
+    out = forklab(paths_lab.env, "steps", fork.handle.id)
+    assert "child     blocked" in out.stdout and "ChargeChild (child workflow)" in out.stdout
 
 
 async def test_a_childs_charge_on_a_fork_meets_the_lineages_charge(paths_lab: PathsLab) -> None:

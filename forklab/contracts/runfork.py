@@ -149,6 +149,9 @@ class StepDecisionInput(BaseModel):
     policy: str
     result_b64: str | None = None
     result_sha256: str | None = None
+    #: set for a local activity or child workflow the policy refused (``local activity``,
+    #: ``child workflow``): no step, shown after the step it followed
+    acting: str | None = None
 
 
 class RunSummary(BaseModel):

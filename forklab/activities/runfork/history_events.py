@@ -228,6 +228,16 @@ def parse_events(
             payloads = list(a.input.payloads)
             if name == STEP_DECISION:
                 d = StepDecisionInput.model_validate_json(payloads[0].data)
+                if d.acting is not None:
+                    others.append(
+                        PrefixEvent(
+                            kind=d.acting,
+                            after_step=next_index - 1,
+                            name=d.activity_type,
+                            blocked=True,
+                        )
+                    )
+                    continue
                 items.append(
                     Step(
                         index=next_index,

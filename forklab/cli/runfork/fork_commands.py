@@ -149,13 +149,20 @@ async def _steps(args: argparse.Namespace) -> int:
 
 
 def _acting_json(e: PrefixEvent) -> dict[str, Any]:
-    return {"kind": e.kind, "after_step": e.after_step, "name": e.name, "child_id": e.child_id}
+    return {
+        "kind": e.kind,
+        "after_step": e.after_step,
+        "name": e.name,
+        "child_id": e.child_id,
+        "blocked": e.blocked,
+    }
 
 
 def _print_acting(e: PrefixEvent) -> None:
     origin = "local" if e.kind == "local activity" else "child"
     what = f"child workflow {e.child_id}" if e.child_id else e.kind
-    print(f"{'-':>5}  {origin:<9} {'':<9} {'-':>8}  {'-':<12}  {e.name or '?'} ({what})")
+    status = "blocked" if e.blocked else ""
+    print(f"{'-':>5}  {origin:<9} {status:<9} {'-':>8}  {'-':<12}  {e.name or '?'} ({what})")
 
 
 @_guard

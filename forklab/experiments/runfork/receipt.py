@@ -51,6 +51,8 @@ class PrefixEvent(BaseModel):
     name: str = ""
     #: the child workflow's id
     child_id: str | None = None
+    #: a local activity or child workflow the fork's policy refused (it never ran)
+    blocked: bool = False
 
 
 class Resolution(BaseModel):

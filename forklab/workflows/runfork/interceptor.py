@@ -84,6 +84,9 @@ VERIFY_PATCH = "forklab-verify-fork-marker"
 #: Child workflows started with a child marker (the run's lineage root and, on a fork,
 #: its policies); histories recorded before it replay without the patch marker.
 CHILD_PATCH = "forklab-child-marker"
+#: A fork's policies refuse local activities and child workflows (recorded with
+#: ``forklab.step_decision``); forks recorded before it ran them.
+REACH_PATCH = "forklab-policies-reach-local-and-children"
 
 
 class ForkInterceptor(Interceptor):
@@ -304,10 +307,6 @@ def _decode(step: Step, ret_type: type | None) -> Any:
         ) from None
 
 
-async def _raise(error: BaseException) -> Any:
-    raise error
-
-
 def _blocked(tool: str, index: int, why: str) -> ApplicationError:
     return ApplicationError(
         f"step {index} ({tool}) {why}", type=ForkErrorType.tool_blocked, non_retryable=True
@@ -416,21 +415,16 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         effect ledger instead of being applied under a root of its own."""
         if input.activity.startswith(INTERNAL_PREFIX):
             return super().start_local_activity(input)
-        marker = self._state.marker
-        if marker is not None:
-            policy = policy_for(input.activity, marker.tool_policies)
-            if policy in (ToolPolicy.block, ToolPolicy.replay):
-                why = (
-                    "is blocked on this fork"
-                    if policy is ToolPolicy.block
-                    else "is a local activity, whose input is not recorded to replay"
-                )
-                error = ApplicationError(
-                    f"local activity {input.activity} {why} (policy {policy.value})",
-                    type=ForkErrorType.tool_blocked,
-                    non_retryable=True,
-                )
-                return workflow.ActivityHandle(_raise(error))
+        refused = self._refused_by_policy(input.activity)
+        if refused is not None:
+            why = (
+                "is blocked on this fork"
+                if refused is ToolPolicy.block
+                else "is a local activity, whose input is not recorded to replay"
+            )
+            return workflow.ActivityHandle(
+                self._refuse("local activity", input.activity, refused, why)
+            )
         conv = workflow.payload_converter()
         headers = dict(input.headers)
         headers[LINEAGE_HEADER] = conv.to_payloads([self._state.lineage_root])[0]
@@ -446,19 +440,48 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         workflow gives a child never carries a marker of its own making."""
         memo = dict(input.memo or {})
         memo.pop(MARKER_MEMO_KEY, None)
-        marker = self._state.marker
-        if marker is not None:
-            policy = policy_for(input.workflow, marker.tool_policies)
-            if policy in (ToolPolicy.block, ToolPolicy.replay):
-                raise ApplicationError(
-                    f"child workflow {input.workflow} is blocked on this fork "
-                    f"(policy {policy.value})",
-                    type=ForkErrorType.tool_blocked,
-                    non_retryable=True,
-                )
+        refused = self._refused_by_policy(input.workflow)
+        if refused is not None:
+            await self._refuse("child workflow", input.workflow, refused, "is blocked on this fork")
         if workflow.patched(CHILD_PATCH):
             memo[MARKER_MEMO_KEY] = self._child_marker().model_dump(mode="json")
         return await super().start_child_workflow(dataclasses.replace(input, memo=memo))
+
+    def _refused_by_policy(self, name: str) -> ToolPolicy | None:
+        """The policy (``block`` or ``replay``) that keeps a local activity or child
+        workflow ``name`` from running on this fork, or None."""
+        marker = self._state.marker
+        if marker is None:
+            return None
+        policy = policy_for(name, marker.tool_policies)
+        if policy not in (ToolPolicy.block, ToolPolicy.replay):
+            return None
+        return policy if workflow.patched(REACH_PATCH) else None
+
+    async def _refuse(self, kind: str, name: str, policy: ToolPolicy, why: str) -> Any:
+        """Records the refusal (history, Web UI, ``forklab steps``) and raises it."""
+        state = self._state
+        note = StepDecisionInput(
+            index=state.base + state.calls,
+            activity_type=name,
+            input_sha256="",
+            decision=StepOrigin.blocked,
+            policy=policy.value,
+            acting=kind,
+        )
+        await workflow.execute_activity(
+            STEP_DECISION,
+            note,
+            result_type=StepDecisionInput,
+            start_to_close_timeout=_FORK_ACTIVITY_TIMEOUT,
+            retry_policy=_FORK_RETRY,
+            summary=f"{kind} {name}: blocked (policy {policy.value})",
+        )
+        raise ApplicationError(
+            f"{kind} {name} {why} (policy {policy.value})",
+            type=ForkErrorType.tool_blocked,
+            non_retryable=True,
+        )
 
     def _child_marker(self) -> ForkMarker:
         """What a child of this run inherits: no steps, the lineage root, and on a fork its
