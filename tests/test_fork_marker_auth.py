@@ -8,6 +8,7 @@ steps (its secret topic in the attacker's result) or to wedge.
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from agent_fixtures import AgentTestLab
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from marker_workloads import FailsInTheMiddleWorkflow, boom, note
+from orchestration_lab import forklab
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import RawValue, WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -330,3 +332,19 @@ async def test_a_worker_with_registered_issuers_serves_only_their_forks(
             assert isinstance(cause, ApplicationError)
             assert cause.type == ForkErrorType.marker_unverified
             assert "which this worker does not trust" in cause.message
+
+
+def test_an_agent_worker_with_a_bad_issuers_setting_does_not_start(tmp_path: Path) -> None:
+    """One line, exit 2, before it connects anywhere (the address is nobody's)."""
+    env = {
+        **os.environ,
+        "FORKLAB_HOME": str(tmp_path),
+        "FORKLAB_ADDRESS": "127.0.0.1:9",
+        FORK_ISSUERS: "ops short",
+    }
+    out = forklab(env, "agent-worker")
+    assert out.returncode == 2, out
+    assert out.stderr.strip() == (
+        "forklab: error: FORKLAB_FORK_ISSUERS: entry 1 is not '<name> <public key>' (a name "
+        "of letters, digits, _ . @ -, and the 64 hex digits forklab keys prints)"
+    )
