@@ -74,13 +74,13 @@ async def first_live_step_done(client: Client, workflow_id: str) -> float:
 
 async def main(depths: list[int], mid: bool, can_every: int, rounds: int) -> None:
     async with bench_env() as b:
-        forks = ForkActivities(b.client)
+        forks = ForkActivities(b.client, b.agent.home)  # trusts the key AgentLab signs with
         queue = b.agent.agent_task_queue
         # wired by hand (what ForkLabPlugin adds), to reach the fork activities' cache of
         # closed runs: the cold rounds empty it
         wiring = dict(
             workflows=[DepthWorkflow],
-            activities=[tick, forks.fetch_prefix, forks.step_decision],
+            activities=[tick, forks.verify_fork, forks.fetch_prefix, forks.step_decision],
             interceptors=[ForkInterceptor()],
             max_concurrent_activities=50,
         )

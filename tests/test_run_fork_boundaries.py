@@ -83,7 +83,7 @@ async def test_fork_serves_the_prefix_and_replays_deterministically(steps_lab: S
         for e in history.events
         if e.HasField("activity_task_scheduled_event_attributes")
     ]
-    assert scheduled == ["forklab.fetch_prefix", "echo", "echo"]
+    assert scheduled == ["forklab.verify_fork", "forklab.fetch_prefix", "echo", "echo"]
     await Replayer(
         workflows=[StepsWorkflow],
         plugins=[ForkLabPlugin(steps_lab.lab.agent.run_log_path)],
@@ -229,6 +229,7 @@ async def test_exact_fork_inside_an_earlier_run_of_a_running_chain(steps_lab: St
         steps_lab.client.get_workflow_handle(fork.handle.id, run_id=x.run_id) for x in fork_chain
     )
     assert await _scheduled(first) == [
+        ("forklab.verify_fork", f"fork: verify the marker for {wid}"),
         ("forklab.fetch_prefix", f"fork of {wid}: inherit steps 4..5"),
         ("echo", "step 6: echo"),
     ]
@@ -268,7 +269,8 @@ async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
     assert r.source_input_sha256 == digest_payloads(chain[2].input)
     assert r.prefix_sha256 == prefix_sha256([])  # served nothing: the input is the state
     assert await live.handle.result() == expected
-    assert [t for t, _ in await _scheduled(live.handle)] == ["echo"] * 3  # no prefix read
+    # the marker verified, no prefix read
+    assert [t for t, _ in await _scheduled(live.handle)] == ["forklab.verify_fork"] + ["echo"] * 3
     assert [(s.index, s.origin) for s in await steps_lab.lab.steps(live.handle.id)] == [
         (7, "own"),
         (8, "own"),

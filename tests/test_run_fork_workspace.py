@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
+from forklab.activities.runfork.fork_keys import issuer_key_path
 from forklab.activities.runfork.workspace import (
     WorkspaceStep,
     WorkspaceTools,
@@ -198,7 +200,11 @@ async def test_a_tampered_layer_refuses_the_fork(ws_lab: AgentTestLab, tmp_path:
     # where the client cannot see the layers, the worker checks them before mounting:
     # the fork's first file step over the tampered layer fails, and so does the fork
     # (model `slow`: its writes differ from the parent's, so ``auto`` runs them live)
-    remote = AgentLab(lab.client, a.model_copy(update={"home": tmp_path / "elsewhere"}))
+    # (the same operator on another host: the issuer key the worker trusts goes along)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "fork-issuer").mkdir(parents=True)
+    shutil.copy2(issuer_key_path(a.home), issuer_key_path(elsewhere))
+    remote = AgentLab(lab.client, a.model_copy(update={"home": elsewhere}))
     blind = await remote.fork(parent_id, at_step=4, name=f"{parent_id}--blind", model="slow")
     assert blind.receipt.workspace_layer_sha256 == at_four
     with pytest.raises(WorkflowFailureError) as failure:

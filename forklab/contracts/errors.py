@@ -47,6 +47,11 @@ class ForkErrorType(StrEnum):
     prefix_diverged = "fork_prefix_diverged"
     #: the fork marker is malformed or cannot be served
     marker_invalid = "fork_marker_invalid"
+    #: a well-formed marker this worker cannot verify was issued for this run (unsigned,
+    #: an untrusted key, copied to another workflow id, another input, altered)
+    marker_unverified = "fork_marker_unverified"
+    #: a verified marker whose inherited prefix holds a step that cannot be served
+    prefix_unservable = "fork_prefix_unservable"
     #: another attempt holds the effect's claim
     effect_held = "effect_held"
     #: the same idempotency key with another request

@@ -3,6 +3,7 @@ fork marker a fork carries in its memo."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +33,7 @@ STEP_HEADER = "forklab-step"
 INTERNAL_PREFIX = "forklab."
 FETCH_PREFIX = "forklab.fetch_prefix"
 STEP_DECISION = "forklab.step_decision"
+VERIFY_FORK = "forklab.verify_fork"
 #: Activity types whose input names a model, and the field: ``--model`` rewrites it on
 #: every live call (the OpenAI Agents SDK's model activity and ForkLab's chat call).
 MODEL_FIELDS = {"invoke_model_activity": "model_name", "chat_model": "model"}
@@ -82,6 +84,18 @@ class ForkMarker(BaseModel):
     intervention: dict[str, Any] | None = None
     #: a later run of the fork (it continued-as-new): nothing to inherit any more
     continued: bool = False
+    #: what the issuer's signature binds (``forklab.contracts.fork_signature``): the fork's
+    #: own workflow id, the sha256 of its start input, when and with which key it was
+    #: issued; None on markers made before forks were signed (old histories replay)
+    fork_workflow_id: str | None = None
+    start_input_sha256: str | None = None
+    issued_at: datetime | None = None
+    issuer_key: str | None = None
+    signature: str | None = None
+    #: a child workflow of a fork (or of any run), named by its parent's workflow id: it
+    #: inherits no steps, only the lineage root, policies, swaps and intervention; the
+    #: server, not the memo, says who its parent is
+    child_of: str | None = None
 
     def model_at(self, index: int) -> str | None:
         """The model a call at step ``index`` uses (None: the workflow's own choice)."""
@@ -114,6 +128,15 @@ class PrefixPage(BaseModel):
     recorded_after: list[Step] = Field(default_factory=list)
 
 
+class VerifyForkInput(BaseModel):
+    """The marker a fork's first run found in its memo, for the worker to verify against
+    its trusted issuers and the run's own recorded start."""
+
+    model_config = ConfigDict(frozen=True)
+
+    marker: ForkMarker
+
+
 class StepDecisionInput(BaseModel):
     """A live call a fork did not run: served from the record, or blocked."""
 
@@ -126,6 +149,9 @@ class StepDecisionInput(BaseModel):
     policy: str
     result_b64: str | None = None
     result_sha256: str | None = None
+    #: set for a local activity or child workflow the policy refused (``local activity``,
+    #: ``child workflow``): no step, shown after the step it followed
+    acting: str | None = None
 
 
 class RunSummary(BaseModel):

@@ -1,35 +1,104 @@
-"""The activities a fork's workflow runs through the worker interceptor: its inherited
-prefix, fetched from the parent's history, and the record of a call its policy decided."""
+"""The activities a fork's workflow runs through the worker interceptor: the check of its
+marker, its inherited prefix, fetched from the parent's history, and the record of a call
+its policy decided."""
 
 from __future__ import annotations
 
+from datetime import UTC
+from pathlib import Path
+
 from temporalio import activity
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
-from forklab.activities.runfork.history_events import ClosedRuns
-from forklab.activities.runfork.history_reads import read_run
+from forklab.activities.runfork.fork_keys import home_issuer
+from forklab.activities.runfork.history_events import ClosedRuns, digest_payloads
+from forklab.activities.runfork.history_reads import RunNotFound, first_event, read_run
+from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.fork_signature import marker_refusal
 from forklab.contracts.runfork import (
     FETCH_PREFIX,
     STEP_DECISION,
+    VERIFY_FORK,
     FetchPrefixInput,
     PrefixPage,
     StepDecisionInput,
+    VerifyForkInput,
 )
 from forklab.experiments.runfork.steps import Step, StepStatus
 
+_ISSUERS_HINT = "FORKLAB_FORK_ISSUERS"
+
 
 class ForkActivities:
-    """Activities a fork's workflow runs through the worker interceptor."""
+    """Activities a fork's workflow runs through the worker interceptor.
 
-    def __init__(self, client: Client) -> None:
+    ``home``: the worker's ForkLab home, whose issuer key the worker trusts when
+    ``issuers`` (public key → name, the worker's registered fork issuers) is None."""
+
+    def __init__(
+        self, client: Client, home: Path | None = None, issuers: dict[str, str] | None = None
+    ) -> None:
         self._client = client
+        self._home = home
+        self._issuers = issuers
         self.runs = ClosedRuns()
+
+    def _trusted(self) -> dict[str, str]:
+        if self._issuers is not None:
+            return self._issuers
+        return home_issuer(self._home) if self._home is not None else {}
+
+    @activity.defn(name=VERIFY_FORK)
+    async def verify_fork(self, req: VerifyForkInput) -> VerifyForkInput:
+        """Refuses (non-retryable, one sentence) a marker this worker cannot verify was
+        issued for the calling run: signed by a trusted key, for this workflow id, this
+        run's recorded start input, shortly before the run started. It reads the run's own
+        first event only; nothing of the parent."""
+        info = activity.info()
+        workflow_id, run_id = info.workflow_id or "", info.workflow_run_id or ""
+        trusted = self._trusted()
+        if not trusted:
+            where = f" ({self._home})" if self._home is not None else ""
+            raise _unverified(
+                "this worker trusts no fork issuer: fork with `forklab fork` on this worker's "
+                f"FORKLAB_HOME{where}, or register the issuer's key in {_ISSUERS_HINT}"
+            )
+        try:
+            event = await first_event(self._client, workflow_id, run_id)
+        except RunNotFound as exc:
+            raise _unverified(f"cannot read this run's start ({exc})") from None
+        started = event.workflow_execution_started_event_attributes
+        refusal = marker_refusal(
+            req.marker,
+            trusted=trusted,
+            workflow_id=workflow_id,
+            start_input_sha256=digest_payloads(list(started.input.payloads)),
+            started_at=event.event_time.ToDatetime(tzinfo=UTC),
+        )
+        if refusal is not None:
+            raise _unverified(refusal)
+        return req
 
     @activity.defn(name=FETCH_PREFIX)
     async def fetch_prefix(self, req: FetchPrefixInput) -> PrefixPage:
         """Steps ``from_step..upto_step`` of the parent's run, with their results, in pages
         of at most ``max_bytes`` (a Temporal payload must stay small)."""
-        rec = await read_run(self._client, req.workflow_id, req.run_id, req.base_step, self.runs)
+        try:
+            rec = await read_run(
+                self._client, req.workflow_id, req.run_id, req.base_step, self.runs
+            )
+        except (RunNotFound, RPCError) as exc:
+            # gone (retention, deleted) or no run id at all: no retry brings it back
+            if isinstance(exc, RPCError) and exc.status is not RPCStatusCode.INVALID_ARGUMENT:
+                raise
+            raise ApplicationError(
+                f"fork refused: its prefix cannot be served: no run {req.run_id[:100]!r} of "
+                f"{req.workflow_id[:100]!r} ({type(exc).__name__})",
+                type=ForkErrorType.prefix_unservable,
+                non_retryable=True,
+            ) from None
         wanted = [s for s in rec.steps if req.from_step <= s.index <= req.upto_step]
         out: list[Step] = []
         size = 0
@@ -56,3 +125,7 @@ class ForkActivities:
         """Records, visibly in history and the Web UI, a live call the fork's policy served
         from the record or blocked; returns the record it was given."""
         return req
+
+
+def _unverified(why: str) -> ApplicationError:
+    return ApplicationError(why, type=ForkErrorType.marker_unverified, non_retryable=True)

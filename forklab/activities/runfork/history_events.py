@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from temporalio.api.common.v1 import Payload
+from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
@@ -228,6 +228,16 @@ def parse_events(
             payloads = list(a.input.payloads)
             if name == STEP_DECISION:
                 d = StepDecisionInput.model_validate_json(payloads[0].data)
+                if d.acting is not None:
+                    others.append(
+                        PrefixEvent(
+                            kind=d.acting,
+                            after_step=next_index - 1,
+                            name=d.activity_type,
+                            blocked=True,
+                        )
+                    )
+                    continue
                 items.append(
                     Step(
                         index=next_index,
@@ -280,12 +290,28 @@ def parse_events(
             mine = own.get(getattr(ev, kind).scheduled_event_id)
             if mine is not None:
                 mine.status = StepStatus.failed
+        elif kind == "start_child_workflow_execution_initiated_event_attributes":
+            init = ev.start_child_workflow_execution_initiated_event_attributes
+            others.append(
+                PrefixEvent(
+                    kind=_OTHER_INPUTS[kind],
+                    after_step=next_index - 1,
+                    name=init.workflow_type.name,
+                    child_id=init.workflow_id,
+                )
+            )
         elif kind in _OTHER_INPUTS:
             others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=next_index - 1))
         elif kind == "marker_recorded_event_attributes":
-            name = ev.marker_recorded_event_attributes.marker_name
-            if name == "core_local_activity":
-                others.append(PrefixEvent(kind="local activity", after_step=next_index - 1))
+            recorded = ev.marker_recorded_event_attributes
+            if recorded.marker_name == "core_local_activity":
+                others.append(
+                    PrefixEvent(
+                        kind="local activity",
+                        after_step=next_index - 1,
+                        name=_local_activity_type(recorded.details.get("data")),
+                    )
+                )
     steps = [
         item
         if isinstance(item, Step)
@@ -303,6 +329,14 @@ def parse_events(
         for item in items
     ]
     return steps, others
+
+
+def _local_activity_type(data: Payloads | None) -> str:
+    """The activity type a local activity marker names (its details' ``data``: JSON written
+    by the SDK's core); empty when it names none."""
+    value = _json(data.payloads[0]) if data is not None and data.payloads else None
+    found = value.get("activity_type") if isinstance(value, dict) else None
+    return found if isinstance(found, str) else ""
 
 
 def _json(p: Payload) -> Any:

@@ -91,7 +91,7 @@ async def latest_start(client: Client, workflow_id: str) -> RunStart:
     """What the first event of ``workflow_id``'s latest run says (its chain's first run
     id, its fork marker); ``RunNotFound`` when there is none."""
     desc = await _describe_latest(client, workflow_id)
-    return run_start(await _first_event(client, workflow_id, desc.run_id), desc.run_id)
+    return run_start(await first_event(client, workflow_id, desc.run_id), desc.run_id)
 
 
 async def read_chain(client: Client, workflow_id: str) -> list[RunRecord]:
@@ -144,7 +144,7 @@ class Located:
     starts_read: int = 0
 
 
-async def _first_event(client: Client, workflow_id: str, run_id: str) -> HistoryEvent:
+async def first_event(client: Client, workflow_id: str, run_id: str) -> HistoryEvent:
     handle = client.get_workflow_handle(workflow_id, run_id=run_id)
     try:
         async for event in handle.fetch_history_events(page_size=1):
@@ -176,7 +176,7 @@ async def locate_step(
     run_id: str | None = desc.run_id
     while True:
         assert run_id is not None
-        start = run_start(await _first_event(client, workflow_id, run_id), run_id)
+        start = run_start(await first_event(client, workflow_id, run_id), run_id)
         starts += 1
         if start.base_step is None:
             return await _locate_by_counting(client, workflow_id, at_step, desc, cache)
@@ -317,7 +317,7 @@ async def _locate_by_counting(
     next_run = None
     if pick + 1 < len(summaries):
         later_id = summaries[pick + 1].run_id
-        next_run = run_start(await _first_event(client, workflow_id, later_id), later_id)
+        next_run = run_start(await first_event(client, workflow_id, later_id), later_id)
     first = summaries[0]
     return Located(
         source=source,

@@ -5,6 +5,10 @@ The private key stays owner-only in ``<home>/approver/approver.key``; only the p
 leaves it. With it, ``forklab approve`` signs approvals on a worker whose policy names
 approvers, and ``forklab start`` signs your starts, so such a worker knows who requested a
 plan (and, if its policy says so, keeps you from approving your own).
+
+``forklab keys --fork-issuer`` prints instead the line that registers this home's fork
+issuer key (the one ``forklab fork`` signs fork markers with, made here if there is none)
+in agent workers' ``FORKLAB_FORK_ISSUERS``: needed where they do not share this home.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from forklab.activities.experiment.approval_keys import (
     read_private_key,
     write_private_key,
 )
+from forklab.activities.runfork.fork_keys import issuer_key, issuer_key_path
 from forklab.cli.errors import CliError
 from forklab.cli.ops_common import settings_from
+from forklab.contracts.fork_signature import issuer_public_key
 
 _NAME = re.compile(r"[A-Za-z0-9_.@-]{1,100}")
 
@@ -35,7 +41,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
             "letters, digits, _ . @ and -",
             2,
         )
-    path = personal_key_path(settings_from(args).home)
+    home = settings_from(args).home
+    if args.fork_issuer:
+        return _fork_issuer(home, args.name)
+    path = personal_key_path(home)
     if path.exists():
         try:
             key = read_private_key(path)
@@ -51,10 +60,26 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fork_issuer(home: Path, name: str) -> int:
+    path = issuer_key_path(home)
+    try:
+        key = issuer_key(home)
+    except KeyFileError as exc:
+        raise CliError(str(exc)) from None
+    print(f"# {path} (owner-only); register this line in agent workers' FORKLAB_FORK_ISSUERS:")
+    print(f"{name} {issuer_public_key(key)}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "keys", help="make your approver key pair and print the line to register with workers"
     )
     p.add_argument("--name", default=getpass.getuser(), help="your approver name (default: you)")
     p.add_argument("--home", type=Path, help="ForkLab home folder (FORKLAB_HOME, ~/.forklab)")
+    p.add_argument(
+        "--fork-issuer",
+        action="store_true",
+        help="print this home's fork issuer key instead, for workers' FORKLAB_FORK_ISSUERS",
+    )
     p.set_defaults(func=cmd_keys)

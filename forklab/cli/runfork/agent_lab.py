@@ -32,6 +32,7 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from forklab.activities.runfork.fork_keys import issuer_key
 from forklab.activities.runfork.history_events import (
     ClosedRuns,
     RunRecord,
@@ -52,6 +53,7 @@ from forklab.activities.runfork.workspace import (
 from forklab.activities.sandbox.workspace import GcResult, LayerStore, WorkspaceError, layer_lock
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.run_log import LogEvent, RunLog
+from forklab.contracts.fork_signature import sign_marker
 from forklab.contracts.runfork import (
     MARKER_MEMO_KEY,
     RECEIPT_MEMO_KEY,
@@ -62,11 +64,12 @@ from forklab.contracts.runfork import (
 )
 from forklab.experiments.runfork import identity
 from forklab.experiments.runfork.diff import StateDiff, diff_states, divergence_step
-from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
+from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy, unknown_tools
 from forklab.experiments.runfork.receipt import (
     BoundaryError,
     BoundaryMode,
     ForkReceipt,
+    PrefixEvent,
     ends_its_run,
     fork_summary,
     make_receipt,
@@ -81,6 +84,14 @@ from forklab.workers.stores import effect_ledger
 from forklab.workflows.runfork.search_attributes import BOUNDARY, LINEAGE_ROOT, PARENT, RUN
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
+#: What a run does besides its steps that a fork's policies reach: ``forklab steps`` shows
+#: them, and their names (local activity and child workflow types) are tools to name.
+ACTING_KINDS = ("local activity", "child workflow")
+#: How deep into children (and their children) the tools of a run are looked for, and how
+#: many children are read at most.
+_CHILD_DEPTH = 3
+_MAX_CHILDREN = 100
+_MAX_LISTED = 40
 
 
 class ForkError(ValueError):
@@ -159,6 +170,30 @@ class AgentLab:
     async def steps(self, run: str) -> list[Step]:
         return chain_steps(await self.chain(run))
 
+    async def acting_calls(self, run: str) -> list[PrefixEvent]:
+        """The run's local activities and child workflows, each after the step it followed."""
+        return [e for rec in await self.chain(run) for e in rec.others if e.kind in ACTING_KINDS]
+
+    async def tools(self, run: str) -> set[str]:
+        """Every activity, local activity and child workflow type the run and its children
+        (to a depth of 3, at most 100 children) called: what a tool policy may name."""
+        found: set[str] = set()
+        todo, read = [(run, 0)], 0
+        while todo:
+            wid, depth = todo.pop()
+            try:
+                chain = await self.chain(wid)
+            except RunNotFound:
+                continue  # a child gone with its retention: its parent's record still names it
+            found.update(s.activity_type for s in chain_steps(chain))
+            for e in (e for rec in chain for e in rec.others if e.kind in ACTING_KINDS):
+                found.add(e.name)
+                if e.child_id and depth < _CHILD_DEPTH and read < _MAX_CHILDREN:
+                    todo.append((e.child_id, depth + 1))
+                    read += 1
+        found.discard("")
+        return found
+
     async def fork(
         self,
         run: str,
@@ -187,6 +222,8 @@ class AgentLab:
         policies = dict(tool_policies or {})
         policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
         located = await locate_step(self.client, run, at_step, self.registry, self.runs)
+        if len(policies) > 1:
+            await self._check_tools(run, policies)
         source = located.source
         try:
             resolution = resolve_boundary(
@@ -264,7 +301,13 @@ class AgentLab:
                 model_swaps=inherited_swaps + own_swap,
                 tool_policies=policies,
                 intervention=intervention,
+                fork_workflow_id=fork_id,
+                start_input_sha256=digest_payloads(start_input),
+                issued_at=datetime.now(UTC),
             )
+            # signed with this home's issuer key: a worker serves the parent's steps (and
+            # the lineage's effects) only to a marker an issuer it trusts made for this run
+            marker = sign_marker(marker, issuer_key(self.agent.home))
             try:
                 handle = await self._start(source, start_input, marker, receipt)
             except WorkflowAlreadyStartedError:
@@ -279,6 +322,20 @@ class AgentLab:
                 await handle.terminate("forklab fork could not record the fork's receipt")
                 raise
         return Fork(receipt=receipt, handle=handle)
+
+    async def _check_tools(self, run: str, policies: dict[str, ToolPolicy]) -> None:
+        """Refuses a policy naming a tool the run never called (a misspelt name would leave
+        that tool under the default policy: a charge meant to be blocked would run)."""
+        tools = await self.tools(run)
+        unknown = unknown_tools(policies, tools)
+        if unknown:
+            listed = sorted(tools)
+            more = f" and {len(listed) - _MAX_LISTED} more" if len(listed) > _MAX_LISTED else ""
+            raise ForkError(
+                f"--tool-policy names {', '.join(repr(t) for t in unknown[:5])}, which run "
+                f"{run!r} never called; its tools: {', '.join(listed[:_MAX_LISTED]) or 'none'}"
+                f"{more}"
+            )
 
     async def _start(
         self,

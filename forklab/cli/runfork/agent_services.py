@@ -18,6 +18,7 @@ from forklab.cli.ops_common import (
 from forklab.workers import processes
 from forklab.workers.config import ConfigError, Settings
 from forklab.workers.runfork.agent_config import AgentSettings
+from forklab.workers.runfork.fork_issuers import registered_issuers
 from forklab.workers.server import child_env, pidfile, reachable, wait_reachable
 
 START_SECONDS = 20.0
@@ -78,6 +79,10 @@ def stop_agent_services(settings: Settings) -> list[str]:
 def cmd_agent_worker(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     agent = agent_settings(settings)
+    try:
+        registered_issuers()  # a fork issuers setting that is no such thing stops it now
+    except ConfigError as exc:
+        raise CliError(str(exc), code=2) from None
     print(
         f"ForkLab agent worker: task queue {agent.agent_task_queue} on {settings.address}, "
         f"model {agent.resolved_model_url}; Ctrl-C stops it",

@@ -19,7 +19,7 @@ from forklab.cli.ops_common import add_connection_flags, run, settings_from
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
 from forklab.cli.runfork.agent_services import agent_settings
 from forklab.experiments.runfork.policy import PolicyError, ToolPolicy, parse_policies
-from forklab.experiments.runfork.receipt import BoundaryMode
+from forklab.experiments.runfork.receipt import BoundaryMode, PrefixEvent
 
 BAD_INPUT = 2
 WATCH_POLL_SECONDS = 0.5
@@ -121,17 +121,48 @@ async def _fork(args: argparse.Namespace) -> int:
 async def _steps(args: argparse.Namespace) -> int:
     lab = await _lab(args)
     steps = await lab.steps(args.run)
+    # local activities and child workflows are no steps (a fork cannot serve them), but a
+    # fork's policies reach them: each is listed after the step it followed
+    acting = await lab.acting_calls(args.run)
     if args.json:
-        _print_json([s.model_dump(mode="json", exclude={"result_b64"}) for s in steps])
+        rows: list[dict[str, Any]] = []
+        for s in steps:
+            rows.append({"kind": "step", **s.model_dump(mode="json", exclude={"result_b64"})})
+            rows.extend(_acting_json(e) for e in acting if e.after_step == s.index)
+        head = [_acting_json(e) for e in acting if e.after_step < (steps[0].index if steps else 1)]
+        _print_json(head + rows)
         return 0
     print(f"{'step':>5}  {'origin':<9} {'status':<9} {'ms':>8}  input sha256  call")
+    for e in acting:
+        if not steps or e.after_step < steps[0].index:
+            _print_acting(e)
     for s in steps:
         ms = f"{s.duration_ms:8.1f}" if s.duration_ms is not None else "       -"
         print(
             f"{s.index:>5}  {s.origin:<9} {s.status.value:<9} {ms}  {s.input_sha256[:12]}  "
             f"{s.label or s.activity_type}"
         )
+        for e in acting:
+            if e.after_step == s.index:
+                _print_acting(e)
     return 0
+
+
+def _acting_json(e: PrefixEvent) -> dict[str, Any]:
+    return {
+        "kind": e.kind,
+        "after_step": e.after_step,
+        "name": e.name,
+        "child_id": e.child_id,
+        "blocked": e.blocked,
+    }
+
+
+def _print_acting(e: PrefixEvent) -> None:
+    origin = "local" if e.kind == "local activity" else "child"
+    what = f"child workflow {e.child_id}" if e.child_id else e.kind
+    status = "blocked" if e.blocked else ""
+    print(f"{'-':>5}  {origin:<9} {status:<9} {'-':>8}  {'-':<12}  {e.name or '?'} ({what})")
 
 
 @_guard

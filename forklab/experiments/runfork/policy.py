@@ -48,6 +48,13 @@ def parse_policies(items: Iterable[str]) -> dict[str, ToolPolicy]:
     return out
 
 
+def unknown_tools(policies: Mapping[str, ToolPolicy], tools: Iterable[str]) -> list[str]:
+    """The tools ``policies`` name (``*`` aside) that are not among ``tools``, the ones the
+    run called: a misspelt name would leave the tool under the default policy."""
+    known = set(tools)
+    return sorted(t for t in policies if t != DEFAULT_KEY and t not in known)
+
+
 def policy_for(tool: str, policies: Mapping[str, ToolPolicy]) -> ToolPolicy:
     return policies.get(tool, policies.get(DEFAULT_KEY, ToolPolicy.auto))
 

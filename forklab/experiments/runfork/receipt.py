@@ -47,6 +47,13 @@ class PrefixEvent(BaseModel):
 
     kind: str
     after_step: int
+    #: the local activity's type or the child workflow's type (for ``forklab steps`` and
+    #: the tool names a fork's policies may name); empty for the other kinds
+    name: str = ""
+    #: the child workflow's id
+    child_id: str | None = None
+    #: a local activity or child workflow the fork's policy refused (it never ran)
+    blocked: bool = False
 
 
 class Resolution(BaseModel):

@@ -32,23 +32,30 @@ REQUESTER_MAY_APPROVE = "FORKLAB_REQUESTER_MAY_APPROVE"
 MAX_FILE_BYTES = 256 * 1024
 
 
-def read_approvers(path: Path) -> list[RegisteredApprover]:
+def read_approvers(
+    path: Path, setting: str = APPROVERS_FILE, role: str = "approver"
+) -> list[RegisteredApprover]:
+    """The keys registered in the file ``path`` names (``setting``: the setting that named
+    it, for the error; ``role``: what the keys are, e.g. fork issuers)."""
     try:
         with path.open("rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(f"{APPROVERS_FILE}: cannot read {path} ({exc.strerror})") from None
+        raise ConfigError(f"{setting}: cannot read {path} ({exc.strerror})") from None
     if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{APPROVERS_FILE}: {path} is larger than {MAX_FILE_BYTES} bytes")
+        raise ConfigError(f"{setting}: {path} is larger than {MAX_FILE_BYTES} bytes")
     try:
         text = data.decode()
     except UnicodeDecodeError:
-        raise ConfigError(f"{APPROVERS_FILE}: {path} is not UTF-8 text") from None
-    return parse_approvers(text.splitlines(), f"{APPROVERS_FILE} {path}", "line")
+        raise ConfigError(f"{setting}: {path} is not UTF-8 text") from None
+    return parse_approvers(text.splitlines(), f"{setting} {path}", "line", role)
 
 
-def parse_approvers(lines: list[str], source: str, unit: str) -> list[RegisteredApprover]:
-    """The approvers of ``lines``; an error names ``source`` and the ``unit`` (line, entry)."""
+def parse_approvers(
+    lines: list[str], source: str, unit: str, role: str = "approver"
+) -> list[RegisteredApprover]:
+    """The approvers (or other ``role``) of ``lines``; an error names ``source`` and the
+    ``unit`` (line, entry)."""
     approvers: list[RegisteredApprover] = []
     for number, line in enumerate(lines, 1):
         words = line.split("#", 1)[0].split()
@@ -64,12 +71,10 @@ def parse_approvers(lines: list[str], source: str, unit: str) -> list[Registered
                 "digits, _ . @ -, and the 64 hex digits forklab keys prints)"
             ) from None
         if any(a.name == approver.name or a.public_key == approver.public_key for a in approvers):
-            raise ConfigError(
-                f"{source}: {unit} {number} repeats a name or a key; one per approver"
-            )
+            raise ConfigError(f"{source}: {unit} {number} repeats a name or a key; one per {role}")
         approvers.append(approver)
     if not approvers:
-        raise ConfigError(f"{source} names no approver")
+        raise ConfigError(f"{source} names no {role}")
     return approvers
 
 

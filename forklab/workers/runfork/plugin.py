@@ -6,7 +6,9 @@ plugin interface (``temporalio.plugin.SimplePlugin``):
 - the fork interceptor (serves a fork's inherited steps from its parent's history) and
   the run-context interceptor (lineage headers for the effect ledger, the run log
   ``forklab watch`` reads);
-- the fork activities (``forklab.fetch_prefix``, ``forklab.step_decision``);
+- the fork activities (``forklab.verify_fork``, ``forklab.fetch_prefix``,
+  ``forklab.step_decision``), the first of which serves a fork only when its marker is
+  signed by an issuer the worker trusts (``forklab.workers.runfork.fork_issuers``);
 - a second worker with the same configuration on ``q@forklab``: forks start there, so a
   worker without the plugin (a forgotten one, a rolling deploy) never picks one up and
   re-runs its inherited steps live as an ordinary run;
@@ -38,6 +40,7 @@ from forklab.activities.stores.run_log import RunLog
 from forklab.contracts.runfork import FORK_QUEUE_SUFFIX, fork_task_queue
 from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
+from forklab.workers.runfork.fork_issuers import registered_issuers
 from forklab.workflows.runfork.interceptor import ForkInterceptor
 from forklab.workflows.runfork.search_attributes import RUN_FORK_KEYS
 
@@ -84,34 +87,49 @@ async def ensure_search_attributes(client: Client) -> None:
         raise SearchAttributesMissing(search_attributes_hint(client.namespace)) from exc
 
 
-def _default_run_log() -> Path:
-    return AgentSettings.load(Settings.load()).run_log_path
+def _default_home() -> Path:
+    return AgentSettings.load(Settings.load()).home
 
 
 class ForkLabPlugin(SimplePlugin):
     """Add to every worker that runs (or replays) workflows that may be forked, and to the
     ``Replayer`` that replays them.
 
-    ``run_log``: the run log file ``forklab watch`` reads (default: the one under
-    ``FORKLAB_HOME``). ``fork_queue``: also poll the fork queue ``<task queue>@forklab``
-    (default). Turn it off only for a worker that runs ordinary runs and never forks.
+    ``run_log``: the run log file ``forklab watch`` reads (default: ``runlog.sqlite`` in
+    ``home``). ``home``: the ForkLab home whose fork issuer key the worker trusts when
+    ``FORKLAB_FORK_ISSUERS`` names no issuers (default: the run log's folder when
+    ``run_log`` is given, else ``FORKLAB_HOME``). ``fork_queue``: also poll the fork
+    queue ``<task queue>@forklab`` (default). Turn it off only for a worker that runs
+    ordinary runs and never forks.
     """
 
-    def __init__(self, run_log: Path | str | None = None, *, fork_queue: bool = True) -> None:
+    def __init__(
+        self,
+        run_log: Path | str | None = None,
+        *,
+        home: Path | str | None = None,
+        fork_queue: bool = True,
+    ) -> None:
         super().__init__(PLUGIN_NAME)
         self._run_log = Path(run_log).expanduser() if run_log is not None else None
+        if home is not None:
+            self._home = Path(home).expanduser()
+        else:
+            self._home = self._run_log.parent if self._run_log is not None else _default_home()
+        self._issuers = registered_issuers()
         self._fork_queue = fork_queue
         self._registered: set[tuple[int, str]] = set()
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
         config = super().configure_worker(config)
-        forks = ForkActivities(config["client"])
+        forks = ForkActivities(config["client"], self._home, self._issuers)
         config["activities"] = [
             *config.get("activities", []),
+            forks.verify_fork,
             forks.fetch_prefix,
             forks.step_decision,
         ]
-        log = RunLog(self._run_log or _default_run_log())
+        log = RunLog(self._run_log or self._home / "runlog.sqlite")
         # first in the list: the outbound interceptor listed last runs first, so the fork
         # mechanism sees a call as the worker's own interceptors leave it (LangGraphInputs
         # steadies node inputs before they are matched)

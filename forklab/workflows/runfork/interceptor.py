@@ -28,11 +28,13 @@ from typing import Any
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import (
     ContinueAsNewInput,
     Interceptor,
     StartActivityInput,
+    StartChildWorkflowInput,
+    StartLocalActivityInput,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
     WorkflowOutboundInterceptor,
@@ -54,19 +56,37 @@ with workflow.unsafe.imports_passed_through():
         MODEL_FIELDS,
         STEP_DECISION,
         STEP_HEADER,
+        VERIFY_FORK,
         FetchPrefixInput,
         ForkMarker,
+        ModelSwap,
         PrefixPage,
         StepDecisionInput,
+        VerifyForkInput,
     )
     from forklab.experiments.runfork.identity import lineage_root
-    from forklab.experiments.runfork.policy import Decision, decide, policy_for, uses_records
+    from forklab.experiments.runfork.policy import (
+        Decision,
+        ToolPolicy,
+        decide,
+        policy_for,
+        uses_records,
+    )
     from forklab.experiments.runfork.receipt import BoundaryMode
     from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
     from forklab.experiments.validation_text import first_error
 
 _FORK_ACTIVITY_TIMEOUT = timedelta(minutes=2)
 _FORK_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=10))
+#: Forks whose first run verifies its marker (``forklab.verify_fork``) before anything
+#: else; histories recorded before it replay without that activity.
+VERIFY_PATCH = "forklab-verify-fork-marker"
+#: Child workflows started with a child marker (the run's lineage root and, on a fork,
+#: its policies); histories recorded before it replay without the patch marker.
+CHILD_PATCH = "forklab-child-marker"
+#: A fork's policies refuse local activities and child workflows (recorded with
+#: ``forklab.step_decision``); forks recorded before it ran them.
+REACH_PATCH = "forklab-policies-reach-local-and-children"
 
 
 class ForkInterceptor(Interceptor):
@@ -135,11 +155,78 @@ class _ForkInbound(WorkflowInboundInterceptor):
         marker = current_fork()
         state.base = _base_step(marker)
         if marker is not None:
+            await _verify(marker)
             state.marker = marker
             state.lineage_root = marker.lineage_root
             if _inherits(marker):
                 await _load_prefix(state, marker)
+                _check_servable(state, marker)
         return await super().execute_workflow(input)
+
+
+def _refused(why: str, error: ForkErrorType = ForkErrorType.marker_unverified) -> ApplicationError:
+    return ApplicationError(why, type=error, non_retryable=True)
+
+
+async def _verify(marker: ForkMarker) -> None:
+    """Fails the run at once, before anything of the parent is read, unless the marker is
+    vouched for: a later run of a fork or a child by the server (it continued-as-new from
+    a run, or a run started it, whose own marker this interceptor wrote), a fork's first
+    run by ``forklab.verify_fork`` (signed by an issuer this worker trusts, for this run)."""
+    info = workflow.info()
+    if marker.child_of is not None:
+        parent = info.parent
+        if (parent is None or parent.workflow_id != marker.child_of) and not (
+            marker.continued and info.continued_run_id
+        ):
+            raise _refused(
+                f"the fork marker names parent workflow {marker.child_of[:100]!r}, and this "
+                "run was not started by it"
+            )
+        return
+    if marker.continued:
+        if not info.continued_run_id:
+            raise _refused(
+                "the fork marker says this is a later run of a fork, and this run did not "
+                "continue from one"
+            )
+        return
+    if not workflow.patched(VERIFY_PATCH):
+        return  # recorded before forks were verified
+    try:
+        await workflow.execute_activity(
+            VERIFY_FORK,
+            VerifyForkInput(marker=marker),
+            result_type=VerifyForkInput,
+            start_to_close_timeout=_FORK_ACTIVITY_TIMEOUT,
+            retry_policy=_FORK_RETRY,
+            summary=f"fork: verify the marker for {marker.parent_workflow_id[:100]}",
+        )
+    except ActivityError as exc:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == ForkErrorType.marker_unverified:
+            raise _refused(f"fork refused: {cause.message}") from None
+        raise
+
+
+def _check_servable(state: _ForkState, marker: ForkMarker) -> None:
+    """Every step the fork is to be served must be in the fetched prefix with a result (or
+    be a step its parent fork blocked); else the run fails now, naming the step, instead
+    of failing its workflow task on that step for ever."""
+    if marker.boundary is BoundaryMode.lineage_only:
+        return
+    for index in range(marker.base_step + 1, marker.at_step + 1):
+        step = state.prefix.get(index)
+        if step is None:
+            why = "is not in the parent's history"
+        elif step.status is StepStatus.completed or step.status is StepStatus.blocked:
+            continue
+        else:
+            why = f"is {step.status.value} in the parent's history ({step.activity_type[:100]})"
+        raise _refused(
+            f"fork refused: its prefix cannot be served: step {index} {why}",
+            ForkErrorType.prefix_unservable,
+        )
 
 
 def _inherits(marker: ForkMarker) -> bool:
@@ -162,6 +249,23 @@ def _prefix_summary(marker: ForkMarker, start: int) -> str:
 async def _load_prefix(state: _ForkState, marker: ForkMarker) -> None:
     start = marker.base_step + 1
     while True:
+        page = await _fetch_page(marker, start)
+        for s in page.steps:
+            state.prefix[s.index] = s
+        for s in page.recorded_after:
+            state.recorded.setdefault((s.activity_type, s.input_sha256), s)
+        if page.next_step is None:
+            break
+        start = page.next_step
+    for s in state.prefix.values():
+        if s.status is StepStatus.completed:
+            state.recorded.setdefault((s.activity_type, s.input_sha256), s)
+
+
+async def _fetch_page(marker: ForkMarker, start: int) -> PrefixPage:
+    """One page of the parent's steps; a parent that cannot be read (gone with its
+    retention, never there) fails the fork with the activity's sentence."""
+    try:
         page: PrefixPage = await workflow.execute_activity(
             FETCH_PREFIX,
             FetchPrefixInput(
@@ -176,16 +280,12 @@ async def _load_prefix(state: _ForkState, marker: ForkMarker) -> None:
             retry_policy=_FORK_RETRY,
             summary=_prefix_summary(marker, start),
         )
-        for s in page.steps:
-            state.prefix[s.index] = s
-        for s in page.recorded_after:
-            state.recorded.setdefault((s.activity_type, s.input_sha256), s)
-        if page.next_step is None:
-            break
-        start = page.next_step
-    for s in state.prefix.values():
-        if s.status is StepStatus.completed:
-            state.recorded.setdefault((s.activity_type, s.input_sha256), s)
+    except ActivityError as exc:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == ForkErrorType.prefix_unservable:
+            raise _refused(cause.message, ForkErrorType.prefix_unservable) from None
+        raise
+    return page
 
 
 def _input_digest(args: Any) -> str:
@@ -194,11 +294,25 @@ def _input_digest(args: Any) -> str:
 
 
 def _decode(step: Step, ret_type: type | None) -> Any:
-    payload = Payload.FromString(base64.b64decode(step.result_b64 or ""))
+    """A recorded result as the workflow expects it; one that does not decode fails the
+    run (non-retryable) rather than its workflow task, which would be retried for ever."""
+    if step.result_b64 is None:
+        return None  # an activity that completed without a result payload
     converter = workflow.payload_converter()
-    return (
-        converter.from_payload(payload, ret_type) if ret_type else converter.from_payload(payload)
-    )
+    try:
+        payload = Payload.FromString(base64.b64decode(step.result_b64))
+        return (
+            converter.from_payload(payload, ret_type)
+            if ret_type
+            else converter.from_payload(payload)
+        )
+    except Exception as exc:
+        raise ApplicationError(
+            f"step {step.index} ({step.activity_type[:100]}): its recorded result cannot be "
+            f"served ({type(exc).__name__})",
+            type=ForkErrorType.prefix_unservable,
+            non_retryable=True,
+        ) from None
 
 
 def _blocked(tool: str, index: int, why: str) -> ApplicationError:
@@ -304,6 +418,102 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         )
         return _decode(step, input.ret_type)
 
+    def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:
+        """A local activity is no step (its input is not recorded, so it can be neither
+        served nor matched), but the fork's policies still decide whether it runs, and it
+        carries the lineage root, so a live effect meets the lineage's record in the
+        effect ledger instead of being applied under a root of its own."""
+        if input.activity.startswith(INTERNAL_PREFIX):
+            return super().start_local_activity(input)
+        refused = self._refused_by_policy(input.activity)
+        if refused is not None:
+            why = (
+                "is blocked on this fork"
+                if refused is ToolPolicy.block
+                else "is a local activity, whose input is not recorded to replay"
+            )
+            return workflow.ActivityHandle(
+                self._refuse("local activity", input.activity, refused, why)
+            )
+        conv = workflow.payload_converter()
+        headers = dict(input.headers)
+        headers[LINEAGE_HEADER] = conv.to_payloads([self._state.lineage_root])[0]
+        headers[CHAIN_HEADER] = conv.to_payloads([workflow.info().first_execution_run_id])[0]
+        return super().start_local_activity(dataclasses.replace(input, headers=headers))
+
+    async def start_child_workflow(
+        self, input: StartChildWorkflowInput
+    ) -> workflow.ChildWorkflowHandle[Any, Any]:
+        """A child workflow acts for its parent: on a fork the policies decide whether it
+        starts (by its workflow type) and its own calls follow them; every child carries
+        its parent's lineage root (the effect ledger's key) in a child marker. The memo the
+        workflow gives a child never carries a marker of its own making."""
+        memo = dict(input.memo or {})
+        memo.pop(MARKER_MEMO_KEY, None)
+        refused = self._refused_by_policy(input.workflow)
+        if refused is not None:
+            await self._refuse("child workflow", input.workflow, refused, "is blocked on this fork")
+        if workflow.patched(CHILD_PATCH):
+            memo[MARKER_MEMO_KEY] = self._child_marker().model_dump(mode="json")
+        return await super().start_child_workflow(dataclasses.replace(input, memo=memo))
+
+    def _refused_by_policy(self, name: str) -> ToolPolicy | None:
+        """The policy (``block`` or ``replay``) that keeps a local activity or child
+        workflow ``name`` from running on this fork, or None."""
+        marker = self._state.marker
+        if marker is None:
+            return None
+        policy = policy_for(name, marker.tool_policies)
+        if policy not in (ToolPolicy.block, ToolPolicy.replay):
+            return None
+        return policy if workflow.patched(REACH_PATCH) else None
+
+    async def _refuse(self, kind: str, name: str, policy: ToolPolicy, why: str) -> Any:
+        """Records the refusal (history, Web UI, ``forklab steps``) and raises it."""
+        state = self._state
+        note = StepDecisionInput(
+            index=state.base + state.calls,
+            activity_type=name,
+            input_sha256="",
+            decision=StepOrigin.blocked,
+            policy=policy.value,
+            acting=kind,
+        )
+        await workflow.execute_activity(
+            STEP_DECISION,
+            note,
+            result_type=StepDecisionInput,
+            start_to_close_timeout=_FORK_ACTIVITY_TIMEOUT,
+            retry_policy=_FORK_RETRY,
+            summary=f"{kind} {name}: blocked (policy {policy.value})",
+        )
+        raise ApplicationError(
+            f"{kind} {name} {why} (policy {policy.value})",
+            type=ForkErrorType.tool_blocked,
+            non_retryable=True,
+        )
+
+    def _child_marker(self) -> ForkMarker:
+        """What a child of this run inherits: no steps, the lineage root, and on a fork its
+        policies, intervention and the model its calls would use now."""
+        info = workflow.info()
+        state = self._state
+        marker = state.marker
+        model = marker.model_at(state.base + state.calls + 1) if marker is not None else None
+        return ForkMarker(
+            parent_workflow_id=info.workflow_id,
+            source_run_id=info.run_id,
+            base_step=0,
+            at_step=0,
+            boundary=BoundaryMode.lineage_only,
+            lineage_root=state.lineage_root,
+            model=model,
+            model_swaps=[ModelSwap(after_step=0, model=model)] if model is not None else [],
+            tool_policies=marker.tool_policies if marker is not None else {},
+            intervention=marker.intervention if marker is not None else None,
+            child_of=info.workflow_id,
+        )
+
     def _serve_prefix(
         self, input: StartActivityInput, index: int, marker: ForkMarker
     ) -> workflow.ActivityHandle[Any]:
@@ -343,4 +553,6 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             memo[MARKER_MEMO_KEY] = marker.model_copy(update={"continued": True}).model_dump(
                 mode="json"
             )
+        else:  # only a fork's own (verified) marker goes on: the server vouches for it
+            memo.pop(MARKER_MEMO_KEY, None)
         return super().continue_as_new(dataclasses.replace(input, memo=memo))

@@ -1,0 +1,350 @@
+"""Fork markers are authenticated: a worker serves a parent's steps only to a fork whose
+marker an issuer it trusts signed for that run (issue 35, point 3). Each attack starts a
+workflow by hand, as `temporal workflow start` or `client.start_workflow` would, on a
+real dev server with the real agent worker; each used to be served the parent's first
+steps (its secret topic in the attacker's result) or to wedge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_fixtures import AgentTestLab
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from marker_workloads import FailsInTheMiddleWorkflow, boom, note
+from orchestration_lab import forklab
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.common import RawValue, WorkflowIDReusePolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from forklab.activities.runfork.fork_keys import issuer_key
+from forklab.activities.runfork.history_events import digest_payloads
+from forklab.activities.runfork.history_reads import latest_start
+from forklab.agents.research import ResearchInput
+from forklab.cli.runfork.agent_lab import AgentLab
+from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.fork_signature import issuer_public_key, sign_marker
+from forklab.contracts.runfork import FETCH_PREFIX, MARKER_MEMO_KEY, ForkMarker
+from forklab.experiments.runfork.identity import lineage_root
+from forklab.experiments.runfork.receipt import BoundaryMode
+from forklab.temporal import ForkLabPlugin
+from forklab.workers.runfork.agent_config import AgentSettings
+from forklab.workers.runfork.fork_issuers import FORK_ISSUERS
+
+
+async def _finished_parent(lab: AgentTestLab, secret: str) -> tuple[str, str, ForkMarker]:
+    """A completed research run about ``secret``: its id, run id and a marker naming it
+    (unsigned) at step 2, approximate, as the attacker would write it."""
+    handle = await lab.start_research(model="slow", topic=secret)
+    await handle.result()
+    run_id = (await handle.describe()).run_id or ""
+    marker = ForkMarker(
+        parent_workflow_id=handle.id,
+        source_run_id=run_id,
+        base_step=0,
+        at_step=2,
+        boundary=BoundaryMode.approximate,
+        lineage_root=lineage_root(handle.id, run_id),
+        tool_policies={"*": "auto"},  # type: ignore[dict-item]
+    )
+    return handle.id, run_id, marker
+
+
+async def _start(
+    lab: AgentTestLab, wid: str, args: list[Any], marker: ForkMarker | dict[str, Any]
+) -> WorkflowHandle[Any, Any]:
+    memo = marker.model_dump(mode="json") if isinstance(marker, ForkMarker) else marker
+    return await lab.client.start_workflow(
+        "ResearchPipeline",
+        args=args,
+        id=wid,
+        task_queue=lab.agent.agent_task_queue,
+        memo={MARKER_MEMO_KEY: memo},
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+
+
+async def _refusal(handle: WorkflowHandle[Any, Any], error: ForkErrorType) -> str:
+    """The one sentence the run failed with (at once, never wedged), after checking that
+    the run read nothing of any parent."""
+    try:
+        await asyncio.wait_for(handle.result(), 30)
+    except WorkflowFailureError as exc:
+        cause = exc.cause
+    except TimeoutError:
+        pytest.fail("the run is still open (wedged)")
+    else:
+        pytest.fail("the run was served and completed")
+    assert isinstance(cause, ApplicationError) and cause.type == error, cause
+    assert "\n" not in cause.message
+    history = await handle.fetch_history()
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert FETCH_PREFIX not in scheduled, "the run read its parent's history"
+    return cause.message
+
+
+def _bytes(history: Any) -> bytes:
+    return b"".join(e.SerializeToString() for e in history.events)
+
+
+async def test_a_forged_marker_started_by_hand_is_refused_and_reads_nothing(
+    agent_lab: AgentTestLab,
+) -> None:
+    """Before: a raw start naming any run, with another input and `approximate`, was served
+    that run's first steps: the parent's secret topic was in the attacker's result."""
+    secret = f"SECRET-{uuid.uuid4().hex[:8]}"
+    _, _, forged = await _finished_parent(agent_lab, secret)
+    issuer_key(agent_lab.agent.home)  # the worker trusts a key (as after any `forklab fork`)
+    own = Ed25519PrivateKey.generate()  # the attacker's key, which no worker trusts
+    attempts: dict[str, ForkMarker] = {
+        "unsigned": forged,
+        "own key": sign_marker(
+            forged.model_copy(
+                update={"fork_workflow_id": "attacker-1", "issued_at": datetime.now(UTC)}
+            ),
+            own,
+        ),
+        "made-up signature": forged.model_copy(
+            update={
+                "issuer_key": sign_marker(forged, issuer_key(agent_lab.agent.home)).issuer_key,
+                "signature": "ab" * 64,
+            }
+        ),
+    }
+    charges = agent_lab.charges()
+    expected = {
+        "unsigned": "the fork marker is not signed; start forks with `forklab fork`",
+        "own key": "which this worker does not trust",
+        "made-up signature": "signature does not verify",
+    }
+    for name, marker in attempts.items():
+        handle = await _start(
+            agent_lab,
+            f"attacker-{uuid.uuid4().hex[:8]}",
+            [ResearchInput(topic="anything", model="slow")],
+            marker,
+        )
+        message = await _refusal(handle, ForkErrorType.marker_unverified)
+        assert message.startswith("fork refused: ") and expected[name] in message, (name, message)
+        assert secret.encode() not in _bytes(await handle.fetch_history())
+    assert agent_lab.charges() == charges
+
+
+async def _real_fork(lab: AgentTestLab, parent: str) -> tuple[str, ForkMarker, list[Any]]:
+    """A fork made by ForkLab, finished: its id, its signed marker and its start input."""
+    fork = await lab.lab.fork(parent, 2, boundary=BoundaryMode.approximate)
+    await fork.handle.result()
+    start = await latest_start(lab.client, fork.handle.id)
+    assert start.marker is not None and start.marker.signature is not None
+    return fork.handle.id, start.marker, [RawValue(p) for p in start.input]
+
+
+async def test_a_real_marker_copied_to_another_workflow_id_is_refused(
+    agent_lab: AgentTestLab,
+) -> None:
+    parent, _, _ = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
+    _, marker, args = await _real_fork(agent_lab, parent)
+    handle = await _start(agent_lab, f"copy-{uuid.uuid4().hex[:8]}", args, marker)
+    message = await _refusal(handle, ForkErrorType.marker_unverified)
+    assert "the fork marker was issued for workflow" in message and "copied" in message
+
+
+async def test_a_real_marker_with_another_input_is_refused(agent_lab: AgentTestLab) -> None:
+    """The fork's own id, reused once it closed, with the attacker's input."""
+    parent, _, _ = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
+    fork_id, marker, _ = await _real_fork(agent_lab, parent)
+    handle = await _start(
+        agent_lab, fork_id, [ResearchInput(topic="the attacker's", model="slow")], marker
+    )
+    message = await _refusal(handle, ForkErrorType.marker_unverified)
+    assert "this run's start input is not the one the fork marker was issued for" in message
+
+
+async def test_a_real_marker_retargeted_to_another_parent_is_refused(
+    agent_lab: AgentTestLab,
+) -> None:
+    """The signed marker of a fork of A, its parent changed to B (whose secret it wants)."""
+    parent, _, _ = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
+    secret = f"SECRET-{uuid.uuid4().hex[:8]}"
+    other, other_run, _ = await _finished_parent(agent_lab, secret)
+    fork_id, marker, args = await _real_fork(agent_lab, parent)
+    retargeted = marker.model_copy(
+        update={
+            "parent_workflow_id": other,
+            "source_run_id": other_run,
+            "lineage_root": lineage_root(other, other_run),
+        }
+    )
+    handle = await _start(agent_lab, fork_id, args, retargeted)
+    message = await _refusal(handle, ForkErrorType.marker_unverified)
+    assert "signature does not verify" in message
+    assert secret.encode() not in _bytes(await handle.fetch_history())
+
+
+async def test_a_marker_used_long_after_it_was_issued_is_refused(agent_lab: AgentTestLab) -> None:
+    """A marker signed for this very id and input, an hour before the run starts."""
+    parent, _, forged = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
+    start = await latest_start(agent_lab.client, parent)
+    wid = f"late-{uuid.uuid4().hex[:8]}"
+    late = sign_marker(
+        forged.model_copy(
+            update={
+                "fork_workflow_id": wid,
+                "start_input_sha256": digest_payloads(start.input),
+                "issued_at": datetime.fromtimestamp(datetime.now(UTC).timestamp() - 3600, UTC),
+            }
+        ),
+        issuer_key(agent_lab.agent.home),
+    )
+    handle = await _start(agent_lab, wid, [RawValue(p) for p in start.input], late)
+    assert "a marker used again later" in await _refusal(handle, ForkErrorType.marker_unverified)
+
+
+async def test_a_worker_that_trusts_no_issuer_serves_no_fork(agent_lab: AgentTestLab) -> None:
+    """Nothing issued from the worker's home and no registered issuers: fail closed."""
+    _, _, forged = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
+    signed = sign_marker(forged, Ed25519PrivateKey.generate())
+    handle = await _start(
+        agent_lab, f"none-{uuid.uuid4().hex[:8]}", [ResearchInput(topic="x")], signed
+    )
+    message = await _refusal(handle, ForkErrorType.marker_unverified)
+    assert "this worker trusts no fork issuer" in message and "FORKLAB_FORK_ISSUERS" in message
+
+
+async def test_a_marker_whose_prefix_holds_a_failed_step_fails_at_once(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """Before: the run stayed open, its workflow task failing with `Unknown payload
+    encoding <unknown>`. A marker signed by a trusted issuer (ForkLab's CLI refuses such a
+    boundary; another issuer may not) and an unsigned one both fail the run at once; so
+    does a signed one naming a parent run that is not there."""
+    client = await Client.connect(
+        temporal_env.client.service_client.config.target_host,
+        data_converter=pydantic_data_converter,
+    )
+    home = tmp_path / "home"
+    queue = f"marker-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[FailsInTheMiddleWorkflow],
+        activities=[note, boom],
+        plugins=[ForkLabPlugin(home=home)],
+    ):
+        parent = await client.start_workflow(
+            FailsInTheMiddleWorkflow.run, 3, id=f"fails-{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
+        assert await parent.result() == ["note 1", "failed 2", "note 3"]
+        start = await latest_start(client, parent.id)
+        missing = str(uuid.uuid4())
+        cases = [(True, start.run_id), (False, start.run_id), (True, missing), (True, "x")]
+        for signed, run_id in cases:
+            wid = f"bad-prefix-{uuid.uuid4().hex[:8]}"
+            marker = ForkMarker(
+                parent_workflow_id=parent.id,
+                source_run_id=run_id,
+                base_step=0,
+                at_step=3,
+                boundary=BoundaryMode.approximate,
+                lineage_root=lineage_root(parent.id, start.first_run_id),
+                fork_workflow_id=wid,
+                start_input_sha256=digest_payloads(start.input),
+                issued_at=datetime.now(UTC),
+            )
+            if signed:
+                marker = sign_marker(marker, issuer_key(home))
+            handle = await client.start_workflow(
+                "FailsInTheMiddle",
+                args=[RawValue(p) for p in start.input],
+                id=wid,
+                task_queue=queue,
+                memo={MARKER_MEMO_KEY: marker.model_dump(mode="json")},
+            )
+            try:
+                await asyncio.wait_for(handle.result(), 30)
+            except WorkflowFailureError as exc:
+                cause = exc.cause
+            except TimeoutError:
+                pytest.fail("the run is still open (wedged)")
+            else:
+                pytest.fail("the run was served a failed step and completed")
+            assert isinstance(cause, ApplicationError)
+            if run_id != start.run_id:  # a parent run that is not there (retention, a typo)
+                assert cause.type == ForkErrorType.prefix_unservable, cause
+                assert cause.message.startswith("fork refused: its prefix cannot be served: ")
+            elif signed:
+                assert cause.type == ForkErrorType.prefix_unservable, cause
+                assert cause.message == (
+                    "fork refused: its prefix cannot be served: step 2 is failed in the "
+                    "parent's history (boom)"
+                )
+            else:
+                assert cause.type == ForkErrorType.marker_unverified, cause
+
+
+async def test_a_worker_with_registered_issuers_serves_only_their_forks(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers on other hosts hold public keys only: the operator's home's issuer key
+    (`forklab keys --fork-issuer`) registered in FORKLAB_FORK_ISSUERS. A fork issued from
+    another home, and one signed by the worker's own home key, are refused."""
+    client = await Client.connect(
+        temporal_env.client.service_client.config.target_host,
+        data_converter=pydantic_data_converter,
+    )
+    operator, stranger, worker_home = tmp_path / "op", tmp_path / "stranger", tmp_path / "w"
+    monkeypatch.setenv(FORK_ISSUERS, f"ops {issuer_public_key(issuer_key(operator))}; x {'0' * 64}")
+    queue = f"issuers-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[FailsInTheMiddleWorkflow],
+        activities=[note, boom],
+        plugins=[ForkLabPlugin(home=worker_home)],
+    ):
+        parent = await client.start_workflow(
+            FailsInTheMiddleWorkflow.run, 1, id=f"one-{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
+        await parent.result()
+        issuer_key(worker_home)  # the worker's own home key counts for nothing now
+        for home, served in ((operator, True), (stranger, False), (worker_home, False)):
+            lab = AgentLab(client, AgentSettings(home=home, agent_task_queue=queue))
+            fork = await lab.fork(parent.id, 1)
+            if served:
+                assert await fork.handle.result() == ["note 1"]
+                continue
+            with pytest.raises(WorkflowFailureError) as failure:
+                await asyncio.wait_for(fork.handle.result(), 30)
+            cause = failure.value.cause
+            assert isinstance(cause, ApplicationError)
+            assert cause.type == ForkErrorType.marker_unverified
+            assert "which this worker does not trust" in cause.message
+
+
+def test_an_agent_worker_with_a_bad_issuers_setting_does_not_start(tmp_path: Path) -> None:
+    """One line, exit 2, before it connects anywhere (the address is nobody's)."""
+    env = {
+        **os.environ,
+        "FORKLAB_HOME": str(tmp_path),
+        "FORKLAB_ADDRESS": "127.0.0.1:9",
+        FORK_ISSUERS: "ops short",
+    }
+    out = forklab(env, "agent-worker")
+    assert out.returncode == 2, out
+    assert out.stderr.strip() == (
+        "forklab: error: FORKLAB_FORK_ISSUERS: entry 1 is not '<name> <public key>' (a name "
+        "of letters, digits, _ . @ -, and the 64 hex digits forklab keys prints)"
+    )

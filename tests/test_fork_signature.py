@@ -1,0 +1,117 @@
+"""The fork marker contract, without a server: what the issuer's signature binds, and the
+worker's setting of trusted issuers."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from forklab.contracts.fork_signature import issuer_public_key, marker_refusal, sign_marker
+from forklab.contracts.runfork import ForkMarker, ModelSwap
+from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.experiments.runfork.receipt import BoundaryMode
+from forklab.workers.config import ConfigError
+from forklab.workers.runfork.fork_issuers import (
+    FORK_ISSUERS,
+    FORK_ISSUERS_FILE,
+    registered_issuers,
+)
+
+KEY = Ed25519PrivateKey.generate()
+TRUSTED = {issuer_public_key(KEY): "ops"}
+NOW = datetime(2026, 12, 5, 1, 0, tzinfo=UTC)
+MARKER = sign_marker(
+    ForkMarker(
+        parent_workflow_id="parent",
+        source_run_id="run-1",
+        base_step=0,
+        at_step=3,
+        boundary=BoundaryMode.exact,
+        lineage_root="parent@run-1",
+        model_swaps=[ModelSwap(after_step=3, model="slow")],
+        tool_policies={"charge_customer": ToolPolicy.block, "*": ToolPolicy.auto},
+        intervention={"hint": 1},
+        fork_workflow_id="fork-1",
+        start_input_sha256="a" * 64,
+        issued_at=NOW,
+    ),
+    KEY,
+)
+
+
+def _refusal(marker: ForkMarker, **kw: Any) -> str | None:
+    args: dict[str, Any] = {
+        "trusted": TRUSTED,
+        "workflow_id": "fork-1",
+        "start_input_sha256": "a" * 64,
+        "started_at": NOW + timedelta(seconds=2),
+    }
+    return marker_refusal(marker, **(args | kw))
+
+
+def test_a_signed_marker_verifies_for_its_own_run_only() -> None:
+    assert _refusal(MARKER) is None
+    # what the fork interceptor sets on later runs and children is not signed
+    assert _refusal(MARKER.model_copy(update={"continued": True, "child_of": "x"})) is None
+    assert "issued for workflow 'fork-1', not 'fork-2'" in (
+        _refusal(MARKER, workflow_id="fork-2") or ""
+    )
+    assert "start input" in (_refusal(MARKER, start_input_sha256="b" * 64) or "")
+    late = _refusal(MARKER, started_at=NOW + timedelta(minutes=16))
+    assert late is not None and "used again later" in late
+    early = _refusal(MARKER, started_at=NOW - timedelta(minutes=6))
+    assert early is not None and "used again later" in early
+    assert "does not trust" in (_refusal(MARKER, trusted={}) or "")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"parent_workflow_id": "other"},
+        {"source_run_id": "run-2"},
+        {"base_step": 1},
+        {"at_step": 4},
+        {"boundary": BoundaryMode.approximate},
+        {"lineage_root": "other@run-9"},
+        {"model_swaps": []},
+        {"tool_policies": {"*": ToolPolicy.auto}},
+        {"intervention": {"hint": 2}},
+        {"issued_at": NOW + timedelta(seconds=1)},
+        {"fork_workflow_id": "fork-1 "},
+    ],
+)
+def test_every_signed_field_is_bound(change: dict[str, Any]) -> None:
+    altered = MARKER.model_copy(update=change)
+    refusal = _refusal(altered, workflow_id=altered.fork_workflow_id)
+    assert refusal == (
+        "the fork marker's signature does not verify (the marker was altered or made up)"
+    )
+
+
+def test_an_unsigned_marker_or_one_of_another_key_is_refused() -> None:
+    bare = MARKER.model_copy(update={"signature": None})
+    assert _refusal(bare) == "the fork marker is not signed; start forks with `forklab fork`"
+    other = sign_marker(MARKER, Ed25519PrivateKey.generate())
+    assert "which this worker does not trust" in (_refusal(other) or "")
+
+
+def test_the_issuers_setting_is_read_whole_or_refused(tmp_path: Any) -> None:
+    key = issuer_public_key(KEY)
+    assert registered_issuers({}) is None
+    assert registered_issuers({FORK_ISSUERS: f"ops {key}"}) == {key: "ops"}
+    file = tmp_path / "issuers"
+    file.write_text(f"# the operators' hosts\nops {key}\n")
+    assert registered_issuers({FORK_ISSUERS_FILE: str(file)}) == {key: "ops"}
+    for env, says in (
+        ({FORK_ISSUERS: "ops"}, "FORKLAB_FORK_ISSUERS: entry 1 is not '<name> <public key>'"),
+        ({FORK_ISSUERS: " ; "}, "FORKLAB_FORK_ISSUERS names no fork issuer"),
+        ({FORK_ISSUERS: f"a {key}; b {key}"}, "one per fork issuer"),
+        ({FORK_ISSUERS: f"a {key}", FORK_ISSUERS_FILE: str(file)}, "keep one"),
+        ({FORK_ISSUERS_FILE: str(tmp_path / "nope")}, "cannot read"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            registered_issuers(env)
+        assert says in str(err.value), (env, err.value)
