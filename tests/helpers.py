@@ -44,7 +44,7 @@ _CLI_LOCK = threading.Lock()
 
 
 def forklab_in_process(
-    env: Mapping[str, str] | None, *argv: str, cwd: Path | None = None
+    env: Mapping[str, str] | None, *argv: str, cwd: Path | None = None, timeout: float = 120
 ) -> CliResult:
     """Run ``forklab ARGV`` in this process, as the executable would with the environment
     ``env`` (None: this one) in ``cwd``, and return its exit code and output.
@@ -56,7 +56,8 @@ def forklab_in_process(
     instead. The command runs in a thread of its own, joined before this returns: it may
     call ``asyncio.run`` while the caller's event loop is running, and the caller blocks
     while it runs, as it did on a child process (use ``asyncio.to_thread`` where the
-    caller's loop must keep serving, e.g. a worker in the test's loop)."""
+    caller's loop must keep serving, e.g. a worker in the test's loop). Calls run one at a
+    time: commands whose concurrency is the subject run as processes."""
     result: list[int] = []
 
     def command() -> None:
@@ -81,9 +82,11 @@ def forklab_in_process(
         sys.stdin = io.StringIO()
         stack.enter_context(contextlib.redirect_stdout(out))
         stack.enter_context(contextlib.redirect_stderr(err))
-        thread = threading.Thread(target=command, name=f"forklab {' '.join(argv[:1])}")
+        thread = threading.Thread(target=command, name="forklab in process", daemon=True)
         thread.start()
-        thread.join()
+        thread.join(timeout)
+        if thread.is_alive():  # as the process's timeout did: the test fails, it does not hang
+            raise TimeoutError(f"forklab {' '.join(argv)} did not end within {timeout} s")
     return CliResult(result[0], out.getvalue(), err.getvalue())
 
 

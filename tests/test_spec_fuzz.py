@@ -242,6 +242,7 @@ def test_the_real_executable_refuses_nasty_specs_without_a_traceback(
 
 
 def test_dev_zero_is_refused_not_read_forever() -> None:
+    # a process, so that a command that did read for ever is ended by the timeout
     done = subprocess.run(
         [FORKLAB, "plan", "/dev/zero"], capture_output=True, text=True, timeout=60, check=False
     )
