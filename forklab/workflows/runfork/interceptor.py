@@ -60,7 +60,13 @@ with workflow.unsafe.imports_passed_through():
         StepDecisionInput,
     )
     from forklab.experiments.runfork.identity import lineage_root
-    from forklab.experiments.runfork.policy import Decision, decide, policy_for, uses_records
+    from forklab.experiments.runfork.policy import (
+        Decision,
+        ToolPolicy,
+        decide,
+        policy_for,
+        uses_records,
+    )
     from forklab.experiments.runfork.receipt import BoundaryMode
     from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
     from forklab.experiments.validation_text import first_error
@@ -250,7 +256,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         decision = decide(input.activity, marker.tool_policies, recorded is not None)
         if decision is Decision.run_live:
             return super().start_activity(self._headers(input, index))
-        policy = policy_for(input.activity, marker.tool_policies).value
+        policy = policy_for(input.activity, marker.tool_policies)
         note = StepDecisionInput(
             index=index,
             activity_type=input.activity,
@@ -280,7 +286,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         if note.result_b64 is None:
             why = (
                 "is blocked on this fork"
-                if note.policy == "block"
+                if note.policy is ToolPolicy.block
                 else "has no exact recorded call to replay"
             )
             raise _blocked(input.activity, note.index, f"{why} (policy {note.policy})")
