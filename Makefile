@@ -2,6 +2,10 @@
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+# Write bytecode even where the environment says not to: without it every test process and
+# every `forklab` process a test starts compiles ForkLab and the tests from source again
+# (about 5 s of CPU per pytest process here).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-fast golden lint bench
 
@@ -31,7 +35,7 @@ test: lint
 # only (mypy over the whole package takes longer than these tests).
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q -n 2 -m "not durable"
+	FORKLAB_FUZZ_EXAMPLES=200 $(VENV)/bin/pytest -q -n 2 -m "not durable"
 
 # Record tests/golden/ anew (after a deliberate change to a workflow: see docs/testing.md).
 golden: $(STAMP)

@@ -163,9 +163,11 @@ def _uses(node: ast.AST, spawning: Iterable[str]) -> bool:
     return bool(names & PROCESS_NAMES or names & set(spawning))
 
 
+@functools.cache  # asked once per test item: parse each module once
 def durable_functions(path: Path) -> dict[str, str]:
     """Test module ``path``'s test functions (and test classes) that are durable by their
-    source, each with the reason: the process name it uses or the fixture it asks for."""
+    source, each with the reason: the process name it uses or the fixture it asks for
+    (a shared dict: read it, do not change it)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     spawning = spawning_names(path)
     fixtures = _durable_local_fixtures(tree)

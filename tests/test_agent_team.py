@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from agent_fixtures import Services, agent_settings
-from orchestration_lab import forklab
+from helpers import forklab_in_process as forklab
 from team_workflows import GreetingChild, GreetingParent, compose_greeting
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.service import RPCError

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 from concurrent.futures import Executor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from helpers import CliResult, forklab_in_process
 from orchestration_lab import Lab, lab_settings, make_spec, signed
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
@@ -228,15 +227,8 @@ def test_the_compose_deployment_keeps_requesters_from_approving_their_own_plans(
         approver_policy(policy_env)
 
 
-def _forklab(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "forklab.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "FORKLAB_HOME": "/nonexistent-home"},
-        timeout=60,
-    )
+def _forklab(*args: str) -> CliResult:
+    return forklab_in_process({**os.environ, "FORKLAB_HOME": "/nonexistent-home"}, *args)
 
 
 def test_forklab_keys_makes_one_owner_only_key_pair_and_prints_its_line(tmp_path: Path) -> None:

@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from orchestration_lab import FORKLAB, cli_env, forklab, make_spec
+from helpers import forklab_in_process as forklab
+from orchestration_lab import FORKLAB, cli_env, make_spec
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from forklab.cli.catalogue import CATALOGUE
 from forklab.cli.errors import CliError
 from forklab.cli.habits import temporal_argv
 from forklab.cli.list_command import Kind, queries
-from tests.helpers import run_cli
+from tests.helpers import forklab_in_process, run_cli
 
 
 def test_config_names_the_source_of_each_setting(
@@ -95,17 +94,13 @@ def test_a_list_filter_that_is_not_an_id_never_reaches_the_query(bad: str) -> No
 
 def test_demo_without_a_terminal_or_yes_stops_before_any_work(tmp_path: Path) -> None:
     env_home = tmp_path / "home"
-    done = subprocess.run(
-        [sys.executable, "-m", "forklab.cli", "demo"],
-        env={
+    done = forklab_in_process(
+        {
             "PATH": "/usr/bin:/bin",
             "FORKLAB_HOME": str(env_home),
             "FORKLAB_ADDRESS": f"127.0.0.1:{free_port()}",
         },
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        "demo",
     )
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (

@@ -17,7 +17,8 @@ import pytest
 from fake_braintrust import API_KEY as BRAINTRUST_KEY
 from fake_braintrust import FakeBraintrust, fake_braintrust
 from fake_daytona import API_KEY, FakeDaytona, fake_daytona
-from orchestration_lab import Lab, cli_env, forklab, lab_settings, make_spec, signed
+from helpers import forklab_in_process as forklab
+from orchestration_lab import Lab, cli_env, lab_settings, make_spec, signed
 from stores_lab import S3_ENV, make_bucket, moto_server
 from temporalio.testing import WorkflowEnvironment
 

@@ -17,7 +17,7 @@ from forklab.runtime.crn import Shocks, uniform
 from forklab.runtime.file_format import WorldPlan
 from forklab.runtime.runner import continue_world, run_batch, run_prefix
 from forklab.workloads.counter_recovery import CounterRecovery
-from tests.helpers import ROOT, plan_json
+from tests.helpers import ROOT, forklab_in_process, plan_json
 
 
 def test_recovery_counter_reproduces_the_seed_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -248,18 +248,9 @@ def test_external_workload_runs_through_plan(tmp_path: Path) -> None:
     """The example workload lives outside the package and is loaded by import path."""
     import json
     import os
-    import subprocess
-    import sys
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "examples")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "forklab.cli", "plan", "examples/flaky-tool.yaml", "--json"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
-    )
+    proc = forklab_in_process(env, "plan", "examples/flaky-tool.yaml", "--json", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["experiment"]["workload"] == "flaky_tool:FlakyTool"
@@ -475,8 +466,6 @@ def test_the_example_workload_refuses_params_of_the_wrong_type(
     """`true` is an int to Python and "0.3" a string: the example's checks said nothing
     of the first and crashed on the second with a TypeError."""
     import shutil
-    import subprocess
-    import sys
 
     shutil.copy(ROOT / "examples" / "flaky_tool.py", tmp_path)
     spec = (ROOT / "examples" / "flaky-tool.yaml").read_text()
@@ -485,13 +474,7 @@ def test_the_example_workload_refuses_params_of_the_wrong_type(
         f"  params: {params}",
     )
     (tmp_path / "flaky-tool.yaml").write_text(spec)
-    proc = subprocess.run(
-        [sys.executable, "-m", "forklab.cli", "plan", str(tmp_path / "flaky-tool.yaml")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )
+    proc = forklab_in_process(None, "plan", str(tmp_path / "flaky-tool.yaml"), cwd=ROOT)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert f"workload.params.{field}" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

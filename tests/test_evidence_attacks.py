@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
+from helpers import CliResult, forklab_in_process
 
 from forklab.activities.experiment.runner_bundle import bundle_files
 from forklab.activities.sandbox import Limits
@@ -90,7 +89,7 @@ class ForgedName(Tagged):
 '''
 
 
-def _plan(tmp_path: Path, workload: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def _plan(tmp_path: Path, workload: str, *extra: str) -> CliResult:
     shutil.copy(ROOT / "examples" / "flaky_tool.py", tmp_path)
     (tmp_path / "hostile.py").write_text(HOSTILE)
     spec = (ROOT / "examples" / "flaky-tool.yaml").read_text()
@@ -98,13 +97,7 @@ def _plan(tmp_path: Path, workload: str, *extra: str) -> subprocess.CompletedPro
     spec = spec.replace("episodes: 500", "episodes: 200")
     path = tmp_path / f"{workload}.yaml"
     path.write_text(spec)
-    return subprocess.run(
-        [sys.executable, "-m", "forklab.cli", "plan", str(path), *extra],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )
+    return forklab_in_process(None, "plan", str(path), *extra, cwd=ROOT)
 
 
 def test_a_dollar_in_a_feature_is_text_in_the_charts(tmp_path: Path) -> None:

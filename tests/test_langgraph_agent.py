@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from agent_fixtures import Services, agent_settings
-from orchestration_lab import forklab
+from helpers import forklab_in_process as forklab
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
@@ -31,6 +31,7 @@ from forklab.agents.tools import LedgerMode
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.contracts.errors import ForkErrorType
 from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.experiments.runfork.steps import StepOrigin
 from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.runfork.agent_worker import (
@@ -129,11 +130,11 @@ async def test_the_graph_forks_exactly_at_every_node(graph_lab: GraphLab) -> Non
         assert result["answer"] == recorded["answer"]
         steps = await graph_lab.lab.steps(fork.handle.id)
         assert [s.activity_type for s in steps] == NODES
-        assert [s.origin for s in steps][:at] == ["inherited"] * at
+        assert [s.origin for s in steps][:at] == [StepOrigin.inherited] * at
         if at == 1:
             # after the boundary, the tools node's call is the parent's, input for
             # input: under ``auto`` it is served the parent's recorded result
-            assert steps[1].origin == "replayed"
+            assert steps[1].origin == StepOrigin.replayed
         assert _mails(result["messages"]) == _mails(recorded["messages"])
     assert graph_lab.emails_to(customer) == 1
     assert await _history_bytes(parent) == before
@@ -158,7 +159,7 @@ async def test_the_graph_forks_exactly_at_every_node(graph_lab: GraphLab) -> Non
         ],
         data_converter=graph_lab.client.data_converter,
     )
-    with pytest.raises(Exception, match=r"fork_prefix_diverged|[Nn]ondetermin"):
+    with pytest.raises(Exception, match=rf"{ForkErrorType.prefix_diverged}|[Nn]ondetermin"):
         await bare.replay_workflow(history)
 
 

@@ -142,3 +142,76 @@ def test_no_workflow_module_imports_the_analysis_stack() -> None:
     assert _heavy_after_importing(_modules("workflows") + _modules("contracts")) == []
     # the check can fail: the analysis does import them
     assert "numpy" in _heavy_after_importing(["forklab.experiments.experiment.analysis.build"])
+
+
+def _load_time_imports(path: Path, module: str, known: set[str]) -> set[str]:
+    """The modules of ``known`` that importing ``module`` imports at once: its statements'
+    imports outside functions and ``if TYPE_CHECKING:`` blocks."""
+    found: set[str] = set()
+    todo = list(ast.parse(path.read_text(encoding="utf-8")).body)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo += node.orelse
+        elif isinstance(node, ast.If | ast.With | ast.Try):
+            todo += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])]
+            todo += [s for h in getattr(node, "handlers", []) for s in h.body]
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            found.update([base, *(f"{base}.{alias.name}" for alias in node.names)])
+    out = set()
+    for name in found:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            out.add(name)
+    return out
+
+
+def import_circles(package: Path) -> list[list[str]]:
+    """Each import circle among ``package``'s modules (load-time imports), as the modules
+    on it."""
+    paths: dict[str, Path] = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {m: _load_time_imports(p, m, set(paths)) for m, p in paths.items()}
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for other in sorted(graph[module]):
+            if state.get(other) == 1:
+                circles.append(path[path.index(other) :])
+            elif other not in state:
+                visit(other)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    return circles
+
+
+def test_no_module_imports_itself_round_a_circle(tmp_path: Path) -> None:
+    """On a circle, whichever module is imported first sees its partner half-initialised,
+    so import order starts to matter; a function-local import does not count (it runs
+    later, when both are loaded)."""
+    assert import_circles(PACKAGE) == []
+    planted = tmp_path / "pkg"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("")
+    (planted / "engine.py").write_text("from pkg import entry\n")
+    (planted / "entry.py").write_text("from pkg.engine import run\n")
+    (planted / "lazy.py").write_text("def f():\n    from pkg import entry\n")
+    assert import_circles(planted) == [["pkg.engine", "pkg.entry"]]

@@ -13,9 +13,10 @@ from agent_fixtures import AgentTestLab
 from temporalio.client import WorkflowFailureError
 
 from forklab.agents.support import SupportAgentWorkflow, SupportInput
+from forklab.contracts.errors import ForkErrorType
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
-from forklab.experiments.runfork.steps import prefix_sha256
+from forklab.experiments.runfork.steps import StepOrigin, prefix_sha256
 
 
 async def _history_bytes(handle: Any) -> list[bytes]:
@@ -76,7 +77,7 @@ async def test_fork_at_step_three_with_slow_model_and_blocked_charge(
     assert attrs["ForkLabLineageRoot"] == f"{parent_id}@{first_run}"
     # the blocked charge is a visible step; the trail shows it and the ledger
     steps = await agent_lab.lab.steps(fork.handle.id)
-    assert [s.origin for s in steps][:4] == ["inherited"] * 3 + ["blocked"]
+    assert [s.origin for s in steps][:4] == [StepOrigin.inherited] * 3 + [StepOrigin.blocked]
     trail = await agent_lab.lab.trail(fork.handle.id)
     assert trail["policy_decisions"][0]["activity_type"] == "charge_customer"
     assert [e["key_name"] for e in trail["ledger"]] == ["charge:inv-1"]
@@ -99,14 +100,14 @@ async def test_auto_replays_the_inherited_charge_and_replay_miss_blocks(
     assert state["invoice"]["status"] == "charged"  # the parent's recorded charge
     assert agent_lab.charges() == charges
     steps = await agent_lab.lab.steps(auto.handle.id)
-    assert steps[3].origin == "replayed" and steps[4].origin == "own"
+    assert steps[3].origin == StepOrigin.replayed and steps[4].origin == StepOrigin.own
     # replay: a model call with a new model has no recorded twin: blocked, not run
     strict = await agent_lab.lab.fork(
         parent_id, 3, model="slow", tool_policies={"chat_model": ToolPolicy.replay}
     )
     with pytest.raises(WorkflowFailureError) as failure:
         await strict.handle.result()
-    assert "fork_tool_blocked" in str(failure.value.cause)
+    assert ForkErrorType.tool_blocked in str(failure.value.cause)
     # live: the charge runs, and the effect ledger (same lineage root, same key and
     # request) returns the recorded effect instead of charging again
     live = await agent_lab.lab.fork(
@@ -124,7 +125,9 @@ async def test_lineage_only_reruns_live_and_fork_of_fork(agent_lab: AgentTestLab
     with pytest.raises(WorkflowFailureError):
         await lineage.handle.result()  # same model, same verdict, every step re-run
     assert lineage.receipt.resolved_step == 0 and not lineage.receipt.restorable
-    assert all(s.origin != "inherited" for s in await agent_lab.lab.steps(lineage.handle.id))
+    assert all(
+        s.origin != StepOrigin.inherited for s in await agent_lab.lab.steps(lineage.handle.id)
+    )
     child = await agent_lab.lab.fork(parent_id, 3, model="slow")
     child_state = await child.handle.result()
     grandchild = await agent_lab.lab.fork(child.handle.id, 5, model="candidate")
@@ -133,7 +136,7 @@ async def test_lineage_only_reruns_live_and_fork_of_fork(agent_lab: AgentTestLab
     assert state["sections"]["recommendations"] == child_state["sections"]["recommendations"]
     assert state["sections"]["summary"].startswith("[candidate]")
     steps = await agent_lab.lab.steps(grandchild.handle.id)
-    assert [s.origin for s in steps][:5] == ["inherited"] * 5
+    assert [s.origin for s in steps][:5] == [StepOrigin.inherited] * 5
 
 
 async def test_promote_closes_siblings_and_outcomes_are_append_only(
@@ -209,10 +212,10 @@ async def test_support_agent_on_the_agents_sdk_forks_without_resending(
     try:
         await blocked.handle.result()
     except WorkflowFailureError as exc:
-        assert "fork_tool_blocked" in json.dumps(str(exc.cause))
+        assert ForkErrorType.tool_blocked in json.dumps(str(exc.cause))
     assert mails() == before + 1
     fork_steps = await agent_lab.lab.steps(blocked.handle.id)
-    assert fork_steps[1].origin == "blocked"
+    assert fork_steps[1].origin == StepOrigin.blocked
     # --model swaps the model of every live model call in the SDK's activity input
     swapped = await agent_lab.lab.fork(parent.id, 2, model="candidate")
     await swapped.handle.result()

@@ -21,9 +21,10 @@ from temporalio.worker import Replayer, Worker
 from forklab.activities.runfork.history_events import digest_payloads
 from forklab.activities.runfork.history_reads import locate_step
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
+from forklab.contracts.errors import ForkErrorType
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
-from forklab.experiments.runfork.steps import prefix_sha256
+from forklab.experiments.runfork.steps import StepOrigin, prefix_sha256
 from forklab.temporal import ForkLabPlugin
 
 
@@ -71,11 +72,11 @@ async def test_fork_serves_the_prefix_and_replays_deterministically(steps_lab: S
     auto = await steps_lab.lab.fork(wid, 4)
     assert await auto.handle.result() == expected
     steps = await steps_lab.lab.steps(auto.handle.id)
-    assert [s.origin for s in steps] == ["inherited"] * 4 + ["replayed"] * 2
+    assert [s.origin for s in steps] == [StepOrigin.inherited] * 4 + [StepOrigin.replayed] * 2
     fork = await steps_lab.lab.fork(wid, 4, tool_policies={"*": ToolPolicy.live})
     assert await fork.handle.result() == expected
     steps = await steps_lab.lab.steps(fork.handle.id)
-    assert [s.origin for s in steps] == ["inherited"] * 4 + ["own"] * 2
+    assert [s.origin for s in steps] == [StepOrigin.inherited] * 4 + [StepOrigin.own] * 2
     history = await fork.handle.fetch_history()
     # only two echo activities ran on the fork, after the one prefix read
     scheduled = [
@@ -104,7 +105,7 @@ async def test_exact_refuses_diverged_input_and_approximate_records_it(
     exact = await steps_lab.lab.fork(wid, 2)
     with pytest.raises(WorkflowFailureError) as failure:
         await exact.handle.result()
-    assert "fork_prefix_diverged" in str(failure.value.cause)
+    assert ForkErrorType.prefix_diverged in str(failure.value.cause)
     assert "step 1" in str(failure.value.cause)
     approx = await steps_lab.lab.fork(wid, 2, boundary=BoundaryMode.approximate)
     trace = await approx.handle.result()
@@ -147,8 +148,8 @@ async def test_fork_a_running_then_terminated_parent(steps_lab: StepsLab) -> Non
                 break
             await asyncio.sleep(0.1)
         assert [s.origin for s in await steps_lab.lab.steps(fork.handle.id)] == [
-            "inherited"
-        ] * 3 + ["own"]
+            StepOrigin.inherited
+        ] * 3 + [StepOrigin.own]
     await running.handle.terminate("test over")
     await crashed.handle.terminate("test over")
 
@@ -214,14 +215,15 @@ async def test_exact_fork_inside_an_earlier_run_of_a_running_chain(steps_lab: St
     assert r.source_run_id == chain[1].run_id and r.parent_run_id == chain[2].run_id
     with pytest.raises(WorkflowFailureError) as failure:  # step 8 (hold) is blocked
         await fork.handle.result()
-    assert "fork_tool_blocked" in str(failure.value.cause) and "step 8" in str(failure.value.cause)
+    cause = str(failure.value.cause)
+    assert ForkErrorType.tool_blocked in cause and "step 8" in cause
     steps = await steps_lab.lab.steps(fork.handle.id)
     assert [(s.index, s.origin) for s in steps] == [
-        (4, "inherited"),
-        (5, "inherited"),
-        (6, "own"),
-        (7, "own"),
-        (8, "blocked"),
+        (4, StepOrigin.inherited),
+        (5, StepOrigin.inherited),
+        (6, StepOrigin.own),
+        (7, StepOrigin.own),
+        (8, StepOrigin.blocked),
     ]
     fork_chain = await steps_lab.lab.chain(fork.handle.id)
     assert len(fork_chain) == 2  # the fork continued-as-new after its step 6, as the parent
@@ -243,8 +245,8 @@ async def test_exact_fork_inside_an_earlier_run_of_a_running_chain(steps_lab: St
     with pytest.raises(WorkflowFailureError):
         await grandchild.handle.result()
     assert [s.origin for s in await steps_lab.lab.steps(grandchild.handle.id)] == [
-        "inherited",
-        "blocked",
+        StepOrigin.inherited,
+        StepOrigin.blocked,
     ]
     after = [list((await h.fetch_history()).events) for h in runs]
     assert after == before  # forking wrote nothing to any run of the parent
@@ -272,9 +274,9 @@ async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
     # the marker verified, no prefix read
     assert [t for t, _ in await _scheduled(live.handle)] == ["forklab.verify_fork"] + ["echo"] * 3
     assert [(s.index, s.origin) for s in await steps_lab.lab.steps(live.handle.id)] == [
-        (7, "own"),
-        (8, "own"),
-        (9, "own"),
+        (7, StepOrigin.own),
+        (8, StepOrigin.own),
+        (9, StepOrigin.own),
     ]
     # lineage_only inherits nothing: it re-runs the run holding step 6 from its start
     lineage = await steps_lab.lab.fork(wid, 6, boundary=BoundaryMode.lineage_only)
@@ -283,7 +285,9 @@ async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
     # auto: the parent's own calls after the boundary (its third run) are served
     auto = await steps_lab.lab.fork(wid, 6)
     assert await auto.handle.result() == expected
-    assert [s.origin for s in await steps_lab.lab.steps(auto.handle.id)] == ["replayed"] * 3
+    assert [s.origin for s in await steps_lab.lab.steps(auto.handle.id)] == [
+        StepOrigin.replayed
+    ] * 3
     # a timer after the run's last step keeps the boundary inside its run
     timed = await steps_lab.start(steps=6, can_every=3, sleep_after=3)
     await steps_lab.client.get_workflow_handle(timed).result()

@@ -1,4 +1,5 @@
-"""The agent-run commands as an operator runs them: the real ``forklab`` executable."""
+"""The agent-run commands as an operator runs them, through the ``forklab`` command's own
+dispatch (in this process: the process boundary is not what these test)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import json
 
 import pytest
 from agent_fixtures import AgentTestLab
-from orchestration_lab import forklab
+from helpers import forklab_in_process as forklab
 from temporalio.client import WorkflowFailureError
 
+from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.workers.config import ENV
 
 
@@ -44,7 +46,8 @@ async def test_fork_steps_diff_trail_outcome_promote_watch(agent_lab: AgentTestL
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     receipt = json.loads(out.stdout.split("\n", 1)[1])
-    assert receipt["resolved_step"] == 3 and receipt["tool_policies"]["charge_customer"] == "block"
+    assert receipt["resolved_step"] == 3
+    assert receipt["tool_policies"]["charge_customer"] == ToolPolicy.block
     fork = agent_lab.client.get_workflow_handle(f"{parent.id}-slow")
     assert (await fork.result())["status"] == "ok"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from agent_fixtures import AgentTestLab, Services, agent_settings
 from fork_workloads import FilesInput, FilesWorkflow, echo, hold
-from orchestration_lab import forklab
+from helpers import forklab_in_process as forklab
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
@@ -36,7 +36,7 @@ from forklab.activities.sandbox.workspace import LayerStore, Workspaces, unmount
 from forklab.agents.tools import LedgerMode
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError, workspace_layer_at
 from forklab.contracts.errors import ForkErrorType
-from forklab.experiments.runfork.steps import Step
+from forklab.experiments.runfork.steps import Step, StepOrigin
 from forklab.temporal import ForkLabPlugin
 from forklab.workers.config import ENV, Settings
 from forklab.workers.runfork.agent_worker import (
@@ -136,7 +136,7 @@ async def test_a_fork_at_step_n_starts_from_the_parents_files_at_n(ws_lab: Agent
     state = await fork.handle.result()
     assert state["status"] == "ok"
     fork_steps = await lab.lab.steps(fork.handle.id)
-    assert [s.origin for s in fork_steps][:4] == ["inherited"] * 4
+    assert [s.origin for s in fork_steps][:4] == [StepOrigin.inherited] * 4
     first_own = workspace_layer_at(fork_steps[:6])
     assert first_own is not None
     if store.manifest(first_own).parent is not None:  # overlay: a child layer over step 4's
@@ -351,7 +351,7 @@ async def test_layers_gc_keeps_what_open_runs_and_fork_receipts_need(
         await lab.client.get_workflow_handle(ended).terminate("test: parent ends")
         open_fork = await lab.fork(ended, at_step=1)
         fork_steps = await reach(open_fork.handle.id, 3)
-        assert fork_steps[1].origin == "replayed"
+        assert fork_steps[1].origin == StepOrigin.replayed
         assert workspace_layer_at(fork_steps) == p_two
         layers = {a_one, a_final, c_final, b_now, p_one, p_two}
         assert None not in layers and len(layers) == 6

@@ -189,6 +189,7 @@ def test_json_spec_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
     path = write(tmp_path, variant(episodes=0))
+    # a process: the subject is what the entry point itself prints
     proc = subprocess.run(
         [sys.executable, "-m", "forklab.cli", "plan", str(path)],
         capture_output=True,

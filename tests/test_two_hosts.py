@@ -19,11 +19,11 @@ from pathlib import Path
 
 import psycopg
 from cryptography.hazmat.primitives import serialization
+from helpers import forklab_in_process as forklab
 from orchestration_lab import (
     Lab,
     WorkerProcesses,
     cli_env,
-    forklab,
     lab_settings,
     make_spec,
     temporal_path,

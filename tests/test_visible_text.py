@@ -174,6 +174,7 @@ def test_a_traceback_under_debug_is_shown_not_obeyed(tmp_path: Path) -> None:
         )
     )
     path = os.pathsep.join([str(tmp_path), str(ROOT / "tests"), str(ROOT)])
+    # a process: the traceback is printed by the entry point (`main`), not by `dispatch`
     done = subprocess.run(
         [sys.executable, "-m", "forklab.cli", "plan", str(spec), "--debug"],
         capture_output=True,

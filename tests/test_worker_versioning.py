@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 from agent_fixtures import AgentTestLab, Services, agent_settings
-from orchestration_lab import Lab, WorkerProcesses, cli_env, forklab, lab_settings, make_spec
+from helpers import forklab_in_process as forklab
+from orchestration_lab import Lab, WorkerProcesses, cli_env, lab_settings, make_spec
 from temporalio import activity
 from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentRequest
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle

@@ -15,8 +15,9 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+from helpers import CliResult
+from helpers import forklab_in_process as forklab_in
 from orchestration_lab import ROOT, Lab, cli_env, make_spec
-from orchestration_lab import forklab as forklab_in
 
 from forklab.cli.ops_common import POLLER_GONE, live_pollers, workflow_pollers
 from forklab.workflows.experiment.messages import Stage, Status, workflow_id
@@ -41,6 +42,7 @@ def test_demo_runs_from_nothing_and_stops_what_it_started(tmp_path: Path) -> Non
         "FORKLAB_TASK_QUEUE": "forklab-demo-test",
     }
     spec = ROOT / "forklab" / "workloads" / "recovery-counter.yaml"
+    # a process: the subject is what the command starts (server, worker) and stops again
     demo = subprocess.run(
         [FORKLAB, "demo", "--yes", "--spec", str(spec)],
         env=env,
@@ -75,10 +77,8 @@ async def test_reject_cancel_and_their_aftermath_through_the_cli(lab: Lab) -> No
         "FORKLAB_TASK_QUEUE": lab.settings.task_queue,
     }
 
-    def forklab(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [FORKLAB, *args], env=env, capture_output=True, text=True, timeout=60, check=False
-        )
+    def forklab(*args: str) -> CliResult:
+        return forklab_in(env, *args)
 
     rejected, cancelled = make_spec(), make_spec()
     first, _ = await lab.start(rejected)

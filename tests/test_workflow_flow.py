@@ -7,7 +7,8 @@ import json
 from html import escape
 from pathlib import Path
 
-from orchestration_lab import Lab, cli_env, forklab
+from helpers import forklab_in_process as forklab
+from orchestration_lab import Lab, cli_env
 
 from forklab.activities.experiment.planning import plan_fingerprint
 from forklab.cli.experiment.rehearsal import rehearse

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import forklab_in_process
 from orchestration_lab import (
     SANDBOX_ACTIVITIES,
     Lab,
@@ -117,11 +118,11 @@ async def test_a_refused_name_that_is_a_terminal_escape_is_shown_not_obeyed(lab:
     refused = await lab.send(handle, "approve", signed(view, key, FORGED_LINE, "0" * 64))
     assert not refused.accepted and refused.approver == FORGED_LINE
     env = cli_env(lab.settings)
-    status = await asyncio.to_thread(forklab, env, "status", spec.id)
+    status = await asyncio.to_thread(forklab_in_process, env, "status", spec.id)
     assert status.returncode == 0, status.stderr
     assert not {"\x1b", "\x9b", "\u202e"} & set(status.stdout)
     assert "refused approve by \\u001b[2K\\u001b[1Gaccepted approve by alice" in status.stdout
-    shown = await asyncio.to_thread(forklab, env, "status", spec.id, "--json")
+    shown = await asyncio.to_thread(forklab_in_process, env, "status", spec.id, "--json")
     assert shown.returncode == 0, shown.stderr
     assert not {"\x1b", "\x9b", "\u202e"} & set(shown.stdout)
     attempts = json.loads(shown.stdout)["approval"]["attempts"]
@@ -195,14 +196,16 @@ async def test_two_concurrent_cli_approvals_each_print_their_own_outcome(
     spec_file.parent.mkdir(parents=True, exist_ok=True)
     spec_file.write_text(spec.model_dump_json())
     started = await asyncio.to_thread(
-        forklab, env, "start", str(spec_file), "--batch-episodes", "12", "--rehearsal-episodes", "0"
-    )
+        forklab_in_process, env, "start", str(spec_file), "--batch-episodes", "12",
+        "--rehearsal-episodes", "0",
+    )  # fmt: skip
     assert started.returncode == 0, started.stderr
     handle = lab.client.get_workflow_handle(workflow_id(spec.id), result_type=ExperimentResult)
     await lab.wait_for(handle, Stage.awaiting_approval)
     wrong_key = write_private_key(lab.settings.home.parent / "wrong.key", new_private_key())
     backend.released.clear()
     try:
+        # three `forklab` processes at once: concurrent CLIs are the subject
         right, right2, wrong = await asyncio.gather(
             asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "right"),
             asyncio.to_thread(forklab, env, "approve", spec.id, "--approver", "right2"),
@@ -257,7 +260,9 @@ async def test_the_temporal_cli_route_with_forklab_sign(lab: Lab) -> None:
     assert started.returncode == 0, started.stderr
     handle = lab.client.get_workflow_handle(wid, result_type=ExperimentResult)
     await lab.wait_for(handle, Stage.awaiting_approval)
-    signed_json = await asyncio.to_thread(forklab, env, "sign", spec.id, "--approver", "alice")
+    signed_json = await asyncio.to_thread(
+        forklab_in_process, env, "sign", spec.id, "--approver", "alice"
+    )
     assert signed_json.returncode == 0, signed_json.stderr
     request = json.loads(signed_json.stdout)
     assert set(request) == {"approver", "fingerprint", "nonce", "signature"}

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from subprocess import Popen
 
-from orchestration_lab import Lab, WorkerProcesses, cli_env, forklab, lab_settings, make_spec
+from helpers import forklab_in_process as forklab
+from orchestration_lab import Lab, WorkerProcesses, cli_env, lab_settings, make_spec
 from temporalio.testing import WorkflowEnvironment
 
 from forklab.activities.experiment.approval_keys import key_path

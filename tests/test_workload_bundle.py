@@ -45,7 +45,7 @@ from forklab.workflows.experiment.messages import (
     workflow_id,
 )
 from forklab.workflows.experiment.workflow import ExperimentWorkflow
-from tests.helpers import run_cli
+from tests.helpers import forklab_in_process, run_cli
 
 # --- the manifest (pure) ------------------------------------------------------------------
 
@@ -398,7 +398,9 @@ async def test_a_newcomer_workload_with_a_sibling_import_runs_durably_without_py
     env = {k: v for k, v in cli_env(lab.settings).items() if k != "PYTHONPATH"}
 
     async def forklab(*args: str) -> subprocess.CompletedProcess[str]:
-        """The real CLI, in a thread: the worker answers it from this test's event loop."""
+        """The real CLI, in a thread: the worker answers it from this test's event loop. A
+        process, not the CLI in this one: the subject is a project on the CLI's import path
+        and on no path of the worker's (which runs in this process)."""
         return await asyncio.to_thread(
             subprocess.run,
             [FORKLAB, *args],
@@ -445,6 +447,7 @@ async def test_a_newcomer_workload_with_a_sibling_import_runs_durably_without_py
 
 
 def test_the_flaky_tool_example_plans_without_pythonpath(tmp_path: Path) -> None:
+    # a fresh process: the subject is the import path it starts with (no PYTHONPATH)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["FORKLAB_HOME"] = str(tmp_path / "home")
     done = subprocess.run(
@@ -476,15 +479,7 @@ async def test_start_refuses_a_bundle_it_cannot_ship_before_anything_starts(
     spec["hypothesis"]["expected"] = {"backup": "decrease"}
     (project / "desk.yaml").write_text(yaml.safe_dump(spec))
     env = {k: v for k, v in cli_env(lab.settings).items() if k != "PYTHONPATH"}
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [FORKLAB, "start", "desk.yaml"],
-        env=env,
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = await asyncio.to_thread(forklab_in_process, env, "start", "desk.yaml", cwd=project)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (
         f"forklab: error: desk.yaml: field workload.name: workload file {table} is "

@@ -26,6 +26,7 @@ from forklab.activities.sandbox.shared_snapshots import SharedSnapshots
 from forklab.activities.sandbox.workspace import (
     WorkspaceError,
     Workspaces,
+    mount_point,
     mounts_under,
     unmount_under,
 )
@@ -239,6 +240,17 @@ def test_manifest_diff_and_checkpoint_digest() -> None:
     one = WorkspaceCheckpoint(state_sha256=state, layer="b" * 64)
     two = WorkspaceCheckpoint(state_sha256=state, layer="c" * 64)
     assert len({plain.digest, one.digest, two.digest}) == 3  # the files count
+
+
+def test_a_mountinfo_field_reads_as_the_path_it_names() -> None:
+    """The bytes of a UTF-8 name stay that name (``unicode_escape`` would make mojibake of
+    them, and a box under such a root would keep its mounts); only octal escapes are undone."""
+    name = "/srv/r\u00e9sum\u00e9 \u6f22\u5b57\tx\\y"
+    field = name.encode().replace(b"\\", b"\\134").replace(b" ", b"\\040")
+    field = field.replace(b"\t", b"\\011")
+    assert mount_point(field) == name
+    assert mount_point(b"/a\\012b") == "/a\nb"
+    assert mount_point("/caf\u00e9\\101".encode()) == "/caf\u00e9A"  # an escape, not text
 
 
 @needs_root

@@ -69,22 +69,3 @@ RECORD_LEDGER = ActivityRef[LedgerInput, None]("record_ledger", LedgerInput, Non
 LOG_EVIDENCE = ActivityRef[EvidenceInput, EvidenceLogResult](
     "log_evidence", EvidenceInput, EvidenceLogResult
 )
-
-ALL = (
-    APPROVAL_POLICY,
-    APPROVER_POLICY,
-    ISSUE_APPROVAL_KEY,
-    REHEARSE,
-    RESOLVE_SNAPSHOT,
-    CHECK_CAPACITY,
-    REHEARSED_PREFIX,
-    RUN_PREFIXES,
-    RUN_WORLD_GROUP,
-    CLEANUP_SANDBOXES,
-    SAVE_PROGRESS,
-    LOAD_PREFIX_REFS,
-    ANALYSE,
-    WRITE_READOUT,
-    RECORD_LEDGER,
-    LOG_EVIDENCE,
-)

@@ -146,7 +146,7 @@ class StepDecisionInput(BaseModel):
     activity_type: str
     input_sha256: str
     decision: StepOrigin
-    policy: str
+    policy: ToolPolicy
     result_b64: str | None = None
     result_sha256: str | None = None
     #: set for a local activity or child workflow the policy refused (``local activity``,

@@ -22,8 +22,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from forklab.runtime.canon import digest
 from forklab.runtime.files import checkpoint_digest
 
-#: Version of the layer manifest format; a stored manifest of another version is refused.
-LAYER_MANIFEST_VERSION = 1
 _HEX64 = r"^[0-9a-f]{64}$"
 
 
@@ -58,6 +56,7 @@ class LayerManifest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    #: the manifest format's version: a stored manifest of another version is refused
     version: Literal[1] = 1
     parent: str | None = Field(None, pattern=_HEX64)
     entries: tuple[LayerEntry, ...]

@@ -7,7 +7,6 @@ recorded twice keeps both; a promotion adds a ``promoted`` row for the winner an
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
@@ -141,7 +140,3 @@ class ForkRegistry:
             ).fetchall()
         keys = ("seq", "kind", "label", "score", "by", "at", "note")
         return [dict(zip(keys, r, strict=True)) for r in rows]
-
-
-def receipt_json(r: ForkReceipt) -> str:
-    return json.dumps(r.model_dump(mode="json"), indent=2, sort_keys=True)

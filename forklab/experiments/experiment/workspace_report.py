@@ -22,7 +22,6 @@ from forklab.experiments.workspace import (
     diff_manifests,
 )
 
-SUMMARY_VERSION = 1
 PYCACHE = "__pycache__/"
 _UNEXPECTED = re.compile(r"unexpected successes=(\d+)")
 

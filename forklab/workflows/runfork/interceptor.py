@@ -374,7 +374,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         decision = decide(input.activity, marker.tool_policies, recorded is not None)
         if decision is Decision.run_live:
             return super().start_activity(self._headers(input, index))
-        policy = policy_for(input.activity, marker.tool_policies).value
+        policy = policy_for(input.activity, marker.tool_policies)
         note = StepDecisionInput(
             index=index,
             activity_type=input.activity,
@@ -404,7 +404,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         if note.result_b64 is None:
             why = (
                 "is blocked on this fork"
-                if note.policy == "block"
+                if note.policy is ToolPolicy.block
                 else "has no exact recorded call to replay"
             )
             raise _blocked(input.activity, note.index, f"{why} (policy {note.policy})")
