@@ -22,6 +22,7 @@ from forklab.activities.runfork.workspace import agent_workspaces_root
 from forklab.activities.sandbox.base import SandboxError
 from forklab.activities.sandbox.local import LAYER_GRACE_SECONDS, LocalSandboxBackend
 from forklab.activities.sandbox.workspace import GcResult, WorkspaceError
+from forklab.cli.arguments import finite_number
 from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, open_client, run, settings_from
 from forklab.cli.runfork.agent_lab import AgentLab
@@ -93,11 +94,10 @@ def cmd_layers_gc(args: argparse.Namespace) -> int:
     on (a run unpins its layers when it cleans up; this also runs after every run, and
     drops the pins of runs the artifact store marks as ended elsewhere), and
     the agent-run layers that no open run and no recorded fork receipt needs."""
-    if args.min_age < 0:
-        raise CliError("--min-age: must be 0 or more seconds", code=2)
+    min_age = finite_number(args.min_age, "--min-age", low=0)
     settings = settings_from(args)
     # the agent runs first: when Temporal cannot say which runs are open, nothing is removed
-    agent_result = run(lambda: _collect_agent_layers(settings, args.min_age))
+    agent_result = run(lambda: _collect_agent_layers(settings, min_age))
     backend = LocalSandboxBackend(settings.sandboxes_dir)
     try:
         # the store is opened only when some run pins layers here
@@ -110,7 +110,7 @@ def cmd_layers_gc(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        result = backend.collect_layers(args.min_age)
+        result = backend.collect_layers(min_age)
     except (SandboxError, WorkspaceError) as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
@@ -137,8 +137,7 @@ def register_layers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     gc = actions.add_parser("gc", help="remove the layers no run and no workspace needs")
     gc.add_argument(
         "--min-age",
-        type=float,
-        default=LAYER_GRACE_SECONDS,
+        default=str(LAYER_GRACE_SECONDS),
         help=f"keep layers sealed less than this many seconds ago ({LAYER_GRACE_SECONDS:g})",
     )
     add_connection_flags(gc)
