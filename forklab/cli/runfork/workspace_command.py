@@ -79,7 +79,7 @@ async def _collect_agent_layers(settings: Settings, min_age: float) -> GcResult 
         return await AgentLab(client, agent).collect_layers(min_age)
     except RPCError as exc:
         raise CliError(
-            f"agent-run layers not collected: cannot ask Temporal which runs are open ({exc})"
+            f"agent-run layers not collected: cannot ask Temporal which histories it keeps ({exc})"
         ) from None
     except (RunNotFound, WorkspaceError) as exc:
         raise CliError(f"agent-run layers not collected: {exc}") from None
@@ -93,10 +93,11 @@ def cmd_layers_gc(args: argparse.Namespace) -> int:
     """Remove the layers under the home's sandboxes that no run pins and no workspace sits
     on (a run unpins its layers when it cleans up; this also runs after every run, and
     drops the pins of runs the artifact store marks as ended elsewhere), and
-    the agent-run layers that no open run and no recorded fork receipt needs."""
+    the agent-run layers that no history Temporal still keeps names (a run stays forkable
+    at every step until its history is gone) and no recorded fork receipt needs."""
     min_age = finite_number(args.min_age, "--min-age", low=0)
     settings = settings_from(args)
-    # the agent runs first: when Temporal cannot say which runs are open, nothing is removed
+    # the agent runs first: when Temporal cannot say which histories it keeps, nothing goes
     agent_result = run(lambda: _collect_agent_layers(settings, min_age))
     backend = LocalSandboxBackend(settings.sandboxes_dir)
     try:
@@ -126,7 +127,7 @@ def cmd_layers_gc(args: argparse.Namespace) -> int:
         print(
             f"agent runs: removed {len(agent_result.removed)} layers "
             f"({agent_result.bytes_freed / _MIB:.1f} MiB); kept {agent_result.kept} "
-            f"({agent_result.live} needed by an open run, a fork receipt or a mount)"
+            f"({agent_result.live} named by a history Temporal keeps, a fork receipt or a mount)"
         )
     return 0
 
