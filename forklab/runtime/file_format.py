@@ -141,7 +141,7 @@ def parse_checkpoints(data: bytes, first: int, count: int) -> list[Checkpoint]:
         try:  # the box's output is the workload's to write: read strictly
             cp = strict_json.loads(line, f"checkpoint of episode {expected}")
         except strict_json.StrictJsonError as exc:
-            raise FormatError(f"{exc}; not the runner's JSON") from None
+            raise FormatError(f"{exc}; this is not JSON the runner writes") from None
         if not isinstance(cp, dict) or cp.get("episode") != expected:
             raise FormatError(f"checkpoint line for episode {expected} is out of order")
         if sha256_hex(str(cp.get("state", ""))) != cp.get("sha256"):
@@ -251,7 +251,7 @@ def parse_world_outputs(data: bytes, episodes: int, worlds: int) -> list[WorldOu
     try:  # no runner writes a non-finite number (the contract refuses them): a box did
         value = strict_json.loads(data, "output")
     except strict_json.StrictJsonError as exc:
-        raise FormatError(f"{exc}; not the runner's JSON") from None
+        raise FormatError(f"{exc}; this is not JSON the runner writes") from None
     entries = value.get("worlds") if isinstance(value, dict) and len(value) == 1 else None
     if not isinstance(entries, list) or len(entries) != worlds:
         raise FormatError(f"output is not an object with the results of {worlds} worlds")
