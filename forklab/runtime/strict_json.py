@@ -67,7 +67,7 @@ def check_finite(value: Any, what: str) -> None:
         if len(path) > MAX_DEPTH:
             raise StrictJsonError(f"{what}: nested deeper than {MAX_DEPTH} levels")
         if isinstance(node, float) and not math.isfinite(node):
-            at = f" at {_where(path)}" if path else ""
+            at = f": field {_where(path)}" if path else ""
             raise StrictJsonError(f"{what}{at}: {node} is not a finite number")
         if isinstance(node, dict):
             stack.extend((v, [*path, k]) for k, v in node.items())
