@@ -74,3 +74,14 @@ def test_the_failed_attempts_sandbox_is_named_when_its_last_beat_had_one() -> No
     assert failed_attempt(ApplicationError("x", beat), 30.0, LAG).sandbox_id == "sbx-1"
     assert failed_attempt(timeout({"charged": 1.0}), 30.0, LAG).sandbox_id is None
     assert failed_attempt(timeout(), 30.0, LAG).sandbox_id is None
+
+
+def test_an_attempt_that_gave_up_waiting_for_a_store_is_charged_what_ran() -> None:
+    """Waiting out a store outage is not compute: a settled beat (no sandbox running) is
+    charged exactly, even from a backend whose boxes may outlive their worker."""
+    for dies in (True, False):
+        beat = {"charged": 2.5, "dies_with_worker": dies, "settled": True}
+        err = ApplicationError("store unreachable", beat, type="StoreUnavailable")
+        assert failed_attempt(err, 30.0, LAG).burnt == 2.5
+    nan = {"charged": float("nan"), "dies_with_worker": True, "settled": True}
+    assert failed_attempt(ApplicationError("x", nan), 30.0, LAG).burnt == 30.0

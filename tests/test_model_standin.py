@@ -218,3 +218,20 @@ def test_a_counter_instruction_makes_its_mistake_rarer_under_the_same_seeds(
     assert abs(sum(patched) / 200 - 0.15) < 0.07
     # the same seed draws the same uniform: a patched mistake is a plain one too
     assert all(p for p, q in zip(plain, patched, strict=True) if q)
+
+
+def test_a_body_holding_a_non_finite_number_is_a_400(url: str) -> None:
+    """The shared strict reader: ``NaN``, ``Infinity`` and ``1e999`` are not JSON numbers,
+    in any field (before, a ``NaN`` inside a message's tool arguments was taken)."""
+    for text in (
+        b'{"model": "fast", "messages": [{"role": "user", "content": "hi", "x": NaN}]}',
+        b'{"model": "fast", "messages": [], "metadata": {"w": -Infinity}}',
+        b'{"model": "fast", "messages": [], "top_p": 1e999}',
+    ):
+        req = urllib.request.Request(
+            url + "/chat/completions", data=text, headers={"Content-Type": "application/json"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=5)
+        assert info.value.code == 400
+        assert "not a finite number" in json.loads(info.value.read())["error"]["message"]

@@ -76,7 +76,7 @@ async def test_bad_fork_requests_exit_2_with_one_line(agent_lab: AgentTestLab) -
     env = _env(agent_lab, agent_lab.client.service_client.config.target_host)
     cases = {
         ("--at-step", "3", "--tool-policy", "charge_customer=maybe"): "not one of",
-        ("--at-step", "3", "--intervention", "{oops"): "--intervention is not valid JSON",
+        ("--at-step", "3", "--intervention", "{oops"): "--intervention: not valid JSON",
         ("--at-step", "99"): "only 6 steps",
         ("--at-step", "3", "--name", "bad name!"): "fork name",
         ("--at-step", "3", "--name", parent.id): "is the id of an existing workflow",

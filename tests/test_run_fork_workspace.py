@@ -308,12 +308,16 @@ async def test_a_fork_finds_a_layer_written_in_an_earlier_run_of_the_chain(
         await client.get_workflow_handle(receipt["fork_workflow_id"]).result()
 
 
-async def test_layers_gc_keeps_what_open_runs_and_fork_receipts_need(
+async def test_layers_gc_keeps_every_layer_a_retained_history_names(
     temporal_env: WorkflowEnvironment, services: Services, tmp_path: Path
 ) -> None:
-    """``forklab layers gc`` on agent-run layers: a closed run's layers go, except the one a
-    recorded fork receipt names; an open run's current layer stays until the run ends, and
-    so does an open fork's, even when its write was served from its ended parent's record."""
+    """``forklab layers gc`` on agent-run layers: a run can be forked at any step while
+    Temporal keeps its history, so every layer a retained history names stays — a closed
+    run's, an open run's current one, an open fork's even when its write was served from
+    its ended parent's record. Before, every layer of a finished run went, and a fork of
+    it at a step with files failed although its history still named them. Only once a
+    run's history is gone (deleted here; the namespace's retention in general) do its
+    layers go, and a fork of it is refused with a sentence."""
     async with _files_worker(temporal_env, services, tmp_path / "home") as lab:
         queue = lab.agent.agent_task_queue
         store = LayerStore(agent_workspaces_root(lab.agent.home))
@@ -357,20 +361,57 @@ async def test_layers_gc_keeps_what_open_runs_and_fork_receipts_need(
         assert None not in layers and len(layers) == 6
         assert layers <= {p.name for p in store.root.iterdir()}
 
-        out = forklab(_cli_env(lab), "layers", "gc", "--min-age", "0")
+        gc = ("layers", "gc", "--min-age", "0")
+        out = forklab(_cli_env(lab), *gc)
         assert out.returncode == 0, out.stderr
-        assert "agent runs: removed" in out.stdout and "kept 4 " in out.stdout, out.stdout
+        assert "agent runs: removed" in out.stdout and "kept 6 " in out.stdout, out.stdout
         left = {p.name for p in store.root.iterdir() if not p.name.startswith(".")}
-        assert left == {a_one, b_now, p_one, p_two}
+        assert left == layers
         for digest in left:
             store.verify(digest, full=True)
-        # a fork at the receipt's step still works after the collection
-        again = await lab.fork(forked, at_step=1)
-        assert await again.handle.result() == a_final
+        # a finished run forks at every step with files after the collection
+        for step in (1, 2):
+            again = await lab.fork(forked, at_step=step)
+            assert await again.handle.result() == a_final
+        closed_fork = await lab.fork(closed, at_step=1)
+        assert await closed_fork.handle.result() == c_final
 
         await lab.client.get_workflow_handle(held).terminate("test over")
         await open_fork.handle.terminate("test over")
-        out = forklab(_cli_env(lab), "layers", "gc", "--min-age", "0")
+        out = forklab(_cli_env(lab), *gc)
         assert out.returncode == 0, out.stderr
         left = {p.name for p in store.root.iterdir() if not p.name.startswith(".")}
-        assert left == {a_one, p_one}
+        assert left == layers  # terminated runs' histories are still retained
+
+        # the history of `closed` and of its fork goes: then, and only then, c_final goes
+        await asyncio.gather(
+            *(_delete_history(lab.client, w) for w in (closed, closed_fork.handle.id))
+        )
+        out = forklab(_cli_env(lab), *gc)
+        assert out.returncode == 0, out.stderr
+        left = {p.name for p in store.root.iterdir() if not p.name.startswith(".")}
+        assert left == layers - {c_final}
+        refused = forklab(_cli_env(lab), "fork", closed, "--at-step", "1")
+        assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+
+
+async def _delete_history(client: Client, workflow_id: str) -> None:
+    """Delete ``workflow_id``'s executions (what the namespace's retention does in time)
+    and wait until Temporal no longer finds it (the dev server deletes in a background
+    task: about 35 s here)."""
+    from temporalio.api.common.v1 import WorkflowExecution
+    from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
+
+    await client.workflow_service.delete_workflow_execution(
+        DeleteWorkflowExecutionRequest(
+            namespace=client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=workflow_id),
+        )
+    )
+    for _ in range(1200):
+        try:
+            await client.get_workflow_handle(workflow_id).describe()
+        except RPCError:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{workflow_id} was not deleted")

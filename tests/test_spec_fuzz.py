@@ -266,3 +266,44 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> Non
         # nothing but `plan --json`'s unconfined warning (its stdout is the report's)
         assert done.stderr.replace(UNCONFINED_WARNING + "\n", "") == "", (command, done.stderr)
         assert done.returncode in (0, 141), (command, done.returncode)
+
+
+def _with_param(text: bytes, value: bytes) -> bytes:
+    return text.replace(b"target: 6", b"target: 6\n    extra_knob: " + value)
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "where"),
+    [
+        ("yaml-nan-param", _with_param(_base_yaml(), b".nan"), "workload.params.extra_knob"),
+        ("yaml-inf-param", _with_param(_base_yaml(), b"-.inf"), "workload.params.extra_knob"),
+        ("yaml-nan-list", _base_yaml().replace(b"- 0\n", b"- .NaN\n", 1), "slack_choices"),
+        ("yaml-overflow", _with_param(_base_yaml(), b"1.0e+999"), "workload.params.extra_knob"),
+],
+)  # fmt: skip
+def test_non_finite_numbers_are_refused_anywhere_in_a_spec(
+    name: str, data: bytes, where: str, tmp_path: Path
+) -> None:
+    """YAML's ``.nan``/``.inf`` (and a float too large, ``1.0e+999``) have no canonical JSON
+    form: a workload parameter holding one was accepted. (JSON's ``NaN`` read as YAML is
+    the string ``'NaN'``, refused by any number field.)"""
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(data)
+    code, out, err = _one_run(["plan", str(path)])
+    assert code == 2 and out == "", (code, err)
+    assert len(err.splitlines()) == 1 and "not a finite number" in err and where in err, err
+
+
+def test_a_cohort_spec_refuses_a_non_finite_override() -> None:
+    from forklab.experiments.cohort.spec import parse_cohort_spec
+    from forklab.experiments.experiment.spec import SpecError
+
+    spec = (ROOT / "tests" / "test_cohort_spec.py").read_text()
+    text = spec.split('SPEC = """', 1)[1].split('"""', 1)[0]
+    hostile = text.replace(
+        "  - {name: baseline, role: baseline}",
+        "  - {name: baseline, role: baseline}\n"
+        "  - {name: patched, role: treatment, override: {value: {refund: .inf}}}",
+    )
+    with pytest.raises(SpecError, match=r"worlds\[1\]\.override\.value\.refund: inf is not"):
+        parse_cohort_spec(hostile, "cohort.yaml")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -330,3 +331,48 @@ def test_a_tree_holding_the_names_remove_tree_moves_to_is_still_deleted(tmp_path
     (tree / "a" / "b" / "c").mkdir(parents=True)
     remove_tree(tree)
     assert not tree.exists()
+
+
+WHITEOUT_PROBE = """
+import ctypes, errno, os, stat
+os.chdir("/work/workspace")
+tried = {}
+for name, mode in (("whiteout", stat.S_IFCHR), ("block", stat.S_IFBLK)):
+    try:
+        os.mknod(name, mode | 0o600, os.makedev(0, 0))
+        tried[name] = "made"
+    except OSError as exc:
+        tried[name] = errno.errorcode[exc.errno]
+open("victim", "w").close()
+libc = ctypes.CDLL(None, use_errno=True)
+RENAME_WHITEOUT = 4
+AT_FDCWD = -100
+done = libc.renameat2(AT_FDCWD, b"victim", AT_FDCWD, b"moved", RENAME_WHITEOUT)
+tried["rename_whiteout"] = "made" if done == 0 else errno.errorcode[ctypes.get_errno()]
+os.mkfifo("fifo")  # a FIFO is still the workload's to make (and the freeze's to refuse)
+os.remove("fifo")
+print(tried)
+assert tried == {"whiteout": "EPERM", "block": "EPERM", "rename_whiteout": "EPERM"}, tried
+"""
+
+
+def test_a_box_cannot_make_whiteouts_or_device_nodes(
+    backend: LocalSandboxBackend, root: Path
+) -> None:
+    """The kernel lets any user make a whiteout (``mknod c 0 0``, ``RENAME_WHITEOUT``)
+    since Linux 5.8; a copied workspace sealed it as a whiteout entry, which deletes the
+    path from every workspace stacked on the layer. Boxes run under a seccomp filter that
+    answers both with ``EPERM`` (a FIFO is still allowed), as docs/security.md says."""
+    box = _box(backend)
+    ran = run_python(backend, box, WHITEOUT_PROBE, timeout=120)
+    assert ran.exit_code == 0, ran.stdout + ran.stderr
+    assert backend.freeze_workspace(box).files == 1  # `victim` (not renamed), no whiteout
+    if backend.workspaces.info(box).mode != "overlay":
+        # and a copied workspace refuses one at collection (a box without bubblewrap, or
+        # anyone with the worker's rights, can still make it): the freeze names it
+        folder = Path(backend.workspace_folder(box))
+        os.mknod(folder / "planted", stat.S_IFCHR | 0o600, os.makedev(0, 0))
+        with pytest.raises(WorkspaceRefusedError, match=r"'planted' is a 'c'-type special"):
+            backend.freeze_workspace(box)
+        assert sorted(os.listdir(folder)) == ["planted", "victim"]  # as it was
+    _nothing_left(backend, root)

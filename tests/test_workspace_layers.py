@@ -494,7 +494,7 @@ def test_layers_gc_through_the_cli(
     assert err.startswith("forklab: runs that ended on other hosts not checked (")
     assert "their layers stay pinned until the store answers" in err
     code, _, err = run_cli(capsys, "layers", "gc", "--min-age", "-1", "--home", str(home))
-    assert code == 2 and err == "forklab: error: --min-age: must be 0 or more seconds\n"
+    assert code == 2 and err == "forklab: error: --min-age: give a number of at least 0\n"
 
 
 async def test_a_run_that_ended_on_another_host_releases_its_pins_here(

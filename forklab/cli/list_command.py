@@ -15,6 +15,7 @@ import sys
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from forklab.cli.arguments import whole_number
 from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, open_client, run, settings_from
 from forklab.cli.runfork.agent_services import agent_settings
@@ -101,6 +102,10 @@ def _row(kind: Kind, wf: WorkflowExecution) -> dict[str, Any]:
     }
 
 
+#: The most rows ``--limit`` asks for (the listing holds them all in memory to sort them).
+MAX_LIMIT = 100_000
+
+
 async def list_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     settings = settings_from(args)
     asked = queries(args, agent_settings(settings).agent_task_queue)
@@ -119,8 +124,7 @@ async def list_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    if args.limit < 1:
-        raise CliError(f"--limit is {args.limit}; give at least 1", 2)
+    args.limit = whole_number(str(args.limit), "--limit", low=1, high=MAX_LIMIT)
     rows = run(lambda: list_rows(args))
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -146,7 +150,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--status", choices=STATUSES, help="only workflows in this status")
     p.add_argument("--stage", help="only experiments at this stage (e.g. awaiting_approval)")
     p.add_argument("--lineage", metavar="ROOT", help="only this run and the forks of its lineage")
-    p.add_argument("--limit", type=int, default=50, help="at most this many rows (50)")
+    p.add_argument("--limit", default="50", help="at most this many rows (50)")
     p.add_argument("--json", action="store_true", help="machine-readable")
     add_connection_flags(p)
     p.set_defaults(func=cmd_list)

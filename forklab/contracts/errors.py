@@ -36,6 +36,8 @@ class ExperimentErrorType(StrEnum):
     no_workspaces = "NoWorkspaces"
     workspace_unavailable = "WorkspaceUnavailable"
     analysis_failed = "AnalysisFailed"
+    #: a shared store stayed unreachable for longer than the worker waits (retryable)
+    store_unavailable = "StoreUnavailable"
 
 
 class ForkErrorType(StrEnum):

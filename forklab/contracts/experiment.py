@@ -19,6 +19,10 @@ from forklab.runtime.file_format import WorldPlan
 #: How often a long activity heartbeats (well inside the workflow's heartbeat timeouts,
 #: ``forklab.workflows.experiment.timeouts``).
 HEARTBEAT_SECONDS = 2.0
+#: The key of a failed sandbox attempt's details saying its ``charged`` seconds are final:
+#: the attempt failed on its own with no sandbox running (e.g. waiting out a store outage),
+#: so no heartbeat lag is added to what it reports.
+SETTLED_BEAT = "settled"
 
 
 class Model(BaseModel):

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NotRequired, TypedDict, cast
 
+from forklab.runtime import strict_json
 from forklab.runtime.canon import canonical_json, sha256_hex
 from forklab.runtime.files import checkpoint_digest
 from forklab.runtime.workload import Feature
@@ -137,10 +138,10 @@ def parse_checkpoints(data: bytes, first: int, count: int) -> list[Checkpoint]:
         raise FormatError(f"expected {count} checkpoints, found {len(lines)} lines")
     checkpoints: list[Checkpoint] = []
     for expected, line in enumerate(lines, start=first):
-        try:
-            cp = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            raise FormatError(f"checkpoint of episode {expected} is not JSON") from None
+        try:  # the box's output is the workload's to write: read strictly
+            cp = strict_json.loads(line, f"checkpoint of episode {expected}")
+        except strict_json.StrictJsonError as exc:
+            raise FormatError(f"{exc}; this is not JSON the runner writes") from None
         if not isinstance(cp, dict) or cp.get("episode") != expected:
             raise FormatError(f"checkpoint line for episode {expected} is out of order")
         if sha256_hex(str(cp.get("state", ""))) != cp.get("sha256"):
@@ -247,10 +248,10 @@ ERROR_CHARS = 2000
 
 def parse_world_outputs(data: bytes, episodes: int, worlds: int) -> list[WorldOutput]:
     """The runner's ``continue`` output: one entry per world of the group, in order."""
-    try:
-        value = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise FormatError(f"output is not JSON ({exc.__class__.__name__}: {exc})") from None
+    try:  # no runner writes a non-finite number (the contract refuses them): a box did
+        value = strict_json.loads(data, "output")
+    except strict_json.StrictJsonError as exc:
+        raise FormatError(f"{exc}; this is not JSON the runner writes") from None
     entries = value.get("worlds") if isinstance(value, dict) and len(value) == 1 else None
     if not isinstance(entries, list) or len(entries) != worlds:
         raise FormatError(f"output is not an object with the results of {worlds} worlds")

@@ -14,15 +14,15 @@ from temporalio.api.operatorservice.v1 import (
     ListSearchAttributesRequest,
 )
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from forklab.workers.config import Settings
+from forklab.workers.converter import strict_data_converter
 from forklab.workflows.experiment.search_attributes import EXPERIMENT, STAGE
 
 
 async def connect(settings: Settings) -> Client:
     return await Client.connect(
-        settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
+        settings.address, namespace=settings.namespace, data_converter=strict_data_converter
     )
 
 

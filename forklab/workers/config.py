@@ -119,7 +119,8 @@ class Settings(BaseModel):
         default=60.0,
         gt=0,
         le=600,
-        description="How long one activity waits out an object store or PostgreSQL outage.",
+        description="How long one activity waits out an object store or PostgreSQL outage "
+        "(the wait is not charged to an experiment's compute budget).",
     )
     collect_seconds: float = Field(
         default=600.0,

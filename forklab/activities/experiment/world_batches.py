@@ -38,8 +38,10 @@ from forklab.activities.sandbox.base import (
 from forklab.activities.sandbox.shared_snapshots import SharedSnapshots
 from forklab.activities.sandbox.workspace import WorkspaceError
 from forklab.activities.stores.artifacts import ArtifactStore
+from forklab.activities.stores.outages import StoreUnavailableError
 from forklab.contracts.errors import ExperimentErrorType
 from forklab.contracts.experiment import (
+    SETTLED_BEAT,
     BatchInput,
     BatchOutcome,
     BatchStatus,
@@ -119,6 +121,11 @@ class _Beat:
             beat["sandbox_id"] = self.sandbox_id
         return beat
 
+    def settled(self) -> dict[str, Any]:
+        """The details of an attempt that fails on its own after its sandbox is gone (or
+        before it existed): ``charged`` is exactly what ran (``SETTLED_BEAT``)."""
+        return {**self.details(), SETTLED_BEAT: True}
+
 
 class SandboxActivities:
     """Activities that create sandboxes. Constructed by the worker with its backend and store."""
@@ -139,10 +146,18 @@ class SandboxActivities:
     async def _stored(self, charged: float, fn: Callable[..., _T], *args: Any) -> _T:
         """A call to the artifact store, heartbeating ``charged`` while it waits: a store
         outage is ridden out inside the call (see ``forklab.activities.stores.outages``), and the
-        batch must not look dead meanwhile."""
+        batch must not look dead meanwhile. Waiting is not compute: no sandbox of the attempt
+        runs during the call (none yet, or already deleted), so an outage longer than the
+        worker's ``store_retry_seconds`` fails the attempt with a beat that settles its
+        charge at ``charged``, the seconds its sandbox ran, not its whole reservation."""
         beat = _Beat(self._dies_with_worker)
         beat.charged = charged
-        return await heartbeat_until(asyncio.to_thread(fn, *args), beat.details)
+        try:
+            return await heartbeat_until(asyncio.to_thread(fn, *args), beat.details)
+        except StoreUnavailableError as exc:
+            raise ApplicationError(
+                str(exc), beat.settled(), type=ExperimentErrorType.store_unavailable
+            ) from None
 
     async def _in_sandbox(
         self,

@@ -14,9 +14,11 @@ The layers of every run live under ``<FORKLAB home>/agent-workspaces`` on the wo
 host; a layer is verified (manifest digest, seal) before any call mounts it.
 
 Each call also records the layer it returned as its run's current one
-(``run-pins/<sha256 of the workflow id>.json``): ``forklab layers gc`` keeps the current
-layer of every run still open, and every layer a recorded fork receipt names (with the
-layers below them), and removes the rest (:func:`collect_agent_layers`). A call holds
+(``run-pins/<sha256 of the workflow id>.json``). A run can be forked at any step while
+Temporal keeps its history, so ``forklab layers gc`` keeps, for every run whose history
+is retained, every layer that history names and the run's current layer, and every layer
+a recorded fork receipt names (with the layers below them); a run's record goes, and its
+layers with it, only once its history is gone (:func:`collect_agent_layers`). A call holds
 the store's lock shared from mounting its layer until its run's record names the layer it
 returned, and the collection holds it exclusive, so the two never interleave.
 """
@@ -53,7 +55,7 @@ def agent_workspaces_root(home: Path) -> Path:
 
 class RunPin(BaseModel):
     """The layer holding run ``workflow_id``'s workspace now (the last one a call of it
-    returned): kept while the run is open."""
+    returned): kept, with the layers its history names, while its history is retained."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -90,21 +92,21 @@ def run_pins(root: Path) -> list[RunPin]:
 
 def collect_agent_layers(
     root: Path,
-    open_runs: Collection[str],
+    retained_runs: Collection[str],
     needed: Collection[str],
     min_age_seconds: float,
 ) -> GcResult:
     """Remove the agent-run layers nothing needs: kept are the current layer of each run in
-    ``open_runs``, each of ``needed`` (the layers fork receipts name, the current layers
-    of open forks), each layer
-    a call has mounted right now, and every layer below those; layers sealed less than
-    ``min_age_seconds`` ago stay too (their call may not have recorded them yet). The
-    records of runs no longer open are dropped. Holds the store's lock exclusive (the caller
-    should hold it already while it reads ``open_runs`` and ``needed``)."""
+    ``retained_runs`` (runs whose history Temporal still holds), each of ``needed`` (the
+    layers those histories and the fork receipts name), each layer a call has mounted
+    right now, and every layer below those; layers sealed less than ``min_age_seconds``
+    ago stay too (their call may not have recorded them yet). The records of runs whose
+    history is gone are dropped. Holds the store's lock exclusive (the caller should
+    hold it already while it reads ``retained_runs`` and ``needed``)."""
     with layer_lock(root).hold(exclusive=True):
         keep = set(needed)
         for pin in run_pins(root):
-            if pin.workflow_id in open_runs:
+            if pin.workflow_id in retained_runs:
                 keep.add(pin.layer)
             else:
                 _pin_path(root, pin.workflow_id).unlink(missing_ok=True)

@@ -30,6 +30,7 @@ from forklab.activities.sandbox.jail import (
     process_allowance,
     signal_code,
 )
+from forklab.activities.sandbox.seccomp import filter_program
 
 OUTPUT_LIMIT = 64 * 1024  # bytes kept per stream: the first and last half of it
 _LAUNCHER = RUNTIME / "launch.py"
@@ -123,12 +124,25 @@ def run_confined(
         "unshare_net": bwrap is None,
     }
     wall = min(timeout, limits.wall_seconds)
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.TemporaryFile() as seccomp,
+    ):
         status_r, status_w = os.pipe()  # the launcher reports its confinement here
         launcher = [str(interpreter()), "-I", "-S"]
+        inherited = [status_w]
         if bwrap is not None:
             launch = [*launcher, LAUNCHER_INSIDE, json.dumps(config), str(status_w)]
-            argv = bwrap_argv(bwrap, mounts, scratch, env, [*launch, *command])
+            program = filter_program()
+            seccomp_fd = None
+            if program is not None:
+                seccomp.write(program)
+                seccomp.flush()
+                seccomp.seek(0)
+                seccomp_fd = seccomp.fileno()
+                inherited.append(seccomp_fd)
+            argv = bwrap_argv(bwrap, mounts, scratch, env, [*launch, *command], seccomp_fd)
             cwd, popen_env = "/", {"PATH": "/usr/bin:/bin"}
         else:
             host = [_on_host(arg, mounts) for arg in command]
@@ -143,7 +157,7 @@ def run_confined(
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                pass_fds=(status_w,),
+                pass_fds=tuple(inherited),
                 start_new_session=True,  # its own process group: killable as a whole
             )
         except OSError:

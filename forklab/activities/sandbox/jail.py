@@ -158,12 +158,20 @@ def _parents(target: str, made: set[str]) -> list[str]:
 
 
 def bwrap_argv(
-    bwrap: str, mounts: list[Mount], scratch: Path, env: dict[str, str], command: list[str]
+    bwrap: str,
+    mounts: list[Mount],
+    scratch: Path,
+    env: dict[str, str],
+    command: list[str],
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The full ``bwrap ... launcher command`` argv; ``command`` starts with the launcher's
-    interpreter and arguments (see ``launch.py``)."""
+    interpreter and arguments (see ``launch.py``); ``seccomp_fd`` is an open file holding
+    the box's filter (``forklab.activities.sandbox.seccomp``), which bwrap reads and loads."""
     made: set[str] = set()
     args = [bwrap, *_namespaces(), *_system_mounts()]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     prefix = Path(sys.base_prefix).resolve()
     if not _covered(str(prefix)):
         args += [*_parents(str(prefix), made), "--ro-bind", str(prefix), str(prefix)]

@@ -27,6 +27,7 @@ from forklab.activities.sandbox.jail import RUNTIME, SCRATCH_INSIDE, Mount, inte
 from forklab.experiments.experiment.bundle import BundleFile
 from forklab.experiments.experiment.columnar import ColumnBatch, to_columns
 from forklab.experiments.experiment.spec import ExperimentSpec
+from forklab.runtime import strict_json
 from forklab.runtime.file_format import COLUMN_TYPES, Batch, WorldPlan
 from forklab.runtime.worker_calls import PREFIXES_DIR
 
@@ -249,8 +250,8 @@ class WorkloadCalls:
                     f"the {op} box exited with code {result.exit_code}: {_tail(result.stderr)}"
                 )
             try:
-                answer = json.loads(read_box_file(work / "out.json"))
-            except (OSError, ValueError, RecursionError) as exc:
+                answer = strict_json.loads(read_box_file(work / "out.json"), "out.json")
+            except (OSError, ValueError) as exc:  # StrictJsonError is a ValueError
                 raise WorkloadCallError(f"the {op} box wrote no valid answer ({exc})") from None
             if not isinstance(answer, dict):
                 raise WorkloadCallError(f"the {op} box answered something that is not an object")

@@ -245,8 +245,12 @@ def _is_opaque(path: Path) -> bool:
         return False
 
 
-def _entry(rel: str, path: Path, st: os.stat_result) -> tuple[LayerEntry, int]:
-    """The manifest entry of one path and the bytes read to make it."""
+def _entry(
+    rel: str, path: Path, st: os.stat_result, whiteouts: bool = True
+) -> tuple[LayerEntry, int]:
+    """The manifest entry of one path and the bytes read to make it. ``whiteouts=False``
+    (a copied workspace, which is a whole tree: overlayfs made none of its files) refuses
+    a whiteout like any other special file."""
     mode = stat.S_IMODE(st.st_mode)
     who = {"uid": st.st_uid, "gid": st.st_gid}
     if stat.S_ISREG(st.st_mode):
@@ -265,7 +269,7 @@ def _entry(rel: str, path: Path, st: os.stat_result) -> tuple[LayerEntry, int]:
         return LayerEntry(
             path=rel, kind=EntryKind.symlink, mode=0, target=os.readlink(path), **who
         ), 0
-    if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+    if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0 and whiteouts:
         return LayerEntry(path=rel, kind=EntryKind.whiteout, mode=0, **who), 0
     raise ContentRefusedError(
         f"workspace path {rel!r} is a {stat.filemode(st.st_mode)[0]!r}-type special file; "
@@ -515,20 +519,20 @@ class LayerStore:
             current = self.verify(current).parent
         return chain
 
-    def seal(self, staging: Path, parent: str | None) -> LayerInfo:
+    def seal(self, staging: Path, parent: str | None, whiteouts: bool = True) -> LayerInfo:
         """Move ``staging`` (a folder on the same filesystem) into the store as a layer over
         ``parent``. The folder is consumed; an identical layer already stored is reused,
         and counts as sealed now for ``gc``'s grace period (its caller is about to pin or
-        mount it)."""
+        mount it). ``whiteouts=False``: a whiteout in it is refused (a copied tree)."""
         with self.lock.hold():
-            return self._seal(staging, parent)
+            return self._seal(staging, parent, whiteouts)
 
-    def _seal(self, staging: Path, parent: str | None) -> LayerInfo:
+    def _seal(self, staging: Path, parent: str | None, whiteouts: bool = True) -> LayerInfo:
         started = time.perf_counter()
         entries: list[LayerEntry] = []
         hashed = 0
         for rel, path in _checked_walk(staging, self.max_entries):
-            entry, read = _entry(rel, path, os.lstat(path))
+            entry, read = _entry(rel, path, os.lstat(path), whiteouts)
             entries.append(entry)
             hashed += read
         manifest = LayerManifest(parent=parent, entries=tuple(entries))
@@ -793,7 +797,7 @@ class Workspaces:
         staging = Path(tempfile.mkdtemp(dir=self.layers.root, prefix=".freeze-"))
         os.rename(target, staging / "t")
         try:
-            return self.layers.seal(staging / "t", parent=None)
+            return self.layers.seal(staging / "t", parent=None, whiteouts=False)
         except BaseException:
             if (staging / "t").is_dir():  # not consumed: the workspace as it was
                 os.rename(staging / "t", target)

@@ -20,7 +20,6 @@ from typing import Any
 from temporalio.api.common.v1 import Payload
 from temporalio.client import (
     Client,
-    WorkflowExecutionStatus,
     WorkflowHandle,
 )
 from temporalio.common import (
@@ -113,19 +112,34 @@ class RunDiff:
     diff: StateDiff
 
 
+def _step_layer(step: Step) -> str | None:
+    """The workspace layer ``step``'s recorded result reports (None: none)."""
+    if step.result_b64 is None:
+        return None
+    payload = Payload.FromString(base64.b64decode(step.result_b64))
+    try:
+        result = json.loads(payload.data)
+    except ValueError:
+        return None
+    if isinstance(result, dict) and isinstance(result.get(WORKSPACE_LAYER_FIELD), str):
+        return str(result[WORKSPACE_LAYER_FIELD])
+    return None
+
+
 def workspace_layer_at(prefix: list[Step]) -> str | None:
     """The workspace layer the last step of ``prefix`` that reported one returned."""
     for step in reversed(prefix):
-        if step.result_b64 is None:
-            continue
-        payload = Payload.FromString(base64.b64decode(step.result_b64))
-        try:
-            result = json.loads(payload.data)
-        except ValueError:
-            continue
-        if isinstance(result, dict) and isinstance(result.get(WORKSPACE_LAYER_FIELD), str):
-            return str(result[WORKSPACE_LAYER_FIELD])
+        if (layer := _step_layer(step)) is not None:
+            return layer
     return None
+
+
+def workspace_layers_named(chain: list[RunRecord]) -> set[str]:
+    """Every workspace layer a chain's history names — each step's result (served steps
+    of a fork included) and each run's recorded input: the layers a fork of it at any
+    step may start from."""
+    named = {layer for run in chain if (layer := workspace_layer_in(run.input)) is not None}
+    return named | {layer for s in chain_steps(chain) if (layer := _step_layer(s)) is not None}
 
 
 def workspace_layer_in(inputs: list[Payload]) -> str | None:
@@ -419,12 +433,16 @@ class AgentLab:
 
     async def collect_layers(self, min_age_seconds: float) -> GcResult | None:
         """Remove the agent-run workspace layers nothing needs (None: this home has no
-        agent layers): kept are each open run's current layer and each layer a recorded
-        fork receipt names. Whether a run is open is asked of Temporal; an error other
-        than "not found" stops before anything is removed. An open fork's current layer
-        is read from its history: a write its policy served from the parent's record ran
-        no tool, so it recorded no pin. Everything is read under the store's lock held
-        exclusive: no fork records a receipt, and no call records a layer, meanwhile."""
+        agent layers). A run can be forked at any step for as long as Temporal keeps its
+        history, so kept are every layer the history of a retained run names (each run
+        that recorded a layer here, each fork with a receipt), each retained run's current
+        layer (a call may have recorded it before its result reached the history) and
+        the layer each retained fork's receipt says it started from. A run's record is
+        dropped, and its layers become collectable, only once Temporal answers that its
+        history is gone (the namespace's retention period has passed, or it was deleted).
+        An error other than "not found" stops before anything is removed. Everything is
+        read under the store's lock held exclusive: no fork records a receipt, and no call
+        records a layer, meanwhile."""
         root = agent_workspaces_root(self.agent.home)
         if not (root / "layers").is_dir():
             return None
@@ -432,27 +450,28 @@ class AgentLab:
             return await self._collect_layers(root, min_age_seconds)
 
     async def _collect_layers(self, root: Path, min_age_seconds: float) -> GcResult:
-        receipts = self.registry.receipts()
-        needed = {r.workspace_layer_sha256 for r in receipts if r.workspace_layer_sha256}
-        open_runs: set[str] = set()
-        for wid in {pin.workflow_id for pin in run_pins(root)}:
-            if await self._is_open(wid):
-                open_runs.add(wid)
-        for r in receipts:
-            if await self._is_open(r.fork_workflow_id):
-                current = workspace_layer_at(await self.steps(r.fork_workflow_id))
-                if current is not None:
-                    needed.add(current)
-        return collect_agent_layers(root, open_runs, needed, min_age_seconds)
+        started_from = {
+            r.fork_workflow_id: r.workspace_layer_sha256 for r in self.registry.receipts()
+        }
+        needed: set[str] = set()
+        retained: set[str] = set()
+        for wid in sorted({pin.workflow_id for pin in run_pins(root)} | set(started_from)):
+            if await self._is_retained(wid):
+                retained.add(wid)
+                needed |= workspace_layers_named(await self.chain(wid))
+                if (layer := started_from.get(wid)) is not None:
+                    needed.add(layer)
+        return collect_agent_layers(root, retained, needed, min_age_seconds)
 
-    async def _is_open(self, workflow_id: str) -> bool:
+    async def _is_retained(self, workflow_id: str) -> bool:
+        """Whether Temporal still holds a history of ``workflow_id`` (open or closed)."""
         try:
-            desc = await self.client.get_workflow_handle(workflow_id).describe()
+            await self.client.get_workflow_handle(workflow_id).describe()
         except RPCError as exc:
             if exc.status is RPCStatusCode.NOT_FOUND:
                 return False
             raise
-        return desc.status is WorkflowExecutionStatus.RUNNING
+        return True
 
     async def diff(self, a: str, b: str) -> RunDiff:
         chain_a, chain_b = await self.chain(a), await self.chain(b)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 from typing import Any
 
@@ -14,6 +13,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from forklab.activities.runfork.history_reads import RunNotFound
+from forklab.cli.arguments import finite_number, json_object, whole_number
 from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, run, settings_from
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
@@ -55,39 +55,8 @@ def _guard(fn: Any) -> Any:
     return wrapped
 
 
-#: The offsets ``watch --from`` accepts: what the run log (SQLite INTEGER) can hold.
-MAX_OFFSET = 2**63 - 1
-
-
-def _no_constant(name: str) -> Any:
-    """``NaN``, ``Infinity``, ``-Infinity``: Python's JSON reads them, JSON has no such
-    numbers, and a receipt would record them as ``null``."""
-    raise ValueError(f"{name} is not a finite number")
-
-
-def _offset(text: str) -> int:
-    """``--from``: an offset from 0 to 2^63 - 1 (else one line, exit 2, not a traceback)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise CliError(f"--from {text[:40]!r} is not a whole number", code=BAD_INPUT) from None
-    if not 0 <= value <= MAX_OFFSET:
-        raise CliError(f"--from: give an offset from 0 to {MAX_OFFSET}", code=BAD_INPUT)
-    return value
-
-
 def _parse_intervention(text: str | None) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    try:
-        value = json.loads(text, parse_constant=_no_constant)
-    except ValueError as exc:
-        raise CliError(f"--intervention is not valid JSON ({exc})", code=BAD_INPUT) from None
-    except RecursionError:
-        raise CliError("--intervention is nested too deeply", code=BAD_INPUT) from None
-    if not isinstance(value, dict):
-        raise CliError("--intervention must be a JSON object", code=BAD_INPUT)
-    return value
+    return None if text is None else json_object(text, "--intervention")
 
 
 def _print_json(value: Any) -> None:
@@ -97,11 +66,12 @@ def _print_json(value: Any) -> None:
 @_guard
 async def _fork(args: argparse.Namespace) -> int:
     intervention = _parse_intervention(args.intervention)
+    at_step = whole_number(args.at_step, "--at-step")
     policies: dict[str, ToolPolicy] = parse_policies(args.tool_policy or [])
     lab = await _lab(args)
     fork = await lab.fork(
         args.run,
-        args.at_step,
+        at_step,
         name=args.name,
         intervention=intervention,
         model=args.model,
@@ -227,12 +197,11 @@ def render_trail(trail: dict[str, Any]) -> str:
 
 @_guard
 async def _outcome(args: argparse.Namespace) -> int:
-    if args.score is not None and not math.isfinite(args.score):
-        raise CliError("--score must be a finite number", code=BAD_INPUT)
+    score = None if args.score is None else finite_number(args.score, "--score")
     lab = await _lab(args)
     await lab.steps(args.run)  # the run must exist
-    lab.outcome(args.run, args.label, args.score)
-    print(f"outcome of {args.run}: {args.label} (score {args.score})")
+    lab.outcome(args.run, args.label, score)
+    print(f"outcome of {args.run}: {args.label} (score {score})")
     return 0
 
 
@@ -246,7 +215,7 @@ async def _promote(args: argparse.Namespace) -> int:
 
 @_guard
 async def _watch(args: argparse.Namespace) -> int:
-    first = _offset(args.from_offset)
+    first = whole_number(args.from_offset, "--from")
     lab = await _lab(args)
     await lab.is_closed(args.run)  # the run must exist
     stream = await lab.run_stream(args.run)  # its latest chain's, not an earlier one's
@@ -273,7 +242,7 @@ def _runner(fn: Any) -> Any:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("fork", help="fork an agent run at a step into a new workflow")
     p.add_argument("run", help="workflow id of the run to fork")
-    p.add_argument("--at-step", type=int, required=True, help="inherit steps 1..N")
+    p.add_argument("--at-step", required=True, help="inherit steps 1..N")
     p.add_argument("--name", help="workflow id of the fork (default: RUN--fork-XXXX)")
     p.add_argument("--intervention", help="opaque JSON object the workflow may read")
     p.add_argument("--model", help="swap the model of every live model call")
@@ -318,7 +287,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("outcome", help="record an outcome (append-only)")
     p.add_argument("run")
     p.add_argument("--label", required=True)
-    p.add_argument("--score", type=float)
+    p.add_argument("--score", help="a finite number")
     add_connection_flags(p)
     p.set_defaults(func=_runner(_outcome))
 

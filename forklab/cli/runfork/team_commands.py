@@ -13,6 +13,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from forklab.activities.runfork.team_history import TeamReadError, read_team
+from forklab.cli.arguments import whole_number
 from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, run, settings_from
 from forklab.experiments.runfork.team_cut import Message, Position, TeamCut, TeamCutError
@@ -69,12 +70,13 @@ async def _team(args: argparse.Namespace) -> int:
 
     if args.at_step is None and (args.member or args.freeze):
         raise CliError("--member and --freeze need --at-step N", code=BAD_INPUT)
+    at_step = None if args.at_step is None else whole_number(args.at_step, "--at-step")
     client = await _client(settings_from(args))
     try:
         team = await read_team(client, args.run, members=args.members)
         cut = (
-            consistent_cut(team, args.member or args.run, args.at_step, frozen=args.freeze or [])
-            if args.at_step is not None
+            consistent_cut(team, args.member or args.run, at_step, frozen=args.freeze or [])
+            if at_step is not None
             else None
         )
     except (TeamReadError, TeamCutError) as exc:
@@ -140,7 +142,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("team", help="show a team of workflows, its messages and a cut")
     p.add_argument("run", metavar="RUN", help="a member's workflow id")
     p.add_argument("--members", nargs="+", metavar="WID", help="exactly these members (and RUN)")
-    p.add_argument("--at-step", type=int, help="show the consistent cut at this step")
+    p.add_argument("--at-step", help="show the consistent cut at this step")
     p.add_argument("--member", metavar="WID", help="the member cut at --at-step (default RUN)")
     p.add_argument("--freeze", nargs="+", metavar="WID", help="members never continued")
     p.add_argument("--json", action="store_true", help="print the team (and cut) as JSON")

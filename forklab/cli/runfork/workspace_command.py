@@ -22,6 +22,7 @@ from forklab.activities.runfork.workspace import agent_workspaces_root
 from forklab.activities.sandbox.base import SandboxError
 from forklab.activities.sandbox.local import LAYER_GRACE_SECONDS, LocalSandboxBackend
 from forklab.activities.sandbox.workspace import GcResult, WorkspaceError
+from forklab.cli.arguments import finite_number
 from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, open_client, run, settings_from
 from forklab.cli.runfork.agent_lab import AgentLab
@@ -78,7 +79,7 @@ async def _collect_agent_layers(settings: Settings, min_age: float) -> GcResult 
         return await AgentLab(client, agent).collect_layers(min_age)
     except RPCError as exc:
         raise CliError(
-            f"agent-run layers not collected: cannot ask Temporal which runs are open ({exc})"
+            f"agent-run layers not collected: cannot ask Temporal which histories it keeps ({exc})"
         ) from None
     except (RunNotFound, WorkspaceError) as exc:
         raise CliError(f"agent-run layers not collected: {exc}") from None
@@ -92,12 +93,12 @@ def cmd_layers_gc(args: argparse.Namespace) -> int:
     """Remove the layers under the home's sandboxes that no run pins and no workspace sits
     on (a run unpins its layers when it cleans up; this also runs after every run, and
     drops the pins of runs the artifact store marks as ended elsewhere), and
-    the agent-run layers that no open run and no recorded fork receipt needs."""
-    if args.min_age < 0:
-        raise CliError("--min-age: must be 0 or more seconds", code=2)
+    the agent-run layers that no history Temporal still keeps names (a run stays forkable
+    at every step until its history is gone) and no recorded fork receipt needs."""
+    min_age = finite_number(args.min_age, "--min-age", low=0)
     settings = settings_from(args)
-    # the agent runs first: when Temporal cannot say which runs are open, nothing is removed
-    agent_result = run(lambda: _collect_agent_layers(settings, args.min_age))
+    # the agent runs first: when Temporal cannot say which histories it keeps, nothing goes
+    agent_result = run(lambda: _collect_agent_layers(settings, min_age))
     backend = LocalSandboxBackend(settings.sandboxes_dir)
     try:
         # the store is opened only when some run pins layers here
@@ -110,7 +111,7 @@ def cmd_layers_gc(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        result = backend.collect_layers(args.min_age)
+        result = backend.collect_layers(min_age)
     except (SandboxError, WorkspaceError) as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
@@ -126,7 +127,7 @@ def cmd_layers_gc(args: argparse.Namespace) -> int:
         print(
             f"agent runs: removed {len(agent_result.removed)} layers "
             f"({agent_result.bytes_freed / _MIB:.1f} MiB); kept {agent_result.kept} "
-            f"({agent_result.live} needed by an open run, a fork receipt or a mount)"
+            f"({agent_result.live} named by a history Temporal keeps, a fork receipt or a mount)"
         )
     return 0
 
@@ -137,8 +138,7 @@ def register_layers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     gc = actions.add_parser("gc", help="remove the layers no run and no workspace needs")
     gc.add_argument(
         "--min-age",
-        type=float,
-        default=LAYER_GRACE_SECONDS,
+        default=str(LAYER_GRACE_SECONDS),
         help=f"keep layers sealed less than this many seconds ago ({LAYER_GRACE_SECONDS:g})",
     )
     add_connection_flags(gc)

@@ -22,6 +22,7 @@ from pydantic import Strict as StrictMode
 from forklab.runtime.canon import digest
 from forklab.runtime.contract import ContractViolation, feature_kinds, from_exception
 from forklab.runtime.runner import workload_class
+from forklab.runtime.strict_json import StrictJsonError, check_finite
 from forklab.runtime.workload import Workload, WorkloadError
 
 
@@ -476,6 +477,10 @@ def load_spec_mapping(text: str, source: str) -> dict[str, Any]:
         ) from None
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping of spec fields at the top level")
+    try:  # YAML's .nan/.inf and JSON's NaN/Infinity/1e999, in any field (params included)
+        check_finite(raw, source)
+    except StrictJsonError as exc:
+        raise SpecError(f"{exc}; write a finite number") from None
     return raw
 
 

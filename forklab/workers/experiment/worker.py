@@ -32,6 +32,7 @@ from forklab.activities.sandbox.workload_calls import WorkloadCalls
 from forklab.experiments.experiment.report.charts import load_renderer
 from forklab.workers.client import connect, ensure_search_attributes
 from forklab.workers.config import Settings
+from forklab.workers.converter import strict_data_converter
 from forklab.workers.experiment.approvers import approver_policy
 from forklab.workers.experiment.providers import braintrust_config, readout_config, sandbox_backend
 from forklab.workers.housekeeping import collect_until
@@ -172,7 +173,12 @@ def build_worker(
     backend: SandboxBackend | None = None,
     version: WorkerDeploymentVersion | None = None,
 ) -> Worker:
-    """``version``: the worker deployment version it joins (``forklab.workers.versioning``)."""
+    """``version``: the worker deployment version it joins (``forklab.workers.versioning``).
+    Whatever converter ``client`` has, the worker decodes with the strict one
+    (``forklab.workers.converter``)."""
+    config = client.config()
+    config["data_converter"] = strict_data_converter
+    client = Client(**config)
     return Worker(
         client,
         task_queue=settings.task_queue,

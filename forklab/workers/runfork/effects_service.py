@@ -20,6 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from forklab.runtime import strict_json
+
 MAX_BODY_BYTES = 1024 * 1024
 _KINDS = {"/payments/charge": "charge", "/mail/send": "email"}
 
@@ -85,12 +87,18 @@ class _Handler(BaseHTTPRequestHandler):
         if kind is None:
             self._send(404, {"error": f"no route {self.path}"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:  # read(-1) would wait for the client to close the connection
+            self._send(400, {"error": "malformed request: Content-Length must be 0 or more"})
+            return
         if length > MAX_BODY_BYTES:
             self._send(413, {"error": "body too large"})
             return
         try:
-            params = json.loads(self.rfile.read(length) or b"{}")
+            params = strict_json.loads(self.rfile.read(length) or b"{}", "the body")
             if not isinstance(params, dict):
                 raise ValueError("the body must be a JSON object")
         except ValueError as exc:

@@ -28,6 +28,7 @@ from forklab.experiments.runfork.scripted_model import (
     reply_json,
     respond,
 )
+from forklab.runtime import strict_json
 
 #: Request bodies larger than this are refused (the server is reachable by any local user).
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -320,7 +321,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(413, f"request body over {MAX_BODY_BYTES} bytes")
             return
         try:
-            body = json.loads(self.rfile.read(length) or b"{}")
+            body = strict_json.loads(self.rfile.read(length) or b"{}", "the body")
             if not isinstance(body, dict):
                 raise BadRequest("the body must be a JSON object")
             model, temperature, seed = _model(body), _temperature(body), _seed(body)

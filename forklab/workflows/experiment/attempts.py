@@ -11,15 +11,20 @@ heartbeat (``{"charged": seconds, "dies_with_worker": bool}``):
 - a sandbox that dies with its worker (bubblewrap): what the last beat reported plus the
   longest a beat can lag (one beat interval and the heartbeat throttle);
 - a sandbox that may outlive its worker (the fallback, a remote backend) or a failure
-  that says nothing: the whole reservation, since the command may run to its wall limit.
+  that says nothing: the whole reservation, since the command may run to its wall limit;
+- an attempt that failed on its own with no sandbox running (``SETTLED_BEAT``: it gave up
+  waiting for a store): what it reports, no lag — waiting is not compute.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from temporalio.exceptions import ApplicationError, FailureError, TimeoutError
+
+from forklab.contracts.experiment import SETTLED_BEAT
 
 
 @dataclass(frozen=True)
@@ -47,14 +52,16 @@ def failed_attempt(cause: BaseException | None, held: float, lag: float) -> Fail
     beat = _last_beat(cause) if isinstance(cause, FailureError) else None
     if beat is None:
         burnt = 0.0 if isinstance(cause, TimeoutError) else held
-    elif not beat.get("dies_with_worker", False):
+    elif not beat.get("dies_with_worker", False) and beat.get(SETTLED_BEAT) is not True:
         burnt = held
     else:
         try:
             charged = float(beat.get("charged", held))
         except (TypeError, ValueError):
             charged = held
-        burnt = charged + lag if charged == charged else held  # NaN: no trust
+        # a settled beat is the attempt's own last word, sent with no sandbox running
+        late = 0.0 if beat.get(SETTLED_BEAT) is True else lag
+        burnt = charged + late if math.isfinite(charged) else held  # NaN, inf: no trust
     sandbox = beat.get("sandbox_id") if beat else None
     return FailedAttempt(
         burnt=min(max(burnt, 0.0), held),
