@@ -23,6 +23,7 @@ from forklab.experiments.experiment.readout.write import written_readout
 from forklab.experiments.experiment.report.model import Report
 from forklab.experiments.experiment.report.render_summary import summary_lines
 from forklab.experiments.experiment.results import InfraUsage
+from forklab.experiments.experiment.workspace_report import edit_diff, human_size
 from tests.helpers import ROOT
 
 SPECS = sorted((ROOT / "forklab" / "workloads").glob("*.yaml")) + sorted(
@@ -127,4 +128,26 @@ def test_the_readout_caveats_read_as_sentences(cascade: Report) -> None:
         "Spent 7.5 of 300 world-seconds, at most 1 sandbox at once.",
         "Guard for restart: apply restart only when upstream is healthy. On 160 held-out "
         "episodes its net is +6, against +23 when restart is always applied.",
+    ]
+
+
+def test_workspace_sizes_and_edits_read_as_a_person_reads_them() -> None:
+    assert [human_size(n) for n in (0, 812, 1024, 73_728, 50 << 20, 3 << 30)] == [
+        "0 B",
+        "812 B",
+        "1.0 KiB",
+        "72.0 KiB",
+        "50.0 MiB",
+        "3.0 GiB",
+    ]
+    before = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
+    after = before.replace("a - b", "a + b")
+    assert edit_diff("calc/arith.py", before, after) == [
+        "--- a/calc/arith.py",
+        "+++ b/calc/arith.py",
+        "@@ -1,3 +1,3 @@",
+        " def add(a, b):",
+        "-    return a - b",
+        "+    return a + b",
+        " ",
     ]

@@ -18,6 +18,7 @@ from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, run, settings_from
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
 from forklab.cli.runfork.agent_services import agent_settings
+from forklab.experiments.runfork.diff import change_lines
 from forklab.experiments.runfork.policy import PolicyError, ToolPolicy, parse_policies
 from forklab.experiments.runfork.receipt import BoundaryMode
 
@@ -151,12 +152,8 @@ async def _diff(args: argparse.Namespace) -> int:
         return 0
     print(f"common ancestor: {d.common_ancestor or '(none)'}")
     print(f"divergence step: {d.divergence_step or '(none)'}")
-    for c in d.diff.added:
-        print(f"{'added':>8} {c.path}: {json.dumps(c.after)}")
-    for c in d.diff.removed:
-        print(f"{'removed':>8} {c.path}: {json.dumps(c.before)}")
-    for c in d.diff.changed:
-        print(f"{'changed':>8} {c.path}: {json.dumps(c.before)} -> {json.dumps(c.after)}")
+    for line in change_lines(d.diff):
+        print(line)
     return 0
 
 
