@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 
 import pytest
@@ -58,13 +59,37 @@ async def test_fork_steps_diff_trail_outcome_promote_watch(agent_lab: AgentTestL
     assert trail["lineage"] == [parent.id, fork.id] and trail["receipts"][0]["requested_step"] == 3
 
     assert forklab(env, "outcome", fork.id, "--label", "fixed", "--score", "0.9").returncode == 0
+    out = forklab(env, "outcome", fork.id, "--label", "checked", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {
+        "run": fork.id,
+        "label": "checked",
+        "score": None,
+        "by": getpass.getuser(),
+    }
+    out = forklab(env, "promote", fork.id, "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {
+        "promoted": fork.id,
+        "closed": [parent.id],
+        "by": getpass.getuser(),
+    }
     out = forklab(env, "promote", fork.id)
     assert out.returncode == 0 and parent.id in out.stdout
 
-    out = forklab(env, "watch", fork.id, "--from", "2")
-    offsets = [json.loads(line)["offset"] for line in out.stdout.splitlines()[:-1]]
+    # --json: one object per event, stdout holding nothing else; the next offset on stderr
+    out = forklab(env, "watch", fork.id, "--from", "2", "--json")
+    events = [json.loads(line) for line in out.stdout.splitlines()]
+    offsets = [e["offset"] for e in events]
     assert offsets[0] == 2 and offsets == list(range(2, 2 + len(offsets)))
-    assert out.stdout.splitlines()[-1] == f"next offset: {offsets[-1] + 1}"
+    assert out.stderr == f"next offset: {offsets[-1] + 1}\n"
+    # for people: a line per event with its offset, step, kind and activity
+    out = forklab(env, "watch", fork.id, "--from", "2")
+    lines = out.stdout.splitlines()
+    assert len(lines) == len(events) and out.stderr == f"next offset: {offsets[-1] + 1}\n"
+    for line, e in zip(lines, events, strict=True):
+        assert line.split()[0] == str(e["offset"]) and e["kind"] in line, line
+        assert not line.lstrip().startswith("{")
 
 
 async def test_bad_fork_requests_exit_2_with_one_line(agent_lab: AgentTestLab) -> None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import json
 import re
+import sys
 from pathlib import Path
 
 from forklab.activities.experiment.approval_keys import (
@@ -46,7 +48,20 @@ def cmd_keys(args: argparse.Namespace) -> int:
         key = new_private_key()
         write_private_key(path, key)
         made = "made"
-    print(f"# {made} {path} (owner-only); register this line in FORKLAB_APPROVERS_FILE:")
+    if args.json:
+        print(
+            json.dumps(
+                {"name": args.name, "public_key": public_key_hex(key), "key_file": str(path)}
+                | {"made": made == "made"},
+                indent=2,
+            )
+        )
+        return 0
+    # the message on stderr, the line to register on stdout: `forklab keys >> approvers`
+    print(
+        f"# {made} {path} (owner-only); register this line in FORKLAB_APPROVERS_FILE:",
+        file=sys.stderr,
+    )
     print(f"{args.name} {public_key_hex(key)}")
     return 0
 
@@ -57,4 +72,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--name", default=getpass.getuser(), help="your approver name (default: you)")
     p.add_argument("--home", type=Path, help="ForkLab home folder (FORKLAB_HOME, ~/.forklab)")
+    p.add_argument("--json", action="store_true", help="machine-readable")
     p.set_defaults(func=cmd_keys)
