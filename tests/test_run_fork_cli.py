@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
+from typing import Any
 
 import pytest
 from agent_fixtures import AgentTestLab
-from orchestration_lab import forklab
+from orchestration_lab import Lab, forklab, make_spec
 from temporalio.client import WorkflowFailureError
 
 from forklab.workers.config import ENV
+from forklab.workflows.experiment.messages import Stage, workflow_id
 
 
 def _env(agent_lab: AgentTestLab, address: str) -> dict[str, str]:
@@ -130,3 +132,63 @@ async def test_status_of_a_workflow_that_is_no_experiment_says_so(
         ), out.stderr
         assert "it is not a ForkLab experiment" in out.stderr
         assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+async def test_list_shows_experiments_runs_and_forks_from_visibility(
+    lab: Lab, agent_lab: AgentTestLab
+) -> None:
+    """``forklab list`` against a live dev server: an agent run, its fork and an experiment
+    awaiting approval, each under its kind, and the filters (kind, status, stage, lineage)
+    keeping exactly what they name."""
+    parent = await agent_lab.start_research(model="fast")
+    with pytest.raises(WorkflowFailureError):
+        await parent.result()
+    env = _env(agent_lab, agent_lab.client.service_client.config.target_host)
+    name = f"{parent.id}-slow"
+    out = await asyncio.to_thread(
+        forklab, env, "fork", parent.id, "--at-step", "3", "--model", "slow", "--name", name
+    )
+    assert out.returncode == 0, out.stderr
+    assert (await agent_lab.client.get_workflow_handle(name).result())["status"] == "ok"
+    spec = make_spec()
+    experiment, _ = await lab.start(spec)
+    await lab.wait_for(experiment, Stage.awaiting_approval)
+
+    async def rows(*args: str, expect: int) -> list[dict[str, Any]]:
+        """The listed rows, once visibility (eventually consistent) shows ``expect``."""
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            out = await asyncio.to_thread(forklab, env, "list", *args, "--json")
+            assert out.returncode == 0 and out.stderr == "", out.stderr
+            found: list[dict[str, Any]] = json.loads(out.stdout)
+            if len(found) >= expect or asyncio.get_running_loop().time() > deadline:
+                return found
+            await asyncio.sleep(0.5)
+
+    family = await rows("--lineage", parent.id, "--limit", "1000", expect=2)
+    assert {(r["kind"], r["workflow_id"], r["status"]) for r in family} == {
+        ("run", parent.id, "failed"),
+        ("fork", name, "completed"),
+    }
+    (fork_row,) = [r for r in family if r["kind"] == "fork"]
+    assert fork_row["parent"] == parent.id
+    root = f"{parent.id}@{parent.first_execution_run_id or parent.result_run_id}"
+    assert fork_row["lineage_root"] == root
+    whole = await rows("--lineage", root, expect=2)  # the root as a receipt shows it
+    assert sorted(r["workflow_id"] for r in whole) == sorted([parent.id, name])
+    forks = await rows("--kind", "fork", "--lineage", parent.id, expect=1)
+    assert [r["workflow_id"] for r in forks] == [name]
+    failed = await rows("--status", "Failed", "--lineage", parent.id, expect=1)
+    assert [r["workflow_id"] for r in failed] == [parent.id]
+    waiting = await rows(
+        "--kind", "experiment", "--stage", "awaiting_approval", "--limit", "1000", expect=1
+    )
+    mine = [r for r in waiting if r["workflow_id"] == workflow_id(spec.id)]
+    assert mine and mine[0]["stage"] == "awaiting_approval" and mine[0]["status"] == "running"
+    assert all(r["kind"] == "experiment" for r in waiting)
+    # the same for people: a header and a row per workflow, data on stdout
+    out = await asyncio.to_thread(forklab, env, "list", "--lineage", parent.id)
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:3] == ["kind", "status", "started"] and len(lines) == 3, out.stdout
+    assert {line.split()[0] for line in lines[1:]} == {"run", "fork"}
+    await experiment.cancel()
