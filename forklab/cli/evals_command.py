@@ -37,6 +37,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def evals(args: argparse.Namespace) -> int:
     # the suites (Braintrust, the analysis): imported when they run, not with the parser
+    from forklab.workers.config import ConfigError
+    from forklab.workers.extras import Extra, require_extra
+
+    try:  # the suites are braintrust.Eval suites, local runs too
+        require_extra(Extra.braintrust, "forklab evals")
+    except ConfigError as exc:
+        raise CliError(str(exc), code=2) from None
     from forklab.evals import acquisition, capacity, causal
 
     keyed = bool(os.environ.get("BRAINTRUST_API_KEY", "").strip())
