@@ -8,7 +8,9 @@ FROM ${PYTHON_IMAGE} AS wheels
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY forklab ./forklab
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# the extras of the stores the compose deployment shares (docs/deployment.md): S3 artifacts
+# and the PostgreSQL ledger; Daytona and Braintrust are extras an image adds when it uses them
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[s3,postgres]'
 
 FROM ${PYTHON_IMAGE}
 # bubblewrap confines workload code (own namespaces, read-only root); Debian 12's package.
@@ -18,7 +20,7 @@ RUN apt-get update \
 RUN groupadd --gid 10001 forklab \
     && useradd --create-home --uid 10001 --gid 10001 --shell /usr/sbin/nologin forklab
 COPY --from=wheels /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links=/wheels forklab==0.1.0 \
+RUN pip install --no-cache-dir --no-index --find-links=/wheels 'forklab[s3,postgres]==0.1.0' \
     && rm -rf /wheels
 USER 10001:10001
 WORKDIR /home/forklab

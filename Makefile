@@ -1,23 +1,30 @@
-# The two commands of the quickstart. Each builds its own virtual environment on first use.
+# The two commands of the quickstart. Each builds the virtual environment it needs on first
+# use, saying what it installs, one line per phase (scripts/install.sh): `make demo` the
+# runtime (ForkLab and what the demos need), `make test` also every extra and the tools.
 PY ?= python3
 VENV := .venv
+#: every extra and the test tools installed (`make test`)
 STAMP := $(VENV)/.installed
 # Write bytecode even where the environment says not to: without it every test process and
 # every `forklab` process a test starts compiles ForkLab and the tests from source again
 # (about 5 s of CPU per pytest process here).
 unexport PYTHONDONTWRITEBYTECODE
+#: the runtime installed (`make demo`); a dev install has it too
+RUNTIME := $(VENV)/.runtime
 
 .PHONY: demo test test-fast golden lint bench
 
 $(STAMP): pyproject.toml
-	$(PY) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	@PY=$(PY) VENV=$(VENV) bash scripts/install.sh dev
+	@touch $(STAMP) $(RUNTIME)
 
-demo: $(STAMP)
+$(RUNTIME): pyproject.toml
+	@if [ $(STAMP) -nt pyproject.toml ]; then :; else PY=$(PY) VENV=$(VENV) bash scripts/install.sh runtime; fi
+	@touch $(RUNTIME)
+
+demo: $(RUNTIME)
 	@bash scripts/ensure-bubblewrap.sh
-	$(VENV)/bin/forklab demo --yes
+	@$(VENV)/bin/forklab demo --yes
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -11,6 +11,11 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     "sandboxes will run as confined processes and say so" >&2
   exit 0
 fi
+# shellcheck source=scripts/phase.sh
+source "$(dirname "$0")/phase.sh"
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq >/dev/null
-apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null
+echo "ensure-bubblewrap: bwrap is missing; installing Debian's bubblewrap (as root, apt-get):" \
+  "it confines the workload code of every sandbox (own namespaces, no network)"
+phase "ensure-bubblewrap: apt-get update" apt-get update -qq
+phase "ensure-bubblewrap: apt-get install bubblewrap" \
+  apt-get install -y -qq --no-install-recommends bubblewrap

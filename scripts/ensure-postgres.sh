@@ -12,17 +12,26 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     "(needs root + apt-get); start one with trust auth for root" >&2
   exit 0
 fi
+# shellcheck source=scripts/phase.sh
+source "$(dirname "$0")/phase.sh"
 if ! command -v pg_ctlcluster >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+  echo "ensure-postgres: no PostgreSQL; installing Debian's postgresql (as root, apt-get):" \
+    "the shared-store tests run the experiment and effect ledgers on it"
+  phase "ensure-postgres: apt-get update" apt-get update -qq
+  phase "ensure-postgres: apt-get install postgresql" \
+    apt-get install -y -qq --no-install-recommends postgresql
 fi
 version=$(ls /etc/postgresql | sort -n | tail -1)
-pg_ctlcluster --skip-systemctl-redirect "$version" main start 2>/dev/null || true
-for _ in $(seq 1 30); do
-  answers && break
-  sleep 1
-done
+started() {
+  pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+  for _ in $(seq 1 30); do
+    answers && return 0
+    sleep 1
+  done
+  return 1
+}
+phase "ensure-postgres: starting PostgreSQL $version on 127.0.0.1:5432" started
 # a fresh cluster knows only the postgres role: let root in, as the tests connect as root
 su postgres -c "psql -qtAc \"SELECT 1 FROM pg_roles WHERE rolname = 'root'\"" | grep -q 1 \
   || su postgres -c "createuser --superuser root"

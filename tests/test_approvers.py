@@ -8,6 +8,7 @@ own code from the approver's own home."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from concurrent.futures import Executor
@@ -241,8 +242,17 @@ def test_forklab_keys_makes_one_owner_only_key_pair_and_prints_its_line(tmp_path
     line = first.stdout.splitlines()[-1]
     assert line == f"alice {public_key_hex(read_private_key(path))}"
     assert "PRIVATE" not in first.stdout
+    # stdout is the line to register alone (`forklab keys >> approvers`), the note on stderr
+    assert first.stdout == line + "\n" and first.stderr.startswith(f"# made {path} (owner-only)")
     again = _forklab("keys", "--name", "alice", "--home", str(home))
     assert again.stdout.splitlines()[-1] == line  # kept, not replaced
+    shown = _forklab("keys", "--name", "alice", "--home", str(home), "--json")
+    assert json.loads(shown.stdout) == {
+        "name": "alice",
+        "public_key": line.split()[1],
+        "key_file": str(path),
+        "made": False,
+    }
     (tmp_path / "approvers").write_text(line + "\n")
     assert read_approvers(tmp_path / "approvers")[0].name == "alice"
     bad = _forklab("keys", "--name", "al ice", "--home", str(home))

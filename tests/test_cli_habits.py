@@ -80,9 +80,15 @@ def test_list_queries_filter_by_kind_status_stage_and_lineage() -> None:
         Kind.experiment: "ForkLabExperiment IS NOT NULL AND ExecutionStatus = 'Running' "
         "AND ForkLabStage = 'awaiting_approval'"
     }
+    # a fork records its lineage root as `<root workflow id>@<first run id>`: a workflow id
+    # matches every root of that id, a whole root exactly that one
     lineage = queries(_args(lineage="run-1"), "q")
-    assert lineage[Kind.fork].endswith("ForkLabLineageRoot = 'run-1'")
+    assert lineage[Kind.fork].endswith("ForkLabLineageRoot STARTS_WITH 'run-1@'")
     assert lineage[Kind.run].endswith("WorkflowId = 'run-1'")
+    root = "run-1@01a243a8-14bd-71bc-9954-0feb09e93ad6"
+    whole = queries(_args(lineage=root), "q")
+    assert whole[Kind.fork].endswith(f"ForkLabLineageRoot = '{root}'")
+    assert whole[Kind.run].endswith("WorkflowId = 'run-1'")
 
 
 @pytest.mark.parametrize("bad", ["x' OR 'a'='a", "a b", ""])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from itertools import combinations
@@ -129,6 +130,11 @@ def test_the_copy_fallback_through_the_cli(
     assert all("overlay disabled" in a["note"] for a in summary["agents"])
     assert all(c["ok"] for c in summary["checks"])
     assert "skip fails by unexpected success" in stdout
+    # the edits as diffs (the bug being fixed), not whole files; sizes for people
+    minimal = stdout.split("## `calc/arith.py` in minimal", 1)[1].split("## ", 1)[0]
+    assert "```diff" in minimal and "-    return a - b\n+    return a + b\n" in minimal
+    assert "def mul" not in minimal  # the rest of the file is not repeated
+    assert "Workspace: 1.0 MiB" in stdout and not re.search(r"\d bytes", stdout)
     assert mounts_under(tmp_path) == []
 
 

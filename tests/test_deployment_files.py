@@ -163,3 +163,21 @@ def test_agent_workers_share_the_effect_ledger_and_reach_their_services() -> Non
         host, port = re.sub(r"^https?://|/.*$", "", url).split(":")
         service = services[host]
         assert service["command"][-1] == port and "0.0.0.0" in service["command"]
+
+
+def test_the_image_installs_the_extras_its_stores_need(config: dict[str, Any]) -> None:
+    """The providers are extras (a plain install leaves them out): the image must build and
+    install those the compose workers' settings name, or every worker stops at start."""
+    from forklab.workers.extras import Extra
+
+    settings = Settings.load(env=config["services"][WORKER]["environment"])
+    needed = {Extra.s3} if settings.shared_artifacts else set()
+    needed |= {Extra.postgres} if settings.shared_ledger else set()
+    assert needed == {Extra.s3, Extra.postgres}
+    lines = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if "pip " in line]
+    built = next(line for line in lines if "pip wheel" in line)
+    installed = next(line for line in lines if "pip install" in line)
+    for line, package in ((built, "."), (installed, "forklab")):
+        found = re.search(rf"'{re.escape(package)}\[([a-z0-9,]+)\]", line)
+        assert found is not None, f"the Dockerfile installs no extra: {line}"
+        assert needed <= set(found.group(1).split(",")), line

@@ -5,6 +5,7 @@ Temporal dev server, real local sandboxes labelled as the worlds stage labels th
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from pathlib import Path
 
@@ -77,6 +78,10 @@ async def test_delete_keeps_the_sandboxes_of_a_running_run(
     assert f"1 sandbox(es) without a readable {RUN_LABEL} label" in out
     assert out.endswith("removed 2, left 0\n"), out
     assert backend.list({}) == sorted(live)  # the running run's worlds are untouched
+    code, out, err = await asyncio.to_thread(
+        run_cli, capsys, "doctor", "--home", str(home), "--address", address, "--json"
+    )
+    assert (code, err) == (1, "") and json.loads(out) == {"backend": "local", "found": sorted(live)}
 
     # once the run has ended its sandboxes are leftovers like any other
     await running.terminate("done")

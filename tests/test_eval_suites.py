@@ -3,6 +3,7 @@ ForkLab's policies, and fail on deliberately broken ones."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import pytest
@@ -133,6 +134,13 @@ def test_forklab_evals_uploads_with_a_key_and_only_then(
         monkeypatch.setenv("BRAINTRUST_API_KEY", API_KEY)
         code, out, _ = run_cli(capsys, "evals", "--local")
         assert code == 0 and "ran locally, nothing sent" in out
+        code, out, err = run_cli(capsys, "evals", "--local", "--json")
+        assert code == 0 and err == "ran locally, nothing sent\n"
+        assert [(r["suite"], r["passed"], r["uploaded"]) for r in json.loads(out)] == [
+            ("causal", True, False),
+            ("capacity", True, False),
+            ("acquisition", True, False),
+        ]
         assert fake.experiments == {} and fake.rows == {}
 
         code, out, _ = run_cli(capsys, "evals")

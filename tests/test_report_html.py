@@ -56,7 +56,8 @@ def test_html_header_separates_valid_from_supported() -> None:
     page = render_html(_report())
     assert '<p class="banner pass">Valid: every validity check passed.</p>' in page
     assert (
-        '<p class="banner inconclusive">Hypothesis not supported: refresh inconclusive.</p>' in page
+        '<p class="banner inconclusive">Hypothesis partly supported: 1 of 2 predictions '
+        "supported; refresh inconclusive.</p>" in page
     )
     assert "every validity check passed" not in page.split("Hypothesis")[1]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from helpers import CliResult
 from helpers import forklab_in_process as forklab_in
-from orchestration_lab import ROOT, Lab, cli_env, make_spec
+from orchestration_lab import Lab, cli_env, make_spec
 
 from forklab.cli.ops_common import POLLER_GONE, live_pollers, workflow_pollers
 from forklab.workflows.experiment.messages import Stage, Status, workflow_id
@@ -32,41 +33,76 @@ def free_port() -> int:
         return port
 
 
-def test_demo_runs_from_nothing_and_stops_what_it_started(tmp_path: Path) -> None:
+#: The flagship demo's story must fit one screen (issue 36: ≤ 40 lines).
+DEMO_SCREEN_LINES = 40
+
+
+def test_demo_runs_from_nothing_tells_its_story_in_a_screen_and_stops_what_it_started(
+    tmp_path: Path,
+) -> None:
+    """``make demo`` as a person runs it (the default spec, retry-cascade): a story of at
+    most one screen with the predictions counted, a verdict and interval per world, the
+    validity and noise line, where the report is, and hints that still work once the
+    demo has stopped the server it started."""
     port = free_port()
     env = {
         **os.environ,
         "FORKLAB_HOME": str(tmp_path / "home"),
         "FORKLAB_ADDRESS": f"127.0.0.1:{port}",
         "FORKLAB_UI_PORT": str(free_port()),
+        "FORKLAB_HTTP_PORT": str(free_port()),
+        "FORKLAB_METRICS_PORT": str(free_port()),
         "FORKLAB_TASK_QUEUE": "forklab-demo-test",
     }
-    spec = ROOT / "forklab" / "workloads" / "recovery-counter.yaml"
-    # a process: the subject is what the command starts (server, worker) and stops again
     demo = subprocess.run(
-        [FORKLAB, "demo", "--yes", "--spec", str(spec)],
+        [FORKLAB, "demo", "--yes"],
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=240,
         check=False,
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
-    out = demo.stdout
+    out, lines = demo.stdout, demo.stdout.splitlines()
+    assert len(lines) <= DEMO_SCREEN_LINES, out
+    # it started its own worker and waited for it: no warning that no worker polls
+    assert "no worker has polled" not in demo.stderr, demo.stderr
     assert "started in the background: server and worker" in out
-    assert "3. approved by 'demo --yes'" in out
-    assert "  [running_" in out and "world batches" in out  # progress was shown
-    assert "# Experiment `recovery-counter-" in out and "## Provenance" in out
-    assert "cleanup: 0 sandboxes found, 0 removed, 0 left" in out
-    reports = tmp_path / "home" / "reports"
-    (folder,) = reports.iterdir()  # <home>/reports/<experiment id>
-    assert f"report files: report.md, report.json and report.html in {folder}\n" in out
-    assert (folder / "report.md").read_text() in out
+    assert "3. approved by 'demo --yes'" in out and "world batches" in out
+    assert (
+        "Hypothesis partly supported: 5 of 7 predictions supported; jitter and queue-memory "
+        "inconclusive." in out
+    )
+    assert (
+        "Valid: 8 of 8 validity checks passed. Noise: placebo differed from baseline in 0 of "
+        "160 episodes." in out
+    )
+    for world in ("jitter", "broadcast", "queue-memory", "latency", "restart", "placebo"):
+        row = next(line for line in lines if line.split()[:1] == [world])
+        assert re.search(r"[+-]\d\.\d{3} \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\]", row), row
+    assert " 1 sandboxes" not in out and not re.search(r"\d\.\d{2,} of 300", out)
+    (folder,) = (tmp_path / "home" / "reports").iterdir()  # <home>/reports/<experiment id>
+    assert f"5. report: {folder}/report.html" in out
     assert sorted(p.name for p in folder.iterdir()) == ["report.html", "report.json", "report.md"]
     assert out.rstrip().endswith("stopped what the demo started: server and worker")
     with socket.socket() as s:  # the dev server is gone
         assert s.connect_ex(("127.0.0.1", port)) != 0
     assert not list((tmp_path / "home" / "run").glob("*.pid"))
+    # the closing hints work now that the server is down
+    experiment = folder.name
+    assert f"forklab report {experiment}" in out
+    assert f"`forklab up`, then http://localhost:{env['FORKLAB_UI_PORT']}/" in out
+    report = subprocess.run(
+        [FORKLAB, "report", experiment],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert report.returncode == 0, report.stderr
+    assert report.stdout == (folder / "report.md").read_text()
+    assert "not reachable" in report.stderr and "`forklab up`" in report.stderr
 
 
 async def test_reject_cancel_and_their_aftermath_through_the_cli(lab: Lab) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -485,6 +486,18 @@ def test_layers_gc_through_the_cli(
     assert out.startswith("removed 1 layers") and "kept 1 (1 pinned" in out
     assert not (backend.workspaces.layers.root / orphan).exists()
     backend.workspaces.layers.verify(kept, full=True)
+    code, out, err = run_cli(
+        capsys, "layers", "gc", "--min-age", "0", "--home", str(home), "--json"
+    )
+    assert code == 0, err
+    assert json.loads(out) == {
+        "agent_runs": None,
+        "bytes_freed": 0,
+        "kept": 1,
+        "live": 1,
+        "released_ended_runs": 0,
+        "removed": 0,
+    }
     # an artifact store that cannot be opened: the ended runs are not checked, said so
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("")

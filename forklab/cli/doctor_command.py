@@ -13,8 +13,10 @@ sandbox that is not kept is left.
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
@@ -45,6 +47,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="delete every sandbox whose run is not running in Temporal (those of a running "
         "run are kept; nothing is deleted when Temporal cannot be reached)",
     )
+    p.add_argument("--json", action="store_true", help="machine-readable")
     p.set_defaults(func=doctor)
 
 
@@ -60,20 +63,28 @@ def doctor(args: argparse.Namespace) -> int:
     from forklab.workers.experiment.providers import sandbox_backend
 
     settings = settings_from(args)
+
+    def say(line: str) -> None:  # the listing for people; --json prints the data at the end
+        if not args.json:
+            print(line)
+
+    found: list[str] = []
+    data: dict[str, Any] = {}
     try:
         backend = sandbox_backend(settings)
         found = backend.list({})
-        print(f"{backend.name} sandboxes: {len(found)} ForkLab sandbox(es) found")
+        data = {"backend": backend.name, "found": found}
+        say(f"{backend.name} sandboxes: {len(found)} ForkLab sandbox(es) found")
         for sandbox_id in found:
-            print(f"  {sandbox_id}")
+            say(f"  {sandbox_id}")
         if args.delete and found:
             # every lookup is made before anything is deleted; ``found`` was listed first,
             # so a sandbox made since (by a run that is running) is not in it
             sweep = _sweep(backend, found, run(lambda: _open_runs(settings)))
             for key, ids in sweep.kept.items():
-                print(f"kept {len(ids)} sandbox(es) of run {key}: it is still running")
+                say(f"kept {len(ids)} sandbox(es) of run {key}: it is still running")
             if sweep.strays:
-                print(
+                say(
                     f"{len(sweep.strays)} sandbox(es) without a readable {RUN_LABEL} label "
                     "(a crash's leftover no run can claim): deleting them"
                 )
@@ -81,11 +92,19 @@ def doctor(args: argparse.Namespace) -> int:
                 backend.delete(sandbox_id)
             doomed = set(sweep.delete)
             found = [sandbox_id for sandbox_id in backend.list({}) if sandbox_id in doomed]
-            print(f"removed {len(doomed) - len(found)}, left {len(found)}")
+            say(f"removed {len(doomed) - len(found)}, left {len(found)}")
+            data |= {
+                "kept": sweep.kept,
+                "strays": sweep.strays,
+                "removed": sorted(doomed - set(found)),
+                "left": found,
+            }
     except ConfigError as exc:
         raise CliError(str(exc), code=2) from None
     except SandboxError as exc:
         raise CliError(f"cannot list sandboxes: {exc}", code=1) from None
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
     return 1 if found else 0
 
 

@@ -9,7 +9,9 @@ failing case.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -32,11 +34,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     where.add_argument(
         "--local", action="store_true", help="never upload, even with BRAINTRUST_API_KEY set"
     )
+    p.add_argument("--json", action="store_true", help="the suites' results (JSON)")
     p.set_defaults(func=evals)
 
 
 def evals(args: argparse.Namespace) -> int:
     # the suites (Braintrust, the analysis): imported when they run, not with the parser
+    from forklab.workers.config import ConfigError
+    from forklab.workers.extras import Extra, require_extra
+
+    try:  # the suites are braintrust.Eval suites, local runs too
+        require_extra(Extra.braintrust, "forklab evals")
+    except ConfigError as exc:
+        raise CliError(str(exc), code=2) from None
     from forklab.evals import acquisition, capacity, causal
 
     keyed = bool(os.environ.get("BRAINTRUST_API_KEY", "").strip())
@@ -50,10 +60,18 @@ def evals(args: argparse.Namespace) -> int:
         results.append(result)
         if why is not None:
             refused[result.suite] = why
-    for r in results:
-        mark = "ok" if r.passed else "FAILED: " + "; ".join(r.failed)
-        sent = " (not uploaded)" if r.suite in refused else ""
-        print(f"{r.suite}: {r.cases - len(r.failed)}/{r.cases} cases · {mark}{sent}")
+    if args.json:
+        uploaded = {r.suite: send and r.suite not in refused for r in results}
+        rows = [
+            r.model_dump(mode="json") | {"passed": r.passed, "uploaded": uploaded[r.suite]}
+            for r in results
+        ]
+        print(json.dumps(rows, indent=2))
+    else:
+        for r in results:
+            mark = "ok" if r.passed else "FAILED: " + "; ".join(r.failed)
+            sent = " (not uploaded)" if r.suite in refused else ""
+            print(f"{r.suite}: {r.cases - len(r.failed)}/{r.cases} cases · {mark}{sent}")
     if refused:
         names = ", ".join(refused)
         raise CliError(
@@ -62,7 +80,8 @@ def evals(args: argparse.Namespace) -> int:
             "BRAINTRUST_APP_URL, or run with --local",
             code=1,
         )
-    print("uploaded to Braintrust project forklab-evals" if send else "ran locally, nothing sent")
+    where = "uploaded to Braintrust project forklab-evals" if send else "ran locally, nothing sent"
+    print(where, file=sys.stderr if args.json else sys.stdout)
     return 0 if all(r.passed for r in results) else 1
 
 

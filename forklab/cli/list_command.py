@@ -41,15 +41,34 @@ STATUSES = (
     "TimedOut",
 )
 #: What a filter value may hold: ids as ForkLab makes them; no quote reaches the query.
-_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}")
+_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}")
 
 
 def _value(flag: str, value: str) -> str:
     if not _VALUE.fullmatch(value):
         raise CliError(
-            f"{flag} {value!r} is not an id: use letters, digits and . _ : / - (up to 200)", 2
+            f"{flag} {value!r} is not an id: use letters, digits and . _ : / @ - (up to 200)",
+            2,
         )
     return value
+
+
+#: A lineage root as forks record it: the root run's workflow id, ``@``, its first run id
+#: (a UUID; ``forklab.experiments.runfork.identity.lineage_root``).
+_ROOT = re.compile(r"(?P<workflow>.+)@(?P<run>[0-9a-f]{8}-[0-9a-f-]{27})")
+
+
+def _lineage_clause(kind: Kind, lineage: str) -> str:
+    """The clause keeping one lineage: ``lineage`` is the root run's workflow id (what a
+    person knows) or the whole root a receipt shows (``id@first-run-id``). A fork records
+    the whole root, so a workflow id alone matches every chain that id has started."""
+    root = _ROOT.fullmatch(lineage)
+    workflow = root["workflow"] if root else lineage
+    if kind is Kind.fork:
+        if root:
+            return f"ForkLabLineageRoot = '{lineage}'"
+        return f"ForkLabLineageRoot STARTS_WITH '{workflow}@'"
+    return f"WorkflowId = '{workflow}'"
 
 
 def queries(args: argparse.Namespace, agent_queue: str) -> dict[Kind, str]:
@@ -74,9 +93,7 @@ def queries(args: argparse.Namespace, agent_queue: str) -> dict[Kind, str]:
         if args.stage is not None:
             clauses.append(f"ForkLabStage = '{_value('--stage', args.stage)}'")
         if args.lineage is not None:
-            root = _value("--lineage", args.lineage)
-            field = "ForkLabLineageRoot" if kind is Kind.fork else "WorkflowId"
-            clauses.append(f"{field} = '{root}'")
+            clauses.append(_lineage_clause(kind, _value("--lineage", args.lineage)))
         found[kind] = " AND ".join(clauses)
     return found
 

@@ -29,6 +29,7 @@ from forklab.activities.stores.effect_ledger import EffectLedger, SqliteEffectLe
 from forklab.activities.stores.ledger import Ledger, LedgerError, SqliteLedger
 from forklab.activities.stores.outages import StoreUnavailableError
 from forklab.workers.config import ENV, ConfigError, Settings
+from forklab.workers.extras import Extra, require_extra
 from forklab.workers.runfork.agent_config import AgentSettings
 
 # The S3 and PostgreSQL clients (boto3, psycopg) are imported only when a setting names a
@@ -58,6 +59,7 @@ def s3_client(endpoint: str) -> S3Client:
 def artifact_store(settings: Settings) -> ArtifactStore:
     if not settings.shared_artifacts:
         return LocalArtifactStore(settings.artifacts_dir)
+    require_extra(Extra.s3, f"{ENV['artifacts']}=s3://…")
     from forklab.activities.stores.artifacts_s3 import S3ArtifactStore
 
     bucket, _, prefix = settings.artifacts.removeprefix("s3://").partition("/")
@@ -70,6 +72,7 @@ def shared_database(settings: Settings) -> PostgresDatabase | None:
     (the experiment ledger, the effect ledger); None when the ledger is a local file."""
     if not settings.shared_ledger:
         return None
+    require_extra(Extra.postgres, f"{ENV['ledger']}=postgresql://…")
     from forklab.activities.stores.postgres import PostgresDatabase
 
     return PostgresDatabase(settings.ledger, settings.store_retry_seconds)
@@ -87,6 +90,7 @@ def ledger(settings: Settings) -> Ledger:
 def effect_ledger(agent: AgentSettings) -> EffectLedger:
     if not agent.effects_database:
         return SqliteEffectLedger(agent.effect_ledger_path)
+    require_extra(Extra.postgres, f"{ENV['ledger']}=postgresql://…")
     from forklab.activities.stores.effect_ledger_postgres import PostgresEffectLedger
     from forklab.activities.stores.postgres import PostgresDatabase
 
@@ -95,15 +99,15 @@ def effect_ledger(agent: AgentSettings) -> EffectLedger:
 
 def check_stores(settings: Settings) -> None:
     """At worker start: fail with the fix when a shared store is misconfigured, instead of
-    failing every activity later."""
-    import psycopg  # (a worker's start, not an operator command's: whatever the stores)
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from forklab.activities.stores.artifacts_s3 import S3ArtifactStore
-    from forklab.activities.stores.postgres import SchemaError
-
+    failing every activity later. The shared stores' clients are imported only when a
+    setting names them (and then say which extra to install when missing)."""
     store = artifact_store(settings)
-    if isinstance(store, S3ArtifactStore):
+    if settings.shared_artifacts:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from forklab.activities.stores.artifacts_s3 import S3ArtifactStore
+
+        assert isinstance(store, S3ArtifactStore)
         try:
             store.check_bucket()
         except (ClientError, BotoCoreError, StoreUnavailableError) as exc:
@@ -112,9 +116,16 @@ def check_stores(settings: Settings) -> None:
                 f"create the bucket, check {ENV['s3_endpoint']} and the AWS credentials"
             ) from None
     records = ledger(settings)
+    failures: tuple[type[Exception], ...] = (StoreUnavailableError, LedgerError)
+    if settings.shared_ledger:
+        import psycopg
+
+        from forklab.activities.stores.postgres import SchemaError
+
+        failures += (psycopg.Error, SchemaError)
     try:
         records.experiment("forklab-start-up-check")  # creates or migrates the schema
-    except (StoreUnavailableError, psycopg.Error, SchemaError, LedgerError) as exc:
+    except failures as exc:
         raise ConfigError(
             f"ledger {records.location} ({ENV['ledger']}) cannot be used: {exc}"
         ) from None

@@ -36,6 +36,8 @@ from forklab.workloads.coding_fix import DEMO_CASES, STRATEGIES, package_files, 
 
 BLOB = "vendored/vendored.bin"
 DEFAULT_BLOB_BYTES = 50 << 20
+#: The bug the source agent's workspace holds (``add`` returns ``a - b``).
+DEMO_BUG = "sub"
 #: Every file of the starting workspace gets this modification time (2026-01-01 UTC), so
 #: its bytecode is the same on every run and an edit made a second later is always seen
 #: as newer by Python's mtime-based ``__pycache__`` check.
@@ -49,7 +51,7 @@ _TIMEOUT = 120.0
 
 def write_workspace(folder: Path, blob_bytes: int) -> None:
     """The source agent's starting workspace: the buggy package and the vendored blob."""
-    for rel, text in package_files("sub", DEMO_CASES).items():
+    for rel, text in package_files(DEMO_BUG, DEMO_CASES).items():
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_text(text)
     (folder / BLOB).parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +105,8 @@ def _run_child(
     tests = child.tests()
     end = backend.workspace_manifest(child.sandbox)
     changed = _changed_files(backend, child.sandbox, branch, end)
+    edited = {p: data.decode(errors="replace") for p, data in changed.items() if PYCACHE not in p}
+    started = package_files(DEMO_BUG, DEMO_CASES)
     evidence = AgentEvidence(
         name=strategy,
         strategy=strategy,
@@ -113,9 +117,8 @@ def _run_child(
         tests=tests,
         branch=branch,
         end=end,
-        edited={
-            p: data.decode(errors="replace") for p, data in changed.items() if PYCACHE not in p
-        },
+        edited=edited,
+        before={p: started.get(p, "") for p in edited},
     )
     return child, evidence, changed
 

@@ -54,6 +54,7 @@ from forklab.experiments.experiment.spec import ExperimentSpec
 from forklab.experiments.visible_text import visible
 from forklab.workers.client import ensure_search_attributes
 from forklab.workers.config import Settings
+from forklab.workers.server import reachable
 from forklab.workers.stores import artifact_store
 from forklab.workflows.experiment.messages import (
     BATCH_EPISODES_RANGE,
@@ -364,8 +365,40 @@ def save_report(settings: Settings, result: ExperimentResult, folder: Path | Non
     return files
 
 
+#: An experiment id, as the spec allows it (``ExperimentSpec.id``): safe as a folder name.
+_EXPERIMENT_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,79}")
+
+
+def saved_report(settings: Settings, experiment: str) -> ReportFiles | None:
+    """The report an earlier ``forklab report`` or ``forklab demo`` saved under
+    ``<home>/reports/<experiment>/``, if there is one: what the operator can still read
+    when the server that ran it is down (the demo stops the server it started)."""
+    if not _EXPERIMENT_ID.fullmatch(experiment):
+        return None
+    folder = settings.reports_dir / experiment
+    try:
+        return ReportFiles(
+            folder=folder,
+            markdown=(folder / "report.md").read_text(encoding="utf-8"),
+            report_json=(folder / "report.json").read_text(encoding="utf-8"),
+            html="",
+        )
+    except OSError:
+        return None
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     settings = settings_from(args)
+    saved = None if args.out else saved_report(settings, args.experiment)
+    if saved is not None and not reachable(settings.host, settings.port):
+        text = saved.report_json if args.json else saved.markdown
+        print(text, end="" if text.endswith("\n") else "\n")
+        print(
+            f"Temporal is not reachable at {settings.address}: this is the report saved in "
+            f"{saved.folder} (`forklab up` to read the run itself)",
+            file=sys.stderr,
+        )
+        return 0
     result = run(lambda: fetch_result(settings, args.experiment))
     files = save_report(settings, result, args.out)
     wrote = f"wrote report.md, report.json and report.html to {files.folder}"

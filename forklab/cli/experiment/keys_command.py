@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import json
 import re
+import sys
 from pathlib import Path
 
 from forklab.activities.experiment.approval_keys import (
@@ -43,7 +45,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
         )
     home = settings_from(args).home
     if args.fork_issuer:
-        return _fork_issuer(home, args.name)
+        return _fork_issuer(home, args.name, as_json=args.json)
     path = personal_key_path(home)
     if path.exists():
         try:
@@ -55,18 +57,43 @@ def cmd_keys(args: argparse.Namespace) -> int:
         key = new_private_key()
         write_private_key(path, key)
         made = "made"
-    print(f"# {made} {path} (owner-only); register this line in FORKLAB_APPROVERS_FILE:")
+    if args.json:
+        print(
+            json.dumps(
+                {"name": args.name, "public_key": public_key_hex(key), "key_file": str(path)}
+                | {"made": made == "made"},
+                indent=2,
+            )
+        )
+        return 0
+    # the message on stderr, the line to register on stdout: `forklab keys >> approvers`
+    print(
+        f"# {made} {path} (owner-only); register this line in FORKLAB_APPROVERS_FILE:",
+        file=sys.stderr,
+    )
     print(f"{args.name} {public_key_hex(key)}")
     return 0
 
 
-def _fork_issuer(home: Path, name: str) -> int:
+def _fork_issuer(home: Path, name: str, *, as_json: bool) -> int:
     path = issuer_key_path(home)
     try:
         key = issuer_key(home)
     except KeyFileError as exc:
         raise CliError(str(exc)) from None
-    print(f"# {path} (owner-only); register this line in agent workers' FORKLAB_FORK_ISSUERS:")
+    if as_json:
+        print(
+            json.dumps(
+                {"name": name, "public_key": issuer_public_key(key), "key_file": str(path)},
+                indent=2,
+            )
+        )
+        return 0
+    # as for approver keys: the note on stderr, the line to register alone on stdout
+    print(
+        f"# {path} (owner-only); register this line in agent workers' FORKLAB_FORK_ISSUERS:",
+        file=sys.stderr,
+    )
     print(f"{name} {issuer_public_key(key)}")
     return 0
 
@@ -82,4 +109,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="print this home's fork issuer key instead, for workers' FORKLAB_FORK_ISSUERS",
     )
+    p.add_argument("--json", action="store_true", help="machine-readable")
     p.set_defaults(func=cmd_keys)

@@ -91,7 +91,8 @@ def render_status(view: StatusView) -> str:
     lines.append(
         f"  progress: prefixes {p.prefixes_done}/{p.prefix_chunks}, world batches "
         f"{p.batches_completed}/{p.batches} done, {p.batches_failed} failed, "
-        f"{p.batches_skipped} skipped; {p.running} sandboxes running"
+        f"{p.batches_skipped} skipped; {p.running} "
+        f"{'sandbox' if p.running == 1 else 'sandboxes'} running"
     )
     lines.append(
         f"  budget: {b.spent_world_seconds:.1f} of {b.max_world_seconds:g} world-seconds spent "

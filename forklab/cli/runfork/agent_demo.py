@@ -2,10 +2,10 @@
 
 The research pipeline runs with model ``fast`` and fails the scorer; the demo forks it at
 step 3 with model ``slow`` and ``charge_customer=block``, shows that the fork succeeds
-with no new charge, prints the receipt, the diff of the final states (only tail paths)
-and the parent's unchanged event count, then promotes the fork. It starts what is
-missing (dev server, model server, payments/mail service, agent worker) and stops what
-it started unless ``--keep``.
+with no new charge, prints the receipt, the diff of the final states (each changed path
+with its values, cut short) and the parent's unchanged event count, then promotes the
+fork and links both runs in the Web UI. It starts what is missing (dev server, model
+server, payments/mail service, agent worker) and stops what it started unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -28,11 +28,14 @@ from forklab.cli.runfork.agent_services import (
     stop_agent_services,
 )
 from forklab.cli.service_commands import ensure_server, stop_services
+from forklab.experiments.runfork.diff import change_lines
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
 
 FORK_AT_STEP = 3
+#: The longest value a diff line of the demo shows (`forklab diff` shows them whole).
+DIFF_VALUE_WIDTH = 60
 
 
 def _charges(agent: AgentSettings) -> int:
@@ -45,7 +48,8 @@ async def _event_count(client: Client, workflow_id: str) -> int:
     return len((await client.get_workflow_handle(workflow_id).fetch_history()).events)
 
 
-async def agent_demo(settings: Settings, agent: AgentSettings, yes: bool) -> int:
+async def agent_demo(settings: Settings, agent: AgentSettings, yes: bool) -> list[str]:
+    """Run the story; returns the workflow ids worth opening in the Web UI afterwards."""
     client = await Client.connect(
         settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
     )
@@ -88,8 +92,8 @@ async def agent_demo(settings: Settings, agent: AgentSettings, yes: bool) -> int
     print(json.dumps(fork.receipt.model_dump(mode="json"), indent=2, sort_keys=True))
     d = await lab.diff(run_id, fork.receipt.fork_workflow_id)
     print(f"4. diff (common ancestor {d.common_ancestor}, divergence at step {d.divergence_step})")
-    for p in d.diff.paths:
-        print(f"   {p}")
+    for line in change_lines(d.diff, DIFF_VALUE_WIDTH):
+        print(f"   {line}")
     events_after = await _event_count(client, run_id)
     print(f"5. parent events: {events_before} before the fork, {events_after} after (unchanged)")
     if events_after != events_before or new_charges != 0 or state["status"] != "ok":
@@ -98,10 +102,10 @@ async def agent_demo(settings: Settings, agent: AgentSettings, yes: bool) -> int
         answer = input(f"promote {fork.receipt.fork_workflow_id}? [y/N] ").strip().lower()
         if answer not in ("y", "yes"):
             print("not promoted")
-            return 0
+            return [run_id, fork.receipt.fork_workflow_id]
     closed = await lab.promote(fork.receipt.fork_workflow_id, by="demo agent")
     print(f"6. promoted {fork.receipt.fork_workflow_id}; closed: {', '.join(closed)}")
-    return 0
+    return [run_id, fork.receipt.fork_workflow_id]
 
 
 def cmd_agent_demo(args: argparse.Namespace) -> int:
@@ -111,8 +115,10 @@ def cmd_agent_demo(args: argparse.Namespace) -> int:
     started = ensure_agent_services(settings)
     if server or started:
         print(f"started in the background: {', '.join((['server'] if server else []) + started)}")
+    runs: list[str] = []
     try:
-        return run(lambda: agent_demo(settings, agent, args.yes))
+        runs = run(lambda: agent_demo(settings, agent, args.yes))
+        return 0
     finally:
         if args.keep:
             print(f"kept running; Web UI {settings.ui_url}; stop with `forklab down`")
@@ -122,6 +128,12 @@ def cmd_agent_demo(args: argparse.Namespace) -> int:
                 stopped += stop_services(settings, worker=False, server=True)
             if stopped:
                 print(f"stopped what the demo started: {', '.join(stopped)}")
+        # the links stay true after the demo: the runs are in the server's database, and
+        # a server the demo stopped must be started again to show them
+        first = "`forklab up`, then " if server and not args.keep else ""
+        for where, workflow in zip(("the run", "the fork"), runs, strict=False):
+            print(f"{where} in the Web UI: {first}{settings.experiment_url(workflow)}")
+            first = ""
 
 
 def register(scenarios: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import sys
 from typing import Any
@@ -18,6 +19,7 @@ from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, run, settings_from
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
 from forklab.cli.runfork.agent_services import agent_settings
+from forklab.experiments.runfork.diff import change_lines
 from forklab.experiments.runfork.policy import PolicyError, ToolPolicy, parse_policies
 from forklab.experiments.runfork.receipt import BoundaryMode, PrefixEvent
 
@@ -152,12 +154,8 @@ async def _diff(args: argparse.Namespace) -> int:
         return 0
     print(f"common ancestor: {d.common_ancestor or '(none)'}")
     print(f"divergence step: {d.divergence_step or '(none)'}")
-    for c in d.diff.added:
-        print(f"{'added':>8} {c.path}: {json.dumps(c.after)}")
-    for c in d.diff.removed:
-        print(f"{'removed':>8} {c.path}: {json.dumps(c.before)}")
-    for c in d.diff.changed:
-        print(f"{'changed':>8} {c.path}: {json.dumps(c.before)} -> {json.dumps(c.after)}")
+    for line in change_lines(d.diff):
+        print(line)
     return 0
 
 
@@ -200,17 +198,53 @@ async def _outcome(args: argparse.Namespace) -> int:
     score = None if args.score is None else finite_number(args.score, "--score")
     lab = await _lab(args)
     await lab.steps(args.run)  # the run must exist
-    lab.outcome(args.run, args.label, score)
-    print(f"outcome of {args.run}: {args.label} (score {score})")
+    by = getpass.getuser()
+    lab.outcome(args.run, args.label, score, by)
+    if args.json:
+        _print_json({"run": args.run, "label": args.label, "score": score, "by": by})
+    else:
+        print(f"outcome of {args.run}: {args.label} (score {score})")
     return 0
 
 
 @_guard
 async def _promote(args: argparse.Namespace) -> int:
     lab = await _lab(args)
-    closed = await lab.promote(args.run)
-    print(f"promoted {args.run}; closed: {', '.join(closed) or '(none)'}")
+    by = getpass.getuser()
+    closed = await lab.promote(args.run, by)
+    if args.json:
+        _print_json({"promoted": args.run, "closed": closed, "by": by})
+    else:
+        print(f"promoted {args.run}; closed: {', '.join(closed) or '(none)'}")
     return 0
+
+
+#: Event fields ``watch_line`` shows in its columns; the rest follow as key=value.
+_WATCH_COLUMNS = ("kind", "step", "activity", "attempt")
+#: The longest value ``watch_line`` shows of an extra field (``--json`` has them whole).
+_WATCH_VALUE_WIDTH = 80
+
+
+def watch_line(offset: int, event: dict[str, Any]) -> str:
+    """One run-log event for people: offset, step, kind, activity (and its attempt when
+    it is a retry), then any other field as ``key=value``, long values cut."""
+    step = event.get("step")
+    line = (
+        f"{offset:>6}  {'step ' + str(step) if step is not None else '':<8} "
+        f"{event.get('kind', 'event')!s:<15} {event.get('activity', '')}"
+    )
+    attempt = event.get("attempt")
+    if isinstance(attempt, int) and attempt > 1:
+        line += f" (attempt {attempt})"
+    extra = []
+    for key, value in sorted(event.items()):
+        if key in _WATCH_COLUMNS:
+            continue
+        text = json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
+        if len(text) > _WATCH_VALUE_WIDTH:
+            text = text[: _WATCH_VALUE_WIDTH - 1] + "…"
+        extra.append(f"{key}={text}")
+    return "  ".join([line.rstrip(), *extra])
 
 
 @_guard
@@ -223,7 +257,10 @@ async def _watch(args: argparse.Namespace) -> int:
     while True:
         events = lab.watch(stream, after)
         for e in events:
-            print(json.dumps({"offset": e.offset, **e.event}, sort_keys=True), flush=True)
+            if args.json:  # one JSON object a line, so a reader can follow the stream
+                print(json.dumps({"offset": e.offset, **e.event}, sort_keys=True), flush=True)
+            else:
+                print(watch_line(e.offset, e.event), flush=True)
             after = e.offset
         if not args.follow:
             break
@@ -231,7 +268,8 @@ async def _watch(args: argparse.Namespace) -> int:
             if await lab.is_closed(args.run) and not lab.watch(stream, after):
                 break
             await asyncio.sleep(WATCH_POLL_SECONDS)
-    print(f"next offset: {after + 1}")
+    # where to go on from: a message, on stderr, so that stdout stays the events alone
+    print(f"next offset: {after + 1}", file=sys.stderr)
     return 0
 
 
@@ -288,11 +326,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("run")
     p.add_argument("--label", required=True)
     p.add_argument("--score", help="a finite number")
+    p.add_argument("--json", action="store_true", help="print the recorded outcome (JSON)")
     add_connection_flags(p)
     p.set_defaults(func=_runner(_outcome))
 
     p = sub.add_parser("promote", help="promote a fork; its siblings are closed (append-only)")
     p.add_argument("run")
+    p.add_argument("--json", action="store_true", help="print the promotion (JSON)")
     add_connection_flags(p)
     p.set_defaults(func=_runner(_promote))
 
@@ -300,5 +340,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("run")
     p.add_argument("--from", dest="from_offset", default="0", help="first offset")
     p.add_argument("--follow", action="store_true", help="keep waiting until the run closes")
+    p.add_argument("--json", action="store_true", help="one JSON object per event (JSON lines)")
     add_connection_flags(p)
     p.set_defaults(func=_runner(_watch))

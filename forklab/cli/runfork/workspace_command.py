@@ -10,6 +10,7 @@ Exit code 0 when every check of the evidence holds, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, open_client, run, settings_from
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.cli.runfork.agent_services import agent_settings
+from forklab.experiments.experiment.workspace_report import human_size
 from forklab.workers.config import Settings
 from forklab.workers.stores import artifact_store
 
@@ -116,17 +118,36 @@ def cmd_layers_gc(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except OSError as exc:
         raise CliError(f"{exc.filename or settings.sandboxes_dir}: {exc.strerror}") from None
+    if args.json:
+        agents = None
+        if agent_result is not None:
+            agents = {
+                "removed": len(agent_result.removed),
+                "bytes_freed": agent_result.bytes_freed,
+                "kept": agent_result.kept,
+                "live": agent_result.live,
+            }
+        data = {
+            "released_ended_runs": len(ended),
+            "removed": len(result.removed),
+            "bytes_freed": result.bytes_freed,
+            "kept": result.kept,
+            "live": result.live,
+            "agent_runs": agents,
+        }
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
     if ended:
         runs = "1 ended run" if len(ended) == 1 else f"{len(ended)} ended runs"
         print(f"released the pins of {runs} whose cleanup ran on another host")
     print(
-        f"removed {len(result.removed)} layers ({result.bytes_freed / _MIB:.1f} MiB); "
+        f"removed {len(result.removed)} layers ({human_size(result.bytes_freed)}); "
         f"kept {result.kept} ({result.live} pinned by a run or under a workspace)"
     )
     if agent_result is not None:
         print(
             f"agent runs: removed {len(agent_result.removed)} layers "
-            f"({agent_result.bytes_freed / _MIB:.1f} MiB); kept {agent_result.kept} "
+            f"({human_size(agent_result.bytes_freed)}); kept {agent_result.kept} "
             f"({agent_result.live} named by a history Temporal keeps, a fork receipt or a mount)"
         )
     return 0
@@ -141,5 +162,6 @@ def register_layers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=str(LAYER_GRACE_SECONDS),
         help=f"keep layers sealed less than this many seconds ago ({LAYER_GRACE_SECONDS:g})",
     )
+    gc.add_argument("--json", action="store_true", help="machine-readable")
     add_connection_flags(gc)
     gc.set_defaults(func=cmd_layers_gc)

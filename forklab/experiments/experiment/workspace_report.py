@@ -8,6 +8,7 @@ manifest and diff files next to the report."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from itertools import combinations
@@ -66,6 +67,9 @@ class AgentEvidence(BaseModel):
     branch: WorkspaceManifest
     end: WorkspaceManifest
     edited: dict[str, str]  # source files (not bytecode) changed since the branch → text
+    #: The same files' text at the branch ("" for a file the agent added): what the
+    #: summary diffs ``edited`` against, so it shows the edit rather than the whole file.
+    before: dict[str, str] = Field(default_factory=dict)
 
     @property
     def diverged(self) -> ManifestDiff:
@@ -180,8 +184,28 @@ def demo_checks(summary: WorkspaceDemoSummary) -> tuple[Check, ...]:
     return tuple(checks)
 
 
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+def human_size(n: int) -> str:
+    """Bytes as a person reads them: 812 B, 4.0 KiB, 50.0 MiB, 1.2 GiB."""
+    size, unit = float(n), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, bigger
+    return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+
+
+def edit_diff(path: str, before: str, after: str) -> list[str]:
+    """The unified diff of one edited file (one line of context): the edit itself."""
+    return [
+        line.rstrip("\n")
+        for line in difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            f"a/{path}",
+            f"b/{path}",
+            n=1,
+        )
+    ]
 
 
 def render_markdown(summary: WorkspaceDemoSummary) -> str:
@@ -189,14 +213,15 @@ def render_markdown(summary: WorkspaceDemoSummary) -> str:
     lines = [
         "# Coding agent, forked three ways",
         "",
-        f"Workspace: {_mib(f.workspace_bytes)} ({summary.blob} and the `calc` package). "
+        f"Workspace: {human_size(f.workspace_bytes)} ({summary.blob} and the `calc` package). "
         f"Checkpoint at the branch: state `{summary.checkpoint.state_sha256[:16]}`, "
         f"layer `{(summary.checkpoint.layer or '')[:16]}`.",
         "",
         f"- sealing the starting workspace (once): {f.import_seconds * 1000:.1f} ms",
         f"- fork into {len(summary.agents) - 1} children: **{f.fork_seconds * 1000:.1f} ms** "
-        f"(hashed {f.hashed_bytes} bytes the source wrote since its last freeze)",
-        f"- extra disk used by the children right after the fork: {f.children_extra_bytes} bytes",
+        f"(hashed {human_size(f.hashed_bytes)} the source wrote since its last freeze)",
+        "- extra disk used by the children right after the fork: "
+        f"{human_size(f.children_extra_bytes)}",
         "",
         "| agent | workspace | tests | unexpected successes | changed since branch |",
         "|---|---|---|---|---|",
@@ -212,7 +237,8 @@ def render_markdown(summary: WorkspaceDemoSummary) -> str:
     lines += [f"- {'✅' if c.ok else '❌'} **{c.name}**: {c.detail}" for c in summary.checks]
     for a in summary.agents:
         for path, text in sorted(a.edited.items()):
-            lines += ["", f"## `{path}` in {a.name}", "", "```python", text.rstrip(), "```"]
+            diff = edit_diff(path, a.before.get(path, ""), text)
+            lines += ["", f"## `{path}` in {a.name}", "", "```diff", *diff, "```"]
     lines += ["", "## Blob md5", ""]
     lines += [f"- {a.name}: `{_md5(a.end, summary.blob)}`" for a in summary.agents]
     return "\n".join(lines) + "\n"

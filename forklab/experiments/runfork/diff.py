@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -67,3 +68,23 @@ def divergence_step(a: Sequence[Hashable], b: Sequence[Hashable]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b)) + 1
+
+
+def _value(value: Any, width: int) -> str:
+    """``value`` as JSON, cut to ``width`` characters with an ellipsis (a model's answer
+    can run to pages; the line must still read as one change)."""
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def change_lines(diff: StateDiff, width: int | None = None) -> list[str]:
+    """One line per change with its values: ``added path: value``, ``removed path:
+    value``, ``changed path: before -> after``; values cut to ``width`` if given."""
+    w = width or 10**9
+    lines = [f"{'added':>8} {c.path}: {_value(c.after, w)}" for c in diff.added]
+    lines += [f"{'removed':>8} {c.path}: {_value(c.before, w)}" for c in diff.removed]
+    lines += [
+        f"{'changed':>8} {c.path}: {_value(c.before, w)} -> {_value(c.after, w)}"
+        for c in diff.changed
+    ]
+    return lines

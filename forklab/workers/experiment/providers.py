@@ -28,6 +28,7 @@ from forklab.activities.experiment.readout import ReadoutConfig
 from forklab.activities.sandbox.base import SandboxBackend, SandboxError
 from forklab.activities.sandbox.local import LocalSandboxBackend
 from forklab.workers.config import ConfigError, Settings
+from forklab.workers.extras import Extra, require_extra
 
 if TYPE_CHECKING:
     from forklab.activities.sandbox.daytona import DaytonaOptions
@@ -46,6 +47,7 @@ DAYTONA_ENV = {
 def daytona_options(env: Mapping[str, str]) -> DaytonaOptions:
     # imported on use: the SDK's HTTP stack must stay out of Temporal's workflow sandbox,
     # which imports this module with the worker's
+    require_extra(Extra.daytona, "FORKLAB_SANDBOX=daytona")
     from forklab.activities.sandbox.daytona import DaytonaOptions
 
     values = {field: env[var] for field, var in DAYTONA_ENV.items() if env.get(var)}
@@ -68,6 +70,7 @@ def sandbox_backend(settings: Settings, env: Mapping[str, str] | None = None) ->
         return LocalSandboxBackend(settings.sandboxes_dir)
     if kind != "daytona":
         raise ConfigError(f"FORKLAB_SANDBOX is {kind!r}; use local or daytona")
+    require_extra(Extra.daytona, "FORKLAB_SANDBOX=daytona")
     from forklab.activities.sandbox.daytona import DaytonaSandboxBackend
 
     try:
@@ -121,6 +124,7 @@ def braintrust_config(env: Mapping[str, str] | None = None) -> BraintrustConfig 
                 "to log nothing"
             )
         return None
+    require_extra(Extra.braintrust, "BRAINTRUST_API_KEY")
     values = {"api_key": key}
     if env.get("BRAINTRUST_APP_URL"):
         values["app_url"] = env["BRAINTRUST_APP_URL"]

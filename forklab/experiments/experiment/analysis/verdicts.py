@@ -135,3 +135,35 @@ def effect_check(verdicts: list[WorldVerdict]) -> Check:
         reason=reason,
         kind=CheckKind.effect,
     )
+
+
+def predictions_text(verdicts: list[tuple[str, Verdict]]) -> str:
+    """The hypothesis as a count of its predictions (one per world), naming the worlds
+    whose prediction did not hold, grouped by verdict: "5 of 7 predictions supported;
+    jitter and queue-memory inconclusive". A reader sees at once how much of the
+    hypothesis held, rather than a bare "not supported" over a mostly-supported spec."""
+    held = sum(1 for _, v in verdicts if v is Verdict.supported)
+    noun = "prediction" if len(verdicts) == 1 else "predictions"
+    parts = [f"{held} of {len(verdicts)} {noun} supported"]
+    for verdict in (Verdict.refuted, Verdict.inconclusive, Verdict.invalid):
+        names = [world for world, v in verdicts if v is verdict]
+        if names:
+            listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+            parts.append(f"{listed} {verdict.value}")
+    return "; ".join(parts)
+
+
+def hypothesis_headline(valid: bool, verdicts: list[tuple[str, Verdict]]) -> str:
+    """One sentence: is the hypothesis judged, and how many of its predictions held."""
+    if not valid:
+        return "Hypothesis not judged: the experiment is invalid."
+    if not verdicts:
+        return "Hypothesis not judged: no world to compare with the baseline."
+    held = sum(1 for _, v in verdicts if v is Verdict.supported)
+    if held == len(verdicts):
+        how = "supported"
+    elif held:
+        how = "partly supported"
+    else:
+        how = "not supported"
+    return f"Hypothesis {how}: {predictions_text(verdicts)}."

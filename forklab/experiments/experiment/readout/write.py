@@ -9,8 +9,9 @@ each cites.
 
 from __future__ import annotations
 
+from forklab.experiments.experiment.analysis.verdicts import Verdict, hypothesis_headline
 from forklab.experiments.experiment.readout.check import baseline_pair
-from forklab.experiments.experiment.readout.packet import EvidencePacket, hypothesis_supported
+from forklab.experiments.experiment.readout.packet import EvidencePacket
 from forklab.experiments.experiment.readout.schema import (
     Claim,
     FigureName,
@@ -45,16 +46,11 @@ def _validity(packet: EvidencePacket) -> str:
 
 
 def _hypothesis(packet: EvidencePacket) -> str:
-    """Did the effects go the pre-registered way: the effect checks."""
-    supported = hypothesis_supported(packet)
-    if supported is None:
-        return "Hypothesis not judged: the experiment is not valid."
-    if not supported:
-        failed = [c.name for c in packet.checks if c.kind is CheckKind.effect and not c.passed]
-        return (
-            f"Hypothesis not supported: {', '.join(failed)} failed; each world's verdict follows."
-        )
-    return "Hypothesis supported: every world moved as pre-registered."
+    """Did the effects go the pre-registered way: how many of the hypothesis's
+    predictions (one per world) held, naming the others."""
+    return hypothesis_headline(
+        packet.valid, [(v.world, Verdict(v.verdict)) for v in packet.verdicts]
+    )
 
 
 def _figures(claim: Claim, packet: EvidencePacket) -> str:
@@ -104,13 +100,15 @@ def written_readout(claims: ModelReadout, packet: EvidencePacket) -> WrittenRead
     if packet.budget is not None:
         b = packet.budget
         caveats.append(
-            f"Spent {b.world_seconds_spent:g} of {b.world_seconds_budget:g} world-seconds, "
-            f"at most {b.peak_concurrent_sandboxes} sandboxes at once."
+            f"Spent {b.world_seconds_spent:.1f} of {b.world_seconds_budget:g} world-seconds, "
+            f"at most {b.peak_concurrent_sandboxes} "
+            f"{'sandbox' if b.peak_concurrent_sandboxes == 1 else 'sandboxes'} at once."
         )
     if packet.guard is not None:
         g = packet.guard
         caveats.append(
-            f"Guard for {g.world} (when {g.rule}): net {g.held_out_net_before} before, "
-            f"{g.held_out_net_after} after, on {g.held_out_episodes} held-out episodes."
+            f"Guard for {g.world}: {g.rule}. On {g.held_out_episodes} held-out episodes its "
+            f"net is {g.held_out_net_after:+d}, against {g.held_out_net_before:+d} when "
+            f"{g.world} is always applied."
         )
     return WrittenReadout(summary=summary, findings=findings, caveats=caveats)

@@ -26,7 +26,7 @@ def _indented(text: str, indent: int) -> str:
     return "\n".join([first, *(" " * indent + line if line else "" for line in rest)])
 
 
-def _table(t: Table) -> list[str]:
+def text_table(t: Table) -> list[str]:
     widths = [max([len(h), *(len(r[i]) for r in t.rows)]) for i, h in enumerate(t.headers)]
     out = [
         "  ".join(h.ljust(w) for h, w in zip(t.headers, widths, strict=True)),
@@ -53,14 +53,14 @@ def render_text(report: Report) -> str:
         hypothesis_text(report)[1],
         "",
     ]
-    lines += _table(worlds_table(report))
+    lines += text_table(worlds_table(report))
     lines.append("")
-    lines += _table(comparisons_table(report))
+    lines += text_table(comparisons_table(report))
     for c in report.comparisons:
         effects = c.slice_effects + c.interaction_effects
         if effects:
             lines += ["", f"slices: {c.world} vs {c.vs}"]
-            lines += _table(slices_table(report, effects))
+            lines += text_table(slices_table(report, effects))
     lines += ["", "validity checks"]
     lines += [
         f"  [{'PASS' if c.passed else 'FAIL'}] {c.name}: {c.reason}"

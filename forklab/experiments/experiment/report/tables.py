@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from forklab.experiments.experiment.analysis.guard import GuardEvaluation
 from forklab.experiments.experiment.analysis.slices import SliceEffect, feature_text
+from forklab.experiments.experiment.analysis.verdicts import Verdict, hypothesis_headline
 from forklab.experiments.experiment.report.model import Report
 from forklab.experiments.experiment.results import CheckKind
 
@@ -40,16 +41,14 @@ def validity_text(report: Report) -> tuple[bool, str]:
 
 
 def hypothesis_text(report: Report) -> tuple[bool | None, str]:
-    """Whether the effects support the hypothesis (its effect checks); ``None`` when the
-    experiment is invalid and so cannot support anything."""
+    """Whether the effects support the hypothesis (every prediction held), and the
+    headline counting its predictions; ``None`` when the experiment is invalid and so
+    cannot support anything."""
+    headline = hypothesis_headline(report.valid, [(v.world, v.verdict) for v in report.verdicts])
     if not report.valid:
-        return None, "Hypothesis not judged: the experiment is invalid."
-    effect = [c for c in report.checks if c.kind is CheckKind.effect]
-    if effect and all(c.passed for c in effect):
-        return True, "Hypothesis supported: " + "; ".join(c.reason for c in effect) + "."
-    misses = "; ".join(c.reason.removeprefix("not supported: ") for c in effect if not c.passed)
-    misses = misses or "no effect check"
-    return False, f"Hypothesis not supported: {misses}."
+        return None, headline
+    held = bool(report.verdicts) and all(v.verdict is Verdict.supported for v in report.verdicts)
+    return held, headline
 
 
 def guard_verdict_row(report: Report) -> list[str] | None:
