@@ -144,11 +144,3 @@ def evidence_packet(report: Report) -> EvidencePacket:
             peak_concurrent_sandboxes=infra.peak_concurrent_sandboxes,
         ),
     )
-
-
-def hypothesis_supported(packet: EvidencePacket) -> bool | None:
-    """Did the effects go the pre-registered way (every effect check passed); None when
-    the experiment is not valid, so the hypothesis is not judged."""
-    if not packet.valid:
-        return None
-    return all(c.passed for c in packet.checks if c.kind is CheckKind.effect)
