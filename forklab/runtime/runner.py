@@ -182,18 +182,43 @@ class _Known:
       the state alone, so an identical state met again is neither encoded, hashed nor
       parsed again (and passed the JSON check when first met). Nothing of the workload
       is skipped: every episode still runs its prefix and every world in full.
+
+    Each table counts its lookups and hits; ``review`` (after the batch's first
+    ``PROBE_EPISODES``) stops keying a table that does not pay: where every episode's
+    state is its own, a key is work that never saves any.
     """
 
-    __slots__ = ("features", "keep", "states")
+    __slots__ = ("feature_hits", "feature_lookups", "features", "keep", "state_hits", "states")
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
-        self.features: dict[bytes, dict[str, Feature]] = {}
+        self.features: dict[bytes, dict[str, Feature]] | None = {}
         self.states: dict[bytes, tuple[str, str, State, bool]] = {}
+        self.state_hits = self.feature_hits = self.feature_lookups = 0
+
+    def review(self, episodes: int) -> None:
+        """Turn off what paid too little over the first ``episodes`` (one state lookup
+        each; a feature lookup each when the feature dict could be keyed)."""
+        if self.keep and not pays(self.state_hits, episodes):
+            self.keep = 0
+            self.states = {}
+        if self.features is not None and not pays(self.feature_hits, self.feature_lookups):
+            self.features = None
 
 
 #: How many distinct checkpoint states a batch keeps (a few MB at most).
 STATES_KEPT = 4096
+
+#: Episodes a batch watches its caches (the memo, the checkpoint texts, the checked
+#: feature dicts) over before it decides which of them pay; see ``pays``.
+PROBE_EPISODES = 256
+
+
+def pays(hits: int, lookups: int) -> bool:
+    """Whether a cache that hit ``hits`` times in ``lookups`` pays for its keys: a hit
+    saves a whole run (or encoding, or check) and a key costs a small part of one, so one
+    hit in eight lookups is ample; none in many is a cache of distinct states."""
+    return hits * 8 >= lookups
 
 
 def _exact_key(value: Any) -> bytes | None:
@@ -245,7 +270,9 @@ def _prefix_from(
     key = _exact_key(state) if known.keep else None
     entry = known.states.get(key) if key is not None else None
     shared = entry is not None
-    if entry is None:
+    if entry is not None:
+        known.state_hits += 1
+    else:
         # The text is the checkpoint. Reading it back once both checks the contract (the
         # state is JSON that reads back equal) and gives the state the worlds fork from.
         try:
@@ -266,14 +293,22 @@ def _prefix_from(
         found = workload.features(state)
     except Exception as exc:
         raise from_exception(workload, exc, where(episode, None, steps)) from exc
-    fkey = _exact_key(found) if type(found) is dict else None
-    features = known.features.get(fkey) if fkey is not None else None
+    table = known.features
+    fkey = _exact_key(found) if table is not None and type(found) is dict else None
+    features = None
+    if fkey is not None:
+        assert table is not None
+        known.feature_lookups += 1
+        features = table.get(fkey)
+        if features is not None:
+            known.feature_hits += 1
     if features is None:
         kinds = feature_kinds(type(workload))
         check_features(workload, found, kinds, where(episode, None, steps))
         features = found
         if fkey is not None:
-            known.features[fkey] = found
+            assert table is not None
+            table[fkey] = found
     checkpoint: Checkpoint = {
         "episode": episode,
         "requested": requested,
@@ -481,8 +516,13 @@ def run_batch(
     randomness is reused for every episode that reaches an identical state: it is a pure
     function of the state it started from (the workload contract: state, params and
     shock draws decide everything). Continuations that drew anything are always run.
-    ``memo=False`` runs every episode in full (what the engine benchmark also reports).
-    A workload with a workspace takes ``_run_batch_files`` (files are not memoised).
+    The memo pays only where states repeat: each of its two tables (prefixes by start
+    state, continuations by checkpoint and world) counts its hits over the batch's first
+    ``PROBE_EPISODES`` and turns itself off for the rest of the batch when it does not
+    pay (``pays``), as do the checkpoint caches of ``_Known``. Turning a cache off changes
+    no result, only what is worked out again. ``memo=False`` runs every episode in full
+    (what the engine benchmark also reports). A workload with a workspace takes
+    ``_run_batch_files`` (files are not memoised).
     """
     if workload.has_workspace:
         return _run_batch_files(workload, seed, episodes, worlds)
@@ -510,21 +550,29 @@ def run_batch(
     copies = [sum(w.forks for w in worlds[i:]) for i in range(len(worlds))]
     # a reused prefix: its checkpoint, its state when kept in ``known`` (else None: read
     # back again, since the last world changes the state it is given), whether it is flat
-    prefixes: dict[str, tuple[Checkpoint, State | None, bool]] = {}
-    continuations: dict[tuple[str, int], tuple[bool, bool, str]] = {}
-    for episode in episodes:
+    prefixes: dict[str, tuple[Checkpoint, State | None, bool]] | None = {} if memo else None
+    continuations: dict[tuple[str, int], tuple[bool, bool, str]] | None = {} if memo else None
+    prefix_hits = continuation_hits = continuation_lookups = 0
+    for count, episode in enumerate(episodes):
+        if count == PROBE_EPISODES:  # the probe is over: keep only the caches that paid
+            known.review(count)
+            if prefixes is not None and not pays(prefix_hits, count):
+                prefixes = None
+            if continuations is not None and not pays(continuation_hits, continuation_lookups):
+                continuations = None
         state, shocks = _start(workload, seed, episode)
         hit: tuple[Checkpoint, State | None, bool] | None = None
-        if memo:
+        if prefixes is not None:
             key = repr(state)  # exact for JSON values; only needs to be stable in-process
             hit = prefixes.get(key)
         if hit is None:
             cp, drawn, parsed, shared, flat = _prefix_from(
                 workload, seed, episode, state, shocks, known
             )
-            if memo and not drawn:
+            if prefixes is not None and not drawn:
                 prefixes[key] = (cp, parsed if shared else None, flat)
         else:
+            prefix_hits += 1
             cp, kept, flat = hit
             shared = kept is not None
             parsed = kept if kept is not None else parse_canonical(cp["state"])
@@ -535,14 +583,19 @@ def run_batch(
         features.append(cp["features"])
         fork: _Fork | None = None
         for index, world, params, add_outcome, add_intervened, add_shocks in plans:
-            result = continuations.get((sha, index)) if memo else None
+            result = None
+            if continuations is not None:
+                continuation_lookups += 1
+                result = continuations.get((sha, index))
             if result is None:
                 if fork is None:
                     fork = _Fork(parsed, copies[index], shared, flat)
                 ok, did, fp, drawn = _finish(workload, fork, seed, episode, world, params, shocks)
                 result = (ok, did, fp)
-                if memo and not drawn:
+                if continuations is not None and not drawn:
                     continuations[(sha, index)] = result
+            else:
+                continuation_hits += 1
             add_outcome(result[0])
             add_intervened(result[1])
             add_shocks(result[2])

@@ -10,7 +10,8 @@ from __future__ import annotations
 from forklab.experiments.experiment.analysis.checks import validity_checks
 from forklab.experiments.experiment.analysis.columns import FeatureColumns, as_bools
 from forklab.experiments.experiment.analysis.evidence import rank_evidence
-from forklab.experiments.experiment.analysis.guard import HeldOutRunner, guard_policy, guard_world
+from forklab.experiments.experiment.analysis.guard import HeldOutRunner, guard_policy
+from forklab.experiments.experiment.analysis.held_out_plan import guard_world
 from forklab.experiments.experiment.analysis.pairs import (
     CONFIDENCE,
     PairedEffect,
