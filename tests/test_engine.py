@@ -340,6 +340,28 @@ def test_the_crn_check_fails_when_worlds_see_different_shocks() -> None:
     assert not check.passed and "refresh" in check.reason
 
 
+def test_a_sampled_crn_check_still_fails_and_states_its_rate() -> None:
+    """The twin fingerprints every 8th episode of a large run: a workload whose worlds draw
+    differently still fails the check, and a faithful one passes saying what it checked.
+    Episodes between the fingerprinted ones report UNCHECKED in every world."""
+    from forklab.experiments.experiment.analysis.checks import common_random_numbers
+    from forklab.experiments.experiment.outcomes import from_batch
+    from forklab.runtime.crn import UNCHECKED
+
+    good = run_batch(CounterRecovery({"noise": 0.2}), 0, range(80), WORLDS, fingerprint_every=8)
+    shocks = good["worlds"]["baseline"]["shocks"]
+    assert all((s == UNCHECKED) == bool(e % 8) for e, s in enumerate(shocks))
+    check = common_random_numbers(from_batch(good, "c", "s", 1.0))
+    assert check.passed and "10 of 80 episodes fingerprinted (a 12.5% sample" in check.reason
+    full = run_batch(CounterRecovery({"noise": 0.2}), 0, range(80), WORLDS)
+    for name, cols in full["worlds"].items():
+        assert cols["outcomes"] == good["worlds"][name]["outcomes"]
+        assert cols["shocks"][::8] == good["worlds"][name]["shocks"][::8]
+    bad = run_batch(DivergentDraws({}), 0, range(80), WORLDS, fingerprint_every=8)
+    check = common_random_numbers(from_batch(bad, "c", "s", 1.0))
+    assert not check.passed and "refresh" in check.reason
+
+
 def test_outcomes_digest_is_the_digest_of_the_canonical_json() -> None:
     from forklab.experiments.experiment.outcomes import outcomes_digest
     from forklab.runtime.canon import digest

@@ -30,7 +30,7 @@ from forklab.runtime.contract import (
     violation,
     where,
 )
-from forklab.runtime.crn import Block, EpisodeDraws, Shocks
+from forklab.runtime.crn import Block, EpisodeDraws, Shocks, UntrackedShocks
 from forklab.runtime.file_format import (
     Batch,
     Checkpoint,
@@ -159,10 +159,10 @@ def _folder_digest(workload: Workload, folder: Path, at: str) -> str:
         raise violation(workload, "step", what, at) from None
 
 
-def _start(
-    workload: Workload, seed: int, episode: int, draws: EpisodeDraws | None = None
-) -> tuple[State, Shocks]:
-    shocks = Shocks(seed, episode, 0, draws)
+def _start(workload: Workload, seed: int, episode: int) -> tuple[State, Shocks]:
+    """The episode's initial state, and the shocks its prefix draws from (no record of
+    which: nothing compares a prefix's fingerprint)."""
+    shocks = UntrackedShocks(seed, episode)
     try:
         state = workload.initial_state(seed + episode, shocks)
     except Exception as exc:
@@ -178,10 +178,11 @@ class _Known:
     - ``features``: each distinct feature dict, checked against ``feature_types`` once
       and then shared by every episode that records an identical one;
     - ``states``: for up to ``keep`` distinct checkpoint states, the canonical text, its
-      sha256, the state read back from it and whether it is flat. All are functions of
-      the state alone, so an identical state met again is neither encoded, hashed nor
-      parsed again (and passed the JSON check when first met). Nothing of the workload
-      is skipped: every episode still runs its prefix and every world in full.
+      sha256, the state read back from it, whether it is flat and its checked features.
+      All are functions of the state alone (``features`` only reads the state, the
+      workload contract), so an identical state met again is neither encoded, hashed,
+      parsed nor asked for its features again (it passed the JSON and feature checks when
+      first met). Every episode still runs its prefix and every world in full.
 
     Each table counts its lookups and hits; ``review`` (after the batch's first
     ``PROBE_EPISODES``) stops keying a table that does not pay: where every episode's
@@ -193,7 +194,7 @@ class _Known:
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self.features: dict[bytes, dict[str, Feature]] | None = {}
-        self.states: dict[bytes, tuple[str, str, State, bool]] = {}
+        self.states: dict[bytes, tuple[str, str, State, bool, dict[str, Feature]]] = {}
         self.state_hits = self.feature_hits = self.feature_lookups = 0
 
     def review(self, episodes: int) -> None:
@@ -284,31 +285,12 @@ def _prefix_from(
             method = "step" if steps else "initial_state"
             check_state(workload, state, text, method, where(episode, None, steps))
         assert text is not None and parsed is not None  # check_state raised otherwise
-        entry = (text, sha256(text.encode()).hexdigest(), parsed, _is_flat(text))
+        features = _checked_features(workload, state, known, where(episode, None, steps))
+        entry = (text, sha256(text.encode()).hexdigest(), parsed, _is_flat(text), features)
         if key is not None and len(known.states) < known.keep:
             known.states[key] = entry
             shared = True
-    text, digest, parsed, flat = entry
-    try:
-        found = workload.features(state)
-    except Exception as exc:
-        raise from_exception(workload, exc, where(episode, None, steps)) from exc
-    table = known.features
-    fkey = _exact_key(found) if table is not None and type(found) is dict else None
-    features = None
-    if fkey is not None:
-        assert table is not None
-        known.feature_lookups += 1
-        features = table.get(fkey)
-        if features is not None:
-            known.feature_hits += 1
-    if features is None:
-        kinds = feature_kinds(type(workload))
-        check_features(workload, found, kinds, where(episode, None, steps))
-        features = found
-        if fkey is not None:
-            assert table is not None
-            table[fkey] = found
+    text, digest, parsed, flat, features = entry
     checkpoint: Checkpoint = {
         "episode": episode,
         "requested": requested,
@@ -318,6 +300,31 @@ def _prefix_from(
         "features": features,
     }
     return checkpoint, shocks.drawn, parsed, shared, flat
+
+
+def _checked_features(
+    workload: Workload, state: State, known: _Known, at: str
+) -> dict[str, Feature]:
+    """``features(state)``, checked against ``feature_types`` (once per distinct feature
+    dict while ``known`` keeps them)."""
+    try:
+        found = workload.features(state)
+    except Exception as exc:
+        raise from_exception(workload, exc, at) from exc
+    table = known.features
+    fkey = _exact_key(found) if table is not None and type(found) is dict else None
+    if fkey is not None:
+        assert table is not None
+        known.feature_lookups += 1
+        features = table.get(fkey)
+        if features is not None:
+            known.feature_hits += 1
+            return features
+    check_features(workload, found, feature_kinds(type(workload)), at)
+    if fkey is not None:
+        assert table is not None
+        table[fkey] = found
+    return found
 
 
 class _Fork:
@@ -367,6 +374,7 @@ def _finish(
     params: dict[str, Any],
     prefix: Shocks,
     folders: FolderFork | None = None,
+    tracked: bool = True,
 ) -> tuple[bool, bool, str, bool]:
     """Fork into ``world`` and finish it: (success, intervened, fingerprint, drew).
 
@@ -374,6 +382,8 @@ def _finish(
     (distinct agent streams) and the outcome is their majority vote. ``folders`` hands
     each replicate its folder (workloads with a workspace). Every replicate shares the
     table of random words of ``prefix`` (the episode's prefix run, or a stand-in).
+    Without ``tracked`` the world keeps no record of its draws and its fingerprint is
+    ``UNCHECKED``.
     """
     votes = 0
     intervened = drawn = False
@@ -382,11 +392,12 @@ def _finish(
     guard = world.guard
     limit = workload.max_steps
     done, step = workload.done, workload.step
+    shocks_of = Shocks if tracked else UntrackedShocks
     for replicate in range(world.forks):
         state = fork.take()
         if folders is not None:
             workload.workspace = folders.take()
-        shocks = Shocks(seed, episode, replicate, source=prefix)
+        shocks = shocks_of(seed, episode, replicate, source=prefix)
         steps = 0
         try:
             workload.schedule_shocks(state, shocks)
@@ -508,6 +519,7 @@ def run_batch(
     episodes: Sequence[int],
     worlds: Sequence[WorldPlan],
     memo: bool = True,
+    fingerprint_every: int = 1,
 ) -> Batch:
     """The local twin's inner loop: each prefix once, then every world from it.
 
@@ -523,6 +535,12 @@ def run_batch(
     no result, only what is worked out again. ``memo=False`` runs every episode in full
     (what the engine benchmark also reports). A workload with a workspace takes
     ``_run_batch_files`` (files are not memoised).
+
+    ``fingerprint_every``: the worlds of episode ``e`` fingerprint their shocks when
+    ``e`` is a multiple of it (every episode by default); in the others they keep no
+    record of their draws and report ``UNCHECKED`` (``NO_SHOCKS`` if they drew nothing;
+    either way the same in every world of a faithful workload, so the common-random-numbers
+    check still compares every episode, and compares fingerprints in the others).
     """
     if workload.has_workspace:
         return _run_batch_files(workload, seed, episodes, worlds)
@@ -577,6 +595,7 @@ def run_batch(
             shared = kept is not None
             parsed = kept if kept is not None else parse_canonical(cp["state"])
         sha = cp["sha256"]
+        tracked = not episode % fingerprint_every
         requested.append(cp["requested"])
         resolved.append(cp["resolved"])
         shas.append(sha)
@@ -590,7 +609,9 @@ def run_batch(
             if result is None:
                 if fork is None:
                     fork = _Fork(parsed, copies[index], shared, flat)
-                ok, did, fp, drawn = _finish(workload, fork, seed, episode, world, params, shocks)
+                ok, did, fp, drawn = _finish(
+                    workload, fork, seed, episode, world, params, shocks, None, tracked
+                )
                 result = (ok, did, fp)
                 if continuations is not None and not drawn:
                     continuations[(sha, index)] = result

@@ -18,7 +18,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from forklab.experiments.experiment.analysis.held_out_plan import held_out_plan
-from forklab.experiments.experiment.chunks import ChunkArgs, chunk_columns, chunks, run_chunk
+from forklab.experiments.experiment.chunks import (
+    ChunkArgs,
+    chunk_columns,
+    chunks,
+    fingerprint_every,
+    run_chunk,
+)
 from forklab.experiments.experiment.columnar import ColumnBatch, merge_columns
 from forklab.experiments.experiment.outcomes import ExperimentOutcomes, from_batch
 from forklab.experiments.experiment.spec import ExperimentSpec, resolve_workload
@@ -76,8 +82,9 @@ def _chunk_args(
     batched: bool,
 ) -> list[ChunkArgs]:
     params = dict(resolve_workload(spec).params)
+    every = fingerprint_every(len(episodes))
     return [
-        (spec.workload.name, params, spec.seed, chunk, plans, memo, batched)
+        (spec.workload.name, params, spec.seed, chunk, plans, memo, batched, every)
         for chunk in chunks(episodes, count)
     ]
 
@@ -103,8 +110,9 @@ def run_twin(
     processes = _processes(len(eps), plans, processes)
     start = time.perf_counter()
     if processes == 1:
+        every = fingerprint_every(len(eps))
         parts = [
-            chunk_columns(workload, spec.seed, chunk, plans, memo, batched)
+            chunk_columns(workload, spec.seed, chunk, plans, memo, batched, every)
             for chunk in chunks(eps, 1)
         ]
     else:
