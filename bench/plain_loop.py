@@ -157,18 +157,148 @@ def compare(name: str, episodes: int, repeat: int, folder: Path) -> bool:
     return same
 
 
+PROFILE = r"""
+import cProfile, json, os, pstats, resource, sys, time
+
+from forklab.activities.experiment.twin import run_twin, TwinRehearsal
+from forklab.cli.experiment.specfile import load_spec
+from forklab.experiments.experiment.analysis.build import build_report
+from forklab.experiments.experiment.analysis.held_out_plan import held_out_plan
+from forklab.experiments.experiment.outcomes import from_batch
+from forklab.experiments.experiment.report.render_text import render_text
+
+spec = load_spec(sys.argv[1])
+module = sys.modules[type(__import__("forklab.experiments.experiment.spec", fromlist=["x"])
+                         .resolve_workload(spec)).__module__].__file__
+ahead = held_out_plan(spec)
+runs = [(range(spec.episodes), None)] + ([ahead] if ahead else [])
+
+
+def cpu():
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+# 1. the twin in one process under cProfile: where its CPU goes, by stage (shares)
+profile = cProfile.Profile()
+profile.enable()
+for episodes, plans in runs:
+    run_twin(spec, episodes=episodes, worlds=plans, processes=1)
+profile.disable()
+stats = pstats.Stats(profile).stats
+
+
+def stage(file, name):
+    if file == module:
+        return "workload code"
+    base = os.path.basename(file)
+    if base == "crn.py" or name in ("<method 'digest' of '_blake2.blake2b' objects>",
+            "<method 'update' of '_blake2.blake2b' objects>",
+            "<method 'copy' of '_blake2.blake2b' objects>", "<built-in method from_bytes>"):
+        return "shock draws"
+    if base == "canon.py" or name in ("_Fork.take", "_exact_key", "_is_flat", "_Fork.__init__") or (
+            "marshal" in name or "sha256" in name or "hexdigest" in name):
+        return "checkpoint encode/decode"
+    if base == "contract.py" or name == "_checked_features":
+        return "contract checks"
+    if base in ("columnar.py", "chunks.py", "vector.py"):
+        return "columns"
+    if base == "runner.py":
+        return "runner bookkeeping"
+    return None
+
+
+shares = {}
+for (file, line, func), (cc, nc, tt, ct, callers) in stats.items():
+    name = func
+    if file == "~":  # a builtin: its time goes to the stage of whoever called it
+        named = stage(file, name)
+        if named is not None:
+            shares[named] = shares.get(named, 0.0) + tt
+            continue
+        for (cfile, cline, cfunc), edge in callers.items():
+            key = stage(cfile, cfunc) or "other"
+            shares[key] = shares.get(key, 0.0) + edge[2]
+        continue
+    qual = func
+    if file.endswith("runner.py") and func in ("take", "__init__"):
+        qual = "_Fork." + func
+    key = stage(file, qual) or "other"
+    shares[key] = shares.get(key, 0.0) + tt
+total = sum(shares.values())
+
+# 2. the same, measured (no profiler): the twin on one process, then on the pool with the
+#    held-out chunks, then the analysis and the report
+start = cpu()
+for episodes, plans in runs:
+    run_twin(spec, episodes=episodes, worlds=plans, processes=1)
+one = cpu() - start
+start, wall = cpu(), time.perf_counter()
+with TwinRehearsal(spec) as twin:
+    out = twin.outcomes("bench")
+    held = twin.held_out
+    if ahead:
+        held(spec, *ahead)
+    pool_wall = time.perf_counter() - wall
+pool = cpu() - start
+start = cpu()
+report = build_report(spec, out, "bench", held_out=held)
+analysis = cpu() - start
+start = cpu()
+render_text(report)
+report.model_dump_json(indent=2)
+rendered = cpu() - start
+print(json.dumps({"shares": {k: v / total for k, v in shares.items()}, "one": one,
+                  "pool": pool, "pool_wall": pool_wall, "processes": twin.processes,
+                  "analysis": analysis, "report": rendered}))
+"""
+
+IMPORTS = (
+    "import forklab.cli.main, forklab.cli.experiment.rehearsal, "
+    "forklab.experiments.experiment.analysis.build, "
+    "forklab.experiments.experiment.report.render_text"
+)
+
+
+def profile(name: str, episodes: int, folder: Path) -> None:
+    """Where ``forklab plan``'s CPU goes, stage by stage (see ``PROFILE``)."""
+    spec, path = scaled_spec(name, episodes, folder)
+    imports = measure([sys.executable, "-c", IMPORTS], EXAMPLES)
+    plain = measure([sys.executable, "-c", PLAIN, json.dumps(spec)], EXAMPLES)
+    got = json.loads(measure([sys.executable, "-c", PROFILE, str(path)], EXAMPLES)["stdout"])
+    print(f"\n{name}, {episodes:,} episodes: CPU seconds by stage [load {load()}]")
+    print(f"  plain loop (whole process)                 {plain['cpu']:7.2f}")
+    print(f"  interpreter start and imports              {imports['cpu']:7.2f}")
+    print(f"  twin, one process (experiment + held-out)  {got['one']:7.2f}")
+    for stage, share in sorted(got["shares"].items(), key=lambda kv: -kv[1]):
+        print(f"    {stage:<40} {share:6.1%}  (cProfile's share)")
+    print(
+        f"  twin on the pool ({got['processes']} processes, CPU of all)   {got['pool']:7.2f}"
+        f"  (pool: {got['pool'] - got['one']:+.2f} against one process; "
+        f"{got['pool_wall']:.2f} s wall)"
+    )
+    print(f"  analysis (held-out batch already run)      {got['analysis']:7.2f}")
+    print(f"  report (text + JSON)                       {got['report']:7.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--episodes", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", choices=sorted(WORKLOADS), default=None)
+    parser.add_argument(
+        "--profile", action="store_true", help="also print the CPU of each stage of a plan"
+    )
     args = parser.parse_args()
     print(f"cores: {os.cpu_count()}, load average (1, 5, 15 min): {load()}")
     names = [args.only] if args.only else list(WORKLOADS)
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            ok = compare(name, args.episodes, args.repeat, Path(tmp)) and ok
+            if args.repeat:
+                ok = compare(name, args.episodes, args.repeat, Path(tmp)) and ok
+            if args.profile:
+                profile(name, args.episodes, Path(tmp))
     return 0 if ok else 1
 
 

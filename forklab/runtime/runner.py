@@ -46,6 +46,7 @@ from forklab.runtime.files import (
     checkpoint_digest,
     folder_digest,
 )
+from forklab.runtime.vote import vote_decided
 from forklab.runtime.workload import Feature, State, Workload, WorkloadError
 
 if TYPE_CHECKING:
@@ -375,11 +376,14 @@ def _finish(
     prefix: Shocks,
     folders: FolderFork | None = None,
     tracked: bool = True,
-) -> tuple[bool, bool, str, bool]:
-    """Fork into ``world`` and finish it: (success, intervened, fingerprint, drew).
+) -> tuple[bool, bool, str, bool, int]:
+    """Fork into ``world`` and finish it: (success, intervened, fingerprint, drew, forks
+    run).
 
-    With ``forks`` > 1 the world runs that many replicates from the same checkpoint
-    (distinct agent streams) and the outcome is their majority vote. ``folders`` hands
+    With ``forks`` > 1 the world runs up to that many replicates from the same checkpoint
+    (distinct agent streams) and the outcome is their majority vote, which stops forking
+    once it is decided (``vote_decided``: the same outcome as every fork's vote); the
+    fingerprint is the first replicate's (the same whichever fork decided). ``folders`` hands
     each replicate its folder (workloads with a workspace). Every replicate shares the
     table of random words of ``prefix`` (the episode's prefix run, or a stand-in).
     Without ``tracked`` the world keeps no record of its draws and its fingerprint is
@@ -393,7 +397,9 @@ def _finish(
     limit = workload.max_steps
     done, step = workload.done, workload.step
     shocks_of = Shocks if tracked else UntrackedShocks
-    for replicate in range(world.forks):
+    forks = world.forks
+    ran = 0
+    for replicate in range(forks):
         state = fork.take()
         if folders is not None:
             workload.workspace = folders.take()
@@ -422,9 +428,13 @@ def _finish(
             votes += 1
         elif ok is not False:
             check_outcome(workload, ok, where(episode, world.name, steps))
-        fingerprint = shocks.fingerprint()
+        if not replicate:
+            fingerprint = shocks.fingerprint()
         drawn = drawn or shocks.drawn
-    return votes * 2 > world.forks, intervened, fingerprint, drawn
+        ran += 1
+        if forks > 1 and vote_decided(votes, ran - votes, forks) is not None:
+            break
+    return votes * 2 > forks, intervened, fingerprint, drawn, ran
 
 
 def continue_world(
@@ -468,7 +478,7 @@ def continue_state(
     params = world_params(workload, world)
     prefix = Shocks(seed, episode, draws=draws)  # holds the table the replicates share
     if not workload.has_workspace:
-        return _finish(workload, fork, seed, episode, world, params, prefix)
+        return _finish(workload, fork, seed, episode, world, params, prefix)[:4]
     if folder is None:
         name = type(workload).__name__
         raise ValueError(f"{name} has a workspace: continuing it needs a folder")
@@ -477,7 +487,7 @@ def continue_state(
 
     folders = FolderFork(folder, world.forks, Path(tempfile.gettempdir()), own)
     try:
-        return _finish(workload, fork, seed, episode, world, params, prefix, folders)
+        return _finish(workload, fork, seed, episode, world, params, prefix, folders)[:4]
     finally:
         folders.close()
 
@@ -571,6 +581,7 @@ def run_batch(
     prefixes: dict[str, tuple[Checkpoint, State | None, bool]] | None = {} if memo else None
     continuations: dict[tuple[str, int], tuple[bool, bool, str]] | None = {} if memo else None
     prefix_hits = continuation_hits = continuation_lookups = 0
+    saved = [0] * len(worlds)  # forks each world's decided votes did not run
     for count, episode in enumerate(episodes):
         if count == PROBE_EPISODES:  # the probe is over: keep only the caches that paid
             known.review(count)
@@ -609,9 +620,10 @@ def run_batch(
             if result is None:
                 if fork is None:
                     fork = _Fork(parsed, copies[index], shared, flat)
-                ok, did, fp, drawn = _finish(
+                ok, did, fp, drawn, ran = _finish(
                     workload, fork, seed, episode, world, params, shocks, None, tracked
                 )
+                saved[index] += world.forks - ran
                 result = (ok, did, fp)
                 if continuations is not None and not drawn:
                     continuations[(sha, index)] = result
@@ -629,6 +641,7 @@ def run_batch(
         "checkpoints": shas,
         "features": features,
         "worlds": {world.name: cols for world, cols in zip(worlds, columns, strict=True)},
+        "forks_saved": {w.name: n for w, n in zip(worlds, saved, strict=True) if w.forks > 1},
     }
 
 
@@ -669,7 +682,7 @@ def _run_batch_files(
             prefix = Shocks(seed, episode)  # holds the table the replicates share
             try:
                 for world, plan_params in zip(worlds, params, strict=True):
-                    ok, did, fp, _ = _finish(
+                    ok, did, fp, _, _ = _finish(
                         workload, fork, seed, episode, world, plan_params, prefix, folders
                     )
                     cols = batch["worlds"][world.name]

@@ -203,6 +203,12 @@ class TwinRehearsal:
                 self._run = run_twin(self.spec, processes=1, memo=self.memo)
         return self._run
 
+    @property
+    def forks_saved(self) -> dict[str, int]:
+        """Per world with several forks per checkpoint, the forks its decided votes did not
+        run."""
+        return dict(self.run().batch.get("forks_saved", {}))
+
     def outcomes(self, code_digest: str) -> ExperimentOutcomes:
         run = self.run()
         return from_batch(run.batch, code_digest, TWIN_SNAPSHOT, run.seconds)

@@ -64,6 +64,7 @@ class Rehearsal:
             self.digest,
             held_out=self._twin.held_out,
             workload_bundle=self._bundle.digest if self._bundle is not None else None,
+            forks_saved=self._twin.forks_saved,
         )
 
 

@@ -157,16 +157,19 @@ def build_report(
     *,
     held_out: HeldOutRunner,
     workload_bundle: str | None = None,
+    forks_saved: dict[str, int] | None = None,
 ) -> Report:
     """The report. The guard's held-out episodes run in ``held_out`` (a sandbox on the
     durable path, the twin for ``forklab plan``). ``workload_bundle`` is the digest of
-    the workload's bundle (None for a built-in workload)."""
+    the workload's bundle (None for a built-in workload); ``forks_saved``: per world, the
+    forks its decided majority votes did not run."""
     settings = AnalysisSettings(
         confidence=CONFIDENCE,
         alpha=spec.analysis.alpha,
         power=spec.analysis.power,
         quantile_bins=spec.analysis.quantile_bins,
         forks_per_checkpoint=spec.analysis.forks_per_checkpoint,
+        forks_saved=forks_saved or None,
     )
     features = as_features(out.features)
     columns = FeatureColumns(features)
