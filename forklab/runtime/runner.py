@@ -382,8 +382,9 @@ def _finish(
 
     With ``forks`` > 1 the world runs up to that many replicates from the same checkpoint
     (distinct agent streams) and the outcome is their majority vote, which stops forking
-    once it is decided (``vote_decided``: the same outcome as every fork's vote); the
-    fingerprint is the first replicate's (the same whichever fork decided). ``folders`` hands
+    once it is decided (``vote_decided``: the same outcome as every fork's vote), except
+    in a workload with files, whose last fork leaves the world's files; the fingerprint
+    is the first replicate's (the same whichever fork decided). ``folders`` hands
     each replicate its folder (workloads with a workspace). Every replicate shares the
     table of random words of ``prefix`` (the episode's prefix run, or a stand-in).
     Without ``tracked`` the world keeps no record of its draws and its fingerprint is
@@ -432,8 +433,8 @@ def _finish(
             fingerprint = shocks.fingerprint()
         drawn = drawn or shocks.drawn
         ran += 1
-        if forks > 1 and vote_decided(votes, ran - votes, forks) is not None:
-            break
+        if forks > 1 and folders is None and vote_decided(votes, ran - votes, forks) is not None:
+            break  # (a workload with files runs every fork: the last one leaves its files)
     return votes * 2 > forks, intervened, fingerprint, drawn, ran
 
 
