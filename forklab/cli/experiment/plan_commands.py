@@ -102,7 +102,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--out", metavar="DIR", default=None, help="also write report.md, .json and .html here"
     )
     p.add_argument(
-        "--processes", type=int, default=None, help="worker processes (default: 2 when large)"
+        "--processes",
+        type=int,
+        default=None,
+        help="worker processes (default: one per usable core when large)",
     )
     p.add_argument(
         "--no-memo",
