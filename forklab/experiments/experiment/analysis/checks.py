@@ -82,7 +82,7 @@ def common_random_numbers(out: ExperimentOutcomes) -> Check:
         if checked == n
         else f" in the {checked:,} of {n:,} episodes fingerprinted (a {checked / n:.1%} sample: "
         f"the local twin fingerprints every {FINGERPRINT_EVERY}th episode of a run over "
-        f"{FINGERPRINTS_IN_FULL:,}; in the others every world drew from the same table)"
+        f"{FINGERPRINTS_IN_FULL:,}; the other episodes are not compared)"
     )
     return Check(
         name="common_random_numbers",
