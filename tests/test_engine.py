@@ -587,3 +587,37 @@ def test_the_ticket_triage_example_plans_valid_with_five_worlds_and_distinct_sta
     wl = TicketTriage({})
     states = {run_prefix(wl, 11, e)["sha256"] for e in range(500)}
     assert len(states) == 500
+
+
+def test_a_file_beside_the_spec_cannot_stand_in_for_a_dependency(tmp_path: Path) -> None:
+    """forklab plan imports the analysis (scipy) while the twin runs, after the spec's
+    folder went first on the import path: it imports it from ForkLab's own path, so a
+    ``scipy.py`` beside the spec is never imported."""
+    import json
+    import subprocess
+    import sys
+
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    (folder / "scipy.py").write_text("raise SystemExit('the spec folder shadowed scipy')\n")
+    spec = {
+        "id": "shadow",
+        "hypothesis": {"text": "h"},
+        "seed": 0,
+        "episodes": 30,
+        "workload": {"name": "counter-recovery"},
+        "worlds": [
+            {"name": "baseline", "role": "baseline"},
+            {"name": "refresh", "role": "treatment", "intervention": {"name": "refresh"}},
+        ],
+    }
+    (folder / "spec.json").write_text(json.dumps(spec))
+    proc = subprocess.run(  # (run elsewhere: ``-m`` puts the current folder first itself)
+        [sys.executable, "-m", "forklab.cli", "plan", str(folder / "spec.json"), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["valid"]
