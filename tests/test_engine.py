@@ -331,6 +331,28 @@ def test_the_crn_check_fails_when_worlds_see_different_shocks() -> None:
     assert not check.passed and "refresh" in check.reason
 
 
+def test_a_sampled_crn_check_still_fails_and_states_its_rate() -> None:
+    """The twin fingerprints every 8th episode of a large run: a workload whose worlds draw
+    differently still fails the check, and a faithful one passes saying what it checked.
+    Episodes between the fingerprinted ones report UNCHECKED in every world."""
+    from forklab.experiments.experiment.analysis.checks import common_random_numbers
+    from forklab.experiments.experiment.outcomes import from_batch
+    from forklab.runtime.crn import UNCHECKED
+
+    good = run_batch(CounterRecovery({"noise": 0.2}), 0, range(80), WORLDS, fingerprint_every=8)
+    shocks = good["worlds"]["baseline"]["shocks"]
+    assert all((s == UNCHECKED) == bool(e % 8) for e, s in enumerate(shocks))
+    check = common_random_numbers(from_batch(good, "c", "s", 1.0))
+    assert check.passed and "10 of 80 episodes fingerprinted (a 12.5% sample" in check.reason
+    full = run_batch(CounterRecovery({"noise": 0.2}), 0, range(80), WORLDS)
+    for name, cols in full["worlds"].items():
+        assert cols["outcomes"] == good["worlds"][name]["outcomes"]
+        assert cols["shocks"][::8] == good["worlds"][name]["shocks"][::8]
+    bad = run_batch(DivergentDraws({}), 0, range(80), WORLDS, fingerprint_every=8)
+    check = common_random_numbers(from_batch(bad, "c", "s", 1.0))
+    assert not check.passed and "refresh" in check.reason
+
+
 def test_outcomes_digest_is_the_digest_of_the_canonical_json() -> None:
     from forklab.experiments.experiment.outcomes import outcomes_digest
     from forklab.runtime.canon import digest
@@ -478,3 +500,107 @@ def test_the_example_workload_refuses_params_of_the_wrong_type(
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert f"workload.params.{field}" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+class DistinctStates(CounterRecovery):
+    """counter-recovery with a state of its own in every episode (a ticket number nothing
+    reads): the memo and the checkpoint cache can never hit."""
+
+    def initial_state(self, episode_seed: int, shocks: Shocks) -> dict[str, Any]:
+        return {**super().initial_state(episode_seed, shocks), "ticket": episode_seed}
+
+
+def test_caches_that_never_hit_turn_themselves_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where every state is distinct, the memo (keyed by ``repr`` of the start state) and
+    the checkpoint cache (keyed by ``_exact_key`` of the boundary state) stop keying after
+    the probe; where states repeat, they stay on. Either way every column is the one the
+    sandbox's path gives (run_prefix + continue_world, nothing cached)."""
+    from forklab.runtime import runner
+
+    reprs: list[object] = []
+    keyed: list[object] = []
+    exact_key = runner._exact_key
+    monkeypatch.setattr(runner, "_exact_key", lambda v: keyed.append(v) or exact_key(v))
+    monkeypatch.setattr(runner, "repr", lambda v: reprs.append(v) or repr(v), raising=False)
+    probe = runner.PROBE_EPISODES
+    episodes = probe + 200
+    for wl, distinct in ((DistinctStates({}), True), (CounterRecovery({}), False)):
+        for memo in (True, False):
+            reprs.clear()
+            keyed.clear()
+            batch = run_batch(wl, 3, range(episodes), WORLDS, memo)
+            states = [k for k in keyed if isinstance(k, dict) and "steps" in k]
+            if distinct:  # one key an episode while probing, none after it
+                assert len(reprs) == (probe if memo else 0)
+                assert len(states) == probe
+            elif memo:  # the memo pays: every start state keyed, the prefix run 9 times
+                assert len(reprs) == episodes and len(states) == 9
+            else:  # the checkpoint cache pays: every boundary state keyed
+                assert len(reprs) == 0 and len(states) == episodes
+            for i in range(0, episodes, 37):
+                cp = run_prefix(wl, 3, i)
+                assert batch["checkpoints"][i] == cp["sha256"]
+                for world in WORLDS:
+                    ok, did, fp, _ = continue_world(wl, cp["state"], 3, i, world)
+                    cols = batch["worlds"][world.name]
+                    got = (cols["outcomes"][i], cols["intervened"][i], cols["shocks"][i])
+                    assert got == (ok, did, fp)
+
+
+def test_a_cache_pays_when_one_lookup_in_eight_hits() -> None:
+    from forklab.runtime.runner import pays
+
+    assert pays(1, 8) and pays(100, 100) and pays(0, 0)
+    assert not pays(0, 1) and not pays(31, 256)
+
+
+def test_the_ticket_triage_example_plans_valid_with_five_worlds_and_distinct_states(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The third-party example the speed benchmark uses (bench/plain_loop.py): every check
+    passes, its five worlds move as pre-registered, and no two episodes share a state."""
+    report = plan_json(capsys, ROOT / "examples" / "ticket-triage.yaml")
+    assert report["valid"] and len(report["worlds"]) == 5
+    assert [c["name"] for c in report["checks"] if not c["passed"]] == []
+    assert {v["world"]: v["verdict"] for v in report["verdicts"]} == dict.fromkeys(
+        ["escalate", "clarify", "note", "rush"], "supported"
+    )
+    from ticket_triage import TicketTriage
+
+    wl = TicketTriage({})
+    states = {run_prefix(wl, 11, e)["sha256"] for e in range(500)}
+    assert len(states) == 500
+
+
+def test_a_file_beside_the_spec_cannot_stand_in_for_a_dependency(tmp_path: Path) -> None:
+    """forklab plan imports the analysis (scipy) while the twin runs, after the spec's
+    folder went first on the import path: it imports it from ForkLab's own path, so a
+    ``scipy.py`` beside the spec is never imported."""
+    import json
+    import subprocess
+    import sys
+
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    (folder / "scipy.py").write_text("raise SystemExit('the spec folder shadowed scipy')\n")
+    spec = {
+        "id": "shadow",
+        "hypothesis": {"text": "h"},
+        "seed": 0,
+        "episodes": 30,
+        "workload": {"name": "counter-recovery"},
+        "worlds": [
+            {"name": "baseline", "role": "baseline"},
+            {"name": "refresh", "role": "treatment", "intervention": {"name": "refresh"}},
+        ],
+    }
+    (folder / "spec.json").write_text(json.dumps(spec))
+    proc = subprocess.run(  # (run elsewhere: ``-m`` puts the current folder first itself)
+        [sys.executable, "-m", "forklab.cli", "plan", str(folder / "spec.json"), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["valid"]

@@ -17,16 +17,15 @@ from forklab.activities.sandbox.workload_calls import (
 )
 from forklab.cli.experiment.rehearsal import rehearse, workload_code_digest
 from forklab.experiments.experiment.analysis.guard import (
-    DEFAULT_HOLDOUT_CAP,
     GuardCounts,
     GuardEvaluation,
     guarded_outcomes,
     held_out_validation,
-    holdout_size,
     learn_rule,
     rule_words,
     validate_guard,
 )
+from forklab.experiments.experiment.analysis.held_out_plan import DEFAULT_HOLDOUT_CAP, holdout_size
 from forklab.experiments.experiment.analysis.slices import (
     MAX_CATEGORIES,
     Dimension,

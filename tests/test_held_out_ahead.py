@@ -13,11 +13,8 @@ from forklab.activities.experiment.twin import twin_held_out
 from forklab.activities.sandbox.workload_calls import WorkloadCalls
 from forklab.cli.experiment.rehearsal import workload_code_digest
 from forklab.contracts.experiment import BatchOutcome, BatchStatus, EpisodeChunk, Progress
-from forklab.experiments.experiment.analysis.guard import (
-    held_out_request,
-    holdout_size,
-    validate_guard,
-)
+from forklab.experiments.experiment.analysis.guard import validate_guard
+from forklab.experiments.experiment.analysis.held_out_plan import held_out_request, holdout_size
 from forklab.experiments.experiment.spec import ExperimentSpec
 from tests.helpers import restart_spec
 

@@ -385,5 +385,57 @@ class Shocks:
         return f"{count:x}:{total & _MASK64:016x}"
 
 
+class UntrackedShocks(Shocks):
+    """The same draws as ``Shocks`` (the same table, the same values), without the record of
+    which coordinates this run drew: for a run whose fingerprint nobody will compare (a
+    prefix, or a world of an episode the local twin does not fingerprint, see
+    ``forklab.runtime.runner.run_batch``). Keeping that record is a dict lookup and a store
+    per coordinate and a sum per world, about a seventh of a world's time in a workload
+    that does little else than draw. ``fingerprint`` says ``UNCHECKED``.
+
+    ``drawn`` stays exact: the run's table is made (or taken from ``source``) on its first
+    draw of any kind, so a run made without a table drew something exactly when it has
+    one."""
+
+    __slots__ = ()
+
+    def __init__(
+        self, seed: int, episode: int, replicate: int = 0, source: Shocks | None = None
+    ) -> None:
+        super().__init__(seed, episode, replicate, None, source)
+
+    def exogenous(self, entity: int, tick: int, stream: str) -> float:
+        table = self._draws
+        if table is None:
+            table = self.draws
+        words = table.exogenous
+        coord = (entity, tick, stream)
+        word = words.get(coord)
+        if word is None:
+            word = words[coord] = table.word(entity, tick, stream)
+        return (word >> 11) * _SCALE
+
+    def exogenous_blocks(self, block: Block[T], start: int, stop: int) -> tuple[T, ...]:
+        table = self._draws
+        if table is None:
+            table = self.draws
+        run = table.runs.get((block, start, stop))
+        if run is None:
+            run = table.run(block, start, stop)
+        ticks: tuple[T, ...] = run.decoded
+        return ticks
+
+    @property
+    def drawn(self) -> bool:
+        return self._draws is not None
+
+    def fingerprint(self) -> str:
+        """``UNCHECKED``, or ``NO_SHOCKS`` for a run that drew nothing (as ``Shocks`` says:
+        a result the memo reuses reads the same in a fingerprinted episode)."""
+        return UNCHECKED if self._draws is not None else NO_SHOCKS
+
+
 #: The fingerprint of a run that drew no exogenous shock.
 NO_SHOCKS = "0:0000000000000000"
+#: What an ``UntrackedShocks`` run reports instead of a fingerprint.
+UNCHECKED = ""

@@ -298,3 +298,6 @@ class Batch(TypedDict):
     checkpoints: list[str]
     features: list[dict[str, Feature]]
     worlds: dict[str, WorldColumns]
+    #: per world with more than one fork per checkpoint: the forks its majority votes did
+    #: not run because they were decided (``forklab.runtime.vote``); the twin's runs only
+    forks_saved: NotRequired[dict[str, int]]

@@ -30,7 +30,7 @@ from forklab.runtime.contract import (
     violation,
     where,
 )
-from forklab.runtime.crn import Block, EpisodeDraws, Shocks
+from forklab.runtime.crn import Block, EpisodeDraws, Shocks, UntrackedShocks
 from forklab.runtime.file_format import (
     Batch,
     Checkpoint,
@@ -46,6 +46,7 @@ from forklab.runtime.files import (
     checkpoint_digest,
     folder_digest,
 )
+from forklab.runtime.vote import vote_decided
 from forklab.runtime.workload import Feature, State, Workload, WorkloadError
 
 if TYPE_CHECKING:
@@ -159,10 +160,10 @@ def _folder_digest(workload: Workload, folder: Path, at: str) -> str:
         raise violation(workload, "step", what, at) from None
 
 
-def _start(
-    workload: Workload, seed: int, episode: int, draws: EpisodeDraws | None = None
-) -> tuple[State, Shocks]:
-    shocks = Shocks(seed, episode, 0, draws)
+def _start(workload: Workload, seed: int, episode: int) -> tuple[State, Shocks]:
+    """The episode's initial state, and the shocks its prefix draws from (no record of
+    which: nothing compares a prefix's fingerprint)."""
+    shocks = UntrackedShocks(seed, episode)
     try:
         state = workload.initial_state(seed + episode, shocks)
     except Exception as exc:
@@ -178,22 +179,48 @@ class _Known:
     - ``features``: each distinct feature dict, checked against ``feature_types`` once
       and then shared by every episode that records an identical one;
     - ``states``: for up to ``keep`` distinct checkpoint states, the canonical text, its
-      sha256, the state read back from it and whether it is flat. All are functions of
-      the state alone, so an identical state met again is neither encoded, hashed nor
-      parsed again (and passed the JSON check when first met). Nothing of the workload
-      is skipped: every episode still runs its prefix and every world in full.
+      sha256, the state read back from it, whether it is flat and its checked features.
+      All are functions of the state alone (``features`` only reads the state, the
+      workload contract), so an identical state met again is neither encoded, hashed,
+      parsed nor asked for its features again (it passed the JSON and feature checks when
+      first met). Every episode still runs its prefix and every world in full.
+
+    Each table counts its lookups and hits; ``review`` (after the batch's first
+    ``PROBE_EPISODES``) stops keying a table that does not pay: where every episode's
+    state is its own, a key is work that never saves any.
     """
 
-    __slots__ = ("features", "keep", "states")
+    __slots__ = ("feature_hits", "feature_lookups", "features", "keep", "state_hits", "states")
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
-        self.features: dict[bytes, dict[str, Feature]] = {}
-        self.states: dict[bytes, tuple[str, str, State, bool]] = {}
+        self.features: dict[bytes, dict[str, Feature]] | None = {}
+        self.states: dict[bytes, tuple[str, str, State, bool, dict[str, Feature]]] = {}
+        self.state_hits = self.feature_hits = self.feature_lookups = 0
+
+    def review(self, episodes: int) -> None:
+        """Turn off what paid too little over the first ``episodes`` (one state lookup
+        each; a feature lookup each when the feature dict could be keyed)."""
+        if self.keep and not pays(self.state_hits, episodes):
+            self.keep = 0
+            self.states = {}
+        if self.features is not None and not pays(self.feature_hits, self.feature_lookups):
+            self.features = None
 
 
 #: How many distinct checkpoint states a batch keeps (a few MB at most).
 STATES_KEPT = 4096
+
+#: Episodes a batch watches its caches (the memo, the checkpoint texts, the checked
+#: feature dicts) over before it decides which of them pay; see ``pays``.
+PROBE_EPISODES = 256
+
+
+def pays(hits: int, lookups: int) -> bool:
+    """Whether a cache that hit ``hits`` times in ``lookups`` pays for its keys: a hit
+    saves a whole run (or encoding, or check) and a key costs a small part of one, so one
+    hit in eight lookups is ample; none in many is a cache of distinct states."""
+    return hits * 8 >= lookups
 
 
 def _exact_key(value: Any) -> bytes | None:
@@ -245,7 +272,9 @@ def _prefix_from(
     key = _exact_key(state) if known.keep else None
     entry = known.states.get(key) if key is not None else None
     shared = entry is not None
-    if entry is None:
+    if entry is not None:
+        known.state_hits += 1
+    else:
         # The text is the checkpoint. Reading it back once both checks the contract (the
         # state is JSON that reads back equal) and gives the state the worlds fork from.
         try:
@@ -257,23 +286,12 @@ def _prefix_from(
             method = "step" if steps else "initial_state"
             check_state(workload, state, text, method, where(episode, None, steps))
         assert text is not None and parsed is not None  # check_state raised otherwise
-        entry = (text, sha256(text.encode()).hexdigest(), parsed, _is_flat(text))
+        features = _checked_features(workload, state, known, where(episode, None, steps))
+        entry = (text, sha256(text.encode()).hexdigest(), parsed, _is_flat(text), features)
         if key is not None and len(known.states) < known.keep:
             known.states[key] = entry
             shared = True
-    text, digest, parsed, flat = entry
-    try:
-        found = workload.features(state)
-    except Exception as exc:
-        raise from_exception(workload, exc, where(episode, None, steps)) from exc
-    fkey = _exact_key(found) if type(found) is dict else None
-    features = known.features.get(fkey) if fkey is not None else None
-    if features is None:
-        kinds = feature_kinds(type(workload))
-        check_features(workload, found, kinds, where(episode, None, steps))
-        features = found
-        if fkey is not None:
-            known.features[fkey] = found
+    text, digest, parsed, flat, features = entry
     checkpoint: Checkpoint = {
         "episode": episode,
         "requested": requested,
@@ -283,6 +301,31 @@ def _prefix_from(
         "features": features,
     }
     return checkpoint, shocks.drawn, parsed, shared, flat
+
+
+def _checked_features(
+    workload: Workload, state: State, known: _Known, at: str
+) -> dict[str, Feature]:
+    """``features(state)``, checked against ``feature_types`` (once per distinct feature
+    dict while ``known`` keeps them)."""
+    try:
+        found = workload.features(state)
+    except Exception as exc:
+        raise from_exception(workload, exc, at) from exc
+    table = known.features
+    fkey = _exact_key(found) if table is not None and type(found) is dict else None
+    if fkey is not None:
+        assert table is not None
+        known.feature_lookups += 1
+        features = table.get(fkey)
+        if features is not None:
+            known.feature_hits += 1
+            return features
+    check_features(workload, found, feature_kinds(type(workload)), at)
+    if fkey is not None:
+        assert table is not None
+        table[fkey] = found
+    return found
 
 
 class _Fork:
@@ -332,13 +375,20 @@ def _finish(
     params: dict[str, Any],
     prefix: Shocks,
     folders: FolderFork | None = None,
-) -> tuple[bool, bool, str, bool]:
-    """Fork into ``world`` and finish it: (success, intervened, fingerprint, drew).
+    tracked: bool = True,
+) -> tuple[bool, bool, str, bool, int]:
+    """Fork into ``world`` and finish it: (success, intervened, fingerprint, drew, forks
+    run).
 
-    With ``forks`` > 1 the world runs that many replicates from the same checkpoint
-    (distinct agent streams) and the outcome is their majority vote. ``folders`` hands
+    With ``forks`` > 1 the world runs up to that many replicates from the same checkpoint
+    (distinct agent streams) and the outcome is their majority vote, which stops forking
+    once it is decided (``vote_decided``: the same outcome as every fork's vote), except
+    in a workload with files, whose last fork leaves the world's files; the fingerprint
+    is the first replicate's (the same whichever fork decided). ``folders`` hands
     each replicate its folder (workloads with a workspace). Every replicate shares the
     table of random words of ``prefix`` (the episode's prefix run, or a stand-in).
+    Without ``tracked`` the world keeps no record of its draws and its fingerprint is
+    ``UNCHECKED``.
     """
     votes = 0
     intervened = drawn = False
@@ -347,11 +397,14 @@ def _finish(
     guard = world.guard
     limit = workload.max_steps
     done, step = workload.done, workload.step
-    for replicate in range(world.forks):
+    shocks_of = Shocks if tracked else UntrackedShocks
+    forks = world.forks
+    ran = 0
+    for replicate in range(forks):
         state = fork.take()
         if folders is not None:
             workload.workspace = folders.take()
-        shocks = Shocks(seed, episode, replicate, source=prefix)
+        shocks = shocks_of(seed, episode, replicate, source=prefix)
         steps = 0
         try:
             workload.schedule_shocks(state, shocks)
@@ -376,9 +429,13 @@ def _finish(
             votes += 1
         elif ok is not False:
             check_outcome(workload, ok, where(episode, world.name, steps))
-        fingerprint = shocks.fingerprint()
+        if not replicate:
+            fingerprint = shocks.fingerprint()
         drawn = drawn or shocks.drawn
-    return votes * 2 > world.forks, intervened, fingerprint, drawn
+        ran += 1
+        if forks > 1 and folders is None and vote_decided(votes, ran - votes, forks) is not None:
+            break  # (a workload with files runs every fork: the last one leaves its files)
+    return votes * 2 > forks, intervened, fingerprint, drawn, ran
 
 
 def continue_world(
@@ -422,7 +479,7 @@ def continue_state(
     params = world_params(workload, world)
     prefix = Shocks(seed, episode, draws=draws)  # holds the table the replicates share
     if not workload.has_workspace:
-        return _finish(workload, fork, seed, episode, world, params, prefix)
+        return _finish(workload, fork, seed, episode, world, params, prefix)[:4]
     if folder is None:
         name = type(workload).__name__
         raise ValueError(f"{name} has a workspace: continuing it needs a folder")
@@ -431,7 +488,7 @@ def continue_state(
 
     folders = FolderFork(folder, world.forks, Path(tempfile.gettempdir()), own)
     try:
-        return _finish(workload, fork, seed, episode, world, params, prefix, folders)
+        return _finish(workload, fork, seed, episode, world, params, prefix, folders)[:4]
     finally:
         folders.close()
 
@@ -473,6 +530,7 @@ def run_batch(
     episodes: Sequence[int],
     worlds: Sequence[WorldPlan],
     memo: bool = True,
+    fingerprint_every: int = 1,
 ) -> Batch:
     """The local twin's inner loop: each prefix once, then every world from it.
 
@@ -481,8 +539,19 @@ def run_batch(
     randomness is reused for every episode that reaches an identical state: it is a pure
     function of the state it started from (the workload contract: state, params and
     shock draws decide everything). Continuations that drew anything are always run.
-    ``memo=False`` runs every episode in full (what the engine benchmark also reports).
-    A workload with a workspace takes ``_run_batch_files`` (files are not memoised).
+    The memo pays only where states repeat: each of its two tables (prefixes by start
+    state, continuations by checkpoint and world) counts its hits over the batch's first
+    ``PROBE_EPISODES`` and turns itself off for the rest of the batch when it does not
+    pay (``pays``), as do the checkpoint caches of ``_Known``. Turning a cache off changes
+    no result, only what is worked out again. ``memo=False`` runs every episode in full
+    (what the engine benchmark also reports). A workload with a workspace takes
+    ``_run_batch_files`` (files are not memoised).
+
+    ``fingerprint_every``: the worlds of episode ``e`` fingerprint their shocks when
+    ``e`` is a multiple of it (every episode by default); in the others they keep no
+    record of their draws and report ``UNCHECKED`` (``NO_SHOCKS`` if they drew nothing;
+    either way the same in every world of a faithful workload, so the common-random-numbers
+    check still compares every episode, and compares fingerprints in the others).
     """
     if workload.has_workspace:
         return _run_batch_files(workload, seed, episodes, worlds)
@@ -510,39 +579,57 @@ def run_batch(
     copies = [sum(w.forks for w in worlds[i:]) for i in range(len(worlds))]
     # a reused prefix: its checkpoint, its state when kept in ``known`` (else None: read
     # back again, since the last world changes the state it is given), whether it is flat
-    prefixes: dict[str, tuple[Checkpoint, State | None, bool]] = {}
-    continuations: dict[tuple[str, int], tuple[bool, bool, str]] = {}
-    for episode in episodes:
+    prefixes: dict[str, tuple[Checkpoint, State | None, bool]] | None = {} if memo else None
+    continuations: dict[tuple[str, int], tuple[bool, bool, str]] | None = {} if memo else None
+    prefix_hits = continuation_hits = continuation_lookups = 0
+    saved = [0] * len(worlds)  # forks each world's decided votes did not run
+    for count, episode in enumerate(episodes):
+        if count == PROBE_EPISODES:  # the probe is over: keep only the caches that paid
+            known.review(count)
+            if prefixes is not None and not pays(prefix_hits, count):
+                prefixes = None
+            if continuations is not None and not pays(continuation_hits, continuation_lookups):
+                continuations = None
         state, shocks = _start(workload, seed, episode)
         hit: tuple[Checkpoint, State | None, bool] | None = None
-        if memo:
+        if prefixes is not None:
             key = repr(state)  # exact for JSON values; only needs to be stable in-process
             hit = prefixes.get(key)
         if hit is None:
             cp, drawn, parsed, shared, flat = _prefix_from(
                 workload, seed, episode, state, shocks, known
             )
-            if memo and not drawn:
+            if prefixes is not None and not drawn:
                 prefixes[key] = (cp, parsed if shared else None, flat)
         else:
+            prefix_hits += 1
             cp, kept, flat = hit
             shared = kept is not None
             parsed = kept if kept is not None else parse_canonical(cp["state"])
         sha = cp["sha256"]
+        tracked = not episode % fingerprint_every
         requested.append(cp["requested"])
         resolved.append(cp["resolved"])
         shas.append(sha)
         features.append(cp["features"])
         fork: _Fork | None = None
         for index, world, params, add_outcome, add_intervened, add_shocks in plans:
-            result = continuations.get((sha, index)) if memo else None
+            result = None
+            if continuations is not None:
+                continuation_lookups += 1
+                result = continuations.get((sha, index))
             if result is None:
                 if fork is None:
                     fork = _Fork(parsed, copies[index], shared, flat)
-                ok, did, fp, drawn = _finish(workload, fork, seed, episode, world, params, shocks)
+                ok, did, fp, drawn, ran = _finish(
+                    workload, fork, seed, episode, world, params, shocks, None, tracked
+                )
+                saved[index] += world.forks - ran
                 result = (ok, did, fp)
-                if memo and not drawn:
+                if continuations is not None and not drawn:
                     continuations[(sha, index)] = result
+            else:
+                continuation_hits += 1
             add_outcome(result[0])
             add_intervened(result[1])
             add_shocks(result[2])
@@ -555,6 +642,7 @@ def run_batch(
         "checkpoints": shas,
         "features": features,
         "worlds": {world.name: cols for world, cols in zip(worlds, columns, strict=True)},
+        "forks_saved": {w.name: n for w, n in zip(worlds, saved, strict=True) if w.forks > 1},
     }
 
 
@@ -595,7 +683,7 @@ def _run_batch_files(
             prefix = Shocks(seed, episode)  # holds the table the replicates share
             try:
                 for world, plan_params in zip(worlds, params, strict=True):
-                    ok, did, fp, _ = _finish(
+                    ok, did, fp, _, _ = _finish(
                         workload, fork, seed, episode, world, plan_params, prefix, folders
                     )
                     cols = batch["worlds"][world.name]

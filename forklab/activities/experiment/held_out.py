@@ -1,9 +1,9 @@
 """The guard's held-out batch, started in its box as the analysis starts.
 
 Which episodes and worlds the guard's validation runs is known from the spec alone
-(``forklab.experiments.experiment.analysis.guard.held_out_request``), so the box need not wait
-until the training outcomes are read and the report is built up to the guard: it runs beside those
-single-threaded steps, on the CPU they leave idle.
+(``forklab.experiments.experiment.analysis.held_out_plan.held_out_request``), so the box
+need not wait until the training outcomes are read and the report is built up to the
+guard: it runs beside those single-threaded steps, on the CPU they leave idle.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from types import TracebackType
 from forklab.activities.sandbox.confine import kill_group
 from forklab.activities.sandbox.workload_calls import WorkloadCalls
 from forklab.contracts.experiment import BatchStatus, Progress
-from forklab.experiments.experiment.analysis.guard import (
-    HeldOutRunner,
+from forklab.experiments.experiment.analysis.guard import HeldOutRunner
+from forklab.experiments.experiment.analysis.held_out_plan import (
     guard_world,
     held_out_request,
     holdout_size,

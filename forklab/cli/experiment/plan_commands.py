@@ -9,7 +9,7 @@ from pathlib import Path
 
 from forklab.cli.errors import CliError
 from forklab.cli.experiment.report_files import write_report
-from forklab.cli.experiment.specfile import SPEC_EXIT, load_spec
+from forklab.cli.experiment.specfile import SPEC_EXIT, load_spec, own_import_path
 from forklab.experiments.experiment.bundle import BundleError
 from forklab.experiments.experiment.spec import SpecError, json_schema
 from forklab.runtime.contract import ContractViolation
@@ -31,20 +31,25 @@ UNCONFINED_WARNING = (
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    # the analysis and the renderings (numpy, scipy): imported when a plan runs, not for
-    # `forklab schema` or `plan --help`; and before ``load_spec`` puts the spec's folder
-    # first on the import path
-    from forklab.activities.experiment.twin_workspace import twin_workspace_section
-    from forklab.cli.experiment.rehearsal import rehearse
-    from forklab.experiments.experiment.report.render_html import render_html
-    from forklab.experiments.experiment.report.render_markdown import render_markdown
-    from forklab.experiments.experiment.report.render_text import render_text
+    from forklab.cli.experiment.rehearsal import Rehearsal
 
     spec = load_spec(args.spec)
     try:
         # --debug runs in this process, so the traceback shows the workload's own frames.
         processes = 1 if args.debug else args.processes
-        report = rehearse(spec, processes=processes, memo=not args.no_memo)
+        with Rehearsal(spec, processes=processes, memo=not args.no_memo) as rehearsal:
+            # the analysis and the renderings (numpy, scipy) import while the twin's
+            # processes run the episodes, from ForkLab's own import path (not the spec's
+            # folder, which ``load_spec`` put first)
+            with own_import_path():
+                from forklab.activities.experiment.twin_workspace import twin_workspace_section
+                from forklab.experiments.experiment.analysis import build  # noqa: F401
+                from forklab.experiments.experiment.report.render_html import render_html
+                from forklab.experiments.experiment.report.render_markdown import (
+                    render_markdown,
+                )
+                from forklab.experiments.experiment.report.render_text import render_text
+            report = rehearsal.report()
         evidence = twin_workspace_section(spec)
     except (ContractViolation, SpecError) as exc:
         if args.debug:
@@ -97,7 +102,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--out", metavar="DIR", default=None, help="also write report.md, .json and .html here"
     )
     p.add_argument(
-        "--processes", type=int, default=None, help="worker processes (default: 2 when large)"
+        "--processes",
+        type=int,
+        default=None,
+        help="worker processes (default: one per usable core when large)",
     )
     p.add_argument(
         "--no-memo",

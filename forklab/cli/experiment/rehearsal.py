@@ -5,13 +5,17 @@ here. Reading those files is why this lives on the CLI side and not in ``forklab
 
 from __future__ import annotations
 
+from types import TracebackType
+from typing import TYPE_CHECKING
+
 from forklab.activities.experiment.runner_bundle import bundle_files, code_digest
-from forklab.activities.experiment.twin import rehearse_outcomes, twin_held_out
+from forklab.activities.experiment.twin import TwinRehearsal
 from forklab.cli.experiment.workload_files import collect_workload
-from forklab.experiments.experiment.analysis.build import build_report
 from forklab.experiments.experiment.bundle import WorkloadBundle, workload_sources
-from forklab.experiments.experiment.report.model import Report
 from forklab.experiments.experiment.spec import ExperimentSpec
+
+if TYPE_CHECKING:  # (the analysis and the report import scipy; see ``Rehearsal``)
+    from forklab.experiments.experiment.report.model import Report
 
 
 def workload_code_digest(spec: ExperimentSpec, bundle: WorkloadBundle | None = None) -> str:
@@ -21,18 +25,50 @@ def workload_code_digest(spec: ExperimentSpec, bundle: WorkloadBundle | None = N
     return code_digest(runtime, bundle)
 
 
+class Rehearsal:
+    """A rehearsal under way: on entry the twin's processes start on every chunk of the
+    experiment and the guard's held-out episodes (``TwinRehearsal``), so that whatever the
+    caller imports meanwhile (the analysis and the renderings: numpy and scipy, a good
+    part of a second) costs no time the twin would not take anyway; ``report`` then
+    builds the report. The twin runs the workload as imported here; its code digest and
+    bundle digest are those of the bundle ``forklab start`` would ship from here
+    (``BundleError`` if it could not ship one)."""
+
+    def __init__(
+        self, spec: ExperimentSpec, processes: int | None = None, memo: bool = True
+    ) -> None:
+        self.spec = spec
+        files = collect_workload(spec.workload.name)
+        self._bundle = workload_sources(files) if files is not None else None
+        self.digest = workload_code_digest(spec, self._bundle)
+        self._twin = TwinRehearsal(spec, processes, memo)
+
+    def __enter__(self) -> Rehearsal:
+        self._twin.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._twin.__exit__(kind, exc, tb)
+
+    def report(self) -> Report:
+        from forklab.experiments.experiment.analysis.build import build_report
+
+        return build_report(
+            self.spec,
+            self._twin.outcomes(self.digest),
+            self.digest,
+            held_out=self._twin.held_out,
+            workload_bundle=self._bundle.digest if self._bundle is not None else None,
+            forks_saved=self._twin.forks_saved,
+        )
+
+
 def rehearse(spec: ExperimentSpec, processes: int | None = None, memo: bool = True) -> Report:
-    """The twin runs the workload as imported here; its code digest and bundle digest are
-    those of the bundle ``forklab start`` would ship from here (``BundleError`` if it
-    could not ship one)."""
-    files = collect_workload(spec.workload.name)
-    bundle = workload_sources(files) if files is not None else None
-    digest = workload_code_digest(spec, bundle)
-    out = rehearse_outcomes(spec, digest, processes, memo)
-    return build_report(
-        spec,
-        out,
-        digest,
-        held_out=twin_held_out(processes),
-        workload_bundle=bundle.digest if bundle is not None else None,
-    )
+    """The whole experiment on the twin, into its report (see ``Rehearsal``)."""
+    with Rehearsal(spec, processes, memo) as rehearsal:
+        return rehearsal.report()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import stat
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from forklab.cli.errors import CliError
@@ -19,16 +21,42 @@ from forklab.experiments.experiment.spec import (
 SPEC_EXIT = 2
 
 
+#: The import path before ``add_import_roots`` first changed it (None: it never did).
+_path_before_roots: list[str] | None = None
+
+
 def add_import_roots(spec_file: Path) -> None:
     """Put the spec file's folder, then the current folder, first on the import path: a
     workload named by import path is found beside its spec or where forklab runs (then on
     ``PYTHONPATH``), and bundled from there for the workers (docs/workloads.md)."""
+    global _path_before_roots
+    if _path_before_roots is None:
+        _path_before_roots = list(sys.path)
     for folder in (Path.cwd(), spec_file.resolve().parent):
         entry = str(folder)
         if entry in sys.path:
             sys.path.remove(entry)
         sys.path.insert(0, entry)
     importlib.invalidate_caches()
+
+
+@contextmanager
+def own_import_path() -> Iterator[None]:
+    """ForkLab's own modules imported in this block see the import path as it was before
+    ``add_import_roots``: a file beside the spec or in the current folder (a ``yaml.py``,
+    a ``numpy.py``) cannot stand in for one of ForkLab's dependencies."""
+    before = _path_before_roots
+    if before is None:
+        yield
+        return
+    current = list(sys.path)
+    sys.path[:] = before
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path[:] = current
+        importlib.invalidate_caches()
 
 
 def load_spec(path: str) -> ExperimentSpec:

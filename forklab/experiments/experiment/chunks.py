@@ -24,9 +24,22 @@ from forklab.runtime.workload import Workload
 #: Episodes run (and held as Python lists) at a time, before they become columns.
 CHUNK_EPISODES = 50_000
 
+#: The twin fingerprints every world's shocks in every episode of a run of up to this many
+#: episodes; beyond, in every ``FINGERPRINT_EVERY``-th episode (``run_batch``). Keeping the
+#: record a fingerprint needs is about a seventh of a world's time in a workload that does
+#: little but draw; an eighth of a large run is thousands of episodes, where a workload
+#: whose worlds draw differently shows at once (the report states the share checked).
+FINGERPRINTS_IN_FULL = 10_000
+FINGERPRINT_EVERY = 8
+
 #: One chunk's work, as it crosses to a pool's process: workload name and params, seed,
-#: episodes, worlds, memo, batched.
-ChunkArgs = tuple[str, dict[str, Any], int, Sequence[int], list[WorldPlan], bool, bool]
+#: episodes, worlds, memo, batched, fingerprint every.
+ChunkArgs = tuple[str, dict[str, Any], int, Sequence[int], list[WorldPlan], bool, bool, int]
+
+
+def fingerprint_every(episodes: int) -> int:
+    """Every how many episodes a run of ``episodes`` fingerprints its worlds' shocks."""
+    return 1 if episodes <= FINGERPRINTS_IN_FULL else FINGERPRINT_EVERY
 
 
 def chunk_columns(
@@ -36,18 +49,21 @@ def chunk_columns(
     worlds: list[WorldPlan],
     memo: bool,
     batched: bool,
+    every: int = 1,
 ) -> ColumnBatch:
-    """One chunk's columns: batched when the workload can be, else the runner's lists."""
+    """One chunk's columns: batched when the workload can be, else the runner's lists
+    (fingerprinting the shocks of every ``every``-th episode)."""
     if batched and batchable(workload):
         return run_columns(workload, seed, episodes, worlds, memo)
-    return to_columns(run_batch(workload, seed, episodes, worlds, memo))
+    return to_columns(run_batch(workload, seed, episodes, worlds, memo, every))
 
 
 def run_chunk(args: ChunkArgs) -> ColumnBatch:
     """``chunk_columns`` from arguments that cross a process boundary (the workload by
     name, rebuilt in the process that runs it)."""
-    ref, params, seed, episodes, worlds, memo, batched = args
-    return chunk_columns(workload_class(ref)(params), seed, episodes, worlds, memo, batched)
+    ref, params, seed, episodes, worlds, memo, batched, every = args
+    workload = workload_class(ref)(params)
+    return chunk_columns(workload, seed, episodes, worlds, memo, batched, every)
 
 
 def chunks(episodes: Sequence[int], count: int) -> list[Sequence[int]]:

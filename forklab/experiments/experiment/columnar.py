@@ -18,7 +18,7 @@ merged column by column:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypedDict, cast, overload
+from typing import Any, NotRequired, TypedDict, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -210,6 +210,8 @@ class ColumnBatch(TypedDict):
     checkpoints: StrColumn
     features: FeatureRows
     worlds: dict[str, Columns]
+    #: forks each world's decided majority votes did not run (``Batch``)
+    forks_saved: NotRequired[dict[str, int]]
 
 
 def bools(values: Sequence[bool] | Bools) -> Bools:
@@ -242,7 +244,7 @@ def to_columns(batch: Batch) -> ColumnBatch:
             "shocks": StrColumn(shocks.codes(cols["shocks"]), shocks.values),
             "inherited": inherited,
         }
-    return {
+    columns: ColumnBatch = {
         "episodes": ints(batch["episodes"]),
         "requested": ints(batch["requested"]),
         "resolved": ints(batch["resolved"]),
@@ -250,6 +252,9 @@ def to_columns(batch: Batch) -> ColumnBatch:
         "features": FeatureRows.of(batch["features"]),
         "worlds": worlds,
     }
+    if "forks_saved" in batch:
+        columns["forks_saved"] = dict(batch["forks_saved"])
+    return columns
 
 
 class _Recode:
@@ -308,7 +313,7 @@ def merge_columns(parts: Sequence[ColumnBatch]) -> ColumnBatch:
                 np.concatenate([shas.codes(c["inherited"]) for c in cols]), shas.table.values
             ),
         }
-    return {
+    merged: ColumnBatch = {
         "episodes": np.concatenate([p["episodes"] for p in parts]),
         "requested": np.concatenate([p["requested"] for p in parts]),
         "resolved": np.concatenate([p["resolved"] for p in parts]),
@@ -316,6 +321,10 @@ def merge_columns(parts: Sequence[ColumnBatch]) -> ColumnBatch:
         "features": FeatureRows(feature_codes, rows.values),
         "worlds": worlds,
     }
+    saved = [p["forks_saved"] for p in parts if "forks_saved" in p]
+    if saved:
+        merged["forks_saved"] = {k: sum(s.get(k, 0) for s in saved) for k in saved[0]}
+    return merged
 
 
 def to_lists(batch: ColumnBatch) -> Batch:
@@ -329,7 +338,7 @@ def to_lists(batch: ColumnBatch) -> Batch:
         }
         for name, cols in batch["worlds"].items()
     }
-    return {
+    lists: Batch = {
         "episodes": cast(list[int], batch["episodes"].tolist()),
         "requested": cast(list[int], batch["requested"].tolist()),
         "resolved": cast(list[int], batch["resolved"].tolist()),
@@ -337,3 +346,6 @@ def to_lists(batch: ColumnBatch) -> Batch:
         "features": list(batch["features"]),
         "worlds": worlds,
     }
+    if "forks_saved" in batch:
+        lists["forks_saved"] = dict(batch["forks_saved"])
+    return lists

@@ -23,7 +23,6 @@ from itertools import pairwise
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import brentq
 from scipy.special import ndtr, ndtri
 
 from forklab.experiments.experiment.spec import Spending
@@ -105,6 +104,10 @@ def _check_fractions(fractions: Sequence[float]) -> list[float]:
 def efficacy_bounds(fractions: Sequence[float], alpha: float, spending: Spending) -> Floats:
     """The two-sided boundary ``c_k`` of each look; the last look spends what is left, so
     the design's type I error is exactly α whether or not the last fraction is 1."""
+    # scipy.optimize costs a tenth of a second to import: only a sequential design needs it,
+    # and every `forklab plan` imports this module
+    from scipy.optimize import brentq
+
     ts = _check_fractions(fractions)
     bounds: list[float] = []
     state: _Continuation | None = None

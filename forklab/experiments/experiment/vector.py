@@ -61,6 +61,7 @@ from forklab.runtime.runner import (
     run_prefix,
     world_params,
 )
+from forklab.runtime.vote import vote_decided
 from forklab.runtime.workload import Workload
 
 #: Episodes of every batched chunk that the scalar runner also runs, as a check.
@@ -277,19 +278,25 @@ def _run(
     row_codes = feature_rows.codes[firsts] if memo else feature_rows.codes
     no_shocks = StrColumn(np.zeros(n, dtype=np.uint32), [NO_SHOCKS])
     out: dict[str, Columns] = {}
+    saved = {w.name: 0 for w in worlds if w.forks > 1}
     for world in worlds:
         where = _fires(world, feature_rows.rows, row_codes, size)
         votes = np.zeros(size, dtype=np.int64)
-        for _ in range(world.forks):
+        forks = world.forks
+        for ran in range(1, forks + 1):
             state = {k: v.copy() for k, v in base.items()}
             votes += _finish(workload, state, world, world_params(workload, world), where, size)
+            tallies = set(votes.tolist())  # at most forks + 1 distinct counts of successes
+            if forks > 1 and all(vote_decided(v, ran - v, forks) is not None for v in tallies):
+                saved[world.name] = (forks - ran) * n  # every episode's vote was decided
+                break
         out[world.name] = {
             "outcomes": (votes * 2 > world.forks)[spread],
             "intervened": where[spread],
             "shocks": no_shocks,
             "inherited": checkpoints,
         }
-    return {
+    batch: ColumnBatch = {
         "episodes": np.asarray(episodes, dtype=np.int64),
         "requested": requested,
         "resolved": resolved,
@@ -297,6 +304,9 @@ def _run(
         "features": feature_rows,
         "worlds": out,
     }
+    if saved:
+        batch["forks_saved"] = saved
+    return batch
 
 
 def _fires(

@@ -4,6 +4,7 @@
 - ``slices``: slices by boundary feature (values, quantile bins, interactions);
 - ``checks``: the named validity checks; ``verdicts``: per-world verdicts;
 - ``power``: episodes needed; ``evidence``: evidence per world-second;
-- ``guard``: learning and validating a guard policy;
+- ``guard``: learning and validating a guard policy (``held_out_plan``: which episodes and
+  worlds its validation runs, known from the spec alone);
 - ``build``: ``build_report`` puts them together.
 """

@@ -10,7 +10,8 @@ from __future__ import annotations
 from forklab.experiments.experiment.analysis.checks import validity_checks
 from forklab.experiments.experiment.analysis.columns import FeatureColumns, as_bools
 from forklab.experiments.experiment.analysis.evidence import rank_evidence
-from forklab.experiments.experiment.analysis.guard import HeldOutRunner, guard_policy, guard_world
+from forklab.experiments.experiment.analysis.guard import HeldOutRunner, guard_policy
+from forklab.experiments.experiment.analysis.held_out_plan import guard_world
 from forklab.experiments.experiment.analysis.pairs import (
     CONFIDENCE,
     PairedEffect,
@@ -157,16 +158,19 @@ def build_report(
     *,
     held_out: HeldOutRunner,
     workload_bundle: str | None = None,
+    forks_saved: dict[str, int] | None = None,
 ) -> Report:
     """The report. The guard's held-out episodes run in ``held_out`` (a sandbox on the
     durable path, the twin for ``forklab plan``). ``workload_bundle`` is the digest of
-    the workload's bundle (None for a built-in workload)."""
+    the workload's bundle (None for a built-in workload); ``forks_saved``: per world, the
+    forks its decided majority votes did not run."""
     settings = AnalysisSettings(
         confidence=CONFIDENCE,
         alpha=spec.analysis.alpha,
         power=spec.analysis.power,
         quantile_bins=spec.analysis.quantile_bins,
         forks_per_checkpoint=spec.analysis.forks_per_checkpoint,
+        forks_saved=forks_saved or None,
     )
     features = as_features(out.features)
     columns = FeatureColumns(features)

@@ -6,10 +6,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from forklab.experiments.experiment.columnar import Bools, bools
+from forklab.experiments.experiment.chunks import FINGERPRINT_EVERY, FINGERPRINTS_IN_FULL
+from forklab.experiments.experiment.columnar import Bools, StrColumn, bools
 from forklab.experiments.experiment.outcomes import ExperimentOutcomes
 from forklab.experiments.experiment.results import Check, InfraUsage, WorldStatus
 from forklab.experiments.experiment.spec import Direction, ExperimentSpec, Role
+from forklab.runtime.crn import UNCHECKED
 
 
 def completion(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check:
@@ -73,11 +75,29 @@ def common_random_numbers(out: ExperimentOutcomes) -> Check:
             passed=False,
             reason=f"shock fingerprints differ from {names[0]} in: {', '.join(bad)}",
         )
+    n = len(ref)
+    checked = n - _unchecked(ref)
+    scope = (
+        ""
+        if checked == n
+        else f" in the {checked:,} of {n:,} episodes fingerprinted (a {checked / n:.1%} sample: "
+        f"the local twin fingerprints every {FINGERPRINT_EVERY}th episode of a run over "
+        f"{FINGERPRINTS_IN_FULL:,}; the other episodes are not compared)"
+    )
     return Check(
         name="common_random_numbers",
         passed=True,
-        reason=f"per-episode shock fingerprints identical across {len(names)} worlds",
+        reason=f"per-episode shock fingerprints identical across {len(names)} worlds{scope}",
     )
+
+
+def _unchecked(shocks: StrColumn | Sequence[str]) -> int:
+    """Episodes whose worlds kept no record of their draws (``UNCHECKED``)."""
+    if isinstance(shocks, StrColumn):
+        if UNCHECKED not in shocks.values:
+            return 0
+        return int(np.count_nonzero(shocks.codes == shocks.values.index(UNCHECKED)))
+    return sum(1 for s in shocks if s == UNCHECKED)
 
 
 def placebo_fidelity(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check | None:

@@ -32,6 +32,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from forklab.experiments.experiment.analysis.held_out_plan import (
+    guard_world,
+    held_out_request,
+    holdout_size,
+)
 from forklab.experiments.experiment.analysis.pairs import paired_table
 from forklab.experiments.experiment.analysis.slices import Clause, SliceEffect, feature_text
 from forklab.experiments.experiment.columnar import (
@@ -41,8 +46,7 @@ from forklab.experiments.experiment.columnar import (
     as_features,
     bools,
 )
-from forklab.experiments.experiment.spec import ExperimentSpec, Role, World
-from forklab.experiments.experiment.worlds import world_plan
+from forklab.experiments.experiment.spec import ExperimentSpec, World
 from forklab.runtime.file_format import WorldPlan
 from forklab.runtime.runner import rule_fires
 from forklab.runtime.workload import Feature
@@ -97,14 +101,6 @@ def held_out_validation(ev: GuardEvaluation) -> tuple[bool, str]:
         f"the rule validated: on {span} its net {guarded:+d} is at least that of always "
         f"applying it ({always:+d}) and of never applying it (+0)"
     )
-
-
-def guard_world(spec: ExperimentSpec) -> World | None:
-    """The treatment the guard gates: the spec's choice, else the first treatment."""
-    name = spec.analysis.guard.world
-    if name is not None:
-        return next(w for w in spec.worlds if w.name == name)
-    return next((w for w in spec.worlds if w.role is Role.treatment), None)
 
 
 def _best_subset(slices: Sequence[SliceEffect], harm_cap: int | None) -> list[SliceEffect]:
@@ -202,17 +198,6 @@ def _counts(
     )
 
 
-#: Held-out episodes when the spec does not say: enough to read the held-out rescue and
-#: harm rates to about half a percentage point (one standard error ≤ 0.5 / sqrt(10,000)),
-#: while a large experiment does not pay for a second full simulation.
-DEFAULT_HOLDOUT_CAP = 10_000
-
-
-def holdout_size(spec: ExperimentSpec) -> int:
-    """``analysis.guard.holdout_episodes``, else as many as the spec has, capped."""
-    return spec.analysis.guard.holdout_episodes or min(spec.episodes, DEFAULT_HOLDOUT_CAP)
-
-
 def guarded_outcomes(
     rule: dict[str, Any],
     features: FeatureRows | Sequence[dict[str, Feature]],
@@ -235,17 +220,6 @@ def guarded_outcomes(
     )
     fires = on_row[table.codes]
     return np.where(fires, bools(treated), bools(reference)), fires & bools(intervened)
-
-
-def held_out_request(
-    spec: ExperimentSpec, treatment: World, holdout: int
-) -> tuple[range, list[WorldPlan]]:
-    """The held-out episodes and the two worlds ``validate_guard`` runs on them: known from
-    the spec alone, so the durable path can start them before the training outcomes are
-    read."""
-    forks = spec.analysis.forks_per_checkpoint
-    plans = [world_plan(spec.baseline, forks), world_plan(treatment, forks)]
-    return range(spec.episodes, spec.episodes + holdout), plans
 
 
 def validate_guard(

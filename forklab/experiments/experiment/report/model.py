@@ -82,6 +82,9 @@ class AnalysisSettings(BaseModel):
     power: float
     quantile_bins: int
     forks_per_checkpoint: int
+    #: per world, the forks its majority votes did not run once decided (the twin's runs;
+    #: None where nothing was counted)
+    forks_saved: dict[str, int] | None = None
 
 
 #: Bump when a stored report changes shape, so a reader can tell which one it holds.

@@ -42,6 +42,21 @@ def text_table(t: Table) -> list[str]:
     return out
 
 
+def votes_text(report: Report) -> list[str]:
+    """What majority votes that stop once decided saved, world by world."""
+    s = report.settings
+    if not s.forks_saved:
+        return []
+    n, k = report.experiment.episodes, s.forks_per_checkpoint
+    parts = [
+        f"{world} {saved:,} of {n * k:,} ({saved / (n * k):.1%})"
+        for world, saved in s.forks_saved.items()
+    ]
+    return [
+        f"forks saved by majority votes decided early (of {k} per checkpoint): " + ", ".join(parts)
+    ]
+
+
 def render_text(report: Report) -> str:
     e = report.experiment
     lines = [
@@ -54,6 +69,7 @@ def render_text(report: Report) -> str:
         "",
     ]
     lines += text_table(worlds_table(report))
+    lines += votes_text(report)
     lines.append("")
     lines += text_table(comparisons_table(report))
     for c in report.comparisons:
