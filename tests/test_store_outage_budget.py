@@ -13,7 +13,6 @@ import asyncio
 import threading
 import time
 import uuid
-from concurrent.futures import Executor
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from stores_lab import S3_ENV, Proxy, make_bucket, moto_server
 from temporalio.testing import WorkflowEnvironment
 
 from forklab.activities.sandbox.local import LocalSandboxBackend
-from forklab.workers.experiment.worker import build_worker
+from forklab.workers.experiment.worker import build_worker, cpu_pool
 from forklab.workflows.experiment.messages import Status
 
 #: How long one call waits out the outage before its attempt gives up.
@@ -56,7 +55,6 @@ class BoxWatcher:
 
 async def test_an_object_store_outage_during_worlds_is_not_charged_as_compute(
     temporal_env: WorkflowEnvironment,
-    cpu: Executor,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -77,24 +75,30 @@ async def test_an_object_store_outage_during_worlds_is_not_charged_as_compute(
         )
         lab = Lab(client=temporal_env.client, settings=settings)
         spec = make_spec(params={"sandbox_sleep": 0.05})
-        async with build_worker(temporal_env.client, settings, cpu):
-            handle, key = await lab.start(spec, batch_episodes=12)
-            await lab.approve(handle, key)
-            watcher = BoxWatcher(lab.backend, spec.id)
-            try:
-                group = {"forklab.experiment": spec.id, "forklab.world": "baseline+boost+placebo"}
-                deadline = time.monotonic() + 120
-                while not lab.backend.list(group):
-                    assert time.monotonic() < deadline, "no world group started"
-                    await asyncio.sleep(0.02)
-                proxy.down()  # the group's results (and the next group's inputs) wait
-                await asyncio.sleep(OUTAGE_SECONDS)
-                proxy.up()
-                result = await asyncio.wait_for(handle.result(), timeout=240)
-            finally:
-                watcher.stop.set()
-                watcher.thread.join()
-                proxy.down()
+        # a process pool of its own, started after the store's credentials are set: the
+        # session's pool (started earlier) would read the store without them
+        with cpu_pool() as cpu:
+            async with build_worker(temporal_env.client, settings, cpu):
+                handle, key = await lab.start(spec, batch_episodes=12)
+                await lab.approve(handle, key)
+                watcher = BoxWatcher(lab.backend, spec.id)
+                try:
+                    group = {
+                        "forklab.experiment": spec.id,
+                        "forklab.world": "baseline+boost+placebo",
+                    }
+                    deadline = time.monotonic() + 120
+                    while not lab.backend.list(group):
+                        assert time.monotonic() < deadline, "no world group started"
+                        await asyncio.sleep(0.02)
+                    proxy.down()  # the group's results (and the next group's inputs) wait
+                    await asyncio.sleep(OUTAGE_SECONDS)
+                    proxy.up()
+                    result = await asyncio.wait_for(handle.result(), timeout=240)
+                finally:
+                    watcher.stop.set()
+                    watcher.thread.join()
+                    proxy.down()
         assert result.status is Status.completed, result.error
         assert [(w.name, w.status, w.episodes) for w in result.worlds] == [
             (name, "completed", 24) for name in ("baseline", "boost", "placebo")

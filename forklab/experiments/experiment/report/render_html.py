@@ -123,7 +123,8 @@ def _provenance(report: Report, provenance: dict[str, str] | None) -> str:
     reader checks after the findings, folded so it does not fill the first screen."""
     e = report.experiment
     rows = [["fingerprint", _hash(e.fingerprint)]]
-    if e.workload_bundle:
+    # a durable run's provenance names the bundle itself (and who shipped it): once
+    if e.workload_bundle and "workload bundle" not in (provenance or {}):
         rows.append(["workload bundle", _hash(e.workload_bundle)])
     rows.append(["outcomes digest", _hash(report.outcomes_digest)])
     rows += [[escape(k), _inline(v)] for k, v in (provenance or {}).items()]

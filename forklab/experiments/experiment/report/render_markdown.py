@@ -118,7 +118,8 @@ def render_markdown(report: Report, provenance: dict[str, str] | None = None) ->
         lines += ["", *workspace_markdown(report.workspaces)]
     lines += ["", "## Provenance", ""]
     items = [["fingerprint", f"`{e.fingerprint}`"]]
-    if e.workload_bundle:
+    # a durable run's provenance names the bundle itself (and who shipped it): once
+    if e.workload_bundle and "workload bundle" not in (provenance or {}):
         items.append(["workload bundle", f"`{e.workload_bundle}`"])
     items.append(["outcomes digest", f"`{report.outcomes_digest}`"])
     items += [[k, v] for k, v in (provenance or {}).items()]
