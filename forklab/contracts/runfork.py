@@ -26,7 +26,8 @@ RECEIPT_MEMO_KEY = "forklab_receipt"
 LINEAGE_HEADER = "forklab-lineage-root"
 #: Activity header naming the first run id of the calling chain: the run log's stream.
 CHAIN_HEADER = "forklab-chain"
-#: Activity header naming the step index of a call.
+#: Activity header naming a call's place in its run's scheduling order (chain-wide, like
+#: step numbers; for calls in sequence it is their step number).
 STEP_HEADER = "forklab-step"
 #: ForkLab's own activities; they are not steps of a run.
 INTERNAL_PREFIX = "forklab."
@@ -107,11 +108,15 @@ class FetchPrefixInput(BaseModel):
 
 class PrefixPage(BaseModel):
     """Part of the prefix: inherited steps with their results; on the last page also the
-    parent's completed calls after the boundary (for ``auto``/``replay`` policies)."""
+    parent's completed calls after the boundary (for ``auto``/``replay`` policies) and the
+    calls it had in flight at the boundary."""
 
     steps: list[Step]
     next_step: int | None = None
     recorded_after: list[Step] = Field(default_factory=list)
+    #: on the last page: the parent's calls still running when the boundary step completed
+    #: (``call_match.in_flight``, results stripped); the fork runs them live
+    in_flight: list[Step] = Field(default_factory=list)
 
 
 class StepDecisionInput(BaseModel):

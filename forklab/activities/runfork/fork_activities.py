@@ -15,6 +15,7 @@ from forklab.contracts.runfork import (
     PrefixPage,
     StepDecisionInput,
 )
+from forklab.experiments.runfork.call_match import in_flight
 from forklab.experiments.runfork.steps import Step, StepStatus
 
 
@@ -49,7 +50,8 @@ class ForkActivities:
             if size > req.max_bytes:
                 break
             kept.append(s)
-        return PrefixPage(steps=out, recorded_after=kept)
+        flying = in_flight(rec.steps, req.upto_step)
+        return PrefixPage(steps=out, recorded_after=kept, in_flight=flying)
 
     @activity.defn(name=STEP_DECISION)
     async def step_decision(self, req: StepDecisionInput) -> StepDecisionInput:

@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         PrefixPage,
         StepDecisionInput,
     )
+    from forklab.experiments.runfork.call_match import Divergence, PrefixMatcher
     from forklab.experiments.runfork.identity import lineage_root
     from forklab.experiments.runfork.policy import Decision, decide, policy_for, uses_records
     from forklab.experiments.runfork.receipt import BoundaryMode
@@ -83,7 +84,8 @@ class _ForkState:
 
     def __init__(self) -> None:
         self.marker: ForkMarker | None = None
-        self.prefix: dict[int, Step] = {}
+        #: the inherited steps, handed out by what each call is (None: nothing inherited)
+        self.matcher: PrefixMatcher | None = None
         self.recorded: dict[tuple[str, str], Step] = {}
         #: steps of the chain before this run
         self.base = 0
@@ -91,6 +93,7 @@ class _ForkState:
         self.lineage_root = ""
 
     def next_index(self) -> int:
+        """The next call's place in the chain's scheduling order."""
         self.calls += 1
         return self.base + self.calls
 
@@ -139,7 +142,17 @@ class _ForkInbound(WorkflowInboundInterceptor):
             state.lineage_root = marker.lineage_root
             if _inherits(marker):
                 await _load_prefix(state, marker)
-        return await super().execute_workflow(input)
+        result = await super().execute_workflow(input)
+        if state.matcher is not None and state.matcher.owed:
+            # the run ended without asking for every inherited call: its code is not the
+            # parent's, and what it did after the boundary is no continuation of it
+            raise ApplicationError(
+                f"the fork finished without making {state.matcher.owed} of the calls it "
+                "inherited from the parent's steps",
+                type=ForkErrorType.prefix_diverged,
+                non_retryable=True,
+            )
+        return result
 
 
 def _inherits(marker: ForkMarker) -> bool:
@@ -153,6 +166,8 @@ def _inherits(marker: ForkMarker) -> bool:
 
 async def _load_prefix(state: _ForkState, marker: ForkMarker) -> None:
     start = marker.base_step + 1
+    prefix: list[Step] = []
+    flying: list[Step] = []
     while True:
         page: PrefixPage = await workflow.execute_activity(
             FETCH_PREFIX,
@@ -168,14 +183,16 @@ async def _load_prefix(state: _ForkState, marker: ForkMarker) -> None:
             retry_policy=_FORK_RETRY,
             summary=f"fork: inherit steps {start}..{marker.at_step} of {marker.parent_workflow_id}",
         )
-        for s in page.steps:
-            state.prefix[s.index] = s
+        prefix.extend(page.steps)
+        flying.extend(page.in_flight)
         for s in page.recorded_after:
             state.recorded.setdefault((s.activity_type, s.input_sha256), s)
         if page.next_step is None:
             break
         start = page.next_step
-    for s in state.prefix.values():
+    if prefix:
+        state.matcher = PrefixMatcher(prefix, flying, exact=marker.boundary is BoundaryMode.exact)
+    for s in prefix:
         if s.status is StepStatus.completed:
             state.recorded.setdefault((s.activity_type, s.input_sha256), s)
 
@@ -236,15 +253,26 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             input = dataclasses.replace(input, summary=f"step {index}: {input.activity}")
         if marker is None:
             return super().start_activity(self._headers(input, index))
-        model = marker.model_at(index)
+        matcher = state.matcher
+        if matcher is not None and matcher.owed:
+            # the call as the parent's lineage made it (its model swaps up to here)
+            model = marker.model_at(index)
+            seen = _swap_model(input, model) if model is not None else input
+            key = matcher.key(seen.activity, _input_digest(seen.args))
+            step = matcher.take(key)
+            if step is not None:
+                return workflow.ActivityHandle(self._served(seen, step, matcher))
+            try:
+                matcher.check_live(key)
+            except Divergence as exc:
+                raise ApplicationError(
+                    str(exc), type=ForkErrorType.prefix_diverged, non_retryable=True
+                ) from None
+        # not inherited: the call comes after the boundary, whatever its place in the code
+        after = max(index, marker.at_step + 1) if matcher is not None else index
+        model = marker.model_at(after)
         if model is not None:
             input = _swap_model(input, model)
-        if (
-            marker.boundary is not BoundaryMode.lineage_only
-            and not marker.continued
-            and index <= marker.at_step
-        ):
-            return self._serve_prefix(input, index, marker)
         digest = _input_digest(input.args)
         recorded = state.recorded.get((input.activity, digest))
         decision = decide(input.activity, marker.tool_policies, recorded is not None)
@@ -294,33 +322,13 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         )
         return _decode(step, input.ret_type)
 
-    def _serve_prefix(
-        self, input: StartActivityInput, index: int, marker: ForkMarker
-    ) -> workflow.ActivityHandle[Any]:
-        step = self._state.prefix.get(index)
-        if step is None:
-            raise ApplicationError(
-                f"step {index} is not in the inherited prefix",
-                type=ForkErrorType.prefix_diverged,
-                non_retryable=True,
-            )
-        if step.activity_type != input.activity:
-            raise ApplicationError(
-                f"at step {index} the parent called {step.activity_type} "
-                f"and the fork calls {input.activity}",
-                type=ForkErrorType.prefix_diverged,
-                non_retryable=True,
-            )
-        if marker.boundary is BoundaryMode.exact and _input_digest(input.args) != step.input_sha256:
-            raise ApplicationError(
-                f"at step {index} ({input.activity}) the fork's input differs "
-                "from the parent's (an exact boundary inherits only identical calls)",
-                type=ForkErrorType.prefix_diverged,
-                non_retryable=True,
-            )
-        return workflow.ActivityHandle(self._served(input, step))
-
-    async def _served(self, input: StartActivityInput, step: Step) -> Any:
+    async def _served(self, input: StartActivityInput, step: Step, matcher: PrefixMatcher) -> Any:
+        """An inherited call's recorded outcome, handed over in the parent's completion
+        order: a workflow that waits on calls in parallel sees them finish as the parent
+        did, and so takes the same path to the boundary."""
+        if not matcher.turn_of(step):
+            await workflow.wait_condition(lambda: matcher.turn_of(step))
+        matcher.delivered()
         if step.status is StepStatus.blocked:
             raise _blocked(input.activity, step.index, "was blocked on the parent fork")
         return _decode(step, input.ret_type)
