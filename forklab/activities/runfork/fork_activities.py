@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from temporalio import activity
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 
 from forklab.activities.runfork.history_events import ClosedRuns
 from forklab.activities.runfork.history_reads import read_run
+from forklab.contracts.errors import ForkErrorType
 from forklab.contracts.runfork import (
     FETCH_PREFIX,
     STEP_DECISION,
@@ -15,8 +17,9 @@ from forklab.contracts.runfork import (
     PrefixPage,
     StepDecisionInput,
 )
+from forklab.experiments.runfork.blocked import blocked_message
 from forklab.experiments.runfork.call_match import in_flight
-from forklab.experiments.runfork.steps import Step, StepStatus
+from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus
 
 
 class ForkActivities:
@@ -56,5 +59,14 @@ class ForkActivities:
     @activity.defn(name=STEP_DECISION)
     async def step_decision(self, req: StepDecisionInput) -> StepDecisionInput:
         """Records, visibly in history and the Web UI, a live call the fork's policy served
-        from the record or blocked; returns the record it was given."""
+        from the record or blocked; returns the record it was given. A blocked call fails
+        here, non-retryable, as ``fork_tool_blocked``: the workflow sees the call fail as
+        an ``ActivityError``, so its own error handling (a saga's compensation, a
+        fallback) runs on the fork as it would in production."""
+        if req.decision is StepOrigin.blocked:
+            raise ApplicationError(
+                blocked_message(req.index, req.activity_type, req.policy),
+                type=ForkErrorType.tool_blocked,
+                non_retryable=True,
+            )
         return req

@@ -28,7 +28,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.worker import (
     ContinueAsNewInput,
     Interceptor,
@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         PrefixPage,
         StepDecisionInput,
     )
+    from forklab.experiments.runfork.blocked import blocked_message
     from forklab.experiments.runfork.call_match import Divergence, PrefixMatcher
     from forklab.experiments.runfork.identity import lineage_root
     from forklab.experiments.runfork.policy import Decision, decide, policy_for, uses_records
@@ -210,10 +211,25 @@ def _decode(step: Step, ret_type: type | None) -> Any:
     )
 
 
-def _blocked(tool: str, index: int, why: str) -> ApplicationError:
-    return ApplicationError(
-        f"step {index} ({tool}) {why}", type=ForkErrorType.tool_blocked, non_retryable=True
+def _blocked(message: str) -> ApplicationError:
+    return ApplicationError(message, type=ForkErrorType.tool_blocked, non_retryable=True)
+
+
+def _inherited_block(input: StartActivityInput, step: Step) -> ActivityError:
+    """The failure an inherited blocked call raises: an ``ActivityError`` caused by
+    ``fork_tool_blocked``, as the parent fork's workflow saw it (no activity runs)."""
+    error = ActivityError(
+        "activity error",
+        scheduled_event_id=0,
+        started_event_id=0,
+        identity="forklab",
+        activity_type=input.activity,
+        activity_id="",
+        retry_state=RetryState.NON_RETRYABLE_FAILURE,
     )
+    cause = _blocked(f"step {step.index} ({input.activity}) was blocked on the parent fork")
+    error.__cause__ = cause
+    return error
 
 
 def _swap_model(input: StartActivityInput, model: str) -> StartActivityInput:
@@ -297,6 +313,8 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         return workflow.ActivityHandle(self._decided(input, note))
 
     async def _decided(self, input: StartActivityInput, note: StepDecisionInput) -> Any:
+        # a blocked call fails this activity (fork_tool_blocked): the workflow sees an
+        # ActivityError, as it would if the tool itself had failed
         await workflow.execute_activity(
             STEP_DECISION,
             note,
@@ -306,12 +324,8 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             summary=f"step {note.index}: {input.activity} {note.decision} (policy {note.policy})",
         )
         if note.result_b64 is None:
-            why = (
-                "is blocked on this fork"
-                if note.policy == "block"
-                else "has no exact recorded call to replay"
-            )
-            raise _blocked(input.activity, note.index, f"{why} (policy {note.policy})")
+            # a history recorded when the decision activity completed for blocked calls too
+            raise _blocked(blocked_message(note.index, input.activity, note.policy))
         step = Step(
             index=note.index,
             activity_type=note.activity_type,
@@ -330,7 +344,8 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             await workflow.wait_condition(lambda: matcher.turn_of(step))
         matcher.delivered()
         if step.status is StepStatus.blocked:
-            raise _blocked(input.activity, step.index, "was blocked on the parent fork")
+            # the parent fork's workflow saw this call fail: so does this one
+            raise _inherited_block(input, step)
         return _decode(step, input.ret_type)
 
     def continue_as_new(self, input: ContinueAsNewInput) -> Any:
