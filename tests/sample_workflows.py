@@ -425,3 +425,24 @@ class ArrivalOrderWorkflow:
         return await workflow.execute_activity(
             "write_report", arrived, result_type=str, start_to_close_timeout=timeout
         )
+
+
+@workflow.defn(name="AwaitsApproval")
+class AwaitsApprovalWorkflow:
+    """Withdraws, then waits for an ``approve`` signal before it finishes: a run (and each
+    fork of it) stays open until someone decides."""
+
+    def __init__(self) -> None:
+        self.approved = False
+
+    @workflow.signal
+    def approve(self) -> None:
+        self.approved = True
+
+    @workflow.run
+    async def run(self, d: TransferDetails) -> str:
+        withdrawn = await workflow.execute_activity(
+            "withdraw", d, result_type=str, start_to_close_timeout=timedelta(seconds=30)
+        )
+        await workflow.wait_condition(lambda: self.approved)
+        return withdrawn

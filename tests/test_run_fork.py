@@ -145,7 +145,7 @@ async def test_promote_closes_siblings_and_outcomes_are_append_only(
     await asyncio.gather(a.handle.result(), b.handle.result())
     agent_lab.lab.outcome(a.handle.id, "good", 0.9)
     agent_lab.lab.outcome(a.handle.id, "better", 0.95)
-    closed = await agent_lab.lab.promote(a.handle.id)
+    closed = (await agent_lab.lab.promote(a.handle.id)).closed
     assert set(closed) == {parent_id, b.handle.id}
     kinds = [d["kind"] for d in agent_lab.lab.registry.decisions(a.handle.id)]
     assert kinds == ["outcome", "outcome", "promoted"]

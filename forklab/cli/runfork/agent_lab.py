@@ -63,6 +63,7 @@ from forklab.contracts.runfork import (
 from forklab.experiments.runfork import identity
 from forklab.experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
+from forklab.experiments.runfork.promotion import SiblingRun
 from forklab.experiments.runfork.receipt import (
     BoundaryError,
     BoundaryMode,
@@ -90,6 +91,18 @@ class ForkError(ValueError):
 class Fork:
     receipt: ForkReceipt
     handle: WorkflowHandle[Any, Any]
+
+
+@dataclass
+class Promotion:
+    """A promoted fork and what promoting it did to each sibling's run in Temporal."""
+
+    winner: str
+    siblings: dict[str, SiblingRun]
+
+    @property
+    def closed(self) -> list[str]:
+        return list(self.siblings)
 
 
 @dataclass
@@ -430,25 +443,46 @@ class AgentLab:
                 e.model_dump(mode="json") for e in self.ledger.entries(await self.effect_scope(run))
             ],
             "decisions": self.registry.decisions(run),
+            "closed_siblings": self.registry.closed_by(run),
         }
 
     def outcome(self, run: str, label: str, score: float | None, by: str | None = None) -> None:
         self.registry.record(run, "outcome", by or getpass.getuser(), label=label, score=score)
 
-    async def promote(self, run: str, by: str | None = None) -> list[str]:
+    async def promote(
+        self, run: str, by: str | None = None, keep_running: bool = False
+    ) -> Promotion:
         """Record ``run`` as the winner and close its siblings (forks of the same parent,
-        and the parent itself); returns the closed ones. Nothing is rewritten."""
+        and the parent itself): in the registry, and in Temporal, where a sibling still
+        running has its cancellation requested (or, with ``keep_running``, is left
+        running). Each sibling's ``closed`` row says which. Nothing is rewritten."""
         receipt = self.registry.receipt(run)
         if receipt is None:
             raise ForkError(f"{run!r} is not a fork ForkLab made; only forks can be promoted")
         siblings = [
-            r.fork_workflow_id
-            for r in self.registry.children(receipt.parent_workflow_id)
-            if r.fork_workflow_id != run
+            receipt.parent_workflow_id,
+            *(
+                r.fork_workflow_id
+                for r in self.registry.children(receipt.parent_workflow_id)
+                if r.fork_workflow_id != run
+            ),
         ]
-        closed = [receipt.parent_workflow_id, *siblings]
-        self.registry.promote(run, closed, by or getpass.getuser())
-        return closed
+        runs = {s: await self._close_in_temporal(s, keep_running) for s in siblings}
+        self.registry.promote(run, runs, by or getpass.getuser())
+        return Promotion(winner=run, siblings=runs)
+
+    async def _close_in_temporal(self, workflow_id: str, keep_running: bool) -> SiblingRun:
+        if not await self._is_open(workflow_id):
+            return SiblingRun.already_closed
+        if keep_running:
+            return SiblingRun.left_running
+        try:
+            await self.client.get_workflow_handle(workflow_id).cancel()
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:  # it closed meanwhile
+                return SiblingRun.already_closed
+            raise
+        return SiblingRun.cancelled
 
     async def is_closed(self, run: str) -> bool:
         """Whether ``run``'s latest run has closed; ``RunNotFound`` if Temporal has no

@@ -19,6 +19,7 @@ from forklab.cli.ops_common import add_connection_flags, run, settings_from
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
 from forklab.cli.runfork.agent_services import agent_settings
 from forklab.experiments.runfork.policy import PolicyError, ToolPolicy, parse_policies
+from forklab.experiments.runfork.promotion import SiblingRun
 from forklab.experiments.runfork.receipt import BoundaryMode
 
 BAD_INPUT = 2
@@ -189,6 +190,8 @@ def render_trail(trail: dict[str, Any]) -> str:
         ]
     lines.append(f"  ledger: {len(trail['ledger'])} effects")
     lines += [f"    {json.dumps(e, sort_keys=True, default=str)[:160]}" for e in trail["ledger"]]
+    for sibling, what in trail.get("closed_siblings", {}).items():
+        lines.append(f"  closed by this promotion: {sibling} ({what})")
     lines.append(f"  decisions: {len(trail['decisions'])}")
     lines += [f"    {json.dumps(d, sort_keys=True, default=str)[:160]}" for d in trail["decisions"]]
     return "\n".join(lines)
@@ -208,9 +211,18 @@ async def _outcome(args: argparse.Namespace) -> int:
 @_guard
 async def _promote(args: argparse.Namespace) -> int:
     lab = await _lab(args)
-    closed = await lab.promote(args.run)
-    print(f"promoted {args.run}; closed: {', '.join(closed) or '(none)'}")
+    promotion = await lab.promote(args.run, keep_running=args.keep_running)
+    print(f"promoted {args.run}; closed: {', '.join(promotion.closed) or '(none)'}")
+    for sibling, what in promotion.siblings.items():
+        print(f"  {sibling}: {_SIBLING_RUN[what]}")
     return 0
+
+
+_SIBLING_RUN = {
+    SiblingRun.cancelled: "was running; cancellation requested in Temporal",
+    SiblingRun.left_running: "left running in Temporal (--keep-running)",
+    SiblingRun.already_closed: "had already closed in Temporal",
+}
 
 
 @_guard
@@ -291,8 +303,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_connection_flags(p)
     p.set_defaults(func=_runner(_outcome))
 
-    p = sub.add_parser("promote", help="promote a fork; its siblings are closed (append-only)")
+    p = sub.add_parser(
+        "promote",
+        help="promote a fork; its siblings are closed (append-only) and, if running, cancelled",
+    )
     p.add_argument("run")
+    p.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="leave siblings that are still running in Temporal running (recorded as such)",
+    )
     add_connection_flags(p)
     p.set_defaults(func=_runner(_promote))
 
