@@ -82,3 +82,27 @@ def test_a_call_the_parent_did_not_have_in_flight_is_a_divergence() -> None:
     assert loose.take(loose.key("plan", "drifted")) is RUN[0]
     assert loose.take(loose.key("search", "x")) is None  # the 1st search ran in flight
     loose.check_live(CallKey("search", "", 1))
+
+
+def test_fork_points_by_meaning_resolve_over_a_run_s_steps() -> None:
+    from forklab.experiments.runfork.fork_at import ForkAtError, not_forkable, resolve_at
+    from forklab.experiments.runfork.receipt import PrefixEvent
+
+    run = [
+        _step(1, 1, "chat_model", "m1"),
+        _step(2, 2, "search", "s1"),
+        _step(3, 3, "chat_model", "m2"),
+        _step(4, 4, "search", "s2"),
+        _step(5, 5, "charge", "c").model_copy(update={"status": StepStatus.failed}),
+    ]
+    assert resolve_at("tool:search", run)[1] == 3  # the last search is re-decided
+    assert resolve_at("tool:search#1", run)[1] == 1
+    assert resolve_at("failed", run)[1] == 4
+    assert resolve_at("last_model_call_before_failure", run)[1] == 2
+    assert resolve_at("step:2", run)[1] == 2
+    with pytest.raises(ForkAtError, match="only 2 times, not #3"):
+        resolve_at("tool:search#3", run)
+    with pytest.raises(ForkAtError, match="is no fork point"):
+        resolve_at("tool:", run)
+    marks = not_forkable(run[:4], [PrefixEvent(kind="signal", after_step=2)], 0)
+    assert [marks[i] is None for i in (1, 2, 3, 4)] == [True, True, False, False]

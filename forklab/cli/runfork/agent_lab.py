@@ -62,12 +62,14 @@ from forklab.contracts.runfork import (
 )
 from forklab.experiments.runfork import identity
 from forklab.experiments.runfork.diff import StateDiff, diff_states, divergence_step
+from forklab.experiments.runfork.fork_at import ForkAtError, not_forkable, resolve_at
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
 from forklab.experiments.runfork.promotion import SiblingRun
 from forklab.experiments.runfork.receipt import (
     BoundaryError,
     BoundaryMode,
     ForkReceipt,
+    PrefixEvent,
     ends_its_run,
     make_receipt,
     receipt_markdown,
@@ -91,6 +93,16 @@ class ForkError(ValueError):
 class Fork:
     receipt: ForkReceipt
     handle: WorkflowHandle[Any, Any]
+
+
+@dataclass
+class Timeline:
+    """What ``forklab steps`` shows: the steps, the other events and the forkable steps."""
+
+    steps: list[Step]
+    events: list[PrefixEvent]
+    #: per step index: why a fork there is refused exactly (None: it forks exactly)
+    not_forkable: dict[int, str | None]
 
 
 @dataclass
@@ -171,6 +183,29 @@ class AgentLab:
     async def steps(self, run: str) -> list[Step]:
         return chain_steps(await self.chain(run))
 
+    async def resolve_at(self, run: str, at: str) -> tuple[str, int]:
+        """A fork point by meaning (``failed``, ``tool:NAME[#k]``,
+        ``last_model_call_before_failure``, ``step:N``) over ``run``'s steps: the point as
+        resolved, and the step a fork there inherits up to."""
+        try:
+            point, at_step = resolve_at(at, await self.steps(run))
+        except ForkAtError as exc:
+            raise ForkError(str(exc)) from None
+        return point.text, at_step
+
+    async def timeline(self, run: str) -> Timeline:
+        """``run``'s steps, the other events that reached it (timers, children, signals,
+        updates, local activities) and why each step cannot be forked at exactly."""
+        chain = await self.chain(run)
+        refused: dict[int, str | None] = {}
+        for rec in chain:
+            refused.update(not_forkable(rec.steps, rec.others, rec.base_step))
+        return Timeline(
+            steps=chain_steps(chain),
+            events=[e for rec in chain for e in rec.others],
+            not_forkable=refused,
+        )
+
     async def fork(
         self,
         run: str,
@@ -182,12 +217,14 @@ class AgentLab:
         tool_policies: dict[str, ToolPolicy] | None = None,
         boundary: BoundaryMode = BoundaryMode.exact,
         requested_by: str | None = None,
+        point: str | None = None,
     ) -> Fork:
         """Start a fork of ``run`` that inherits steps 1..at_step and continues live.
 
         When the run keeps a workspace, the fork's files start from the layer step
         ``at_step`` left (verified first; a damaged layer refuses the fork), recorded in
-        the receipt's ``workspace_layer_sha256``."""
+        the receipt's ``workspace_layer_sha256``. ``point`` records the fork point by
+        meaning ``at_step`` was resolved from (:meth:`resolve_at`)."""
         fork_id = name or f"{run}--fork-{uuid.uuid4().hex[:8]}"
         if not _NAME.match(fork_id):
             raise ForkError(
@@ -254,6 +291,7 @@ class AgentLab:
                 requested_by=requested_by or getpass.getuser(),
                 created_at=datetime.now(UTC),
                 workspace_layer_sha256=layer,
+                requested_point=point,
             )
             inherited_swaps = [
                 swap

@@ -16,13 +16,15 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from forklab.activities.runfork.history_reads import RunNotFound
 from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, run, settings_from
-from forklab.cli.runfork.agent_lab import AgentLab, ForkError
+from forklab.cli.runfork.agent_lab import AgentLab, ForkError, Timeline
 from forklab.cli.runfork.agent_services import agent_settings
 from forklab.experiments.runfork.policy import PolicyError, ToolPolicy, parse_policies
 from forklab.experiments.runfork.promotion import SiblingRun
 from forklab.experiments.runfork.receipt import BoundaryMode
 
 BAD_INPUT = 2
+STEPS_HELP = "list the steps of an agent run, its other events and where it forks exactly"
+PROMOTE_HELP = "promote a fork; its siblings are closed (append-only), running ones cancelled"
 WATCH_POLL_SECONDS = 0.5
 
 
@@ -100,9 +102,13 @@ async def _fork(args: argparse.Namespace) -> int:
     intervention = _parse_intervention(args.intervention)
     policies: dict[str, ToolPolicy] = parse_policies(args.tool_policy or [])
     lab = await _lab(args)
+    at_step, point = args.at_step, None
+    if args.at is not None:
+        point, at_step = await lab.resolve_at(args.run, args.at)
     fork = await lab.fork(
         args.run,
-        args.at_step,
+        at_step,
+        point=point,
         name=args.name,
         intervention=intervention,
         model=args.model,
@@ -121,18 +127,45 @@ async def _fork(args: argparse.Namespace) -> int:
 @_guard
 async def _steps(args: argparse.Namespace) -> int:
     lab = await _lab(args)
-    steps = await lab.steps(args.run)
+    timeline = await lab.timeline(args.run)
     if args.json:
-        _print_json([s.model_dump(mode="json", exclude={"result_b64"}) for s in steps])
-        return 0
-    print(f"{'step':>5}  {'origin':<9} {'status':<9} {'ms':>8}  input sha256  call")
-    for s in steps:
-        ms = f"{s.duration_ms:8.1f}" if s.duration_ms is not None else "       -"
-        print(
-            f"{s.index:>5}  {s.origin:<9} {s.status.value:<9} {ms}  {s.input_sha256[:12]}  "
-            f"{s.label or s.activity_type}"
+        _print_json(
+            {
+                "steps": [
+                    {
+                        **s.model_dump(mode="json", exclude={"result_b64"}),
+                        "forkable": timeline.not_forkable.get(s.index) is None,
+                        "not_forkable_because": timeline.not_forkable.get(s.index),
+                    }
+                    for s in timeline.steps
+                ],
+                "events": [e.model_dump(mode="json") for e in timeline.events],
+            }
         )
+        return 0
+    print(render_steps(timeline))
     return 0
+
+
+def render_steps(timeline: Timeline) -> str:
+    """``forklab steps`` for people: a row per step (``fork`` says whether ``--at-step``
+    there forks exactly), and, between them, the timers, children, signals, updates and
+    local activities that reached the run after the step above."""
+    lines = [f"{'step':>5}  {'origin':<9} {'status':<9} {'ms':>8}  input sha256  fork  call"]
+    events = sorted(timeline.events, key=lambda e: e.after_step)
+    shown = 0
+    for s in timeline.steps:
+        while shown < len(events) and events[shown].after_step < s.index:
+            lines.append(f"{'':>5}  {'· ' + events[shown].kind}")
+            shown += 1
+        ms = f"{s.duration_ms:8.1f}" if s.duration_ms is not None else "       -"
+        fork = "no" if timeline.not_forkable.get(s.index) else "yes"
+        lines.append(
+            f"{s.index:>5}  {s.origin:<9} {s.status.value:<9} {ms}  {s.input_sha256[:12]}  "
+            f"{fork:<4}  {s.label or s.activity_type}"
+        )
+    lines += [f"{'':>5}  {'· ' + e.kind}" for e in events[shown:]]
+    return "\n".join(lines)
 
 
 @_guard
@@ -254,7 +287,15 @@ def _runner(fn: Any) -> Any:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("fork", help="fork an agent run at a step into a new workflow")
     p.add_argument("run", help="workflow id of the run to fork")
-    p.add_argument("--at-step", type=int, required=True, help="inherit steps 1..N")
+    at = p.add_mutually_exclusive_group(required=True)
+    at.add_argument("--at-step", type=int, help="inherit steps 1..N")
+    at.add_argument(
+        "--at",
+        metavar="POINT",
+        help="fork where something happened; that step runs live, the steps before it are "
+        "inherited: failed (the first failed step), tool:NAME (its last call), tool:NAME#k "
+        "(its k-th), last_model_call_before_failure, step:N",
+    )
     p.add_argument("--name", help="workflow id of the fork (default: RUN--fork-XXXX)")
     p.add_argument("--intervention", help="opaque JSON object the workflow may read")
     p.add_argument("--model", help="swap the model of every live model call")
@@ -277,7 +318,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_connection_flags(p)
     p.set_defaults(func=_runner(_fork))
 
-    p = sub.add_parser("steps", help="list the steps of an agent run")
+    p = sub.add_parser("steps", help=STEPS_HELP)
     p.add_argument("run")
     p.add_argument("--json", action="store_true", help="machine-readable")
     add_connection_flags(p)
@@ -303,10 +344,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_connection_flags(p)
     p.set_defaults(func=_runner(_outcome))
 
-    p = sub.add_parser(
-        "promote",
-        help="promote a fork; its siblings are closed (append-only) and, if running, cancelled",
-    )
+    p = sub.add_parser("promote", help=PROMOTE_HELP)
     p.add_argument("run")
     p.add_argument(
         "--keep-running",

@@ -140,6 +140,9 @@ class ForkReceipt(BaseModel):
     name: str
     requested_step: int
     resolved_step: int
+    #: the fork point by meaning it was asked at (``forklab fork --at``, e.g.
+    #: ``tool:charge_customer#1``), resolved to ``requested_step``; None: asked by number
+    requested_point: str | None = None
     parent_workflow_id: str
     parent_run_id: str
     #: the run of the parent's continue-as-new chain the fork started from
@@ -190,12 +193,14 @@ def make_receipt(
     requested_by: str,
     created_at: datetime,
     workspace_layer_sha256: str | None = None,
+    requested_point: str | None = None,
 ) -> ForkReceipt:
     return ForkReceipt(
         fork_workflow_id=fork_workflow_id,
         name=name,
         requested_step=resolution.requested_step,
         resolved_step=resolution.resolved_step,
+        requested_point=requested_point,
         parent_workflow_id=parent_workflow_id,
         parent_run_id=parent_run_id,
         source_run_id=source_run_id,
@@ -223,6 +228,7 @@ def receipt_markdown(r: ForkReceipt) -> str:
     rows = [
         ("fork of", f"`{r.parent_workflow_id}` run `{r.parent_run_id}`"),
         ("step", f"requested {r.requested_step}, resolved {r.resolved_step}"),
+        ("asked at", f"`{r.requested_point}`" if r.requested_point else "(a step number)"),
         ("boundary", f"{r.boundary.value} (restorable: {r.restorable}; {r.why})"),
         ("starts from", f"run `{r.source_run_id}`'s input (state after step {r.base_step})"),
         ("prefix sha256", f"`{r.prefix_sha256}`"),

@@ -1,0 +1,141 @@
+"""Fork points by meaning on the command line, and ``forklab steps`` showing every event
+kind that matters with the forkable steps marked (issue 33, point 5)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from agent_fixtures import AgentTestLab, Services, agent_settings
+from fork_workloads import StepsInput, StepsWorkflow, echo, hold
+from orchestration_lab import forklab
+from sample_workflows import Bank, Calls, MoneyTransferWorkflow, TransferDetails
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from forklab.cli.runfork.agent_lab import AgentLab, ForkError
+from forklab.cli.runfork.fork_commands import render_steps
+from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.temporal import ForkLabPlugin
+from forklab.workers.config import ENV, Settings
+from forklab.workers.runfork.agent_worker import connect_agents
+
+
+def _env(agent_lab: AgentTestLab) -> dict[str, str]:
+    a = agent_lab.agent
+    return {
+        **os.environ,
+        ENV["address"]: agent_lab.client.service_client.config.target_host,
+        ENV["home"]: str(a.home),
+        "FORKLAB_MODEL_BASE_URL": a.model_base_url,
+        "FORKLAB_EFFECTS_URL": a.effects_url,
+        "FORKLAB_AGENT_TASK_QUEUE": a.agent_task_queue,
+    }
+
+
+async def test_fork_at_a_tool_call_and_bad_points_on_the_cli(agent_lab: AgentTestLab) -> None:
+    parent = await agent_lab.start_research(model="fast")
+    with pytest.raises(WorkflowFailureError):
+        await parent.result()
+    env = _env(agent_lab)
+    out = forklab(env, "steps", parent.id)
+    assert out.returncode == 0, out.stderr
+    header, *rows = out.stdout.splitlines()
+    assert header.split()[-2:] == ["fork", "call"]
+    assert all(" yes " in row for row in rows)  # nothing but activities: every step forks
+    # the step before the (last) charge is the boundary; the charge is re-decided live
+    out = forklab(
+        env, "fork", parent.id, "--at", "tool:charge_customer", "--json",
+        "--tool-policy", "charge_customer=block",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    receipt = json.loads(out.stdout)
+    assert receipt["requested_step"] == 3 and receipt["resolved_step"] == 3
+    assert receipt["requested_point"] == "tool:charge_customer#1"
+    fork = agent_lab.client.get_workflow_handle(receipt["fork_workflow_id"])
+    with contextlib.suppress(WorkflowFailureError):  # the model is still `fast`
+        await asyncio.wait_for(fork.result(), timeout=60)
+    steps = await agent_lab.lab.steps(fork.id)
+    assert steps[3].activity_type == "charge_customer" and steps[3].origin == "blocked"
+    for at, says in {
+        "failed": "--at failed: the run has no failed step",
+        "tool:charge_customer#2": "calls tool 'charge_customer' only 1 time, not #2",
+        "tool:nothing": "calls tool 'nothing' never",
+        "maybe": "is no fork point; write failed, tool:NAME",
+    }.items():
+        out = forklab(env, "fork", parent.id, "--at", at)
+        assert out.returncode == 2, (at, out.stdout)
+        assert says in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    out = forklab(env, "fork", parent.id, "--at", "failed", "--at-step", "2")
+    assert out.returncode == 2 and "not allowed with" in out.stderr
+
+
+@pytest.fixture
+async def plain_lab(
+    temporal_env: WorkflowEnvironment, services: Services, tmp_path: Path
+) -> AsyncIterator[tuple[AgentLab, Client, str, Calls]]:
+    agent = agent_settings(services, tmp_path / "home")
+    target = temporal_env.client.service_client.config.target_host
+    settings = Settings.load({"address": target, "home": tmp_path / "home"}, env={})
+    client = await connect_agents(settings, agent)
+    calls = Calls()
+    bank = Bank(calls)
+    queue = f"at-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[StepsWorkflow, MoneyTransferWorkflow],
+        activities=[echo, hold, bank.withdraw, bank.deposit, bank.refund],
+        plugins=[ForkLabPlugin(agent.run_log_path)],
+    ):
+        yield AgentLab(client, agent), client, queue, calls
+
+
+async def test_fork_at_the_failed_step_re_runs_it_live(
+    plain_lab: tuple[AgentLab, Client, str, Calls],
+) -> None:
+    """The saga's deposit failed (a closed account): ``--at failed`` inherits the
+    withdrawal and runs the deposit again, live."""
+    lab, client, queue, calls = plain_lab
+    wid = f"transfer-{uuid.uuid4().hex[:8]}"
+    details = TransferDetails(source="a", target="closed-b", amount=3, reference="f1")
+    result = await client.execute_workflow(
+        MoneyTransferWorkflow.run, details, id=wid, task_queue=queue
+    )
+    assert result == "refunded: W-f1 R-f1"
+    assert [s.status for s in await lab.steps(wid)] == ["completed", "failed", "completed"]
+    assert await lab.resolve_at(wid, "failed") == ("failed", 1)
+    point, at = await lab.resolve_at(wid, "tool:refund")
+    assert (point, at) == ("tool:refund#1", 2)
+    with pytest.raises(ForkError, match="no model call precedes the failed step 2"):
+        await lab.resolve_at(wid, "last_model_call_before_failure")
+    fork = await lab.fork(wid, 1, point="failed", tool_policies={"*": ToolPolicy.live})
+    assert await asyncio.wait_for(fork.handle.result(), timeout=60) == result
+    assert fork.receipt.requested_point == "failed"
+    assert calls.counts[(fork.handle.id, "withdraw")] == 0
+    assert calls.counts[(fork.handle.id, "deposit")] == 1
+
+
+async def test_steps_show_timers_and_mark_where_a_fork_is_exact(
+    plain_lab: tuple[AgentLab, Client, str, Calls],
+) -> None:
+    lab, client, queue, _ = plain_lab
+    wid = f"steps-{uuid.uuid4().hex[:8]}"
+    await client.execute_workflow(
+        StepsWorkflow.run, StepsInput(steps=4, sleep_after=2), id=wid, task_queue=queue
+    )
+    timeline = await lab.timeline(wid)
+    assert [(e.kind, e.after_step) for e in timeline.events] == [("timer", 2)]
+    assert [timeline.not_forkable[i] is None for i in (1, 2, 3, 4)] == [True, True, False, False]
+    assert "a timer reached the parent after step 2" in (timeline.not_forkable[3] or "")
+    rows = render_steps(timeline).splitlines()[1:]
+    assert [r.split()[0] for r in rows] == ["1", "2", "·", "3", "4"]
+    assert rows[2].split() == ["·", "timer"]
+    assert [r.split()[-2] for r in rows if r.split()[0] != "·"] == ["yes", "yes", "no", "no"]
