@@ -20,6 +20,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from forklab.activities.runfork.overrides import make_override
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
 from forklab.cli.runfork.fork_commands import render_steps
 from forklab.experiments.runfork.policy import ToolPolicy
@@ -75,6 +76,18 @@ async def test_fork_at_a_tool_call_and_bad_points_on_the_cli(agent_lab: AgentTes
         assert says in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     out = forklab(env, "fork", parent.id, "--at", "failed", "--at-step", "2")
     assert out.returncode == 2 and "not allowed with" in out.stderr
+    for args, says in {
+        ("--override-result", "x"): "is not N=JSON",
+        ("--override-result", "3={oops"): "--override-result's value is not valid JSON",
+        ("--override-result", "3=1", "--at-step", "2"): "names step 3 but the fork is at step 2",
+        ("--live-after",): "give --at-step N, --at POINT or --override-result N=JSON",
+    }.items():
+        out = forklab(env, "fork", parent.id, *args)
+        assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
+    # --live-after: the default policy of the fork is live (in the receipt)
+    out = forklab(env, "fork", parent.id, "--at-step", "5", "--live-after", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["tool_policies"] == {"*": "live"}
 
 
 @pytest.fixture
@@ -139,3 +152,32 @@ async def test_steps_show_timers_and_mark_where_a_fork_is_exact(
     assert [r.split()[0] for r in rows] == ["1", "2", "·", "3", "4"]
     assert rows[2].split() == ["·", "timer"]
     assert [r.split()[-2] for r in rows if r.split()[0] != "·"] == ["yes", "yes", "no", "no"]
+
+
+async def test_override_result_what_if_the_deposit_had_gone_through(
+    plain_lab: tuple[AgentLab, Client, str, Calls],
+) -> None:
+    """The parent's deposit failed; a fork told it returned ``D-f2`` inherits the
+    withdrawal, takes the transfer's success path, and runs neither deposit nor refund."""
+    lab, client, queue, calls = plain_lab
+    wid = f"transfer-{uuid.uuid4().hex[:8]}"
+    details = TransferDetails(source="a", target="closed-b", amount=3, reference="f2")
+    assert (
+        await client.execute_workflow(MoneyTransferWorkflow.run, details, id=wid, task_queue=queue)
+        == "refunded: W-f2 R-f2"
+    )
+    fork = await lab.fork(wid, 2, result_override=make_override(2, "D-f2"))
+    assert await asyncio.wait_for(fork.handle.result(), timeout=60) == "transferred: W-f2 D-f2"
+    assert calls.of(fork.handle.id) == 0
+    assert [s.origin for s in await lab.steps(fork.handle.id)] == ["inherited", "overridden"]
+    receipt = fork.receipt
+    assert receipt.result_override is not None and receipt.result_override.value == "D-f2"
+    assert receipt.restorable and receipt.resolved_step == 2
+    trail = await lab.trail(fork.handle.id)
+    assert trail["receipts"][0]["result_override"]["value"] == "D-f2"
+    # a fork of the fork inherits the overridden result like any step
+    again = await lab.fork(fork.handle.id, 2, tool_policies={"*": ToolPolicy.live})
+    assert await asyncio.wait_for(again.handle.result(), timeout=60) == "transferred: W-f2 D-f2"
+    assert calls.of(again.handle.id) == 0
+    with pytest.raises(ForkError, match="the run has no step 7"):
+        await lab.fork(wid, 7, result_override=make_override(7, "x"))

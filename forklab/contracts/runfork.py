@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from forklab.experiments.runfork.overrides import ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.steps import Step, StepOrigin
@@ -81,6 +82,8 @@ class ForkMarker(BaseModel):
     model_swaps: list[ModelSwap] = Field(default_factory=list)
     tool_policies: dict[str, ToolPolicy] = Field(default_factory=dict)
     intervention: dict[str, Any] | None = None
+    #: step ``at_step``'s result replaced (``forklab fork --override-result``)
+    result_override: ResultOverride | None = None
     #: a later run of the fork (it continued-as-new): nothing to inherit any more
     continued: bool = False
 
@@ -104,6 +107,8 @@ class FetchPrefixInput(BaseModel):
     from_step: int
     upto_step: int
     max_bytes: int = 1_000_000
+    #: served in place of the recorded result of its step
+    result_override: ResultOverride | None = None
 
 
 class PrefixPage(BaseModel):

@@ -9,6 +9,7 @@ from temporalio.exceptions import ApplicationError
 
 from forklab.activities.runfork.history_events import ClosedRuns
 from forklab.activities.runfork.history_reads import read_run
+from forklab.activities.runfork.overrides import override_b64
 from forklab.contracts.errors import ForkErrorType
 from forklab.contracts.runfork import (
     FETCH_PREFIX,
@@ -19,6 +20,7 @@ from forklab.contracts.runfork import (
 )
 from forklab.experiments.runfork.blocked import blocked_message
 from forklab.experiments.runfork.call_match import in_flight
+from forklab.experiments.runfork.overrides import overridden
 from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus
 
 
@@ -34,7 +36,10 @@ class ForkActivities:
         """Steps ``from_step..upto_step`` of the parent's run, with their results, in pages
         of at most ``max_bytes`` (a Temporal payload must stay small)."""
         rec = await read_run(self._client, req.workflow_id, req.run_id, req.base_step, self.runs)
-        wanted = [s for s in rec.steps if req.from_step <= s.index <= req.upto_step]
+        steps = rec.steps
+        if req.result_override is not None:
+            steps = overridden(steps, req.result_override, override_b64(req.result_override))
+        wanted = [s for s in steps if req.from_step <= s.index <= req.upto_step]
         out: list[Step] = []
         size = 0
         for s in wanted:

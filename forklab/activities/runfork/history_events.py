@@ -313,7 +313,10 @@ def parse_events(
                 if results and scheduled.get(sid) == FETCH_PREFIX:
                     page = PrefixPage.model_validate_json(results[0].data)
                     done.extend(
-                        s.model_copy(update={"origin": StepOrigin.inherited}) for s in page.steps
+                        s
+                        if s.origin is StepOrigin.overridden
+                        else s.model_copy(update={"origin": StepOrigin.inherited})
+                        for s in page.steps
                     )
                     calls = max(calls, base_step + len(done))
                 continue

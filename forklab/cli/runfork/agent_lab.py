@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import getpass
 import json
 import re
@@ -44,6 +45,7 @@ from forklab.activities.runfork.history_reads import (
     locate_step,
     read_chain,
 )
+from forklab.activities.runfork.overrides import override_b64
 from forklab.activities.runfork.workspace import (
     agent_workspaces_root,
     collect_agent_layers,
@@ -63,6 +65,7 @@ from forklab.contracts.runfork import (
 from forklab.experiments.runfork import identity
 from forklab.experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from forklab.experiments.runfork.fork_at import ForkAtError, not_forkable, resolve_at
+from forklab.experiments.runfork.overrides import ResultOverride, overridden
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
 from forklab.experiments.runfork.promotion import SiblingRun
 from forklab.experiments.runfork.receipt import (
@@ -75,7 +78,7 @@ from forklab.experiments.runfork.receipt import (
     receipt_markdown,
     resolve_boundary,
 )
-from forklab.experiments.runfork.steps import Step, StepOrigin
+from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus
 from forklab.experiments.visible_text import visible
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.runfork.plugin import search_attributes_hint
@@ -161,6 +164,18 @@ def workspace_layer_in(inputs: list[Payload]) -> str | None:
     return None
 
 
+def _check_overridable(steps: list[Step], at_step: int) -> None:
+    """Step ``at_step`` must be one of ``steps`` with a recorded outcome to replace."""
+    step = next((s for s in steps if s.index == at_step), None)
+    if step is None:
+        raise ForkError(f"--override-result {at_step}: the run has no step {at_step}")
+    if step.status not in (StepStatus.completed, StepStatus.failed):
+        raise ForkError(
+            f"--override-result {at_step}: step {at_step} ({step.activity_type}) is "
+            f"{step.status.value}; only a completed or failed step's result can be replaced"
+        )
+
+
 def final_state(chain: list[RunRecord]) -> Any:
     close = chain[-1].close
     if "result" in close:
@@ -218,13 +233,15 @@ class AgentLab:
         boundary: BoundaryMode = BoundaryMode.exact,
         requested_by: str | None = None,
         point: str | None = None,
+        result_override: ResultOverride | None = None,
     ) -> Fork:
         """Start a fork of ``run`` that inherits steps 1..at_step and continues live.
 
         When the run keeps a workspace, the fork's files start from the layer step
         ``at_step`` left (verified first; a damaged layer refuses the fork), recorded in
         the receipt's ``workspace_layer_sha256``. ``point`` records the fork point by
-        meaning ``at_step`` was resolved from (:meth:`resolve_at`)."""
+        meaning ``at_step`` was resolved from (:meth:`resolve_at`). ``result_override``
+        (``make_override``) serves the fork its JSON as step ``at_step``'s result."""
         fork_id = name or f"{run}--fork-{uuid.uuid4().hex[:8]}"
         if not _NAME.match(fork_id):
             raise ForkError(
@@ -235,8 +252,21 @@ class AgentLab:
             raise ForkError(f"fork name {fork_id!r} is taken by an earlier fork; choose another")
         policies = dict(tool_policies or {})
         policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
+        if result_override is not None and boundary is BoundaryMode.lineage_only:
+            raise ForkError("--override-result needs an inherited prefix; lineage_only has none")
+        if result_override is not None and result_override.step != at_step:
+            raise ForkError(
+                f"--override-result names step {result_override.step} but the fork is at "
+                f"step {at_step}; an override replaces the result of the fork's last step"
+            )
         located = await locate_step(self.client, run, at_step, self.registry, self.runs)
         source = located.source
+        override_b = override_b64(result_override) if result_override is not None else ""
+        if result_override is not None:
+            _check_overridable(source.steps, at_step)
+            source = dataclasses.replace(
+                source, steps=overridden(source.steps, result_override, override_b)
+            )
         try:
             resolution = resolve_boundary(
                 source.steps,
@@ -257,6 +287,7 @@ class AgentLab:
         nxt = located.next_run
         if (
             boundary is not BoundaryMode.lineage_only
+            and result_override is None  # the next run's input holds the recorded result
             and nxt is not None
             and ends_its_run(resolution, source.steps, source.others)
         ):
@@ -292,6 +323,7 @@ class AgentLab:
                 created_at=datetime.now(UTC),
                 workspace_layer_sha256=layer,
                 requested_point=point,
+                result_override=result_override,
             )
             inherited_swaps = [
                 swap
@@ -314,6 +346,7 @@ class AgentLab:
                 model_swaps=inherited_swaps + own_swap,
                 tool_policies=policies,
                 intervention=intervention,
+                result_override=result_override,
             )
             try:
                 handle = await self._start(source, start_input, marker, receipt)

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import math
+import re
 import sys
 from typing import Any
 
@@ -14,11 +15,18 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from forklab.activities.runfork.history_reads import RunNotFound
+from forklab.activities.runfork.overrides import make_override
 from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, run, settings_from
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError, Timeline
 from forklab.cli.runfork.agent_services import agent_settings
-from forklab.experiments.runfork.policy import PolicyError, ToolPolicy, parse_policies
+from forklab.experiments.runfork.overrides import ResultOverride
+from forklab.experiments.runfork.policy import (
+    DEFAULT_KEY,
+    PolicyError,
+    ToolPolicy,
+    parse_policies,
+)
 from forklab.experiments.runfork.promotion import SiblingRun
 from forklab.experiments.runfork.receipt import BoundaryMode
 
@@ -79,18 +87,44 @@ def _offset(text: str) -> int:
     return value
 
 
+def _json_value(flag: str, text: str) -> Any:
+    """``text`` as JSON (finite numbers only), or one line naming ``flag``, exit 2."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise CliError(f"{flag} is not valid JSON ({exc})", code=BAD_INPUT) from None
+    except RecursionError:
+        raise CliError(f"{flag} is nested too deeply", code=BAD_INPUT) from None
+
+
 def _parse_intervention(text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
-    try:
-        value = json.loads(text, parse_constant=_no_constant)
-    except ValueError as exc:
-        raise CliError(f"--intervention is not valid JSON ({exc})", code=BAD_INPUT) from None
-    except RecursionError:
-        raise CliError("--intervention is nested too deeply", code=BAD_INPUT) from None
+    value = _json_value("--intervention", text)
     if not isinstance(value, dict):
         raise CliError("--intervention must be a JSON object", code=BAD_INPUT)
     return value
+
+
+_STEP = re.compile(r"^[0-9]{1,9}$")
+
+
+def _parse_override(text: str | None) -> ResultOverride | None:
+    """``--override-result N=JSON``: step N's result on the fork (one line, exit 2, when
+    malformed)."""
+    if text is None:
+        return None
+    step_text, sep, value_text = text.partition("=")
+    if not sep or not _STEP.match(step_text) or int(step_text) < 1:
+        raise CliError(
+            f"--override-result {text[:40]!r} is not N=JSON (e.g. 3='\"approved\"')",
+            code=BAD_INPUT,
+        )
+    value = _json_value("--override-result's value", value_text)
+    try:
+        return make_override(int(step_text), value)
+    except ValueError as exc:
+        raise CliError(str(exc), code=BAD_INPUT) from None
 
 
 def _print_json(value: Any) -> None:
@@ -100,15 +134,24 @@ def _print_json(value: Any) -> None:
 @_guard
 async def _fork(args: argparse.Namespace) -> int:
     intervention = _parse_intervention(args.intervention)
-    policies: dict[str, ToolPolicy] = parse_policies(args.tool_policy or [])
+    override = _parse_override(args.override_result)
+    given = list(args.tool_policy or [])
+    if args.live_after and not any(p.partition("=")[0].strip() == DEFAULT_KEY for p in given):
+        given.append(f"{DEFAULT_KEY}={ToolPolicy.live.value}")
+    policies: dict[str, ToolPolicy] = parse_policies(given)
+    if args.at_step is None and args.at is None and override is None:
+        raise CliError("give --at-step N, --at POINT or --override-result N=JSON", code=BAD_INPUT)
     lab = await _lab(args)
     at_step, point = args.at_step, None
     if args.at is not None:
         point, at_step = await lab.resolve_at(args.run, args.at)
+    if at_step is None and override is not None:
+        at_step = override.step
     fork = await lab.fork(
         args.run,
         at_step,
         point=point,
+        result_override=override,
         name=args.name,
         intervention=intervention,
         model=args.model,
@@ -211,6 +254,9 @@ def render_trail(trail: dict[str, Any]) -> str:
     lines = [f"run {trail['run']}", f"  lineage: {' -> '.join(trail['lineage'])}"]
     for r in trail["receipts"]:
         model = f", model {r['model']}" if r.get("model") else ""
+        if r.get("result_override"):
+            o = r["result_override"]
+            model += f", step {o['step']} returns {json.dumps(o['value'])[:80]}"
         lines.append(
             f"  fork {r['fork_workflow_id']} of {r['parent_workflow_id']} at step "
             f"{r['resolved_step']} (asked {r['requested_step']}, boundary {r['boundary']}{model})"
@@ -287,7 +333,7 @@ def _runner(fn: Any) -> Any:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("fork", help="fork an agent run at a step into a new workflow")
     p.add_argument("run", help="workflow id of the run to fork")
-    at = p.add_mutually_exclusive_group(required=True)
+    at = p.add_mutually_exclusive_group()
     at.add_argument("--at-step", type=int, help="inherit steps 1..N")
     at.add_argument(
         "--at",
@@ -299,6 +345,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--name", help="workflow id of the fork (default: RUN--fork-XXXX)")
     p.add_argument("--intervention", help="opaque JSON object the workflow may read")
     p.add_argument("--model", help="swap the model of every live model call")
+    p.add_argument(
+        "--override-result",
+        metavar="N=JSON",
+        help="inherit steps 1..N-1 and serve JSON as step N's result (the fork is at N)",
+    )
+    p.add_argument(
+        "--live-after",
+        action="store_true",
+        help="every step after the boundary runs live (the default policy '*' becomes live)",
+    )
     p.add_argument(
         "--tool-policy",
         action="append",

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from forklab.experiments.runfork.overrides import ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.steps import Step, StepStatus, prefix_sha256
 from forklab.experiments.visible_text import visible
@@ -161,6 +162,8 @@ class ForkReceipt(BaseModel):
     why: str
     approximations: list[str] = Field(default_factory=list)
     intervention: dict[str, Any] | None = None
+    #: the boundary step's result the fork was served instead of the parent's
+    result_override: ResultOverride | None = None
     model: str | None = None
     tool_policies: dict[str, ToolPolicy]
     #: the sealed layer holding the parent's workspace after ``resolved_step`` (the last
@@ -194,6 +197,7 @@ def make_receipt(
     created_at: datetime,
     workspace_layer_sha256: str | None = None,
     requested_point: str | None = None,
+    result_override: ResultOverride | None = None,
 ) -> ForkReceipt:
     return ForkReceipt(
         fork_workflow_id=fork_workflow_id,
@@ -213,6 +217,7 @@ def make_receipt(
         why=resolution.why,
         approximations=resolution.approximations,
         intervention=intervention,
+        result_override=result_override,
         model=model,
         tool_policies=tool_policies,
         workspace_layer_sha256=workspace_layer_sha256,
@@ -235,6 +240,12 @@ def receipt_markdown(r: ForkReceipt) -> str:
         ("lineage", " → ".join(f"`{w}`" for w in r.lineage)),
         ("model", r.model or "(unchanged)"),
         ("intervention", f"`{r.intervention}`" if r.intervention is not None else "(none)"),
+        (
+            "result override",
+            f"step {r.result_override.step} returns `{r.result_override.value}`"
+            if r.result_override is not None
+            else "(none)",
+        ),
         ("tool policies", policies),
         (
             "workspace layer",

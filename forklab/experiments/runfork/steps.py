@@ -40,6 +40,9 @@ class StepOrigin(StrEnum):
     replayed = "replayed"
     #: a live call of the fork that its policy refused
     blocked = "blocked"
+    #: the boundary step, served with the result the operator gave
+    #: (``forklab fork --override-result N=JSON``)
+    overridden = "overridden"
 
 
 class Step(BaseModel):

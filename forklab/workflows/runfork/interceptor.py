@@ -178,6 +178,7 @@ async def _load_prefix(state: _ForkState, marker: ForkMarker) -> None:
                 base_step=marker.base_step,
                 from_step=start,
                 upto_step=marker.at_step,
+                result_override=marker.result_override,
             ),
             result_type=PrefixPage,
             start_to_close_timeout=_FORK_ACTIVITY_TIMEOUT,
