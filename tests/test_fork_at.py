@@ -80,7 +80,8 @@ async def test_fork_at_a_tool_call_and_bad_points_on_the_cli(agent_lab: AgentTes
         ("--override-result", "x"): "is not N=JSON",
         ("--override-result", "3={oops"): "--override-result's value is not valid JSON",
         ("--override-result", "3=1", "--at-step", "2"): "names step 3 but the fork is at step 2",
-        ("--live-after",): "give --at-step N, --at POINT or --override-result N=JSON",
+        ("--live-after",): "give --at-step N, --at POINT, --override-result N=JSON",
+        ("--override-input", "4=[1", "--at-step", "3"): "--override-input's value is not valid",
     }.items():
         out = forklab(env, "fork", parent.id, *args)
         assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
@@ -181,3 +182,24 @@ async def test_override_result_what_if_the_deposit_had_gone_through(
     assert calls.of(again.handle.id) == 0
     with pytest.raises(ForkError, match="the run has no step 7"):
         await lab.fork(wid, 7, result_override=make_override(7, "x"))
+
+
+async def test_override_input_what_if_the_deposit_had_gone_to_an_open_account(
+    plain_lab: tuple[AgentLab, Client, str, Calls],
+) -> None:
+    """The parent deposited into a closed account and refunded; a fork that asks the
+    deposit for an open account runs it live with that input and transfers."""
+    lab, client, queue, calls = plain_lab
+    wid = f"transfer-{uuid.uuid4().hex[:8]}"
+    details = TransferDetails(source="a", target="closed-b", amount=3, reference="f3")
+    await client.execute_workflow(MoneyTransferWorkflow.run, details, id=wid, task_queue=queue)
+    fixed = details.model_copy(update={"target": "open-b"}).model_dump()
+    fork = await lab.fork(wid, 1, input_override=(2, fixed))
+    assert await asyncio.wait_for(fork.handle.result(), timeout=60) == "transferred: W-f3 D-f3"
+    assert calls.counts[(fork.handle.id, "withdraw")] == 0
+    assert calls.counts[(fork.handle.id, "deposit")] == 1
+    assert calls.counts[(fork.handle.id, "refund")] == 0
+    assert fork.receipt.input_override is not None
+    assert fork.receipt.input_override.value["target"] == "open-b"
+    with pytest.raises(ForkError, match="names step 3 but the fork is at step 1"):
+        await lab.fork(wid, 1, input_override=(3, fixed))

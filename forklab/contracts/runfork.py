@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forklab.experiments.runfork.overrides import ResultOverride
+from forklab.experiments.runfork.overrides import InputOverride, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.steps import Step, StepOrigin
@@ -84,6 +84,8 @@ class ForkMarker(BaseModel):
     intervention: dict[str, Any] | None = None
     #: step ``at_step``'s result replaced (``forklab fork --override-result``)
     result_override: ResultOverride | None = None
+    #: step ``at_step + 1`` runs live with another input (``--override-input``)
+    input_override: InputOverride | None = None
     #: a later run of the fork (it continued-as-new): nothing to inherit any more
     continued: bool = False
 

@@ -63,9 +63,10 @@ from forklab.contracts.runfork import (
     fork_task_queue,
 )
 from forklab.experiments.runfork import identity
+from forklab.experiments.runfork.call_match import keyed
 from forklab.experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from forklab.experiments.runfork.fork_at import ForkAtError, not_forkable, resolve_at
-from forklab.experiments.runfork.overrides import ResultOverride, overridden
+from forklab.experiments.runfork.overrides import InputOverride, ResultOverride, overridden
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
 from forklab.experiments.runfork.promotion import SiblingRun
 from forklab.experiments.runfork.receipt import (
@@ -176,6 +177,30 @@ def _check_overridable(steps: list[Step], at_step: int) -> None:
         )
 
 
+def _input_override(
+    steps: list[Step], at_step: int, step: int, value: Any, boundary: BoundaryMode
+) -> InputOverride:
+    """The parent's step ``step`` (which must come right after the boundary, in the run
+    holding it) by what it is, to run live with ``value`` as its input."""
+    if step != at_step + 1:
+        raise ForkError(
+            f"--override-input names step {step} but the fork is at step {at_step}; it "
+            f"changes the step right after the boundary (fork at {step - 1})"
+        )
+    if boundary is BoundaryMode.lineage_only:
+        raise ForkError("--override-input needs an inherited prefix; lineage_only has none")
+    for key, s in keyed(steps, with_input=boundary is BoundaryMode.exact).items():
+        if s.index == step:
+            return InputOverride(
+                step=step,
+                value=value,
+                activity_type=s.activity_type,
+                input_sha256=s.input_sha256,
+                ordinal=key.ordinal,
+            )
+    raise ForkError(f"--override-input {step}: the run holding step {at_step} has no step {step}")
+
+
 def final_state(chain: list[RunRecord]) -> Any:
     close = chain[-1].close
     if "result" in close:
@@ -234,6 +259,7 @@ class AgentLab:
         requested_by: str | None = None,
         point: str | None = None,
         result_override: ResultOverride | None = None,
+        input_override: tuple[int, Any] | None = None,
     ) -> Fork:
         """Start a fork of ``run`` that inherits steps 1..at_step and continues live.
 
@@ -241,7 +267,9 @@ class AgentLab:
         ``at_step`` left (verified first; a damaged layer refuses the fork), recorded in
         the receipt's ``workspace_layer_sha256``. ``point`` records the fork point by
         meaning ``at_step`` was resolved from (:meth:`resolve_at`). ``result_override``
-        (``make_override``) serves the fork its JSON as step ``at_step``'s result."""
+        (``make_override``) serves the fork its JSON as step ``at_step``'s result;
+        ``input_override`` (step, JSON) runs that step, ``at_step + 1``, live with the JSON
+        as its input."""
         fork_id = name or f"{run}--fork-{uuid.uuid4().hex[:8]}"
         if not _NAME.match(fork_id):
             raise ForkError(
@@ -267,6 +295,11 @@ class AgentLab:
             source = dataclasses.replace(
                 source, steps=overridden(source.steps, result_override, override_b)
             )
+        asked = (
+            _input_override(source.steps, at_step, *input_override, boundary)
+            if input_override is not None
+            else None
+        )
         try:
             resolution = resolve_boundary(
                 source.steps,
@@ -288,6 +321,7 @@ class AgentLab:
         if (
             boundary is not BoundaryMode.lineage_only
             and result_override is None  # the next run's input holds the recorded result
+            and asked is None
             and nxt is not None
             and ends_its_run(resolution, source.steps, source.others)
         ):
@@ -324,6 +358,7 @@ class AgentLab:
                 workspace_layer_sha256=layer,
                 requested_point=point,
                 result_override=result_override,
+                input_override=asked,
             )
             inherited_swaps = [
                 swap
@@ -347,6 +382,7 @@ class AgentLab:
                 tool_policies=policies,
                 intervention=intervention,
                 result_override=result_override,
+                input_override=asked,
             )
             try:
                 handle = await self._start(source, start_input, marker, receipt)

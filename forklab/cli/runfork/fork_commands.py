@@ -109,20 +109,25 @@ def _parse_intervention(text: str | None) -> dict[str, Any] | None:
 _STEP = re.compile(r"^[0-9]{1,9}$")
 
 
-def _parse_override(text: str | None) -> ResultOverride | None:
-    """``--override-result N=JSON``: step N's result on the fork (one line, exit 2, when
-    malformed)."""
+def _step_json(flag: str, text: str | None) -> tuple[int, Any] | None:
+    """``N=JSON`` (``--override-result``, ``--override-input``), or one line, exit 2."""
     if text is None:
         return None
     step_text, sep, value_text = text.partition("=")
     if not sep or not _STEP.match(step_text) or int(step_text) < 1:
         raise CliError(
-            f"--override-result {text[:40]!r} is not N=JSON (e.g. 3='\"approved\"')",
-            code=BAD_INPUT,
+            f"{flag} {text[:40]!r} is not N=JSON (e.g. 3='\"approved\"')", code=BAD_INPUT
         )
-    value = _json_value("--override-result's value", value_text)
+    return int(step_text), _json_value(f"{flag}'s value", value_text)
+
+
+def _parse_override(text: str | None) -> ResultOverride | None:
+    """``--override-result N=JSON``: step N's result on the fork."""
+    given = _step_json("--override-result", text)
+    if given is None:
+        return None
     try:
-        return make_override(int(step_text), value)
+        return make_override(*given)
     except ValueError as exc:
         raise CliError(str(exc), code=BAD_INPUT) from None
 
@@ -135,23 +140,30 @@ def _print_json(value: Any) -> None:
 async def _fork(args: argparse.Namespace) -> int:
     intervention = _parse_intervention(args.intervention)
     override = _parse_override(args.override_result)
+    asked = _step_json("--override-input", args.override_input)
     given = list(args.tool_policy or [])
     if args.live_after and not any(p.partition("=")[0].strip() == DEFAULT_KEY for p in given):
         given.append(f"{DEFAULT_KEY}={ToolPolicy.live.value}")
     policies: dict[str, ToolPolicy] = parse_policies(given)
-    if args.at_step is None and args.at is None and override is None:
-        raise CliError("give --at-step N, --at POINT or --override-result N=JSON", code=BAD_INPUT)
+    if args.at_step is None and args.at is None and override is None and asked is None:
+        raise CliError(
+            "give --at-step N, --at POINT, --override-result N=JSON or --override-input N=JSON",
+            code=BAD_INPUT,
+        )
     lab = await _lab(args)
     at_step, point = args.at_step, None
     if args.at is not None:
         point, at_step = await lab.resolve_at(args.run, args.at)
     if at_step is None and override is not None:
         at_step = override.step
+    if at_step is None and asked is not None:
+        at_step = asked[0] - 1
     fork = await lab.fork(
         args.run,
         at_step,
         point=point,
         result_override=override,
+        input_override=asked,
         name=args.name,
         intervention=intervention,
         model=args.model,
@@ -257,6 +269,9 @@ def render_trail(trail: dict[str, Any]) -> str:
         if r.get("result_override"):
             o = r["result_override"]
             model += f", step {o['step']} returns {json.dumps(o['value'])[:80]}"
+        if r.get("input_override"):
+            o = r["input_override"]
+            model += f", step {o['step']} asked {json.dumps(o['value'])[:80]}"
         lines.append(
             f"  fork {r['fork_workflow_id']} of {r['parent_workflow_id']} at step "
             f"{r['resolved_step']} (asked {r['requested_step']}, boundary {r['boundary']}{model})"
@@ -349,6 +364,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--override-result",
         metavar="N=JSON",
         help="inherit steps 1..N-1 and serve JSON as step N's result (the fork is at N)",
+    )
+    p.add_argument(
+        "--override-input",
+        metavar="N=JSON",
+        help="inherit steps 1..N-1 and run step N live with JSON as its (first) argument",
     )
     p.add_argument(
         "--live-after",

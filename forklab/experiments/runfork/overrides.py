@@ -1,4 +1,5 @@
-"""Changing the decision at the fork point: "what if step N had returned X".
+"""Changing the decision at the fork point: "what if step N had returned X", and "what
+if step N had been asked Y".
 
 A fork with a result override inherits steps 1..N-1 and is served the operator's JSON
 as step N's result (also when step N failed on the parent: "what if the API had not
@@ -6,6 +7,11 @@ timed out"); everything after runs as its policies say. The override travels in 
 fork marker, is applied where the prefix is fetched (so it is recorded in the fork's
 own history, and a fork of the fork inherits it like any step), and is kept in the
 receipt, whose prefix digest covers the overridden result.
+
+A fork with an input override is at step N-1 and runs step N live with the operator's
+JSON as the call's (first) argument. The call is recognised as the parent's step N by
+what it is (``call_match``: type, input digest, k-th such call), so the override finds
+it also among calls in parallel.
 """
 
 from __future__ import annotations
@@ -48,3 +54,17 @@ def overridden(steps: list[Step], override: ResultOverride | None, result_b64: s
         else s
         for s in steps
     ]
+
+
+class InputOverride(BaseModel):
+    """The call that was the parent's step ``step`` (``activity_type``, ``input_sha256``
+    and ``ordinal``, as ``call_match.CallKey``) runs live with ``value`` as its first
+    argument."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step: int = Field(ge=1)
+    value: Any
+    activity_type: str
+    input_sha256: str
+    ordinal: int = Field(ge=1)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from forklab.experiments.runfork.overrides import ResultOverride
+from forklab.experiments.runfork.overrides import InputOverride, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.steps import Step, StepStatus, prefix_sha256
 from forklab.experiments.visible_text import visible
@@ -164,6 +164,8 @@ class ForkReceipt(BaseModel):
     intervention: dict[str, Any] | None = None
     #: the boundary step's result the fork was served instead of the parent's
     result_override: ResultOverride | None = None
+    #: the step after the boundary, run live with this input instead of the parent's
+    input_override: InputOverride | None = None
     model: str | None = None
     tool_policies: dict[str, ToolPolicy]
     #: the sealed layer holding the parent's workspace after ``resolved_step`` (the last
@@ -198,6 +200,7 @@ def make_receipt(
     workspace_layer_sha256: str | None = None,
     requested_point: str | None = None,
     result_override: ResultOverride | None = None,
+    input_override: InputOverride | None = None,
 ) -> ForkReceipt:
     return ForkReceipt(
         fork_workflow_id=fork_workflow_id,
@@ -218,6 +221,7 @@ def make_receipt(
         approximations=resolution.approximations,
         intervention=intervention,
         result_override=result_override,
+        input_override=input_override,
         model=model,
         tool_policies=tool_policies,
         workspace_layer_sha256=workspace_layer_sha256,
@@ -244,6 +248,12 @@ def receipt_markdown(r: ForkReceipt) -> str:
             "result override",
             f"step {r.result_override.step} returns `{r.result_override.value}`"
             if r.result_override is not None
+            else "(none)",
+        ),
+        (
+            "input override",
+            f"step {r.input_override.step} asked `{r.input_override.value}`"
+            if r.input_override is not None
             else "(none)",
         ),
         ("tool policies", policies),

@@ -60,8 +60,9 @@ with workflow.unsafe.imports_passed_through():
         StepDecisionInput,
     )
     from forklab.experiments.runfork.blocked import blocked_message
-    from forklab.experiments.runfork.call_match import Divergence, PrefixMatcher
+    from forklab.experiments.runfork.call_match import CallKey, Divergence, PrefixMatcher
     from forklab.experiments.runfork.identity import lineage_root
+    from forklab.experiments.runfork.overrides import InputOverride
     from forklab.experiments.runfork.policy import Decision, decide, policy_for, uses_records
     from forklab.experiments.runfork.receipt import BoundaryMode
     from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
@@ -87,6 +88,8 @@ class _ForkState:
         self.marker: ForkMarker | None = None
         #: the inherited steps, handed out by what each call is (None: nothing inherited)
         self.matcher: PrefixMatcher | None = None
+        #: the call still to run with the operator's input (None: none, or done)
+        self.input_override: InputOverride | None = None
         self.recorded: dict[tuple[str, str], Step] = {}
         #: steps of the chain before this run
         self.base = 0
@@ -143,6 +146,11 @@ class _ForkInbound(WorkflowInboundInterceptor):
             state.lineage_root = marker.lineage_root
             if _inherits(marker):
                 await _load_prefix(state, marker)
+            if marker.input_override is not None and not marker.continued:
+                state.input_override = marker.input_override
+                if state.matcher is None:  # keys are counted to find the overridden call
+                    exact = marker.boundary is BoundaryMode.exact
+                    state.matcher = PrefixMatcher([], [], exact=exact)
         result = await super().execute_workflow(input)
         if state.matcher is not None and state.matcher.owed:
             # the run ended without asking for every inherited call: its code is not the
@@ -233,6 +241,10 @@ def _inherited_block(input: StartActivityInput, step: Step) -> ActivityError:
     return error
 
 
+def _override_key(override: InputOverride, exact: bool) -> CallKey:
+    return CallKey(override.activity_type, override.input_sha256 if exact else "", override.ordinal)
+
+
 def _swap_model(input: StartActivityInput, model: str) -> StartActivityInput:
     field_name = MODEL_FIELDS.get(input.activity)
     if field_name is None or not input.args:
@@ -271,7 +283,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         if marker is None:
             return super().start_activity(self._headers(input, index))
         matcher = state.matcher
-        if matcher is not None and matcher.owed:
+        if matcher is not None and (matcher.owed or state.input_override is not None):
             # the call as the parent's lineage made it (its model swaps up to here)
             model = marker.model_at(index)
             seen = _swap_model(input, model) if model is not None else input
@@ -285,6 +297,12 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
                 raise ApplicationError(
                     str(exc), type=ForkErrorType.prefix_diverged, non_retryable=True
                 ) from None
+            override = state.input_override
+            if override is not None and key == _override_key(override, matcher.exact):
+                # the parent's step N, asked something else: it runs live, whatever policy
+                state.input_override = None
+                asked = dataclasses.replace(input, args=[override.value, *input.args[1:]])
+                return super().start_activity(self._headers(asked, index))
         # not inherited: the call comes after the boundary, whatever its place in the code
         after = max(index, marker.at_step + 1) if matcher is not None else index
         model = marker.model_at(after)
