@@ -15,14 +15,21 @@ import pytest
 from agent_fixtures import AgentTestLab, Services, agent_settings
 from fork_workloads import StepsInput, StepsWorkflow, echo, hold
 from orchestration_lab import forklab
-from sample_workflows import Bank, Calls, MoneyTransferWorkflow, TransferDetails
+from sample_workflows import (
+    AwaitsApprovalWorkflow,
+    Bank,
+    Calls,
+    MoneyTransferWorkflow,
+    TransferDetails,
+)
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
 from forklab.activities.runfork.overrides import make_override
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
 from forklab.cli.runfork.fork_commands import render_steps
+from forklab.experiments.runfork.overrides import ForkSignal
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.temporal import ForkLabPlugin
 from forklab.workers.config import ENV, Settings
@@ -82,6 +89,7 @@ async def test_fork_at_a_tool_call_and_bad_points_on_the_cli(agent_lab: AgentTes
         ("--override-result", "3=1", "--at-step", "2"): "names step 3 but the fork is at step 2",
         ("--live-after",): "give --at-step N, --at POINT, --override-result N=JSON",
         ("--override-input", "4=[1", "--at-step", "3"): "--override-input's value is not valid",
+        ("--at-step", "3", "--signal", "bad name"): "--signal 'bad name': give NAME or NAME=JSON",
     }.items():
         out = forklab(env, "fork", parent.id, *args)
         assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
@@ -105,7 +113,7 @@ async def plain_lab(
     async with Worker(
         client,
         task_queue=queue,
-        workflows=[StepsWorkflow, MoneyTransferWorkflow],
+        workflows=[StepsWorkflow, MoneyTransferWorkflow, AwaitsApprovalWorkflow],
         activities=[echo, hold, bank.withdraw, bank.deposit, bank.refund],
         plugins=[ForkLabPlugin(agent.run_log_path)],
     ):
@@ -203,3 +211,36 @@ async def test_override_input_what_if_the_deposit_had_gone_to_an_open_account(
     assert fork.receipt.input_override.value["target"] == "open-b"
     with pytest.raises(ForkError, match="names step 3 but the fork is at step 1"):
         await lab.fork(wid, 1, input_override=(3, fixed))
+
+
+async def test_a_signal_is_delivered_at_the_fork_point(
+    plain_lab: tuple[AgentLab, Client, str, Calls],
+) -> None:
+    """The parent waits for an approval nobody gave; a fork at step 1 with ``--signal
+    approve`` gets it right after the inherited withdrawal, and finishes."""
+    lab, client, queue, calls = plain_lab
+    wid = f"pending-{uuid.uuid4().hex[:8]}"
+    details = TransferDetails(source="a", target="b", amount=3, reference="s1")
+    parent = await client.start_workflow(
+        AwaitsApprovalWorkflow.run, details, id=wid, task_queue=queue
+    )
+    for _ in range(200):
+        steps = await lab.steps(wid)
+        if steps and steps[0].status == "completed":
+            break
+        await asyncio.sleep(0.1)
+    fork = await lab.fork(wid, 1, signals=[ForkSignal(name="approve")])
+    assert await asyncio.wait_for(fork.handle.result(), timeout=60) == "W-s1"
+    assert calls.of(fork.handle.id) == 0
+    assert [g.name for g in fork.receipt.signals] == ["approve"]
+    history = await fork.handle.fetch_history()
+    await Replayer(
+        workflows=[AwaitsApprovalWorkflow],
+        plugins=[ForkLabPlugin(lab.agent.run_log_path)],
+        data_converter=client.data_converter,
+    ).replay_workflow(history)
+    wrong = await lab.fork(wid, 1, signals=[ForkSignal(name="approve_all")])
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(wrong.handle.result(), timeout=60)
+    assert "no signal 'approve_all'" in str(failed.value.cause)
+    await parent.terminate("test over")

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forklab.experiments.runfork.overrides import InputOverride, ResultOverride
+from forklab.experiments.runfork.overrides import ForkSignal, InputOverride, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.steps import Step, StepOrigin
@@ -86,6 +86,8 @@ class ForkMarker(BaseModel):
     result_override: ResultOverride | None = None
     #: step ``at_step + 1`` runs live with another input (``--override-input``)
     input_override: InputOverride | None = None
+    #: delivered to the workflow's signal handlers at the fork point (``--signal``)
+    signals: list[ForkSignal] = Field(default_factory=list)
     #: a later run of the fork (it continued-as-new): nothing to inherit any more
     continued: bool = False
 

@@ -66,7 +66,12 @@ from forklab.experiments.runfork import identity
 from forklab.experiments.runfork.call_match import keyed
 from forklab.experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from forklab.experiments.runfork.fork_at import ForkAtError, not_forkable, resolve_at
-from forklab.experiments.runfork.overrides import InputOverride, ResultOverride, overridden
+from forklab.experiments.runfork.overrides import (
+    ForkSignal,
+    InputOverride,
+    ResultOverride,
+    overridden,
+)
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
 from forklab.experiments.runfork.promotion import SiblingRun
 from forklab.experiments.runfork.receipt import (
@@ -260,6 +265,7 @@ class AgentLab:
         point: str | None = None,
         result_override: ResultOverride | None = None,
         input_override: tuple[int, Any] | None = None,
+        signals: list[ForkSignal] | None = None,
     ) -> Fork:
         """Start a fork of ``run`` that inherits steps 1..at_step and continues live.
 
@@ -269,7 +275,7 @@ class AgentLab:
         meaning ``at_step`` was resolved from (:meth:`resolve_at`). ``result_override``
         (``make_override``) serves the fork its JSON as step ``at_step``'s result;
         ``input_override`` (step, JSON) runs that step, ``at_step + 1``, live with the JSON
-        as its input."""
+        as its input; ``signals`` reach the workflow's handlers at the fork point."""
         fork_id = name or f"{run}--fork-{uuid.uuid4().hex[:8]}"
         if not _NAME.match(fork_id):
             raise ForkError(
@@ -280,6 +286,8 @@ class AgentLab:
             raise ForkError(f"fork name {fork_id!r} is taken by an earlier fork; choose another")
         policies = dict(tool_policies or {})
         policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
+        if signals and boundary is BoundaryMode.lineage_only:
+            raise ForkError("--signal is delivered at the fork point; lineage_only has none")
         if result_override is not None and boundary is BoundaryMode.lineage_only:
             raise ForkError("--override-result needs an inherited prefix; lineage_only has none")
         if result_override is not None and result_override.step != at_step:
@@ -359,6 +367,7 @@ class AgentLab:
                 requested_point=point,
                 result_override=result_override,
                 input_override=asked,
+                signals=signals,
             )
             inherited_swaps = [
                 swap
@@ -383,6 +392,7 @@ class AgentLab:
                 intervention=intervention,
                 result_override=result_override,
                 input_override=asked,
+                signals=signals or [],
             )
             try:
                 handle = await self._start(source, start_input, marker, receipt)

@@ -20,7 +20,7 @@ from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, run, settings_from
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError, Timeline
 from forklab.cli.runfork.agent_services import agent_settings
-from forklab.experiments.runfork.overrides import ResultOverride
+from forklab.experiments.runfork.overrides import ForkSignal, ResultOverride
 from forklab.experiments.runfork.policy import (
     DEFAULT_KEY,
     PolicyError,
@@ -107,6 +107,7 @@ def _parse_intervention(text: str | None) -> dict[str, Any] | None:
 
 
 _STEP = re.compile(r"^[0-9]{1,9}$")
+_SIGNAL = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,199}$")
 
 
 def _step_json(flag: str, text: str | None) -> tuple[int, Any] | None:
@@ -119,6 +120,18 @@ def _step_json(flag: str, text: str | None) -> tuple[int, Any] | None:
             f"{flag} {text[:40]!r} is not N=JSON (e.g. 3='\"approved\"')", code=BAD_INPUT
         )
     return int(step_text), _json_value(f"{flag}'s value", value_text)
+
+
+def _parse_signal(text: str) -> ForkSignal:
+    """``--signal NAME`` or ``--signal NAME=JSON`` (one line, exit 2, when malformed)."""
+    name, sep, value_text = text.partition("=")
+    if not _SIGNAL.match(name):
+        raise CliError(
+            f"--signal {text[:40]!r}: give NAME or NAME=JSON (a name of letters, digits, _ . -)",
+            code=BAD_INPUT,
+        )
+    args = [_json_value(f"--signal {name}'s value", value_text)] if sep else []
+    return ForkSignal(name=name, args=args)
 
 
 def _parse_override(text: str | None) -> ResultOverride | None:
@@ -141,6 +154,7 @@ async def _fork(args: argparse.Namespace) -> int:
     intervention = _parse_intervention(args.intervention)
     override = _parse_override(args.override_result)
     asked = _step_json("--override-input", args.override_input)
+    signals = [_parse_signal(text) for text in args.signal or []]
     given = list(args.tool_policy or [])
     if args.live_after and not any(p.partition("=")[0].strip() == DEFAULT_KEY for p in given):
         given.append(f"{DEFAULT_KEY}={ToolPolicy.live.value}")
@@ -164,6 +178,7 @@ async def _fork(args: argparse.Namespace) -> int:
         point=point,
         result_override=override,
         input_override=asked,
+        signals=signals,
         name=args.name,
         intervention=intervention,
         model=args.model,
@@ -269,6 +284,8 @@ def render_trail(trail: dict[str, Any]) -> str:
         if r.get("result_override"):
             o = r["result_override"]
             model += f", step {o['step']} returns {json.dumps(o['value'])[:80]}"
+        if r.get("signals"):
+            model += ", signals " + ", ".join(g["name"] for g in r["signals"])
         if r.get("input_override"):
             o = r["input_override"]
             model += f", step {o['step']} asked {json.dumps(o['value'])[:80]}"
@@ -369,6 +386,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--override-input",
         metavar="N=JSON",
         help="inherit steps 1..N-1 and run step N live with JSON as its (first) argument",
+    )
+    p.add_argument(
+        "--signal",
+        action="append",
+        metavar="NAME[=JSON]",
+        help="deliver this signal to the fork's workflow at the fork point (repeatable)",
     )
     p.add_argument(
         "--live-after",

@@ -131,3 +131,8 @@ class PrefixMatcher:
 
     def delivered(self) -> None:
         self._delivered += 1
+
+    @property
+    def all_delivered(self) -> bool:
+        """Every inherited step has been handed over: the fork is at its fork point."""
+        return self._delivered == len(self._ranks)

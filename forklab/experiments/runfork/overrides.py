@@ -1,5 +1,5 @@
-"""Changing the decision at the fork point: "what if step N had returned X", and "what
-if step N had been asked Y".
+"""Changing the decision at the fork point: "what if step N had returned X", "what if
+step N had been asked Y", and "what if this signal had arrived there".
 
 A fork with a result override inherits steps 1..N-1 and is served the operator's JSON
 as step N's result (also when step N failed on the parent: "what if the API had not
@@ -12,6 +12,10 @@ A fork with an input override is at step N-1 and runs step N live with the opera
 JSON as the call's (first) argument. The call is recognised as the parent's step N by
 what it is (``call_match``: type, input digest, k-th such call), so the override finds
 it also among calls in parallel.
+
+A fork's signals are delivered to the workflow's own signal handlers at the fork point:
+when the last inherited result has been handed over (at the start, when nothing is
+inherited), before the workflow goes on from it.
 """
 
 from __future__ import annotations
@@ -68,3 +72,13 @@ class InputOverride(BaseModel):
     activity_type: str
     input_sha256: str
     ordinal: int = Field(ge=1)
+
+
+class ForkSignal(BaseModel):
+    """A signal a fork's workflow receives at the fork point: ``name`` with ``args``
+    (none, or the one JSON value given)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    args: list[Any] = Field(default_factory=list, max_length=1)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from forklab.experiments.runfork.overrides import InputOverride, ResultOverride
+from forklab.experiments.runfork.overrides import ForkSignal, InputOverride, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.steps import Step, StepStatus, prefix_sha256
 from forklab.experiments.visible_text import visible
@@ -166,6 +166,8 @@ class ForkReceipt(BaseModel):
     result_override: ResultOverride | None = None
     #: the step after the boundary, run live with this input instead of the parent's
     input_override: InputOverride | None = None
+    #: signals delivered at the fork point
+    signals: list[ForkSignal] = Field(default_factory=list)
     model: str | None = None
     tool_policies: dict[str, ToolPolicy]
     #: the sealed layer holding the parent's workspace after ``resolved_step`` (the last
@@ -201,6 +203,7 @@ def make_receipt(
     requested_point: str | None = None,
     result_override: ResultOverride | None = None,
     input_override: InputOverride | None = None,
+    signals: list[ForkSignal] | None = None,
 ) -> ForkReceipt:
     return ForkReceipt(
         fork_workflow_id=fork_workflow_id,
@@ -222,6 +225,7 @@ def make_receipt(
         intervention=intervention,
         result_override=result_override,
         input_override=input_override,
+        signals=signals or [],
         model=model,
         tool_policies=tool_policies,
         workspace_layer_sha256=workspace_layer_sha256,
@@ -256,6 +260,7 @@ def receipt_markdown(r: ForkReceipt) -> str:
             if r.input_override is not None
             else "(none)",
         ),
+        ("signals", ", ".join(f"`{g.name}`" for g in r.signals) or "(none)"),
         ("tool policies", policies),
         (
             "workspace layer",

@@ -27,10 +27,11 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, _type_hints_from_func
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.worker import (
     ContinueAsNewInput,
+    HandleSignalInput,
     Interceptor,
     StartActivityInput,
     WorkflowInboundInterceptor,
@@ -62,7 +63,7 @@ with workflow.unsafe.imports_passed_through():
     from forklab.experiments.runfork.blocked import blocked_message
     from forklab.experiments.runfork.call_match import CallKey, Divergence, PrefixMatcher
     from forklab.experiments.runfork.identity import lineage_root
-    from forklab.experiments.runfork.overrides import InputOverride
+    from forklab.experiments.runfork.overrides import ForkSignal, InputOverride
     from forklab.experiments.runfork.policy import Decision, decide, policy_for, uses_records
     from forklab.experiments.runfork.receipt import BoundaryMode
     from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
@@ -90,6 +91,9 @@ class _ForkState:
         self.matcher: PrefixMatcher | None = None
         #: the call still to run with the operator's input (None: none, or done)
         self.input_override: InputOverride | None = None
+        #: signals still to deliver at the fork point, and where to deliver them
+        self.signals: list[ForkSignal] = []
+        self.inbound: WorkflowInboundInterceptor | None = None
         self.recorded: dict[tuple[str, str], Step] = {}
         #: steps of the chain before this run
         self.base = 0
@@ -133,6 +137,7 @@ def _base_step(marker: ForkMarker | None) -> int:
 class _ForkInbound(WorkflowInboundInterceptor):
     def init(self, outbound: WorkflowOutboundInterceptor) -> None:
         self._state = _ForkState()
+        self._state.inbound = self.next
         super().init(_ForkOutbound(outbound, self._state))
 
     async def execute_workflow(self, input: _ExecuteWorkflowInput) -> Any:
@@ -146,6 +151,10 @@ class _ForkInbound(WorkflowInboundInterceptor):
             state.lineage_root = marker.lineage_root
             if _inherits(marker):
                 await _load_prefix(state, marker)
+            if not marker.continued:
+                state.signals = list(marker.signals)
+            if state.matcher is None or state.matcher.all_delivered:
+                await _deliver_signals(state)  # nothing inherited: the fork point is now
             if marker.input_override is not None and not marker.continued:
                 state.input_override = marker.input_override
                 if state.matcher is None:  # keys are counted to find the overridden call
@@ -162,6 +171,25 @@ class _ForkInbound(WorkflowInboundInterceptor):
                 non_retryable=True,
             )
         return result
+
+
+async def _deliver_signals(state: _ForkState) -> None:
+    """The fork's signals, to the workflow's own handlers, decoded as a real signal's
+    arguments would be; a name the workflow has no handler for fails the fork."""
+    pending, state.signals = state.signals, []
+    for sig in pending:
+        handler = workflow.get_signal_handler(sig.name)
+        if handler is None or state.inbound is None:
+            raise ApplicationError(
+                f"the workflow has no signal {sig.name!r} to deliver at the fork point",
+                type=ForkErrorType.marker_invalid,
+                non_retryable=True,
+            )
+        types, _ = _type_hints_from_func(handler)
+        converter = workflow.payload_converter()
+        hints = types[: len(sig.args)] if types else None
+        args = converter.from_payloads(converter.to_payloads(sig.args), hints) if sig.args else []
+        await state.inbound.handle_signal(HandleSignalInput(signal=sig.name, args=args, headers={}))
 
 
 def _inherits(marker: ForkMarker) -> bool:
@@ -362,6 +390,8 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         if not matcher.turn_of(step):
             await workflow.wait_condition(lambda: matcher.turn_of(step))
         matcher.delivered()
+        if matcher.all_delivered and self._state.signals:
+            await _deliver_signals(self._state)  # the fork point: the last inherited result
         if step.status is StepStatus.blocked:
             # the parent fork's workflow saw this call fail: so does this one
             raise _inherited_block(input, step)
