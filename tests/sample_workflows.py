@@ -429,7 +429,7 @@ class ArrivalOrderWorkflow:
 
 @workflow.defn(name="AwaitsApproval")
 class AwaitsApprovalWorkflow:
-    """Withdraws, then waits for an ``approve`` signal before it finishes: a run (and each
+    """Withdraws, then waits for an ``approve`` signal before it deposits: a run (and each
     fork of it) stays open until someone decides."""
 
     def __init__(self) -> None:
@@ -445,4 +445,7 @@ class AwaitsApprovalWorkflow:
             "withdraw", d, result_type=str, start_to_close_timeout=timedelta(seconds=30)
         )
         await workflow.wait_condition(lambda: self.approved)
-        return withdrawn
+        deposited = await workflow.execute_activity(
+            "deposit", d, result_type=str, start_to_close_timeout=timedelta(seconds=30)
+        )
+        return f"{withdrawn} {deposited}"

@@ -230,8 +230,8 @@ async def test_a_signal_is_delivered_at_the_fork_point(
             break
         await asyncio.sleep(0.1)
     fork = await lab.fork(wid, 1, signals=[ForkSignal(name="approve")])
-    assert await asyncio.wait_for(fork.handle.result(), timeout=60) == "W-s1"
-    assert calls.of(fork.handle.id) == 0
+    assert await asyncio.wait_for(fork.handle.result(), timeout=60) == "W-s1 D-s1"
+    assert calls.of(fork.handle.id) == 1  # the deposit, after the approval
     assert [g.name for g in fork.receipt.signals] == ["approve"]
     history = await fork.handle.fetch_history()
     await Replayer(
@@ -239,6 +239,9 @@ async def test_a_signal_is_delivered_at_the_fork_point(
         plugins=[ForkLabPlugin(lab.agent.run_log_path)],
         data_converter=client.data_converter,
     ).replay_workflow(history)
+    # a fork of the fork past that point would not get the signal again: refused exactly
+    with pytest.raises(ForkError, match=r"a signal \(given at the fork point\) reached"):
+        await lab.fork(fork.handle.id, 2)
     wrong = await lab.fork(wid, 1, signals=[ForkSignal(name="approve_all")])
     with pytest.raises(WorkflowFailureError) as failed:
         await asyncio.wait_for(wrong.handle.result(), timeout=60)

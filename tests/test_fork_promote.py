@@ -48,7 +48,7 @@ async def family(
         client,
         task_queue=queue,
         workflows=[AwaitsApprovalWorkflow],
-        activities=[bank.withdraw],
+        activities=[bank.withdraw, bank.deposit],
         plugins=[ForkLabPlugin(agent.run_log_path)],
     ):
         yield Family(AgentLab(client, agent), queue)

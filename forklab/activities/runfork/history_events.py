@@ -210,6 +210,13 @@ def parse_run(
         first_run_id=started.first_execution_run_id,
     )
     rec.steps, rec.others = parse_events(events, base_step, run_id)
+    if marker is not None and marker.signals and not marker.continued:
+        # delivered by the interceptor at the fork point, so not in history as events: a
+        # fork of this fork past that point would not see them again
+        rec.others.append(
+            PrefixEvent(kind="signal (given at the fork point)", after_step=marker.at_step)
+        )
+        rec.others.sort(key=lambda e: e.after_step)
     last = events[-1]
     rec.closed = last.event_type in _CLOSE_EVENTS
     if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
