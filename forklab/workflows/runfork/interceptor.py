@@ -27,11 +27,10 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
-from temporalio.common import RetryPolicy, _type_hints_from_func
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.worker import (
     ContinueAsNewInput,
-    HandleSignalInput,
     Interceptor,
     StartActivityInput,
     WorkflowInboundInterceptor,
@@ -41,6 +40,7 @@ from temporalio.worker import (
 from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 
 from forklab.contracts.errors import ForkErrorType
+from forklab.workflows.runfork.fork_signals import deliver_signals
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
@@ -174,22 +174,9 @@ class _ForkInbound(WorkflowInboundInterceptor):
 
 
 async def _deliver_signals(state: _ForkState) -> None:
-    """The fork's signals, to the workflow's own handlers, decoded as a real signal's
-    arguments would be; a name the workflow has no handler for fails the fork."""
     pending, state.signals = state.signals, []
-    for sig in pending:
-        handler = workflow.get_signal_handler(sig.name)
-        if handler is None or state.inbound is None:
-            raise ApplicationError(
-                f"the workflow has no signal {sig.name!r} to deliver at the fork point",
-                type=ForkErrorType.marker_invalid,
-                non_retryable=True,
-            )
-        types, _ = _type_hints_from_func(handler)
-        converter = workflow.payload_converter()
-        hints = types[: len(sig.args)] if types else None
-        args = converter.from_payloads(converter.to_payloads(sig.args), hints) if sig.args else []
-        await state.inbound.handle_signal(HandleSignalInput(signal=sig.name, args=args, headers={}))
+    if pending and state.inbound is not None:
+        await deliver_signals(state.inbound, pending)
 
 
 def _inherits(marker: ForkMarker) -> bool:
