@@ -128,7 +128,7 @@ async def test_a_fork_cannot_take_an_existing_workflows_id(agent_lab: AgentTestL
     assert (await first.handle.describe()).run_id == first_run
     receipt = agent_lab.lab.registry.receipt(f"{a.id}-try")
     assert receipt is not None and receipt.parent_workflow_id == a.id
-    assert await agent_lab.lab.promote(f"{a.id}-try") == [a.id]
+    assert (await agent_lab.lab.promote(f"{a.id}-try")).closed == [a.id]
 
 
 async def _failure(handle: WorkflowHandle[Any, Any]) -> BaseException:

@@ -99,8 +99,8 @@ async def agent_demo(settings: Settings, agent: AgentSettings, yes: bool) -> int
         if answer not in ("y", "yes"):
             print("not promoted")
             return 0
-    closed = await lab.promote(fork.receipt.fork_workflow_id, by="demo agent")
-    print(f"6. promoted {fork.receipt.fork_workflow_id}; closed: {', '.join(closed)}")
+    promotion = await lab.promote(fork.receipt.fork_workflow_id, by="demo agent")
+    print(f"6. promoted {fork.receipt.fork_workflow_id}; closed: {', '.join(promotion.closed)}")
     return 0
 
 

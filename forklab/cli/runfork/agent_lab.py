@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import getpass
 import json
 import re
@@ -44,6 +45,7 @@ from forklab.activities.runfork.history_reads import (
     locate_step,
     read_chain,
 )
+from forklab.activities.runfork.overrides import override_b64
 from forklab.activities.runfork.workspace import (
     agent_workspaces_root,
     collect_agent_layers,
@@ -62,8 +64,17 @@ from forklab.contracts.runfork import (
     fork_task_queue,
 )
 from forklab.experiments.runfork import identity
+from forklab.experiments.runfork.call_match import keyed
 from forklab.experiments.runfork.diff import StateDiff, diff_states, divergence_step
+from forklab.experiments.runfork.fork_at import ForkAtError, not_forkable, resolve_at
+from forklab.experiments.runfork.overrides import (
+    ForkSignal,
+    InputOverride,
+    ResultOverride,
+    overridden,
+)
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy, unknown_tools
+from forklab.experiments.runfork.promotion import SiblingRun
 from forklab.experiments.runfork.receipt import (
     BoundaryError,
     BoundaryMode,
@@ -75,7 +86,7 @@ from forklab.experiments.runfork.receipt import (
     receipt_markdown,
     resolve_boundary,
 )
-from forklab.experiments.runfork.steps import Step, StepOrigin
+from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.runfork.plugin import search_attributes_hint
 from forklab.workers.runfork.start_links import forked_from, with_start_links
@@ -101,6 +112,28 @@ class ForkError(ValueError):
 class Fork:
     receipt: ForkReceipt
     handle: WorkflowHandle[Any, Any]
+
+
+@dataclass
+class Timeline:
+    """What ``forklab steps`` shows: the steps, the other events and the forkable steps."""
+
+    steps: list[Step]
+    events: list[PrefixEvent]
+    #: per step index: why a fork there is refused exactly (None: it forks exactly)
+    not_forkable: dict[int, str | None]
+
+
+@dataclass
+class Promotion:
+    """A promoted fork and what promoting it did to each sibling's run in Temporal."""
+
+    winner: str
+    siblings: dict[str, SiblingRun]
+
+    @property
+    def closed(self) -> list[str]:
+        return list(self.siblings)
 
 
 @dataclass
@@ -162,6 +195,42 @@ def workspace_layer_in(inputs: list[Payload]) -> str | None:
     return None
 
 
+def _check_overridable(steps: list[Step], at_step: int) -> None:
+    """Step ``at_step`` must be one of ``steps`` with a recorded outcome to replace."""
+    step = next((s for s in steps if s.index == at_step), None)
+    if step is None:
+        raise ForkError(f"--override-result {at_step}: the run has no step {at_step}")
+    if step.status not in (StepStatus.completed, StepStatus.failed):
+        raise ForkError(
+            f"--override-result {at_step}: step {at_step} ({step.activity_type}) is "
+            f"{step.status.value}; only a completed or failed step's result can be replaced"
+        )
+
+
+def _input_override(
+    steps: list[Step], at_step: int, step: int, value: Any, boundary: BoundaryMode
+) -> InputOverride:
+    """The parent's step ``step`` (which must come right after the boundary, in the run
+    holding it) by what it is, to run live with ``value`` as its input."""
+    if step != at_step + 1:
+        raise ForkError(
+            f"--override-input names step {step} but the fork is at step {at_step}; it "
+            f"changes the step right after the boundary (fork at {step - 1})"
+        )
+    if boundary is BoundaryMode.lineage_only:
+        raise ForkError("--override-input needs an inherited prefix; lineage_only has none")
+    for key, s in keyed(steps, with_input=boundary is BoundaryMode.exact).items():
+        if s.index == step:
+            return InputOverride(
+                step=step,
+                value=value,
+                activity_type=s.activity_type,
+                input_sha256=s.input_sha256,
+                ordinal=key.ordinal,
+            )
+    raise ForkError(f"--override-input {step}: the run holding step {at_step} has no step {step}")
+
+
 def final_state(chain: list[RunRecord]) -> Any:
     close = chain[-1].close
     if "result" in close:
@@ -208,6 +277,29 @@ class AgentLab:
         found.discard("")
         return found
 
+    async def resolve_at(self, run: str, at: str) -> tuple[str, int]:
+        """A fork point by meaning (``failed``, ``tool:NAME[#k]``,
+        ``last_model_call_before_failure``, ``step:N``) over ``run``'s steps: the point as
+        resolved, and the step a fork there inherits up to."""
+        try:
+            point, at_step = resolve_at(at, await self.steps(run))
+        except ForkAtError as exc:
+            raise ForkError(str(exc)) from None
+        return point.text, at_step
+
+    async def timeline(self, run: str) -> Timeline:
+        """``run``'s steps, the other events that reached it (timers, children, signals,
+        updates, local activities) and why each step cannot be forked at exactly."""
+        chain = await self.chain(run)
+        refused: dict[int, str | None] = {}
+        for rec in chain:
+            refused.update(not_forkable(rec.steps, rec.others, rec.base_step))
+        return Timeline(
+            steps=chain_steps(chain),
+            events=[e for rec in chain for e in rec.others],
+            not_forkable=refused,
+        )
+
     async def fork(
         self,
         run: str,
@@ -219,12 +311,20 @@ class AgentLab:
         tool_policies: dict[str, ToolPolicy] | None = None,
         boundary: BoundaryMode = BoundaryMode.exact,
         requested_by: str | None = None,
+        point: str | None = None,
+        result_override: ResultOverride | None = None,
+        input_override: tuple[int, Any] | None = None,
+        signals: list[ForkSignal] | None = None,
     ) -> Fork:
         """Start a fork of ``run`` that inherits steps 1..at_step and continues live.
 
         When the run keeps a workspace, the fork's files start from the layer step
         ``at_step`` left (verified first; a damaged layer refuses the fork), recorded in
-        the receipt's ``workspace_layer_sha256``."""
+        the receipt's ``workspace_layer_sha256``. ``point`` records the fork point by
+        meaning ``at_step`` was resolved from (:meth:`resolve_at`). ``result_override``
+        (``make_override``) serves the fork its JSON as step ``at_step``'s result;
+        ``input_override`` (step, JSON) runs that step, ``at_step + 1``, live with the JSON
+        as its input; ``signals`` reach the workflow's handlers at the fork point."""
         fork_id = name or f"{run}--fork-{uuid.uuid4().hex[:8]}"
         if not _NAME.match(fork_id):
             raise ForkError(
@@ -235,10 +335,30 @@ class AgentLab:
             raise ForkError(f"fork name {fork_id!r} is taken by an earlier fork; choose another")
         policies = dict(tool_policies or {})
         policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
+        if signals and boundary is BoundaryMode.lineage_only:
+            raise ForkError("--signal is delivered at the fork point; lineage_only has none")
+        if result_override is not None and boundary is BoundaryMode.lineage_only:
+            raise ForkError("--override-result needs an inherited prefix; lineage_only has none")
+        if result_override is not None and result_override.step != at_step:
+            raise ForkError(
+                f"--override-result names step {result_override.step} but the fork is at "
+                f"step {at_step}; an override replaces the result of the fork's last step"
+            )
         located = await locate_step(self.client, run, at_step, self.registry, self.runs)
         if len(policies) > 1:
             await self._check_tools(run, policies)
         source = located.source
+        override_b = override_b64(result_override) if result_override is not None else ""
+        if result_override is not None:
+            _check_overridable(source.steps, at_step)
+            source = dataclasses.replace(
+                source, steps=overridden(source.steps, result_override, override_b)
+            )
+        asked = (
+            _input_override(source.steps, at_step, *input_override, boundary)
+            if input_override is not None
+            else None
+        )
         try:
             resolution = resolve_boundary(
                 source.steps,
@@ -259,6 +379,8 @@ class AgentLab:
         nxt = located.next_run
         if (
             boundary is not BoundaryMode.lineage_only
+            and result_override is None  # the next run's input holds the recorded result
+            and asked is None
             and nxt is not None
             and ends_its_run(resolution, source.steps, source.others)
         ):
@@ -293,6 +415,10 @@ class AgentLab:
                 requested_by=requested_by or getpass.getuser(),
                 created_at=datetime.now(UTC),
                 workspace_layer_sha256=layer,
+                requested_point=point,
+                result_override=result_override,
+                input_override=asked,
+                signals=signals,
             )
             inherited_swaps = [
                 swap
@@ -318,6 +444,9 @@ class AgentLab:
                 fork_workflow_id=fork_id,
                 start_input_sha256=digest_payloads(start_input),
                 issued_at=datetime.now(UTC),
+                result_override=result_override,
+                input_override=asked,
+                signals=signals or [],
             )
             # signed with this home's issuer key: a worker serves the parent's steps (and
             # the lineage's effects) only to a marker an issuer it trusts made for this run
@@ -510,25 +639,49 @@ class AgentLab:
                 e.model_dump(mode="json") for e in self.ledger.entries(await self.effect_scope(run))
             ],
             "decisions": self.registry.decisions(run),
+            "closed_siblings": self.registry.closed_by(run),
         }
 
     def outcome(self, run: str, label: str, score: float | None, by: str | None = None) -> None:
         self.registry.record(run, "outcome", by or getpass.getuser(), label=label, score=score)
 
-    async def promote(self, run: str, by: str | None = None) -> list[str]:
+    async def promote(
+        self, run: str, by: str | None = None, keep_running: bool = False
+    ) -> Promotion:
         """Record ``run`` as the winner and close its siblings (forks of the same parent,
-        and the parent itself); returns the closed ones. Nothing is rewritten."""
+        and the parent itself): in the registry, and in Temporal, where a sibling still
+        running has its cancellation requested (or, with ``keep_running``, is left
+        running). Each sibling's ``closed`` row says which. Nothing is rewritten."""
         receipt = self.registry.receipt(run)
         if receipt is None:
             raise ForkError(f"{run!r} is not a fork ForkLab made; only forks can be promoted")
         siblings = [
-            r.fork_workflow_id
-            for r in self.registry.children(receipt.parent_workflow_id)
-            if r.fork_workflow_id != run
+            receipt.parent_workflow_id,
+            *(
+                r.fork_workflow_id
+                for r in self.registry.children(receipt.parent_workflow_id)
+                if r.fork_workflow_id != run
+            ),
         ]
-        closed = [receipt.parent_workflow_id, *siblings]
-        self.registry.promote(run, closed, by or getpass.getuser())
-        return closed
+        runs = {s: await self._close_in_temporal(s, keep_running) for s in siblings}
+        self.registry.promote(run, runs, by or getpass.getuser())
+        return Promotion(winner=run, siblings=runs)
+
+    async def _close_in_temporal(self, workflow_id: str, keep_running: bool) -> SiblingRun:
+        try:
+            if await self.is_closed(workflow_id):
+                return SiblingRun.already_closed
+        except RunNotFound:  # gone with its retention
+            return SiblingRun.already_closed
+        if keep_running:
+            return SiblingRun.left_running
+        try:
+            await self.client.get_workflow_handle(workflow_id).cancel()
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:  # it closed meanwhile
+                return SiblingRun.already_closed
+            raise
+        return SiblingRun.cancelled
 
     async def is_closed(self, run: str) -> bool:
         """Whether ``run``'s latest run has closed; ``RunNotFound`` if Temporal has no

@@ -28,7 +28,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, RetryState
 from temporalio.worker import (
     ContinueAsNewInput,
     Interceptor,
@@ -42,6 +42,7 @@ from temporalio.worker import (
 from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 
 from forklab.contracts.errors import ForkErrorType
+from forklab.workflows.runfork.fork_signals import deliver_signals
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
@@ -64,7 +65,14 @@ with workflow.unsafe.imports_passed_through():
         StepDecisionInput,
         VerifyForkInput,
     )
+    from forklab.experiments.runfork.blocked import (
+        CHILD_WORKFLOW,
+        LOCAL_ACTIVITY,
+        blocked_message,
+    )
+    from forklab.experiments.runfork.call_match import CallKey, Divergence, PrefixMatcher
     from forklab.experiments.runfork.identity import lineage_root
+    from forklab.experiments.runfork.overrides import ForkSignal, InputOverride
     from forklab.experiments.runfork.policy import (
         Decision,
         ToolPolicy,
@@ -103,7 +111,13 @@ class _ForkState:
 
     def __init__(self) -> None:
         self.marker: ForkMarker | None = None
-        self.prefix: dict[int, Step] = {}
+        #: the inherited steps, handed out by what each call is (None: nothing inherited)
+        self.matcher: PrefixMatcher | None = None
+        #: the call still to run with the operator's input (None: none, or done)
+        self.input_override: InputOverride | None = None
+        #: signals still to deliver at the fork point, and where to deliver them
+        self.signals: list[ForkSignal] = []
+        self.inbound: WorkflowInboundInterceptor | None = None
         self.recorded: dict[tuple[str, str], Step] = {}
         #: steps of the chain before this run
         self.base = 0
@@ -111,6 +125,7 @@ class _ForkState:
         self.lineage_root = ""
 
     def next_index(self) -> int:
+        """The next call's place in the chain's scheduling order."""
         self.calls += 1
         return self.base + self.calls
 
@@ -146,6 +161,7 @@ def _base_step(marker: ForkMarker | None) -> int:
 class _ForkInbound(WorkflowInboundInterceptor):
     def init(self, outbound: WorkflowOutboundInterceptor) -> None:
         self._state = _ForkState()
+        self._state.inbound = self.next
         super().init(_ForkOutbound(outbound, self._state))
 
     async def execute_workflow(self, input: _ExecuteWorkflowInput) -> Any:
@@ -159,9 +175,33 @@ class _ForkInbound(WorkflowInboundInterceptor):
             state.marker = marker
             state.lineage_root = marker.lineage_root
             if _inherits(marker):
-                await _load_prefix(state, marker)
-                _check_servable(state, marker)
-        return await super().execute_workflow(input)
+                _check_servable(await _load_prefix(state, marker), marker)
+            if not marker.continued:
+                state.signals = list(marker.signals)
+            if state.matcher is None or state.matcher.all_delivered:
+                await _deliver_signals(state)  # nothing inherited: the fork point is now
+            if marker.input_override is not None and not marker.continued:
+                state.input_override = marker.input_override
+                if state.matcher is None:  # keys are counted to find the overridden call
+                    exact = marker.boundary is BoundaryMode.exact
+                    state.matcher = PrefixMatcher([], [], exact=exact)
+        result = await super().execute_workflow(input)
+        if state.matcher is not None and state.matcher.owed:
+            # the run ended without asking for every inherited call: its code is not the
+            # parent's, and what it did after the boundary is no continuation of it
+            raise ApplicationError(
+                f"the fork finished without making {state.matcher.owed} of the calls it "
+                "inherited from the parent's steps",
+                type=ForkErrorType.prefix_diverged,
+                non_retryable=True,
+            )
+        return result
+
+
+async def _deliver_signals(state: _ForkState) -> None:
+    pending, state.signals = state.signals, []
+    if pending and state.inbound is not None:
+        await deliver_signals(state.inbound, pending)
 
 
 def _refused(why: str, error: ForkErrorType = ForkErrorType.marker_unverified) -> ApplicationError:
@@ -209,14 +249,15 @@ async def _verify(marker: ForkMarker) -> None:
         raise
 
 
-def _check_servable(state: _ForkState, marker: ForkMarker) -> None:
+def _check_servable(prefix: list[Step], marker: ForkMarker) -> None:
     """Every step the fork is to be served must be in the fetched prefix with a result (or
     be a step its parent fork blocked); else the run fails now, naming the step, instead
     of failing its workflow task on that step for ever."""
     if marker.boundary is BoundaryMode.lineage_only:
         return
+    by_index = {s.index: s for s in prefix}
     for index in range(marker.base_step + 1, marker.at_step + 1):
-        step = state.prefix.get(index)
+        step = by_index.get(index)
         if step is None:
             why = "is not in the parent's history"
         elif step.status is StepStatus.completed or step.status is StepStatus.blocked:
@@ -246,20 +287,27 @@ def _prefix_summary(marker: ForkMarker, start: int) -> str:
     return f"fork of {marker.parent_workflow_id}: inherit steps {start}..{marker.at_step}{model}"
 
 
-async def _load_prefix(state: _ForkState, marker: ForkMarker) -> None:
+async def _load_prefix(state: _ForkState, marker: ForkMarker) -> list[Step]:
+    """Fetches the inherited steps (and the calls in flight at the boundary) into a
+    matcher that hands them out by what each call is; returns the steps."""
     start = marker.base_step + 1
+    prefix: list[Step] = []
+    flying: list[Step] = []
     while True:
         page = await _fetch_page(marker, start)
-        for s in page.steps:
-            state.prefix[s.index] = s
+        prefix.extend(page.steps)
+        flying.extend(page.in_flight)
         for s in page.recorded_after:
             state.recorded.setdefault((s.activity_type, s.input_sha256), s)
         if page.next_step is None:
             break
         start = page.next_step
-    for s in state.prefix.values():
+    if prefix:
+        state.matcher = PrefixMatcher(prefix, flying, exact=marker.boundary is BoundaryMode.exact)
+    for s in prefix:
         if s.status is StepStatus.completed:
             state.recorded.setdefault((s.activity_type, s.input_sha256), s)
+    return prefix
 
 
 async def _fetch_page(marker: ForkMarker, start: int) -> PrefixPage:
@@ -274,6 +322,7 @@ async def _fetch_page(marker: ForkMarker, start: int) -> PrefixPage:
                 base_step=marker.base_step,
                 from_step=start,
                 upto_step=marker.at_step,
+                result_override=marker.result_override,
             ),
             result_type=PrefixPage,
             start_to_close_timeout=_FORK_ACTIVITY_TIMEOUT,
@@ -315,10 +364,29 @@ def _decode(step: Step, ret_type: type | None) -> Any:
         ) from None
 
 
-def _blocked(tool: str, index: int, why: str) -> ApplicationError:
-    return ApplicationError(
-        f"step {index} ({tool}) {why}", type=ForkErrorType.tool_blocked, non_retryable=True
+def _blocked(message: str) -> ApplicationError:
+    return ApplicationError(message, type=ForkErrorType.tool_blocked, non_retryable=True)
+
+
+def _inherited_block(input: StartActivityInput, step: Step) -> ActivityError:
+    """The failure an inherited blocked call raises: an ``ActivityError`` caused by
+    ``fork_tool_blocked``, as the parent fork's workflow saw it (no activity runs)."""
+    error = ActivityError(
+        "activity error",
+        scheduled_event_id=0,
+        started_event_id=0,
+        identity="forklab",
+        activity_type=input.activity,
+        activity_id="",
+        retry_state=RetryState.NON_RETRYABLE_FAILURE,
     )
+    cause = _blocked(f"step {step.index} ({input.activity}) was blocked on the parent fork")
+    error.__cause__ = cause
+    return error
+
+
+def _override_key(override: InputOverride, exact: bool) -> CallKey:
+    return CallKey(override.activity_type, override.input_sha256 if exact else "", override.ordinal)
 
 
 def _swap_model(input: StartActivityInput, model: str) -> StartActivityInput:
@@ -358,17 +426,34 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             input = dataclasses.replace(input, summary=f"step {index}: {input.activity}")
         if marker is None:
             return super().start_activity(self._headers(input, index))
-        model = marker.model_at(index)
+        matcher = state.matcher
+        if matcher is not None and (matcher.owed or state.input_override is not None):
+            # the call as the parent's lineage made it (its model swaps up to here)
+            model = marker.model_at(index)
+            seen = _swap_model(input, model) if model is not None else input
+            key = matcher.key(seen.activity, _input_digest(seen.args))
+            step = matcher.take(key)
+            if step is not None:
+                return workflow.ActivityHandle(self._served(seen, step, matcher))
+            try:
+                matcher.check_live(key)
+            except Divergence as exc:
+                raise ApplicationError(
+                    str(exc), type=ForkErrorType.prefix_diverged, non_retryable=True
+                ) from None
+            override = state.input_override
+            if override is not None and key == _override_key(override, matcher.exact):
+                # the parent's step N, asked something else: it runs live, whatever policy
+                state.input_override = None
+                asked = dataclasses.replace(input, args=[override.value, *input.args[1:]])
+                return super().start_activity(self._headers(asked, index))
+        # not inherited: the call comes after the boundary, whatever its place in the code
+        after = max(index, marker.at_step + 1) if matcher is not None else index
+        model = marker.model_at(after)
         if model is not None:
             swapped = _swap_model(input, model)
             if swapped is not input:  # say so where the UI shows the call
                 input = dataclasses.replace(swapped, summary=f"{swapped.summary} · model {model}")
-        if (
-            marker.boundary is not BoundaryMode.lineage_only
-            and not marker.continued
-            and index <= marker.at_step
-        ):
-            return self._serve_prefix(input, index, marker)
         digest = _input_digest(input.args)
         recorded = state.recorded.get((input.activity, digest))
         decision = decide(input.activity, marker.tool_policies, recorded is not None)
@@ -393,6 +478,8 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         return workflow.ActivityHandle(self._decided(input, note))
 
     async def _decided(self, input: StartActivityInput, note: StepDecisionInput) -> Any:
+        # a blocked call fails this activity (fork_tool_blocked): the workflow sees an
+        # ActivityError, as it would if the tool itself had failed
         await workflow.execute_activity(
             STEP_DECISION,
             note,
@@ -402,12 +489,8 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             summary=f"step {note.index}: {input.activity} {note.decision} (policy {note.policy})",
         )
         if note.result_b64 is None:
-            why = (
-                "is blocked on this fork"
-                if note.policy is ToolPolicy.block
-                else "has no exact recorded call to replay"
-            )
-            raise _blocked(input.activity, note.index, f"{why} (policy {note.policy})")
+            # a history recorded when the decision activity completed for blocked calls too
+            raise _blocked(blocked_message(note.index, input.activity, note.policy))
         step = Step(
             index=note.index,
             activity_type=note.activity_type,
@@ -427,14 +510,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             return super().start_local_activity(input)
         refused = self._refused_by_policy(input.activity)
         if refused is not None:
-            why = (
-                "is blocked on this fork"
-                if refused is ToolPolicy.block
-                else "is a local activity, whose input is not recorded to replay"
-            )
-            return workflow.ActivityHandle(
-                self._refuse("local activity", input.activity, refused, why)
-            )
+            return workflow.ActivityHandle(self._refuse(LOCAL_ACTIVITY, input, refused))
         conv = workflow.payload_converter()
         headers = dict(input.headers)
         headers[LINEAGE_HEADER] = conv.to_payloads([self._state.lineage_root])[0]
@@ -452,7 +528,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         memo.pop(MARKER_MEMO_KEY, None)
         refused = self._refused_by_policy(input.workflow)
         if refused is not None:
-            await self._refuse("child workflow", input.workflow, refused, "is blocked on this fork")
+            await self._refuse(CHILD_WORKFLOW, input, refused)
         if workflow.patched(CHILD_PATCH):
             memo[MARKER_MEMO_KEY] = self._child_marker().model_dump(mode="json")
         return await super().start_child_workflow(dataclasses.replace(input, memo=memo))
@@ -468,30 +544,68 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             return None
         return policy if workflow.patched(REACH_PATCH) else None
 
-    async def _refuse(self, kind: str, name: str, policy: ToolPolicy, why: str) -> Any:
-        """Records the refusal (history, Web UI, ``forklab steps``) and raises it."""
+    async def _refuse(
+        self,
+        kind: str,
+        input: StartLocalActivityInput | StartChildWorkflowInput,
+        policy: ToolPolicy,
+    ) -> Any:
+        """Records the refusal (history, Web UI, ``forklab steps``) and fails the call as
+        a blocked activity fails: the local activity with an ``ActivityError``, the child
+        with a ``ChildWorkflowError``, caused by ``fork_tool_blocked`` — what the workflow
+        sees when the call itself fails, so its own error handling runs."""
+        name = input.activity if isinstance(input, StartLocalActivityInput) else input.workflow
         state = self._state
         note = StepDecisionInput(
             index=state.base + state.calls,
             activity_type=name,
             input_sha256="",
             decision=StepOrigin.blocked,
-            policy=policy.value,
+            policy=policy,
             acting=kind,
         )
-        await workflow.execute_activity(
-            STEP_DECISION,
-            note,
-            result_type=StepDecisionInput,
-            start_to_close_timeout=_FORK_ACTIVITY_TIMEOUT,
-            retry_policy=_FORK_RETRY,
-            summary=f"{kind} {name}: blocked (policy {policy.value})",
-        )
-        raise ApplicationError(
-            f"{kind} {name} {why} (policy {policy.value})",
-            type=ForkErrorType.tool_blocked,
-            non_retryable=True,
-        )
+        try:
+            await workflow.execute_activity(
+                STEP_DECISION,
+                note,
+                result_type=StepDecisionInput,
+                start_to_close_timeout=_FORK_ACTIVITY_TIMEOUT,
+                retry_policy=_FORK_RETRY,
+                summary=f"{kind} {name}: blocked (policy {policy.value})",
+            )
+        except ActivityError as exc:
+            # the decision activity fails with the refusal (on histories recorded before
+            # it did, it completed): either way the call fails as below
+            cause = exc.cause
+            if not (
+                isinstance(cause, ApplicationError) and cause.type == ForkErrorType.tool_blocked
+            ):
+                raise
+        blocked = _blocked(blocked_message(note.index, name, policy, kind))
+        failure: ActivityError | ChildWorkflowError
+        if isinstance(input, StartLocalActivityInput):
+            failure = ActivityError(
+                "activity error",
+                scheduled_event_id=0,
+                started_event_id=0,
+                identity="forklab",
+                activity_type=name,
+                activity_id="",
+                retry_state=RetryState.NON_RETRYABLE_FAILURE,
+            )
+        else:
+            failure = ChildWorkflowError(
+                "child workflow execution error",
+                namespace=workflow.info().namespace,
+                workflow_id=input.id,
+                run_id="",
+                workflow_type=name,
+                initiated_event_id=0,
+                started_event_id=0,
+                retry_state=RetryState.NON_RETRYABLE_FAILURE,
+            )
+        failure.__cause__ = blocked
+        raise failure
 
     def _child_marker(self) -> ForkMarker:
         """What a child of this run inherits: no steps, the lineage root, and on a fork its
@@ -514,35 +628,18 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             child_of=info.workflow_id,
         )
 
-    def _serve_prefix(
-        self, input: StartActivityInput, index: int, marker: ForkMarker
-    ) -> workflow.ActivityHandle[Any]:
-        step = self._state.prefix.get(index)
-        if step is None:
-            raise ApplicationError(
-                f"step {index} is not in the inherited prefix",
-                type=ForkErrorType.prefix_diverged,
-                non_retryable=True,
-            )
-        if step.activity_type != input.activity:
-            raise ApplicationError(
-                f"at step {index} the parent called {step.activity_type} "
-                f"and the fork calls {input.activity}",
-                type=ForkErrorType.prefix_diverged,
-                non_retryable=True,
-            )
-        if marker.boundary is BoundaryMode.exact and _input_digest(input.args) != step.input_sha256:
-            raise ApplicationError(
-                f"at step {index} ({input.activity}) the fork's input differs "
-                "from the parent's (an exact boundary inherits only identical calls)",
-                type=ForkErrorType.prefix_diverged,
-                non_retryable=True,
-            )
-        return workflow.ActivityHandle(self._served(input, step))
-
-    async def _served(self, input: StartActivityInput, step: Step) -> Any:
+    async def _served(self, input: StartActivityInput, step: Step, matcher: PrefixMatcher) -> Any:
+        """An inherited call's recorded outcome, handed over in the parent's completion
+        order: a workflow that waits on calls in parallel sees them finish as the parent
+        did, and so takes the same path to the boundary."""
+        if not matcher.turn_of(step):
+            await workflow.wait_condition(lambda: matcher.turn_of(step))
+        matcher.delivered()
+        if matcher.all_delivered and self._state.signals:
+            await _deliver_signals(self._state)  # the fork point: the last inherited result
         if step.status is StepStatus.blocked:
-            raise _blocked(input.activity, step.index, "was blocked on the parent fork")
+            # the parent fork's workflow saw this call fail: so does this one
+            raise _inherited_block(input, step)
         return _decode(step, input.ret_type)
 
     def continue_as_new(self, input: ContinueAsNewInput) -> Any:
