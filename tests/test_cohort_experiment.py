@@ -1,0 +1,160 @@
+"""Experiments over a cohort of recorded agent runs, durably, on a real dev server: real
+forks of the shipped research pipeline (its model calls to the local stand-in over HTTP,
+its charge tool to the local payments service), started by the experiment's activities
+with the run-fork half's starter.
+
+Checked: the approved plan covers exactly the cohort it showed (a run recorded after the
+approval is not forked); the A/A noise floor is the baseline forks' own flip rate; a
+placebo is inside the floor and, with per-call seeds, matches the baseline fork for fork;
+a positive control (a model-provider brownout) is detected as harming; the charge tool,
+blocked by the signed list's default, is never reached; a cancel mid-experiment leaves no
+fork running; the report and the ledger rows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from agent_fixtures import AgentTestLab
+from cohort_lab import CohortLab, cohort_spec, running_cohort_lab
+from temporalio.client import WorkflowFailureError
+
+from forklab.activities.runfork.cohort_forks import OUTCOME_ROW
+from forklab.contracts.cohort import cohort_fork_id
+from forklab.experiments.cohort.noise import noise_floor
+from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.workflows.experiment.messages import Stage, Status
+
+
+@pytest.fixture
+async def cohort(agent_lab: AgentTestLab, tmp_path: Path) -> AsyncIterator[CohortLab]:
+    async with running_cohort_lab(agent_lab, tmp_path) as lab:
+        yield lab
+
+
+async def _visible(lab: CohortLab, query: str, count: int) -> None:
+    """Visibility is eventually consistent: wait until ``query`` lists ``count`` runs."""
+    for _ in range(200):
+        if len([e async for e in lab.client.list_workflows(query)]) >= count:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"visibility never listed {count} runs for {query}")
+
+
+async def test_an_approved_cohort_experiment_measures_the_floor_and_detects_a_harm(
+    cohort: CohortLab,
+) -> None:
+    # a cohort that mostly passes (slow) and one that sometimes fails (any other model
+    # name: the stand-in's default behaviour), sampled at temperature 1
+    await cohort.record(["slow"] * 9 + ["medium"] * 3)
+    query = (
+        f"WorkflowType='ResearchPipeline' AND TaskQueue='{cohort.agents.agent.agent_task_queue}'"
+    )
+    await _visible(cohort, query, 12)
+    spec = cohort_spec(
+        {"query": query, "limit": 20},
+        [
+            {"name": "noop", "role": "placebo", "prompt_patch": {"text": "Be yourself."}},
+            {
+                "name": "outage",
+                "role": "positive_control",
+                "faults": [{"kind": "brownout", "rate": 1.0}],
+            },
+        ],
+    )
+    handle = await cohort.start(spec)
+    shown = await cohort.until_stage(handle, Stage.awaiting_approval)
+    assert len(shown.runs) == 12 and shown.excluded == {}
+    # the signed tool list: the charge tool is blocked (the default for undeclared tools)
+    assert shown.tools == {"charge_customer": ToolPolicy.block.value}
+    # a run recorded while the plan awaits approval is in no approved plan
+    late = (await cohort.record(["slow"]))[0]
+    await _visible(cohort, query, 13)
+    charges = cohort.agents.charges()
+    attempt = await cohort.approve(handle)
+    assert attempt["accepted"], attempt
+    result = await handle.result()
+
+    assert result.status is Status.completed, result.error
+    assert sorted(result.runs) == sorted(shown.runs) and late not in result.runs
+    assert cohort.registry.children(late) == []
+    assert result.forks_done == 12 * 3 * 3 and result.forks_missing == 0
+    assert result.cleanup is not None and result.cleanup.remaining == 0
+    # the blocked charge tool was never reached by any of the 108 forks
+    assert cohort.agents.charges() == charges
+
+    report = result.report
+    assert report is not None
+    saved = json.loads((Path(report.report_dir) / "report.json").read_text())
+    outcomes = saved["outcomes"]
+    # per-call seeds: the placebo's forks drew what the baseline's did, fork for fork
+    assert outcomes["noop"] == outcomes["baseline"]
+    # the noise floor is the baseline forks' own flip rate
+    floor = noise_floor([[c == "1" for c in row] for row in outcomes["baseline"]])
+    assert report.flip_rate == pytest.approx(floor.flip_rate)
+    assert report.flip_ci_low <= report.flip_rate <= report.flip_ci_high
+    lines = {w.world: w for w in report.worlds}
+    assert lines["noop"].verdict == "inside_noise_floor" and lines["noop"].as_expected
+    assert lines["outage"].verdict == "harms" and lines["outage"].as_expected
+    assert lines["outage"].harms >= 1
+    # every harmed run names the fork pair to read
+    for command in lines["outage"].harmed:
+        assert command.startswith("forklab diff cohort-")
+    assert "Noise floor" in report.markdown and "| outage | positive_control |" in report.markdown
+    assert (Path(report.report_dir) / "report.md").read_text() == report.markdown
+
+    # ledger: the experiment's row, one per world, one per fork (in the fork registry)
+    row = cohort.ledger.experiment(spec.id)
+    assert row is not None and row.status == "completed"
+    assert row.plan_fingerprint == result.fingerprint
+    assert {w.world for w in cohort.ledger.worlds(spec.id)} == {"noop", "outage"}
+    run_key = f"{handle.id}/{handle.result_run_id}"
+    fork = cohort_fork_id(run_key, 0, "outage", 2)
+    rows = [d for d in cohort.registry.decisions(fork) if d["kind"] == OUTCOME_ROW]
+    assert len(rows) == 1 and json.loads(rows[0]["note"])["world"] == "outage"
+    receipt = cohort.registry.receipt(fork)
+    assert receipt is not None and receipt.tool_policies["charge_customer"] is ToolPolicy.block
+
+
+async def test_cancel_mid_experiment_leaves_no_fork_running(cohort: CohortLab) -> None:
+    ids = await cohort.record(["slow"] * 6)
+    spec = cohort_spec(
+        {"workflow_ids": ids, "limit": 6},
+        [{"name": "bigger", "role": "treatment", "model": "candidate"}],
+        budget={"max_forks": 100, "max_concurrent_forks": 4},
+    )
+    handle = await cohort.start(spec)
+    await cohort.approve(handle)
+    for _ in range(300):
+        view = await cohort.status(handle)
+        if view.running > 0 and view.forks_done >= 2:
+            break
+        await asyncio.sleep(0.05)
+    await handle.cancel()
+    with pytest.raises(WorkflowFailureError):
+        await handle.result()
+    view = await cohort.status(handle)
+    assert view.status is Status.cancelled and view.forks_done < 36
+    run_key = f"{handle.id}/{handle.result_run_id}"
+    running = f"ForkLabExperiment = '{run_key}' AND ExecutionStatus = 'Running'"
+    started = f"ForkLabExperiment = '{run_key}'"
+    assert [e async for e in cohort.client.list_workflows(started)], "no fork had started"
+    assert [e.id async for e in cohort.client.list_workflows(running)] == []
+    row = cohort.ledger.experiment(spec.id)
+    assert row is not None and row.status == "cancelled"
+
+
+async def test_a_scorer_of_your_own_is_refused_before_anything_starts(cohort: CohortLab) -> None:
+    ids = await cohort.record(["slow"])
+    spec = cohort_spec(
+        {"workflow_ids": ids, "limit": 1, "outcome": "mypkg.scoring:resolved"},
+        [{"name": "bigger", "role": "treatment", "model": "candidate"}],
+    )
+    handle = await cohort.start(spec)
+    with pytest.raises(WorkflowFailureError) as failed:
+        await handle.result()
+    assert "not one of ForkLab's shipped scorers" in str(failed.value.cause)
+    assert cohort.registry.children(ids[0]) == []
