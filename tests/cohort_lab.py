@@ -64,10 +64,15 @@ class CohortLab:
                 await h.result()
         return [h.id for h in handles]
 
-    async def start(self, spec: CohortExperimentSpec) -> WorkflowHandle[Any, CohortResult]:
+    async def start(
+        self, spec: CohortExperimentSpec, **fields: Any
+    ) -> WorkflowHandle[Any, CohortResult]:
+        inp = CohortInput(
+            spec=spec, approver_public_key=self.public_key, requested_by="tester", **fields
+        )
         return await self.client.start_workflow(
             CohortExperimentWorkflow.run,
-            CohortInput(spec=spec, approver_public_key=self.public_key, requested_by="tester"),
+            inp,
             id=f"forklab-{spec.id}",
             task_queue=self.queue,
             result_type=CohortResult,

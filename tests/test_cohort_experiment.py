@@ -147,6 +147,34 @@ async def test_cancel_mid_experiment_leaves_no_fork_running(cohort: CohortLab) -
     assert row is not None and row.status == "cancelled"
 
 
+async def test_a_long_experiment_continues_as_new_carrying_its_aggregates(
+    cohort: CohortLab,
+) -> None:
+    ids = await cohort.record(["slow"] * 4 + ["medium"] * 2)
+    spec = cohort_spec(
+        {"workflow_ids": ids, "limit": 6},
+        [
+            {
+                "name": "full",
+                "role": "treatment",
+                "prompt_patch": {"text": "Write every section in full."},
+            }
+        ],
+    )
+    handle = await cohort.start(spec, history_events=60)
+    await cohort.approve(handle)
+    result = await handle.result()
+    assert result.status is Status.completed, result.error
+    assert result.runs_of_chain > 2  # the history limit made it continue as new
+    assert result.forks_done == 6 * 2 * 3 and result.forks_missing == 0
+    # every fork counted once: the ledger rows match the forks the chain started
+    run_key = f"{handle.id}/{handle.result_run_id}"
+    started = [e.id async for e in cohort.client.list_workflows(f"ForkLabExperiment = '{run_key}'")]
+    assert len(set(started)) == 36
+    assert result.report is not None
+    assert {w.world for w in result.report.worlds} == {"full"}
+
+
 async def test_a_scorer_of_your_own_is_refused_before_anything_starts(cohort: CohortLab) -> None:
     ids = await cohort.record(["slow"])
     spec = cohort_spec(

@@ -64,7 +64,7 @@ class CohortInput(_Model):
     requested_by: str = Field(default="", max_length=MAX_NAME)
     request: SignedRequest | None = None
     #: continue as new when this run's history passes this many events
-    history_events: int = Field(default=4000, ge=200, le=50_000)
+    history_events: int = Field(default=4000, ge=50, le=50_000)
     carry: CohortCarry | None = None
 
 
