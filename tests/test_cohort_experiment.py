@@ -14,18 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from agent_fixtures import AgentTestLab
 from cohort_lab import CohortLab, cohort_spec, running_cohort_lab
+from cohort_workflows import ACTIVITIES, OrderDeskWorkflow
 from temporalio.client import WorkflowFailureError
+from temporalio.worker import Worker
 
 from forklab.activities.runfork.cohort_forks import OUTCOME_ROW
 from forklab.contracts.cohort import cohort_fork_id
 from forklab.experiments.cohort.noise import noise_floor
 from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.temporal import ForkLabPlugin
 from forklab.workflows.experiment.messages import Stage, Status
 
 
@@ -117,6 +121,60 @@ async def test_an_approved_cohort_experiment_measures_the_floor_and_detects_a_ha
     assert len(rows) == 1 and json.loads(rows[0]["note"])["world"] == "outage"
     receipt = cohort.registry.receipt(fork)
     assert receipt is not None and receipt.tool_policies["charge_customer"] is ToolPolicy.block
+
+
+async def test_a_tool_fault_on_a_third_party_workflow_is_detected(cohort: CohortLab) -> None:
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    plugin = ForkLabPlugin(cohort.agents.agent.run_log_path)
+    async with Worker(
+        cohort.client,
+        task_queue=queue,
+        workflows=[OrderDeskWorkflow],
+        activities=ACTIVITIES,
+        plugins=[plugin],
+    ):
+        ids = []
+        for i in range(8):
+            h = await cohort.client.start_workflow(
+                OrderDeskWorkflow.run, f"o{i}", id=f"order-{uuid.uuid4().hex[:8]}", task_queue=queue
+            )
+            await h.result()
+            ids.append(h.id)
+        spec = cohort_spec(
+            {
+                "workflow_ids": ids,
+                "limit": 8,
+                "fork_at": "tool:lookup_order#1",
+                "success_threshold": 1.0,
+            },
+            [
+                {
+                    "name": "drift",
+                    "role": "positive_control",
+                    "faults": [
+                        {
+                            "kind": "schema_drift",
+                            "rate": 1.0,
+                            "tools": ["lookup_order"],
+                            "field": "status",
+                        }
+                    ],
+                }
+            ],
+            tools={"lookup_order": "live", "lookup_customer": "live"},
+        )
+        handle = await cohort.start(spec)
+        await cohort.approve(handle)
+        result = await handle.result()
+    assert result.status is Status.completed, result.error
+    assert result.report is not None
+    (drift,) = result.report.worlds
+    assert drift.verdict == "harms" and drift.as_expected and drift.harms == 8
+    assert result.report.flip_rate == 0.0  # a deterministic workflow has no noise floor
+    # the fault changed the live call's response, never the recorded parent
+    run_key = f"{handle.id}/{handle.result_run_id}"
+    baseline = await cohort.agents.lab.steps(cohort_fork_id(run_key, 0, "baseline", 0))
+    assert [s.origin for s in baseline] == ["inherited", "own"]
 
 
 async def test_cancel_mid_experiment_leaves_no_fork_running(cohort: CohortLab) -> None:
