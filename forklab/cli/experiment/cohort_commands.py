@@ -30,6 +30,7 @@ from forklab.cli.errors import CliError
 from forklab.cli.experiment.specfile import load_cohort_spec
 from forklab.cli.ops_common import add_connection_flags, open_client, run, settings_from
 from forklab.contracts.approval import approval_payload, sign
+from forklab.experiments.cohort.spec import CohortExperimentSpec
 from forklab.workers.config import Settings
 from forklab.workflows.experiment.cohort_messages import (
     STATUS_QUERY,
@@ -64,7 +65,12 @@ async def status_of(settings: Settings, experiment: str) -> CohortStatusView:
 
 async def start(settings: Settings, path: str) -> tuple[str, str]:
     """Start the experiment of the cohort spec at ``path``; its workflow id and key file."""
-    spec = load_cohort_spec(path)
+    return await start_spec(settings, load_cohort_spec(path))
+
+
+async def start_spec(settings: Settings, spec: CohortExperimentSpec) -> tuple[str, str]:
+    """Start ``spec``'s experiment with a fresh approver key (private half on disk, owner
+    only; the workflow gets the public half); its workflow id and key file."""
     client = await open_client(settings)
     key = new_private_key()
     wid = workflow_id(spec.id)
@@ -232,4 +238,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         c.set_defaults(func=func)
 
 
-__all__ = ["approve", "register", "render_status", "start", "status_of"]
+__all__ = ["approve", "register", "render_status", "start", "start_spec", "status_of"]
