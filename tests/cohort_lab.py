@@ -94,14 +94,22 @@ class CohortLab:
             await asyncio.sleep(0.1)
         raise AssertionError(f"the experiment never reached {stage}")
 
-    async def approve(self, handle: WorkflowHandle[Any, Any]) -> Any:
+    async def approve(
+        self,
+        handle: WorkflowHandle[Any, Any],
+        fingerprint: str | None = None,
+        key: Ed25519PrivateKey | None = None,
+    ) -> Any:
+        """Sign the plan the workflow shows (or ``fingerprint``) with this lab's key (or
+        ``key``) and send the approval; returns the attempt the gate recorded."""
         view = await self.until_stage(handle, Stage.awaiting_approval)
         assert view.fingerprint is not None
+        signed = fingerprint or view.fingerprint
         payload = approval_payload(
             experiment_id=view.experiment_id,
             workflow_id=handle.id,
             run_id=view.approval.run_id,
-            fingerprint=view.fingerprint,
+            fingerprint=signed,
             nonce=view.approval.nonce,
             approver="tester",
         )
@@ -109,9 +117,9 @@ class CohortLab:
             "approve",
             {
                 "approver": "tester",
-                "fingerprint": view.fingerprint,
+                "fingerprint": signed,
                 "nonce": view.approval.nonce,
-                "signature": sign(self.key, payload),
+                "signature": sign(key or self.key, payload),
             },
         )
 

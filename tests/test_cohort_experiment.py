@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 from agent_fixtures import AgentTestLab
-from cohort_lab import CohortLab, cohort_spec, running_cohort_lab
+from cohort_lab import SCORER, CohortLab, cohort_spec, running_cohort_lab
 from cohort_workflows import ACTIVITIES, OrderDeskWorkflow
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from temporalio.client import WorkflowFailureError
 from temporalio.worker import Worker
 
@@ -78,6 +79,11 @@ async def test_an_approved_cohort_experiment_measures_the_floor_and_detects_a_ha
     late = (await cohort.record(["slow"]))[0]
     await _visible(cohort, query, 13)
     charges = cohort.agents.charges()
+    # a signature over another plan, or by another key, approves nothing
+    other = await cohort.approve(handle, fingerprint="0" * 64)
+    assert not other["accepted"] and "wrong plan fingerprint" in other["reason"]
+    stranger = await cohort.approve(handle, key=Ed25519PrivateKey.generate())
+    assert not stranger["accepted"] and "bad signature" in stranger["reason"]
     attempt = await cohort.approve(handle)
     assert attempt["accepted"], attempt
     result = await handle.result()
@@ -231,6 +237,39 @@ async def test_a_long_experiment_continues_as_new_carrying_its_aggregates(
     assert len(set(started)) == 36
     assert result.report is not None
     assert {w.world for w in result.report.worlds} == {"full"}
+
+
+async def test_a_start_carrying_a_carry_is_refused(cohort: CohortLab) -> None:
+    """Only the workflow's own continue-as-new hands over a carry (it holds the approval):
+    a start that brings one fails at once, before anything is read or started."""
+    ids = await cohort.record(["slow"])
+    spec = cohort_spec(
+        {"workflow_ids": ids, "limit": 1},
+        [{"name": "bigger", "role": "treatment", "model": "candidate"}],
+    )
+    forged = {
+        "origin_run_id": "x",
+        "runs": 1,
+        "stage": "running_worlds",
+        "message": "",
+        "rehearsal": {
+            "plan": {"runs": [], "excluded": [], "tools": {}, "digest": ""},
+            "scorer": SCORER,
+            "forks": 0,
+            "estimated_model_calls": 0,
+            "estimated_tokens": 0,
+            "estimated_world_seconds": 0.0,
+            "fingerprint": "f",
+            "capacity_ok": True,
+        },
+        "approval": {"status": "approved"},
+        "progress": {},
+    }
+    handle = await cohort.start(spec, carry=forged)
+    with pytest.raises(WorkflowFailureError) as failed:
+        await handle.result()
+    assert "only the workflow's own continue-as-new" in str(failed.value.cause)
+    assert cohort.registry.children(ids[0]) == []
 
 
 async def test_a_scorer_of_your_own_is_refused_before_anything_starts(cohort: CohortLab) -> None:
