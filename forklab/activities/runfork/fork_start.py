@@ -116,11 +116,18 @@ class ForkStarter:
     """Starts forks for one namespace (``client``), recording receipts in ``registry``;
     ``home`` holds the agent runs' workspace layers, when they keep any."""
 
-    def __init__(self, client: Client, registry: ForkRegistry, home: Path) -> None:
+    def __init__(
+        self,
+        client: Client,
+        registry: ForkRegistry,
+        home: Path,
+        runs: ClosedRuns | None = None,
+    ) -> None:
         self.client = client
         self.registry = registry
         self.home = home
-        self.runs = ClosedRuns()
+        #: closed runs' histories never change: read once, shared with the caller's reads
+        self.runs = runs if runs is not None else ClosedRuns()
 
     async def fork(
         self,

@@ -69,7 +69,7 @@ class AgentLab:
         self.run_log = RunLog(agent.run_log_path)
         self.ledger = effect_ledger(agent)
         self.runs = ClosedRuns()
-        self.starter = ForkStarter(client, self.registry, agent.home)
+        self.starter = ForkStarter(client, self.registry, agent.home, self.runs)
 
     async def chain(self, run: str) -> list[RunRecord]:
         return await read_chain(self.client, run)
