@@ -27,6 +27,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.worker import Worker
 
 from forklab.activities.runfork.cohort_forks import OUTCOME_ROW
+from forklab.agents.support import SupportAgentWorkflow, SupportInput
 from forklab.contracts.cohort import cohort_fork_id
 from forklab.experiments.cohort.noise import noise_floor
 from forklab.experiments.runfork.policy import ToolPolicy
@@ -181,6 +182,50 @@ async def test_a_tool_fault_on_a_third_party_workflow_is_detected(cohort: Cohort
     run_key = f"{handle.id}/{handle.result_run_id}"
     baseline = await cohort.agents.lab.steps(cohort_fork_id(run_key, 0, "baseline", 0))
     assert [s.origin for s in baseline] == ["inherited", "own"]
+
+
+async def test_the_agents_sdk_support_agent_draws_with_the_forks_seeds(cohort: CohortLab) -> None:
+    """The Agents SDK agent's model calls carry the fork's seed (in the model settings'
+    ``extra_args``): a placebo's forks make, fork for fork, the calls the baseline's make
+    (the email the model writes: tone, refund, address), though every fork samples at
+    temperature 1 and the stand-in would otherwise draw from its own request counter."""
+    agents = cohort.agents
+    ids = []
+    for i in range(3):
+        handle = await agents.client.start_workflow(
+            SupportAgentWorkflow.run,
+            SupportInput(ticket=f"I want a refund for order {i}", model="medium", temperature=1.0),
+            id=f"support-{uuid.uuid4().hex[:8]}",
+            task_queue=agents.agent.agent_task_queue,
+        )
+        await handle.result()
+        ids.append(handle.id)
+    spec = cohort_spec(
+        {
+            "workflow_ids": ids,
+            "limit": 3,
+            "fork_at": "step:0",
+            "outcome": "forklab.experiments.cohort.scorers:completed",
+        },
+        [{"name": "noop", "role": "placebo", "prompt_patch": {"text": "Be yourself."}}],
+        tools={"email.send": "live"},
+    )
+    handle = await cohort.start(spec)
+    await cohort.approve(handle)
+    result = await handle.result()
+    assert result.status is Status.completed, result.error
+    run_key = f"{handle.id}/{handle.result_run_id}"
+    # per fork: the email it sent (its input digest), or None when the model skipped it
+    emails: dict[str, list[str | None]] = {"baseline": [], "noop": []}
+    for world, sent in emails.items():
+        for run in range(3):
+            for fork in range(3):
+                steps = await agents.lab.steps(cohort_fork_id(run_key, run, world, fork))
+                mail = [s.input_sha256 for s in steps if s.activity_type == "email.send"]
+                sent.append(mail[0] if mail else None)
+    assert emails["noop"] == emails["baseline"]
+    # the forks draw differently from one another (the seeds differ by run and fork)
+    assert len(set(emails["baseline"])) > 2
 
 
 async def test_cancel_mid_experiment_leaves_no_fork_running(cohort: CohortLab) -> None:

@@ -254,6 +254,24 @@ def _patch_prompt(input: StartActivityInput, patch: PromptPatch) -> StartActivit
     return dataclasses.replace(input, args=[first, *input.args[1:]])
 
 
+def _with_seed(input: StartActivityInput, seed: int) -> StartActivityInput:
+    """An Agents SDK model call asking for ``seed``: its model settings' ``extra_args``,
+    which the SDK passes to the endpoint's request as they are. (ForkLab's own chat call
+    reads the seed from its activity header instead.)"""
+    if not input.args or not isinstance(input.args[0], dict):
+        return input
+    first = input.args[0]
+    settings = first.get("model_settings")
+    if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
+        extra = {**(getattr(settings, "extra_args", None) or {}), "seed": seed}
+        settings = dataclasses.replace(settings, extra_args=extra)
+    elif isinstance(settings, dict):
+        settings = {**settings, "extra_args": {**(settings.get("extra_args") or {}), "seed": seed}}
+    else:
+        return input
+    return dataclasses.replace(input, args=[{**first, "model_settings": settings}, *input.args[1:]])
+
+
 def _json_of(step: Step) -> Any:
     payload = Payload.FromString(base64.b64decode(step.result_b64 or ""))
     try:
@@ -361,8 +379,8 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             return workflow.ActivityHandle(self._injected(input, index, why))
         if cohort.prompt_patch is not None:
             input = _patch_prompt(input, cohort.prompt_patch)
-        input = self._headers(input, index)
         seed = model_call_seed(cohort.seed, cohort.run, cohort.fork, index)
+        input = _with_seed(self._headers(input, index), seed)
         headers = dict(input.headers)
         headers[MODEL_SEED_HEADER] = workflow.payload_converter().to_payloads([seed])[0]
         return super().start_activity(dataclasses.replace(input, headers=headers))
