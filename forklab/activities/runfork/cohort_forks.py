@@ -225,7 +225,9 @@ class CohortActivities:
             if isinstance(started[0], WorkflowHandle):
                 await _cancel(started[0])
             raise
-        except ForkError as exc:
+        except (ForkError, RunNotFound) as exc:
+            # the fork cannot be made (its boundary, or the recorded run, is gone): no
+            # outcome, never a failure
             return self._outcome(job, fork_id, ForkStatus.error, error=str(exc))
         try:
             await heartbeat_until(_closed(handle), lambda: fork_id)

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RawValue
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -36,6 +36,8 @@ with workflow.unsafe.imports_passed_through():
         CohortReport,
         ForkCleanupInput,
         ForkJob,
+        ForkOutcome,
+        ForkStatus,
     )
     from forklab.contracts.errors import ExperimentErrorType
     from forklab.contracts.experiment import ApproverPolicy, KeyInput, PolicyInput
@@ -191,13 +193,12 @@ class CohortExperimentWorkflow:
             self._status, self._error = stop.status, stop.reason
             await self._stop_forks()
         except asyncio.CancelledError:
-            self._status, self._error = Status.cancelled, "cancelled by the operator"
-            await self._stop_forks()
-            await self._clean_up()
-            await self._record(None)
-            self._enter(Stage.done, "cancelled")
+            await self._cancelled()
             raise
         except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                await self._cancelled()
+                raise asyncio.CancelledError from None
             self._status, self._error = Status.failed, _cause(err)
             await self._stop_forks()
         await self._clean_up()
@@ -208,6 +209,14 @@ class CohortExperimentWorkflow:
                 self._error or "failed", type=ExperimentErrorType.failed_before_approval
             )
         return self._result(report)
+
+    async def _cancelled(self) -> None:
+        """The operator cancelled: stop the forks, clean up, record; the caller re-raises."""
+        self._status, self._error = Status.cancelled, "cancelled by the operator"
+        await self._stop_forks()
+        await self._clean_up()
+        await self._record(None)
+        self._enter(Stage.done, "cancelled")
 
     def _result(self, report: CohortReport | None) -> CohortResult:
         r, p = self._rehearsal, self._progress
@@ -367,26 +376,40 @@ class CohortExperimentWorkflow:
         place = cohort_state.job_place(job, len(spec.worlds), spec.cohort.forks_per_world)
         world = spec.worlds[place.world]
         run = plan.runs[place.run]
-        outcome = await execute(
-            cacts.RUN_FORK,
-            ForkJob(
-                experiment_id=spec.id,
-                run_key=self._run_key,
-                seed=spec.seed,
+        try:
+            outcome = await execute(
+                cacts.RUN_FORK,
+                ForkJob(
+                    experiment_id=spec.id,
+                    run_key=self._run_key,
+                    seed=spec.seed,
+                    run_index=place.run,
+                    run=run,
+                    world=world,
+                    fork=place.fork,
+                    tool_policies=fork_policies(plan, world),
+                    scorer=spec.cohort.outcome,
+                    success_threshold=spec.cohort.success_threshold,
+                ),
+                start_to_close_timeout=FORK_TIMEOUT,
+                heartbeat_timeout=FORK_HEARTBEAT_TIMEOUT,
+                retry_policy=timeouts.TRANSIENT_RETRY,
+                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                summary=f"{run.workflow_id} · {world.name} · fork {place.fork}",
+            )
+        except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                raise
+            # a fork whose activity gave up (its attempts spent) has no outcome; the
+            # experiment goes on with the others, and the report counts it as missing
+            outcome = ForkOutcome(
                 run_index=place.run,
-                run=run,
-                world=world,
+                world=world.name,
                 fork=place.fork,
-                tool_policies=fork_policies(plan, world),
-                scorer=spec.cohort.outcome,
-                success_threshold=spec.cohort.success_threshold,
-            ),
-            start_to_close_timeout=FORK_TIMEOUT,
-            heartbeat_timeout=FORK_HEARTBEAT_TIMEOUT,
-            retry_policy=timeouts.TRANSIENT_RETRY,
-            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            summary=f"{run.workflow_id} · {world.name} · fork {place.fork}",
-        )
+                fork_id="",
+                status=ForkStatus.error,
+                error=_cause(err),
+            )
         cohort_state.record(self._progress, outcome)
 
     async def _stop_forks(self) -> None:
