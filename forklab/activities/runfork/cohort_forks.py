@@ -31,7 +31,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from forklab.activities.heartbeat import heartbeat_until
 from forklab.activities.runfork.cohort_reads import cohort_ids, read_recorded
-from forklab.activities.runfork.fork_start import ForkError, ForkStarter, final_state
+from forklab.activities.runfork.fork_start import ForkError, ForkExists, ForkStarter, final_state
 from forklab.activities.runfork.history_events import chain_steps
 from forklab.activities.runfork.history_reads import RunNotFound, read_chain
 from forklab.activities.stores.fork_registry import ForkRegistry
@@ -237,33 +237,35 @@ class CohortActivities:
         return await self._score(job, fork_id, time.monotonic() - began)
 
     async def _start_or_find(self, job: ForkJob, fork_id: str) -> WorkflowHandle[Any, Any]:
-        handle = self._client.get_workflow_handle(fork_id)
-        try:
-            await handle.describe()
-            return handle  # an earlier attempt started it
-        except RPCError as exc:
-            if exc.status is not RPCStatusCode.NOT_FOUND:
-                raise
+        """The fork's workflow: started here, or found when an earlier attempt started it
+        (its receipt recorded, or only its workflow started before that attempt died)."""
+        found = self._client.get_workflow_handle(fork_id)
+        if self._registry.receipt(fork_id) is not None:
+            return found
         world = job.world
-        fork = await self._starter.fork(
-            job.run.workflow_id,
-            job.run.at_step,
-            name=fork_id,
-            intervention=world.intervention.model_dump(mode="json") if world.intervention else None,
-            model=world.model,
-            tool_policies=job.tool_policies,
-            requested_by=f"experiment {job.experiment_id}",
-            cohort=CohortFork(
-                experiment=job.run_key,
-                seed=job.seed,
-                run=job.run_index,
-                fork=job.fork,
-                world=world.name,
-                prompt_patch=world.prompt_patch,
-                faults=world.faults,
-            ),
-            search_attributes=[SearchAttributePair(EXPERIMENT, job.run_key)],
-        )
+        intervention = world.intervention.model_dump(mode="json") if world.intervention else None
+        try:
+            fork = await self._starter.fork(
+                job.run.workflow_id,
+                job.run.at_step,
+                name=fork_id,
+                intervention=intervention,
+                model=world.model,
+                tool_policies=job.tool_policies,
+                requested_by=f"experiment {job.experiment_id}",
+                cohort=CohortFork(
+                    experiment=job.run_key,
+                    seed=job.seed,
+                    run=job.run_index,
+                    fork=job.fork,
+                    world=world.name,
+                    prompt_patch=world.prompt_patch,
+                    faults=world.faults,
+                ),
+                search_attributes=[SearchAttributePair(EXPERIMENT, job.run_key)],
+            )
+        except ForkExists:
+            return found
         return fork.handle
 
     async def _score(self, job: ForkJob, fork_id: str, seconds: float) -> ForkOutcome:

@@ -63,6 +63,10 @@ class ForkError(ValueError):
     """A fork request that cannot be honoured; the message says which field and why."""
 
 
+class ForkExists(ForkError):
+    """The fork's name is taken: by an earlier fork's receipt, or by a workflow."""
+
+
 @dataclass
 class Fork:
     receipt: ForkReceipt
@@ -155,7 +159,7 @@ class ForkStarter:
                 "(starting with a letter or digit)"
             )
         if self.registry.receipt(fork_id) is not None:
-            raise ForkError(f"fork name {fork_id!r} is taken by an earlier fork; choose another")
+            raise ForkExists(f"fork name {fork_id!r} is taken by an earlier fork; choose another")
         policies = dict(tool_policies or {})
         policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
         located = await locate_step(self.client, run, at_step, self.registry, self.runs)
@@ -243,7 +247,7 @@ class ForkStarter:
                     source, start_input, marker, receipt, search_attributes
                 )
             except WorkflowAlreadyStartedError:
-                raise ForkError(
+                raise ForkExists(
                     f"fork name {fork_id!r} is the id of an existing workflow; choose another"
                 ) from None
             try:
