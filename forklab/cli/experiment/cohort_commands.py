@@ -22,6 +22,7 @@ from forklab.activities.experiment.approval_keys import (
     KeyFileError,
     key_path,
     new_private_key,
+    personal_key_path,
     public_key_hex,
     read_private_key,
     write_private_key,
@@ -114,14 +115,21 @@ async def approve(settings: Settings, experiment: str, approver: str) -> Approva
         )
     assert view.fingerprint is not None
     gate = view.approval
-    path = key_path(settings.home, gate.workflow_id, gate.run_id)
+    # a worker whose policy names approvers counts only their own keys (`forklab keys`)
+    path = (
+        personal_key_path(settings.home)
+        if gate.approvers
+        else key_path(settings.home, gate.workflow_id, gate.run_id)
+    )
     try:
         key = read_private_key(path)
     except (KeyFileError, OSError):
-        raise CliError(
-            f"no approver key for experiment {experiment} at {path}; approve where it was "
-            f"started ({gate.key_location})"
-        ) from None
+        where = (
+            "make one with `forklab keys` and have it registered with the worker"
+            if gate.approvers
+            else f"approve where it was started ({gate.key_location})"
+        )
+        raise CliError(f"no approver key for experiment {experiment} at {path}; {where}") from None
     payload = approval_payload(
         experiment_id=view.experiment_id,
         workflow_id=gate.workflow_id,
