@@ -24,14 +24,19 @@ from cohort_lab import SCORER, CohortLab, cohort_spec, running_cohort_lab
 from cohort_workflows import ACTIVITIES, OrderDeskWorkflow
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from temporalio.client import WorkflowFailureError
-from temporalio.worker import Worker
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer, Worker
 
 from forklab.activities.runfork.cohort_forks import OUTCOME_ROW
+from forklab.agents.research import ResearchPipelineWorkflow
 from forklab.agents.support import SupportAgentWorkflow, SupportInput
 from forklab.contracts.cohort import cohort_fork_id
 from forklab.experiments.cohort.noise import noise_floor
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.temporal import ForkLabPlugin
+from forklab.workers.experiment.worker import workflow_runner
+from forklab.workers.runfork.agent_worker import agents_plugin, fork_plugin
+from forklab.workflows.experiment.cohort_workflow import CohortExperimentWorkflow
 from forklab.workflows.experiment.messages import Stage, Status
 
 
@@ -128,6 +133,19 @@ async def test_an_approved_cohort_experiment_measures_the_floor_and_detects_a_ha
     assert len(rows) == 1 and json.loads(rows[0]["note"])["world"] == "outage"
     receipt = cohort.registry.receipt(fork)
     assert receipt is not None and receipt.tool_policies["charge_customer"] is ToolPolicy.block
+
+    # both histories replay on the code as it is: the experiment's, and a fork's whose
+    # model calls the interceptor seeded and failed (the brownout)
+    await Replayer(
+        workflows=[CohortExperimentWorkflow],
+        data_converter=pydantic_data_converter,
+        workflow_runner=workflow_runner(),
+    ).replay_workflow(await handle.fetch_history())
+    agent = cohort.agents.agent
+    await Replayer(
+        workflows=[ResearchPipelineWorkflow],
+        plugins=[agents_plugin(agent), fork_plugin(agent)],
+    ).replay_workflow(await cohort.client.get_workflow_handle(fork).fetch_history())
 
 
 async def test_a_tool_fault_on_a_third_party_workflow_is_detected(cohort: CohortLab) -> None:
