@@ -15,7 +15,7 @@ from forklab.contracts.fork_signature import (
     marker_refusal,
     sign_marker,
 )
-from forklab.contracts.runfork import ForkMarker, ModelSwap
+from forklab.contracts.runfork import CohortFork, ForkMarker, ModelSwap
 from forklab.experiments.runfork.overrides import ForkSignal, InputOverride, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
@@ -97,6 +97,7 @@ _SIGNED_CHANGES: list[dict[str, Any]] = [
         )
     },
     {"signals": [ForkSignal(name="approve", args=[True])]},
+    {"cohort": CohortFork(experiment="exp-1", seed=7, run=0, fork=1, world="brownout")},
 ]
 
 

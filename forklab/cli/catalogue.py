@@ -57,6 +57,10 @@ CATALOGUE: dict[str, Entry] = {
         "make your approver key pair and print the line to register with workers",
         "forklab keys",
     ),
+    "cohort": Entry(
+        "experiments over a cohort of recorded agent runs",
+        "forklab cohort start support-fixes.yaml",
+    ),
     "sign": Entry(
         "print a signed approve request (JSON) for `temporal workflow update execute`",
         "forklab sign retry-cascade > approve.json",

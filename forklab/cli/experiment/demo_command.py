@@ -26,7 +26,7 @@ from forklab.cli.ops_common import (
     run,
     settings_from,
 )
-from forklab.cli.runfork import agent_demo, workspace_command
+from forklab.cli.runfork import agent_demo, fleet_demo, workspace_command
 from forklab.cli.service_commands import (
     claim_ports,
     ensure_server,
@@ -186,3 +186,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     scenarios = p.add_subparsers(dest="scenario", metavar="[SCENARIO]")
     workspace_command.register(scenarios)
     agent_demo.register(scenarios)
+    fleet_demo.register(scenarios)

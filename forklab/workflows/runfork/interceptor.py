@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
@@ -55,9 +56,11 @@ with workflow.unsafe.imports_passed_through():
         LINEAGE_HEADER,
         MARKER_MEMO_KEY,
         MODEL_FIELDS,
+        MODEL_SEED_HEADER,
         STEP_DECISION,
         STEP_HEADER,
         VERIFY_FORK,
+        CohortFork,
         FetchPrefixInput,
         ForkMarker,
         ModelSwap,
@@ -65,6 +68,9 @@ with workflow.unsafe.imports_passed_through():
         StepDecisionInput,
         VerifyForkInput,
     )
+    from forklab.experiments.cohort.faults import CallSite, apply_faults
+    from forklab.experiments.cohort.seeds import model_call_seed
+    from forklab.experiments.cohort.spec import PatchMode, PatchTarget, PromptPatch
     from forklab.experiments.runfork.blocked import (
         CHILD_WORKFLOW,
         LOCAL_ACTIVITY,
@@ -113,6 +119,8 @@ class _ForkState:
         self.marker: ForkMarker | None = None
         #: the inherited steps, handed out by what each call is (None: nothing inherited)
         self.matcher: PrefixMatcher | None = None
+        #: the inherited steps as fetched (an experiment's tool faults read their results)
+        self.inherited: list[Step] = []
         #: the call still to run with the operator's input (None: none, or done)
         self.input_override: InputOverride | None = None
         #: signals still to deliver at the fork point, and where to deliver them
@@ -123,6 +131,9 @@ class _ForkState:
         self.base = 0
         self.calls = 0
         self.lineage_root = ""
+        #: results (JSON) of each tool's live calls on this fork, oldest first: what an
+        #: injected ``stale_data`` fault answers with
+        self.tool_results: dict[str, list[Any]] = {}
 
     def next_index(self) -> int:
         """The next call's place in the chain's scheduling order."""
@@ -302,6 +313,7 @@ async def _load_prefix(state: _ForkState, marker: ForkMarker) -> list[Step]:
         if page.next_step is None:
             break
         start = page.next_step
+    state.inherited = prefix
     if prefix:
         state.matcher = PrefixMatcher(prefix, flying, exact=marker.boundary is BoundaryMode.exact)
     for s in prefix:
@@ -403,6 +415,64 @@ def _swap_model(input: StartActivityInput, model: str) -> StartActivityInput:
     return dataclasses.replace(input, args=[first, *input.args[1:]])
 
 
+def _patched(text: str, patch: PromptPatch) -> str:
+    if patch.mode is PatchMode.append:
+        return f"{text}\n{patch.text}" if text else patch.text
+    if patch.mode is PatchMode.prepend:
+        return f"{patch.text}\n{text}" if text else patch.text
+    return patch.text
+
+
+def _patch_prompt(input: StartActivityInput, patch: PromptPatch) -> StartActivityInput:
+    """The model call with its system instructions patched: the system message of a chat
+    call (one is added first when there is none), or an Agents SDK call's
+    ``system_instructions``. Tool instructions are those of the calls' tools, which a chat
+    call has none of."""
+    if patch.target is not PatchTarget.system or not input.args:
+        return input
+    first = input.args[0]
+    if isinstance(first, BaseModel) and "messages" in type(first).model_fields:
+        messages = [dict(m) for m in cast(Any, first).messages]
+        system = next((m for m in messages if m.get("role") == "system"), None)
+        if system is None:
+            messages.insert(0, {"role": "system", "content": _patched("", patch)})
+        else:
+            system["content"] = _patched(str(system.get("content") or ""), patch)
+        first = first.model_copy(update={"messages": messages})
+    elif isinstance(first, dict) and "system_instructions" in first:
+        instructions = _patched(first["system_instructions"] or "", patch)
+        first = {**first, "system_instructions": instructions}
+    else:
+        return input
+    return dataclasses.replace(input, args=[first, *input.args[1:]])
+
+
+def _with_seed(input: StartActivityInput, seed: int) -> StartActivityInput:
+    """An Agents SDK model call asking for ``seed``: its model settings' ``extra_args``,
+    which the SDK passes to the endpoint's request as they are. (ForkLab's own chat call
+    reads the seed from its activity header instead.)"""
+    if not input.args or not isinstance(input.args[0], dict):
+        return input
+    first = input.args[0]
+    settings = first.get("model_settings")
+    if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
+        extra = {**(getattr(settings, "extra_args", None) or {}), "seed": seed}
+        settings = dataclasses.replace(settings, extra_args=extra)
+    elif isinstance(settings, dict):
+        settings = {**settings, "extra_args": {**(settings.get("extra_args") or {}), "seed": seed}}
+    else:
+        return input
+    return dataclasses.replace(input, args=[{**first, "model_settings": settings}, *input.args[1:]])
+
+
+def _json_of(step: Step) -> Any:
+    payload = Payload.FromString(base64.b64decode(step.result_b64 or ""))
+    try:
+        return json.loads(payload.data)
+    except ValueError:
+        return None
+
+
 class _ForkOutbound(WorkflowOutboundInterceptor):
     def __init__(self, next: WorkflowOutboundInterceptor, state: _ForkState) -> None:
         super().__init__(next)
@@ -454,11 +524,16 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             swapped = _swap_model(input, model)
             if swapped is not input:  # say so where the UI shows the call
                 input = dataclasses.replace(swapped, summary=f"{swapped.summary} · model {model}")
+        if marker.cohort is not None and input.activity in MODEL_FIELDS:
+            return self._cohort_model_call(input, index, marker.cohort)
         digest = _input_digest(input.args)
         recorded = state.recorded.get((input.activity, digest))
         decision = decide(input.activity, marker.tool_policies, recorded is not None)
         if decision is Decision.run_live:
-            return super().start_activity(self._headers(input, index))
+            handle = super().start_activity(self._headers(input, index))
+            if marker.cohort is not None and marker.cohort.faults:
+                return workflow.ActivityHandle(self._faulted(handle, input, index, marker.cohort))
+            return handle
         policy = policy_for(input.activity, marker.tool_policies)
         note = StepDecisionInput(
             index=index,
@@ -500,6 +575,71 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             result_b64=note.result_b64,
         )
         return _decode(step, input.ret_type)
+
+    def _cohort_model_call(
+        self, input: StartActivityInput, index: int, cohort: CohortFork
+    ) -> workflow.ActivityHandle[Any]:
+        """A live model call of an experiment's fork: a brownout fails it instead; else
+        it runs with the world's prompt patch and this call's seed (a function of the
+        experiment seed, the run, the fork and the step index, never of the world)."""
+        site = CallSite(seed=cohort.seed, run=cohort.run, fork=cohort.fork, call=index)
+        hit = apply_faults(cohort.faults, site)
+        if hit.error is not None:
+            why = f"an injected brownout: the model provider answered {hit.error.value}"
+            return workflow.ActivityHandle(self._injected(input, index, why))
+        if cohort.prompt_patch is not None:
+            input = _patch_prompt(input, cohort.prompt_patch)
+        seed = model_call_seed(cohort.seed, cohort.run, cohort.fork, index)
+        input = _with_seed(self._headers(input, index), seed)
+        headers = dict(input.headers)
+        headers[MODEL_SEED_HEADER] = workflow.payload_converter().to_payloads([seed])[0]
+        return super().start_activity(dataclasses.replace(input, headers=headers))
+
+    async def _injected(self, input: StartActivityInput, index: int, why: str) -> Any:
+        raise ApplicationError(
+            f"step {index} ({input.activity}) failed with {why}",
+            type=ForkErrorType.injected_fault,
+            non_retryable=True,
+        )
+
+    async def _faulted(
+        self,
+        handle: workflow.ActivityHandle[Any],
+        input: StartActivityInput,
+        index: int,
+        cohort: CohortFork,
+    ) -> Any:
+        """The live tool call's result after the world's faults; one the call's result
+        type cannot read any more fails the call, as a broken response would."""
+        result = await handle
+        conv = workflow.payload_converter()
+        try:
+            value = json.loads(conv.to_payloads([result])[0].data)
+        except ValueError:
+            return result
+        earlier = self._state.tool_results.setdefault(input.activity, [])
+        if not earlier:
+            earlier.extend(
+                _json_of(s)
+                for s in sorted(self._state.inherited, key=lambda s: s.index)
+                if s.activity_type == input.activity and s.status is StepStatus.completed
+            )
+        site = CallSite(
+            seed=cohort.seed, run=cohort.run, fork=cohort.fork, call=index, tool=input.activity
+        )
+        out = apply_faults(cohort.faults, site, value, list(earlier))
+        earlier.append(value)
+        if not out.applied:
+            return result
+        if input.ret_type is None:
+            return out.value
+        changed = Payload(metadata={"encoding": b"json/plain"}, data=json.dumps(out.value).encode())
+        try:
+            return conv.from_payload(changed, input.ret_type)
+        except Exception:  # whatever the result type's reader raises on a broken response
+            kinds = ", ".join(k.value for k in out.applied)
+            why = f"an injected {kinds}: its response no longer reads as its result type"
+            return await self._injected(input, index, why)
 
     def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:
         """A local activity is no step (its input is not recorded, so it can be neither
