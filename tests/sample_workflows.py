@@ -320,3 +320,132 @@ class ToolsAgentWorkflow:
         )
         result = await Runner.run(agent, input=question)
         return str(result.final_output)
+
+
+# --- a fan-out of levels ----------------------------------------------------------------
+
+
+class FanOutInput(BaseModel):
+    levels: int = 3
+    width: int = 8
+
+
+class FanOutActivities:
+    """One call per (level, branch); a later branch finishes sooner, so each level
+    completes in the reverse of the order it was scheduled."""
+
+    def __init__(self, calls: Calls, width: int = 8) -> None:
+        self.calls = calls
+        self.width = width
+
+    @activity.defn(name="branch")
+    async def branch(self, level: int, i: int, previous: str) -> str:
+        self.calls.count()
+        await asyncio.sleep(0.04 * (self.width - i))
+        return f"L{level}.{i}<{len(previous)}>"
+
+    @activity.defn(name="merge")
+    async def merge(self, level: int, parts: list[str]) -> str:
+        self.calls.count()
+        return f"M{level}[{','.join(parts)}]"
+
+    def all(self) -> list[object]:
+        return [self.branch, self.merge]
+
+
+@workflow.defn(name="FanOut")
+class FanOutWorkflow:
+    """``levels`` rounds of ``width`` parallel branch calls (``asyncio.gather``), each
+    round merged by one call whose result feeds the next round."""
+
+    @workflow.run
+    async def run(self, inp: FanOutInput) -> str:
+        timeout = timedelta(minutes=1)
+        merged = ""
+        for level in range(1, inp.levels + 1):
+            parts = await asyncio.gather(
+                *(
+                    workflow.execute_activity(
+                        "branch",
+                        args=[level, i, merged],
+                        result_type=str,
+                        start_to_close_timeout=timeout,
+                    )
+                    for i in range(inp.width)
+                )
+            )
+            merged = await workflow.execute_activity(
+                "merge", args=[level, list(parts)], result_type=str, start_to_close_timeout=timeout
+            )
+        return merged
+
+
+@workflow.defn(name="FanOut")
+class FanOutChangedWorkflow:
+    """``FanOut`` after a code change: its branch calls carry another input."""
+
+    @workflow.run
+    async def run(self, inp: FanOutInput) -> str:
+        timeout = timedelta(minutes=1)
+        parts = await asyncio.gather(
+            *(
+                workflow.execute_activity(
+                    "branch",
+                    args=[1, i, "changed"],
+                    result_type=str,
+                    start_to_close_timeout=timeout,
+                )
+                for i in range(inp.width)
+            )
+        )
+        return ",".join(parts)
+
+
+@workflow.defn(name="ArrivalOrder")
+class ArrivalOrderWorkflow:
+    """The research bot writing its findings in the order they arrived: the report (and
+    the write call's input) depends on the order the searches completed."""
+
+    @workflow.run
+    async def run(self, inp: ResearchBotInput) -> str:
+        timeout = timedelta(minutes=1)
+        terms = await workflow.execute_activity(
+            "plan_searches", inp.query, result_type=list[str], start_to_close_timeout=timeout
+        )
+        arrived: list[str] = []
+
+        async def search(term: str) -> None:
+            arrived.append(
+                await workflow.execute_activity(
+                    "web_search", term, result_type=str, start_to_close_timeout=timeout
+                )
+            )
+
+        await asyncio.gather(*(search(t) for t in terms[: inp.searches]))
+        return await workflow.execute_activity(
+            "write_report", arrived, result_type=str, start_to_close_timeout=timeout
+        )
+
+
+@workflow.defn(name="AwaitsApproval")
+class AwaitsApprovalWorkflow:
+    """Withdraws, then waits for an ``approve`` signal before it deposits: a run (and each
+    fork of it) stays open until someone decides."""
+
+    def __init__(self) -> None:
+        self.approved = False
+
+    @workflow.signal
+    def approve(self) -> None:
+        self.approved = True
+
+    @workflow.run
+    async def run(self, d: TransferDetails) -> str:
+        withdrawn = await workflow.execute_activity(
+            "withdraw", d, result_type=str, start_to_close_timeout=timedelta(seconds=30)
+        )
+        await workflow.wait_condition(lambda: self.approved)
+        deposited = await workflow.execute_activity(
+            "deposit", d, result_type=str, start_to_close_timeout=timedelta(seconds=30)
+        )
+        return f"{withdrawn} {deposited}"

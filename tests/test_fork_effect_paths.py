@@ -145,10 +145,10 @@ async def test_steps_shows_local_activities_and_children(paths_lab: PathsLab) ->
     out = forklab(paths_lab.env, "steps", child)
     assert f"ChargeChild (child workflow {child}-charge)" in out.stdout.splitlines()[2]
     out = forklab(paths_lab.env, "steps", local, "--json")
-    rows = json.loads(out.stdout)
-    assert [(r["kind"], r.get("name") or r.get("activity_type")) for r in rows] == [
-        ("step", "prepare"),
-        ("local activity", "charge_customer"),
+    listed = json.loads(out.stdout)
+    assert [s["activity_type"] for s in listed["steps"]] == ["prepare"]
+    assert [(e["kind"], e["name"], e["after_step"]) for e in listed["events"]] == [
+        ("local activity", "charge_customer", 1),
     ]
 
 

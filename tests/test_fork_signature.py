@@ -9,8 +9,14 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from forklab.contracts.fork_signature import issuer_public_key, marker_refusal, sign_marker
-from forklab.contracts.runfork import ForkMarker, ModelSwap
+from forklab.contracts.fork_signature import (
+    _UNSIGNED,
+    issuer_public_key,
+    marker_refusal,
+    sign_marker,
+)
+from forklab.contracts.runfork import CohortFork, ForkMarker, ModelSwap
+from forklab.experiments.runfork.overrides import ForkSignal, InputOverride, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.workers.config import ConfigError
@@ -21,7 +27,9 @@ from forklab.workers.runfork.fork_issuers import (
 )
 
 KEY = Ed25519PrivateKey.generate()
-TRUSTED = {issuer_public_key(KEY): "ops"}
+#: trusted too: a marker re-labelled as its must still not verify
+OTHER = Ed25519PrivateKey.generate()
+TRUSTED = {issuer_public_key(KEY): "ops", issuer_public_key(OTHER): "ci"}
 NOW = datetime(2026, 12, 5, 1, 0, tzinfo=UTC)
 MARKER = sign_marker(
     ForkMarker(
@@ -67,28 +75,47 @@ def test_a_signed_marker_verifies_for_its_own_run_only() -> None:
     assert "does not trust" in (_refusal(MARKER, trusted={}) or "")
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"parent_workflow_id": "other"},
-        {"source_run_id": "run-2"},
-        {"base_step": 1},
-        {"at_step": 4},
-        {"boundary": BoundaryMode.approximate},
-        {"lineage_root": "other@run-9"},
-        {"model_swaps": []},
-        {"tool_policies": {"*": ToolPolicy.auto}},
-        {"intervention": {"hint": 2}},
-        {"issued_at": NOW + timedelta(seconds=1)},
-        {"fork_workflow_id": "fork-1 "},
-    ],
-)
+_SIGNED_CHANGES: list[dict[str, Any]] = [
+    {"parent_workflow_id": "other"},
+    {"source_run_id": "run-2"},
+    {"base_step": 1},
+    {"at_step": 4},
+    {"boundary": BoundaryMode.approximate},
+    {"lineage_root": "other@run-9"},
+    {"model_swaps": []},
+    {"tool_policies": {"*": ToolPolicy.auto}},
+    {"intervention": {"hint": 2}},
+    {"issued_at": NOW + timedelta(seconds=1)},
+    {"fork_workflow_id": "fork-1 "},
+    {"start_input_sha256": "b" * 64},
+    {"issuer_key": issuer_public_key(OTHER)},
+    {"model": "slow"},
+    {"result_override": ResultOverride(step=3, value="ok", result_sha256="c" * 64)},
+    {
+        "input_override": InputOverride(
+            step=4, value={"a": 1}, activity_type="deposit", input_sha256="d" * 64, ordinal=1
+        )
+    },
+    {"signals": [ForkSignal(name="approve", args=[True])]},
+    {"cohort": CohortFork(experiment="exp-1", seed=7, run=0, fork=1, world="brownout")},
+]
+
+
+@pytest.mark.parametrize("change", _SIGNED_CHANGES)
 def test_every_signed_field_is_bound(change: dict[str, Any]) -> None:
     altered = MARKER.model_copy(update=change)
     refusal = _refusal(altered, workflow_id=altered.fork_workflow_id)
     assert refusal == (
         "the fork marker's signature does not verify (the marker was altered or made up)"
     )
+
+
+def test_every_marker_field_is_signed_or_set_by_the_server() -> None:
+    """A field added to ``ForkMarker`` is signed unless it is one the interceptor sets on
+    later runs and children (the server vouches for those): a forger cannot change it."""
+    bound = {key for change in _SIGNED_CHANGES for key in change}
+    assert set(ForkMarker.model_fields) - _UNSIGNED == bound
+    assert {"signature", "continued", "child_of"} == _UNSIGNED
 
 
 def test_an_unsigned_marker_or_one_of_another_key_is_refused() -> None:

@@ -5,15 +5,14 @@ the real payments/mail service, the support agent on the OpenAI Agents SDK."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import pytest
 from agent_fixtures import AgentTestLab
+from fork_failures import blocked_in
 from temporalio.client import WorkflowFailureError
 
 from forklab.agents.support import SupportAgentWorkflow, SupportInput
-from forklab.contracts.errors import ForkErrorType
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.steps import StepOrigin, prefix_sha256
@@ -107,7 +106,7 @@ async def test_auto_replays_the_inherited_charge_and_replay_miss_blocks(
     )
     with pytest.raises(WorkflowFailureError) as failure:
         await strict.handle.result()
-    assert ForkErrorType.tool_blocked in str(failure.value.cause)
+    assert blocked_in(failure.value.cause)
     # live: the charge runs, and the effect ledger (same lineage root, same key and
     # request) returns the recorded effect instead of charging again
     live = await agent_lab.lab.fork(
@@ -148,7 +147,7 @@ async def test_promote_closes_siblings_and_outcomes_are_append_only(
     await asyncio.gather(a.handle.result(), b.handle.result())
     agent_lab.lab.outcome(a.handle.id, "good", 0.9)
     agent_lab.lab.outcome(a.handle.id, "better", 0.95)
-    closed = await agent_lab.lab.promote(a.handle.id)
+    closed = (await agent_lab.lab.promote(a.handle.id)).closed
     assert set(closed) == {parent_id, b.handle.id}
     kinds = [d["kind"] for d in agent_lab.lab.registry.decisions(a.handle.id)]
     assert kinds == ["outcome", "outcome", "promoted"]
@@ -212,7 +211,8 @@ async def test_support_agent_on_the_agents_sdk_forks_without_resending(
     try:
         await blocked.handle.result()
     except WorkflowFailureError as exc:
-        assert ForkErrorType.tool_blocked in json.dumps(str(exc.cause))
+        # the SDK reports the tool's failure in its own words: the refusal is in history
+        assert "Activity task failed" in str(exc.cause) or blocked_in(exc.cause)
     assert mails() == before + 1
     fork_steps = await agent_lab.lab.steps(blocked.handle.id)
     assert fork_steps[1].origin == StepOrigin.blocked

@@ -17,12 +17,14 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from forklab.activities.runfork.fork_start import ForkExists, ForkStarter
+from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.agents.inputs import AgentErrorType
 from forklab.agents.research import ResearchInput, ResearchPipelineWorkflow
 from forklab.agents.tools import EffectTools, LedgerMode, ModelActivities
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
 from forklab.contracts.errors import ForkErrorType
-from forklab.contracts.runfork import MARKER_MEMO_KEY
+from forklab.contracts.runfork import MARKER_MEMO_KEY, RECEIPT_MEMO_KEY
 from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_worker import (
     connect_agents,
@@ -128,7 +130,41 @@ async def test_a_fork_cannot_take_an_existing_workflows_id(agent_lab: AgentTestL
     assert (await first.handle.describe()).run_id == first_run
     receipt = agent_lab.lab.registry.receipt(f"{a.id}-try")
     assert receipt is not None and receipt.parent_workflow_id == a.id
-    assert await agent_lab.lab.promote(f"{a.id}-try") == [a.id]
+    assert (await agent_lab.lab.promote(f"{a.id}-try")).closed == [a.id]
+
+
+async def test_a_found_fork_gets_its_receipt_only_when_this_home_signed_it(
+    agent_lab: AgentTestLab, tmp_path: Path
+) -> None:
+    """A cohort fork activity killed between the fork's start and its receipt finds the
+    fork on its retry; the receipt is then recorded from the fork's own start (5 of 6
+    receipts were recorded before, when a worker was killed mid-experiment). A workflow
+    under that id that this home did not start as that fork gives nothing: the receipt in
+    its memo would otherwise put a stranger's run into the fork registry."""
+    a = await agent_lab.start_research(model="slow", topic="alpha")
+    await a.result()
+    fork = await agent_lab.lab.fork(a.id, 2)
+    await fork.handle.result()
+    lost = ForkRegistry(tmp_path / "lost.sqlite")  # the receipt the dead attempt never wrote
+    starter = ForkStarter(agent_lab.client, lost, agent_lab.agent.home)
+    await starter.record_started(fork.handle.id)
+    assert lost.receipt(fork.handle.id) == fork.receipt
+    stranger = await agent_lab.client.start_workflow(
+        ResearchPipelineWorkflow.run,
+        ResearchInput(topic="x", model="slow"),
+        id=f"stranger-{uuid.uuid4().hex[:8]}",
+        task_queue=agent_lab.agent.agent_task_queue,
+        memo={RECEIPT_MEMO_KEY: fork.receipt.model_dump(mode="json")},
+    )
+    await stranger.result()
+    with pytest.raises(ForkExists, match="this home did not start as that fork"):
+        await starter.record_started(stranger.id)
+    copied = ForkRegistry(tmp_path / "copied.sqlite")
+    with pytest.raises(ForkExists, match="does not trust"):
+        await ForkStarter(agent_lab.client, copied, tmp_path / "other-home").record_started(
+            fork.handle.id
+        )
+    assert lost.receipt(stranger.id) is None and copied.receipt(fork.handle.id) is None
 
 
 async def _failure(handle: WorkflowHandle[Any, Any]) -> BaseException:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from agent_fixtures import Services, agent_settings
+from fork_failures import blocked_error
 from fork_workloads import StepsInput, StepsWorkflow, echo, hold
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -215,8 +216,8 @@ async def test_exact_fork_inside_an_earlier_run_of_a_running_chain(steps_lab: St
     assert r.source_run_id == chain[1].run_id and r.parent_run_id == chain[2].run_id
     with pytest.raises(WorkflowFailureError) as failure:  # step 8 (hold) is blocked
         await fork.handle.result()
-    cause = str(failure.value.cause)
-    assert ForkErrorType.tool_blocked in cause and "step 8" in cause
+    blocked = blocked_error(failure.value.cause)
+    assert blocked is not None and "step 8" in str(blocked)
     steps = await steps_lab.lab.steps(fork.handle.id)
     assert [(s.index, s.origin) for s in steps] == [
         (4, StepOrigin.inherited),

@@ -78,6 +78,7 @@ async def test_fork_steps_diff_trail_outcome_promote_watch(agent_lab: AgentTestL
     assert json.loads(out.stdout) == {
         "promoted": fork.id,
         "closed": [parent.id],
+        "siblings": {parent.id: "already_closed"},  # the parent had closed in Temporal
         "by": getpass.getuser(),
     }
     out = forklab(env, "promote", fork.id)

@@ -8,12 +8,13 @@ Nothing here knows about forks: the worker interceptor forks it like any workflo
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from agents import Agent, Runner
+    from agents import Agent, ModelSettings, Runner
     from temporalio.openai_agents.workflow import activity_as_tool
 
     from forklab.agents.inputs import checked_input
@@ -26,6 +27,8 @@ class SupportInput(BaseModel):
     ticket: str = Field(min_length=1, max_length=2000)
     customer: str = "customer@example.test"
     model: str = "slow"
+    #: the model's sampling temperature (None: the endpoint's default)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
 
 
 class SupportResult(BaseModel):
@@ -37,6 +40,13 @@ class SupportAgentWorkflow:
     @workflow.run
     async def run(self, inp: SupportInput) -> SupportResult:
         inp = checked_input(SupportInput, inp)
+        # only a temperature that was asked for changes the model settings: an input
+        # without one makes the same model calls as before the field existed
+        sampling: dict[str, Any] = (
+            {}
+            if inp.temperature is None
+            else {"model_settings": ModelSettings(temperature=inp.temperature)}
+        )
         agent: Agent[None] = Agent(
             name="support",
             instructions="Answer the customer's ticket; send them an email when needed.",
@@ -46,6 +56,7 @@ class SupportAgentWorkflow:
                     EffectTools.send_email, start_to_close_timeout=timedelta(seconds=60)
                 )
             ],
+            **sampling,
         )
         result = await Runner.run(agent, f"TICKET: {inp.ticket}\nCUSTOMER: {inp.customer}")
         return SupportResult(final_output=str(result.final_output))

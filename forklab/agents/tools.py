@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from forklab.activities.runfork.run_context import effect_scope, holder
+from forklab.activities.runfork.run_context import effect_scope, holder, model_seed
 from forklab.activities.stores.effect_ledger import Claim, EffectLedger
 from forklab.contracts.errors import ForkErrorType
 from forklab.experiments.runfork.effects import ClaimOutcome, downstream_key, request_sha256
@@ -55,11 +55,16 @@ class ModelActivities:
 
     @activity.defn(name="chat_model")
     async def chat_model(self, call: ChatCall) -> ChatAnswer:
+        """One chat completion; an experiment's fork sends the seed its header carries
+        (``forklab.experiments.cohort.seeds``), so its sampled answers line up with the
+        other worlds' forks of the same run."""
+        seed = model_seed()
         try:
             out = await self._client.chat.completions.create(
                 model=call.model,
                 messages=call.messages,  # type: ignore[arg-type]
                 temperature=call.temperature,
+                seed=openai.omit if seed is None else seed,
             )
         except openai.APIStatusError as exc:
             retryable = exc.status_code in _RETRYABLE_STATUS or exc.status_code >= 500

@@ -42,13 +42,18 @@ def finite_number(text: str, flag: str, low: float = -math.inf, high: float = ma
     return value
 
 
-def json_object(text: str, flag: str) -> dict[str, Any]:
-    """``text`` as a JSON object read by the shared strict reader (no ``NaN``,
-    ``Infinity``, ``1e999``, no nesting deeper than ``strict_json.MAX_DEPTH``)."""
+def json_value(text: str, flag: str) -> Any:
+    """``text`` as JSON read by the shared strict reader (no ``NaN``, ``Infinity``,
+    ``1e999``, no nesting deeper than ``strict_json.MAX_DEPTH``)."""
     try:
-        value = strict_json.loads(text, flag)
+        return strict_json.loads(text, flag)
     except strict_json.StrictJsonError as exc:
         raise CliError(str(exc), code=BAD_INPUT) from None
+
+
+def json_object(text: str, flag: str) -> dict[str, Any]:
+    """``text`` as a JSON object (``json_value``)."""
+    value = json_value(text, flag)
     if not isinstance(value, dict):
         raise CliError(f"{flag} must be a JSON object", code=BAD_INPUT)
     return value

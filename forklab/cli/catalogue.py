@@ -57,6 +57,10 @@ CATALOGUE: dict[str, Entry] = {
         "make your approver key pair and print the line to register with workers",
         "forklab keys",
     ),
+    "cohort": Entry(
+        "experiments over a cohort of recorded agent runs",
+        "forklab cohort start support-fixes.yaml",
+    ),
     "sign": Entry(
         "print a signed approve request (JSON) for `temporal workflow update execute`",
         "forklab sign retry-cascade > approve.json",
@@ -80,7 +84,10 @@ CATALOGUE: dict[str, Entry] = {
         "fork an agent run at a step into a new workflow",
         "forklab fork support-run-1 --at-step 3 --model slow --json",
     ),
-    "steps": Entry("list the steps of an agent run", "forklab steps support-run-1"),
+    "steps": Entry(
+        "list the steps of an agent run, its other events and where it forks exactly",
+        "forklab steps support-run-1",
+    ),
     "diff": Entry(
         "compare two runs' final states", "forklab diff support-run-1 support-run-1--fork-ab12"
     ),
@@ -93,7 +100,7 @@ CATALOGUE: dict[str, Entry] = {
         "forklab outcome support-run-1--fork-ab12 --label resolved --score 1",
     ),
     "promote": Entry(
-        "promote a fork; its siblings are closed (append-only)",
+        "promote a fork; its siblings are closed (append-only), running ones cancelled",
         "forklab promote support-run-1--fork-ab12",
     ),
     "watch": Entry(

@@ -25,6 +25,7 @@ REGISTRARS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("forklab.cli.experiment.status_commands", "register", ("status", "cancel")),
     ("forklab.cli.experiment.approval_commands", "register", ("approve", "sign", "reject")),
     ("forklab.cli.experiment.keys_command", "register", ("keys",)),
+    ("forklab.cli.experiment.cohort_commands", "register", ("cohort",)),
     ("forklab.cli.service_commands", "register", ("server", "worker", "up", "down")),
     ("forklab.cli.experiment.demo_command", "register", ("demo",)),
     (

@@ -63,3 +63,5 @@ class ForkErrorType(StrEnum):
     workspace_bad_path = "workspace_bad_path"
     workspace_error = "workspace_error"
     workspace_layer_corrupted = "workspace_layer_corrupted"
+    #: a fault an experiment's world injected (a brownout, a tool response it broke)
+    injected_fault = "fork_injected_fault"

@@ -8,6 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from forklab.experiments.cohort.faults import Fault
+from forklab.experiments.cohort.spec import PromptPatch
+from forklab.experiments.runfork.overrides import ForkSignal, InputOverride, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.steps import Step, StepOrigin
@@ -27,8 +30,13 @@ RECEIPT_MEMO_KEY = "forklab_receipt"
 LINEAGE_HEADER = "forklab-lineage-root"
 #: Activity header naming the first run id of the calling chain: the run log's stream.
 CHAIN_HEADER = "forklab-chain"
-#: Activity header naming the step index of a call.
+#: Activity header naming a call's place in its run's scheduling order (chain-wide, like
+#: step numbers; for calls in sequence it is their step number).
 STEP_HEADER = "forklab-step"
+#: Activity header carrying the seed a model call sends to the model (an experiment's
+#: fork only): a header, not a field of the call's input, so the input (and its digest,
+#: which an exact boundary compares) stays what the agent wrote.
+MODEL_SEED_HEADER = "forklab-model-seed"
 #: ForkLab's own activities; they are not steps of a run.
 INTERNAL_PREFIX = "forklab."
 FETCH_PREFIX = "forklab.fetch_prefix"
@@ -65,6 +73,24 @@ class ModelSwap(BaseModel):
     model: str
 
 
+class CohortFork(BaseModel):
+    """What an experiment over a cohort adds to one fork: its coordinates for per-call
+    model seeds and faults (``forklab.experiments.cohort.seeds``, ``.faults``), and the
+    world's prompt patch and faults, applied by the interceptor to live calls after the
+    fork point."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    experiment: str = Field(min_length=1, max_length=300)
+    seed: int = Field(ge=0)
+    #: the run's place in the cohort plan and the fork's index in its world
+    run: int = Field(ge=0)
+    fork: int = Field(ge=0)
+    world: str = Field(min_length=1, max_length=64)
+    prompt_patch: PromptPatch | None = None
+    faults: list[Fault] = Field(default_factory=list, max_length=20)
+
+
 class ForkMarker(BaseModel):
     """What makes a workflow a fork: read by the worker interceptor at start."""
 
@@ -82,6 +108,14 @@ class ForkMarker(BaseModel):
     model_swaps: list[ModelSwap] = Field(default_factory=list)
     tool_policies: dict[str, ToolPolicy] = Field(default_factory=dict)
     intervention: dict[str, Any] | None = None
+    #: step ``at_step``'s result replaced (``forklab fork --override-result``)
+    result_override: ResultOverride | None = None
+    #: step ``at_step + 1`` runs live with another input (``--override-input``)
+    input_override: InputOverride | None = None
+    #: delivered to the workflow's signal handlers at the fork point (``--signal``)
+    signals: list[ForkSignal] = Field(default_factory=list)
+    #: set on the forks an experiment over a cohort starts
+    cohort: CohortFork | None = None
     #: a later run of the fork (it continued-as-new): nothing to inherit any more
     continued: bool = False
     #: what the issuer's signature binds (``forklab.contracts.fork_signature``): the fork's
@@ -117,15 +151,21 @@ class FetchPrefixInput(BaseModel):
     from_step: int
     upto_step: int
     max_bytes: int = 1_000_000
+    #: served in place of the recorded result of its step
+    result_override: ResultOverride | None = None
 
 
 class PrefixPage(BaseModel):
     """Part of the prefix: inherited steps with their results; on the last page also the
-    parent's completed calls after the boundary (for ``auto``/``replay`` policies)."""
+    parent's completed calls after the boundary (for ``auto``/``replay`` policies) and the
+    calls it had in flight at the boundary."""
 
     steps: list[Step]
     next_step: int | None = None
     recorded_after: list[Step] = Field(default_factory=list)
+    #: on the last page: the parent's calls still running when the boundary step completed
+    #: (``call_match.in_flight``, results stripped); the fork runs them live
+    in_flight: list[Step] = Field(default_factory=list)
 
 
 class VerifyForkInput(BaseModel):

@@ -15,6 +15,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from forklab.activities.runfork.fork_keys import home_issuer
 from forklab.activities.runfork.history_events import ClosedRuns, digest_payloads
 from forklab.activities.runfork.history_reads import RunNotFound, first_event, read_run
+from forklab.activities.runfork.overrides import override_b64
 from forklab.contracts.errors import ForkErrorType
 from forklab.contracts.fork_signature import marker_refusal
 from forklab.contracts.runfork import (
@@ -26,7 +27,10 @@ from forklab.contracts.runfork import (
     StepDecisionInput,
     VerifyForkInput,
 )
-from forklab.experiments.runfork.steps import Step, StepStatus
+from forklab.experiments.runfork.blocked import blocked_message
+from forklab.experiments.runfork.call_match import in_flight
+from forklab.experiments.runfork.overrides import overridden
+from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus
 
 _ISSUERS_HINT = "FORKLAB_FORK_ISSUERS"
 
@@ -99,7 +103,10 @@ class ForkActivities:
                 type=ForkErrorType.prefix_unservable,
                 non_retryable=True,
             ) from None
-        wanted = [s for s in rec.steps if req.from_step <= s.index <= req.upto_step]
+        steps = rec.steps
+        if req.result_override is not None:
+            steps = overridden(steps, req.result_override, override_b64(req.result_override))
+        wanted = [s for s in steps if req.from_step <= s.index <= req.upto_step]
         out: list[Step] = []
         size = 0
         for s in wanted:
@@ -118,12 +125,22 @@ class ForkActivities:
             if size > req.max_bytes:
                 break
             kept.append(s)
-        return PrefixPage(steps=out, recorded_after=kept)
+        flying = in_flight(rec.steps, req.upto_step)
+        return PrefixPage(steps=out, recorded_after=kept, in_flight=flying)
 
     @activity.defn(name=STEP_DECISION)
     async def step_decision(self, req: StepDecisionInput) -> StepDecisionInput:
         """Records, visibly in history and the Web UI, a live call the fork's policy served
-        from the record or blocked; returns the record it was given."""
+        from the record or blocked; returns the record it was given. A blocked call fails
+        here, non-retryable, as ``fork_tool_blocked``: the workflow sees the call fail as
+        an ``ActivityError``, so its own error handling (a saga's compensation, a
+        fallback) runs on the fork as it would in production."""
+        if req.decision is StepOrigin.blocked:
+            raise ApplicationError(
+                blocked_message(req.index, req.activity_type, req.policy, req.acting),
+                type=ForkErrorType.tool_blocked,
+                non_retryable=True,
+            )
         return req
 
 

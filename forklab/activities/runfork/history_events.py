@@ -1,10 +1,12 @@
 """An agent run's steps, parsed out of its recorded history events.
 
-A run's steps are its activity calls in scheduling order, numbered from 1 across its
-continue-as-new chain. A fork's steps start with the ones it inherited (recorded in its
-``forklab.fetch_prefix`` results) and include the calls its policies served or blocked
-(recorded as ``forklab.step_decision`` activities), so a fork of a fork sees the same
-numbering. Parsing only: the reads through a client are ``history_reads``. Everything
+A run's steps are its activity calls in the order they completed (the pending ones last,
+in scheduling order), numbered from 1 across its continue-as-new chain; each keeps its
+place in the scheduling order (``Step.call``: the fork interceptor's ``forklab-step``
+header where present, else counted). A fork's steps start with the ones it inherited
+(recorded in its ``forklab.fetch_prefix`` results) and include the calls its policies
+served or blocked (recorded as ``forklab.step_decision`` activities), so a fork of a fork
+sees the same numbering. Parsing only: the reads through a client are ``history_reads``. Everything
 parsed here comes from history and is treated as untrusted data.
 """
 
@@ -30,6 +32,7 @@ from forklab.contracts.runfork import (
     MODEL_FIELDS,
     RECEIPT_MEMO_KEY,
     STEP_DECISION,
+    STEP_HEADER,
     ForkMarker,
     PrefixPage,
     RunSummary,
@@ -47,6 +50,14 @@ _OTHER_INPUTS = {
     "nexus_operation_scheduled_event_attributes": "nexus operation",
 }
 
+
+#: The events that end an activity call: its step takes its number from the first of them.
+TERMINAL_EVENTS = {
+    "activity_task_completed_event_attributes",
+    "activity_task_failed_event_attributes",
+    "activity_task_timed_out_event_attributes",
+    "activity_task_canceled_event_attributes",
+}
 
 _CLOSE_EVENTS = {
     EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
@@ -107,11 +118,13 @@ class RunRecord:
 class _Own:
     """A step the run executed itself, filled in as its events arrive."""
 
-    index: int
+    call: int
     activity_type: str
     input_sha256: str
     label: str
     scheduled_s: float
+    scheduled_after: int
+    index: int = 0
     status: StepStatus = StepStatus.pending
     result_sha256: str | None = None
     result_b64: str | None = None
@@ -197,6 +210,13 @@ def parse_run(
         first_run_id=started.first_execution_run_id,
     )
     rec.steps, rec.others = parse_events(events, base_step, run_id)
+    if marker is not None and marker.signals and not marker.continued:
+        # delivered by the interceptor at the fork point, so not in history as events: a
+        # fork of this fork past that point would not see them again
+        rec.others.append(
+            PrefixEvent(kind="signal (given at the fork point)", after_step=marker.at_step)
+        )
+        rec.others.sort(key=lambda e: e.after_step)
     last = events[-1]
     rec.closed = last.event_type in _CLOSE_EVENTS
     if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
@@ -209,16 +229,41 @@ def parse_run(
     return rec
 
 
+def _header_position(a: Any) -> int | None:
+    """The call position the fork interceptor wrote into a scheduled call's header (None
+    when absent or not a positive integer: history is untrusted)."""
+    p = a.header.fields.get(STEP_HEADER)
+    if p is None:
+        return None
+    try:
+        value = json.loads(p.data)
+    except ValueError:
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def parse_events(
     events: list[HistoryEvent], base_step: int, run_id: str
 ) -> tuple[list[Step], list[PrefixEvent]]:
-    """The steps (numbered after ``base_step``) and other inputs in ``events``: a whole
-    run's history, or its tail from a step's scheduling on."""
-    items: list[Step | _Own] = []
+    """The steps (numbered after ``base_step`` in the order they completed, the pending
+    ones last) and other inputs in ``events``: a whole run's history, or its tail from a
+    step's scheduling on."""
+    done: list[Step] = []
     own: dict[int, _Own] = {}
+    decided: dict[int, Step] = {}
+    order: list[_Own | Step] = []
     others: list[PrefixEvent] = []
     scheduled: dict[int, str] = {}
-    next_index = base_step + 1
+    calls = base_step  # positions of calls whose header does not say
+
+    def finish(item: _Own | Step) -> None:
+        index = base_step + len(done) + 1
+        if isinstance(item, Step):
+            done.append(item.model_copy(update={"index": index}))
+        else:
+            item.index = index
+            done.append(_own_step(item, run_id))
+
     for ev in events:
         kind = ev.WhichOneof("attributes")
         if kind == "activity_task_scheduled_event_attributes":
@@ -232,103 +277,120 @@ def parse_events(
                     others.append(
                         PrefixEvent(
                             kind=d.acting,
-                            after_step=next_index - 1,
+                            after_step=base_step + len(done),
                             name=d.activity_type,
                             blocked=True,
                         )
                     )
                     continue
-                items.append(
-                    Step(
-                        index=next_index,
-                        activity_type=d.activity_type,
-                        input_sha256=d.input_sha256,
-                        result_sha256=d.result_sha256,
-                        status=StepStatus.completed if d.result_b64 else StepStatus.blocked,
-                        run_id=run_id,
-                        origin=d.decision,
-                        label=f"{d.activity_type} [{d.decision} by policy {d.policy}]",
-                        result_b64=d.result_b64,
-                    )
+                calls += 1
+                step = Step(
+                    index=max(d.index, 1),
+                    activity_type=d.activity_type,
+                    input_sha256=d.input_sha256,
+                    result_sha256=d.result_sha256,
+                    status=StepStatus.completed if d.result_b64 else StepStatus.blocked,
+                    run_id=run_id,
+                    origin=d.decision,
+                    label=f"{d.activity_type} [{d.decision} by policy {d.policy}]",
+                    result_b64=d.result_b64,
+                    call=d.index,
+                    scheduled_after=base_step + len(done),
                 )
-                next_index += 1
+                decided[ev.event_id] = step
+                order.append(step)
                 continue
             if name.startswith(INTERNAL_PREFIX):
                 continue
-            step = _Own(
-                index=next_index,
+            calls += 1
+            call = _Own(
+                call=_header_position(a) or calls,
                 activity_type=name,
                 input_sha256=digest_payloads(payloads),
                 label=_label(name, payloads),
                 scheduled_s=_seconds(ev),
+                scheduled_after=base_step + len(done),
             )
-            own[ev.event_id] = step
-            items.append(step)
-            next_index += 1
-        elif kind == "activity_task_completed_event_attributes":
-            c = ev.activity_task_completed_event_attributes
-            results = list(c.result.payloads)
-            mine = own.get(c.scheduled_event_id)
+            own[ev.event_id] = call
+            order.append(call)
+        elif kind in TERMINAL_EVENTS:
+            attrs = getattr(ev, kind)
+            sid = attrs.scheduled_event_id
+            if sid in decided:
+                finish(decided.pop(sid))
+                continue
+            mine = own.pop(sid, None)
             if mine is None:
                 # a ForkLab activity: the inherited prefix arrives in fetch_prefix results
-                if results and scheduled.get(c.scheduled_event_id) == FETCH_PREFIX:
+                results = (
+                    list(attrs.result.payloads)
+                    if kind == "activity_task_completed_event_attributes"
+                    else []
+                )
+                if results and scheduled.get(sid) == FETCH_PREFIX:
                     page = PrefixPage.model_validate_json(results[0].data)
-                    items.extend(
-                        s.model_copy(update={"origin": StepOrigin.inherited}) for s in page.steps
+                    done.extend(
+                        s
+                        if s.origin is StepOrigin.overridden
+                        else s.model_copy(update={"origin": StepOrigin.inherited})
+                        for s in page.steps
                     )
-                    next_index = base_step + len(items) + 1
+                    calls = max(calls, base_step + len(done))
                 continue
-            mine.status = StepStatus.completed
-            mine.result_sha256 = digest_payloads(results)
-            mine.result_b64 = _b64(results[0]) if results else None
-            mine.duration_ms = (_seconds(ev) - mine.scheduled_s) * 1000
-        elif kind in (
-            "activity_task_failed_event_attributes",
-            "activity_task_timed_out_event_attributes",
-            "activity_task_canceled_event_attributes",
-        ):
-            mine = own.get(getattr(ev, kind).scheduled_event_id)
-            if mine is not None:
+            if kind == "activity_task_completed_event_attributes":
+                results = list(attrs.result.payloads)
+                mine.status = StepStatus.completed
+                mine.result_sha256 = digest_payloads(results)
+                mine.result_b64 = _b64(results[0]) if results else None
+            else:
                 mine.status = StepStatus.failed
+            mine.duration_ms = (_seconds(ev) - mine.scheduled_s) * 1000
+            finish(mine)
         elif kind == "start_child_workflow_execution_initiated_event_attributes":
             init = ev.start_child_workflow_execution_initiated_event_attributes
             others.append(
                 PrefixEvent(
                     kind=_OTHER_INPUTS[kind],
-                    after_step=next_index - 1,
+                    after_step=base_step + len(done),
                     name=init.workflow_type.name,
                     child_id=init.workflow_id,
                 )
             )
         elif kind in _OTHER_INPUTS:
-            others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=next_index - 1))
+            others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=base_step + len(done)))
         elif kind == "marker_recorded_event_attributes":
             recorded = ev.marker_recorded_event_attributes
             if recorded.marker_name == "core_local_activity":
                 others.append(
                     PrefixEvent(
                         kind="local activity",
-                        after_step=next_index - 1,
+                        after_step=base_step + len(done),
                         name=_local_activity_type(recorded.details.get("data")),
                     )
                 )
-    steps = [
-        item
-        if isinstance(item, Step)
-        else Step(
-            index=item.index,
-            activity_type=item.activity_type,
-            input_sha256=item.input_sha256,
-            result_sha256=item.result_sha256,
-            status=item.status,
-            run_id=run_id,
-            duration_ms=item.duration_ms,
-            label=item.label,
-            result_b64=item.result_b64,
-        )
-        for item in items
-    ]
-    return steps, others
+    for item in order:  # calls still running (or abandoned), in scheduling order
+        if isinstance(item, Step):
+            if any(d is item for d in decided.values()):
+                finish(item)
+        elif item.status is StepStatus.pending:
+            finish(item)
+    return done, others
+
+
+def _own_step(item: _Own, run_id: str) -> Step:
+    return Step(
+        index=item.index,
+        activity_type=item.activity_type,
+        input_sha256=item.input_sha256,
+        result_sha256=item.result_sha256,
+        status=item.status,
+        run_id=run_id,
+        duration_ms=item.duration_ms,
+        label=item.label,
+        result_b64=item.result_b64,
+        call=item.call,
+        scheduled_after=item.scheduled_after,
+    )
 
 
 def _local_activity_type(data: Payloads | None) -> str:

@@ -19,6 +19,7 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from forklab.activities.runfork.history_events import (
+    TERMINAL_EVENTS,
     ClosedRuns,
     RunRecord,
     RunStart,
@@ -249,6 +250,8 @@ async def _boundary_at_run_end(
     if not found:
         return None
     tail.reverse()
+    if _completes_earlier_calls(tail):
+        return None  # calls in parallel: the last to complete may be scheduled earlier
     steps, others = parse_events(tail, at_step - 1, start.run_id)
     if len(steps) != 1 or steps[0].status is not StepStatus.completed or others:
         return None
@@ -267,6 +270,16 @@ async def _boundary_at_run_end(
         status="continued_as_new",
         first_run_id=start.first_run_id,
     )
+
+
+def _completes_earlier_calls(tail: list[HistoryEvent]) -> bool:
+    """Whether an activity scheduled before ``tail`` completes inside it."""
+    first = tail[0].event_id
+    for ev in tail:
+        kind = ev.WhichOneof("attributes")
+        if kind in TERMINAL_EVENTS and getattr(ev, kind).scheduled_event_id < first:
+            return True
+    return False
 
 
 def _set_status(source: RunRecord, desc: WorkflowExecutionDescription) -> None:

@@ -27,6 +27,7 @@ from forklab.contracts.runfork import (
     CHAIN_HEADER,
     INTERNAL_PREFIX,
     LINEAGE_HEADER,
+    MODEL_SEED_HEADER,
     STEP_DECISION,
     STEP_HEADER,
 )
@@ -37,6 +38,15 @@ _lineage_root: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 _chain: contextvars.ContextVar[str | None] = contextvars.ContextVar("forklab_chain", default=None)
 _step: contextvars.ContextVar[int | None] = contextvars.ContextVar("forklab_step", default=None)
+_model_seed: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "forklab_model_seed", default=None
+)
+
+
+def model_seed() -> int | None:
+    """The seed an experiment's fork asks this model call to sample with (None: the call
+    is not one of an experiment's forks, the model samples as it likes)."""
+    return _model_seed.get()
 
 
 def _first_run_id() -> str:
@@ -89,6 +99,8 @@ class _RunContextInbound(ActivityInboundInterceptor):
         root = input.headers.get(LINEAGE_HEADER)
         step = input.headers.get(STEP_HEADER)
         chain = input.headers.get(CHAIN_HEADER)
+        seed = input.headers.get(MODEL_SEED_HEADER)
+        _model_seed.set(conv.from_payload(seed, int) if seed is not None else None)
         _lineage_root.set(conv.from_payload(root, str) if root is not None else None)
         _chain.set(conv.from_payload(chain, str) if chain is not None else None)
         _step.set(conv.from_payload(step, int) if step is not None else None)

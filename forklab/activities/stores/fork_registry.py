@@ -15,6 +15,7 @@ from typing import Any
 
 from forklab.activities.stores.sqlite_tx import init_schema, transaction
 from forklab.contracts.runfork import RunSummary
+from forklab.experiments.runfork.promotion import SiblingRun, closed_note
 from forklab.experiments.runfork.receipt import ForkReceipt
 
 _SCHEMA = """
@@ -115,8 +116,9 @@ class ForkRegistry:
                 (workflow_id, kind, label, score, by, datetime.now(UTC).isoformat(), note),
             )
 
-    def promote(self, workflow_id: str, siblings: list[str], by: str) -> None:
-        """One transaction: the winner's ``promoted`` row and a ``closed`` row per sibling."""
+    def promote(self, workflow_id: str, siblings: dict[str, SiblingRun], by: str) -> None:
+        """One transaction: the winner's ``promoted`` row and a ``closed`` row per sibling,
+        labelled with what the promotion did to the sibling's run in Temporal."""
         now = datetime.now(UTC).isoformat()
         with self._tx() as db:
             db.execute(
@@ -124,12 +126,22 @@ class ForkRegistry:
                 " VALUES (?, 'promoted', ?, ?)",
                 (workflow_id, by, now),
             )
-            for s in siblings:
+            for s, run in siblings.items():
                 db.execute(
-                    "INSERT INTO decisions (workflow_id, kind, by_whom, at, note)"
-                    " VALUES (?, 'closed', ?, ?, ?)",
-                    (s, by, now, f"sibling {workflow_id} promoted"),
+                    "INSERT INTO decisions (workflow_id, kind, label, by_whom, at, note)"
+                    " VALUES (?, 'closed', ?, ?, ?, ?)",
+                    (s, run.value, by, now, closed_note(workflow_id)),
                 )
+
+    def closed_by(self, winner: str) -> dict[str, str]:
+        """The siblings promoting ``winner`` closed, each with what happened to its run."""
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT workflow_id, label FROM decisions WHERE kind='closed' AND note=?"
+                " ORDER BY seq",
+                (closed_note(winner),),
+            ).fetchall()
+        return {wid: label or "" for wid, label in rows}
 
     def decisions(self, workflow_id: str) -> list[dict[str, Any]]:
         with self._tx() as db:

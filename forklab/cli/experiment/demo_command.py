@@ -30,7 +30,7 @@ from forklab.cli.ops_common import (
     settings_from,
     workflow_pollers,
 )
-from forklab.cli.runfork import agent_demo, workspace_command
+from forklab.cli.runfork import agent_demo, fleet_demo, workspace_command
 from forklab.cli.service_commands import (
     claim_ports,
     ensure_server,
@@ -246,3 +246,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     scenarios = p.add_subparsers(dest="scenario", metavar="[SCENARIO]")
     workspace_command.register(scenarios)
     agent_demo.register(scenarios)
+    fleet_demo.register(scenarios)

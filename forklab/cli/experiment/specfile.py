@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from forklab.cli.errors import CliError
+from forklab.experiments.cohort.spec import CohortExperimentSpec, parse_cohort_spec
 from forklab.experiments.experiment.spec import (
     MAX_SPEC_BYTES,
     ExperimentSpec,
@@ -60,6 +61,24 @@ def own_import_path() -> Iterator[None]:
 
 
 def load_spec(path: str) -> ExperimentSpec:
+    text = read_spec_text(path)
+    try:
+        return parse_spec(text, path)
+    except SpecError as exc:
+        raise CliError(str(exc), SPEC_EXIT) from None
+
+
+def load_cohort_spec(path: str) -> CohortExperimentSpec:
+    """A spec with a ``cohort:`` (``forklab cohort start``)."""
+    text = read_spec_text(path)
+    try:
+        return parse_cohort_spec(text, path)
+    except SpecError as exc:
+        raise CliError(str(exc), SPEC_EXIT) from None
+
+
+def read_spec_text(path: str) -> str:
+    """The spec file's text (bounded, UTF-8), its folder first on the import path."""
     file = Path(path)
     try:
         if not stat.S_ISREG(file.stat().st_mode):
@@ -80,7 +99,4 @@ def load_spec(path: str) -> ExperimentSpec:
     except OSError as exc:
         raise CliError(f"{path}: cannot read the spec ({exc.strerror})", SPEC_EXIT) from None
     add_import_roots(file)
-    try:
-        return parse_spec(text, path)
-    except SpecError as exc:
-        raise CliError(str(exc), SPEC_EXIT) from None
+    return text

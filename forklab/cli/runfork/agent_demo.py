@@ -103,8 +103,8 @@ async def agent_demo(settings: Settings, agent: AgentSettings, yes: bool) -> lis
         if answer not in ("y", "yes"):
             print("not promoted")
             return [run_id, fork.receipt.fork_workflow_id]
-    closed = await lab.promote(fork.receipt.fork_workflow_id, by="demo agent")
-    print(f"6. promoted {fork.receipt.fork_workflow_id}; closed: {', '.join(closed)}")
+    promotion = await lab.promote(fork.receipt.fork_workflow_id, by="demo agent")
+    print(f"6. promoted {fork.receipt.fork_workflow_id}; closed: {', '.join(promotion.closed)}")
     return [run_id, fork.receipt.fork_workflow_id]
 
 

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import getpass
 import json
+import re
 import sys
 from typing import Any
 
@@ -14,16 +15,26 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from forklab.activities.runfork.history_reads import RunNotFound
-from forklab.cli.arguments import finite_number, json_object, whole_number
+from forklab.activities.runfork.overrides import make_override
+from forklab.cli.arguments import finite_number, json_object, json_value, whole_number
 from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, run, settings_from
-from forklab.cli.runfork.agent_lab import AgentLab, ForkError
+from forklab.cli.runfork.agent_lab import ACTING_KINDS, AgentLab, ForkError, Timeline
 from forklab.cli.runfork.agent_services import agent_settings
 from forklab.experiments.runfork.diff import change_lines
-from forklab.experiments.runfork.policy import PolicyError, ToolPolicy, parse_policies
+from forklab.experiments.runfork.overrides import ForkSignal, ResultOverride
+from forklab.experiments.runfork.policy import (
+    DEFAULT_KEY,
+    PolicyError,
+    ToolPolicy,
+    parse_policies,
+)
+from forklab.experiments.runfork.promotion import SiblingRun
 from forklab.experiments.runfork.receipt import BoundaryMode, PrefixEvent
 
 BAD_INPUT = 2
+STEPS_HELP = "list the steps of an agent run, its other events and where it forks exactly"
+PROMOTE_HELP = "promote a fork; its siblings are closed (append-only), running ones cancelled"
 WATCH_POLL_SECONDS = 0.5
 
 
@@ -61,6 +72,45 @@ def _parse_intervention(text: str | None) -> dict[str, Any] | None:
     return None if text is None else json_object(text, "--intervention")
 
 
+_STEP = re.compile(r"^[0-9]{1,9}$")
+_SIGNAL = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,199}$")
+
+
+def _step_json(flag: str, text: str | None) -> tuple[int, Any] | None:
+    """``N=JSON`` (``--override-result``, ``--override-input``), or one line, exit 2."""
+    if text is None:
+        return None
+    step_text, sep, value_text = text.partition("=")
+    if not sep or not _STEP.match(step_text) or int(step_text) < 1:
+        raise CliError(
+            f"{flag} {text[:40]!r} is not N=JSON (e.g. 3='\"approved\"')", code=BAD_INPUT
+        )
+    return int(step_text), json_value(value_text, f"{flag}'s value")
+
+
+def _parse_signal(text: str) -> ForkSignal:
+    """``--signal NAME`` or ``--signal NAME=JSON`` (one line, exit 2, when malformed)."""
+    name, sep, value_text = text.partition("=")
+    if not _SIGNAL.match(name):
+        raise CliError(
+            f"--signal {text[:40]!r}: give NAME or NAME=JSON (a name of letters, digits, _ . -)",
+            code=BAD_INPUT,
+        )
+    args = [json_value(value_text, f"--signal {name}'s value")] if sep else []
+    return ForkSignal(name=name, args=args)
+
+
+def _parse_override(text: str | None) -> ResultOverride | None:
+    """``--override-result N=JSON``: step N's result on the fork."""
+    given = _step_json("--override-result", text)
+    if given is None:
+        return None
+    try:
+        return make_override(*given)
+    except ValueError as exc:
+        raise CliError(str(exc), code=BAD_INPUT) from None
+
+
 def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, default=str))
 
@@ -68,12 +118,34 @@ def _print_json(value: Any) -> None:
 @_guard
 async def _fork(args: argparse.Namespace) -> int:
     intervention = _parse_intervention(args.intervention)
-    at_step = whole_number(args.at_step, "--at-step")
-    policies: dict[str, ToolPolicy] = parse_policies(args.tool_policy or [])
+    override = _parse_override(args.override_result)
+    asked = _step_json("--override-input", args.override_input)
+    signals = [_parse_signal(text) for text in args.signal or []]
+    given = list(args.tool_policy or [])
+    if args.live_after and not any(p.partition("=")[0].strip() == DEFAULT_KEY for p in given):
+        given.append(f"{DEFAULT_KEY}={ToolPolicy.live.value}")
+    policies: dict[str, ToolPolicy] = parse_policies(given)
+    at_step = None if args.at_step is None else whole_number(args.at_step, "--at-step")
+    if at_step is None and override is not None:
+        at_step = override.step
+    if at_step is None and asked is not None:
+        at_step = asked[0] - 1
     lab = await _lab(args)
+    point: str | None = None
+    if args.at is not None:
+        point, at_step = await lab.resolve_at(args.run, args.at)
+    if at_step is None:
+        raise CliError(
+            "give --at-step N, --at POINT, --override-result N=JSON or --override-input N=JSON",
+            code=BAD_INPUT,
+        )
     fork = await lab.fork(
         args.run,
         at_step,
+        point=point,
+        result_override=override,
+        input_override=asked,
+        signals=signals,
         name=args.name,
         intervention=intervention,
         model=args.model,
@@ -92,49 +164,58 @@ async def _fork(args: argparse.Namespace) -> int:
 @_guard
 async def _steps(args: argparse.Namespace) -> int:
     lab = await _lab(args)
-    steps = await lab.steps(args.run)
-    # local activities and child workflows are no steps (a fork cannot serve them), but a
-    # fork's policies reach them: each is listed after the step it followed
-    acting = await lab.acting_calls(args.run)
+    timeline = await lab.timeline(args.run)
     if args.json:
-        rows: list[dict[str, Any]] = []
-        for s in steps:
-            rows.append({"kind": "step", **s.model_dump(mode="json", exclude={"result_b64"})})
-            rows.extend(_acting_json(e) for e in acting if e.after_step == s.index)
-        head = [_acting_json(e) for e in acting if e.after_step < (steps[0].index if steps else 1)]
-        _print_json(head + rows)
-        return 0
-    print(f"{'step':>5}  {'origin':<9} {'status':<9} {'ms':>8}  input sha256  call")
-    for e in acting:
-        if not steps or e.after_step < steps[0].index:
-            _print_acting(e)
-    for s in steps:
-        ms = f"{s.duration_ms:8.1f}" if s.duration_ms is not None else "       -"
-        print(
-            f"{s.index:>5}  {s.origin:<9} {s.status.value:<9} {ms}  {s.input_sha256[:12]}  "
-            f"{s.label or s.activity_type}"
+        _print_json(
+            {
+                "steps": [
+                    {
+                        **s.model_dump(mode="json", exclude={"result_b64"}),
+                        "forkable": timeline.not_forkable.get(s.index) is None,
+                        "not_forkable_because": timeline.not_forkable.get(s.index),
+                    }
+                    for s in timeline.steps
+                ],
+                "events": [e.model_dump(mode="json") for e in timeline.events],
+            }
         )
-        for e in acting:
-            if e.after_step == s.index:
-                _print_acting(e)
+        return 0
+    print(render_steps(timeline))
     return 0
 
 
-def _acting_json(e: PrefixEvent) -> dict[str, Any]:
-    return {
-        "kind": e.kind,
-        "after_step": e.after_step,
-        "name": e.name,
-        "child_id": e.child_id,
-        "blocked": e.blocked,
-    }
+def render_steps(timeline: Timeline) -> str:
+    """``forklab steps`` for people: a row per step (``fork`` says whether ``--at-step``
+    there forks exactly), and, between them, the timers, children, signals, updates and
+    local activities that reached the run after the step above. Local activities and
+    child workflows are no steps (a fork cannot serve them), but a fork's policies reach
+    them: each has a row of its own, saying whether the fork refused it."""
+    lines = [f"{'step':>5}  {'origin':<9} {'status':<9} {'ms':>8}  input sha256  fork  call"]
+    events = sorted(timeline.events, key=lambda e: e.after_step)
+    shown = 0
+    for s in timeline.steps:
+        while shown < len(events) and events[shown].after_step < s.index:
+            lines.append(_event_row(events[shown]))
+            shown += 1
+        ms = f"{s.duration_ms:8.1f}" if s.duration_ms is not None else "       -"
+        fork = "no" if timeline.not_forkable.get(s.index) else "yes"
+        lines.append(
+            f"{s.index:>5}  {s.origin:<9} {s.status.value:<9} {ms}  {s.input_sha256[:12]}  "
+            f"{fork:<4}  {s.label or s.activity_type}"
+        )
+    lines += [_event_row(e) for e in events[shown:]]
+    return "\n".join(lines)
 
 
-def _print_acting(e: PrefixEvent) -> None:
+def _event_row(e: PrefixEvent) -> str:
+    if e.kind not in ACTING_KINDS:
+        return f"{'':>5}  {'· ' + e.kind}"
     origin = "local" if e.kind == "local activity" else "child"
     what = f"child workflow {e.child_id}" if e.child_id else e.kind
     status = "blocked" if e.blocked else ""
-    print(f"{'-':>5}  {origin:<9} {status:<9} {'-':>8}  {'-':<12}  {e.name or '?'} ({what})")
+    return (
+        f"{'-':>5}  {origin:<9} {status:<9} {'-':>8}  {'-':<12}  {'':<4}  {e.name or '?'} ({what})"
+    )
 
 
 @_guard
@@ -176,6 +257,14 @@ def render_trail(trail: dict[str, Any]) -> str:
     lines = [f"run {trail['run']}", f"  lineage: {' -> '.join(trail['lineage'])}"]
     for r in trail["receipts"]:
         model = f", model {r['model']}" if r.get("model") else ""
+        if r.get("result_override"):
+            o = r["result_override"]
+            model += f", step {o['step']} returns {json.dumps(o['value'])[:80]}"
+        if r.get("signals"):
+            model += ", signals " + ", ".join(g["name"] for g in r["signals"])
+        if r.get("input_override"):
+            o = r["input_override"]
+            model += f", step {o['step']} asked {json.dumps(o['value'])[:80]}"
         lines.append(
             f"  fork {r['fork_workflow_id']} of {r['parent_workflow_id']} at step "
             f"{r['resolved_step']} (asked {r['requested_step']}, boundary {r['boundary']}{model})"
@@ -188,6 +277,8 @@ def render_trail(trail: dict[str, Any]) -> str:
         ]
     lines.append(f"  ledger: {len(trail['ledger'])} effects")
     lines += [f"    {json.dumps(e, sort_keys=True, default=str)[:160]}" for e in trail["ledger"]]
+    for sibling, what in trail.get("closed_siblings", {}).items():
+        lines.append(f"  closed by this promotion: {sibling} ({what})")
     lines.append(f"  decisions: {len(trail['decisions'])}")
     lines += [f"    {json.dumps(d, sort_keys=True, default=str)[:160]}" for d in trail["decisions"]]
     return "\n".join(lines)
@@ -211,12 +302,28 @@ async def _outcome(args: argparse.Namespace) -> int:
 async def _promote(args: argparse.Namespace) -> int:
     lab = await _lab(args)
     by = getpass.getuser()
-    closed = await lab.promote(args.run, by)
+    promotion = await lab.promote(args.run, by, keep_running=args.keep_running)
     if args.json:
-        _print_json({"promoted": args.run, "closed": closed, "by": by})
-    else:
-        print(f"promoted {args.run}; closed: {', '.join(closed) or '(none)'}")
+        _print_json(
+            {
+                "promoted": args.run,
+                "closed": promotion.closed,
+                "siblings": {k: v.value for k, v in promotion.siblings.items()},
+                "by": by,
+            }
+        )
+        return 0
+    print(f"promoted {args.run}; closed: {', '.join(promotion.closed) or '(none)'}")
+    for sibling, what in promotion.siblings.items():
+        print(f"  {sibling}: {_SIBLING_RUN[what]}")
     return 0
+
+
+_SIBLING_RUN = {
+    SiblingRun.cancelled: "was running; cancellation requested in Temporal",
+    SiblingRun.left_running: "left running in Temporal (--keep-running)",
+    SiblingRun.already_closed: "had already closed in Temporal",
+}
 
 
 #: Event fields ``watch_line`` shows in its columns; the rest follow as key=value.
@@ -280,10 +387,39 @@ def _runner(fn: Any) -> Any:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("fork", help="fork an agent run at a step into a new workflow")
     p.add_argument("run", help="workflow id of the run to fork")
-    p.add_argument("--at-step", required=True, help="inherit steps 1..N")
+    at = p.add_mutually_exclusive_group()
+    at.add_argument("--at-step", help="inherit steps 1..N")
+    at.add_argument(
+        "--at",
+        metavar="POINT",
+        help="fork where something happened; that step runs live, the steps before it are "
+        "inherited: failed (the first failed step), tool:NAME (its last call), tool:NAME#k "
+        "(its k-th), last_model_call_before_failure, step:N",
+    )
     p.add_argument("--name", help="workflow id of the fork (default: RUN--fork-XXXX)")
     p.add_argument("--intervention", help="opaque JSON object the workflow may read")
     p.add_argument("--model", help="swap the model of every live model call")
+    p.add_argument(
+        "--override-result",
+        metavar="N=JSON",
+        help="inherit steps 1..N-1 and serve JSON as step N's result (the fork is at N)",
+    )
+    p.add_argument(
+        "--override-input",
+        metavar="N=JSON",
+        help="inherit steps 1..N-1 and run step N live with JSON as its (first) argument",
+    )
+    p.add_argument(
+        "--signal",
+        action="append",
+        metavar="NAME[=JSON]",
+        help="deliver this signal to the fork's workflow at the fork point (repeatable)",
+    )
+    p.add_argument(
+        "--live-after",
+        action="store_true",
+        help="every step after the boundary runs live (the default policy '*' becomes live)",
+    )
     p.add_argument(
         "--tool-policy",
         action="append",
@@ -303,7 +439,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_connection_flags(p)
     p.set_defaults(func=_runner(_fork))
 
-    p = sub.add_parser("steps", help="list the steps of an agent run")
+    p = sub.add_parser("steps", help=STEPS_HELP)
     p.add_argument("run")
     p.add_argument("--json", action="store_true", help="machine-readable")
     add_connection_flags(p)
@@ -330,8 +466,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_connection_flags(p)
     p.set_defaults(func=_runner(_outcome))
 
-    p = sub.add_parser("promote", help="promote a fork; its siblings are closed (append-only)")
+    p = sub.add_parser("promote", help=PROMOTE_HELP)
     p.add_argument("run")
+    p.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="leave siblings that are still running in Temporal running (recorded as such)",
+    )
     p.add_argument("--json", action="store_true", help="print the promotion (JSON)")
     add_connection_flags(p)
     p.set_defaults(func=_runner(_promote))

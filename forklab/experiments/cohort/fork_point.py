@@ -114,6 +114,16 @@ def _first_failed(steps: Sequence[Step]) -> Step | None:
     return next((s for s in steps if s.status is StepStatus.failed), None)
 
 
+def tool_calls(steps: Sequence[Step], tool: str, model_types: Collection[str]) -> list[Step]:
+    """The calls of ``tool`` (an activity type, or a step's label) in ``steps``, in order;
+    model calls are not tools."""
+    return [
+        s
+        for s in steps
+        if s.activity_type not in model_types and tool in (s.activity_type, s.label)
+    ]
+
+
 def _decisive(
     steps: Sequence[Step], point: ForkPoint, model_types: Collection[str]
 ) -> int | Unresolved:
@@ -124,11 +134,7 @@ def _decisive(
             return Unresolved(reason=f"step:{n} is past the run's {len(steps)} recorded steps")
         return n + 1
     if point.kind is ForkPointKind.tool:
-        calls = [
-            s
-            for s in steps
-            if s.activity_type not in model_types and point.tool in (s.activity_type, s.label)
-        ]
+        calls = tool_calls(steps, point.tool or "", model_types)
         k = point.occurrence or 1
         if len(calls) < k:
             times = "never" if not calls else f"only {len(calls)} time{'s' * (len(calls) > 1)}"

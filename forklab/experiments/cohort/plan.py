@@ -24,8 +24,8 @@ from forklab.experiments.cohort.fork_point import (
     Unresolved,
     resolve_fork_point,
 )
-from forklab.experiments.cohort.spec import CohortExperimentSpec
-from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
+from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
 from forklab.experiments.runfork.steps import Step, StepStatus
 from forklab.runtime.canon import digest
 
@@ -192,3 +192,20 @@ def check_digest(plan: CohortPlan) -> None:
         raise ValueError(
             "the cohort plan differs from its signed digest; rehearse and approve it again"
         )
+
+
+def plan_fingerprint(spec: CohortExperimentSpec, plan: CohortPlan) -> str:
+    """What the approver signs: the spec (worlds, seed, budget, scorer) and the cohort's
+    digest (runs, chains, fork steps, prefix digests, exclusions, tools and policies)."""
+    check_digest(plan)
+    return digest({"spec": spec.digest(), "cohort": plan.digest})
+
+
+def fork_policies(plan: CohortPlan, world: ForkWorld) -> dict[str, ToolPolicy]:
+    """The tool policies of a world's forks: the signed list (every tool the cohort's
+    histories call, ``block`` unless the spec says otherwise), the world's own changes,
+    ``block`` for any tool the list does not name, and model calls live (a fork
+    continues live from its fork point: that is what the A/A world measures)."""
+    policies = {DEFAULT_KEY: ToolPolicy.block, **plan.tools, **world.tool_policies}
+    policies.update(dict.fromkeys(MODEL_ACTIVITY_TYPES, ToolPolicy.live))
+    return policies

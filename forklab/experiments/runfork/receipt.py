@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from forklab.experiments.runfork.overrides import ForkSignal, InputOverride, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.steps import Step, StepStatus, prefix_sha256
 from forklab.experiments.visible_text import visible
@@ -148,6 +149,9 @@ class ForkReceipt(BaseModel):
     name: str
     requested_step: int
     resolved_step: int
+    #: the fork point by meaning it was asked at (``forklab fork --at``, e.g.
+    #: ``tool:charge_customer#1``), resolved to ``requested_step``; None: asked by number
+    requested_point: str | None = None
     parent_workflow_id: str
     parent_run_id: str
     #: the run of the parent's continue-as-new chain the fork started from
@@ -166,6 +170,12 @@ class ForkReceipt(BaseModel):
     why: str
     approximations: list[str] = Field(default_factory=list)
     intervention: dict[str, Any] | None = None
+    #: the boundary step's result the fork was served instead of the parent's
+    result_override: ResultOverride | None = None
+    #: the step after the boundary, run live with this input instead of the parent's
+    input_override: InputOverride | None = None
+    #: signals delivered at the fork point
+    signals: list[ForkSignal] = Field(default_factory=list)
     model: str | None = None
     tool_policies: dict[str, ToolPolicy]
     #: the sealed layer holding the parent's workspace after ``resolved_step`` (the last
@@ -198,12 +208,17 @@ def make_receipt(
     requested_by: str,
     created_at: datetime,
     workspace_layer_sha256: str | None = None,
+    requested_point: str | None = None,
+    result_override: ResultOverride | None = None,
+    input_override: InputOverride | None = None,
+    signals: list[ForkSignal] | None = None,
 ) -> ForkReceipt:
     return ForkReceipt(
         fork_workflow_id=fork_workflow_id,
         name=name,
         requested_step=resolution.requested_step,
         resolved_step=resolution.resolved_step,
+        requested_point=requested_point,
         parent_workflow_id=parent_workflow_id,
         parent_run_id=parent_run_id,
         source_run_id=source_run_id,
@@ -216,6 +231,9 @@ def make_receipt(
         why=resolution.why,
         approximations=resolution.approximations,
         intervention=intervention,
+        result_override=result_override,
+        input_override=input_override,
+        signals=signals or [],
         model=model,
         tool_policies=tool_policies,
         workspace_layer_sha256=workspace_layer_sha256,
@@ -280,12 +298,26 @@ def receipt_markdown(r: ForkReceipt, model_in_effect: str | None = None) -> str:
     rows = [
         ("fork of", f"`{r.parent_workflow_id}` run `{r.parent_run_id}`"),
         ("step", f"requested {r.requested_step}, resolved {r.resolved_step}"),
+        ("asked at", f"`{r.requested_point}`" if r.requested_point else "(a step number)"),
         ("boundary", f"{r.boundary.value} (restorable: {r.restorable}; {r.why})"),
         ("starts from", f"run `{r.source_run_id}`'s input (state after step {r.base_step})"),
         ("prefix sha256", f"`{r.prefix_sha256}`"),
         ("lineage", " → ".join(f"`{w}`" for w in r.lineage)),
         ("model", model),
         ("intervention", f"`{r.intervention}`" if r.intervention is not None else "(none)"),
+        (
+            "result override",
+            f"step {r.result_override.step} returns `{r.result_override.value}`"
+            if r.result_override is not None
+            else "(none)",
+        ),
+        (
+            "input override",
+            f"step {r.input_override.step} asked `{r.input_override.value}`"
+            if r.input_override is not None
+            else "(none)",
+        ),
+        ("signals", ", ".join(f"`{g.name}`" for g in r.signals) or "(none)"),
         ("tool policies", policies),
         (
             "workspace layer",

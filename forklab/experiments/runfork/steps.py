@@ -1,8 +1,13 @@
 """The steps of an agent run as ForkLab sees them, and the digest of an inherited prefix.
 
-A step is one activity call of a run (a model call or a tool call), in the order the
-workflow scheduled it. Only digests of inputs travel here: the inputs themselves stay in
-Temporal's history (they may be large or sensitive).
+A step is one activity call of a run (a model call or a tool call). Steps are numbered
+in the order the calls **completed** (their result, failure or timeout reached the
+workflow), which is the order the workflow saw them: for sequential calls it is also the
+order they were scheduled; for calls in parallel it is not, and each step keeps its
+place in the scheduling order too (``call``), by which a fork recognises it
+(``call_match.py``). Calls that have not completed come last, in scheduling order. Only
+digests of inputs travel here: the inputs themselves stay in Temporal's history (they
+may be large or sensitive).
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ class StepOrigin(StrEnum):
     replayed = "replayed"
     #: a live call of the fork that its policy refused
     blocked = "blocked"
+    #: the boundary step, served with the result the operator gave
+    #: (``forklab fork --override-result N=JSON``)
+    overridden = "overridden"
 
 
 class Step(BaseModel):
@@ -53,6 +61,11 @@ class Step(BaseModel):
     duration_ms: float | None = None
     #: the model asked for (model calls) or the tool's name, for people choosing a step
     label: str = ""
+    #: the call's place in its run's scheduling order, numbered like ``index`` across
+    #: continue-as-new (None in records made before it was kept: then equal to ``index``)
+    call: int | None = None
+    #: how many steps of the chain had completed when the call was scheduled
+    scheduled_after: int | None = None
     #: the encoded result payload (base64 of the Temporal ``Payload``), kept for serving
     result_b64: str | None = Field(default=None, repr=False)
 

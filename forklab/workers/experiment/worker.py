@@ -26,9 +26,11 @@ from forklab.activities.experiment.readout import ReadoutActivities
 from forklab.activities.experiment.records import RecordActivities
 from forklab.activities.experiment.workload_bundles import WorkloadBundles
 from forklab.activities.experiment.world_batches import SandboxActivities
+from forklab.activities.runfork.cohort_forks import CohortActivities
 from forklab.activities.sandbox.base import SandboxBackend
 from forklab.activities.sandbox.shared_snapshots import SharedSnapshots
 from forklab.activities.sandbox.workload_calls import WorkloadCalls
+from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.experiments.experiment.report.charts import load_renderer
 from forklab.workers.client import connect, ensure_search_attributes
 from forklab.workers.config import Settings
@@ -36,12 +38,14 @@ from forklab.workers.converter import strict_data_converter
 from forklab.workers.experiment.approvers import approver_policy
 from forklab.workers.experiment.providers import braintrust_config, readout_config, sandbox_backend
 from forklab.workers.housekeeping import collect_until
+from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.stores import artifact_store, check_stores, ledger
 from forklab.workers.versioning import announce, deployment_config, worker_version
+from forklab.workflows.experiment.cohort_workflow import CohortExperimentWorkflow
 from forklab.workflows.experiment.timeouts import HEARTBEAT_THROTTLE
 from forklab.workflows.experiment.workflow import ExperimentWorkflow
 
-WORKFLOWS: list[type] = [ExperimentWorkflow]
+WORKFLOWS: list[type] = [ExperimentWorkflow, CohortExperimentWorkflow]
 #: Activities beyond the sandboxes themselves (planning, records, cleanup) a worker runs.
 _SPARE_ACTIVITY_SLOTS = 4
 #: Processes for analyses (each uses one core while it runs).
@@ -153,6 +157,20 @@ def build_activities(
     ]
 
 
+def cohort_activities(client: Client, settings: Settings) -> list[Callable[..., Any]]:
+    """The activities of experiments over cohorts: they read the cohort's histories and
+    start forks through ``client``, and record receipts in the agent home's registry."""
+    agent = AgentSettings.load(settings)
+    cohort = CohortActivities(
+        client,
+        ForkRegistry(agent.forks_path),
+        agent.home,
+        ledger(settings),
+        settings.home / "cohort-reports",
+    )
+    return [cohort.rehearse, cohort.fork, cohort.cleanup, cohort.analyse, cohort.record_ledger]
+
+
 def workflow_runner() -> SandboxedWorkflowRunner:
     """Temporal's workflow sandbox, passing ``cryptography`` through: the approval gate
     verifies Ed25519 signatures in the workflow, and a Rust extension module cannot be
@@ -185,7 +203,7 @@ def build_worker(
         deployment_config=deployment_config(version),
         workflows=WORKFLOWS,
         workflow_runner=workflow_runner(),
-        activities=build_activities(settings, cpu, backend),
+        activities=build_activities(settings, cpu, backend) + cohort_activities(client, settings),
         max_concurrent_activities=settings.max_sandboxes + _SPARE_ACTIVITY_SLOTS,
         # A dead attempt is charged up to its last recorded heartbeat plus this lag.
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, RetryState
 from temporalio.worker import (
     ContinueAsNewInput,
     Interceptor,
@@ -42,6 +43,7 @@ from temporalio.worker import (
 from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 
 from forklab.contracts.errors import ForkErrorType
+from forklab.workflows.runfork.fork_signals import deliver_signals
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
@@ -54,9 +56,11 @@ with workflow.unsafe.imports_passed_through():
         LINEAGE_HEADER,
         MARKER_MEMO_KEY,
         MODEL_FIELDS,
+        MODEL_SEED_HEADER,
         STEP_DECISION,
         STEP_HEADER,
         VERIFY_FORK,
+        CohortFork,
         FetchPrefixInput,
         ForkMarker,
         ModelSwap,
@@ -64,7 +68,17 @@ with workflow.unsafe.imports_passed_through():
         StepDecisionInput,
         VerifyForkInput,
     )
+    from forklab.experiments.cohort.faults import CallSite, apply_faults
+    from forklab.experiments.cohort.seeds import model_call_seed
+    from forklab.experiments.cohort.spec import PatchMode, PatchTarget, PromptPatch
+    from forklab.experiments.runfork.blocked import (
+        CHILD_WORKFLOW,
+        LOCAL_ACTIVITY,
+        blocked_message,
+    )
+    from forklab.experiments.runfork.call_match import CallKey, Divergence, PrefixMatcher
     from forklab.experiments.runfork.identity import lineage_root
+    from forklab.experiments.runfork.overrides import ForkSignal, InputOverride
     from forklab.experiments.runfork.policy import (
         Decision,
         ToolPolicy,
@@ -103,14 +117,26 @@ class _ForkState:
 
     def __init__(self) -> None:
         self.marker: ForkMarker | None = None
-        self.prefix: dict[int, Step] = {}
+        #: the inherited steps, handed out by what each call is (None: nothing inherited)
+        self.matcher: PrefixMatcher | None = None
+        #: the inherited steps as fetched (an experiment's tool faults read their results)
+        self.inherited: list[Step] = []
+        #: the call still to run with the operator's input (None: none, or done)
+        self.input_override: InputOverride | None = None
+        #: signals still to deliver at the fork point, and where to deliver them
+        self.signals: list[ForkSignal] = []
+        self.inbound: WorkflowInboundInterceptor | None = None
         self.recorded: dict[tuple[str, str], Step] = {}
         #: steps of the chain before this run
         self.base = 0
         self.calls = 0
         self.lineage_root = ""
+        #: results (JSON) of each tool's live calls on this fork, oldest first: what an
+        #: injected ``stale_data`` fault answers with
+        self.tool_results: dict[str, list[Any]] = {}
 
     def next_index(self) -> int:
+        """The next call's place in the chain's scheduling order."""
         self.calls += 1
         return self.base + self.calls
 
@@ -146,6 +172,7 @@ def _base_step(marker: ForkMarker | None) -> int:
 class _ForkInbound(WorkflowInboundInterceptor):
     def init(self, outbound: WorkflowOutboundInterceptor) -> None:
         self._state = _ForkState()
+        self._state.inbound = self.next
         super().init(_ForkOutbound(outbound, self._state))
 
     async def execute_workflow(self, input: _ExecuteWorkflowInput) -> Any:
@@ -159,9 +186,33 @@ class _ForkInbound(WorkflowInboundInterceptor):
             state.marker = marker
             state.lineage_root = marker.lineage_root
             if _inherits(marker):
-                await _load_prefix(state, marker)
-                _check_servable(state, marker)
-        return await super().execute_workflow(input)
+                _check_servable(await _load_prefix(state, marker), marker)
+            if not marker.continued:
+                state.signals = list(marker.signals)
+            if state.matcher is None or state.matcher.all_delivered:
+                await _deliver_signals(state)  # nothing inherited: the fork point is now
+            if marker.input_override is not None and not marker.continued:
+                state.input_override = marker.input_override
+                if state.matcher is None:  # keys are counted to find the overridden call
+                    exact = marker.boundary is BoundaryMode.exact
+                    state.matcher = PrefixMatcher([], [], exact=exact)
+        result = await super().execute_workflow(input)
+        if state.matcher is not None and state.matcher.owed:
+            # the run ended without asking for every inherited call: its code is not the
+            # parent's, and what it did after the boundary is no continuation of it
+            raise ApplicationError(
+                f"the fork finished without making {state.matcher.owed} of the calls it "
+                "inherited from the parent's steps",
+                type=ForkErrorType.prefix_diverged,
+                non_retryable=True,
+            )
+        return result
+
+
+async def _deliver_signals(state: _ForkState) -> None:
+    pending, state.signals = state.signals, []
+    if pending and state.inbound is not None:
+        await deliver_signals(state.inbound, pending)
 
 
 def _refused(why: str, error: ForkErrorType = ForkErrorType.marker_unverified) -> ApplicationError:
@@ -209,14 +260,15 @@ async def _verify(marker: ForkMarker) -> None:
         raise
 
 
-def _check_servable(state: _ForkState, marker: ForkMarker) -> None:
+def _check_servable(prefix: list[Step], marker: ForkMarker) -> None:
     """Every step the fork is to be served must be in the fetched prefix with a result (or
     be a step its parent fork blocked); else the run fails now, naming the step, instead
     of failing its workflow task on that step for ever."""
     if marker.boundary is BoundaryMode.lineage_only:
         return
+    by_index = {s.index: s for s in prefix}
     for index in range(marker.base_step + 1, marker.at_step + 1):
-        step = state.prefix.get(index)
+        step = by_index.get(index)
         if step is None:
             why = "is not in the parent's history"
         elif step.status is StepStatus.completed or step.status is StepStatus.blocked:
@@ -246,20 +298,28 @@ def _prefix_summary(marker: ForkMarker, start: int) -> str:
     return f"fork of {marker.parent_workflow_id}: inherit steps {start}..{marker.at_step}{model}"
 
 
-async def _load_prefix(state: _ForkState, marker: ForkMarker) -> None:
+async def _load_prefix(state: _ForkState, marker: ForkMarker) -> list[Step]:
+    """Fetches the inherited steps (and the calls in flight at the boundary) into a
+    matcher that hands them out by what each call is; returns the steps."""
     start = marker.base_step + 1
+    prefix: list[Step] = []
+    flying: list[Step] = []
     while True:
         page = await _fetch_page(marker, start)
-        for s in page.steps:
-            state.prefix[s.index] = s
+        prefix.extend(page.steps)
+        flying.extend(page.in_flight)
         for s in page.recorded_after:
             state.recorded.setdefault((s.activity_type, s.input_sha256), s)
         if page.next_step is None:
             break
         start = page.next_step
-    for s in state.prefix.values():
+    state.inherited = prefix
+    if prefix:
+        state.matcher = PrefixMatcher(prefix, flying, exact=marker.boundary is BoundaryMode.exact)
+    for s in prefix:
         if s.status is StepStatus.completed:
             state.recorded.setdefault((s.activity_type, s.input_sha256), s)
+    return prefix
 
 
 async def _fetch_page(marker: ForkMarker, start: int) -> PrefixPage:
@@ -274,6 +334,7 @@ async def _fetch_page(marker: ForkMarker, start: int) -> PrefixPage:
                 base_step=marker.base_step,
                 from_step=start,
                 upto_step=marker.at_step,
+                result_override=marker.result_override,
             ),
             result_type=PrefixPage,
             start_to_close_timeout=_FORK_ACTIVITY_TIMEOUT,
@@ -315,10 +376,29 @@ def _decode(step: Step, ret_type: type | None) -> Any:
         ) from None
 
 
-def _blocked(tool: str, index: int, why: str) -> ApplicationError:
-    return ApplicationError(
-        f"step {index} ({tool}) {why}", type=ForkErrorType.tool_blocked, non_retryable=True
+def _blocked(message: str) -> ApplicationError:
+    return ApplicationError(message, type=ForkErrorType.tool_blocked, non_retryable=True)
+
+
+def _inherited_block(input: StartActivityInput, step: Step) -> ActivityError:
+    """The failure an inherited blocked call raises: an ``ActivityError`` caused by
+    ``fork_tool_blocked``, as the parent fork's workflow saw it (no activity runs)."""
+    error = ActivityError(
+        "activity error",
+        scheduled_event_id=0,
+        started_event_id=0,
+        identity="forklab",
+        activity_type=input.activity,
+        activity_id="",
+        retry_state=RetryState.NON_RETRYABLE_FAILURE,
     )
+    cause = _blocked(f"step {step.index} ({input.activity}) was blocked on the parent fork")
+    error.__cause__ = cause
+    return error
+
+
+def _override_key(override: InputOverride, exact: bool) -> CallKey:
+    return CallKey(override.activity_type, override.input_sha256 if exact else "", override.ordinal)
 
 
 def _swap_model(input: StartActivityInput, model: str) -> StartActivityInput:
@@ -333,6 +413,64 @@ def _swap_model(input: StartActivityInput, model: str) -> StartActivityInput:
     else:
         return input
     return dataclasses.replace(input, args=[first, *input.args[1:]])
+
+
+def _patched(text: str, patch: PromptPatch) -> str:
+    if patch.mode is PatchMode.append:
+        return f"{text}\n{patch.text}" if text else patch.text
+    if patch.mode is PatchMode.prepend:
+        return f"{patch.text}\n{text}" if text else patch.text
+    return patch.text
+
+
+def _patch_prompt(input: StartActivityInput, patch: PromptPatch) -> StartActivityInput:
+    """The model call with its system instructions patched: the system message of a chat
+    call (one is added first when there is none), or an Agents SDK call's
+    ``system_instructions``. Tool instructions are those of the calls' tools, which a chat
+    call has none of."""
+    if patch.target is not PatchTarget.system or not input.args:
+        return input
+    first = input.args[0]
+    if isinstance(first, BaseModel) and "messages" in type(first).model_fields:
+        messages = [dict(m) for m in cast(Any, first).messages]
+        system = next((m for m in messages if m.get("role") == "system"), None)
+        if system is None:
+            messages.insert(0, {"role": "system", "content": _patched("", patch)})
+        else:
+            system["content"] = _patched(str(system.get("content") or ""), patch)
+        first = first.model_copy(update={"messages": messages})
+    elif isinstance(first, dict) and "system_instructions" in first:
+        instructions = _patched(first["system_instructions"] or "", patch)
+        first = {**first, "system_instructions": instructions}
+    else:
+        return input
+    return dataclasses.replace(input, args=[first, *input.args[1:]])
+
+
+def _with_seed(input: StartActivityInput, seed: int) -> StartActivityInput:
+    """An Agents SDK model call asking for ``seed``: its model settings' ``extra_args``,
+    which the SDK passes to the endpoint's request as they are. (ForkLab's own chat call
+    reads the seed from its activity header instead.)"""
+    if not input.args or not isinstance(input.args[0], dict):
+        return input
+    first = input.args[0]
+    settings = first.get("model_settings")
+    if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
+        extra = {**(getattr(settings, "extra_args", None) or {}), "seed": seed}
+        settings = dataclasses.replace(settings, extra_args=extra)
+    elif isinstance(settings, dict):
+        settings = {**settings, "extra_args": {**(settings.get("extra_args") or {}), "seed": seed}}
+    else:
+        return input
+    return dataclasses.replace(input, args=[{**first, "model_settings": settings}, *input.args[1:]])
+
+
+def _json_of(step: Step) -> Any:
+    payload = Payload.FromString(base64.b64decode(step.result_b64 or ""))
+    try:
+        return json.loads(payload.data)
+    except ValueError:
+        return None
 
 
 class _ForkOutbound(WorkflowOutboundInterceptor):
@@ -358,22 +496,44 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             input = dataclasses.replace(input, summary=f"step {index}: {input.activity}")
         if marker is None:
             return super().start_activity(self._headers(input, index))
-        model = marker.model_at(index)
+        matcher = state.matcher
+        if matcher is not None and (matcher.owed or state.input_override is not None):
+            # the call as the parent's lineage made it (its model swaps up to here)
+            model = marker.model_at(index)
+            seen = _swap_model(input, model) if model is not None else input
+            key = matcher.key(seen.activity, _input_digest(seen.args))
+            step = matcher.take(key)
+            if step is not None:
+                return workflow.ActivityHandle(self._served(seen, step, matcher))
+            try:
+                matcher.check_live(key)
+            except Divergence as exc:
+                raise ApplicationError(
+                    str(exc), type=ForkErrorType.prefix_diverged, non_retryable=True
+                ) from None
+            override = state.input_override
+            if override is not None and key == _override_key(override, matcher.exact):
+                # the parent's step N, asked something else: it runs live, whatever policy
+                state.input_override = None
+                asked = dataclasses.replace(input, args=[override.value, *input.args[1:]])
+                return super().start_activity(self._headers(asked, index))
+        # not inherited: the call comes after the boundary, whatever its place in the code
+        after = max(index, marker.at_step + 1) if matcher is not None else index
+        model = marker.model_at(after)
         if model is not None:
             swapped = _swap_model(input, model)
             if swapped is not input:  # say so where the UI shows the call
                 input = dataclasses.replace(swapped, summary=f"{swapped.summary} · model {model}")
-        if (
-            marker.boundary is not BoundaryMode.lineage_only
-            and not marker.continued
-            and index <= marker.at_step
-        ):
-            return self._serve_prefix(input, index, marker)
+        if marker.cohort is not None and input.activity in MODEL_FIELDS:
+            return self._cohort_model_call(input, index, marker.cohort)
         digest = _input_digest(input.args)
         recorded = state.recorded.get((input.activity, digest))
         decision = decide(input.activity, marker.tool_policies, recorded is not None)
         if decision is Decision.run_live:
-            return super().start_activity(self._headers(input, index))
+            handle = super().start_activity(self._headers(input, index))
+            if marker.cohort is not None and marker.cohort.faults:
+                return workflow.ActivityHandle(self._faulted(handle, input, index, marker.cohort))
+            return handle
         policy = policy_for(input.activity, marker.tool_policies)
         note = StepDecisionInput(
             index=index,
@@ -393,6 +553,8 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         return workflow.ActivityHandle(self._decided(input, note))
 
     async def _decided(self, input: StartActivityInput, note: StepDecisionInput) -> Any:
+        # a blocked call fails this activity (fork_tool_blocked): the workflow sees an
+        # ActivityError, as it would if the tool itself had failed
         await workflow.execute_activity(
             STEP_DECISION,
             note,
@@ -402,12 +564,8 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             summary=f"step {note.index}: {input.activity} {note.decision} (policy {note.policy})",
         )
         if note.result_b64 is None:
-            why = (
-                "is blocked on this fork"
-                if note.policy is ToolPolicy.block
-                else "has no exact recorded call to replay"
-            )
-            raise _blocked(input.activity, note.index, f"{why} (policy {note.policy})")
+            # a history recorded when the decision activity completed for blocked calls too
+            raise _blocked(blocked_message(note.index, input.activity, note.policy))
         step = Step(
             index=note.index,
             activity_type=note.activity_type,
@@ -418,6 +576,71 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         )
         return _decode(step, input.ret_type)
 
+    def _cohort_model_call(
+        self, input: StartActivityInput, index: int, cohort: CohortFork
+    ) -> workflow.ActivityHandle[Any]:
+        """A live model call of an experiment's fork: a brownout fails it instead; else
+        it runs with the world's prompt patch and this call's seed (a function of the
+        experiment seed, the run, the fork and the step index, never of the world)."""
+        site = CallSite(seed=cohort.seed, run=cohort.run, fork=cohort.fork, call=index)
+        hit = apply_faults(cohort.faults, site)
+        if hit.error is not None:
+            why = f"an injected brownout: the model provider answered {hit.error.value}"
+            return workflow.ActivityHandle(self._injected(input, index, why))
+        if cohort.prompt_patch is not None:
+            input = _patch_prompt(input, cohort.prompt_patch)
+        seed = model_call_seed(cohort.seed, cohort.run, cohort.fork, index)
+        input = _with_seed(self._headers(input, index), seed)
+        headers = dict(input.headers)
+        headers[MODEL_SEED_HEADER] = workflow.payload_converter().to_payloads([seed])[0]
+        return super().start_activity(dataclasses.replace(input, headers=headers))
+
+    async def _injected(self, input: StartActivityInput, index: int, why: str) -> Any:
+        raise ApplicationError(
+            f"step {index} ({input.activity}) failed with {why}",
+            type=ForkErrorType.injected_fault,
+            non_retryable=True,
+        )
+
+    async def _faulted(
+        self,
+        handle: workflow.ActivityHandle[Any],
+        input: StartActivityInput,
+        index: int,
+        cohort: CohortFork,
+    ) -> Any:
+        """The live tool call's result after the world's faults; one the call's result
+        type cannot read any more fails the call, as a broken response would."""
+        result = await handle
+        conv = workflow.payload_converter()
+        try:
+            value = json.loads(conv.to_payloads([result])[0].data)
+        except ValueError:
+            return result
+        earlier = self._state.tool_results.setdefault(input.activity, [])
+        if not earlier:
+            earlier.extend(
+                _json_of(s)
+                for s in sorted(self._state.inherited, key=lambda s: s.index)
+                if s.activity_type == input.activity and s.status is StepStatus.completed
+            )
+        site = CallSite(
+            seed=cohort.seed, run=cohort.run, fork=cohort.fork, call=index, tool=input.activity
+        )
+        out = apply_faults(cohort.faults, site, value, list(earlier))
+        earlier.append(value)
+        if not out.applied:
+            return result
+        if input.ret_type is None:
+            return out.value
+        changed = Payload(metadata={"encoding": b"json/plain"}, data=json.dumps(out.value).encode())
+        try:
+            return conv.from_payload(changed, input.ret_type)
+        except Exception:  # whatever the result type's reader raises on a broken response
+            kinds = ", ".join(k.value for k in out.applied)
+            why = f"an injected {kinds}: its response no longer reads as its result type"
+            return await self._injected(input, index, why)
+
     def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:
         """A local activity is no step (its input is not recorded, so it can be neither
         served nor matched), but the fork's policies still decide whether it runs, and it
@@ -427,14 +650,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             return super().start_local_activity(input)
         refused = self._refused_by_policy(input.activity)
         if refused is not None:
-            why = (
-                "is blocked on this fork"
-                if refused is ToolPolicy.block
-                else "is a local activity, whose input is not recorded to replay"
-            )
-            return workflow.ActivityHandle(
-                self._refuse("local activity", input.activity, refused, why)
-            )
+            return workflow.ActivityHandle(self._refuse(LOCAL_ACTIVITY, input, refused))
         conv = workflow.payload_converter()
         headers = dict(input.headers)
         headers[LINEAGE_HEADER] = conv.to_payloads([self._state.lineage_root])[0]
@@ -452,7 +668,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         memo.pop(MARKER_MEMO_KEY, None)
         refused = self._refused_by_policy(input.workflow)
         if refused is not None:
-            await self._refuse("child workflow", input.workflow, refused, "is blocked on this fork")
+            await self._refuse(CHILD_WORKFLOW, input, refused)
         if workflow.patched(CHILD_PATCH):
             memo[MARKER_MEMO_KEY] = self._child_marker().model_dump(mode="json")
         return await super().start_child_workflow(dataclasses.replace(input, memo=memo))
@@ -468,30 +684,68 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             return None
         return policy if workflow.patched(REACH_PATCH) else None
 
-    async def _refuse(self, kind: str, name: str, policy: ToolPolicy, why: str) -> Any:
-        """Records the refusal (history, Web UI, ``forklab steps``) and raises it."""
+    async def _refuse(
+        self,
+        kind: str,
+        input: StartLocalActivityInput | StartChildWorkflowInput,
+        policy: ToolPolicy,
+    ) -> Any:
+        """Records the refusal (history, Web UI, ``forklab steps``) and fails the call as
+        a blocked activity fails: the local activity with an ``ActivityError``, the child
+        with a ``ChildWorkflowError``, caused by ``fork_tool_blocked`` — what the workflow
+        sees when the call itself fails, so its own error handling runs."""
+        name = input.activity if isinstance(input, StartLocalActivityInput) else input.workflow
         state = self._state
         note = StepDecisionInput(
             index=state.base + state.calls,
             activity_type=name,
             input_sha256="",
             decision=StepOrigin.blocked,
-            policy=policy.value,
+            policy=policy,
             acting=kind,
         )
-        await workflow.execute_activity(
-            STEP_DECISION,
-            note,
-            result_type=StepDecisionInput,
-            start_to_close_timeout=_FORK_ACTIVITY_TIMEOUT,
-            retry_policy=_FORK_RETRY,
-            summary=f"{kind} {name}: blocked (policy {policy.value})",
-        )
-        raise ApplicationError(
-            f"{kind} {name} {why} (policy {policy.value})",
-            type=ForkErrorType.tool_blocked,
-            non_retryable=True,
-        )
+        try:
+            await workflow.execute_activity(
+                STEP_DECISION,
+                note,
+                result_type=StepDecisionInput,
+                start_to_close_timeout=_FORK_ACTIVITY_TIMEOUT,
+                retry_policy=_FORK_RETRY,
+                summary=f"{kind} {name}: blocked (policy {policy.value})",
+            )
+        except ActivityError as exc:
+            # the decision activity fails with the refusal (on histories recorded before
+            # it did, it completed): either way the call fails as below
+            cause = exc.cause
+            if not (
+                isinstance(cause, ApplicationError) and cause.type == ForkErrorType.tool_blocked
+            ):
+                raise
+        blocked = _blocked(blocked_message(note.index, name, policy, kind))
+        failure: ActivityError | ChildWorkflowError
+        if isinstance(input, StartLocalActivityInput):
+            failure = ActivityError(
+                "activity error",
+                scheduled_event_id=0,
+                started_event_id=0,
+                identity="forklab",
+                activity_type=name,
+                activity_id="",
+                retry_state=RetryState.NON_RETRYABLE_FAILURE,
+            )
+        else:
+            failure = ChildWorkflowError(
+                "child workflow execution error",
+                namespace=workflow.info().namespace,
+                workflow_id=input.id,
+                run_id="",
+                workflow_type=name,
+                initiated_event_id=0,
+                started_event_id=0,
+                retry_state=RetryState.NON_RETRYABLE_FAILURE,
+            )
+        failure.__cause__ = blocked
+        raise failure
 
     def _child_marker(self) -> ForkMarker:
         """What a child of this run inherits: no steps, the lineage root, and on a fork its
@@ -514,35 +768,18 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             child_of=info.workflow_id,
         )
 
-    def _serve_prefix(
-        self, input: StartActivityInput, index: int, marker: ForkMarker
-    ) -> workflow.ActivityHandle[Any]:
-        step = self._state.prefix.get(index)
-        if step is None:
-            raise ApplicationError(
-                f"step {index} is not in the inherited prefix",
-                type=ForkErrorType.prefix_diverged,
-                non_retryable=True,
-            )
-        if step.activity_type != input.activity:
-            raise ApplicationError(
-                f"at step {index} the parent called {step.activity_type} "
-                f"and the fork calls {input.activity}",
-                type=ForkErrorType.prefix_diverged,
-                non_retryable=True,
-            )
-        if marker.boundary is BoundaryMode.exact and _input_digest(input.args) != step.input_sha256:
-            raise ApplicationError(
-                f"at step {index} ({input.activity}) the fork's input differs "
-                "from the parent's (an exact boundary inherits only identical calls)",
-                type=ForkErrorType.prefix_diverged,
-                non_retryable=True,
-            )
-        return workflow.ActivityHandle(self._served(input, step))
-
-    async def _served(self, input: StartActivityInput, step: Step) -> Any:
+    async def _served(self, input: StartActivityInput, step: Step, matcher: PrefixMatcher) -> Any:
+        """An inherited call's recorded outcome, handed over in the parent's completion
+        order: a workflow that waits on calls in parallel sees them finish as the parent
+        did, and so takes the same path to the boundary."""
+        if not matcher.turn_of(step):
+            await workflow.wait_condition(lambda: matcher.turn_of(step))
+        matcher.delivered()
+        if matcher.all_delivered and self._state.signals:
+            await _deliver_signals(self._state)  # the fork point: the last inherited result
         if step.status is StepStatus.blocked:
-            raise _blocked(input.activity, step.index, "was blocked on the parent fork")
+            # the parent fork's workflow saw this call fail: so does this one
+            raise _inherited_block(input, step)
         return _decode(step, input.ret_type)
 
     def continue_as_new(self, input: ContinueAsNewInput) -> Any:

@@ -1,12 +1,8 @@
-"""Search attributes of agent runs and their forks, for finding lineages in the Web UI."""
+"""Search attributes of agent runs and their forks, for finding lineages in the Web UI
+(defined in ``forklab.contracts.search_attributes``)."""
 
 from __future__ import annotations
 
-from temporalio.common import SearchAttributeKey
+from forklab.contracts.search_attributes import BOUNDARY, LINEAGE_ROOT, PARENT, RUN, RUN_FORK_KEYS
 
-RUN = SearchAttributeKey.for_keyword("ForkLabRun")
-PARENT = SearchAttributeKey.for_keyword("ForkLabParent")
-LINEAGE_ROOT = SearchAttributeKey.for_keyword("ForkLabLineageRoot")
-BOUNDARY = SearchAttributeKey.for_keyword("ForkLabBoundary")
-
-RUN_FORK_KEYS = [RUN, PARENT, LINEAGE_ROOT, BOUNDARY]
+__all__ = ["BOUNDARY", "LINEAGE_ROOT", "PARENT", "RUN", "RUN_FORK_KEYS"]

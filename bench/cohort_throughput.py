@@ -1,0 +1,255 @@
+"""Throughput of an experiment over a cohort, and its overhead per fork over bare forks.
+
+On one dev server with the local stand-in model and payments service: ``--runs`` research
+pipeline runs are recorded (model ``fast``, temperature 1), then the same number of forks
+(runs × 3 worlds × k = 3: baseline, a model swap, a placebo prompt patch; forked at the
+charge, charge blocked) is made twice, with the same concurrency (``--concurrency``):
+
+- **bare**: ``AgentLab.fork`` (what ``forklab fork`` calls) and the fork's result, in
+  this process, as a script over the run-fork API would;
+- **experiment**: ``CohortExperimentWorkflow`` from the signed approval to its result,
+  which also covers the per-fork activities, scoring, the ledger rows, cleanup, the
+  analysis and the report.
+
+It prints forks per minute for both and the ratio experiment / bare (goal: at most 1.3).
+
+    python bench/cohort_throughput.py [--runs 12] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from forklab.activities.experiment.approval import ApprovalActivities
+from forklab.activities.runfork.cohort_forks import CohortActivities
+from forklab.activities.stores.fork_registry import ForkRegistry
+from forklab.activities.stores.ledger import SqliteLedger
+from forklab.agents.research import ResearchInput, ResearchPipelineWorkflow
+from forklab.cli.runfork.agent_lab import AgentLab
+from forklab.contracts.approval import approval_payload, sign
+from forklab.contracts.search_attributes import EXPERIMENT, RUN_FORK_KEYS, STAGE
+from forklab.experiments.cohort.plan import CohortPlan, fork_policies
+from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
+from forklab.workers.config import Settings
+from forklab.workers.experiment.worker import workflow_runner
+from forklab.workers.runfork.agent_config import AgentSettings
+from forklab.workers.runfork.agent_worker import build_agent_worker, connect_agents
+from forklab.workers.runfork.effects_service import EffectsService
+from forklab.workers.runfork.model_server import ModelServer
+from forklab.workers.server import temporal_binary
+from forklab.workflows.experiment.cohort_messages import (
+    CohortInput,
+    CohortStatusView,
+)
+from forklab.workflows.experiment.cohort_workflow import CohortExperimentWorkflow
+from forklab.workflows.experiment.messages import Stage
+
+K = 3
+
+
+def _spec(ids: list[str], concurrency: int) -> CohortExperimentSpec:
+    return CohortExperimentSpec.model_validate(
+        {
+            "id": f"bench-{uuid.uuid4().hex[:8]}",
+            "hypothesis": {"text": "throughput"},
+            "seed": 1,
+            "cohort": {
+                "workflow_ids": ids,
+                "limit": len(ids),
+                "fork_at": "tool:charge_customer#1",
+                "forks_per_world": K,
+                "outcome": "forklab.experiments.cohort.scorers:final_score",
+                "success_threshold": 1.0,
+            },
+            "worlds": [
+                {"name": "baseline", "role": "baseline"},
+                {"name": "slow", "role": "treatment", "model": "slow"},
+                {"name": "noop", "role": "placebo", "prompt_patch": {"text": "Be yourself."}},
+            ],
+            "budget": {"max_forks": len(ids) * 3 * K, "max_concurrent_forks": concurrency},
+        }
+    )
+
+
+async def _bare(lab: AgentLab, spec: CohortExperimentSpec, at: dict[str, int], n: int) -> float:
+    """Every fork of the experiment made with ``AgentLab.fork``, ``n`` at a time."""
+    gate = asyncio.Semaphore(n)
+    plan_tools = {"charge_customer": "block"}
+
+    plan = CohortPlan.model_validate({"runs": [], "excluded": [], "tools": plan_tools})
+
+    async def one(run: str, world: ForkWorld, fork: int) -> None:
+        async with gate:
+            made = await lab.fork(
+                run,
+                at[run],
+                name=f"bare-{uuid.uuid4().hex[:10]}",
+                model=world.model,
+                tool_policies=fork_policies(plan, world),
+            )
+            with contextlib.suppress(WorkflowFailureError):
+                await made.handle.result()
+
+    began = time.perf_counter()
+    await asyncio.gather(*(one(run, w, f) for run in at for w in spec.worlds for f in range(K)))
+    return time.perf_counter() - began
+
+
+async def _experiment(client: Client, queue: str, spec: CohortExperimentSpec) -> float:
+    key = Ed25519PrivateKey.generate()
+    public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+    handle = await client.start_workflow(
+        CohortExperimentWorkflow.run,
+        CohortInput(spec=spec, approver_public_key=public),
+        id=f"forklab-{spec.id}",
+        task_queue=queue,
+    )
+    while True:
+        view = await handle.query("status", result_type=CohortStatusView)
+        if view.stage is Stage.awaiting_approval:
+            break
+        await asyncio.sleep(0.05)
+    assert view.fingerprint is not None
+    payload = approval_payload(
+        experiment_id=spec.id,
+        workflow_id=handle.id,
+        run_id=view.approval.run_id,
+        fingerprint=view.fingerprint,
+        nonce=view.approval.nonce,
+        approver="bench",
+    )
+    began = time.perf_counter()
+    await handle.execute_update(
+        "approve",
+        {
+            "approver": "bench",
+            "fingerprint": view.fingerprint,
+            "nonce": view.approval.nonce,
+            "signature": sign(key, payload),
+        },
+    )
+    result = await handle.result()
+    elapsed = time.perf_counter() - began
+    assert result.forks_done == len(spec.cohort.workflow_ids or []) * 3 * K, result
+    return elapsed
+
+
+async def main(runs: int, concurrency: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="forklab-bench-") as tmp:
+        home = Path(tmp)
+        env = await WorkflowEnvironment.start_local(
+            dev_server_existing_path=str(temporal_binary()),
+            data_converter=pydantic_data_converter,
+            search_attributes=[EXPERIMENT, STAGE, *RUN_FORK_KEYS],
+            ui=False,
+        )
+        model = ModelServer(("127.0.0.1", 0), seed=3)
+        effects = EffectsService(("127.0.0.1", 0))
+        for server in (model, effects):
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+        agent = AgentSettings(
+            model_base_url=f"http://127.0.0.1:{model.server_port}/v1",
+            effects_url=f"http://127.0.0.1:{effects.server_port}",
+            agent_task_queue=f"bench-{uuid.uuid4().hex[:8]}",
+            home=home,
+        )
+        target = env.client.service_client.config.target_host
+        settings = Settings.load({"address": target, "home": home}, env={})
+        agents_client = await connect_agents(settings, agent)
+        registry = ForkRegistry(agent.forks_path)
+        cohort = CohortActivities(
+            env.client, registry, home, SqliteLedger(home / "ledger.sqlite"), home / "reports"
+        )
+        approval = ApprovalActivities(home / "keys", allow_unapproved=False)
+        queue = f"bench-cohort-{uuid.uuid4().hex[:8]}"
+        try:
+            async with (
+                build_agent_worker(agents_client, agent),
+                Worker(
+                    env.client,
+                    task_queue=queue,
+                    workflows=[CohortExperimentWorkflow],
+                    activities=[
+                        cohort.rehearse,
+                        cohort.fork,
+                        cohort.cleanup,
+                        cohort.analyse,
+                        cohort.record_ledger,
+                        approval.approval_policy,
+                        approval.approver_policy,
+                        approval.issue_approval_key,
+                    ],
+                    workflow_runner=workflow_runner(),
+                    max_concurrent_activities=concurrency + 8,
+                ),
+            ):
+                handles = [
+                    await env.client.start_workflow(
+                        ResearchPipelineWorkflow.run,
+                        ResearchInput(topic=f"topic {i}", model="fast", temperature=1.0),
+                        id=f"bench-run-{uuid.uuid4().hex[:8]}",
+                        task_queue=agent.agent_task_queue,
+                    )
+                    for i in range(runs)
+                ]
+                for h in handles:
+                    with contextlib.suppress(WorkflowFailureError):
+                        await h.result()
+                ids = [h.id for h in handles]
+                lab = AgentLab(env.client, agent)
+                at = {}
+                for run in ids:
+                    steps = await lab.steps(run)
+                    at[run] = (
+                        next(s.index for s in steps if s.activity_type == "charge_customer") - 1
+                    )
+                spec = _spec(ids, concurrency)
+                forks = runs * 3 * K
+                bare = await _bare(lab, spec, at, concurrency)
+                experiment = await _experiment(env.client, queue, spec)
+        finally:
+            model.shutdown()
+            effects.shutdown()
+            await env.shutdown()
+    print(
+        f"# cohort throughput: {runs} runs x 3 worlds x k={K} = {forks} forks, "
+        f"{concurrency} at a time"
+    )
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
+    print()
+    print("| how | seconds | forks / minute | ratio to bare |")
+    print("|---|---:|---:|---:|")
+    print(f"| bare `AgentLab.fork` | {bare:.1f} | {forks / bare * 60:.0f} | 1.00 |")
+    print(
+        f"| experiment (approval to result) | {experiment:.1f} | "
+        f"{forks / experiment * 60:.0f} | {experiment / bare:.2f} |"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=12)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    asyncio.run(main(args.runs, args.concurrency))

@@ -1,0 +1,504 @@
+"""The side effects of an experiment over a cohort: the rehearsal (read the cohort, resolve
+each run's fork point, estimate the cost; nothing starts), one fork (started with the
+run-fork half's ``ForkStarter``, awaited with heartbeats, scored), the cleanup that
+reconciles the experiment's running forks to zero, the analysis and report, and the
+ledger rows.
+
+Forks are their own workflows on ``<queue>@forklab``, tagged with the experiment run's key
+in the ``ForkLabExperiment`` search attribute: cleanup finds every one of them by that
+tag, whichever activity started it. A fork's workflow id is derived from the experiment's
+run, the cohort run, the world and the fork index, so an attempt retried after its worker
+died finds the fork the earlier attempt started instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity
+from temporalio.api.common.v1 import Payload
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.common import SearchAttributePair
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from forklab.activities.heartbeat import heartbeat_until
+from forklab.activities.runfork.cohort_reads import cohort_ids, read_recorded
+from forklab.activities.runfork.fork_start import ForkError, ForkExists, ForkStarter, final_state
+from forklab.activities.runfork.history_events import chain_steps
+from forklab.activities.runfork.history_reads import RunNotFound, read_chain
+from forklab.activities.stores.fork_registry import ForkRegistry
+from forklab.activities.stores.ledger import ExperimentRecord, Ledger, WorldRecord
+from forklab.contracts.cohort import (
+    ANALYSE,
+    CLEANUP_FORKS,
+    RECORD_LEDGER,
+    REHEARSE,
+    RUN_FORK,
+    CohortAnalyseInput,
+    CohortLedgerInput,
+    CohortRehearsal,
+    CohortRehearseInput,
+    CohortReport,
+    ForkCleanupInput,
+    ForkCleanupResult,
+    ForkJob,
+    ForkOutcome,
+    ForkStatus,
+    WorldLine,
+    cohort_fork_id,
+)
+from forklab.contracts.errors import ExperimentErrorType
+from forklab.contracts.runfork import MODEL_FIELDS, CohortFork
+from forklab.contracts.search_attributes import EXPERIMENT
+from forklab.experiments.cohort.plan import (
+    ExcludedRun,
+    RecordedRun,
+    plan_cohort,
+    plan_fingerprint,
+)
+from forklab.experiments.cohort.report import render_markdown, summarise
+from forklab.experiments.cohort.scorers import score_value, shipped_scorer
+from forklab.experiments.cohort.spec import CohortExperimentSpec
+from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus
+from forklab.runtime.canon import digest
+
+#: The kind of the fork registry's row that records a fork's outcome in an experiment.
+OUTCOME_ROW = "experiment_outcome"
+#: How long cleanup asks running forks to cancel before it terminates them.
+CANCEL_GRACE_SECONDS = 15.0
+CLEANUP_POLL_SECONDS = 0.5
+
+
+def _bad_spec(message: str) -> ApplicationError:
+    return ApplicationError(message, type=ExperimentErrorType.bad_spec, non_retryable=True)
+
+
+def check_runnable(spec: CohortExperimentSpec) -> None:
+    """Refuse, in one sentence, what this version cannot run safely or at all: a scorer or
+    feature function that is not shipped (user code runs only in a sandbox) and an
+    override of the decisive step (not implemented by the fork machinery)."""
+    try:
+        shipped_scorer(spec.cohort.outcome)
+        if spec.cohort.features is not None:
+            shipped_scorer(spec.cohort.features, "cohort.features")
+    except ValueError as exc:
+        raise _bad_spec(str(exc)) from None
+    for i, world in enumerate(spec.worlds):
+        if world.override is not None:
+            raise _bad_spec(
+                f"worlds[{i}].override: overriding the decisive step's recorded result is "
+                "not supported by experiments over cohorts yet; remove it"
+            )
+
+
+def _tokens(step: Step) -> int:
+    """The tokens a model call's recorded answer reports (0 when it reports none)."""
+    if step.result_b64 is None:
+        return 0
+    try:
+        answer = json.loads(Payload.FromString(base64.b64decode(step.result_b64)).data)
+    except ValueError:
+        return 0
+    if not isinstance(answer, dict):
+        return 0
+    usage = answer.get("usage")
+    if not isinstance(usage, dict):
+        usage = answer
+    total = 0
+    for key in ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens"):
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            total += value
+    return total
+
+
+def _estimates(recorded: RecordedRun, at_step: int) -> tuple[int, int, float]:
+    """Model calls, tokens and seconds of one run's recorded steps after its fork point:
+    what one fork of it is expected to spend."""
+    after = [s for s in recorded.steps if s.index > at_step]
+    calls = [s for s in after if s.activity_type in MODEL_FIELDS]
+    seconds = sum((s.duration_ms or 0.0) for s in after) / 1000.0
+    return len(calls), sum(_tokens(s) for s in calls), seconds
+
+
+class CohortActivities:
+    """Activities of the experiment workflow over a cohort, bound to one namespace's
+    client, the fork registry, the experiment ledger and the reports' folder."""
+
+    def __init__(
+        self,
+        client: Client,
+        registry: ForkRegistry,
+        home: Path,
+        ledger: Ledger,
+        reports_dir: Path,
+    ) -> None:
+        self._client = client
+        self._registry = registry
+        self._starter = ForkStarter(client, registry, home)
+        self._ledger = ledger
+        self._reports = reports_dir
+
+    # --- rehearsal ----------------------------------------------------------------------
+    @activity.defn(name=REHEARSE.name)
+    async def rehearse(self, inp: CohortRehearseInput) -> CohortRehearsal:
+        spec = inp.spec
+        check_runnable(spec)
+        recorded: list[RecordedRun] = []
+        missing: list[ExcludedRun] = []
+        for workflow_id in await cohort_ids(self._client, spec):
+            activity.heartbeat(workflow_id)
+            try:
+                recorded.append(await read_recorded(self._client, workflow_id))
+            except RunNotFound:
+                missing.append(
+                    ExcludedRun(
+                        workflow_id=workflow_id, reason="no run with this id in the namespace"
+                    )
+                )
+        plan = plan_cohort(spec, recorded, missing)
+        if not plan.runs:
+            reasons = "; ".join(f"{e.workflow_id}: {e.reason}" for e in plan.excluded[:3])
+            raise _bad_spec(
+                f"cohort: no run of the cohort can be forked ({len(plan.excluded)} excluded"
+                f"{': ' + reasons if reasons else ''}); check the query or ids and fork_at"
+            )
+        by_id = {r.workflow_id: r for r in recorded}
+        k, worlds = spec.cohort.forks_per_world, len(spec.worlds)
+        calls = tokens = 0
+        seconds = 0.0
+        for run in plan.runs:
+            c, t, s = _estimates(by_id[run.workflow_id], run.at_step)
+            calls += c * k * worlds
+            tokens += t * k * worlds
+            seconds += s * k * worlds
+        forks = len(plan.runs) * k * worlds
+        budget = spec.budget
+        over = [
+            text
+            for text, bad in (
+                (f"{forks} forks over max_forks {budget.max_forks}", forks > budget.max_forks),
+                (
+                    f"about {tokens} model tokens over max_model_tokens {budget.max_model_tokens}",
+                    tokens > budget.max_model_tokens,
+                ),
+                (
+                    f"about {seconds:.0f} world-seconds over max_world_seconds "
+                    f"{budget.max_world_seconds:.0f}",
+                    seconds > budget.max_world_seconds,
+                ),
+            )
+            if bad
+        ]
+        return CohortRehearsal(
+            plan=plan,
+            scorer=spec.cohort.outcome,
+            forks=forks,
+            estimated_model_calls=calls,
+            estimated_tokens=tokens,
+            estimated_world_seconds=seconds,
+            fingerprint=plan_fingerprint(spec, plan),
+            capacity_ok=not over,
+            capacity_reason="; ".join(over),
+        )
+
+    # --- one fork -----------------------------------------------------------------------
+    @activity.defn(name=RUN_FORK.name)
+    async def fork(self, job: ForkJob) -> ForkOutcome:
+        """Start (or find, on a retry) the fork, wait for it with heartbeats, score it.
+        Cancelled, it cancels its fork before it ends."""
+        fork_id = cohort_fork_id(job.run_key, job.run_index, job.world.name, job.fork)
+        began = time.monotonic()
+        starting = asyncio.ensure_future(self._start_or_find(job, fork_id))
+        try:
+            handle = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            started = await asyncio.gather(starting, return_exceptions=True)
+            if isinstance(started[0], WorkflowHandle):
+                await _cancel(started[0])
+            raise
+        except (ForkError, RunNotFound) as exc:
+            # the fork cannot be made (its boundary, or the recorded run, is gone): no
+            # outcome, never a failure
+            return self._outcome(job, fork_id, ForkStatus.error, error=str(exc))
+        try:
+            await heartbeat_until(_closed(handle), lambda: fork_id)
+        except asyncio.CancelledError:
+            await _cancel(handle)
+            raise
+        return await self._score(job, fork_id, time.monotonic() - began)
+
+    async def _start_or_find(self, job: ForkJob, fork_id: str) -> WorkflowHandle[Any, Any]:
+        """The fork's workflow: started here, or found when an earlier attempt started it
+        (its receipt recorded, or only its workflow started before that attempt died)."""
+        found = self._client.get_workflow_handle(fork_id)
+        if self._registry.receipt(fork_id) is not None:
+            return found
+        world = job.world
+        intervention = world.intervention.model_dump(mode="json") if world.intervention else None
+        try:
+            fork = await self._starter.fork(
+                job.run.workflow_id,
+                job.run.at_step,
+                name=fork_id,
+                intervention=intervention,
+                model=world.model,
+                tool_policies=job.tool_policies,
+                requested_by=f"experiment {job.experiment_id}",
+                cohort=CohortFork(
+                    experiment=job.run_key,
+                    seed=job.seed,
+                    run=job.run_index,
+                    fork=job.fork,
+                    world=world.name,
+                    prompt_patch=world.prompt_patch,
+                    faults=world.faults,
+                ),
+                search_attributes=[SearchAttributePair(EXPERIMENT, job.run_key)],
+            )
+        except ForkExists:
+            # an earlier attempt started it; its receipt too, unless that attempt died
+            # between the two (recorded now from the fork's own start)
+            await self._starter.record_started(fork_id)
+            return found
+        return fork.handle
+
+    async def _score(self, job: ForkJob, fork_id: str, seconds: float) -> ForkOutcome:
+        chain = await read_chain(self._client, fork_id)
+        last = chain[-1]
+        steps = chain_steps(chain)
+        completed = last.status == "completed"
+        result = last.close.get("result") if completed else None
+        state = final_state(chain)
+        scorer = shipped_scorer(job.scorer)
+        try:
+            score, success = score_value(scorer(result, state, steps), job.success_threshold)
+        except ValueError as exc:
+            return self._outcome(job, fork_id, ForkStatus.error, error=str(exc))
+        tokens = sum(
+            _tokens(s)
+            for s in steps
+            if s.activity_type in MODEL_FIELDS
+            and s.origin is StepOrigin.own
+            and s.status is StepStatus.completed
+            and s.index > job.run.at_step
+        )
+        receipt = chain[0].receipt
+        marker = chain[0].marker
+        outcome = self._outcome(
+            job,
+            fork_id,
+            ForkStatus.completed if completed else ForkStatus.failed,
+            score=score,
+            success=success,
+            tokens=tokens,
+            seconds=seconds,
+            lineage_root=marker.lineage_root if marker else "",
+            receipt_sha256=digest(receipt.model_dump(mode="json")) if receipt else "",
+        )
+        await asyncio.to_thread(self._record_fork, job, outcome)
+        return outcome
+
+    def _outcome(
+        self, job: ForkJob, fork_id: str, status: ForkStatus, **fields: Any
+    ) -> ForkOutcome:
+        return ForkOutcome(
+            run_index=job.run_index,
+            world=job.world.name,
+            fork=job.fork,
+            fork_id=fork_id,
+            status=status,
+            **fields,
+        )
+
+    def _record_fork(self, job: ForkJob, outcome: ForkOutcome) -> None:
+        """The fork's ledger row, once (a retried attempt finds it written)."""
+        if any(d["kind"] == OUTCOME_ROW for d in self._registry.decisions(outcome.fork_id)):
+            return
+        self._registry.record(
+            outcome.fork_id,
+            OUTCOME_ROW,
+            f"experiment {job.experiment_id}",
+            label="success" if outcome.success else "failure",
+            score=outcome.score,
+            note=json.dumps(
+                {
+                    "experiment": job.run_key,
+                    "run": job.run.workflow_id,
+                    "world": job.world.name,
+                    "fork": job.fork,
+                    "status": outcome.status.value,
+                    "lineage_root": outcome.lineage_root,
+                    "receipt_sha256": outcome.receipt_sha256,
+                    "tokens": outcome.tokens,
+                },
+                sort_keys=True,
+            ),
+        )
+
+    # --- cleanup ------------------------------------------------------------------------
+    @activity.defn(name=CLEANUP_FORKS.name)
+    async def cleanup(self, inp: ForkCleanupInput) -> ForkCleanupResult:
+        """Cancel every running fork tagged with this experiment run, terminate what is
+        still running after ``CANCEL_GRACE_SECONDS``, until visibility lists none."""
+        if "'" in inp.run_key or "\\" in inp.run_key:
+            raise _bad_spec(f"run key {inp.run_key[:60]!r} cannot be quoted in a query")
+        query = f"{EXPERIMENT.name} = '{inp.run_key}' AND ExecutionStatus = 'Running'"
+        asked: set[str] = set()
+        began = time.monotonic()
+        while True:
+            running = [e.id async for e in self._client.list_workflows(query)]
+            activity.heartbeat(len(running))
+            if not running:
+                return ForkCleanupResult(cancelled=len(asked), remaining=0)
+            late = time.monotonic() - began > CANCEL_GRACE_SECONDS
+            for workflow_id in running:
+                handle = self._client.get_workflow_handle(workflow_id)
+                if late:
+                    await _quietly(handle.terminate("experiment cleanup: still running"))
+                elif workflow_id not in asked:
+                    await _quietly(handle.cancel())
+                asked.add(workflow_id)
+            await asyncio.sleep(CLEANUP_POLL_SECONDS)
+
+    # --- analysis and ledger ------------------------------------------------------------
+    @activity.defn(name=ANALYSE.name)
+    async def analyse(self, inp: CohortAnalyseInput) -> CohortReport:
+        spec, plan = inp.spec, inp.plan
+        try:
+            summary = summarise(spec, inp.outcomes, inp.costs)
+        except ValueError as exc:
+            raise ApplicationError(
+                str(exc), type=ExperimentErrorType.analysis_failed, non_retryable=True
+            ) from None
+        base = spec.baseline.name
+        diffs = {
+            w.world: {
+                i: "forklab diff "
+                f"{cohort_fork_id(inp.run_key, i, base, 0)} "
+                f"{cohort_fork_id(inp.run_key, i, w.world, 0)}"
+                for i in w.rescued + w.harmed
+            }
+            for w in summary.worlds
+        }
+        ids = [r.workflow_id for r in plan.runs]
+        markdown = render_markdown(spec, summary, ids, diffs)
+        lines = [
+            WorldLine(
+                world=w.world,
+                role=w.role.value,
+                description=w.description,
+                verdict=w.judgement.verdict.value,
+                as_expected=w.judgement.as_expected,
+                rescues=w.judgement.comparison.rescues,
+                harms=w.judgement.comparison.harms,
+                unchanged=w.judgement.comparison.unchanged,
+                rate_difference=w.judgement.comparison.rate_difference,
+                holm_p=w.judgement.holm_p,
+                cost_per_rescue_tokens=w.cost_per_rescue_tokens,
+                cost_per_rescue_seconds=w.cost_per_rescue_seconds,
+                text=w.judgement.text,
+                rescued=[diffs[w.world][i] for i in w.rescued],
+                harmed=[diffs[w.world][i] for i in w.harmed],
+            )
+            for w in summary.worlds
+        ]
+        folder = self._reports / spec.id / inp.run_key.rsplit("/", 1)[-1]
+        report = CohortReport(
+            experiment_id=spec.id,
+            runs=summary.runs,
+            forks_per_world=spec.cohort.forks_per_world,
+            missing_forks=summary.missing_forks,
+            flip_rate=summary.floor.flip_rate,
+            flip_ci_low=summary.floor.ci_low,
+            flip_ci_high=summary.floor.ci_high,
+            worlds=lines,
+            markdown=markdown,
+            report_dir=str(folder),
+            report_sha256=digest({"markdown": markdown}),
+        )
+        await asyncio.to_thread(_write_report, folder, report, inp)
+        return report
+
+    @activity.defn(name=RECORD_LEDGER.name)
+    async def record_ledger(self, inp: CohortLedgerInput) -> None:
+        """The experiment's row and one row per world; the forks' rows were written as
+        each fork was scored (``OUTCOME_ROW`` in the fork registry)."""
+        now = datetime.now(UTC)
+        self._ledger.record_experiment(
+            ExperimentRecord(
+                experiment_id=inp.experiment_id,
+                run_id=inp.run_id,
+                status=inp.status,
+                hypothesis=inp.spec.hypothesis.text,
+                plan_fingerprint=inp.fingerprint,
+                spec_json=json.dumps(inp.spec.canonical(), sort_keys=True),
+                budget_json=inp.budget_json,
+                approval_json=inp.approval_json,
+                report_digest=inp.report.report_sha256 if inp.report else None,
+                error=inp.error,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        if inp.report is None:
+            return
+        for line in inp.report.worlds:
+            self._ledger.record_world(
+                WorldRecord(
+                    experiment_id=inp.experiment_id,
+                    run_id=inp.run_id,
+                    world=line.world,
+                    role=line.role,
+                    status=inp.status,
+                    snapshot_id=inp.plan_digest,
+                    code_digest=inp.spec.cohort.outcome,
+                    world_seconds=0.0,
+                    episodes=inp.report.runs,
+                    failures=0,
+                    outcomes_digest=inp.report.report_sha256,
+                    checks_json=line.model_dump_json(),
+                    created_at=now,
+                )
+            )
+
+
+async def _closed(handle: WorkflowHandle[Any, Any]) -> None:
+    """Wait until the fork's workflow has closed, however it ended."""
+    with contextlib.suppress(WorkflowFailureError):
+        await handle.result()
+
+
+async def _quietly(call: Any) -> None:
+    """A cancel or terminate of a fork that may have closed meanwhile."""
+    try:
+        await call
+    except RPCError as exc:
+        if exc.status not in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
+            raise
+
+
+async def _cancel(handle: WorkflowHandle[Any, Any]) -> None:
+    await _quietly(handle.cancel())
+
+
+def _write_report(folder: Path, report: CohortReport, inp: CohortAnalyseInput) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.md").write_text(report.markdown, encoding="utf-8")
+    body = {
+        "report": report.model_dump(mode="json"),
+        "outcomes": inp.outcomes,
+        "costs": {k: v.model_dump(mode="json") for k, v in inp.costs.items()},
+        "runs": [r.model_dump(mode="json") for r in inp.plan.runs],
+        "excluded": [e.model_dump(mode="json") for e in inp.plan.excluded],
+        "tools": {t: p.value for t, p in inp.plan.tools.items()},
+    }
+    (folder / "report.json").write_text(json.dumps(body, indent=2, sort_keys=True), "utf-8")

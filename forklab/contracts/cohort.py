@@ -1,0 +1,163 @@
+"""Messages between the experiment workflow over a cohort and its activities
+(``forklab.activities.runfork.cohort_forks``): the rehearsal's plan, one fork's job and
+outcome, the cleanup of running forks, the analysis and the ledger."""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forklab.contracts.activity import ActivityRef
+from forklab.experiments.cohort.matrix import WorldCosts
+from forklab.experiments.cohort.plan import CohortPlan, CohortRun
+from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
+from forklab.experiments.runfork.policy import ToolPolicy
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def cohort_fork_id(run_key: str, run: int, world: str, fork: int) -> str:
+    """The workflow id of fork ``fork`` of the cohort's run ``run`` in ``world``: derived
+    from the experiment's run, so a retried start finds the fork it already started
+    instead of starting a second one."""
+    tag = hashlib.sha256(run_key.encode()).hexdigest()[:12]
+    return f"cohort-{tag}-r{run}-{world}-k{fork}"
+
+
+class CohortRehearseInput(_Model):
+    spec: CohortExperimentSpec
+
+
+class CohortRehearsal(_Model):
+    """The plan the approver signs: the cohort (runs, chains, fork steps, prefix digests,
+    exclusions, tools with their policies) and the estimates the capacity check read."""
+
+    plan: CohortPlan
+    scorer: str
+    forks: int
+    #: model calls and tokens the forks are expected to make, from the recorded steps
+    #: after each run's fork point
+    estimated_model_calls: int
+    estimated_tokens: int
+    estimated_world_seconds: float
+    fingerprint: str
+    capacity_ok: bool
+    capacity_reason: str = ""
+
+
+class ForkJob(_Model):
+    experiment_id: str
+    run_key: str
+    seed: int
+    run_index: int = Field(ge=0)
+    run: CohortRun
+    world: ForkWorld
+    fork: int = Field(ge=0)
+    tool_policies: dict[str, ToolPolicy]
+    scorer: str
+    success_threshold: float
+
+
+class ForkStatus(StrEnum):
+    completed = "completed"
+    failed = "failed"
+    #: the fork could not be started or read (its outcome is missing, not a failure)
+    error = "error"
+
+
+class ForkOutcome(_Model):
+    run_index: int
+    world: str
+    fork: int
+    fork_id: str
+    status: ForkStatus
+    score: float | None = None
+    success: bool = False
+    tokens: int = 0
+    seconds: float = 0.0
+    lineage_root: str = ""
+    receipt_sha256: str = ""
+    error: str | None = None
+
+
+class ForkCleanupInput(_Model):
+    run_key: str
+
+
+class ForkCleanupResult(_Model):
+    cancelled: int
+    remaining: int
+
+
+class CohortAnalyseInput(_Model):
+    spec: CohortExperimentSpec
+    plan: CohortPlan
+    run_key: str
+    workflow_id: str
+    #: per world, per run: one character per fork (``SUCCESS``, ``FAILURE``, ``MISSING``)
+    outcomes: dict[str, list[str]]
+    costs: dict[str, WorldCosts]
+
+
+class WorldLine(_Model):
+    world: str
+    role: str
+    description: str
+    verdict: str
+    as_expected: bool
+    rescues: int
+    harms: int
+    unchanged: int
+    rate_difference: float
+    holm_p: float
+    cost_per_rescue_tokens: float | None
+    cost_per_rescue_seconds: float | None
+    text: str
+    #: ``forklab diff`` of each rescued and harmed run's fork pair (baseline, world)
+    rescued: list[str] = Field(default_factory=list)
+    harmed: list[str] = Field(default_factory=list)
+
+
+class CohortReport(_Model):
+    experiment_id: str
+    runs: int
+    forks_per_world: int
+    missing_forks: int
+    flip_rate: float
+    flip_ci_low: float
+    flip_ci_high: float
+    worlds: list[WorldLine]
+    markdown: str
+    report_dir: str
+    report_sha256: str
+
+
+class CohortLedgerInput(_Model):
+    experiment_id: str
+    run_id: str
+    status: str
+    spec: CohortExperimentSpec
+    fingerprint: str
+    approval_json: str
+    budget_json: str
+    error: str | None = None
+    report: CohortReport | None = None
+    plan_digest: str = ""
+
+
+#: The activities, by typed reference (``forklab.workflows.activity_calls.execute``).
+REHEARSE = ActivityRef[CohortRehearseInput, CohortRehearsal](
+    "cohort_rehearse", CohortRehearseInput, CohortRehearsal
+)
+RUN_FORK = ActivityRef[ForkJob, ForkOutcome]("cohort_fork", ForkJob, ForkOutcome)
+CLEANUP_FORKS = ActivityRef[ForkCleanupInput, ForkCleanupResult](
+    "cohort_cleanup", ForkCleanupInput, ForkCleanupResult
+)
+ANALYSE = ActivityRef[CohortAnalyseInput, CohortReport](
+    "cohort_analyse", CohortAnalyseInput, CohortReport
+)
+RECORD_LEDGER = ActivityRef[CohortLedgerInput, None]("cohort_ledger", CohortLedgerInput, None)

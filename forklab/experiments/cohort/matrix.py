@@ -1,0 +1,15 @@
+"""The compact outcome matrix of an experiment over a cohort (per world, per run, one
+character per fork) and the costs per world: what the workflow carries and the analysis
+reads. Kept apart from the statistics, so the workflow never imports them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+SUCCESS, FAILURE, MISSING = "1", "0", "-"
+
+
+class WorldCosts(BaseModel):
+    forks: int = 0
+    tokens: int = 0
+    seconds: float = 0.0

@@ -1,0 +1,169 @@
+"""The report of an experiment over a cohort: per world, rescues / harms / unchanged (the
+majority and the rate views), the A/A noise floor, each world's verdict against it, the
+cost per rescue, and the ``forklab diff`` command of every rescued and harmed run's fork
+pair. Pure: the outcomes come in as a matrix, the text goes out as a string.
+
+A fork whose outcome is missing (it could not be started or read) is never counted as a
+failure: a run with a missing fork in any world leaves the comparison, and the report
+says how many forks and runs that took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from pydantic import BaseModel
+
+from forklab.experiments.cohort.matrix import MISSING, SUCCESS, WorldCosts
+from forklab.experiments.cohort.noise import NoiseFloor, WorldJudgement, judge_worlds
+from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
+from forklab.experiments.experiment.spec import Direction, Role
+
+
+class WorldSummary(BaseModel):
+    world: str
+    role: Role
+    description: str
+    judgement: WorldJudgement
+    #: run indexes (into the cohort plan's runs) rescued / harmed by majority
+    rescued: list[int]
+    harmed: list[int]
+    cost_per_rescue_tokens: float | None
+    cost_per_rescue_seconds: float | None
+
+
+class CohortSummary(BaseModel):
+    runs: int
+    compared_runs: list[int]
+    missing_forks: int
+    floor: NoiseFloor
+    worlds: list[WorldSummary]
+
+
+def _expected(spec: CohortExperimentSpec, world: ForkWorld) -> Direction:
+    """The pre-registered direction of the world's failure rate: the hypothesis's, else
+    what its role implies (a placebo changes nothing, a positive control raises it)."""
+    if world.name in spec.hypothesis.expected:
+        return spec.hypothesis.expected[world.name]
+    if world.role is Role.positive_control:
+        return Direction.increase
+    if world.role is Role.treatment:
+        return Direction.decrease
+    return Direction.none
+
+
+def summarise(
+    spec: CohortExperimentSpec,
+    outcomes: Mapping[str, Sequence[str]],
+    costs: Mapping[str, WorldCosts],
+) -> CohortSummary:
+    """``outcomes[world][run]`` is one character per fork; every world lists every run."""
+    names = [w.name for w in spec.worlds]
+    runs = len(outcomes[spec.baseline.name])
+    complete = [i for i in range(runs) if all(MISSING not in outcomes[name][i] for name in names)]
+    missing = sum(row.count(MISSING) for name in names for row in outcomes[name])
+    if not complete:
+        raise ValueError(
+            "no run of the cohort has an outcome for every fork of every world; "
+            "nothing can be compared"
+        )
+
+    def matrix(name: str) -> np.ndarray:
+        return np.array([[c == SUCCESS for c in outcomes[name][i]] for i in complete])
+
+    base = matrix(spec.baseline.name)
+    others = [w for w in spec.worlds if w.role is not Role.baseline]
+    floor, judged = judge_worlds(
+        base,
+        {w.name: (w.role, _expected(spec, w), matrix(w.name)) for w in others},
+        alpha=spec.analysis.alpha,
+    )
+    k = base.shape[1]
+    base_major = base.sum(axis=1) * 2 > k
+    summaries: list[WorldSummary] = []
+    for world, judgement in zip(others, judged, strict=True):
+        major = matrix(world.name).sum(axis=1) * 2 > k
+        rescued = [complete[j] for j in range(len(complete)) if major[j] and not base_major[j]]
+        harmed = [complete[j] for j in range(len(complete)) if base_major[j] and not major[j]]
+        cost = costs.get(world.name, WorldCosts())
+        summaries.append(
+            WorldSummary(
+                world=world.name,
+                role=world.role,
+                description=world.describe(),
+                judgement=judgement,
+                rescued=rescued,
+                harmed=harmed,
+                cost_per_rescue_tokens=cost.tokens / len(rescued) if rescued else None,
+                cost_per_rescue_seconds=cost.seconds / len(rescued) if rescued else None,
+            )
+        )
+    return CohortSummary(
+        runs=runs, compared_runs=complete, missing_forks=missing, floor=floor, worlds=summaries
+    )
+
+
+def _cost(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:,.1f} {unit}"
+
+
+def render_markdown(
+    spec: CohortExperimentSpec,
+    summary: CohortSummary,
+    workflow_ids: Sequence[str],
+    diff_command: Mapping[str, Mapping[int, str]],
+) -> str:
+    """The report as Markdown. ``workflow_ids[i]`` is run i's; ``diff_command[world][i]``
+    the ``forklab diff`` command of run i's fork pair in that world."""
+    floor = summary.floor
+    k = spec.cohort.forks_per_world
+    lines = [
+        f"# {spec.id}: an experiment over {summary.runs} recorded runs",
+        "",
+        f"Hypothesis: {spec.hypothesis.text}",
+        "",
+        f"Each run forked at `{spec.cohort.fork_at.text}` into {len(spec.worlds)} worlds, "
+        f"{k} forks per world; outcome by `{spec.cohort.outcome}`.",
+        "",
+        f"**Noise floor** (A/A flip rate of two baseline forks of a run): "
+        f"{floor.flip_rate:.1%} [{floor.ci_low:.1%}, {floor.ci_high:.1%}] over "
+        f"{floor.runs} runs.",
+    ]
+    if summary.missing_forks:
+        left = summary.runs - len(summary.compared_runs)
+        lines += [
+            "",
+            f"{summary.missing_forks} forks have no outcome; the {left} runs they belong to "
+            "are left out of every comparison (never counted as failures).",
+        ]
+    lines += ["", "## Worlds", ""]
+    lines += [f"- {w.describe()}" for w in spec.worlds]
+    lines += [
+        "",
+        "## Rescues and harms (majority of the k forks; rate: mean success-rate change)",
+        "",
+        "| world | role | rescued | harmed | unchanged | rate change | Holm p | verdict "
+        "| as expected | tokens / rescue | seconds / rescue |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|",
+    ]
+    for w in summary.worlds:
+        c = w.judgement.comparison
+        lines.append(
+            f"| {w.world} | {w.role.value} | {c.rescues} | {c.harms} | {c.unchanged} "
+            f"| {c.rate_difference:+.1%} | {w.judgement.holm_p:.3g} "
+            f"| {w.judgement.verdict.value.replace('_', ' ')} "
+            f"| {'yes' if w.judgement.as_expected else 'no'} "
+            f"| {_cost(w.cost_per_rescue_tokens, 'tokens')} "
+            f"| {_cost(w.cost_per_rescue_seconds, 's')} |"
+        )
+    lines += ["", "## Verdicts against the noise floor", ""]
+    lines += [f"- {w.judgement.text}" for w in summary.worlds]
+    for w in summary.worlds:
+        if not (w.rescued or w.harmed):
+            continue
+        lines += ["", f"## {w.world}: the runs it changed", ""]
+        for label, runs in (("rescued", w.rescued), ("harmed", w.harmed)):
+            for i in runs:
+                lines.append(f"- {label} {workflow_ids[i]}: `{diff_command[w.world][i]}`")
+    return "\n".join(lines) + "\n"

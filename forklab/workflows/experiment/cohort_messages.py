@@ -1,0 +1,101 @@
+"""The experiment workflow over a cohort: its input, the state it carries across
+continue-as-new (aggregates, never a list of forks), its status and its result.
+
+The outcomes are a compact matrix: per world, per cohort run, one character per fork
+(``1`` success, ``0`` failure, ``-`` no outcome, ``.`` not run yet), so a 2,000-run ×
+5-world × k = 3 experiment carries 30,000 characters, whatever happened to each fork.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forklab.contracts.cohort import CohortRehearsal, CohortReport, ForkCleanupResult
+from forklab.experiments.cohort.matrix import WorldCosts
+from forklab.experiments.cohort.spec import CohortExperimentSpec
+from forklab.workflows.experiment.messages import (
+    MAX_NAME,
+    ApprovalState,
+    SignedRequest,
+    Stage,
+    Status,
+)
+
+WORKFLOW_TYPE = "ForkLabCohortExperiment"
+STATUS_QUERY = "status"
+#: a fork not run yet (in the matrix)
+PENDING = "."
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CohortProgress(_Model):
+    #: world -> run -> one character per fork
+    outcomes: dict[str, list[str]] = Field(default_factory=dict)
+    costs: dict[str, WorldCosts] = Field(default_factory=dict)
+    #: the next job (run-major, then fork, then world) not started yet
+    next_job: int = 0
+    done: int = 0
+    #: forks without an outcome (not started, unreadable) and jobs skipped by the budget
+    missing: int = 0
+    skipped: int = 0
+    tokens: int = 0
+    world_seconds: float = 0.0
+
+
+class CohortCarry(_Model):
+    """What continue-as-new hands over: the plan, the approval and the aggregates."""
+
+    origin_run_id: str
+    runs: int
+    stage: Stage
+    message: str
+    rehearsal: CohortRehearsal
+    approval: ApprovalState
+    progress: CohortProgress
+
+
+class CohortInput(_Model):
+    spec: CohortExperimentSpec
+    approver_public_key: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    key_location: str = Field(default="", max_length=500)
+    requested_by: str = Field(default="", max_length=MAX_NAME)
+    request: SignedRequest | None = None
+    #: continue as new when this run's history passes this many events
+    history_events: int = Field(default=4000, ge=50, le=50_000)
+    carry: CohortCarry | None = None
+
+
+class CohortStatusView(_Model):
+    experiment_id: str
+    status: Status
+    stage: Stage
+    message: str
+    error: str | None
+    fingerprint: str | None
+    approval: ApprovalState
+    runs: list[str]
+    excluded: dict[str, str]
+    tools: dict[str, str]
+    forks_total: int
+    forks_done: int
+    forks_missing: int
+    running: int
+    tokens: int
+    runs_of_chain: int
+
+
+class CohortResult(_Model):
+    experiment_id: str
+    status: Status
+    error: str | None
+    fingerprint: str | None
+    runs: list[str]
+    report: CohortReport | None
+    cleanup: ForkCleanupResult | None
+    forks_done: int
+    forks_missing: int
+    tokens: int
+    runs_of_chain: int

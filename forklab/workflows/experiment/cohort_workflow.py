@@ -1,0 +1,514 @@
+"""``CohortExperimentWorkflow``: an experiment over a cohort of recorded agent runs, on the
+path of ``ExperimentWorkflow``: rehearse (read the cohort, resolve each run's fork point,
+estimate; nothing starts) → capacity → signed approval of the plan fingerprint (which
+covers the cohort's runs, chains, fork steps, prefix digests and tool policies) → forks
+→ cleanup → analysis → ledger → report.
+
+Each fork is its own workflow, started by one activity (``cohort_fork``) with the run-fork
+half's starter, at most ``max_concurrent_forks`` at a time; the activity heartbeats while
+its fork runs and cancels it when cancelled itself. The workflow keeps aggregates only
+(``CohortProgress``) and continues as new when its history grows. Cleanup reconciles the
+experiment's running forks to zero on every way out. Orchestration only: no I/O, no clock
+but ``workflow.now()``, no randomness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RawValue
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.workflow import ActivityCancellationType
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from forklab.contracts import cohort as cacts
+    from forklab.contracts import experiment_activities as acts
+    from forklab.contracts.cohort import (
+        CohortAnalyseInput,
+        CohortLedgerInput,
+        CohortRehearsal,
+        CohortRehearseInput,
+        CohortReport,
+        ForkCleanupInput,
+        ForkJob,
+        ForkOutcome,
+        ForkStatus,
+    )
+    from forklab.contracts.errors import ExperimentErrorType
+    from forklab.contracts.experiment import ApproverPolicy, KeyInput, PolicyInput
+    from forklab.experiments.cohort.plan import fork_policies
+    from forklab.workflows.activity_calls import execute
+    from forklab.workflows.experiment import cohort_state, inbox, timeouts
+    from forklab.workflows.experiment.approval_gate import ApprovalGate, Moment
+    from forklab.workflows.experiment.cohort_messages import (
+        STATUS_QUERY,
+        WORKFLOW_TYPE,
+        CohortCarry,
+        CohortInput,
+        CohortProgress,
+        CohortResult,
+        CohortStatusView,
+    )
+    from forklab.workflows.experiment.messages import (
+        ApprovalAttempt,
+        ApprovalStatus,
+        Stage,
+        Status,
+    )
+    from forklab.workflows.experiment.search_attributes import EXPERIMENT, STAGE
+
+#: One fork: the activity waits for the fork's workflow, heartbeating.
+FORK_TIMEOUT = timedelta(hours=2)
+#: A worker that dies mid-fork is noticed within this; the retry finds the same fork.
+FORK_HEARTBEAT_TIMEOUT = timedelta(seconds=15)
+_BAD_INPUT = [ValidationError, TypeError]
+
+
+class _Stop(Exception):
+    def __init__(self, status: Status, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _cause(err: BaseException) -> str:
+    while isinstance(err, ActivityError) and err.cause is not None:
+        err = err.cause
+    return str(err.message if isinstance(err, ApplicationError) else err)
+
+
+def _payloads(args: Sequence[RawValue]) -> list[inbox.Payload]:
+    return [
+        inbox.Payload(encoding=a.payload.metadata.get("encoding", b""), data=a.payload.data)
+        for a in args
+    ]
+
+
+@workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=_BAD_INPUT)
+class CohortExperimentWorkflow:
+    @workflow.init
+    def __init__(self, inp: CohortInput) -> None:
+        if not isinstance(inp, CohortInput):
+            raise ApplicationError(
+                f"the workflow input is a {type(inp).__name__}, not a CohortInput",
+                type=ExperimentErrorType.bad_input,
+                non_retryable=True,
+            )
+        if inp.carry is not None and workflow.info().continued_run_id is None:
+            raise ApplicationError(
+                "the workflow input has a carry, which only the workflow's own "
+                "continue-as-new may set; start it with forklab start",
+                type=ExperimentErrorType.bad_input,
+                non_retryable=True,
+            )
+        self._inp = inp
+        self._spec = inp.spec
+        carry = inp.carry
+        self._origin = carry.origin_run_id if carry else workflow.info().run_id
+        self._gate = (
+            ApprovalGate(carry.approval)
+            if carry
+            else ApprovalGate.opening(
+                workflow_id=workflow.info().workflow_id,
+                run_id=self._origin,
+                public_key=inp.approver_public_key or "",
+                key_location=inp.key_location,
+                nonce=workflow.uuid4().hex,
+            )
+        )
+        self._rehearsal: CohortRehearsal | None = carry.rehearsal if carry else None
+        self._progress: CohortProgress = carry.progress if carry else CohortProgress()
+        self._runs = carry.runs if carry else 1
+        self._stage = carry.stage if carry else Stage.starting
+        self._message = carry.message if carry else "starting"
+        self._status = Status.running
+        self._error: str | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._cleanup: cacts.ForkCleanupResult | None = None
+
+    # --- messages (as ExperimentWorkflow: raw payloads, every attempt recorded) ---------
+    @workflow.update(dynamic=True)
+    def message(self, name: str, args: Sequence[RawValue]) -> ApprovalAttempt:
+        return inbox.deliver(self._gate, name, _payloads(args), self._moment())
+
+    @workflow.signal(dynamic=True)
+    def stray_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        inbox.refuse_signal(self._gate, name, self._moment())
+
+    def _moment(self) -> Moment:
+        return Moment(
+            now=workflow.now(),
+            status=self._status,
+            stage=self._stage,
+            fingerprint=self._rehearsal.fingerprint if self._rehearsal else None,
+            experiment_id=self._spec.id,
+            fresh_nonce=workflow.uuid4().hex,
+        )
+
+    @workflow.query(name=STATUS_QUERY)
+    def status(self) -> CohortStatusView:
+        r, p = self._rehearsal, self._progress
+        return CohortStatusView(
+            experiment_id=self._spec.id,
+            status=self._status,
+            stage=self._stage,
+            message=self._message,
+            error=self._error,
+            fingerprint=r.fingerprint if r else None,
+            approval=self._gate.state,
+            runs=[x.workflow_id for x in r.plan.runs] if r else [],
+            excluded={e.workflow_id: e.reason for e in r.plan.excluded} if r else {},
+            tools={t: v.value for t, v in r.plan.tools.items()} if r else {},
+            forks_total=r.forks if r else 0,
+            forks_done=p.done,
+            forks_missing=p.missing,
+            running=len(self._tasks),
+            tokens=p.tokens,
+            runs_of_chain=self._runs,
+        )
+
+    # --- the run ------------------------------------------------------------------------
+    @workflow.run
+    async def run(self, inp: CohortInput) -> CohortResult:
+        workflow.upsert_search_attributes([EXPERIMENT.value_set(self._spec.id)])
+        report: CohortReport | None = None
+        approved = inp.carry is not None
+        try:
+            if inp.carry is None:
+                await self._plan_and_approve()
+            else:
+                await self._await_approval()
+            approved = True
+            self._enter(Stage.running_worlds, "running the forks")
+            await self._run_forks()
+            await self._clean_up()
+            report = await self._analyse()
+            self._status = Status.completed
+        except _Stop as stop:
+            self._status, self._error = stop.status, stop.reason
+            await self._stop_forks()
+        except asyncio.CancelledError:
+            await self._cancelled()
+            raise
+        except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                await self._cancelled()
+                raise asyncio.CancelledError from None
+            self._status, self._error = Status.failed, _cause(err)
+            await self._stop_forks()
+        await self._clean_up()
+        await self._record(report)
+        self._enter(Stage.done, f"{self._status.value}{': ' + self._error if self._error else ''}")
+        if self._status is Status.failed and not approved:
+            raise ApplicationError(
+                self._error or "failed", type=ExperimentErrorType.failed_before_approval
+            )
+        return self._result(report)
+
+    async def _cancelled(self) -> None:
+        """The operator cancelled: stop the forks, clean up, record; the caller re-raises."""
+        self._status, self._error = Status.cancelled, "cancelled by the operator"
+        await self._stop_forks()
+        await self._clean_up()
+        await self._record(None)
+        self._enter(Stage.done, "cancelled")
+
+    def _result(self, report: CohortReport | None) -> CohortResult:
+        r, p = self._rehearsal, self._progress
+        return CohortResult(
+            experiment_id=self._spec.id,
+            status=self._status,
+            error=self._error,
+            fingerprint=r.fingerprint if r else None,
+            runs=[x.workflow_id for x in r.plan.runs] if r else [],
+            report=report,
+            cleanup=self._cleanup,
+            forks_done=p.done,
+            forks_missing=p.missing,
+            tokens=p.tokens,
+            runs_of_chain=self._runs,
+        )
+
+    @property
+    def _run_key(self) -> str:
+        """The tag of this experiment run's forks (its workflow id and first run)."""
+        return f"{workflow.info().workflow_id}/{self._origin}"
+
+    async def _plan_and_approve(self) -> None:
+        spec, gate = self._spec, self._gate
+        if not spec.approval.required:
+            policy = await execute(
+                acts.APPROVAL_POLICY,
+                PolicyInput(experiment_id=spec.id),
+                start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+                retry_policy=timeouts.TRANSIENT_RETRY,
+                summary="the worker's policy on specs that ask to skip approval",
+            )
+            if policy.skip_allowed:
+                gate.skip(policy.reason)
+            else:
+                gate.state.policy = policy.reason
+        if gate.pending:
+            approvers: ApproverPolicy = await execute(
+                acts.APPROVER_POLICY,
+                PolicyInput(experiment_id=spec.id),
+                start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+                retry_policy=timeouts.TRANSIENT_RETRY,
+                summary="who this worker's policy lets approve",
+            )
+            refusal = gate.adopt(
+                approvers,
+                self._inp.request,
+                experiment_id=spec.id,
+                requested_by=self._inp.requested_by,
+                started_at=workflow.info().start_time,
+            )
+            if refusal is not None:
+                raise _Stop(Status.failed, refusal)
+            gate.state.expires_at = workflow.now() + timedelta(minutes=spec.approval.expiry_minutes)
+            if not gate.state.public_key and not gate.state.approvers:
+                issued = await execute(
+                    acts.ISSUE_APPROVAL_KEY,
+                    KeyInput(workflow_id=gate.state.workflow_id, run_id=gate.state.run_id),
+                    start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+                    retry_policy=timeouts.TRANSIENT_RETRY,
+                    summary="make the approver key pair (private key owner-only on the worker)",
+                )
+                gate.state.public_key = issued.public_key
+                gate.state.key_location = issued.location
+        self._enter(Stage.rehearsing, "reading the cohort and resolving its fork points")
+        rehearsal = await execute(
+            cacts.REHEARSE,
+            CohortRehearseInput(spec=spec),
+            start_to_close_timeout=timeouts.REHEARSE_TIMEOUT,
+            heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
+            retry_policy=timeouts.TRANSIENT_RETRY,
+            summary=f"rehearse {spec.id}: read the cohort (nothing starts)",
+        )
+        self._rehearsal = rehearsal
+        self._progress = cohort_state.opening(spec, len(rehearsal.plan.runs))
+        self._enter(Stage.checking_capacity, "checking the budget against the estimates")
+        if not rehearsal.capacity_ok:
+            raise _Stop(
+                Status.refused, f"capacity check refused the plan: {rehearsal.capacity_reason}"
+            )
+        await self._await_approval()
+
+    async def _await_approval(self) -> None:
+        gate = self._gate
+        if gate.pending:
+            assert gate.state.expires_at is not None and self._rehearsal is not None
+            self._enter(
+                Stage.awaiting_approval,
+                f"awaiting approval of plan {self._rehearsal.fingerprint[:16]} "
+                f"({len(self._rehearsal.plan.runs)} runs, {self._rehearsal.forks} forks)",
+            )
+            while gate.pending:
+                left = (gate.state.expires_at - workflow.now()).total_seconds()
+                try:
+                    await workflow.wait_condition(
+                        lambda: not gate.pending or workflow.info().is_continue_as_new_suggested(),
+                        timeout=timedelta(seconds=max(left, 0.001)),
+                        timeout_summary="approval expiry",
+                    )
+                except TimeoutError:
+                    gate.expire()
+                if gate.pending:
+                    await self._continue_as_new()
+        if gate.state.status is ApprovalStatus.rejected:
+            raise _Stop(Status.rejected, f"rejected by {gate.state.decided_by}")
+        if gate.state.status is ApprovalStatus.expired:
+            raise _Stop(Status.expired, "nobody approved the plan before it expired")
+
+    # --- forks --------------------------------------------------------------------------
+    def _history_full(self) -> bool:
+        info = workflow.info()
+        return (
+            info.get_current_history_length() >= self._inp.history_events
+            or info.is_continue_as_new_suggested()
+        )
+
+    async def _run_forks(self) -> None:
+        """Start the plan's fork jobs in order, at most ``max_concurrent_forks`` at once,
+        while the budget allows; continue as new when the history is full."""
+        spec, progress = self._spec, self._progress
+        assert self._rehearsal is not None
+        plan = self._rehearsal.plan
+        worlds, k = len(spec.worlds), spec.cohort.forks_per_world
+        total = cohort_state.job_count(len(plan.runs), worlds, k)
+        limit = spec.budget.max_concurrent_forks
+        started_here = 0
+        while progress.next_job < total or self._tasks:
+            while progress.next_job < total and len(self._tasks) < limit:
+                if started_here and self._history_full():
+                    break
+                refusal = cohort_state.budget_refusal(spec, progress)
+                if refusal is not None:
+                    if self._tasks:
+                        break  # running forks finish first; their spending decides
+                    self._message = f"budget: {refusal}; the remaining forks do not start"
+                    while progress.next_job < total:
+                        cohort_state.skip(progress, spec, progress.next_job, len(plan.runs))
+                        progress.next_job += 1
+                    break
+                job = progress.next_job
+                progress.next_job += 1
+                started_here += 1
+                self._tasks.add(asyncio.create_task(self._fork(job)))
+            self._show()
+            if self._tasks:
+                await workflow.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
+                for task in [t for t in self._tasks if t.done()]:
+                    self._tasks.discard(task)
+                    task.result()
+            if progress.next_job < total and started_here and self._history_full():
+                await self._continue_as_new()
+
+    async def _fork(self, job: int) -> None:
+        spec = self._spec
+        assert self._rehearsal is not None
+        plan = self._rehearsal.plan
+        place = cohort_state.job_place(job, len(spec.worlds), spec.cohort.forks_per_world)
+        world = spec.worlds[place.world]
+        run = plan.runs[place.run]
+        try:
+            outcome = await execute(
+                cacts.RUN_FORK,
+                ForkJob(
+                    experiment_id=spec.id,
+                    run_key=self._run_key,
+                    seed=spec.seed,
+                    run_index=place.run,
+                    run=run,
+                    world=world,
+                    fork=place.fork,
+                    tool_policies=fork_policies(plan, world),
+                    scorer=spec.cohort.outcome,
+                    success_threshold=spec.cohort.success_threshold,
+                ),
+                start_to_close_timeout=FORK_TIMEOUT,
+                heartbeat_timeout=FORK_HEARTBEAT_TIMEOUT,
+                retry_policy=timeouts.TRANSIENT_RETRY,
+                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                summary=f"{run.workflow_id} · {world.name} · fork {place.fork}",
+            )
+        except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                raise
+            # a fork whose activity gave up (its attempts spent) has no outcome; the
+            # experiment goes on with the others, and the report counts it as missing
+            outcome = ForkOutcome(
+                run_index=place.run,
+                world=world.name,
+                fork=place.fork,
+                fork_id="",
+                status=ForkStatus.error,
+                error=_cause(err),
+            )
+        cohort_state.record(self._progress, outcome)
+
+    async def _stop_forks(self) -> None:
+        """Cancel the fork activities (each cancels its fork) and wait for them."""
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _continue_as_new(self) -> None:
+        if self._tasks:
+            await workflow.wait(list(self._tasks))
+            for task in list(self._tasks):
+                self._tasks.discard(task)
+                task.result()
+        assert self._rehearsal is not None
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(
+            self._inp.model_copy(
+                update={
+                    "carry": CohortCarry(
+                        origin_run_id=self._origin,
+                        runs=self._runs + 1,
+                        stage=self._stage,
+                        message=self._message,
+                        rehearsal=self._rehearsal,
+                        approval=self._gate.state,
+                        progress=self._progress,
+                    )
+                }
+            )
+        )
+
+    # --- the end ------------------------------------------------------------------------
+    async def _clean_up(self) -> None:
+        """Reconcile this run's forks to zero running, once."""
+        if self._cleanup is not None or self._rehearsal is None:
+            return
+        self._enter(Stage.cleaning_up, "cancelling any fork of this experiment still running")
+        self._cleanup = await execute(
+            cacts.CLEANUP_FORKS,
+            ForkCleanupInput(run_key=self._run_key),
+            start_to_close_timeout=timeouts.CLEANUP_TIMEOUT,
+            heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
+            retry_policy=timeouts.CLEANUP_RETRY,
+            summary=f"cleanup: forks tagged ForkLabExperiment={self._run_key}",
+        )
+
+    async def _analyse(self) -> CohortReport:
+        assert self._rehearsal is not None
+        self._enter(Stage.analysing, "pairing the worlds' forks run by run")
+        return await execute(
+            cacts.ANALYSE,
+            CohortAnalyseInput(
+                spec=self._spec,
+                plan=self._rehearsal.plan,
+                run_key=self._run_key,
+                workflow_id=workflow.info().workflow_id,
+                outcomes=cohort_state.final_matrix(self._progress),
+                costs=self._progress.costs,
+            ),
+            start_to_close_timeout=timeouts.ANALYSE_TIMEOUT,
+            retry_policy=timeouts.TRANSIENT_RETRY,
+            summary="analysis: noise floor, paired tests, report",
+        )
+
+    async def _record(self, report: CohortReport | None) -> None:
+        self._enter(Stage.recording, "writing the ledger rows")
+        r = self._rehearsal
+        await execute(
+            cacts.RECORD_LEDGER,
+            CohortLedgerInput(
+                experiment_id=self._spec.id,
+                run_id=self._origin,
+                status=self._status.value,
+                spec=self._spec,
+                fingerprint=r.fingerprint if r else "",
+                approval_json=self._gate.state.model_dump_json(),
+                budget_json=self._progress.model_dump_json(include={"tokens", "world_seconds"}),
+                error=self._error,
+                report=report,
+                plan_digest=r.plan.digest if r else "",
+            ),
+            start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+            retry_policy=timeouts.TRANSIENT_RETRY,
+            summary="ledger: the experiment row and one row per world",
+        )
+
+    def _enter(self, stage: Stage, message: str) -> None:
+        self._stage, self._message = stage, message
+        workflow.upsert_search_attributes([STAGE.value_set(stage.value)])
+        self._show()
+
+    def _show(self) -> None:
+        p = self._progress
+        total = self._rehearsal.forks if self._rehearsal else 0
+        workflow.set_current_details(
+            f"**{self._stage.value}**: {self._message}\n\n"
+            f"forks {p.done}/{total} done, {len(self._tasks)} running, {p.missing} without "
+            f"an outcome; {p.tokens} tokens"
+        )

@@ -1,0 +1,42 @@
+"""A third-party-style workflow for cohort experiments, written knowing nothing of
+ForkLab: an order desk that looks a customer up, then the order, and scores itself on
+whether the order's status could be read. Its tools return JSON objects, so the faults an
+experiment injects into tool responses (a field renamed or missing) reach its logic."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import activity, workflow
+
+
+@activity.defn(name="lookup_customer")
+async def lookup_customer(order: str) -> dict[str, Any]:
+    return {"order": order, "customer": f"cust-{order}", "tier": "gold"}
+
+
+@activity.defn(name="lookup_order")
+async def lookup_order(order: str) -> dict[str, Any]:
+    return {"order": order, "status": "shipped", "items": ["book", "lamp"]}
+
+
+@workflow.defn(name="OrderDesk")
+class OrderDeskWorkflow:
+    @workflow.run
+    async def run(self, order: str) -> dict[str, Any]:
+        customer = await workflow.execute_activity(
+            lookup_customer, order, start_to_close_timeout=timedelta(seconds=30)
+        )
+        found = await workflow.execute_activity(
+            lookup_order, order, start_to_close_timeout=timedelta(seconds=30)
+        )
+        status = found.get("status")
+        return {
+            "customer": customer.get("customer"),
+            "status": status,
+            "score": 1.0 if status == "shipped" else 0.0,
+        }
+
+
+ACTIVITIES = [lookup_customer, lookup_order]
