@@ -21,10 +21,12 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agent_fixtures import Services, agent_settings
 from finite_workflows import ChatWithInfinity
+from pydantic import BaseModel, ConfigDict
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.common import RawValue
@@ -39,7 +41,9 @@ from forklab.temporal import ensure_search_attributes
 from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.runfork.agent_worker import build_agent_worker, connect_agents
+from forklab.workers.runfork.plugin import ForkLabPlugin
 from forklab.workers.runfork.team_worker import build_team_worker, team_task_queue
+from forklab.workflows.runfork.finite_payloads import FinitePayloads, check_args
 
 #: Far longer than a refusal takes; without the defence some runs go on or wedge.
 _WAIT = 30
@@ -163,3 +167,42 @@ async def test_an_activity_input_holding_1e999_fails_without_a_retry(workers: Wo
     assert outcome["type"] == ForkErrorType.payload_refused
     assert outcome["retry_state"] == "NON_RETRYABLE_FAILURE"
     assert outcome["message"].startswith("the activity's input: field [0].temperature: inf ")
+
+
+@dataclass
+class _Call:
+    model: str
+    extra: dict[str, object]
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    sections: dict[str, str]
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        (_Loose.model_construct(name="n", sections={"a": float("nan")}), "[0].sections.a"),
+        (_Loose.model_validate({"name": "n", "sections": {}, "t": float("inf")}), "[0].t"),
+        (_Call(model="m", extra={"x": [1.0, float("-inf")]}), "[0].extra.x[1]"),
+    ],
+)
+def test_the_check_walks_the_models_and_dataclasses_a_converter_builds(
+    value: object, where: str
+) -> None:
+    with pytest.raises(ApplicationError) as refused:
+        check_args([value], "the workflow's input")
+    assert f"field {where}: " in _refused(refused.value).message
+    check_args([_Call(model="m", extra={"x": [1.0, 2]})], "the workflow's input")
+
+
+def test_a_users_worker_keeps_its_own_rule_unless_it_asks(tmp_path: Path) -> None:
+    """``ForkLabPlugin()`` adds no check (a user's ``NaN`` is theirs); the agents' does."""
+    config: Any = {"client": None, "task_queue": "q"}
+    plain = ForkLabPlugin(tmp_path / "runlog.sqlite").configure_worker(dict(config))
+    strict = ForkLabPlugin(tmp_path / "runlog.sqlite", strict_payloads=True)
+    assert not [i for i in plain["interceptors"] if isinstance(i, FinitePayloads)]
+    assert isinstance(strict.configure_worker(dict(config))["interceptors"][0], FinitePayloads)
