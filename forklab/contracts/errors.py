@@ -56,6 +56,9 @@ class ForkErrorType(StrEnum):
     prefix_unservable = "fork_prefix_unservable"
     #: another attempt holds the effect's claim
     effect_held = "effect_held"
+    #: an agent worker's workflow input, signal, update or activity input holds a
+    #: non-finite number or nests too deeply (``forklab.workflows.runfork.finite_payloads``)
+    payload_refused = "payload_refused"
     #: the same idempotency key with another request
     idempotency_mismatch = "idempotency_mismatch"
     #: a fenced write by an attempt that lost its claim

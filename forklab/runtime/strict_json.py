@@ -12,6 +12,7 @@ Standard library only: the runtime layer is the one every other layer may import
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -59,7 +60,8 @@ def _where(path: list[Any]) -> str:
 
 def check_finite(value: Any, what: str) -> None:
     """Raise ``StrictJsonError`` naming the path of the first non-finite number in
-    ``value`` (a tree of dicts and lists, as JSON or YAML loads it), or where it nests
+    ``value`` (a tree of dicts and lists, as JSON or YAML loads it, or of the objects a
+    payload converter builds from one: pydantic models, dataclasses), or where it nests
     deeper than :data:`MAX_DEPTH`. Iterative: any depth is walked without recursion."""
     stack: list[tuple[Any, list[Any]]] = [(value, [])]
     while stack:
@@ -73,3 +75,17 @@ def check_finite(value: Any, what: str) -> None:
             stack.extend((v, [*path, k]) for k, v in node.items())
         elif isinstance(node, list | tuple):
             stack.extend((v, [*path, i]) for i, v in enumerate(node))
+        else:
+            stack.extend((v, [*path, k]) for k, v in _fields(node).items())
+
+
+def _fields(node: Any) -> dict[str, Any]:
+    """The values an object decoded from JSON holds: a dataclass's fields, a pydantic
+    model's fields and extra fields (found by duck typing: this module imports no
+    pydantic); nothing for any other value."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return {f.name: getattr(node, f.name, None) for f in dataclasses.fields(node)}
+    if hasattr(type(node), "__pydantic_fields__") and not isinstance(node, type):
+        extra = getattr(node, "__pydantic_extra__", None) or {}
+        return {**getattr(node, "__dict__", {}), **extra}
+    return {}

@@ -52,8 +52,9 @@ async def connect_agents(settings: Settings, agent: AgentSettings) -> Client:
 
 
 def fork_plugin(agent: AgentSettings) -> ForkLabPlugin:
-    """The plugin with this home's run log."""
-    return ForkLabPlugin(agent.run_log_path)
+    """The plugin with this home's run log, refusing non-finite numbers in every payload
+    (the OpenAI Agents plugin's converter takes them)."""
+    return ForkLabPlugin(agent.run_log_path, strict_payloads=True)
 
 
 def build_agent_worker(

@@ -41,6 +41,7 @@ from forklab.contracts.runfork import FORK_QUEUE_SUFFIX, fork_task_queue
 from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.runfork.fork_issuers import registered_issuers
+from forklab.workflows.runfork.finite_payloads import FinitePayloads
 from forklab.workflows.runfork.interceptor import ForkInterceptor
 from forklab.workflows.runfork.search_attributes import RUN_FORK_KEYS
 
@@ -100,7 +101,10 @@ class ForkLabPlugin(SimplePlugin):
     ``FORKLAB_FORK_ISSUERS`` names no issuers (default: the run log's folder when
     ``run_log`` is given, else ``FORKLAB_HOME``). ``fork_queue``: also poll the fork
     queue ``<task queue>@forklab`` (default). Turn it off only for a worker that runs
-    ordinary runs and never forks.
+    ordinary runs and never forks. ``strict_payloads``: refuse workflow inputs, signals,
+    updates and activity inputs holding a non-finite number or nested too deeply
+    (``forklab.workflows.runfork.finite_payloads``); ForkLab's own agent workers turn it
+    on, a user's worker keeps its own rule by default.
     """
 
     def __init__(
@@ -109,6 +113,7 @@ class ForkLabPlugin(SimplePlugin):
         *,
         home: Path | str | None = None,
         fork_queue: bool = True,
+        strict_payloads: bool = False,
     ) -> None:
         super().__init__(PLUGIN_NAME)
         self._run_log = Path(run_log).expanduser() if run_log is not None else None
@@ -118,6 +123,7 @@ class ForkLabPlugin(SimplePlugin):
             self._home = self._run_log.parent if self._run_log is not None else _default_home()
         self._issuers = registered_issuers()
         self._fork_queue = fork_queue
+        self._strict_payloads = strict_payloads
         self._registered: set[tuple[int, str]] = set()
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
@@ -133,7 +139,9 @@ class ForkLabPlugin(SimplePlugin):
         # first in the list: the outbound interceptor listed last runs first, so the fork
         # mechanism sees a call as the worker's own interceptors leave it (LangGraphInputs
         # steadies node inputs before they are matched)
+        # the finite check first: the inbound interceptor listed first sees a call first
         config["interceptors"] = [
+            *([FinitePayloads()] if self._strict_payloads else []),
             ForkInterceptor(),
             RunContextInterceptor(log),
             *config.get("interceptors", []),
@@ -142,7 +150,11 @@ class ForkLabPlugin(SimplePlugin):
 
     def configure_replayer(self, config: ReplayerConfig) -> ReplayerConfig:
         config = super().configure_replayer(config)
-        config["interceptors"] = [ForkInterceptor(), *config.get("interceptors", [])]
+        config["interceptors"] = [
+            *([FinitePayloads()] if self._strict_payloads else []),
+            ForkInterceptor(),
+            *config.get("interceptors", []),
+        ]
         return config
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
