@@ -25,6 +25,7 @@ from forklab.experiments.experiment.report.charts import failure_rate_chart, rat
 from forklab.experiments.experiment.report.model import Report, WorldRow
 from forklab.experiments.experiment.report.render_html import READOUT_PLACE, render_html
 from forklab.experiments.experiment.report.render_markdown import READOUT_BEFORE, render_markdown
+from forklab.experiments.experiment.report.render_text import render_text
 from forklab.experiments.experiment.results import WorldStatus
 from forklab.experiments.experiment.spec import Role, parse_spec
 from forklab.experiments.experiment.stats import integer_bin_label
@@ -158,9 +159,12 @@ def test_features_that_split_the_episodes_identically_are_shown_once(report: Rep
     note = "agents_in_retry and queue_depth split the episodes identically"
     page = render_html(report)
     md = render_markdown(report)
-    assert page.count(note) == md.count(note) == len(report.comparisons)
+    text = render_text(report)  # forklab plan's tables
+    assert page.count(note) == md.count(note) == text.count(note) == len(report.comparisons)
     assert "<td>queue_depth</td>" not in page and "| queue_depth |" not in md
     assert "<td>agents_in_retry</td>" in page and "| agents_in_retry |" in md
+    rows = [line.split()[0] for line in text.splitlines() if line.strip()]
+    assert "queue_depth" not in rows and "agents_in_retry" in rows
 
 
 def test_equal_counts_are_not_an_identical_partition() -> None:

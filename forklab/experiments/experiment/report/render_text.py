@@ -11,6 +11,7 @@ from forklab.experiments.experiment.report.tables import (
     comparisons_table,
     guard_counts_text,
     hypothesis_text,
+    shown_slices,
     slices_table,
     validity_text,
     worlds_table,
@@ -75,8 +76,9 @@ def render_text(report: Report) -> str:
     for c in report.comparisons:
         effects = c.slice_effects + c.interaction_effects
         if effects:
-            lines += ["", f"slices: {c.world} vs {c.vs}"]
-            lines += text_table(slices_table(report, effects))
+            shown, notes = shown_slices(report, effects)
+            lines += ["", f"slices: {c.world} vs {c.vs}", *(f"  {n}" for n in notes)]
+            lines += text_table(slices_table(report, shown))
     lines += ["", "validity checks"]
     lines += [
         f"  [{'PASS' if c.passed else 'FAIL'}] {c.name}: {c.reason}"
