@@ -31,11 +31,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# Four xdist workers on two cores: the durable tests spend most of their time waiting on
+# dev servers, workers, timers and sandboxes (one -n 2 run used 44 % of the CPU it had),
+# so twice as many workers as cores finish sooner (docs/testing.md).
 test: lint
 	@bash scripts/ensure-chromium.sh
 	@bash scripts/ensure-bubblewrap.sh
 	@bash scripts/ensure-postgres.sh
-	$(VENV)/bin/pytest -q -n 2
+	$(VENV)/bin/pytest -q -n 4
 
 # The pure tests (no server, worker, sandbox, process, database or mount; see
 # docs/testing.md) and the golden histories' offline replay, in well under a minute; ruff
