@@ -27,7 +27,6 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from forklab.contracts import cohort as cacts
-    from forklab.contracts import experiment_activities as acts
     from forklab.contracts.cohort import (
         CohortAnalyseInput,
         CohortLedgerInput,
@@ -40,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
         ForkStatus,
     )
     from forklab.contracts.errors import ExperimentErrorType
-    from forklab.contracts.experiment import ApproverPolicy, KeyInput, PolicyInput
     from forklab.experiments.cohort.plan import fork_policies
     from forklab.workflows.activity_calls import execute
     from forklab.workflows.experiment import cohort_state, inbox, timeouts
@@ -54,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         CohortResult,
         CohortStatusView,
     )
+    from forklab.workflows.experiment.gate_opening import open_gate
     from forklab.workflows.experiment.messages import (
         ApprovalAttempt,
         ApprovalStatus,
@@ -240,47 +239,18 @@ class CohortExperimentWorkflow:
         return f"{workflow.info().workflow_id}/{self._origin}"
 
     async def _plan_and_approve(self) -> None:
-        spec, gate = self._spec, self._gate
-        if not spec.approval.required:
-            policy = await execute(
-                acts.APPROVAL_POLICY,
-                PolicyInput(experiment_id=spec.id),
-                start_to_close_timeout=timeouts.SHORT_TIMEOUT,
-                retry_policy=timeouts.TRANSIENT_RETRY,
-                summary="the worker's policy on specs that ask to skip approval",
-            )
-            if policy.skip_allowed:
-                gate.skip(policy.reason)
-            else:
-                gate.state.policy = policy.reason
-        if gate.pending:
-            approvers: ApproverPolicy = await execute(
-                acts.APPROVER_POLICY,
-                PolicyInput(experiment_id=spec.id),
-                start_to_close_timeout=timeouts.SHORT_TIMEOUT,
-                retry_policy=timeouts.TRANSIENT_RETRY,
-                summary="who this worker's policy lets approve",
-            )
-            refusal = gate.adopt(
-                approvers,
-                self._inp.request,
-                experiment_id=spec.id,
-                requested_by=self._inp.requested_by,
-                started_at=workflow.info().start_time,
-            )
-            if refusal is not None:
-                raise _Stop(Status.failed, refusal)
-            gate.state.expires_at = workflow.now() + timedelta(minutes=spec.approval.expiry_minutes)
-            if not gate.state.public_key and not gate.state.approvers:
-                issued = await execute(
-                    acts.ISSUE_APPROVAL_KEY,
-                    KeyInput(workflow_id=gate.state.workflow_id, run_id=gate.state.run_id),
-                    start_to_close_timeout=timeouts.SHORT_TIMEOUT,
-                    retry_policy=timeouts.TRANSIENT_RETRY,
-                    summary="make the approver key pair (private key owner-only on the worker)",
-                )
-                gate.state.public_key = issued.public_key
-                gate.state.key_location = issued.location
+        spec = self._spec
+        refusal = await open_gate(
+            self._gate,
+            experiment_id=spec.id,
+            approval_required=spec.approval.required,
+            expiry_minutes=spec.approval.expiry_minutes,
+            request=self._inp.request,
+            requested_by=self._inp.requested_by,
+            versioned=False,
+        )
+        if refusal is not None:
+            raise _Stop(Status.failed, refusal)
         self._enter(Stage.rehearsing, "reading the cohort and resolving its fork points")
         rehearsal = await execute(
             cacts.REHEARSE,

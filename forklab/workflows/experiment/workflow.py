@@ -26,16 +26,13 @@ with workflow.unsafe.imports_passed_through():
     from forklab.contracts.experiment import (
         AnalyseInput,
         AnalysisResult,
-        ApproverPolicy,
         BatchInput,
         BatchOutcome,
         BatchStatus,
         CapacityInput,
         CleanupInput,
         EvidenceInput,
-        KeyInput,
         LedgerInput,
-        PolicyInput,
         PrefixInput,
         PrefixRefsInput,
         RehearsedPrefixInput,
@@ -49,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
     from forklab.workflows.experiment.approval_gate import ApprovalGate, Moment
     from forklab.workflows.experiment.attempts import failed_attempt
     from forklab.workflows.experiment.budget_ledger import BudgetLedger
+    from forklab.workflows.experiment.gate_opening import open_gate
     from forklab.workflows.experiment.messages import (
         STATUS_QUERY,
         WORKFLOW_TYPE,
@@ -95,8 +93,6 @@ def _cause(err: BaseException) -> str:
 #: arguments) fails the run at once with the reason, instead of failing its workflow task
 #: forever; nothing has been created at that point, so there is nothing to clean up.
 _BAD_INPUT = [ValidationError, TypeError]
-#: the patch that added the approver-policy step (older runs replay without it)
-APPROVER_POLICY_PATCH = "approver-policy"
 
 
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=_BAD_INPUT)
@@ -249,51 +245,17 @@ class ExperimentWorkflow:
 
     async def _plan_and_approve(self) -> None:
         spec = self._spec
-        gate = self._state.gate
-        if not spec.approval.required:
-            policy = await execute(
-                acts.APPROVAL_POLICY,
-                PolicyInput(experiment_id=spec.id),
-                start_to_close_timeout=timeouts.SHORT_TIMEOUT,
-                retry_policy=timeouts.TRANSIENT_RETRY,
-                summary="the worker's policy on specs that ask to skip approval",
-            )
-            if policy.skip_allowed:
-                gate.skip(policy.reason)
-            else:
-                gate.state.policy = policy.reason
-        if gate.pending:
-            # runs started before workers had an approver policy recorded no such step;
-            # they replay with the policy they ran under (anyone holding the run's key)
-            approvers = ApproverPolicy()
-            if workflow.patched(APPROVER_POLICY_PATCH):
-                approvers = await execute(
-                    acts.APPROVER_POLICY,
-                    PolicyInput(experiment_id=spec.id),
-                    start_to_close_timeout=timeouts.SHORT_TIMEOUT,
-                    retry_policy=timeouts.TRANSIENT_RETRY,
-                    summary="who this worker's policy lets approve",
-                )
-            refusal = gate.adopt(
-                approvers,
-                self._inp.request,
-                experiment_id=spec.id,
-                requested_by=self._inp.requested_by,
-                started_at=workflow.info().start_time,
-            )
-            if refusal is not None:
-                raise _Stop(Status.failed, refusal)
-            gate.state.expires_at = workflow.now() + timedelta(minutes=spec.approval.expiry_minutes)
-            if not gate.state.public_key and not gate.state.approvers:
-                issued = await execute(
-                    acts.ISSUE_APPROVAL_KEY,
-                    KeyInput(workflow_id=gate.state.workflow_id, run_id=gate.state.run_id),
-                    start_to_close_timeout=timeouts.SHORT_TIMEOUT,
-                    retry_policy=timeouts.TRANSIENT_RETRY,
-                    summary="make the approver key pair (private key owner-only on the worker)",
-                )
-                gate.state.public_key = issued.public_key
-                gate.state.key_location = issued.location
+        refusal = await open_gate(
+            self._state.gate,
+            experiment_id=spec.id,
+            approval_required=spec.approval.required,
+            expiry_minutes=spec.approval.expiry_minutes,
+            request=self._inp.request,
+            requested_by=self._inp.requested_by,
+            versioned=True,
+        )
+        if refusal is not None:
+            raise _Stop(Status.failed, refusal)
         self._enter(Stage.rehearsing, "rehearsing on the local twin (free)")
         rehearsal = await execute(
             acts.REHEARSE,

@@ -1,0 +1,84 @@
+"""Opening an experiment's approval gate before anything is planned: the worker's policy
+on specs that ask to skip approval, who may approve, the expiry, and the run's own key
+pair when the worker registers no approvers. Workload and cohort experiments open their
+gates alike, with the same activities in the same order, so one rule (and one reading of
+their histories) serves both."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from forklab.contracts import experiment_activities as acts
+    from forklab.contracts.experiment import ApproverPolicy, KeyInput, PolicyInput
+    from forklab.workflows.activity_calls import execute
+    from forklab.workflows.experiment import timeouts
+    from forklab.workflows.experiment.approval_gate import ApprovalGate
+    from forklab.workflows.experiment.messages import SignedRequest
+
+#: the patch that added the approver-policy step (workload experiments started before it
+#: replay without it)
+APPROVER_POLICY_PATCH = "approver-policy"
+
+
+async def open_gate(
+    gate: ApprovalGate,
+    *,
+    experiment_id: str,
+    approval_required: bool,
+    expiry_minutes: float,
+    request: SignedRequest | None,
+    requested_by: str,
+    versioned: bool,
+) -> str | None:
+    """Open ``gate`` (or skip it, where the worker's policy lets a spec skip approval);
+    the reason the start is refused, or None. ``versioned``: ask for the approver policy
+    only under ``APPROVER_POLICY_PATCH`` (a workflow that existed before that step)."""
+    if not approval_required:
+        policy = await execute(
+            acts.APPROVAL_POLICY,
+            PolicyInput(experiment_id=experiment_id),
+            start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+            retry_policy=timeouts.TRANSIENT_RETRY,
+            summary="the worker's policy on specs that ask to skip approval",
+        )
+        if policy.skip_allowed:
+            gate.skip(policy.reason)
+        else:
+            gate.state.policy = policy.reason
+    if not gate.pending:
+        return None
+    # runs started before workers had an approver policy recorded no such step; they
+    # replay with the policy they ran under (anyone holding the run's key)
+    approvers = ApproverPolicy()
+    if not versioned or workflow.patched(APPROVER_POLICY_PATCH):
+        approvers = await execute(
+            acts.APPROVER_POLICY,
+            PolicyInput(experiment_id=experiment_id),
+            start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+            retry_policy=timeouts.TRANSIENT_RETRY,
+            summary="who this worker's policy lets approve",
+        )
+    refusal = gate.adopt(
+        approvers,
+        request,
+        experiment_id=experiment_id,
+        requested_by=requested_by,
+        started_at=workflow.info().start_time,
+    )
+    if refusal is not None:
+        return refusal
+    gate.state.expires_at = workflow.now() + timedelta(minutes=expiry_minutes)
+    if not gate.state.public_key and not gate.state.approvers:
+        issued = await execute(
+            acts.ISSUE_APPROVAL_KEY,
+            KeyInput(workflow_id=gate.state.workflow_id, run_id=gate.state.run_id),
+            start_to_close_timeout=timeouts.SHORT_TIMEOUT,
+            retry_policy=timeouts.TRANSIENT_RETRY,
+            summary="make the approver key pair (private key owner-only on the worker)",
+        )
+        gate.state.public_key = issued.public_key
+        gate.state.key_location = issued.location
+    return None
