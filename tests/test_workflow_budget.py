@@ -28,8 +28,10 @@ async def test_too_many_concurrent_sandboxes_are_refused(lab: Lab) -> None:
 
 async def test_tight_budget_skips_work_instead_of_overspending(lab: Lab) -> None:
     # Sandboxes run 8x slower than the rehearsal: after the first chunk's group (both
-    # worlds, one sandbox) the revised estimate for the second cannot fit in what is
-    # left, so it is skipped, not started.
+    # worlds, one sandbox) the revised estimate for the second (6 x the ~4.8 s the first
+    # ran) cannot fit in what is left, so it is skipped, not started. The budget leaves
+    # room for a rehearsal up to 3x slower than its sleeps (a loaded machine) to pass the
+    # capacity check (6 x 0.03 s x 40 world-episodes = 7.2 s at nominal speed).
     spec = make_spec(
         episodes=20,
         params={"twin_sleep": 0.03, "sandbox_sleep": 0.24},
@@ -37,7 +39,7 @@ async def test_tight_budget_skips_work_instead_of_overspending(lab: Lab) -> None
             {"name": "baseline", "role": "baseline"},
             {"name": "boost", "role": "treatment", "intervention": {"name": "boost"}},
         ],
-        budget={"max_world_seconds": 16.0, "max_concurrent_sandboxes": 1, "safety_factor": 6},
+        budget={"max_world_seconds": 24.0, "max_concurrent_sandboxes": 1, "safety_factor": 6},
     )
     handle, key = await lab.start(spec, batch_episodes=10)
     view = await lab.approve(handle, key)
