@@ -52,8 +52,19 @@ _LOOK_AGAIN = (
     RPCStatusCode.ABORTED,
     RPCStatusCode.RESOURCE_EXHAUSTED,
 )
-#: A version that has never been current or ramping.
-_NEVER_CURRENT = WorkerDeploymentVersionStatus.WORKER_DEPLOYMENT_VERSION_STATUS_INACTIVE
+#: A version that has never been current or ramping (a server may say "created", or
+#: nothing yet, for a version it has only just registered).
+_NEVER_CURRENT = (
+    WorkerDeploymentVersionStatus.WORKER_DEPLOYMENT_VERSION_STATUS_INACTIVE,
+    WorkerDeploymentVersionStatus.WORKER_DEPLOYMENT_VERSION_STATUS_CREATED,
+    WorkerDeploymentVersionStatus.WORKER_DEPLOYMENT_VERSION_STATUS_UNSPECIFIED,
+)
+#: A version being routed to now: if the routing names another as current meanwhile, the
+#: description was read while another worker promoted it (look again).
+_ROUTED_TO = (
+    WorkerDeploymentVersionStatus.WORKER_DEPLOYMENT_VERSION_STATUS_CURRENT,
+    WorkerDeploymentVersionStatus.WORKER_DEPLOYMENT_VERSION_STATUS_RAMPING,
+)
 
 
 def code_build_id(roots: Iterable[Path] | None = None) -> str:
@@ -141,6 +152,15 @@ async def promote_if_newest(client: Client, version: WorkerDeploymentVersion, id
             continue
         info = described.worker_deployment_info
         current = info.routing_config.current_deployment_version.build_id
+        ours = _summary(info, version.build_id)
+        if (
+            ours is not None
+            and ours.status in _ROUTED_TO
+            and current != version.build_id
+            and time.monotonic() <= deadline
+        ):
+            await asyncio.sleep(0.25)  # caught mid-change by another worker's promotion
+            continue
         reason = _reason_to_keep(info, version)
         if reason is not None:
             return reason
@@ -176,7 +196,7 @@ def _reason_to_keep(info: WorkerDeploymentInfo, version: WorkerDeploymentVersion
     ours = _summary(info, version.build_id)
     theirs = _summary(info, current)
     assert ours is not None
-    if ours.status != _NEVER_CURRENT:
+    if ours.status not in _NEVER_CURRENT:
         return (
             f"version {_label(version)} was current or ramping before; {name}:{current} "
             "stays current (change it with `temporal worker deployment set-current-version`)"
