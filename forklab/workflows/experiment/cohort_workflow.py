@@ -42,7 +42,7 @@ with workflow.unsafe.imports_passed_through():
     from forklab.experiments.cohort.plan import fork_policies
     from forklab.workflows.activity_calls import execute
     from forklab.workflows.experiment import cohort_state, inbox, timeouts
-    from forklab.workflows.experiment.approval_gate import ApprovalGate, Moment
+    from forklab.workflows.experiment.approval_gate import Moment
     from forklab.workflows.experiment.cohort_messages import (
         STATUS_QUERY,
         WORKFLOW_TYPE,
@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
         CohortResult,
         CohortStatusView,
     )
-    from forklab.workflows.experiment.gate_opening import open_gate
+    from forklab.workflows.experiment.gate_opening import check_start, gate_of, open_gate
     from forklab.workflows.experiment.messages import (
         ApprovalAttempt,
         ApprovalStatus,
@@ -92,33 +92,16 @@ def _payloads(args: Sequence[RawValue]) -> list[inbox.Payload]:
 class CohortExperimentWorkflow:
     @workflow.init
     def __init__(self, inp: CohortInput) -> None:
-        if not isinstance(inp, CohortInput):
-            raise ApplicationError(
-                f"the workflow input is a {type(inp).__name__}, not a CohortInput",
-                type=ExperimentErrorType.bad_input,
-                non_retryable=True,
-            )
-        if inp.carry is not None and workflow.info().continued_run_id is None:
-            raise ApplicationError(
-                "the workflow input has a carry, which only the workflow's own "
-                "continue-as-new may set; start it with forklab start",
-                type=ExperimentErrorType.bad_input,
-                non_retryable=True,
-            )
+        check_start(inp, CohortInput, command="forklab cohort start")
         self._inp = inp
         self._spec = inp.spec
         carry = inp.carry
         self._origin = carry.origin_run_id if carry else workflow.info().run_id
-        self._gate = (
-            ApprovalGate(carry.approval)
-            if carry
-            else ApprovalGate.opening(
-                workflow_id=workflow.info().workflow_id,
-                run_id=self._origin,
-                public_key=inp.approver_public_key or "",
-                key_location=inp.key_location,
-                nonce=workflow.uuid4().hex,
-            )
+        self._gate = gate_of(
+            carry.approval if carry else None,
+            run_id=self._origin,
+            public_key=inp.approver_public_key or "",
+            key_location=inp.key_location,
         )
         self._rehearsal: CohortRehearsal | None = carry.rehearsal if carry else None
         self._progress: CohortProgress = carry.progress if carry else CohortProgress()

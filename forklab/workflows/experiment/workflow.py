@@ -43,10 +43,10 @@ with workflow.unsafe.imports_passed_through():
     from forklab.experiments.experiment.worlds import spec_world_plans
     from forklab.workflows.activity_calls import execute
     from forklab.workflows.experiment import history, inbox, timeouts, views
-    from forklab.workflows.experiment.approval_gate import ApprovalGate, Moment
+    from forklab.workflows.experiment.approval_gate import Moment
     from forklab.workflows.experiment.attempts import failed_attempt
     from forklab.workflows.experiment.budget_ledger import BudgetLedger
-    from forklab.workflows.experiment.gate_opening import open_gate
+    from forklab.workflows.experiment.gate_opening import check_start, gate_of, open_gate
     from forklab.workflows.experiment.messages import (
         STATUS_QUERY,
         WORKFLOW_TYPE,
@@ -103,36 +103,16 @@ class ExperimentWorkflow:
 
     @workflow.init
     def __init__(self, inp: ExperimentInput) -> None:
-        if not isinstance(inp, ExperimentInput):  # e.g. a binary payload, decoded as bytes
-            raise ApplicationError(
-                f"the workflow input is a {type(inp).__name__}, not an ExperimentInput "
-                "(a JSON object with a spec); start it with forklab start",
-                type=ExperimentErrorType.bad_input,
-                non_retryable=True,
-            )
-        if inp.carry is not None and workflow.info().continued_run_id is None:
-            # A carry holds the approval decision: only this workflow's own
-            # continue-as-new may hand one over, never a start request.
-            raise ApplicationError(
-                "the workflow input has a carry, which only the workflow's own "
-                "continue-as-new may set; start it with forklab start",
-                type=ExperimentErrorType.bad_input,
-                non_retryable=True,
-            )
+        check_start(inp, ExperimentInput, command="forklab start")
         self._inp = inp
         self._spec = inp.spec
         carry = inp.carry
         origin_run_id = carry.origin_run_id if carry else workflow.info().run_id
-        gate = (
-            ApprovalGate(carry.approval)
-            if carry
-            else ApprovalGate.opening(
-                workflow_id=workflow.info().workflow_id,
-                run_id=origin_run_id,
-                public_key=inp.approver_public_key or "",
-                key_location=inp.key_location,
-                nonce=workflow.uuid4().hex,
-            )
+        gate = gate_of(
+            carry.approval if carry else None,
+            run_id=origin_run_id,
+            public_key=inp.approver_public_key or "",
+            key_location=inp.key_location,
         )
         budget = (
             carry.budget
