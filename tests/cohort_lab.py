@@ -22,7 +22,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from forklab.activities.experiment.approval import ApprovalActivities
+from forklab.activities.experiment.workload_bundles import WorkloadBundles
+from forklab.activities.runfork.cohort_code import CohortCode
 from forklab.activities.runfork.cohort_forks import CohortActivities
+from forklab.activities.sandbox.cohort_code_calls import CohortCodeCalls
+from forklab.activities.stores.artifacts import LocalArtifactStore
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.ledger import SqliteLedger
 from forklab.contracts.approval import approval_payload, sign
@@ -47,6 +51,8 @@ class CohortLab:
     ledger: SqliteLedger
     registry: ForkRegistry
     key: Ed25519PrivateKey
+    #: where a test ships the bundle of its own scorer and feature functions
+    store: LocalArtifactStore
 
     @property
     def public_key(self) -> str:
@@ -150,8 +156,12 @@ async def running_cohort_lab(agents: AgentTestLab, tmp_path: Path) -> AsyncItera
     client = await Client.connect(target, data_converter=pydantic_data_converter)
     ledger = SqliteLedger(tmp_path / "ledger.sqlite")
     registry = ForkRegistry(agents.agent.forks_path)
+    store = LocalArtifactStore(tmp_path / "artifacts")
+    code = CohortCode(
+        WorkloadBundles(store, tmp_path / "bundles"), CohortCodeCalls(tmp_path / "code-calls")
+    )
     cohort = CohortActivities(
-        client, registry, agents.agent.home, ledger, tmp_path / "cohort-reports"
+        client, registry, agents.agent.home, ledger, tmp_path / "cohort-reports", code
     )
     approval = ApprovalActivities(tmp_path / "keys", allow_unapproved=False)
     queue = f"cohort-test-{uuid.uuid4().hex[:8]}"
@@ -179,4 +189,5 @@ async def running_cohort_lab(agents: AgentTestLab, tmp_path: Path) -> AsyncItera
             ledger=ledger,
             registry=registry,
             key=Ed25519PrivateKey.generate(),
+            store=store,
         )

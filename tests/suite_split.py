@@ -54,6 +54,7 @@ PROCESS_NAMES = frozenset(
         "WorkflowEnvironment",
         "LocalSandboxBackend",
         "WorkloadCalls",  # a workload's calls, each in a confined process
+        "CohortCodeCalls",  # a cohort scorer's or feature function's calls, likewise
         "confine",
         "jail",
         "twin",  # the rehearsal's twin runs the workload in a process

@@ -1,6 +1,8 @@
 """``forklab cohort start|status|approve|report`` against a real ``forklab`` worker (the
 ``lab`` fixture's) and the ``agent_lab`` fixture's agent worker: a cohort spec file in, the
-signed plan's runs and tools shown, the report out; a bad spec is one line and exit 2."""
+signed plan's runs and tools shown, the report out; a bad spec is one line and exit 2. The
+spec names a scorer and a feature function of a package beside it: ``cohort start`` ships
+their bundle and the worker runs them in boxes."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 
 from agent_fixtures import AgentTestLab
+from cohort_user_code import write_package
 from orchestration_lab import FORKLAB, Lab, cli_env
 from temporalio.client import WorkflowFailureError
 
@@ -52,7 +55,8 @@ async def test_a_cohort_experiment_through_the_cli(
             "workflow_ids": ids,
             "limit": 4,
             "fork_at": "tool:charge_customer#1",
-            "outcome": "forklab.experiments.cohort.scorers:final_score",
+            "outcome": "usercode.scoring:resolved",
+            "features": "usercode.scoring:features",
             "success_threshold": 1.0,
         },
         "worlds": [
@@ -63,6 +67,7 @@ async def test_a_cohort_experiment_through_the_cli(
     }
     path = tmp_path / "cohort.json"
     path.write_text(json.dumps(spec))
+    write_package(tmp_path, tmp_path / "secret.txt", tmp_path / "outside.txt", 9)
     started = await forklab("cohort", "start", str(path))
     assert started.returncode == 0, started.stderr
     for _ in range(300):
@@ -76,9 +81,12 @@ async def test_a_cohort_experiment_through_the_cli(
     assert view["tools"] == {"charge_customer": "block"}
     text = await forklab("cohort", "status", spec["id"])
     assert "charge_customer: block" in text.stdout and view["fingerprint"] in text.stdout
+    assert f"(code digest, signed): {view['code_digest']}" in text.stdout
     approved = await forklab("cohort", "approve", spec["id"], "--approver", "ops")
     assert approved.returncode == 0, approved.stdout + approved.stderr
     report = await forklab("cohort", "report", spec["id"])
     assert report.returncode == 0, report.stderr
     assert "| candidate | treatment |" in report.stdout and "Noise floor" in report.stdout
     assert "report: " in report.stdout
+    assert "| candidate | tool | charge_customer | 4 |" in report.stdout
+    assert "## Guard policy for candidate" in report.stdout

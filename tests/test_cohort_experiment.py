@@ -335,7 +335,9 @@ async def test_a_start_carrying_a_carry_is_refused(cohort: CohortLab) -> None:
     assert cohort.registry.children(ids[0]) == []
 
 
-async def test_a_scorer_of_your_own_is_refused_before_anything_starts(cohort: CohortLab) -> None:
+async def test_a_scorer_of_your_own_without_its_bundle_is_refused_before_anything_starts(
+    cohort: CohortLab,
+) -> None:
     ids = await cohort.record(["slow"])
     spec = cohort_spec(
         {"workflow_ids": ids, "limit": 1, "outcome": "mypkg.scoring:resolved"},
@@ -344,5 +346,5 @@ async def test_a_scorer_of_your_own_is_refused_before_anything_starts(cohort: Co
     handle = await cohort.start(spec)
     with pytest.raises(WorkflowFailureError) as failed:
         await handle.result()
-    assert "not one of ForkLab's shipped scorers" in str(failed.value.cause)
+    assert "is your own code, which runs in a box from the bundle" in str(failed.value.cause)
     assert cohort.registry.children(ids[0]) == []

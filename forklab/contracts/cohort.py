@@ -10,6 +10,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from forklab.contracts.activity import ActivityRef
+from forklab.experiments.cohort.guard_policy import CohortGuard
 from forklab.experiments.cohort.matrix import WorldCosts
 from forklab.experiments.cohort.plan import CohortPlan, CohortRun
 from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
@@ -28,8 +29,19 @@ def cohort_fork_id(run_key: str, run: int, world: str, fork: int) -> str:
     return f"cohort-{tag}-r{run}-{world}-k{fork}"
 
 
+class UserCode(_Model):
+    """The user's scorer and feature functions the plan runs in boxes: the bundle
+    ``forklab cohort start`` shipped (its manifest's digest in the artifact store) and the
+    code digest of its files, which the plan fingerprint covers."""
+
+    bundle: str = Field(pattern=r"^[0-9a-f]{64}$")
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class CohortRehearseInput(_Model):
     spec: CohortExperimentSpec
+    #: the bundle of the user's scorer and feature functions (None: shipped ones only)
+    code_bundle: str | None = None
 
 
 class CohortRehearsal(_Model):
@@ -38,6 +50,8 @@ class CohortRehearsal(_Model):
 
     plan: CohortPlan
     scorer: str
+    #: the user's code the forks are scored by (None: a shipped scorer, no features)
+    code: UserCode | None = None
     forks: int
     #: model calls and tokens the forks are expected to make, from the recorded steps
     #: after each run's fork point
@@ -60,6 +74,7 @@ class ForkJob(_Model):
     tool_policies: dict[str, ToolPolicy]
     scorer: str
     success_threshold: float
+    code: UserCode | None = None
 
 
 class ForkStatus(StrEnum):
@@ -134,6 +149,9 @@ class CohortReport(_Model):
     markdown: str
     report_dir: str
     report_sha256: str
+    #: the guard policy of the gated world, learned and validated on held-out runs (None
+    #: without pre-decision features or a treatment)
+    guard: CohortGuard | None = None
 
 
 class CohortLedgerInput(_Model):

@@ -30,10 +30,13 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from forklab.activities.heartbeat import heartbeat_until
+from forklab.activities.runfork.cohort_code import CohortCode
+from forklab.activities.runfork.cohort_overrides import fork_override
 from forklab.activities.runfork.cohort_reads import cohort_ids, read_recorded
 from forklab.activities.runfork.fork_start import ForkError, ForkExists, ForkStarter, final_state
 from forklab.activities.runfork.history_events import chain_steps
 from forklab.activities.runfork.history_reads import RunNotFound, read_chain
+from forklab.activities.sandbox.cohort_code_calls import UserCodeError
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.ledger import ExperimentRecord, Ledger, WorldRecord
 from forklab.contracts.cohort import (
@@ -65,8 +68,6 @@ from forklab.experiments.cohort.plan import (
     plan_fingerprint,
 )
 from forklab.experiments.cohort.report import render_markdown, summarise
-from forklab.experiments.cohort.scorers import score_value, shipped_scorer
-from forklab.experiments.cohort.spec import CohortExperimentSpec
 from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus
 from forklab.runtime.canon import digest
 
@@ -81,22 +82,11 @@ def _bad_spec(message: str) -> ApplicationError:
     return ApplicationError(message, type=ExperimentErrorType.bad_spec, non_retryable=True)
 
 
-def check_runnable(spec: CohortExperimentSpec) -> None:
-    """Refuse, in one sentence, what this version cannot run safely or at all: a scorer or
-    feature function that is not shipped (user code runs only in a sandbox) and an
-    override of the decisive step (not implemented by the fork machinery)."""
-    try:
-        shipped_scorer(spec.cohort.outcome)
-        if spec.cohort.features is not None:
-            shipped_scorer(spec.cohort.features, "cohort.features")
-    except ValueError as exc:
-        raise _bad_spec(str(exc)) from None
-    for i, world in enumerate(spec.worlds):
-        if world.override is not None:
-            raise _bad_spec(
-                f"worlds[{i}].override: overriding the decisive step's recorded result is "
-                "not supported by experiments over cohorts yet; remove it"
-            )
+def _broken(exc: UserCodeError) -> ApplicationError:
+    """The user's scorer or feature function broke its contract: final, not retried."""
+    return ApplicationError(
+        str(exc), type=ExperimentErrorType.workload_contract, non_retryable=True
+    )
 
 
 def _tokens(step: Step) -> int:
@@ -140,8 +130,11 @@ class CohortActivities:
         home: Path,
         ledger: Ledger,
         reports_dir: Path,
+        code: CohortCode | None = None,
     ) -> None:
         self._client = client
+        #: the spec's scorer and feature function (the user's own in boxes)
+        self._code = code or CohortCode()
         self._registry = registry
         self._starter = ForkStarter(client, registry, home)
         self._ledger = ledger
@@ -151,7 +144,12 @@ class CohortActivities:
     @activity.defn(name=REHEARSE.name)
     async def rehearse(self, inp: CohortRehearseInput) -> CohortRehearsal:
         spec = inp.spec
-        check_runnable(spec)
+        try:
+            code = self._code.prepare(spec, inp.code_bundle)
+        except UserCodeError as exc:
+            raise _broken(exc) from None
+        except ValueError as exc:
+            raise _bad_spec(str(exc)) from None
         recorded: list[RecordedRun] = []
         missing: list[ExcludedRun] = []
         for workflow_id in await cohort_ids(self._client, spec):
@@ -172,6 +170,10 @@ class CohortActivities:
                 f"{': ' + reasons if reasons else ''}); check the query or ids and fork_at"
             )
         by_id = {r.workflow_id: r for r in recorded}
+        try:
+            plan = await self._code.rehearse(spec, code, plan, by_id, self._client)
+        except UserCodeError as exc:
+            raise _broken(exc) from None
         k, worlds = spec.cohort.forks_per_world, len(spec.worlds)
         calls = tokens = 0
         seconds = 0.0
@@ -201,11 +203,12 @@ class CohortActivities:
         return CohortRehearsal(
             plan=plan,
             scorer=spec.cohort.outcome,
+            code=code,
             forks=forks,
             estimated_model_calls=calls,
             estimated_tokens=tokens,
             estimated_world_seconds=seconds,
-            fingerprint=plan_fingerprint(spec, plan),
+            fingerprint=plan_fingerprint(spec, plan, code.digest if code else None),
             capacity_ok=not over,
             capacity_reason="; ".join(over),
         )
@@ -244,10 +247,13 @@ class CohortActivities:
             return found
         world = job.world
         intervention = world.intervention.model_dump(mode="json") if world.intervention else None
+        override = fork_override(job.run, world)
         try:
             fork = await self._starter.fork(
                 job.run.workflow_id,
-                job.run.at_step,
+                override.at_step,
+                result_override=override.result,
+                input_override=override.input,
                 name=fork_id,
                 intervention=intervention,
                 model=world.model,
@@ -278,11 +284,10 @@ class CohortActivities:
         completed = last.status == "completed"
         result = last.close.get("result") if completed else None
         state = final_state(chain)
-        scorer = shipped_scorer(job.scorer)
         try:
-            score, success = score_value(scorer(result, state, steps), job.success_threshold)
-        except ValueError as exc:
-            return self._outcome(job, fork_id, ForkStatus.error, error=str(exc))
+            score, success = await self._code.score(job, result, state, steps)
+        except UserCodeError as exc:
+            raise _broken(exc) from None
         tokens = sum(
             _tokens(s)
             for s in steps
@@ -373,8 +378,9 @@ class CohortActivities:
     @activity.defn(name=ANALYSE.name)
     async def analyse(self, inp: CohortAnalyseInput) -> CohortReport:
         spec, plan = inp.spec, inp.plan
+        ids = [r.workflow_id for r in plan.runs]
         try:
-            summary = summarise(spec, inp.outcomes, inp.costs)
+            summary = summarise(spec, inp.outcomes, inp.costs, [r.features for r in plan.runs], ids)
         except ValueError as exc:
             raise ApplicationError(
                 str(exc), type=ExperimentErrorType.analysis_failed, non_retryable=True
@@ -389,7 +395,6 @@ class CohortActivities:
             }
             for w in summary.worlds
         }
-        ids = [r.workflow_id for r in plan.runs]
         markdown = render_markdown(spec, summary, ids, diffs)
         lines = [
             WorldLine(
@@ -424,8 +429,10 @@ class CohortActivities:
             markdown=markdown,
             report_dir=str(folder),
             report_sha256=digest({"markdown": markdown}),
+            guard=summary.guard,
         )
-        await asyncio.to_thread(_write_report, folder, report, inp)
+        slices = {w: [x.model_dump(mode="json") for x in v] for w, v in summary.slices.items()}
+        await asyncio.to_thread(_write_report, folder, report, inp, slices)
         return report
 
     @activity.defn(name=RECORD_LEDGER.name)
@@ -490,7 +497,9 @@ async def _cancel(handle: WorkflowHandle[Any, Any]) -> None:
     await _quietly(handle.cancel())
 
 
-def _write_report(folder: Path, report: CohortReport, inp: CohortAnalyseInput) -> None:
+def _write_report(
+    folder: Path, report: CohortReport, inp: CohortAnalyseInput, slices: dict[str, Any]
+) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(report.markdown, encoding="utf-8")
     body = {
@@ -500,5 +509,6 @@ def _write_report(folder: Path, report: CohortReport, inp: CohortAnalyseInput) -
         "runs": [r.model_dump(mode="json") for r in inp.plan.runs],
         "excluded": [e.model_dump(mode="json") for e in inp.plan.excluded],
         "tools": {t: p.value for t, p in inp.plan.tools.items()},
+        "slices": slices,
     }
     (folder / "report.json").write_text(json.dumps(body, indent=2, sort_keys=True), "utf-8")

@@ -8,6 +8,7 @@ plan fingerprint the workflow shows, which covers the cohort, with that key."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import getpass
 import os
 import socket
@@ -28,6 +29,7 @@ from forklab.activities.experiment.approval_keys import (
     write_private_key,
 )
 from forklab.cli.errors import CliError
+from forklab.cli.experiment.cohort_bundle import ship_cohort_code
 from forklab.cli.experiment.specfile import load_cohort_spec
 from forklab.cli.ops_common import add_connection_flags, open_client, run, settings_from
 from forklab.contracts.approval import approval_payload, sign
@@ -66,12 +68,16 @@ async def status_of(settings: Settings, experiment: str) -> CohortStatusView:
 
 async def start(settings: Settings, path: str) -> tuple[str, str]:
     """Start the experiment of the cohort spec at ``path``; its workflow id and key file."""
-    return await start_spec(settings, load_cohort_spec(path))
+    return await start_spec(settings, load_cohort_spec(path), path)
 
 
-async def start_spec(settings: Settings, spec: CohortExperimentSpec) -> tuple[str, str]:
-    """Start ``spec``'s experiment with a fresh approver key (private half on disk, owner
-    only; the workflow gets the public half); its workflow id and key file."""
+async def start_spec(
+    settings: Settings, spec: CohortExperimentSpec, source: str = "spec"
+) -> tuple[str, str]:
+    """Ship the bundle of the spec's own scorer and feature functions (if it names any),
+    then start its experiment with a fresh approver key (private half on disk, owner only;
+    the workflow gets the public half); its workflow id and key file."""
+    bundle = await asyncio.to_thread(ship_cohort_code, settings, spec, source)
     client = await open_client(settings)
     key = new_private_key()
     wid = workflow_id(spec.id)
@@ -84,6 +90,7 @@ async def start_spec(settings: Settings, spec: CohortExperimentSpec) -> tuple[st
                 approver_public_key=public_key_hex(key),
                 key_location=f"{socket.gethostname()}:{pending.parent}",
                 requested_by=f"{getpass.getuser()}@{socket.gethostname()}",
+                code_bundle=bundle.digest if bundle is not None else None,
             ),
             id=wid,
             task_queue=settings.task_queue,
@@ -162,6 +169,10 @@ def render_status(view: CohortStatusView) -> str:
     if view.fingerprint:
         lines.append(f"  plan fingerprint: {view.fingerprint}")
         lines.append(f"  runs: {len(view.runs)}; excluded: {len(view.excluded)}")
+        if view.code_digest:
+            lines.append(
+                f"  your scorer and feature functions (code digest, signed): {view.code_digest}"
+            )
         lines += [f"    excluded {wid}: {why}" for wid, why in sorted(view.excluded.items())]
         lines.append("  tools (the approver signs these policies):")
         lines += [f"    {tool}: {policy}" for tool, policy in sorted(view.tools.items())]

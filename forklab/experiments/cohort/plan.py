@@ -28,6 +28,7 @@ from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
 from forklab.experiments.runfork.steps import Step, StepStatus
 from forklab.runtime.canon import digest
+from forklab.runtime.workload import Feature
 
 
 class RunStatus(StrEnum):
@@ -85,6 +86,9 @@ class CohortRun(BaseModel):
     prefix_sha256: str
     #: the run failed (harms are counted on the runs that did not)
     failed: bool
+    #: the pre-decision features the spec's ``cohort.features`` read at the fork point
+    #: (empty without one): what slices and the guard group the runs by
+    features: dict[str, Feature] = Field(default_factory=dict)
 
 
 class ExcludedRun(BaseModel):
@@ -128,6 +132,7 @@ def plan_cohort(
     """
     runs: list[CohortRun] = []
     excluded = list(missing)
+    overrides = [w.name for w in spec.worlds if w.override is not None]
     tools: set[str] = set()
     for rec in sorted(recorded, key=lambda r: r.workflow_id):
         tools.update(
@@ -148,6 +153,15 @@ def plan_cohort(
         if isinstance(found, Unresolved):
             excluded.append(
                 ExcludedRun(workflow_id=rec.workflow_id, reason=f"{point.text}: {found.reason}")
+            )
+            continue
+        if found.decisive_step is None and overrides:
+            excluded.append(
+                ExcludedRun(
+                    workflow_id=rec.workflow_id,
+                    reason=f"{point.text}: the run has no decisive step for the override of "
+                    f"world {overrides[0]} to replace",
+                )
             )
             continue
         runs.append(
@@ -172,17 +186,19 @@ def plan_cohort(
 
 
 def cohort_digest(plan: CohortPlan) -> str:
-    """The digest the approver signs: runs, chains, fork steps, prefixes, tools."""
-    return digest(
-        {
-            "runs": [
-                [r.workflow_id, r.run_id, r.chain_run_ids, r.at_step, r.prefix_sha256]
-                for r in plan.runs
-            ],
-            "excluded": [[e.workflow_id, e.reason] for e in plan.excluded],
-            "tools": {t: p.value for t, p in plan.tools.items()},
-        }
-    )
+    """The digest the approver signs: runs, chains, fork steps, prefixes, tools, and the
+    runs' pre-decision features when the spec reads any."""
+    covered = {
+        "runs": [
+            [r.workflow_id, r.run_id, r.chain_run_ids, r.at_step, r.prefix_sha256]
+            for r in plan.runs
+        ],
+        "excluded": [[e.workflow_id, e.reason] for e in plan.excluded],
+        "tools": {t: p.value for t, p in plan.tools.items()},
+    }
+    if any(r.features for r in plan.runs):
+        covered["features"] = [r.features for r in plan.runs]
+    return digest(covered)
 
 
 def check_digest(plan: CohortPlan) -> None:
@@ -194,11 +210,17 @@ def check_digest(plan: CohortPlan) -> None:
         )
 
 
-def plan_fingerprint(spec: CohortExperimentSpec, plan: CohortPlan) -> str:
-    """What the approver signs: the spec (worlds, seed, budget, scorer) and the cohort's
-    digest (runs, chains, fork steps, prefix digests, exclusions, tools and policies)."""
+def plan_fingerprint(
+    spec: CohortExperimentSpec, plan: CohortPlan, code_digest: str | None = None
+) -> str:
+    """What the approver signs: the spec (worlds, seed, budget, scorer), the cohort's
+    digest (runs, chains, fork steps, prefix digests, exclusions, tools and policies,
+    features) and the code digest of the user's scorer and feature functions, if any."""
     check_digest(plan)
-    return digest({"spec": spec.digest(), "cohort": plan.digest})
+    signed = {"spec": spec.digest(), "cohort": plan.digest}
+    if code_digest is not None:
+        signed["code"] = code_digest
+    return digest(signed)
 
 
 def fork_policies(plan: CohortPlan, world: ForkWorld) -> dict[str, ToolPolicy]:

@@ -13,11 +13,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from forklab.experiments.cohort.guard_policy import CohortGuard
 from forklab.experiments.cohort.matrix import MISSING, SUCCESS, WorldCosts
 from forklab.experiments.cohort.noise import NoiseFloor, WorldJudgement, judge_worlds
+from forklab.experiments.cohort.slices import (
+    Features,
+    cohort_guard,
+    guard_world,
+    held_out_runs,
+    world_slices,
+)
 from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
+from forklab.experiments.experiment.analysis.slices import SliceEffect, feature_text
 from forklab.experiments.experiment.spec import Direction, Role
 
 
@@ -39,6 +48,10 @@ class CohortSummary(BaseModel):
     missing_forks: int
     floor: NoiseFloor
     worlds: list[WorldSummary]
+    #: per world, its rescues and harms within each slice of the pre-decision features
+    #: (over the compared runs; none without ``cohort.features``)
+    slices: dict[str, list[SliceEffect]] = Field(default_factory=dict)
+    guard: CohortGuard | None = None
 
 
 def _expected(spec: CohortExperimentSpec, world: ForkWorld) -> Direction:
@@ -57,8 +70,13 @@ def summarise(
     spec: CohortExperimentSpec,
     outcomes: Mapping[str, Sequence[str]],
     costs: Mapping[str, WorldCosts],
+    features: Sequence[Features] = (),
+    workflow_ids: Sequence[str] = (),
 ) -> CohortSummary:
-    """``outcomes[world][run]`` is one character per fork; every world lists every run."""
+    """``outcomes[world][run]`` is one character per fork; every world lists every run.
+    ``features[run]`` are the run's pre-decision features and ``workflow_ids[run]`` its
+    id (the held-out runs of the guard are picked by it); without features, no slices and
+    no guard."""
     names = [w.name for w in spec.worlds]
     runs = len(outcomes[spec.baseline.name])
     complete = [i for i in range(runs) if all(MISSING not in outcomes[name][i] for name in names)]
@@ -99,8 +117,34 @@ def summarise(
                 cost_per_rescue_seconds=cost.seconds / len(rescued) if rescued else None,
             )
         )
+    slices: dict[str, list[SliceEffect]] = {}
+    guard = None
+    if features and any(features):
+        rows = [features[i] for i in complete]
+        bins = spec.analysis.quantile_bins
+        for world in others:
+            slices[world.name] = world_slices(
+                rows, base_major, matrix(world.name).sum(axis=1) * 2 > k, bins
+            )
+        gated = guard_world(spec)
+        if gated is not None:
+            held = held_out_runs(spec.seed, workflow_ids, spec.cohort.holdout_share)
+            guard = cohort_guard(
+                spec,
+                gated,
+                rows,
+                base_major,
+                matrix(gated.name).sum(axis=1) * 2 > k,
+                {j for j, i in enumerate(complete) if i in held},
+            )
     return CohortSummary(
-        runs=runs, compared_runs=complete, missing_forks=missing, floor=floor, worlds=summaries
+        runs=runs,
+        compared_runs=complete,
+        missing_forks=missing,
+        floor=floor,
+        worlds=summaries,
+        slices=slices,
+        guard=guard,
     )
 
 
@@ -159,6 +203,7 @@ def render_markdown(
         )
     lines += ["", "## Verdicts against the noise floor", ""]
     lines += [f"- {w.judgement.text}" for w in summary.worlds]
+    lines += _slice_lines(summary)
     for w in summary.worlds:
         if not (w.rescued or w.harmed):
             continue
@@ -167,3 +212,46 @@ def render_markdown(
             for i in runs:
                 lines.append(f"- {label} {workflow_ids[i]}: `{diff_command[w.world][i]}`")
     return "\n".join(lines) + "\n"
+
+
+def _slice_lines(summary: CohortSummary) -> list[str]:
+    """The slices by the pre-decision features, and the guard policy with its held-out
+    validation."""
+    if not summary.slices:
+        return []
+    lines = [
+        "",
+        "## Slices by the pre-decision features (majority of the k forks)",
+        "",
+        "| world | feature | value | runs | rescued | harmed | unchanged | rate change |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for world, slices in summary.slices.items():
+        lines += [
+            f"| {world} | {s.feature} | {feature_text(s.value)} | {s.n} | {s.rescue} "
+            f"| {s.harm} | {s.unchanged} | {s.difference:+.1%} "
+            f"[{s.ci_low:+.1%}, {s.ci_high:+.1%}] |"
+            for s in slices
+        ]
+    g = summary.guard
+    if g is not None:
+        lines += [
+            "",
+            f"## Guard policy for {g.world}",
+            "",
+            f"Rule (learned on {g.training_before.runs} runs, basis {g.basis}): {g.words}.",
+            "",
+            "| runs | policy | runs applied | rescued | harmed | net |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for label, before, after in (
+            ("training", g.training_before, g.training_after),
+            ("held out", g.held_out_before, g.held_out_after),
+        ):
+            for policy, c in (("always", before), ("guarded", after)):
+                lines.append(
+                    f"| {label} ({c.runs}) | {policy} | {c.intervened} | {c.rescue} "
+                    f"| {c.harm} | {c.net:+d} |"
+                )
+        lines += ["", f"Held-out validation: {g.validation}."]
+    return lines

@@ -3,9 +3,8 @@
 
 A scorer takes the fork's result (None when the fork failed), its final state (the result,
 or the details of the failure it ended with) and its steps, and answers a bool or a score
-in [0, 1]. A user's scorer is untrusted code, to be run in a sandbox as workload code is;
-until cohort experiments can do that, a spec may name only these, and any other name is
-refused before anything starts (``shipped_scorer``).
+in [0, 1]. These run in the worker's process; a scorer of the user's own package is
+untrusted code and runs in a box (``forklab.activities.runfork.cohort_code``).
 """
 
 from __future__ import annotations
@@ -40,19 +39,6 @@ SHIPPED: dict[str, Scorer] = {
     "forklab.experiments.cohort.scorers:completed": completed,
     "forklab.experiments.cohort.scorers:final_score": final_score,
 }
-
-
-def shipped_scorer(name: str, field: str = "cohort.outcome") -> Scorer:
-    """The shipped scorer ``name``; a ``ValueError`` with one sentence for any other."""
-    scorer = SHIPPED.get(name)
-    if scorer is None:
-        names = ", ".join(sorted(SHIPPED))
-        raise ValueError(
-            f"{field}: {name!r} is not one of ForkLab's shipped scorers ({names}); a scorer "
-            "of your own is untrusted code that must run in a sandbox, which experiments "
-            "over cohorts do not offer yet, so it is refused rather than run unconfined"
-        )
-    return scorer
 
 
 def score_value(raw: object, threshold: float) -> tuple[float, bool]:

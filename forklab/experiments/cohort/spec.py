@@ -37,8 +37,9 @@ from forklab.experiments.experiment.spec import (
     parse_spec,
     validation_message,
 )
+from forklab.experiments.runfork.overrides import MAX_OVERRIDE_BYTES
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
-from forklab.runtime.canon import digest
+from forklab.runtime.canon import canonical_json, digest
 
 MAX_COHORT = 100_000
 MAX_FORKS_PER_WORLD = 99
@@ -92,6 +93,13 @@ class Cohort(Strict):
         pattern=_CALLABLE,
         max_length=200,
         description="'module:function' over the inherited steps at the fork point.",
+    )
+    holdout_share: float = Field(
+        default=0.3,
+        ge=0.1,
+        le=0.5,
+        description="The share of the compared runs held out to validate the guard "
+        "policy (learned on the others); chosen by the seed and the workflow ids alone.",
     )
 
     @field_validator("query")
@@ -158,10 +166,32 @@ class OverridePart(StrEnum):
 
 
 class Override(Strict):
-    """Replace the recorded result (or input) of the decisive step with ``value``."""
+    """Replace the recorded result (or input) of the decisive step with ``value``: the
+    run-fork half's ``--override-result`` (the fork inherits the decisive step with this
+    result and continues after it) or ``--override-input`` (the decisive step runs live
+    with this as its first argument)."""
 
     part: Annotated[OverridePart, _Lax] = OverridePart.result
     value: Any
+
+    @field_validator("value")
+    @classmethod
+    def _small_json(cls, value: Any) -> Any:
+        try:
+            size = len(canonical_json(value).encode())
+        except (TypeError, ValueError):
+            raise ValueError("the value must be JSON (finite numbers, text keys)") from None
+        if size > MAX_OVERRIDE_BYTES:
+            raise ValueError(
+                f"the value is {size} bytes of JSON; keep it under {MAX_OVERRIDE_BYTES} "
+                "(it travels in the fork's memo)"
+            )
+        return value
+
+    def describe(self) -> str:
+        text = canonical_json(self.value)
+        shown = text if len(text) <= 40 else text[:39] + "…"
+        return f"override the decisive step's {self.part.value} with {shown}"
 
 
 class ForkWorld(Strict):
@@ -227,7 +257,7 @@ class ForkWorld(Strict):
                 + ", ".join(f"{t}={v.value}" for t, v in sorted(self.tool_policies.items()))
             )
         if self.override is not None:
-            parts.append(f"override the decisive step's {self.override.part.value}")
+            parts.append(self.override.describe())
         parts += [describe_fault(f) for f in self.faults]
         return f"{self.name} ({self.role.value}): " + "; ".join(parts)
 
@@ -249,6 +279,7 @@ class CohortExperimentSpec(Strict):
     worlds: list[ForkWorld] = Field(min_length=2, max_length=MAX_WORLDS)
     tools: dict[ToolName, PolicyName] = Field(
         default_factory=dict,
+        validate_default=True,
         max_length=500,
         description="Policies of the cohort's tools on every fork; '*' (default block) "
         "covers the rest. The approver signs this list.",
@@ -270,6 +301,16 @@ class CohortExperimentSpec(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         check_world_references(self.worlds, self.hypothesis, self.analysis)
+        if self.analysis.guard.holdout_episodes:
+            raise ValueError(
+                "analysis.guard.holdout_episodes: a cohort holds out a share of its own "
+                "runs to validate the guard; set cohort.holdout_share instead"
+            )
+        gated = self.analysis.guard.world
+        if gated is not None and not any(
+            w.name == gated and w.role is Role.treatment for w in self.worlds
+        ):
+            raise ValueError(f"analysis.guard.world: {gated!r} is not a treatment of the spec")
         if self.analysis.forks_per_checkpoint != 1:
             raise ValueError(
                 "analysis.forks_per_checkpoint: a cohort sets its forks with "

@@ -26,8 +26,10 @@ from forklab.activities.experiment.readout import ReadoutActivities
 from forklab.activities.experiment.records import RecordActivities
 from forklab.activities.experiment.workload_bundles import WorkloadBundles
 from forklab.activities.experiment.world_batches import SandboxActivities
+from forklab.activities.runfork.cohort_code import CohortCode
 from forklab.activities.runfork.cohort_forks import CohortActivities
 from forklab.activities.sandbox.base import SandboxBackend
+from forklab.activities.sandbox.cohort_code_calls import CohortCodeCalls
 from forklab.activities.sandbox.shared_snapshots import SharedSnapshots
 from forklab.activities.sandbox.workload_calls import WorkloadCalls
 from forklab.activities.stores.fork_registry import ForkRegistry
@@ -161,12 +163,18 @@ def cohort_activities(client: Client, settings: Settings) -> list[Callable[..., 
     """The activities of experiments over cohorts: they read the cohort's histories and
     start forks through ``client``, and record receipts in the agent home's registry."""
     agent = AgentSettings.load(settings)
+    code = CohortCode(
+        WorkloadBundles(artifact_store(settings), settings.home / "workload-bundles"),
+        CohortCodeCalls(settings.sandboxes_dir / "cohort-code"),
+        allow_unconfined=settings.allow_unconfined_workloads,
+    )
     cohort = CohortActivities(
         client,
         ForkRegistry(agent.forks_path),
         agent.home,
         ledger(settings),
         settings.home / "cohort-reports",
+        code,
     )
     return [cohort.rehearse, cohort.fork, cohort.cleanup, cohort.analyse, cohort.record_ledger]
 

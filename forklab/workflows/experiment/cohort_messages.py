@@ -63,6 +63,9 @@ class CohortInput(_Model):
     key_location: str = Field(default="", max_length=500)
     requested_by: str = Field(default="", max_length=MAX_NAME)
     request: SignedRequest | None = None
+    #: the bundle of the user's scorer and feature functions ``forklab cohort start``
+    #: shipped through the artifact store (None: the spec names shipped scorers only)
+    code_bundle: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     #: continue as new when this run's history passes this many events
     history_events: int = Field(default=4000, ge=50, le=50_000)
     carry: CohortCarry | None = None
@@ -85,6 +88,9 @@ class CohortStatusView(_Model):
     running: int
     tokens: int
     runs_of_chain: int
+    #: the code digest of the user's scorer and feature functions the plan runs (None:
+    #: shipped scorers only); the fingerprint covers it
+    code_digest: str | None = None
 
 
 class CohortResult(_Model):

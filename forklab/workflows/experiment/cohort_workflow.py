@@ -81,6 +81,14 @@ def _cause(err: BaseException) -> str:
     return str(err.message if isinstance(err, ApplicationError) else err)
 
 
+def _user_code_broke(err: ActivityError) -> bool:
+    cause = err.cause
+    return (
+        isinstance(cause, ApplicationError)
+        and cause.type == ExperimentErrorType.workload_contract.value
+    )
+
+
 def _payloads(args: Sequence[RawValue]) -> list[inbox.Payload]:
     return [
         inbox.Payload(encoding=a.payload.metadata.get("encoding", b""), data=a.payload.data)
@@ -152,6 +160,7 @@ class CohortExperimentWorkflow:
             running=len(self._tasks),
             tokens=p.tokens,
             runs_of_chain=self._runs,
+            code_digest=r.code.digest if r and r.code else None,
         )
 
     # --- the run ------------------------------------------------------------------------
@@ -237,7 +246,7 @@ class CohortExperimentWorkflow:
         self._enter(Stage.rehearsing, "reading the cohort and resolving its fork points")
         rehearsal = await execute(
             cacts.REHEARSE,
-            CohortRehearseInput(spec=spec),
+            CohortRehearseInput(spec=spec, code_bundle=self._inp.code_bundle),
             start_to_close_timeout=timeouts.REHEARSE_TIMEOUT,
             heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
@@ -343,6 +352,7 @@ class CohortExperimentWorkflow:
                     tool_policies=fork_policies(plan, world),
                     scorer=spec.cohort.outcome,
                     success_threshold=spec.cohort.success_threshold,
+                    code=self._rehearsal.code,
                 ),
                 start_to_close_timeout=FORK_TIMEOUT,
                 heartbeat_timeout=FORK_HEARTBEAT_TIMEOUT,
@@ -353,6 +363,10 @@ class CohortExperimentWorkflow:
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 raise
+            if _user_code_broke(err):
+                # the scorer broke its contract: final, like a workload's; no outcome of
+                # the experiment is counted from code that answers out of contract
+                raise _Stop(Status.failed, _cause(err)) from None
             # a fork whose activity gave up (its attempts spent) has no outcome; the
             # experiment goes on with the others, and the report counts it as missing
             outcome = ForkOutcome(
