@@ -1,17 +1,19 @@
 """ForkLab's own agent workers refuse non-finite numbers and over-deep nesting in every
-payload they accept (issue 35, point 7), although they read payloads with the OpenAI
-Agents plugin's converter, which takes ``NaN``, ``Infinity`` and ``1e999`` and hands over
-the raw JSON where a value fails validation. Each payload is sent raw (bypassing
-ForkLab's client, as ``temporal workflow start --input`` would) to the shipped workers on
-a real dev server:
+payload they accept (issue 35, point 7), although the OpenAI Agents plugin's converter
+takes ``NaN``, ``Infinity`` and ``1e999`` and hands over the raw JSON where a value fails
+validation. Each payload is sent raw (bypassing ForkLab's client, as ``temporal workflow
+start --input`` would) to the shipped workers on a real dev server:
 
 - the research pipeline's input: the run fails at once with the sentence (never a
   workflow task retried for ever);
-- the team writer's ``findings`` signal: the writer fails at once (without the defence it
-  took the findings and went on);
 - the team reviewer's ``review`` update: rejected (without the defence it was reviewed);
 - the ``chat_model`` activity's input: fails once, non-retryably (without the defence the
   model was called).
+
+A signal holding one is dropped, the run going on (``test_agent_wedge.py``). What a
+workflow reads is refused by the agents' converter
+(``forklab.workers.runfork.agent_converter``), an activity's input by the check of
+``forklab.workflows.runfork.finite_payloads``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from forklab.agents.research import ResearchPipelineWorkflow
-from forklab.agents.team import ReviewerInput, ReviewerWorkflow, WriterInput
+from forklab.agents.team import ReviewerInput, ReviewerWorkflow
 from forklab.contracts.errors import ForkErrorType
 from forklab.runtime import strict_json
 from forklab.temporal import ensure_search_attributes
@@ -107,27 +109,12 @@ async def test_a_research_input_holding_a_non_finite_number_fails_the_run_at_onc
     with pytest.raises(WorkflowFailureError) as failed:
         await asyncio.wait_for(handle.result(), _WAIT)
     refused = _refused(failed.value.cause)
-    assert refused.message.startswith("the workflow's input: ")
+    assert refused.message.startswith("a ResearchInput payload: "), refused.message
     assert expected in refused.message
     events = [e async for e in handle.fetch_history_events()]
     assert not [e for e in events if e.HasField("activity_task_scheduled_event_attributes")]
     # failed, not retried: one workflow task failure would be a task, not the run, failing
     assert not [e for e in events if e.HasField("workflow_task_failed_event_attributes")]
-
-
-async def test_a_signal_holding_infinity_fails_the_writer_at_once(workers: Workers) -> None:
-    writer = await workers.client.start_workflow(
-        "TeamWriter",
-        WriterInput(topic="durable execution", reviewer=f"nobody-{uuid.uuid4().hex[:8]}"),
-        id=f"writer-{uuid.uuid4().hex[:8]}",
-        task_queue=team_task_queue(workers.agent),
-    )
-    findings = '{"topic": "t", "sections": {"research": Infinity}, "conclusion": "a full one"}'
-    await writer.signal("findings", _raw(findings))
-    with pytest.raises(WorkflowFailureError) as failed:
-        await asyncio.wait_for(writer.result(), _WAIT)
-    refused = _refused(failed.value.cause)
-    assert refused.message.startswith("signal 'findings': field [0].sections.research: inf ")
 
 
 async def test_an_update_holding_infinity_is_rejected_and_the_reviewer_goes_on(
@@ -144,8 +131,9 @@ async def test_an_update_holding_infinity_is_rejected_and_the_reviewer_goes_on(
             reviewer.execute_update("review", _raw('{"conclusion": Infinity, "draft": "d"}')),
             _WAIT,
         )
-    assert _refused(rejected.value.cause).message.startswith("update 'review': field [0]")
-    # rejected by the validator: not in the history, the reviewer still takes a review
+    refused = _refused(rejected.value.cause).message
+    assert refused.startswith("a ReviewRequest payload: field conclusion: inf "), refused
+    # rejected before its validator: not in the history, the reviewer still takes a review
     events = [e async for e in reviewer.fetch_history_events()]
     assert not [
         e for e in events if e.HasField("workflow_execution_update_accepted_event_attributes")

@@ -19,7 +19,6 @@ from temporalio.worker import Worker
 
 from forklab.activities.runfork.fork_start import ForkExists, ForkStarter
 from forklab.activities.stores.fork_registry import ForkRegistry
-from forklab.agents.inputs import AgentErrorType
 from forklab.agents.research import ResearchInput, ResearchPipelineWorkflow
 from forklab.agents.tools import EffectTools, LedgerMode, ModelActivities
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
@@ -217,9 +216,9 @@ async def test_an_agent_started_with_bad_input_fails_instead_of_wedging(
             task_queue=agent_lab.agent.agent_task_queue,
         )
         cause = await _failure(handle)
-        assert isinstance(cause, ApplicationError) and cause.type == AgentErrorType.invalid_input, (
-            cause
-        )
-        assert cause.message.startswith("the workflow's input is not a ResearchInput ("), cause
+        # refused by the agents' converter before the workflow runs (agent_converter.py)
+        assert isinstance(cause, ApplicationError), cause
+        assert cause.type == ForkErrorType.payload_refused, cause
+        assert cause.message.startswith("a ResearchInput payload does not validate ("), cause
         assert ", first: field " in cause.message and "\n" not in cause.message
     assert agent_lab.charges() == charges

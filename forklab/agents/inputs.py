@@ -5,6 +5,9 @@ leniently: for a model of ours it hands the workflow the raw JSON (a dict, a str
 instead of raising. Used as the model, such a value fails the workflow task, which
 Temporal retries for ever, so a raw start with bad input (`temporal workflow start`)
 would leave the run open and stuck. Checked here, it fails the run with the reason.
+ForkLab's own agent workers refuse such an input earlier, in their converter
+(``forklab.workers.runfork.agent_converter``); this check holds wherever the agents run on
+the plugin's converter alone.
 """
 
 from __future__ import annotations

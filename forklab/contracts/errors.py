@@ -57,7 +57,8 @@ class ForkErrorType(StrEnum):
     #: another attempt holds the effect's claim
     effect_held = "effect_held"
     #: an agent worker's workflow input, signal, update or activity input holds a
-    #: non-finite number or nests too deeply (``forklab.workflows.runfork.finite_payloads``)
+    #: non-finite number, nests too deeply, is too large or has the wrong shape
+    #: (``forklab.workers.runfork.agent_converter``, ``forklab.workflows.runfork.finite_payloads``)
     payload_refused = "payload_refused"
     #: the same idempotency key with another request
     idempotency_mismatch = "idempotency_mismatch"

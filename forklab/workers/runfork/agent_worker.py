@@ -12,7 +12,7 @@ from agents.models.openai_provider import OpenAIProvider
 from openai import AsyncOpenAI
 from temporalio.client import Client
 from temporalio.common import WorkerDeploymentVersion
-from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
+from temporalio.openai_agents import ModelActivityParameters
 from temporalio.worker import Worker
 
 from forklab.activities.runfork.workspace import WorkspaceTools, agent_workspaces_root
@@ -21,6 +21,7 @@ from forklab.agents.support import SupportAgentWorkflow
 from forklab.agents.tools import EffectTools, LedgerMode, ModelActivities
 from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
+from forklab.workers.runfork.agent_converter import StrictAgentsPlugin
 from forklab.workers.runfork.plugin import ForkLabPlugin
 from forklab.workers.stores import effect_ledger
 from forklab.workers.versioning import AGENTS, announce, deployment_config, worker_version
@@ -36,9 +37,11 @@ def openai_client(agent: AgentSettings) -> AsyncOpenAI:
     )
 
 
-def agents_plugin(agent: AgentSettings) -> OpenAIAgentsPlugin:
+def agents_plugin(agent: AgentSettings) -> StrictAgentsPlugin:
+    """The OpenAI Agents plugin, its workflows reading payloads strictly
+    (``forklab.workers.runfork.agent_converter``)."""
     provider = OpenAIProvider(openai_client=openai_client(agent), use_responses=False)
-    return OpenAIAgentsPlugin(
+    return StrictAgentsPlugin(
         model_params=ModelActivityParameters(start_to_close_timeout=MODEL_CALL_TIMEOUT),
         model_provider=provider,
     )
@@ -52,8 +55,9 @@ async def connect_agents(settings: Settings, agent: AgentSettings) -> Client:
 
 
 def fork_plugin(agent: AgentSettings) -> ForkLabPlugin:
-    """The plugin with this home's run log, refusing non-finite numbers in every payload
-    (the OpenAI Agents plugin's converter takes them)."""
+    """The plugin with this home's run log, refusing non-finite numbers in every decoded
+    value: in a workflow the strict converter (``agents_plugin``) refuses them first; an
+    activity's input is checked here only."""
     return ForkLabPlugin(agent.run_log_path, strict_payloads=True)
 
 

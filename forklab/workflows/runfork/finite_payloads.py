@@ -2,12 +2,11 @@
 activity input holding ``NaN``, ``Infinity`` (or ``1e999``) or nested deeper than
 ``strict_json.MAX_DEPTH`` is refused where it arrives.
 
-The agent workers read payloads with the OpenAI Agents plugin's converter, which takes
-those numbers (pydantic's parser does) and, where a value fails validation, hands over
-the raw JSON instead; the plugin refuses any other converter, so the strict converter of
-the experiment workers cannot be used there. The decoded values are checked here instead,
-before any handler sees them; each refusal is a non-retryable ``payload_refused`` error
-whose message is one sentence naming the field:
+A worker reads payloads with its client's converter, which a worker plugin cannot
+replace; the OpenAI Agents plugin's, pydantic's and Temporal's default take those numbers.
+The decoded values are checked here instead, before any handler sees them; each refusal
+is a non-retryable ``payload_refused`` error whose message is one sentence naming the
+field:
 
 - a workflow input: the workflow fails (an exception from ``execute_workflow`` that
   is an ``ApplicationError`` fails the run; it never fails the task, which would retry
@@ -19,6 +18,9 @@ whose message is one sentence naming the field:
 - an activity input: the activity fails without a retry.
 
 ``ForkLabPlugin(strict_payloads=True)`` adds it; users' own workers get it only by asking.
+ForkLab's agent workers have it too, but their converter
+(``forklab.workers.runfork.agent_converter``) refuses such a payload first wherever a
+workflow reads one, so there it decides only an activity's input.
 """
 
 from __future__ import annotations

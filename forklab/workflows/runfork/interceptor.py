@@ -43,6 +43,7 @@ from temporalio.worker import (
 from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 
 from forklab.contracts.errors import ForkErrorType
+from forklab.workflows.runfork.fork_memo import memo_value, raw_memo
 from forklab.workflows.runfork.fork_signals import deliver_signals
 
 with workflow.unsafe.imports_passed_through():
@@ -148,7 +149,7 @@ def current_fork() -> ForkMarker | None:
     The memo is whatever the starter wrote, so a marker that is not one fails the run
     (non-retryable): a validation error would otherwise fail the workflow task, which
     Temporal retries for ever, leaving the run open and stuck."""
-    raw = workflow.memo().get(MARKER_MEMO_KEY) if workflow.memo() else None
+    raw = memo_value(MARKER_MEMO_KEY)
     if raw is None:
         return None
     try:
@@ -163,7 +164,7 @@ def current_fork() -> ForkMarker | None:
 
 
 def _base_step(marker: ForkMarker | None) -> int:
-    raw = workflow.memo().get(BASE_STEP_MEMO_KEY) if workflow.memo() else None
+    raw = memo_value(BASE_STEP_MEMO_KEY)
     if isinstance(raw, int):
         return raw
     return marker.base_step if marker is not None else 0
@@ -783,7 +784,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         return _decode(step, input.ret_type)
 
     def continue_as_new(self, input: ContinueAsNewInput) -> Any:
-        memo = dict(input.memo) if input.memo is not None else dict(workflow.memo())
+        memo = dict(input.memo) if input.memo is not None else raw_memo()
         memo[BASE_STEP_MEMO_KEY] = self._state.base + self._state.calls
         marker = self._state.marker
         if marker is not None:  # the next run serves no prefix, and stays this fork
