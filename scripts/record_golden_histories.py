@@ -16,6 +16,7 @@ own dev server, workers and agent services on free ports, like the tests, and wr
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -50,7 +51,13 @@ async def _save(
     print(f"{name}: {len(history.events)} events ({handle.id})")
 
 
-async def record(home: Path) -> dict[str, object]:
+#: The kinds of history, in the order they are recorded.
+KINDS = ("experiment", "sequential_experiment", "agent_run", "fork", "fork_of_fork")
+
+
+async def record(home: Path, only: set[str]) -> dict[str, object]:
+    """Record the kinds in ``only``; the three agent kinds are recorded together (each
+    fork needs the run before it)."""
     index: dict[str, object] = {}
     env = await start_dev_server()
     try:
@@ -59,18 +66,38 @@ async def record(home: Path) -> dict[str, object]:
         with cpu_pool() as cpu:
             async with build_worker(env.client, settings, cpu):
                 lab = Lab(client=env.client, settings=settings)
-                spec = make_spec(id="golden-experiment", episodes=12)
-                handle, key = await lab.start(spec, batch_episodes=6)
-                await lab.approve(handle, key)
-                result = await handle.result()
-                assert result.status is Status.completed, result.error
-                await _save(
-                    "experiment",
-                    handle,
-                    index,
-                    "ExperimentWorkflow",
-                    "the Toy experiment of make_spec, 12 episodes in batches of 6, approved",
-                )
+                if "experiment" in only:
+                    spec = make_spec(id="golden-experiment", episodes=12)
+                    handle, key = await lab.start(spec, batch_episodes=6)
+                    await lab.approve(handle, key)
+                    result = await handle.result()
+                    assert result.status is Status.completed, result.error
+                    await _save(
+                        "experiment",
+                        handle,
+                        index,
+                        "ExperimentWorkflow",
+                        "the Toy experiment of make_spec, 12 episodes in batches of 6, approved",
+                    )
+                if "sequential_experiment" in only:
+                    spec = make_spec(
+                        id="golden-sequential", episodes=120, analysis={"sequential": {"looks": 4}}
+                    )
+                    handle, key = await lab.start(spec, batch_episodes=15)
+                    await lab.approve(handle, key)
+                    result = await handle.result()
+                    assert result.status is Status.completed, result.error
+                    await _save(
+                        "sequential_experiment",
+                        handle,
+                        index,
+                        "ExperimentWorkflow",
+                        "the Toy experiment of make_spec under a 4-look sequential design, 120 "
+                        "episodes in waves of two chunks of 15: boost stops at look 1, the "
+                        "placebo runs every wave",
+                    )
+        if not only & {"agent_run", "fork", "fork_of_fork"}:
+            return index
         # an agent run, a fork of it and a fork of that fork
         with running_services() as services:
             async with running_agent_lab(env, services, home / "agents") as agents:
@@ -113,10 +140,19 @@ async def record(home: Path) -> dict[str, object]:
 
 
 def main() -> None:
+    """``--only KIND ...`` records those kinds and keeps the others' histories: a new kind
+    of history is added without recording the old ones anew (which would lose what they
+    prove: that runs recorded by earlier code still replay)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=KINDS, default=list(KINDS))
+    only = set(parser.parse_args().only)
     GOLDEN.mkdir(exist_ok=True)
+    path = GOLDEN / "index.json"
+    kept = json.loads(path.read_text()) if path.is_file() else {}
     with tempfile.TemporaryDirectory() as home:
-        index = asyncio.run(record(Path(home)))
-    (GOLDEN / "index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        index = kept | asyncio.run(record(Path(home), only))
+    ordered = {k: index[k] for k in KINDS if k in index}
+    path.write_text(json.dumps(ordered, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

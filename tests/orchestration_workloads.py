@@ -30,7 +30,8 @@ def _out_path() -> str:
 
 
 class Toy(Workload):
-    """Score a point per tick when the shock is kind; ``boost`` adds one more per tick."""
+    """Score a point per tick when the shock is kind; ``boost`` adds one more per tick;
+    ``drag`` (a known harm, for positive controls) scores nothing after the fork."""
 
     name = "toy"
     default_params: ClassVar[Mapping[str, Any]] = {
@@ -43,6 +44,7 @@ class Toy(Workload):
     }
     interventions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "boost": {},
+        "drag": {},
         "noop": {},
         "crash": {},
         "garbage": {},
@@ -64,7 +66,7 @@ class Toy(Workload):
 
     def step(self, state: State, shocks: Shocks) -> None:
         state["t"] += 1
-        if shocks.exogenous(0, state["t"], "kind") < 0.5:
+        if shocks.exogenous(0, state["t"], "kind") < 0.5 and not state.get("drag"):
             state["score"] += 1
         if state["boost"]:
             state["score"] += 1
@@ -84,6 +86,8 @@ class Toy(Workload):
     def intervene(self, state: State, name: str, params: Mapping[str, Any], shocks: Shocks) -> None:
         if name == "boost":
             state["boost"] = True
+        elif name == "drag":
+            state["drag"] = True
         elif name == "crash" and in_sandbox():
             os._exit(3)
         elif name == "garbage" and in_sandbox():

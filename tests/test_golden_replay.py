@@ -4,9 +4,11 @@ as it is now: an experiment run, an agent run, a fork of it and a fork of that f
 They were recorded by an earlier version (``scripts/record_golden_histories.py``,
 ``make golden``), so a change that makes the workflows decide differently on a recorded
 history — a determinism break that would strand every run in flight when a worker is
-upgraded — fails here, with no server. That each replay can fail is shown on the same
-histories: a workflow whose first step differs is refused, and a fork's history does not
-replay without the fork interceptor that serves its inherited steps.
+upgraded — fails here, with no server. A run under a sequential design (waves, a look
+after each, a world stopped at the first) has a history of its own. That each replay can
+fail is shown on the same histories: a workflow whose first step differs is refused, and a
+fork's history does not replay without the fork interceptor that serves its inherited
+steps.
 """
 
 from __future__ import annotations
@@ -59,14 +61,15 @@ def agent_replayer(*workflows: type, interceptors: bool = True) -> Replayer:
     )
 
 
-def test_the_index_names_the_four_kinds_of_history() -> None:
-    assert set(INDEX) == {"experiment", *AGENT_RUNS}
+def test_the_index_names_every_kind_of_history() -> None:
+    assert set(INDEX) == {"experiment", "sequential_experiment", *AGENT_RUNS}
     for name in INDEX:
         assert len(golden(name).events) > 10, name
 
 
-async def test_the_golden_experiment_run_replays() -> None:
-    await experiment_replayer().replay_workflow(golden("experiment"))
+@pytest.mark.parametrize("name", ["experiment", "sequential_experiment"])
+async def test_the_golden_experiment_runs_replay(name: str) -> None:
+    await experiment_replayer().replay_workflow(golden(name))
 
 
 @pytest.mark.parametrize("name", AGENT_RUNS)
@@ -75,9 +78,10 @@ async def test_the_golden_agent_run_and_its_forks_replay(name: str) -> None:
     assert result.replay_failure is None
 
 
-async def test_a_changed_experiment_workflow_is_refused_on_the_golden_run() -> None:
+@pytest.mark.parametrize("name", ["experiment", "sequential_experiment"])
+async def test_a_changed_experiment_workflow_is_refused_on_the_golden_runs(name: str) -> None:
     with pytest.raises(workflow.NondeterminismError):
-        await experiment_replayer(ExperimentSleepingFirst).replay_workflow(golden("experiment"))
+        await experiment_replayer(ExperimentSleepingFirst).replay_workflow(golden(name))
 
 
 @pytest.mark.parametrize("name", AGENT_RUNS)

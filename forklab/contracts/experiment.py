@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from forklab.experiments.experiment.results import Check, InfraUsage, WorldStatus
 from forklab.experiments.experiment.spec import ExperimentSpec, Role
+from forklab.experiments.experiment.waves import Decision, chunk_count, chunk_span, wave_chunks
 from forklab.runtime.file_format import WorldPlan
 
 #: How often a long activity heartbeats (well inside the workflow's heartbeat timeouts,
@@ -138,16 +139,21 @@ class CapacityVerdict(Model):
     episodes: int = Field(ge=1)
     batch_episodes: int = Field(ge=1)
     batches: int
+    #: A sequential design's wave ends (``waves.wave_ends``): no chunk straddles one, so
+    #: a look waits on its own wave's chunks only. Empty for the fixed design.
+    wave_ends: list[int] = Field(default_factory=list, max_length=50)
 
     @property
     def prefix_chunks(self) -> int:
-        return -(-self.episodes // self.batch_episodes)
+        return chunk_count(self.episodes, self.batch_episodes, self.wave_ends)
 
     def chunk(self, index: int) -> EpisodeChunk:
-        first = index * self.batch_episodes
-        return EpisodeChunk(
-            index=index, first=first, stop=min(first + self.batch_episodes, self.episodes)
-        )
+        first, stop = chunk_span(self.episodes, self.batch_episodes, self.wave_ends, index)
+        return EpisodeChunk(index=index, first=first, stop=stop)
+
+    def wave(self, look: int) -> tuple[int, int]:
+        """The chunk indices ``[first, stop)`` of wave ``look`` (0-based)."""
+        return wave_chunks(self.episodes, self.batch_episodes, self.wave_ends, look)
 
     def chunks(self, start: int = 0) -> Iterator[EpisodeChunk]:
         """The chunks from ``start`` on, made one at a time."""
@@ -405,6 +411,37 @@ class AnalyseInput(Model):
             "report's Durable run section."
         )
     )
+
+
+class LookInput(Model):
+    """A sequential design's look ``look`` (0-based): the worlds' outcomes up to the end
+    of its wave are in the stored progress ``progress_digest``."""
+
+    spec: ExperimentSpec
+    progress_digest: str
+    look: int = Field(ge=0, le=49)
+
+
+class WorldLook(Model):
+    """One world at one look: its counts against the baseline, the statistic, the
+    boundary and the decision (as ``sequential.Look`` has them)."""
+
+    world: str
+    look: int = Field(description="1-based, as the report numbers looks.")
+    episodes: int
+    rescue: int
+    harm: int
+    statistic: float
+    boundary: float
+    conditional_power: float | None = None
+    decision: Decision
+
+
+class LookResult(Model):
+    """The decisions after one look: one entry per world still running into it."""
+
+    look: int
+    worlds: list[WorldLook]
 
 
 class WorldSummary(Model):

@@ -19,6 +19,8 @@ from forklab.contracts.experiment import (
     KeyInput,
     KeyIssued,
     LedgerInput,
+    LookInput,
+    LookResult,
     PlanSnapshot,
     PolicyInput,
     PrefixInput,
@@ -61,6 +63,7 @@ SAVE_PROGRESS = ActivityRef[SaveProgressInput, str]("save_progress", SaveProgres
 LOAD_PREFIX_REFS = ActivityRef[PrefixRefsInput, list[PrefixRef]](
     "load_prefix_refs", PrefixRefsInput, list[PrefixRef]
 )
+DECIDE_LOOK = ActivityRef[LookInput, LookResult]("decide_look", LookInput, LookResult)
 ANALYSE = ActivityRef[AnalyseInput, AnalysisResult]("analyse", AnalyseInput, AnalysisResult)
 WRITE_READOUT = ActivityRef[AnalysisResult, AnalysisResult](
     "write_readout", AnalysisResult, AnalysisResult

@@ -49,6 +49,7 @@ from forklab.contracts.experiment_activities import (
 from forklab.experiments.experiment.budget import reservation
 from forklab.experiments.experiment.bundle import BundleFile
 from forklab.experiments.experiment.spec import ExperimentSpec
+from forklab.experiments.experiment.waves import chunk_spans, wave_ends
 from forklab.experiments.experiment.worlds import spec_world_plans
 from forklab.runtime.canon import digest
 from forklab.runtime.file_format import FormatError, parse_checkpoints
@@ -72,17 +73,26 @@ def plan_fingerprint(
     return digest(plan)
 
 
-def episode_chunks(episodes: int, batch_episodes: int) -> list[EpisodeChunk]:
+def spec_wave_ends(spec: ExperimentSpec) -> list[int]:
+    """The wave ends of the spec's sequential design; none for the fixed design."""
+    seq = spec.analysis.sequential
+    return [] if seq is None else wave_ends(spec.episodes, seq.looks)
+
+
+def episode_chunks(spec: ExperimentSpec, batch_episodes: int) -> list[EpisodeChunk]:
+    """The plan's chunks: at most ``batch_episodes`` each, none straddling a wave's end."""
     return [
-        EpisodeChunk(index=i, first=first, stop=min(first + batch_episodes, episodes))
-        for i, first in enumerate(range(0, episodes, batch_episodes))
+        EpisodeChunk(index=i, first=first, stop=stop)
+        for i, (first, stop) in enumerate(
+            chunk_spans(spec.episodes, batch_episodes, spec_wave_ends(spec))
+        )
     ]
 
 
 def capacity_verdict(
     spec: ExperimentSpec, rehearsal: Rehearsal, batch_episodes: int, host_sandboxes: int
 ) -> CapacityVerdict:
-    chunks = episode_chunks(spec.episodes, batch_episodes)
+    chunks = episode_chunks(spec, batch_episodes)
     safety = spec.budget.safety_factor
     # Prefixes the rehearsal handed over cost nothing more.
     estimate = (
@@ -104,21 +114,16 @@ def capacity_verdict(
             f"budget.max_concurrent_sandboxes is {spec.budget.max_concurrent_sandboxes} but "
             f"the workers allow at most {host_sandboxes} sandboxes at once; lower it"
         )
-    if spec.analysis.sequential is not None:
-        # Refused before approval, so no approver signs a design the run would not follow
-        # and no report claims a saving that was never made.
-        problems.append(
-            "analysis.sequential: the durable path does not run episodes in waves yet and "
-            "would run every world over every episode; remove analysis.sequential to run the "
-            "fixed design, or rehearse the design with forklab plan"
-        )
     batches = len(chunks) * len(spec.worlds)
     prefix_chunks = f"{len(chunks)} prefix chunk{'s' if len(chunks) != 1 else ''}" + (
         " run by the rehearsal" if rehearsal.prefixes is not None else ""
     )
+    ends = spec_wave_ends(spec)
+    # A sequential design may stop worlds early; the budget must still cover its maximum.
+    waves = f", in {len(ends)} waves (at most)" if ends else ""
     reason = "; ".join(problems) or (
         f"fits: an estimated {estimate:.1f} of {spec.budget.max_world_seconds:g} world-seconds, "
-        f"{prefix_chunks} and {batches} world batches, at most "
+        f"{prefix_chunks} and {batches} world batches{waves}, at most "
         f"{spec.budget.max_concurrent_sandboxes} sandboxes at once"
     )
     return CapacityVerdict(
@@ -128,6 +133,7 @@ def capacity_verdict(
         episodes=spec.episodes,
         batch_episodes=batch_episodes,
         batches=batches,
+        wave_ends=ends,
     )
 
 
@@ -185,7 +191,7 @@ class PlanningActivities:
         refs: list[PrefixRef] = []
         handover = None
         if inp.batch_episodes is not None:
-            chunks = episode_chunks(spec.episodes, inp.batch_episodes)
+            chunks = episode_chunks(spec, inp.batch_episodes)
             handover = Handover([(c.first, c.stop) for c in chunks], self._taker(inp, refs))
         job = asyncio.to_thread(
             self._calls.rehearse, spec, spec_world_plans(spec), n, files, boxes.append, handover
@@ -244,7 +250,7 @@ class PlanningActivities:
         checkpoints, checked as the prefix stage checks its runner's, among the kept
         artifacts. Each chunk's ref is added to ``refs``."""
         assert inp.batch_episodes is not None
-        chunks = episode_chunks(inp.spec.episodes, inp.batch_episodes)
+        chunks = episode_chunks(inp.spec, inp.batch_episodes)
 
         def take(index: int, checkpoints: bytes) -> None:
             chunk = chunks[index]

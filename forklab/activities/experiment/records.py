@@ -28,14 +28,18 @@ from forklab.contracts.experiment import (
     BatchOutcome,
     BatchStatus,
     LedgerInput,
+    LookInput,
+    LookResult,
     PrefixRef,
     PrefixRefsInput,
     Progress,
     SaveProgressInput,
+    WorldLook,
     WorldSummary,
 )
 from forklab.contracts.experiment_activities import (
     ANALYSE,
+    DECIDE_LOOK,
     LOAD_PREFIX_REFS,
     RECORD_LEDGER,
     SAVE_PROGRESS,
@@ -52,6 +56,7 @@ from forklab.experiments.experiment.outcomes import (
 from forklab.experiments.experiment.report.render_html import render_html
 from forklab.experiments.experiment.report.render_markdown import render_markdown
 from forklab.experiments.experiment.results import Check, WorldStatus
+from forklab.experiments.experiment.sequential import design_for, look_paths
 from forklab.experiments.experiment.spec import ExperimentSpec, Role
 from forklab.experiments.experiment.workspace_report import WorkspaceSection, workspace_section
 from forklab.experiments.workspace import WorkspaceEvidence, WorkspaceManifest
@@ -60,10 +65,16 @@ from forklab.runtime.file_format import checkpoint_id, parse_checkpoints
 
 
 def _world_outcomes(
-    name: str, batches: list[BatchOutcome], chunks: int, store: ArtifactStore, inp: AnalyseInput
+    name: str,
+    batches: list[BatchOutcome],
+    chunks: int,
+    store: ArtifactStore,
+    inp: AnalyseInput,
 ) -> WorldOutcomes:
     """Concatenate one world's batches in chunk order; a world missing any batch is not
-    completed, and says why."""
+    completed, and says why. Under a sequential design a world whose batches are the
+    first chunks, none failed or skipped, *stopped*: the analysis checks that its design
+    stopped it there (``checks.completion``)."""
     seconds = sum(b.seconds for b in batches)
     base = {"name": name, "code_digest": inp.code_digest, "snapshot": inp.snapshot_id}
     failed = [b for b in batches if b.status is BatchStatus.failed]
@@ -71,17 +82,73 @@ def _world_outcomes(
         first = failed[0]
         error = f"episodes {first.chunk.first}..{first.chunk.stop - 1}: {first.error}"
         return WorldOutcomes(**base, status=WorldStatus.failed, error=error, world_seconds=seconds)
-    done = [b for b in batches if b.status is BatchStatus.completed]
+    done = sorted(
+        (b for b in batches if b.status is BatchStatus.completed), key=lambda b: b.chunk.index
+    )
+    skipped = [b for b in batches if b.status is BatchStatus.skipped]
+    status = WorldStatus.completed
     if len(done) != chunks:
-        skipped = [b for b in batches if b.status is BatchStatus.skipped]
-        why = skipped[0].error if skipped else "not run"
-        error = f"{chunks - len(done)} of {chunks} batches skipped ({why})"
-        return WorldOutcomes(**base, status=WorldStatus.skipped, error=error, world_seconds=seconds)
-    parts = [
-        StoredColumns.model_validate(store.get_json(batch.columns_digest or ""))
-        for batch in sorted(done, key=lambda b: b.chunk.index)
-    ]
-    return WorldOutcomes(**base, **concat_stored(parts), world_seconds=seconds)
+        first_chunks = [b.chunk.index for b in done] == list(range(len(done)))
+        if skipped or inp.spec.analysis.sequential is None or not first_chunks:
+            why = skipped[0].error if skipped else "not run"
+            error = f"{chunks - len(done)} of {chunks} batches skipped ({why})"
+            return WorldOutcomes(
+                **base, status=WorldStatus.skipped, error=error, world_seconds=seconds
+            )
+        status = WorldStatus.stopped
+    parts = [StoredColumns.model_validate(store.get_json(b.columns_digest or "")) for b in done]
+    return WorldOutcomes(**base, **concat_stored(parts), status=status, world_seconds=seconds)
+
+
+def look_run(inp: LookInput, store: ArtifactStore) -> LookResult:
+    """The decisions after look ``inp.look`` (in the worker's process pool): each world's
+    success column up to the wave's end, from its completed batches, through the design's
+    pure rules (``sequential.look_paths``). A world with a failed or skipped batch has
+    stopped on its own and is left out."""
+    design = design_for(inp.spec)
+    if design is None:
+        raise ApplicationError(
+            f"spec {inp.spec.id!r} has no analysis.sequential: it has no looks",
+            type=ExperimentErrorType.bad_spec,
+            non_retryable=True,
+        )
+    end = design.wave_ends[inp.look]
+    progress = read_progress(store, inp.progress_digest)
+    columns: dict[str, list[bool]] = {}
+    for world in inp.spec.worlds:
+        batches = sorted(
+            (b for b in progress.batches if b.world == world.name and b.chunk.stop <= end),
+            key=lambda b: b.chunk.index,
+        )
+        if any(b.status is not BatchStatus.completed for b in batches):
+            continue
+        parts = [
+            StoredColumns.model_validate(store.get_json(b.columns_digest or "")) for b in batches
+        ]
+        column = [bool(x) for part in parts for x in part.outcomes]
+        if batches and [b.chunk.first for b in batches] == [
+            0,
+            *(b.chunk.stop for b in batches[:-1]),
+        ]:
+            columns[world.name] = column
+    return LookResult(
+        look=inp.look + 1,
+        worlds=[
+            WorldLook(
+                world=p.world,
+                look=last.look,
+                episodes=last.episodes,
+                rescue=last.rescue,
+                harm=last.harm,
+                statistic=last.statistic,
+                boundary=last.boundary,
+                conditional_power=last.conditional_power,
+                decision=last.decision,
+            )
+            for p in look_paths(inp.spec, design, columns, inp.look)
+            for last in [p.looks[-1]]
+        ],
+    )
 
 
 def assemble_outcomes(
@@ -119,8 +186,13 @@ def _world_checks(world: WorldOutcomes, inp: AnalyseInput, episodes: int) -> lis
     return [
         Check(
             name="completed",
-            passed=world.status is WorldStatus.completed and len(world.outcomes) == episodes,
-            reason=world.error or f"{len(world.outcomes)} of {episodes} episodes",
+            passed=(world.status is WorldStatus.completed and len(world.outcomes) == episodes)
+            or world.status is WorldStatus.stopped,
+            reason=world.error
+            or f"{len(world.outcomes)} of {episodes} episodes"
+            + (
+                " (stopped by its sequential design)" if world.status is WorldStatus.stopped else ""
+            ),
         ),
         Check(
             name="workload_identity",
@@ -306,6 +378,13 @@ class RecordActivities:
                 type=ExperimentErrorType.analysis_failed,
                 non_retryable=True,
             ) from None
+
+    @activity.defn(name=DECIDE_LOOK.name)
+    async def decide_look(self, inp: LookInput) -> LookResult:
+        """A sequential design's look, in the process pool (``look_run``); deterministic
+        in the stored progress, so a retry decides the same."""
+        loop = asyncio.get_running_loop()
+        return await heartbeat_until(loop.run_in_executor(self._cpu, look_run, inp, self._store))
 
     @activity.defn(name=RECORD_LEDGER.name)
     async def record_ledger(self, inp: LedgerInput) -> None:

@@ -99,9 +99,35 @@ def render_status(view: StatusView) -> str:
         f"(estimated {b.estimated_world_seconds:.1f}), peak {b.peak_concurrent_sandboxes} "
         f"of {b.max_concurrent_sandboxes} sandboxes"
     )
+    if view.plan and view.plan.capacity.wave_ends:
+        lines += _looks(view)
     if view.cleanup:
         lines.append(f"  cleanup: {view.cleanup.summary()}")
     return "\n".join(lines)
+
+
+def _looks(view: StatusView) -> list[str]:
+    """A sequential design's looks so far: per look, each world that ran into it with its
+    counts, statistic against boundary and decision; then what stopping left unspent."""
+    assert view.plan is not None
+    ends = view.plan.capacity.wave_ends
+    lines = [
+        f"  sequential design: {len(view.looks)} of {len(ends)} looks decided "
+        f"(waves end at episodes {', '.join(str(e) for e in ends)})"
+    ]
+    for look in view.looks:
+        lines.append(f"    look {look.look}:")
+        lines += [
+            f"      {w.world}: {w.episodes} episodes, rescue {w.rescue}, harm {w.harm}, "
+            f"Z {w.statistic:+.2f} vs ±{w.boundary:.2f}: {w.decision.value}"
+            for w in look.worlds
+        ]
+    b = view.budget
+    lines.append(
+        f"    unspent: {b.unspent_world_episodes} world-episodes "
+        f"(~{b.unspent_world_seconds:.1f} world-seconds at each world's pace)"
+    )
+    return lines
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -316,6 +316,12 @@ class CohortExperimentSpec(Strict):
                 "analysis.forks_per_checkpoint: a cohort sets its forks with "
                 "cohort.forks_per_world; remove it"
             )
+        if self.analysis.sequential is not None:
+            # Fail closed: no approver signs a design the cohort would not follow.
+            raise ValueError(
+                "analysis.sequential: an experiment over a cohort does not fork in waves; "
+                "remove it (workload experiments run sequential designs: forklab start)"
+            )
         for i, world in enumerate(self.worlds):
             for tool, policy in world.tool_policies.items():
                 if policy is ToolPolicy.live and self.policy(tool) is not ToolPolicy.live:

@@ -13,6 +13,8 @@ class WorldStatus(StrEnum):
     completed = "completed"
     failed = "failed"
     skipped = "skipped"
+    #: Ran the first waves of its episodes, then its sequential design stopped it.
+    stopped = "stopped"
 
 
 class InfraUsage(BaseModel):

@@ -26,14 +26,19 @@ Who may stop, and on what:
 from __future__ import annotations
 
 import math
-from enum import IntEnum, StrEnum
+from collections.abc import Mapping
+from enum import IntEnum
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel
 from scipy.special import ndtr
 
-from forklab.experiments.experiment.analysis.verdicts import Verdict, expected_direction
+from forklab.experiments.experiment.analysis.verdicts import (
+    Verdict,
+    WorldVerdict,
+    expected_direction,
+)
 from forklab.experiments.experiment.sequential_bounds import efficacy_bounds, stagewise_p
 from forklab.experiments.experiment.spec import (
     Direction,
@@ -44,6 +49,7 @@ from forklab.experiments.experiment.spec import (
     Spending,
 )
 from forklab.experiments.experiment.stats import holm_adjust
+from forklab.experiments.experiment.waves import Decision, wave_ends
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -64,16 +70,6 @@ class Stop(IntEnum):
     efficacy = 1
     futility = 2
     check_decided = 3  # a placebo's first discordant pair
-
-
-class Decision(StrEnum):
-    """The decision after a look, as the report reads it."""
-
-    efficacy = "efficacy"
-    futility = "futility"
-    check_decided = "check_decided"
-    continue_ = "continue"
-    completed = "completed"
 
 
 class Design(BaseModel):
@@ -102,7 +98,7 @@ def design_for(spec: ExperimentSpec) -> Design | None:
 def make_design(seq: Sequential, episodes: int, alpha: float) -> Design:
     """Waves as equal as integers allow (``ceil(N·k/K)``); their fractions of the budget
     are the information fractions (information grows with the episodes run)."""
-    ends = [math.ceil(episodes * (k + 1) / seq.looks) for k in range(seq.looks)]
+    ends = wave_ends(episodes, seq.looks)
     fractions = [e / episodes for e in ends]
     bounds = efficacy_bounds(fractions, alpha, seq.spending)
     return Design(
@@ -324,6 +320,46 @@ def sequential_verdict(path: WorldPath, holm_p: float, alpha: float) -> Verdict:
     return Verdict.supported if fewer_failures == wanted else Verdict.refuted
 
 
+_STOP_TEXT = {
+    Decision.efficacy: "stopped for efficacy",
+    Decision.futility: "stopped for futility",
+    Decision.check_decided: "stopped: its check is decided",
+    Decision.completed: "ran every episode",
+    Decision.continue_: "still running",
+}
+
+
+def design_verdicts(report: SequentialReport, failed_checks: list[str]) -> list[WorldVerdict]:
+    """The verdicts a sequential design's report gives: each world's from its path (the
+    stage-wise p, Holm across the worlds, and the repeated interval), so a world stopped
+    early is judged as the design was signed, on the episodes it ran, never by a fixed
+    test on a sample the design chose. A failed validity check makes every one invalid."""
+    verdicts = []
+    for p in report.worlds:
+        if failed_checks:
+            verdict = Verdict.invalid
+            reason = (
+                f"validity checks failed ({', '.join(failed_checks)}); the effect is not evidence"
+            )
+        else:
+            verdict = p.verdict
+            last = p.looks[-1]
+            expected = "stay the same" if p.expected is Direction.none else p.expected.value
+            reason = (
+                f"expected failures to {expected}: {_STOP_TEXT[p.stopped]} at look {last.look} "
+                f"of {len(report.design.wave_ends)} ({p.episodes} episodes, rescue "
+                f"{last.rescue}, harm {last.harm}), success difference repeated "
+                f"{1 - report.design.alpha:.0%} CI [{p.ci_low:+.3f}, {p.ci_high:+.3f}], "
+                f"stage-wise p {p.p_value:.3g}, Holm p {p.holm_p:.3g}"
+            )
+        verdicts.append(
+            WorldVerdict(
+                world=p.world, role=p.role, expected=p.expected, verdict=verdict, reason=reason
+            )
+        )
+    return verdicts
+
+
 def cumulative_at_looks(
     design: Design, reference: npt.ArrayLike, world: npt.ArrayLike
 ) -> tuple[list[int], list[int]]:
@@ -337,16 +373,18 @@ def cumulative_at_looks(
     return [int(rescue[e - 1]) for e in ends], [int(harm[e - 1]) for e in ends]
 
 
-def sequential_report(
-    spec: ExperimentSpec, design: Design, columns: dict[str, npt.ArrayLike]
-) -> SequentialReport:
-    """Every world's path from its success column (the episodes it ran, in order). On the
-    twin each column holds every episode and the design is rehearsed: the paths are those
-    the durable run of the same episodes takes, and the saving is what it will save."""
+def world_paths(
+    spec: ExperimentSpec, design: Design, columns: Mapping[str, npt.ArrayLike]
+) -> list[WorldPath]:
+    """Each world's path from its success column (the episodes it ran, in order) against
+    the baseline's; a world with a column shorter than one wave, or none, has no path yet.
+    The durable path asks this after every wave (``decide_look``), the report at the end."""
     base = spec.baseline.name
-    paths = []
+    paths: list[WorldPath] = []
+    if base not in columns:
+        return paths  # no baseline, no pairs
     for w in spec.worlds:
-        if w.role is Role.baseline:
+        if w.role is Role.baseline or w.name not in columns:
             continue
         ref, col = np.asarray(columns[base]), np.asarray(columns[w.name])
         n = min(len(ref), len(col))
@@ -364,6 +402,25 @@ def sequential_report(
                 harm,
             )
         )
+    return paths
+
+
+def look_paths(
+    spec: ExperimentSpec, design: Design, columns: Mapping[str, npt.ArrayLike], look: int
+) -> list[WorldPath]:
+    """The paths of the worlds that ran into look ``look`` (0-based): the decision of its
+    last look is the one the durable path acts on after that wave (continue, or stop)."""
+    return [p for p in world_paths(spec, design, columns) if len(p.looks) == look + 1]
+
+
+def sequential_report(
+    spec: ExperimentSpec, design: Design, columns: dict[str, npt.ArrayLike]
+) -> SequentialReport:
+    """Every world's path (``world_paths``), Holm across them, and the compute. On the
+    twin each column holds every episode and the design is rehearsed: the paths are those
+    the durable run of the same episodes takes, and the saving is what it will save. On
+    the durable path a stopped world's column ends at its stop: the same paths."""
+    paths = world_paths(spec, design, columns)
     adjusted = holm_adjust([p.p_value for p in paths])
     paths = [
         p.model_copy(update={"holm_p": q, "verdict": sequential_verdict(p, q, design.alpha)})
@@ -401,12 +458,15 @@ def expected_saving(
     uses). Each episode is its pattern of pair cells across the worlds, so a wave's draw is
     one multinomial over the distinct patterns: memory grows with the patterns, not the
     episodes. Seeded by the spec's seed, so the plan prints the same figure every time.
-    None without a full rehearsal."""
+    None without every world's every episode (a durable run that stopped worlds)."""
     base = spec.baseline.name
     others = [w for w in spec.worlds if w.role is not Role.baseline]
+    full = all(
+        w.name in columns and np.size(columns[w.name]) >= design.episodes for w in spec.worlds
+    )
+    if not full or not others:
+        return None  # a durable run whose design stopped worlds: only what it ran is known
     ref = np.asarray(columns[base], dtype=bool)
-    if len(ref) < design.episodes or not others:
-        return None
     cells = np.stack(
         [
             (~ref & np.asarray(columns[w.name], dtype=bool)).astype(np.int8)

@@ -153,6 +153,7 @@ def build_activities(
         records.save_progress,
         records.load_prefix_refs,
         records.analyse,
+        records.decide_look,
         records.record_ledger,
         readout.write_readout,
         evidence.log_evidence,

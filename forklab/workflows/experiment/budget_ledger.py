@@ -131,6 +131,12 @@ class BudgetLedger:
         """Count ``batches`` world batches that were skipped, never started."""
         self.use.skipped_batches += batches
 
+    def forgo(self, episodes: int, seconds: float) -> None:
+        """Count work a sequential design stopped before it started: ``episodes``
+        world-episodes, worth ``seconds`` world-seconds, stay unspent."""
+        self.use.unspent_world_episodes += episodes
+        self.use.unspent_world_seconds += seconds
+
     def observe(self, kind: str, seconds: float, rate: float, episodes: int) -> None:
         """Record how a completed unit of ``kind`` ran against its rehearsed ``rate``."""
         seen = slowdown(seconds, rate, episodes)

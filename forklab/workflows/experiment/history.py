@@ -19,6 +19,10 @@ EVENTS_PER_UNIT = 6
 #: readout, ledger and evidence log (six activities of at most six events each), the
 #: stages' search attributes and the completion; rounded up.
 CLOSING_EVENTS = 64
+#: The most events a sequential design's look adds after its wave's units: saving the
+#: progress and the look's activity (six events each), rounded up. A run of such a design
+#: keeps them free beside every unit it starts.
+LOOK_EVENTS = 14
 #: The most chunks' prefix checkpoints a run loads at once (``refs_window``): ~150 bytes
 #: each, so one load stays ~150 KiB, far under Temporal's 2 MiB payload limit.
 MAX_REFS = 1024

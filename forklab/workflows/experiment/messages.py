@@ -11,6 +11,7 @@ from forklab.contracts.experiment import (
     AnalysisResult,
     CapacityVerdict,
     CleanupResult,
+    LookResult,
     PlanSnapshot,
     RegisteredApprover,
     Rehearsal,
@@ -187,6 +188,10 @@ class BudgetUse(Model):
     max_concurrent_sandboxes: int
     peak_concurrent_sandboxes: int = 0
     skipped_batches: int = 0
+    #: What worlds a sequential design stopped did not run: their world-episodes, and the
+    #: world-seconds those would have cost at each world's own pace (its slowest batch).
+    unspent_world_episodes: int = 0
+    unspent_world_seconds: float = 0.0
 
 
 class RunProgress(Model):
@@ -269,6 +274,11 @@ class StatusView(Model):
     cleanup: CleanupResult | None
     evidence_log: str | None = Field(
         default=None, description="Whether Braintrust took the evidence, or why not (queued)."
+    )
+    looks: list[LookResult] = Field(
+        default_factory=list,
+        description="A sequential design's looks so far: each world's counts, statistic, "
+        "boundary and decision.",
     )
 
 

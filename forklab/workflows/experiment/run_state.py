@@ -21,11 +21,13 @@ from forklab.contracts.experiment import (
     CleanupResult,
     EpisodeChunk,
     GroupOutcome,
+    LookResult,
     PrefixRef,
     PrefixResult,
     SaveProgressInput,
 )
-from forklab.experiments.experiment.spec import ExperimentSpec
+from forklab.experiments.experiment.spec import ExperimentSpec, Role
+from forklab.experiments.experiment.waves import STOPS
 from forklab.workflows.experiment.approval_gate import ApprovalGate, Moment
 from forklab.workflows.experiment.budget_ledger import BudgetLedger
 from forklab.workflows.experiment.messages import Plan, Stage, Status
@@ -102,35 +104,87 @@ class RunState:
         return {n: w.pace for n, w in self.tally.worlds.items() if w.pace is not None}
 
     # --- the work ---------------------------------------------------------------------
-    def prefix_units(self) -> Iterator[Unit]:
-        """The chunks whose prefixes did not run yet and that some world has not recorded
-        (a prefix skipped for budget recorded its chunk as skipped for every world), made
-        one at a time."""
+    def _chunks(self, start: int, wave: int | None) -> Iterator[EpisodeChunk]:
+        """The plan's chunks from ``start`` on; with ``wave``, only that wave's."""
         assert self.plan is not None
+        capacity = self.plan.capacity
+        if wave is None:
+            return capacity.chunks(start)
+        first, stop = capacity.wave(wave)
+        return (capacity.chunk(i) for i in range(max(start, first), stop))
+
+    def prefix_units(self, wave: int | None = None) -> Iterator[Unit]:
+        """The chunks (of ``wave``, if given) whose prefixes did not run yet and that some
+        world has not recorded (a prefix skipped for budget recorded its chunk as skipped
+        for every world), made one at a time."""
         done = self.tally.prefixes
         worlds = [self.tally.world(w.name).recorded for w in self.spec.worlds]
         start = max(done.first_missing(), min(w.first_missing() for w in worlds))
         return (
             Unit(c)
-            for c in self.plan.capacity.chunks(start)
+            for c in self._chunks(start, wave)
             if c.index not in done and not all(c.index in w for w in worlds)
         )
 
-    def world_units(self) -> Iterator[Unit]:
-        """Chunk-major: every world advances over the same episodes. For each chunk, the
-        worlds that have not recorded it, in groups of ``group_size`` (spec order). Made
-        one at a time, from the first chunk some world has not recorded."""
+    def world_units(self, wave: int | None = None) -> Iterator[Unit]:
+        """Chunk-major: every world advances over the same episodes. For each chunk (of
+        ``wave``, if given), the worlds that have not recorded it, in groups of
+        ``group_size`` (spec order). Made one at a time, from the first chunk some world
+        has not recorded. A world its sequential design stopped is not among them, nor the
+        baseline once no other world runs."""
         assert self.plan is not None
-        names = [w.name for w in self.spec.worlds]
+        running = self.design_running()
+        names = [w.name for w in self.spec.worlds if w.name in running]
         worlds = [self.tally.world(n).recorded for n in names]
-        start = min(w.first_missing() for w in worlds)
+        start = min((w.first_missing() for w in worlds), default=0)
         size = self.group_size()
-        for c in self.plan.capacity.chunks(start):
+        for c in self._chunks(start, wave):
             left = tuple(
                 n for n, recorded in zip(names, worlds, strict=True) if c.index not in recorded
             )
             for i in range(0, len(left), size):
                 yield Unit(c, left[i : i + size])
+
+    def live_worlds(self) -> list[str]:
+        """The worlds other than the baseline that may still run: none of their batches
+        (nor the baseline's) failed or was skipped, and their sequential design has not
+        stopped them."""
+        if self.tally.world(self.spec.baseline.name).stopped is not None:
+            return []  # no pairs without the baseline: nothing left to decide
+        return [
+            w.name
+            for w in self.spec.worlds
+            if w.role is not Role.baseline
+            and self.tally.world(w.name).stopped is None
+            and self.tally.design_stop(w.name) is None
+        ]
+
+    def design_running(self) -> set[str]:
+        """The worlds a sequential design still runs: the live ones, and the baseline
+        while any of them runs (every pair needs it). Every world without a design."""
+        if self.spec.analysis.sequential is None:
+            return {w.name for w in self.spec.worlds}
+        live = set(self.live_worlds())
+        return live | {self.spec.baseline.name} if live else live
+
+    def record_look(self, result: LookResult) -> None:
+        """Record a look's decisions. A world stopped here starts no more work: the
+        world-episodes it leaves and what they would cost at its own pace are counted
+        unspent; so are the baseline's once no other world runs."""
+        assert self.plan is not None
+        self.tally.looks.append(result)
+        episodes = self.spec.episodes
+        stopped = [(w.world, w.episodes) for w in result.worlds if w.decision in STOPS]
+        base = self.spec.baseline.name
+        if not self.live_worlds() and result.worlds and self.tally.world(base).stopped is None:
+            end = max(w.episodes for w in result.worlds)
+            if end < episodes:
+                stopped.append((base, end))
+        rates = self.plan.rehearsal.world_seconds_per_episode
+        for world, ran in stopped:
+            pace = self.tally.world(world).pace
+            left = episodes - ran
+            self.ledger.forgo(left, left * (pace if pace is not None else rates.get(world, 0.0)))
 
     def group_size(self) -> int:
         """How many worlds of a chunk share one sandbox. As many as keep every slot busy:

@@ -15,7 +15,14 @@ from bisect import bisect_right
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forklab.contracts.experiment import BatchOutcome, BatchStatus, PrefixResult
+from forklab.contracts.experiment import (
+    BatchOutcome,
+    BatchStatus,
+    LookResult,
+    PrefixResult,
+    WorldLook,
+)
+from forklab.experiments.experiment.waves import STOPS
 
 #: Skipped batches the result lists (the stored progress has every one, and the budget
 #: counts them all).
@@ -86,9 +93,21 @@ class ProgressTally(Model):
     fallbacks: int = 0
     fallback_note: str | None = None
     skipped_lines: list[str] = Field(default_factory=list)
+    #: A sequential design's looks decided so far, in order; each holds the worlds that ran
+    #: into it: a few KB for a few worlds, at most 50 looks × 31 worlds (~300 KB) at worst.
+    looks: list[LookResult] = Field(default_factory=list)
 
     def world(self, name: str) -> WorldTally:
         return self.worlds.setdefault(name, WorldTally())
+
+    def design_stop(self, name: str) -> WorldLook | None:
+        """The look at which the sequential design stopped world ``name`` (None: it runs
+        on, or there is no design)."""
+        for look in reversed(self.looks):
+            for w in look.worlds:
+                if w.world == name:
+                    return w if w.decision in STOPS else None
+        return None
 
     def _ran(self, isolated: bool, note: str | None, confinement: str | None) -> None:
         self.sandboxes += 1

@@ -36,6 +36,7 @@ def status_view(state: RunState) -> StatusView:
         progress=progress(state),
         cleanup=state.cleanup,
         evidence_log=state.evidence_log,
+        looks=state.tally.looks,
     )
 
 
@@ -57,6 +58,13 @@ def details(state: RunState) -> str:
         f"spent, {b.reserved_world_seconds:.1f} reserved",
         f"- approval: {state.gate.state.status.value}{_approvers(state)}",
     ]
+    if state.tally.looks:
+        last = state.tally.looks[-1]
+        lines.append(
+            f"- look {last.look}: "
+            + ", ".join(f"{w.world} {w.decision.value} (Z {w.statistic:+.2f})" for w in last.worlds)
+            + f"; {b.unspent_world_episodes} world-episodes unspent"
+        )
     if state.cleanup is not None:
         lines.append(f"- cleanup: {state.cleanup.summary()}")
     if state.evidence_log is not None:
@@ -123,6 +131,16 @@ def provenance(state: RunState) -> dict[str, str]:
     b = state.ledger.use
     approval = state.gate.state
     cleanup = state.cleanup
+    design = state.plan.capacity.wave_ends
+    unspent = (
+        {
+            "unspent": f"{b.unspent_world_episodes} world-episodes (~"
+            f"{b.unspent_world_seconds:.1f} world-seconds) the sequential design's stops "
+            f"left, after {len(state.tally.looks)} of {len(design)} looks"
+        }
+        if design
+        else {}
+    )
     return {
         "plan fingerprint": f"`{state.plan.fingerprint}`",
         "snapshot": f"`{state.plan.snapshot.snapshot_id}` ({state.plan.snapshot.backend})",
@@ -139,6 +157,7 @@ def provenance(state: RunState) -> dict[str, str]:
             else approval.status.value
         ),
         "budget": f"{b.spent_world_seconds:.1f} of {b.max_world_seconds:g} world-seconds",
+        **unspent,
         "skipped batches": str(b.skipped_batches),
         "network isolation": isolation(state),
         "cleanup": cleanup.summary() if cleanup else "not run",

@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         CleanupInput,
         EvidenceInput,
         LedgerInput,
+        LookInput,
         PrefixInput,
         PrefixRefsInput,
         RehearsedPrefixInput,
@@ -181,10 +182,13 @@ class ExperimentWorkflow:
                 # arrived while the previous run was continuing as new stops this one.
                 await self._await_approval()
             approved = True
-            self._enter(Stage.running_prefixes, "running each episode's prefix once")
-            await self._run_units(state.prefix_units())
-            self._enter(Stage.running_worlds, "running world batches")
-            await self._run_units(state.world_units())
+            if self._spec.analysis.sequential is None:
+                self._enter(Stage.running_prefixes, "running each episode's prefix once")
+                await self._run_units(state.prefix_units())
+                self._enter(Stage.running_worlds, "running world batches")
+                await self._run_units(state.world_units())
+            else:
+                await self._run_waves()
             await self._clean_up()
             analysis = await self._readout(await self._analyse())
             state.verdicts = analysis.verdicts
@@ -364,6 +368,49 @@ class ExperimentWorkflow:
             ):
                 await self._continue_as_new()
 
+    async def _run_waves(self) -> None:
+        """A sequential design: each wave's prefixes and world batches, then the look that
+        decides which worlds go on (``decide_look``: the design's pure rules over the
+        stored outcomes). A stopped world starts no more work; once every world but the
+        baseline has stopped, no further wave runs. The looks decided travel in the tally,
+        so a continued run resumes at the first wave not yet decided, and a wave whose
+        units all ran before the run continued is looked at, not run again."""
+        state = self._state
+        assert state.plan is not None
+        waves = len(state.plan.capacity.wave_ends)
+        for look in range(len(state.tally.looks), waves):
+            if not state.live_worlds():
+                break
+            if self._units_started and (
+                not history.room_for_unit(
+                    workflow.info().get_current_history_length(), 0, self._event_limit
+                )
+                or workflow.info().is_continue_as_new_suggested()
+            ):
+                await self._continue_as_new()
+            self._enter(Stage.running_prefixes, f"wave {look + 1} of {waves}: prefixes")
+            await self._run_units(state.prefix_units(look))
+            self._enter(Stage.running_worlds, f"wave {look + 1} of {waves}: world batches")
+            await self._run_units(state.world_units(look))
+            await self._look(look)
+
+    async def _look(self, look: int) -> None:
+        """Decide look ``look`` on the outcomes stored so far (saved first: the activity
+        reads them from the store, only decisions travel back)."""
+        state = self._state
+        digest = await self._save_progress()
+        assert digest is not None  # every unit of the wave recorded its outcome or its skip
+        result = await execute(
+            acts.DECIDE_LOOK,
+            LookInput(spec=self._spec, progress_digest=digest, look=look),
+            start_to_close_timeout=timeouts.ANALYSE_TIMEOUT,
+            heartbeat_timeout=timeouts.BATCH_HEARTBEAT_TIMEOUT,
+            retry_policy=timeouts.TRANSIENT_RETRY,
+            summary=f"look {look + 1}: stop for efficacy, futility, or continue",
+        )
+        state.record_look(result)
+        self._show()
+
     async def _load_refs(self, unit: Unit) -> None:
         """Load the prefix checkpoints of ``unit``'s chunk and the next ones, as many as
         this run can still start batches on (at most ``history.MAX_REFS``): their
@@ -399,8 +446,14 @@ class ExperimentWorkflow:
         return self._units_started == 0 or history.room_for_unit(
             workflow.info().get_current_history_length(),
             len(self._tasks),
-            self._inp.history_events,
+            self._event_limit,
         )
+
+    @property
+    def _event_limit(self) -> int:
+        """The events a run's units may take: a sequential design keeps its look's free."""
+        looks = history.LOOK_EVENTS if self._spec.analysis.sequential is not None else 0
+        return self._inp.history_events - looks
 
     async def _run_unit(self, unit: Unit, need: float) -> None:
         """Run ``unit`` under its reservation, one activity execution per attempt. An

@@ -51,10 +51,12 @@ from forklab.experiments.experiment.results import InfraUsage, WorldStatus
 from forklab.experiments.experiment.sequential import (
     SequentialReport,
     design_for,
+    design_verdicts,
     sequential_report,
 )
 from forklab.experiments.experiment.spec import Direction, ExperimentSpec, Role, SpecError
 from forklab.experiments.experiment.stats import holm_adjust, wilson_interval
+from forklab.experiments.experiment.waves import STOPS
 
 
 def _world_rows(spec: ExperimentSpec, out: ExperimentOutcomes) -> list[WorldRow]:
@@ -176,7 +178,8 @@ def build_report(
     columns = FeatureColumns(features)
     dims = dimensions(features, spec.analysis.quantile_bins)
     comparisons = comparison_rows(spec, out, dims, columns)
-    checks = validity_checks(spec, out, code_digest, infra)
+    sequential = _sequential(spec, out)
+    checks = validity_checks(spec, out, code_digest, infra, _design_stops(spec, sequential))
     failed = [c.name for c in checks if not c.passed]
     base = spec.baseline.name
     vs_base = {c.world: c for c in comparisons if c.vs == base}
@@ -204,6 +207,8 @@ def build_report(
                     settings.power,
                 )
             )
+    if sequential is not None:
+        verdicts = design_verdicts(sequential, failed)
     checks.append(effect_check(verdicts))
     seconds = {w.name: w.world_seconds for w in out.worlds}
     evidence = rank_evidence(
@@ -253,7 +258,7 @@ def build_report(
         ),
         guard=guard,
         infra=infra,
-        sequential=_sequential(spec, out),
+        sequential=sequential,
         identical_slices=identical_partitions(features, dims),
     )
 
@@ -261,11 +266,27 @@ def build_report(
 def _sequential(spec: ExperimentSpec, out: ExperimentOutcomes) -> SequentialReport | None:
     """The design's paths through the outcomes. On the twin every world holds every
     episode, so this *rehearses* the design: the paths and the saving are those a durable
-    run of these very episodes takes."""
+    run of these very episodes takes. On the durable path a world the design stopped
+    holds the episodes up to its stop; a world that failed has no path."""
     design = design_for(spec)
     if design is None:
         return None
-    return sequential_report(spec, design, {w.name: w.outcomes for w in out.worlds})
+    ran = (WorldStatus.completed, WorldStatus.stopped)
+    return sequential_report(
+        spec, design, {w.name: w.outcomes for w in out.worlds if w.status in ran}
+    )
+
+
+def _design_stops(spec: ExperimentSpec, seq: SequentialReport | None) -> dict[str, int]:
+    """The episodes a sequential design gave each world it stopped (the baseline runs as
+    long as any other world): what a durable run of the design must have run."""
+    if seq is None:
+        return {}
+    # a path whose counts end before the design decided (``continue``) was not stopped
+    stops = {p.world: p.episodes for p in seq.worlds if p.stopped in STOPS}
+    if seq.baseline_episodes < seq.design.episodes:
+        stops[spec.baseline.name] = seq.baseline_episodes
+    return stops
 
 
 def _effect_of(row: ComparisonRow) -> PairedEffect:

@@ -13,18 +13,43 @@ from forklab.experiments.experiment.results import Check, InfraUsage, WorldStatu
 from forklab.experiments.experiment.spec import Direction, ExperimentSpec, Role
 from forklab.runtime.crn import UNCHECKED
 
+#: A world that ran: every episode (completed), or the waves its sequential design let it.
+_RAN = (WorldStatus.completed, WorldStatus.stopped)
 
-def completion(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check:
+
+def completion(
+    spec: ExperimentSpec, out: ExperimentOutcomes, design_stops: dict[str, int] | None = None
+) -> Check:
+    """Every world ran every episode, or, under a sequential design, exactly the episodes
+    the design gave it: ``design_stops`` maps each world the design stopped to the
+    episodes it stopped at (recomputed from the data, so a world cut short for any other
+    reason, or run past its stop, fails here)."""
     n = len(out.episodes)
-    short = [
-        f"{w.name} ({w.status.value}{': ' + w.error if w.error else ''}; {len(w.outcomes)}/{n})"
-        for w in out.worlds
-        if w.status is not WorldStatus.completed or len(w.outcomes) != n
-    ]
-    if n != spec.episodes:
+    stops = design_stops or {}
+    base = spec.baseline.name
+    short = []
+    for w in out.worlds:
+        if w.status is WorldStatus.stopped and w.name not in stops:
+            short.append(f"{w.name} (stopped after {len(w.outcomes)} episodes, not by its design)")
+            continue
+        want = stops.get(w.name, n) if w.status is WorldStatus.stopped else n
+        if w.status not in _RAN or len(w.outcomes) != want:
+            error = ": " + w.error if w.error else ""
+            short.append(f"{w.name} ({w.status.value}{error}; {len(w.outcomes)}/{want})")
+    run = stops.get(base, spec.episodes) if out.world(base).status is WorldStatus.stopped else None
+    if n != (run or spec.episodes):
         short.insert(0, f"{n} of {spec.episodes} episodes were run")
     if short:
         return Check(name="completion", passed=False, reason="incomplete: " + "; ".join(short))
+    stopped = [w for w in out.worlds if w.status is WorldStatus.stopped]
+    if stopped:
+        return Check(
+            name="completion",
+            passed=True,
+            reason="every world ran what its sequential design asked: "
+            + ", ".join(f"{w.name} {len(w.outcomes)}" for w in out.worlds)
+            + f" of {spec.episodes} episodes",
+        )
     return Check(
         name="completion",
         passed=True,
@@ -33,14 +58,14 @@ def completion(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check:
 
 
 def _completed(out: ExperimentOutcomes) -> list[str]:
-    return [w.name for w in out.worlds if w.status is WorldStatus.completed]
+    return [w.name for w in out.worlds if w.status in _RAN]
 
 
 def common_checkpoints(out: ExperimentOutcomes) -> Check:
     bad = [
         w.name
         for w in out.worlds
-        if w.status is WorldStatus.completed and w.inherited != out.checkpoints
+        if w.status in _RAN and w.inherited != out.checkpoints[: len(w.inherited)]
     ]
     if bad:
         return Check(
@@ -68,7 +93,12 @@ def common_random_numbers(out: ExperimentOutcomes) -> Check:
     if not names:
         return Check(name="common_random_numbers", passed=False, reason="no world completed")
     ref = out.world(names[0]).shocks
-    bad = [n for n in names[1:] if out.world(n).shocks != ref]
+    # a world a sequential design stopped is compared on the episodes it ran
+    bad = [
+        n
+        for n in names[1:]
+        if (m := min(len(ref), len(out.world(n).shocks))) and out.world(n).shocks[:m] != ref[:m]
+    ]
     if bad:
         return Check(
             name="common_random_numbers",
@@ -105,18 +135,20 @@ def placebo_fidelity(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check | N
     if not placebos:
         return None
     base = out.world(spec.baseline.name)
-    if base.status is not WorldStatus.completed:
+    if base.status not in _RAN:
         return Check(name="placebo_fidelity", passed=False, reason="the baseline did not complete")
     diffs = []
     for name in placebos:
         world = out.world(name)
-        if world.status is not WorldStatus.completed:
+        if world.status not in _RAN:
             diffs.append(f"{name} did not complete")
             continue
-        if len(world.outcomes) != len(base.outcomes):
-            diffs.append(f"{name} ran {len(world.outcomes)} of {len(base.outcomes)} episodes")
+        m = len(world.outcomes)
+        if world.status is WorldStatus.completed and m != len(base.outcomes):
+            diffs.append(f"{name} ran {m} of {len(base.outcomes)} episodes")
             continue
-        n = int(np.count_nonzero(bools(world.outcomes) != bools(base.outcomes)))
+        # a placebo a sequential design stopped, stopped at its first difference
+        n = int(np.count_nonzero(bools(world.outcomes) != bools(base.outcomes)[:m]))
         if n:
             diffs.append(f"{name} differs from the baseline in {n} episodes")
     if diffs:
@@ -138,17 +170,19 @@ def positive_control(spec: ExperimentSpec, out: ExperimentOutcomes) -> Check | N
     if not controls:
         return None
     base = out.world(spec.baseline.name)
-    if base.status is not WorldStatus.completed:
+    if base.status not in _RAN:
         return Check(name="positive_control", passed=False, reason="the baseline did not complete")
-    base_rate = failure_rate(base.outcomes)
     problems: list[str] = []
     seen: list[str] = []
     for name in controls:
         expected = spec.hypothesis.expected.get(name, Direction.increase)
-        if out.world(name).status is not WorldStatus.completed:
+        if out.world(name).status not in _RAN:
             problems.append(f"{name} did not complete")
             continue
-        rate = failure_rate(out.world(name).outcomes)
+        outcomes = out.world(name).outcomes
+        rate = failure_rate(outcomes)
+        # over the episodes the control ran (all, unless a sequential design stopped it)
+        base_rate = failure_rate(bools(base.outcomes)[: len(outcomes)])
         ok = rate > base_rate if expected is Direction.increase else rate < base_rate
         if expected is Direction.none:
             ok = rate == base_rate
@@ -167,7 +201,7 @@ def workload_identity(out: ExperimentOutcomes, code_digest: str) -> Check:
     bad = [
         f"{w.name} ({w.code_digest[:12] or 'none'})"
         for w in out.worlds
-        if w.status is WorldStatus.completed and w.code_digest != code_digest
+        if w.status in _RAN and w.code_digest != code_digest
     ]
     if bad:
         return Check(
@@ -184,7 +218,7 @@ def workload_identity(out: ExperimentOutcomes, code_digest: str) -> Check:
 
 def common_snapshot(out: ExperimentOutcomes) -> Check:
     """Every world started from the same (named) snapshot: the provenance they share."""
-    snapshots = {w.snapshot for w in out.worlds if w.status is WorldStatus.completed}
+    snapshots = {w.snapshot for w in out.worlds if w.status in _RAN}
     if len(snapshots) != 1 or "" in snapshots:
         shown = ", ".join(sorted(s or "(none)" for s in snapshots)) or "(no world completed)"
         return Check(
@@ -229,11 +263,16 @@ def infrastructure_fit(infra: InfraUsage | None) -> Check:
 
 
 def validity_checks(
-    spec: ExperimentSpec, out: ExperimentOutcomes, code_digest: str, infra: InfraUsage | None
+    spec: ExperimentSpec,
+    out: ExperimentOutcomes,
+    code_digest: str,
+    infra: InfraUsage | None,
+    design_stops: dict[str, int] | None = None,
 ) -> list[Check]:
-    """Every validity check; one failure makes the experiment invalid, whatever the effects."""
+    """Every validity check; one failure makes the experiment invalid, whatever the effects.
+    ``design_stops``: see ``completion``."""
     found = [
-        completion(spec, out),
+        completion(spec, out, design_stops),
         common_checkpoints(out),
         common_random_numbers(out),
         placebo_fidelity(spec, out),

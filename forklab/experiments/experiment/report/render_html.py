@@ -18,6 +18,7 @@ from forklab.experiments.experiment.report.charts import (
     slice_forest_chart,
 )
 from forklab.experiments.experiment.report.model import Report
+from forklab.experiments.experiment.report.sequential_text import sequential_lines
 from forklab.experiments.experiment.report.tables import (
     Table,
     comparisons_table,
@@ -30,6 +31,7 @@ from forklab.experiments.experiment.report.tables import (
     validity_text,
     worlds_table,
 )
+from forklab.experiments.experiment.sequential import SequentialReport
 from forklab.experiments.experiment.spec import Role
 from forklab.experiments.experiment.workspace_report import WorkspaceSection
 from forklab.experiments.visible_text import visible
@@ -244,6 +246,8 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
     parts.append(f"<h2>Power (α {p.alpha:g}, power {p.power:g})</h2>")
     parts += [f'<p class="warn">{escape(w)}</p>' for w in p.warnings]
     parts.append(_shared(power_table(report)))
+    if report.sequential is not None:
+        parts += _sequential(report.sequential)
     if report.guard is not None:
         parts += _guard(report.guard)
     if report.workspaces is not None:
@@ -251,6 +255,50 @@ def render_html(report: Report, provenance: dict[str, str] | None = None) -> str
     parts.append(_provenance(report, provenance))
     parts.append("</body></html>")
     return visible("\n".join(parts) + "\n")  # a name or an error cannot reorder the page
+
+
+def _sequential(s: SequentialReport) -> list[str]:
+    """The design as signed, each world's path look by look (counts, statistic against the
+    boundary, decision), where it stopped, and the compute saved."""
+    head, *paths, saving = sequential_lines(s)
+    rows = [
+        [
+            escape(p.world),
+            str(lk.look),
+            str(lk.episodes),
+            str(lk.rescue),
+            str(lk.harm),
+            f"{lk.statistic:+.3f}",
+            f"±{lk.boundary:.3f}",
+            "" if lk.conditional_power is None else f"{lk.conditional_power:.3g}",
+            escape(lk.decision.value),
+        ]
+        for p in s.worlds
+        for lk in p.looks
+    ]
+    return [
+        "<h2>Sequential design</h2>",
+        f'<p class="meta">{escape(head)}.</p>',
+        "<ul>",
+        *(f"<li>{escape(t)}</li>" for t in paths),
+        "</ul>",
+        _table(
+            [
+                "world",
+                "look",
+                "episodes",
+                "rescue",
+                "harm",
+                "Z",
+                "boundary",
+                "cond. power",
+                "decision",
+            ],
+            rows,
+            {1, 2, 3, 4, 5, 6, 7},
+        ),
+        f"<p>{escape(saving)}</p>",
+    ]
 
 
 def _guard(g: GuardPolicy) -> list[str]:

@@ -3,7 +3,8 @@ the design as signed, each world's path and where it stopped, and the compute sa
 
 from __future__ import annotations
 
-from forklab.experiments.experiment.sequential import Decision, SequentialReport, WorldPath
+from forklab.experiments.experiment.sequential import SequentialReport, WorldPath
+from forklab.experiments.experiment.waves import Decision
 
 _WHY = {
     Decision.efficacy: "stopped for efficacy",
