@@ -245,13 +245,11 @@ one = cpu() - start
 start, wall = cpu(), time.perf_counter()
 with TwinRehearsal(spec) as twin:
     out = twin.outcomes("bench")
-    held = twin.held_out
-    if ahead:
-        held(spec, *ahead)
+    held_batch = twin.held_out(spec, *ahead) if ahead else None
     pool_wall = time.perf_counter() - wall
 pool = cpu() - start
 start = cpu()
-report = build_report(spec, out, "bench", held_out=held)
+report = build_report(spec, out, "bench", held_out=lambda *request: held_batch)
 analysis = cpu() - start
 start = cpu()
 render_text(report)
@@ -309,19 +307,29 @@ after(rehearsal.Rehearsal, "__enter__", "rehearsal entered (pool forked and fed,
 def stamp_analysis():  # (imported by the plan itself, after the rehearsal started)
     import forklab.experiments.experiment.analysis.build as build
 
-    after(build, "build_report", "analysis (held-out episodes included where not run yet)")
+    after(build, "build_report", "analysis (the rest; in a pool: the held-out episodes)")
 
 
 before(
     rehearsal.Rehearsal, "report", "analysis and report modules imported (scipy)", stamp_analysis
 )
 after(twin.TwinRehearsal, "run", "experiment's episodes in (waited for, or run here)", True)
-def twin_run():
-    runs.append(1)
-    return "experiment run here" if len(runs) == 1 else "held-out episodes run here"
+def stamp_runs():
+    inner = twin.run_twin
+
+    def wrapped(*args, **kwargs):
+        if runs:  # the held-out run: the analysis got this far first
+            marks.append(["analysis up to the guard's held-out episodes", stamp()])
+        out = inner(*args, **kwargs)
+        runs.append(1)
+        label = "experiment run here" if len(runs) == 1 else "held-out episodes run here"
+        marks.append([label, stamp()])
+        return out
+
+    twin.run_twin = wrapped
 
 
-after(twin, "run_twin", twin_run)
+stamp_runs()
 import pydantic
 after(pydantic.BaseModel, "model_dump_json", "report written (JSON)")
 with contextlib.redirect_stdout(io.StringIO()):
@@ -375,8 +383,8 @@ def profile(name: str, episodes: int, folder: Path) -> None:
     for stage, share in sorted(got["shares"].items(), key=lambda kv: -kv[1]):
         print(f"    {stage:<40} {share:6.1%}  (cProfile's share)")
     print(
-        f"  twin on the pool ({got['processes']} processes, CPU of all)   {got['pool']:7.2f}"
-        f"  (pool: {got['pool'] - got['one']:+.2f} against one process; "
+        f"  twin as the plan runs it ({got['processes']} process(es), CPU of all) "
+        f"{got['pool']:7.2f}  ({got['pool'] - got['one']:+.2f} against one process; "
         f"{got['pool_wall']:.2f} s wall)"
     )
     print(f"  analysis (held-out batch already run)      {got['analysis']:7.2f}")
