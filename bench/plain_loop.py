@@ -6,7 +6,8 @@ from the same state but draws its own luck) and ``examples/ticket_triage.py`` (5
 every episode is its own customer, so no two states are equal), each scaled to
 ``--episodes`` episodes from its example spec.
 
-For each, in one run, round robin for ``--repeat`` rounds:
+For each, in one run, ``--repeat`` rounds of both, in alternating order (plain then plan,
+then plan then plain, ...):
 
 - **plain**: the loop a user writes first, in a fresh process that imports only the
   workload and ``forklab.runtime.crn``: per episode the prefix once, then per world a
@@ -141,9 +142,17 @@ def compare(name: str, episodes: int, repeat: int, folder: Path) -> bool:
     print(f"  load before: {load()}")
     ratios: list[float] = []
     same = True
+    plain_argv = [sys.executable, "-c", PLAIN, json.dumps(spec)]
+    plan_argv = [sys.executable, "-m", "forklab.cli", "plan", str(path), "--json"]
     for round_ in range(repeat):
-        plain = measure([sys.executable, "-c", PLAIN, json.dumps(spec)], EXAMPLES)
-        plan = measure([sys.executable, "-m", "forklab.cli", "plan", str(path), "--json"], EXAMPLES)
+        # plain, plan, then plan, plain, ...: load that rises or falls over the run does
+        # not always fall on the second of a round
+        if round_ % 2:
+            plan = measure(plan_argv, EXAMPLES)
+            plain = measure(plain_argv, EXAMPLES)
+        else:
+            plain = measure(plain_argv, EXAMPLES)
+            plan = measure(plan_argv, EXAMPLES)
         report = json.loads(plan["stdout"])
         digest = plain["stdout"].strip()
         same = same and report["outcomes_digest"] == digest and report["valid"]
