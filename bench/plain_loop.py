@@ -6,7 +6,8 @@ from the same state but draws its own luck) and ``examples/ticket_triage.py`` (5
 every episode is its own customer, so no two states are equal), each scaled to
 ``--episodes`` episodes from its example spec.
 
-For each, in one run, round robin for ``--repeat`` rounds:
+For each, in one run, ``--repeat`` rounds of both, in alternating order (plain then plan,
+then plan then plain, ...):
 
 - **plain**: the loop a user writes first, in a fresh process that imports only the
   workload and ``forklab.runtime.crn``: per episode the prefix once, then per world a
@@ -18,6 +19,13 @@ For each, in one run, round robin for ``--repeat`` rounds:
   (interpreter start, spec, rehearsal with its contract checks, analysis, guard
   validation, report). Its report's ``outcomes_digest`` must equal the plain loop's.
 
+ForkLab and the examples are byte-compiled first, as an installed package is (where
+``PYTHONDONTWRITEBYTECODE`` is set, every fresh process would compile them again).
+With ``--stages`` the plan runs once more in a fresh process, stamped at the end of each
+of its stages (imports, spec, the rehearsal's start, the analysis modules, the
+experiment's episodes, the held-out episodes, the analysis, the report): wall and CPU
+seconds of each.
+
 Each row prints wall and CPU seconds (the process tree's), the ratio plain / plan of
 each round (the figure is the median of the rounds' ratios: the rounds alternate, so
 a burst of load on the shared machine hits one round of one path), and the load average
@@ -27,12 +35,13 @@ encode, shock draws, contract checks; the analysis; the report), and prints the
 breakdown.
 
     python bench/plain_loop.py [--episodes 100000] [--repeat 3] [--only flaky|ticket]
-                               [--profile]
+                               [--stages] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import statistics
@@ -133,9 +142,17 @@ def compare(name: str, episodes: int, repeat: int, folder: Path) -> bool:
     print(f"  load before: {load()}")
     ratios: list[float] = []
     same = True
+    plain_argv = [sys.executable, "-c", PLAIN, json.dumps(spec)]
+    plan_argv = [sys.executable, "-m", "forklab.cli", "plan", str(path), "--json"]
     for round_ in range(repeat):
-        plain = measure([sys.executable, "-c", PLAIN, json.dumps(spec)], EXAMPLES)
-        plan = measure([sys.executable, "-m", "forklab.cli", "plan", str(path), "--json"], EXAMPLES)
+        # plain, plan, then plan, plain, ...: load that rises or falls over the run does
+        # not always fall on the second of a round
+        if round_ % 2:
+            plan = measure(plan_argv, EXAMPLES)
+            plain = measure(plain_argv, EXAMPLES)
+        else:
+            plain = measure(plain_argv, EXAMPLES)
+            plan = measure(plan_argv, EXAMPLES)
         report = json.loads(plan["stdout"])
         digest = plain["stdout"].strip()
         same = same and report["outcomes_digest"] == digest and report["valid"]
@@ -237,13 +254,11 @@ one = cpu() - start
 start, wall = cpu(), time.perf_counter()
 with TwinRehearsal(spec) as twin:
     out = twin.outcomes("bench")
-    held = twin.held_out
-    if ahead:
-        held(spec, *ahead)
+    held_batch = twin.held_out(spec, *ahead) if ahead else None
     pool_wall = time.perf_counter() - wall
 pool = cpu() - start
 start = cpu()
-report = build_report(spec, out, "bench", held_out=held)
+report = build_report(spec, out, "bench", held_out=lambda *request: held_batch)
 analysis = cpu() - start
 start = cpu()
 render_text(report)
@@ -253,6 +268,109 @@ print(json.dumps({"shares": {k: v / total for k, v in shares.items()}, "one": on
                   "pool": pool, "pool_wall": pool_wall, "processes": twin.processes,
                   "analysis": analysis, "report": rendered}))
 """
+
+STAGES = r"""
+import contextlib, io, json, resource, sys, time
+
+def stamp():
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return [time.perf_counter(), me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime]
+
+marks = [["interpreter started", stamp()]]
+import forklab.cli.main as cli
+from forklab.cli.experiment import plan_commands, rehearsal
+import forklab.activities.experiment.twin as twin
+marks.append(["imports before the spec (CLI, spec models, numpy)", stamp()])
+
+
+def after(owner, name, label, once=False):
+    inner = getattr(owner, name)
+    calls = []
+
+    def wrapped(*args, **kwargs):
+        out = inner(*args, **kwargs)
+        if not (once and calls):
+            marks.append([label() if callable(label) else label, stamp()])
+        calls.append(1)
+        return out
+
+    setattr(owner, name, wrapped)
+
+
+def before(owner, name, label, then=None):
+    inner = getattr(owner, name)
+
+    def wrapped(*args, **kwargs):
+        marks.append([label, stamp()])
+        if then is not None:
+            then()
+        return inner(*args, **kwargs)
+
+    setattr(owner, name, wrapped)
+
+
+runs = []
+after(plan_commands, "load_spec", "spec read and checked")
+after(rehearsal.Rehearsal, "__enter__", "rehearsal entered (pool forked and fed, if any)")
+def stamp_analysis():  # (imported by the plan itself, after the rehearsal started)
+    import forklab.experiments.experiment.analysis.build as build
+
+    after(build, "build_report", "analysis (the rest; in a pool: the held-out episodes)")
+
+
+before(
+    rehearsal.Rehearsal, "report", "analysis and report modules imported (scipy)", stamp_analysis
+)
+after(twin.TwinRehearsal, "run", "experiment's episodes in (waited for, or run here)", True)
+def stamp_runs():
+    inner = twin.run_twin
+
+    def wrapped(*args, **kwargs):
+        if runs:  # the held-out run: the analysis got this far first
+            marks.append(["analysis up to the guard's held-out episodes", stamp()])
+        out = inner(*args, **kwargs)
+        runs.append(1)
+        label = "experiment run here" if len(runs) == 1 else "held-out episodes run here"
+        marks.append([label, stamp()])
+        return out
+
+    twin.run_twin = wrapped
+
+
+stamp_runs()
+import pydantic
+after(pydantic.BaseModel, "model_dump_json", "report written (JSON)")
+with contextlib.redirect_stdout(io.StringIO()):
+    cli.dispatch(["plan", sys.argv[1], "--json"])
+marks.append(["done (pool shut down)", stamp()])
+print(json.dumps(marks))
+"""
+
+
+def stages(name: str, episodes: int, folder: Path) -> None:
+    """``forklab plan``'s own run, stamped stage by stage (``STAGES``): wall and CPU of
+    this process; the CPU of its pool's processes shows once they are reaped."""
+    _, path = scaled_spec(name, episodes, folder)
+    got = measure([sys.executable, "-c", STAGES, str(path)], EXAMPLES)
+    marks = json.loads(got["stdout"])
+    print(f"\n{name}, {episodes:,} episodes: forklab plan by stage [load {load()}]")
+    print(f"  {'stage (ends at)':<62} {'wall s':>7} {'CPU s':>7} {'pool CPU':>8}")
+    start = marks[0][1]
+    print(
+        f"  {'interpreter start (from the process start)':<62} "
+        f"{got['seconds'] - (marks[-1][1][0] - start[0]):>7.2f}"
+    )
+    for (label, (wall, cpu, kids)), (_, (wall0, cpu0, kids0)) in zip(
+        marks[1:], marks[:-1], strict=True
+    ):
+        print(f"  {label:<62} {wall - wall0:>7.2f} {cpu - cpu0:>7.2f} {kids - kids0:>8.2f}")
+    end = marks[-1][1]
+    print(
+        f"  {'whole process':<62} {got['seconds']:>7.2f} {got['cpu']:>7.2f}"
+        f"  (this process {end[1]:.2f} + pool {end[2]:.2f})"
+    )
+
 
 IMPORTS = (
     "import forklab.cli.main, forklab.cli.experiment.rehearsal, "
@@ -274,8 +392,8 @@ def profile(name: str, episodes: int, folder: Path) -> None:
     for stage, share in sorted(got["shares"].items(), key=lambda kv: -kv[1]):
         print(f"    {stage:<40} {share:6.1%}  (cProfile's share)")
     print(
-        f"  twin on the pool ({got['processes']} processes, CPU of all)   {got['pool']:7.2f}"
-        f"  (pool: {got['pool'] - got['one']:+.2f} against one process; "
+        f"  twin as the plan runs it ({got['processes']} process(es), CPU of all) "
+        f"{got['pool']:7.2f}  ({got['pool'] - got['one']:+.2f} against one process; "
         f"{got['pool_wall']:.2f} s wall)"
     )
     print(f"  analysis (held-out batch already run)      {got['analysis']:7.2f}")
@@ -290,14 +408,23 @@ def main() -> int:
     parser.add_argument(
         "--profile", action="store_true", help="also print the CPU of each stage of a plan"
     )
+    parser.add_argument(
+        "--stages", action="store_true", help="also time forklab plan's own run stage by stage"
+    )
     args = parser.parse_args()
     print(f"cores: {os.cpu_count()}, load average (1, 5, 15 min): {load()}")
+    # Byte-compiled as an installed package is (this machine sets PYTHONDONTWRITEBYTECODE:
+    # otherwise every fresh process would compile ForkLab's modules from source).
+    for folder in (ROOT / "forklab", EXAMPLES):
+        compileall.compile_dir(folder, quiet=1)
     names = [args.only] if args.only else list(WORKLOADS)
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             if args.repeat:
                 ok = compare(name, args.episodes, args.repeat, Path(tmp)) and ok
+            if args.stages:
+                stages(name, args.episodes, Path(tmp))
             if args.profile:
                 profile(name, args.episodes, Path(tmp))
     return 0 if ok else 1

@@ -305,6 +305,51 @@ def test_shared_draws_change_no_value_and_fingerprints_see_every_coordinate() ->
         Shocks(1, 3, draws=draws)  # a table belongs to one (seed, episode)
 
 
+def test_untracked_draws_read_the_shared_values_and_know_whether_they_drew() -> None:
+    from forklab.runtime.crn import EpisodeDraws, UntrackedShocks
+
+    prefix = UntrackedShocks(1, 2)
+    assert not prefix.drawn and prefix.fingerprint() == "0:0000000000000000"
+    first, second = UntrackedShocks(1, 2, 0, prefix), UntrackedShocks(1, 2, 0, prefix)
+    tracked = Shocks(1, 2, source=prefix)
+    for t in range(20):  # the first draws each value, the others read it from the table
+        assert first.exogenous(0, t, "x") == uniform(1, 2, 0, t, "x")
+        assert (
+            second.exogenous(0, t, "x") == tracked.exogenous(0, t, "x") == uniform(1, 2, 0, t, "x")
+        )
+    assert first.drawn and second.drawn and prefix.draws is first.draws
+    assert first.fingerprint() == "" and tracked.fingerprint() != "0:0000000000000000"
+    # A run that only read the table another run filled still drew (the memo's rule),
+    # and one that drew nothing did not, though the episode's table exists.
+    idle = UntrackedShocks(1, 2, 0, prefix)
+    assert not idle.drawn
+    assert idle.exogenous(0, 3, "x") == uniform(1, 2, 0, 3, "x") and idle.drawn
+    # A value drawn by a tracked run first is read the same way.
+    table = EpisodeDraws(1, 2)
+    Shocks(1, 2, draws=table).exogenous(5, 5, "y")
+    assert UntrackedShocks(1, 2, 0, Shocks(1, 2, draws=table)).exogenous(5, 5, "y") == uniform(
+        1, 2, 5, 5, "y"
+    )
+    with pytest.raises(ValueError):
+        UntrackedShocks(1, 3, 0, prefix)  # a source run belongs to one (seed, episode)
+
+
+def test_the_twin_takes_the_cores_nobody_else_is_running_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    from forklab.activities.experiment import twin
+
+    usable = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(twin, "_others_running", lambda: 0)
+    assert twin.default_processes() == usable
+    monkeypatch.setattr(twin, "_others_running", lambda: usable + 5)
+    assert twin.default_processes() == 1
+    monkeypatch.undo()
+    assert twin._others_running() >= 0 and 1 <= twin.default_processes() <= usable
+
+
 class DivergentDraws(CounterRecovery):
     """counter-recovery whose ``refresh`` world draws a shock the baseline never draws:
     a broken common-random-numbers design that the validity check must catch."""

@@ -171,12 +171,15 @@ class EpisodeDraws:
     change a value; it only spares each world hashing the same coordinates again.
     """
 
-    __slots__ = ("_prefix", "agent", "blocks", "episode", "exogenous", "runs", "seed")
+    __slots__ = ("_prefix", "agent", "blocks", "episode", "exogenous", "runs", "seed", "values")
 
     def __init__(self, seed: int, episode: int) -> None:
         self.seed = seed
         self.episode = episode
         self.exogenous: dict[Coordinate, int] = {}
+        # the value of each coordinate in ``exogenous`` an ``UntrackedShocks`` drew (the
+        # top 53 bits of its word): what such a run reads, with no arithmetic per draw
+        self.values: dict[Coordinate, float] = {}
         self.agent: dict[tuple[int, int, str], float] = {}
         # (block, tick) -> (the block's words in pair order, what its decode returned)
         self.blocks: dict[tuple[Block[Any], int], tuple[list[int], Any]] = {}
@@ -244,6 +247,7 @@ class EpisodeDraws:
         run = self.run(block, start, stop)
         self.runs[(block, start, stop)] = Run.kept(block, start, stop, run.decoded, run.total, self)
         self.exogenous.clear()
+        self.values.clear()
         self.blocks.clear()
 
 
@@ -397,23 +401,44 @@ class UntrackedShocks(Shocks):
     draw of any kind, so a run made without a table drew something exactly when it has
     one."""
 
-    __slots__ = ()
+    __slots__ = ("_values",)
 
     def __init__(
         self, seed: int, episode: int, replicate: int = 0, source: Shocks | None = None
     ) -> None:
-        super().__init__(seed, episode, replicate, None, source)
+        # (made once per world and episode: only what this class reads is set)
+        if source is not None and (source.seed != seed or source.episode != episode):
+            raise ValueError("the source run belongs to another (seed, episode)")
+        self.seed = seed
+        self.episode = episode
+        self.replicate = replicate
+        self._draws = None
+        self._source = source
+        self._labels = {}
+        self._agent_drawn = False
+        self._values = _NO_VALUES
 
     def exogenous(self, entity: int, tick: int, stream: str) -> float:
+        # The episode's table of values, once this run drew (until then an empty dict of
+        # its own that is never written to): a draw another world already made is one
+        # lookup, and the table is made, as ``drawn`` needs, on this run's first draw.
+        value = self._values.get((entity, tick, stream))
+        if value is None:
+            return self._draw(entity, tick, stream)
+        return value
+
+    def _draw(self, entity: int, tick: int, stream: str) -> float:
         table = self._draws
         if table is None:
             table = self.draws
-        words = table.exogenous
+        values = self._values = table.values
         coord = (entity, tick, stream)
+        words = table.exogenous
         word = words.get(coord)
         if word is None:
             word = words[coord] = table.word(entity, tick, stream)
-        return (word >> 11) * _SCALE
+        value = values[coord] = (word >> 11) * _SCALE
+        return value
 
     def exogenous_blocks(self, block: Block[T], start: int, stop: int) -> tuple[T, ...]:
         table = self._draws
@@ -434,6 +459,9 @@ class UntrackedShocks(Shocks):
         a result the memo reuses reads the same in a fingerprinted episode)."""
         return UNCHECKED if self._draws is not None else NO_SHOCKS
 
+
+#: What an ``UntrackedShocks`` reads its values from before its first draw: always empty.
+_NO_VALUES: dict[Coordinate, float] = {}
 
 #: The fingerprint of a run that drew no exogenous shock.
 NO_SHOCKS = "0:0000000000000000"

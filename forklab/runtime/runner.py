@@ -393,42 +393,17 @@ def _finish(
     votes = 0
     intervened = drawn = False
     fingerprint = ""
-    name = world.intervention
-    guard = world.guard
-    limit = workload.max_steps
-    done, step = workload.done, workload.step
-    shocks_of = Shocks if tracked else UntrackedShocks
     forks = world.forks
     ran = 0
     for replicate in range(forks):
         state = fork.take()
         if folders is not None:
             workload.workspace = folders.take()
-        shocks = shocks_of(seed, episode, replicate, source=prefix)
-        steps = 0
-        try:
-            workload.schedule_shocks(state, shocks)
-            if name is not None and (guard is None or rule_fires(guard, workload.features(state))):
-                workload.intervene(state, name, params, shocks)
-                intervened = True
-            while not done(state):
-                steps += 1  # counted first, so a failing step reports its own number
-                if steps > limit:
-                    raise StuckWorldError(
-                        f"{type(workload).__name__}.done() was still False after max_steps = "
-                        f"{limit} steps at {method_place(workload, 'done')} "
-                        f"({where(episode, world.name, steps)})"
-                    )
-                step(state, shocks)
-            ok = workload.outcome(state)
-        except ContractViolation:
-            raise
-        except Exception as exc:
-            raise from_exception(workload, exc, where(episode, world.name, steps)) from exc
-        if ok is True:
-            votes += 1
-        elif ok is not False:
-            check_outcome(workload, ok, where(episode, world.name, steps))
+        ok, did, shocks = _replicate(
+            workload, state, seed, episode, replicate, world, params, prefix, tracked
+        )
+        votes += ok
+        intervened = intervened or did
         if not replicate:
             fingerprint = shocks.fingerprint()
         drawn = drawn or shocks.drawn
@@ -436,6 +411,53 @@ def _finish(
         if forks > 1 and folders is None and vote_decided(votes, ran - votes, forks) is not None:
             break  # (a workload with files runs every fork: the last one leaves its files)
     return votes * 2 > forks, intervened, fingerprint, drawn, ran
+
+
+def _replicate(
+    workload: Workload,
+    state: State,
+    seed: int,
+    episode: int,
+    replicate: int,
+    world: WorldPlan,
+    params: dict[str, Any],
+    prefix: Shocks,
+    tracked: bool,
+) -> tuple[bool, bool, Shocks]:
+    """One replicate of ``world`` from ``state`` (its own copy) to the end: (success,
+    intervened, the shocks it drew). A world of one fork is one replicate, which the
+    twin's loop calls directly."""
+    if tracked:
+        shocks: Shocks = Shocks(seed, episode, replicate, source=prefix)
+    else:
+        shocks = UntrackedShocks(seed, episode, replicate, prefix)
+    name = world.intervention
+    intervened = False
+    steps = 0
+    try:
+        workload.schedule_shocks(state, shocks)
+        guard = world.guard
+        if name is not None and (guard is None or rule_fires(guard, workload.features(state))):
+            workload.intervene(state, name, params, shocks)
+            intervened = True
+        done, step, limit = workload.done, workload.step, workload.max_steps
+        while not done(state):
+            steps += 1  # counted first, so a failing step reports its own number
+            if steps > limit:
+                raise StuckWorldError(
+                    f"{type(workload).__name__}.done() was still False after max_steps = "
+                    f"{limit} steps at {method_place(workload, 'done')} "
+                    f"({where(episode, world.name, steps)})"
+                )
+            step(state, shocks)
+        ok = workload.outcome(state)
+    except ContractViolation:
+        raise
+    except Exception as exc:
+        raise from_exception(workload, exc, where(episode, world.name, steps)) from exc
+    if ok is not True and ok is not False:
+        check_outcome(workload, ok, where(episode, world.name, steps))
+    return ok, intervened, shocks
 
 
 def continue_world(
@@ -621,10 +643,16 @@ def run_batch(
             if result is None:
                 if fork is None:
                     fork = _Fork(parsed, copies[index], shared, flat)
-                ok, did, fp, drawn, ran = _finish(
-                    workload, fork, seed, episode, world, params, shocks, None, tracked
-                )
-                saved[index] += world.forks - ran
+                if world.forks == 1:  # one replicate, no vote: called directly
+                    ok, did, ran_shocks = _replicate(
+                        workload, fork.take(), seed, episode, 0, world, params, shocks, tracked
+                    )
+                    fp, drawn = ran_shocks.fingerprint(), ran_shocks.drawn
+                else:
+                    ok, did, fp, drawn, ran = _finish(
+                        workload, fork, seed, episode, world, params, shocks, None, tracked
+                    )
+                    saved[index] += world.forks - ran
                 result = (ok, did, fp)
                 if continuations is not None and not drawn:
                     continuations[(sha, index)] = result

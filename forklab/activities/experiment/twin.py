@@ -49,14 +49,29 @@ class TwinRun:
 
 
 def default_processes() -> int:
-    """The cores this process may run on. On a machine others share, each runnable
-    process gets its share of the cores, so the twin does not shrink below them when
-    the machine is busy (it would only get less of it), and never asks for more."""
+    """The cores this process may run on that nobody else is using now, at least one.
+
+    A core another process keeps busy gives the twin little: where the scheduler shares
+    the machine by session (Linux's autogroups, systemd's slices), a second process of
+    ours only splits our share with the first, and costs its start and its results'
+    transfer. So the twin counts the processes running now besides itself (the kernel's
+    count in ``/proc/loadavg``, taken once) and takes the cores left over."""
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # (no affinity outside Linux)
         usable = os.cpu_count() or 1
-    return max(1, usable)
+    return max(1, usable - _others_running())
+
+
+def _others_running() -> int:
+    """Processes running or ready to run on the machine now, besides this one (0 where
+    the kernel does not say)."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as fh:
+            running = int(fh.read().split()[3].partition("/")[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return max(0, running - 1)
 
 
 def _processes(episodes: int, worlds: Sequence[WorldPlan], asked: int | None) -> int:

@@ -105,7 +105,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--processes",
         type=int,
         default=None,
-        help="worker processes (default: one per usable core when large)",
+        help="worker processes (default: one per free core when large)",
     )
     p.add_argument(
         "--no-memo",

@@ -8,15 +8,18 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from forklab.cli.errors import CliError
-from forklab.experiments.cohort.spec import CohortExperimentSpec, parse_cohort_spec
 from forklab.experiments.experiment.spec import (
     MAX_SPEC_BYTES,
     ExperimentSpec,
     SpecError,
     parse_spec,
 )
+
+if TYPE_CHECKING:  # (imported where read: ``forklab plan`` never needs the cohort models)
+    from forklab.experiments.cohort.spec import CohortExperimentSpec
 
 #: Exit code for a spec that cannot be run (bad input).
 SPEC_EXIT = 2
@@ -70,6 +73,9 @@ def load_spec(path: str) -> ExperimentSpec:
 
 def load_cohort_spec(path: str) -> CohortExperimentSpec:
     """A spec with a ``cohort:`` (``forklab cohort start``)."""
+    # (before ``read_spec_text`` puts the spec's folder first on the import path)
+    from forklab.experiments.cohort.spec import parse_cohort_spec
+
     text = read_spec_text(path)
     try:
         return parse_cohort_spec(text, path)

@@ -141,6 +141,7 @@ class FeatureRows:
     def of(cls, features: Iterable[Mapping[str, Feature]]) -> FeatureRows:
         """Rows of a list of dicts; the runner shares equal dicts, so most are seen by id."""
         table = _Table()
+        index, rows = table.index, table.values
         by_id: dict[int, int] = {}
         keep: list[Mapping[str, Feature]] = []  # keeps ids valid while coding
 
@@ -148,7 +149,12 @@ class FeatureRows:
             found = by_id.get(id(f))
             if found is None:
                 keep.append(f)
-                found = by_id[id(f)] = int(table.codes([_feature_key(f)], [dict(f)])[0])
+                key = _feature_key(f)
+                found = index.get(key)
+                if found is None:  # (where every episode has its own row, most are new)
+                    found = index[key] = len(rows)
+                    rows.append(dict(f))
+                by_id[id(f)] = found
             return found
 
         codes = np.fromiter(map(code, features), dtype=np.uint32)

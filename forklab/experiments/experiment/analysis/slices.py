@@ -17,7 +17,7 @@ object the runner executes.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,7 +115,7 @@ def dimensions(
     (of the episodes' values: each distinct row counts as often as episodes stand in it);
     categorical ones with more than ``MAX_CATEGORIES`` values capped (``_capped``)."""
     table = as_features(features)
-    counts = table.counts()
+    counts = table.counts().tolist()  # (read once per row and feature: Python ints)
     names = sorted({name for feats in table.rows for name in feats})
     dims: dict[str, Dimension] = {}
     for name in names:
@@ -166,31 +166,32 @@ def slice_effects(
     label = " × ".join(d.name for d in dims)
     cells: dict[tuple[Any, ...], int] = {}
     shown_of: list[tuple[Feature, Clause]] = []
-    cell_of_row = np.zeros(len(table.rows), dtype=np.intp)
-    seen = table.counts() > 0  # a row no episode stands in must not name a cell
+    cell_of_row = [0] * len(table.rows)
+    seen = (table.counts() > 0).tolist()  # a row no episode stands in must not name a cell
+    places = [(_cells(dim), dim.name) for dim in dims]
     for k, feats in enumerate(table.rows):
         if not seen[k]:
             continue
-        order: list[Any] = []
-        shown: list[Feature] = []
-        clause: Clause = {}
-        for dim in dims:
-            rank, value, matcher = dim.cell(feats[dim.name])
-            order.append(rank)
-            shown.append(value)
-            clause[dim.name] = matcher
-        cell = cells.get(tuple(order))
+        got = [place(feats[name]) for place, name in places]  # (rank, shown, matcher)
+        order = tuple([rank for rank, _, _ in got])
+        cell = cells.get(order)
         if cell is None:
+            shown = [value for _, value, _ in got]
             value_out: Feature = (
                 shown[0] if len(shown) == 1 else " × ".join(map(feature_text, shown))
             )
-            cell = cells[tuple(order)] = len(shown_of)
+            cell = cells[order] = len(shown_of)
+            # (a value's matcher is shared by its rows: the clause gets copies)
+            clause: Clause = {
+                name: dict(m) for (_, _, m), (_, name) in zip(got, places, strict=True)
+            }
             shown_of.append((value_out, clause))
         cell_of_row[k] = cell
     kinds = pair_kinds(reference, world)  # 0 n11, 1 n10, 2 n01, 3 n00
     if len(kinds) != len(table):
         raise ValueError(f"{len(kinds)} outcomes but {len(table)} episodes of features")
-    counts = np.bincount(cell_of_row[table.codes] * 4 + kinds, minlength=len(shown_of) * 4).reshape(
+    row_cells = np.asarray(cell_of_row, dtype=np.intp)
+    counts = np.bincount(row_cells[table.codes] * 4 + kinds, minlength=len(shown_of) * 4).reshape(
         -1, 4
     )
     out = []
@@ -219,6 +220,28 @@ def slice_effects(
     return out
 
 
+Cell = tuple[tuple[int, float, str], Feature, dict[str, Any]]
+
+
+def _cells(dim: Dimension) -> Callable[[Feature], Cell]:
+    """``dim.cell``, worked out once per distinct value: where every episode records
+    its own features (a float such as a mood), the distinct rows are as many as the
+    episodes, but each feature has far fewer distinct values. Keyed by type and value
+    (``True`` is not ``1``); values equal as keys (``-0.0`` and ``0.0``) already share a
+    cell by its sort key, and the cell keeps what its first row showed. Its matcher is
+    shared by the rows of that value: a cell's clause takes copies."""
+    known: dict[tuple[type, Feature], Cell] = {}
+
+    def place(value: Feature) -> Cell:
+        key = (type(value), value)
+        found = known.get(key)
+        if found is None:
+            found = known[key] = dim.cell(value)
+        return found
+
+    return place
+
+
 def feature_text(value: Feature) -> str:
     """A feature value as the report shows it (``true``, not ``True``; ``missing``)."""
     if value is None:
@@ -235,12 +258,13 @@ def identical_partitions(
     intervals under other names, so a report shows them once and names both; the guard
     still sees every feature. A group's names are in ``dims`` order."""
     table = as_features(features)
-    seen = table.counts() > 0
+    seen = (table.counts() > 0).tolist()
     groups: dict[tuple[int, ...], list[str]] = {}
     for name, dim in dims.items():
         first: dict[Any, int] = {}  # the cell's order key → its number in order of first use
+        place = _cells(dim)
         shape = tuple(
-            first.setdefault(dim.cell(feats.get(name))[0], len(first))
+            first.setdefault(place(feats.get(name))[0], len(first))
             for k, feats in enumerate(table.rows)
             if seen[k]
         )
