@@ -89,6 +89,7 @@ class PrefixMatcher:
         both = keyed([*prefix, *flying], with_input=exact)
         inherited_ids = {id(s) for s in prefix}
         self._owed = {k: s for k, s in both.items() if id(s) in inherited_ids}
+        self._owed_at = {s.index: k for k, s in self._owed.items()}
         self._flying = {k for k, s in both.items() if id(s) not in inherited_ids}
         self._ranks = sorted(s.index for s in prefix)
         self._delivered = 0
@@ -112,6 +113,7 @@ class PrefixMatcher:
         """The inherited step with this key (once), or None."""
         step = self._owed.pop(key, None)
         if step is not None:
+            del self._owed_at[step.index]
             self.progress += 1
         return step
 
@@ -155,8 +157,8 @@ class PrefixMatcher:
         that has nothing else to wait for and still does not ask never will."""
         if self.all_delivered:
             return None
-        rank = self._ranks[self._delivered]
-        return next((s for s in self._owed.values() if s.index == rank), None)
+        key = self._owed_at.get(self._ranks[self._delivered])
+        return self._owed[key] if key is not None else None
 
     @property
     def all_delivered(self) -> bool:
