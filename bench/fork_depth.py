@@ -106,7 +106,8 @@ async def main(depths: list[int], mid: bool, can_every: int, rounds: int) -> Non
                     served = 0
                     for cached in [False] * rounds + [True] * rounds:
                         if not cached:
-                            b.lab.runs, forks.runs = ClosedRuns(), ClosedRuns()
+                            b.lab.runs = b.lab.starter.runs = ClosedRuns()
+                            forks.runs = ClosedRuns()
                         started = time.time()
                         fork = await b.lab.fork(wid, at, tool_policies={"*": ToolPolicy.live})
                         await fork.handle.result()

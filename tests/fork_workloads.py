@@ -24,6 +24,8 @@ class StepsInput(BaseModel):
     hold_at: int | None = None
     can_every: int | None = None
     trace: list[str] = []
+    #: calls made at once (a multiple that divides ``can_every``); 1: one after another
+    parallel: int = 1
 
 
 class EchoIn(BaseModel):
@@ -47,6 +49,8 @@ async def hold(x: EchoIn) -> str:
 class StepsWorkflow:
     @workflow.run
     async def run(self, inp: StepsInput) -> list[str]:
+        if inp.parallel > 1:
+            return await self._in_parallel(inp)
         trace = list(inp.trace)
         for i in range(inp.done + 1, inp.steps + 1):
             tag = str(workflow.uuid4())[:8] if inp.random_ids else "fixed"
@@ -64,6 +68,26 @@ class StepsWorkflow:
                 await workflow.sleep(timedelta(milliseconds=10))
             if inp.can_every and i % inp.can_every == 0 and i < inp.steps:
                 workflow.continue_as_new(inp.model_copy(update={"done": i, "trace": trace[-3:]}))
+        return trace
+
+    async def _in_parallel(self, inp: StepsInput) -> list[str]:
+        """``parallel`` echo calls at a time, continuing-as-new every ``can_every``."""
+        trace = list(inp.trace)
+        for first in range(inp.done + 1, inp.steps + 1, inp.parallel):
+            last = min(first + inp.parallel - 1, inp.steps)
+            trace += await asyncio.gather(
+                *(
+                    workflow.execute_activity(
+                        "echo",
+                        EchoIn(i=i, tag="fixed"),
+                        result_type=str,
+                        start_to_close_timeout=timedelta(minutes=5),
+                    )
+                    for i in range(first, last + 1)
+                )
+            )
+            if inp.can_every and last % inp.can_every == 0 and last < inp.steps:
+                workflow.continue_as_new(inp.model_copy(update={"done": last, "trace": trace[-3:]}))
         return trace
 
 

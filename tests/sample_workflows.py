@@ -25,6 +25,8 @@ with workflow.unsafe.imports_passed_through():
     from sample_tools import Mailer
     from temporalio.openai_agents.workflow import activity_as_tool
 
+    from forklab.workflows.runfork.interceptor import current_fork
+
 
 class Calls:
     """Executions per (workflow id, activity type), across every worker of the test."""
@@ -396,6 +398,29 @@ class FanOutChangedWorkflow:
                     start_to_close_timeout=timeout,
                 )
                 for i in range(inp.width)
+            )
+        )
+        return ",".join(parts)
+
+
+@workflow.defn(name="FanOut")
+class FanOutSkippingWorkflow:
+    """``FanOut`` whose first level leaves out the branch a fork's intervention names
+    (``{"skip_branch": i}``): a fork that takes another path before its fork point."""
+
+    @workflow.run
+    async def run(self, inp: FanOutInput) -> str:
+        timeout = timedelta(minutes=1)
+        marker = current_fork()
+        asked = (marker.intervention or {}) if marker is not None else {}
+        skip = asked.get("skip_branch")
+        parts = await asyncio.gather(
+            *(
+                workflow.execute_activity(
+                    "branch", args=[1, i, ""], result_type=str, start_to_close_timeout=timeout
+                )
+                for i in range(inp.width)
+                if i != skip
             )
         )
         return ",".join(parts)

@@ -1,9 +1,10 @@
 """A parent that starts a child workflow, shaped like Temporal's samples (``hello_child_workflow``
-with an activity before and after, and a child that waits for a signal from outside), for
-the team reader's tests. Loaded by the tests' worker only."""
+with an activity before and after, and a child that waits for a signal from outside), and a
+workflow with calls in parallel, for the team reader's tests. Loaded by the tests' worker only."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import activity, workflow
@@ -48,3 +49,31 @@ class GreetingParent:
         return await workflow.execute_activity(
             compose_greeting, answer, start_to_close_timeout=timedelta(seconds=10)
         )
+
+
+@activity.defn(name="pause")
+async def pause(seconds: float) -> float:
+    await asyncio.sleep(seconds)
+    return seconds
+
+
+@workflow.defn(name="ParallelListener")
+class ParallelListener:
+    """Two calls in parallel, the first scheduled finishing last, and a signal that
+    arrives between their completions: the call scheduled second is step 1."""
+
+    def __init__(self) -> None:
+        self.heard = 0
+
+    @workflow.signal
+    def hear(self) -> None:
+        self.heard += 1
+
+    @workflow.run
+    async def run(self, slow: float) -> int:
+        timeout = timedelta(seconds=30)
+        await asyncio.gather(
+            workflow.execute_activity(pause, slow, start_to_close_timeout=timeout),
+            workflow.execute_activity(pause, 0.0, start_to_close_timeout=timeout),
+        )
+        return self.heard

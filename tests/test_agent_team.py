@@ -24,13 +24,14 @@ from typing import Any
 import pytest
 from agent_fixtures import Services, agent_settings
 from helpers import forklab_in_process as forklab
-from team_workflows import GreetingChild, GreetingParent, compose_greeting
+from team_workflows import GreetingChild, GreetingParent, ParallelListener, compose_greeting, pause
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from forklab.activities.runfork.team_history import TeamReadError, read_team
+from forklab.activities.runfork.history_reads import read_chain
+from forklab.activities.runfork.team_history import TeamReadError, read_member, read_team
 from forklab.agents.team import (
     CONCLUSION_STEP,
     Review,
@@ -237,6 +238,27 @@ async def test_a_parent_and_its_child_read_as_a_team(temporal_env: WorkflowEnvir
     assert cut.of(parent_id).point == Point(step=1, events=1)
     go_edge = next(e for e in cut.edges if e.message.kind is MessageKind.signal)
     assert go_edge.status is EdgeStatus.after_cut
+
+
+async def test_a_member_s_steps_are_numbered_as_forklab_steps_numbers_them(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """Calls in parallel complete in another order than the one they were scheduled in:
+    a member's positions count the steps completed before an event, where ``forklab
+    steps`` places it, so a cut at step N holds what a fork at step N inherits."""
+    client = temporal_env.client
+    queue, wid = f"team-par-{uuid.uuid4().hex[:8]}", f"par-{uuid.uuid4().hex[:8]}"
+    async with Worker(client, task_queue=queue, workflows=[ParallelListener], activities=[pause]):
+        handle = await client.start_workflow(ParallelListener.run, 2.0, id=wid, task_queue=queue)
+        await _first_step_done(handle)  # the call scheduled second; the first still runs
+        await handle.signal(ParallelListener.hear)
+        assert await handle.result() == 1
+    member = await read_member(client, wid)
+    (run,) = await read_chain(client, wid)
+    (signal,) = [e for e in run.others if e.kind == "signal"]
+    assert signal.after_step == 1 and [s.call for s in run.steps] == [2, 1]
+    assert [r.at for r in member.received] == [Position(after_step=1)]
+    assert member.steps == 2
 
 
 async def _first_step_done(handle: WorkflowHandle[Any, Any]) -> None:

@@ -10,6 +10,7 @@ from forklab.experiments.runfork.call_match import (
     PrefixMatcher,
     in_flight,
     keyed,
+    stalled_message,
 )
 from forklab.experiments.runfork.steps import Step, StepStatus
 
@@ -106,3 +107,17 @@ def test_fork_points_by_meaning_resolve_over_a_run_s_steps() -> None:
         resolve_at("tool:", run)
     marks = not_forkable(run[:4], [PrefixEvent(kind="signal", after_step=2)], 0)
     assert [marks[i] is None for i in (1, 2, 3, 4)] == [True, True, False, False]
+
+
+def test_the_next_result_owed_is_named_until_the_fork_asks_for_it() -> None:
+    """What the stall watch reads: the next inherited result in the parent's order the
+    fork has not asked for, and a counter that moves with every ask and hand-over."""
+    m = PrefixMatcher(RUN[:4], [], exact=True)
+    assert m.next_unasked() == RUN[0] and m.progress == 0
+    assert m.take(m.key("plan", "p")) == RUN[0]
+    assert m.next_unasked() is None and m.progress == 1  # asked, not yet handed over
+    m.delivered()
+    # the searches: "a" (step 4) asked, "c" (step 2, next in turn) not
+    assert m.take(m.key("search", "a")) == RUN[3]
+    assert m.next_unasked() == RUN[1] and m.progress == 3
+    assert stalled_message(RUN[1]).startswith("at step 2 (search) the parent had made this call")

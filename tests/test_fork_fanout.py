@@ -28,6 +28,7 @@ from sample_workflows import (
     FanOutActivities,
     FanOutChangedWorkflow,
     FanOutInput,
+    FanOutSkippingWorkflow,
     FanOutWorkflow,
     ResearchBotInput,
     ResearchBotWorkflow,
@@ -179,6 +180,27 @@ async def test_a_fan_out_of_eight_per_level_forks_at_every_step(fan_lab: FanLab)
     assert fan_lab.calls.of(wid) == 27
 
 
+async def test_ten_levels_of_eight_fork_exactly_at_every_level(fan_lab: FanLab) -> None:
+    """Issue 33's fan-out shape: 8 calls in parallel per level, 10 levels (90 steps),
+    forked once in each level, inside it (after half its branches) on odd levels and at
+    its end (its merge) on even ones: every fork exact, its result the parent's, nothing
+    inherited executed again."""
+    acts = FanOutActivities(fan_lab.calls).all()
+    wid, expected = await fan_lab.record(FanOutWorkflow, FanOutInput(levels=10, width=8), acts)
+    steps = await fan_lab.lab.steps(wid)
+    assert len(steps) == 90 and await _out_of_order(fan_lab, wid) > 0
+    async with fan_lab.forking_worker(FanOutWorkflow, acts):
+        for level in range(1, 11):
+            n = 9 * level - (5 if level % 2 else 0)
+            fork = await fan_lab.lab.fork(wid, n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+            assert await asyncio.wait_for(fork.handle.result(), timeout=90) == expected, n
+            assert fork.receipt.restorable and fork.receipt.boundary.value == "exact"
+            origins = [s.origin for s in await fan_lab.lab.steps(fork.handle.id)]
+            assert origins == [StepOrigin.inherited] * n + [StepOrigin.own] * (90 - n), n
+            assert fan_lab.calls.of(fork.handle.id) == 90 - n, n
+    assert fan_lab.calls.of(wid) == 90
+
+
 async def test_a_fork_whose_code_calls_something_else_inside_a_level_is_refused(
     fan_lab: FanLab,
 ) -> None:
@@ -194,3 +216,50 @@ async def test_a_fork_whose_code_calls_something_else_inside_a_level_is_refused(
     assert ForkErrorType.prefix_diverged.value in cause or "input differs" in cause
     assert "the fork's input differs from the parent's" in cause
     assert fan_lab.calls.of(fork.handle.id) == 0
+
+
+async def test_a_fork_that_never_asks_for_an_inherited_call_fails_instead_of_waiting(
+    fan_lab: FanLab,
+) -> None:
+    """An intervention makes the fork leave out the branch that completed first on the
+    parent: the other branches' inherited results would wait for it for ever. The fork
+    fails at once, naming that step, and runs nothing."""
+    acts = FanOutActivities(fan_lab.calls, width=4).all()
+    wid, _ = await fan_lab.record(FanOutWorkflow, FanOutInput(levels=2, width=4), acts)
+    first = (await fan_lab.lab.steps(wid))[0]
+    assert first.call == 4  # branch 3 completed first
+    async with fan_lab.forking_worker(FanOutSkippingWorkflow, acts):
+        fork = await fan_lab.lab.fork(
+            wid, 5, name=f"{wid}/skips", intervention={"skip_branch": 3}, tool_policies=LIVE
+        )
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(fork.handle.result(), timeout=60)
+        # the same fork without the intervention asks for every call, and is not stopped
+        same = await fan_lab.lab.fork(wid, 4, name=f"{wid}/same", tool_policies=LIVE)
+        assert await asyncio.wait_for(same.handle.result(), timeout=60) == ",".join(
+            f"L1.{i}<0>" for i in range(4)
+        )
+    cause = str(failed.value.cause)
+    assert "at step 1 (branch) the parent had made this call by now" in cause
+    assert "took another path before the fork point" in cause
+    assert fan_lab.calls.of(fork.handle.id) == 0
+
+
+async def test_the_run_log_numbers_steps_as_forklab_steps_does(fan_lab: FanLab) -> None:
+    """A worker logs a call by its place in the scheduling order (all it knows when the
+    call starts); ``forklab watch`` shows the step number ``forklab steps`` gives it,
+    which for calls in parallel is their place in the completion order."""
+    fan_lab.queue = f"fan-{uuid.uuid4().hex[:8]}"
+    wid = f"fan-{uuid.uuid4().hex[:8]}"
+    acts = FanOutActivities(fan_lab.calls).all()
+    async with fan_lab.forking_worker(FanOutWorkflow, acts):
+        await fan_lab.client.execute_workflow(
+            FanOutWorkflow.run, FanOutInput(levels=2, width=4), id=wid, task_queue=fan_lab.queue
+        )
+    steps = await fan_lab.lab.steps(wid)
+    assert await _out_of_order(fan_lab, wid) > 0
+    log = fan_lab.lab.watch(await fan_lab.lab.run_stream(wid))
+    done = [e for e in await fan_lab.lab.numbered(wid, log) if e["kind"] == "step_completed"]
+    assert sorted((e["step"], e["call"], e["activity"]) for e in done) == [
+        (s.index, s.call, s.activity_type) for s in steps
+    ]

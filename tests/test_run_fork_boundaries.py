@@ -254,6 +254,24 @@ async def test_exact_fork_inside_an_earlier_run_of_a_running_chain(steps_lab: St
     await parent.terminate("test over")
 
 
+async def test_a_run_ending_in_calls_in_parallel_is_read_from_its_end(
+    steps_lab: StepsLab,
+) -> None:
+    """Step 6 ends the parent's second run, three calls in parallel: read from the end of
+    that run (back to the scheduling of all three), not in full, and the fork starts from
+    the next run's input, served nothing."""
+    wid = await steps_lab.start(steps=9, can_every=3, parallel=3)
+    expected = await steps_lab.client.get_workflow_handle(wid).result()
+    located = await locate_step(steps_lab.client, wid, 6)
+    assert located.tail_only and located.histories_read == 0
+    assert [s.index for s in located.source.steps] == [4, 5, 6]
+    live = await steps_lab.lab.fork(wid, 6, tool_policies={"*": ToolPolicy.live})
+    assert (live.receipt.base_step, live.receipt.prefix_sha256) == (6, prefix_sha256([]))
+    assert await live.handle.result() == expected
+    # inside the run, the whole run is read
+    assert not (await locate_step(steps_lab.client, wid, 5)).tail_only
+
+
 async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
     steps_lab: StepsLab,
 ) -> None:

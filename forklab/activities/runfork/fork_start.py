@@ -6,6 +6,7 @@ marker, signed with the home's fork issuer key (``fork_keys``). ``forklab fork``
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -240,7 +241,10 @@ class ForkStarter:
                 f"fork name {fork_id!r}: use 1-200 letters, digits and . _ : / - "
                 "(starting with a letter or digit)"
             )
-        if self.registry.receipt(fork_id) is not None:
+        # the registry is SQLite, and its writes wait for the disk: in a thread, so that a
+        # worker sharing this event loop (an experiment's fork activity, the in-process
+        # API beside a worker) goes on meanwhile — with the fork itself, once it started
+        if await asyncio.to_thread(self.registry.receipt, fork_id) is not None:
             raise ForkExists(f"fork name {fork_id!r} is taken by an earlier fork; choose another")
         policies = dict(tool_policies or {})
         policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
@@ -368,7 +372,7 @@ class ForkStarter:
                     f"fork name {fork_id!r} is the id of an existing workflow; choose another"
                 ) from None
             try:
-                self.registry.add_receipt(receipt)
+                await asyncio.to_thread(self.registry.add_receipt, receipt)
             except BaseException:
                 # a fork without its receipt would be promoted, diffed and collected as
                 # something else: stop it rather than leave it half-recorded

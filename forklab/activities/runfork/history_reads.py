@@ -217,16 +217,17 @@ async def _boundary_at_run_end(
     client: Client, workflow_id: str, start: RunStart, at_step: int
 ) -> RunRecord | None:
     """The run's last step, ``at_step``, read from the end of its history (newest events
-    first), when it completed and nothing else (timer, signal, update, child, local
-    activity) reached the run after it: then the next run's recorded input is the state
-    right after ``at_step``. None when that is not so or cannot be seen within
-    ``TAIL_EVENTS`` events — the caller then reads the whole run."""
+    first, back to the scheduling of the last call and of every call completing after
+    it: calls in parallel), when it completed and nothing else (timer, signal, update,
+    child, local activity) reached the run in that tail: then the next run's recorded
+    input is the state right after ``at_step``. None when that is not so or cannot be
+    seen within ``TAIL_EVENTS`` events — the caller then reads the whole run."""
     if client.data_converter.payload_codec is not None:
         return None  # the whole-run reader refuses codecs with the reason
-    tail: list[HistoryEvent] = []
+    tail: list[HistoryEvent] = []  # newest first
     token = b""
     found = False
-    while not found and len(tail) < TAIL_EVENTS:
+    while len(tail) < TAIL_EVENTS:
         page = await client.workflow_service.get_workflow_execution_history_reverse(
             GetWorkflowExecutionHistoryReverseRequest(
                 namespace=client.namespace,
@@ -237,23 +238,33 @@ async def _boundary_at_run_end(
         )
         for ev in page.history.events:
             tail.append(ev)
-            if ev.HasField("activity_task_scheduled_event_attributes"):
-                name = ev.activity_task_scheduled_event_attributes.activity_type.name
-                if name == FETCH_PREFIX:
-                    return None  # the last steps were inherited: read the whole run
-                if name == STEP_DECISION or not name.startswith(INTERNAL_PREFIX):
-                    found = True
-                    break
-        token = page.next_page_token
-        if not token:
-            break
-    if not found:
+            if not ev.HasField("activity_task_scheduled_event_attributes"):
+                continue
+            name = ev.activity_task_scheduled_event_attributes.activity_type.name
+            if name == FETCH_PREFIX:
+                return None  # the last steps were inherited: read the whole run
+            if name == STEP_DECISION or not name.startswith(INTERNAL_PREFIX):
+                found = True
+            # calls in parallel: the last to complete may be scheduled earlier, so the
+            # tail reaches back to the scheduling of every call that completes in it
+            if found and not _completes_earlier_calls(tail):
+                break
+        else:
+            token = page.next_page_token
+            if token:
+                continue
+        break
+    if not found or _completes_earlier_calls(tail):
         return None
     tail.reverse()
-    if _completes_earlier_calls(tail):
-        return None  # calls in parallel: the last to complete may be scheduled earlier
-    steps, others = parse_events(tail, at_step - 1, start.run_id)
-    if len(steps) != 1 or steps[0].status is not StepStatus.completed or others:
+    completions = sum(1 for ev in tail if ev.WhichOneof("attributes") in TERMINAL_EVENTS)
+    steps, others = parse_events(tail, at_step - completions, start.run_id)
+    if (
+        not steps
+        or steps[-1].index != at_step
+        or any(s.status is not StepStatus.completed for s in steps)
+        or others
+    ):
         return None
     return RunRecord(
         workflow_id=workflow_id,
@@ -261,8 +272,8 @@ async def _boundary_at_run_end(
         workflow_type=start.workflow_type,
         task_queue=start.task_queue,
         input=start.input,
-        base_step=start.base_step if start.base_step is not None else at_step - 1,
-        steps=steps,  # only the last one
+        base_step=start.base_step if start.base_step is not None else at_step - len(steps),
+        steps=steps,  # the run's last steps: those completing after the last scheduling
         others=[],
         marker=start.marker,
         receipt=start.receipt,
@@ -273,8 +284,9 @@ async def _boundary_at_run_end(
 
 
 def _completes_earlier_calls(tail: list[HistoryEvent]) -> bool:
-    """Whether an activity scheduled before ``tail`` completes inside it."""
-    first = tail[0].event_id
+    """Whether an activity scheduled before ``tail`` (events in either order) completes
+    inside it."""
+    first = min(tail[0].event_id, tail[-1].event_id)
     for ev in tail:
         kind = ev.WhichOneof("attributes")
         if kind in TERMINAL_EVENTS and getattr(ev, kind).scheduled_event_id < first:

@@ -1,6 +1,6 @@
 """What an activity knows about the run that called it, and the run log it writes.
 
-The worker interceptor here reads the fork headers (lineage root, chain, step index)
+The worker interceptor here reads the fork headers (lineage root, chain, call position)
 into context variables for the effect ledger, and publishes each step's start and end to
 the run log. Both stores are keyed by an identity no later run shares (namespace and
 first run id, ``forklab.experiments.runfork.identity``), never by the bare workflow id.
@@ -37,7 +37,7 @@ _lineage_root: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "forklab_lineage_root", default=None
 )
 _chain: contextvars.ContextVar[str | None] = contextvars.ContextVar("forklab_chain", default=None)
-_step: contextvars.ContextVar[int | None] = contextvars.ContextVar("forklab_step", default=None)
+_call: contextvars.ContextVar[int | None] = contextvars.ContextVar("forklab_call", default=None)
 _model_seed: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "forklab_model_seed", default=None
 )
@@ -103,17 +103,19 @@ class _RunContextInbound(ActivityInboundInterceptor):
         _model_seed.set(conv.from_payload(seed, int) if seed is not None else None)
         _lineage_root.set(conv.from_payload(root, str) if root is not None else None)
         _chain.set(conv.from_payload(chain, str) if chain is not None else None)
-        _step.set(conv.from_payload(step, int) if step is not None else None)
+        _call.set(conv.from_payload(step, int) if step is not None else None)
         info = activity.info()
         name = info.activity_type
-        base = {"activity": name, "step": _step.get(), "attempt": info.attempt}
+        # the call's place in the scheduling order: its step number (the order calls
+        # complete) is not known yet; `forklab watch` adds it from the run's history
+        base = {"activity": name, "call": _call.get(), "attempt": info.attempt}
         if name.startswith(INTERNAL_PREFIX) and name != STEP_DECISION:
             return await super().execute_activity(input)
         if name == STEP_DECISION:
             d = input.args[0]
             base.update(
                 kind="policy",
-                step=d.index,
+                call=d.index,
                 tool=d.activity_type,
                 decision=d.decision,
                 policy=d.policy,

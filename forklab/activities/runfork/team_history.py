@@ -15,22 +15,32 @@ Links, as the histories record them:
   naming its parent, and the parent's ``ChildWorkflowExecution{Completed,Failed,...}``.
 
 Anything else (a client's signal or update, a child or target outside the team) is a
-message with one end outside. Steps are counted as ForkLab numbers them (activity calls in
-scheduling order, a fork's inherited and decided steps included) across a continue-as-new
-chain. Everything read here comes from history and is treated as untrusted data: names
-and ids are kept as strings, never interpreted.
+message with one end outside. Steps are counted as ``forklab steps`` numbers them (activity
+calls in the order they completed, those that never did last; a fork's inherited and
+decided steps included) across a continue-as-new chain, so a cut at a member's step N
+holds the calls a fork of it at step N inherits. Everything read here comes from history
+and is treated as untrusted data: names and ids are kept as strings, never interpreted.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from temporalio.api.common.v1 import Payload
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from forklab.contracts.runfork import FETCH_PREFIX, INTERNAL_PREFIX, STEP_DECISION, PrefixPage
+from forklab.activities.runfork.history_events import TERMINAL_EVENTS
+from forklab.contracts.runfork import (
+    FETCH_PREFIX,
+    INTERNAL_PREFIX,
+    STEP_DECISION,
+    PrefixPage,
+    StepDecisionInput,
+)
 from forklab.contracts.team import TEAM_UPDATE_ACTIVITY, TeamUpdateCall, parse_update_id
 from forklab.experiments.runfork.team_cut import (
     Member,
@@ -124,12 +134,26 @@ class MemberHistory:
     neighbours: set[str] = field(default_factory=set)
 
 
+def _acting(payloads: Sequence[Payload]) -> bool:
+    """Whether a ``forklab.step_decision`` records a refused local activity or child
+    workflow (no step) rather than a call the fork's policy decided (a step)."""
+    if not payloads:
+        return False
+    try:
+        return StepDecisionInput.model_validate_json(payloads[0].data).acting is not None
+    except ValueError:
+        return False
+
+
 class _Walker:
     """Counts steps and places message events while one chain's events go by."""
 
     def __init__(self, member: MemberHistory) -> None:
         self.m = member
         self.gap: dict[int, int] = defaultdict(int)
+        #: steps scheduled and not yet completed: scheduled event id -> activity id (None
+        #: for a call the fork's policy decided, whose messages are not its own)
+        self.running: dict[int, str | None] = {}
 
     def here(self) -> Position:
         pos = Position(after_step=self.m.steps, seq=self.gap[self.m.steps])
@@ -137,11 +161,19 @@ class _Walker:
         return pos
 
     def step(self, activity_id: str | None = None) -> None:
+        """A step completes (or, at a run's end, is left running): the next number."""
         if activity_id is not None:
-            # an activity's messages sit after what the member saw before scheduling it
+            # an activity's messages are part of its step: they sit after what the member
+            # saw before the step completed, and a fork holds them when it inherits it
             at = Position(after_step=self.m.steps, seq=self.gap[self.m.steps])
             self.m.activity_positions[activity_id] = at
         self.m.steps += 1
+
+    def end_run(self) -> None:
+        """The run's calls that never completed are numbered last, in scheduling order."""
+        for activity_id in list(self.running.values()):
+            self.step(activity_id)
+        self.running.clear()
 
     def _update_call(self, data: bytes, activity_id: str) -> None:
         try:
@@ -159,11 +191,14 @@ class _Walker:
             name = a.activity_type.name
             scheduled[ev.event_id] = name
             if name == STEP_DECISION:
-                self.step()
+                if not _acting(a.input.payloads):
+                    self.running[ev.event_id] = None
             elif not name.startswith(INTERNAL_PREFIX):
-                self.step(a.activity_id)
+                self.running[ev.event_id] = a.activity_id
                 if name == TEAM_UPDATE_ACTIVITY and a.input.payloads:
                     self._update_call(a.input.payloads[0].data, a.activity_id)
+        elif kind in TERMINAL_EVENTS and getattr(ev, kind).scheduled_event_id in self.running:
+            self.step(self.running.pop(getattr(ev, kind).scheduled_event_id))
         elif kind == "activity_task_completed_event_attributes":
             c = ev.activity_task_completed_event_attributes
             if scheduled.get(c.scheduled_event_id) == FETCH_PREFIX and c.result.payloads:
@@ -253,6 +288,7 @@ async def read_member(client: Client, workflow_id: str) -> MemberHistory:
         history = await client.get_workflow_handle(workflow_id, run_id=rid).fetch_history()
         for ev in history.events:
             walker.event(ev, scheduled)
+        walker.end_run()
     member.closed = desc.status in _CLOSED
     if member.closed:
         member.end = walker.here()

@@ -40,7 +40,7 @@ from forklab.experiments.runfork.overrides import ForkSignal, ResultOverride
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy, unknown_tools
 from forklab.experiments.runfork.promotion import SiblingRun
 from forklab.experiments.runfork.receipt import BoundaryMode, PrefixEvent
-from forklab.experiments.runfork.steps import Step, StepOrigin
+from forklab.experiments.runfork.steps import Step, StepOrigin, step_numbers
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.runfork.plugin import search_attributes_hint
 from forklab.workers.stores import effect_ledger
@@ -372,6 +372,20 @@ class AgentLab:
     def watch(self, stream: str, after: int = -1, limit: int = 1000) -> list[LogEvent]:
         """Events of a stream from :meth:`run_stream` after offset ``after``."""
         return self.run_log.read(stream, after, limit)
+
+    async def numbered(self, run: str, events: list[LogEvent]) -> list[dict[str, Any]]:
+        """``events`` of ``run``'s log, each with the step number ``forklab steps`` gives
+        its call now (``step``: None while the call is pending). The log records a call by
+        its place in the scheduling order (``call``), all a worker knows when it starts;
+        calls in parallel complete, and are numbered, in another order."""
+        if not events:
+            return []
+        numbers = step_numbers(await self.steps(run))
+        out = []
+        for e in events:
+            call = e.event.get("call")
+            out.append({**e.event, "step": numbers.get(call) if isinstance(call, int) else None})
+        return out
 
 
 def _signature(s: Step) -> tuple[str, str, str | None, str]:

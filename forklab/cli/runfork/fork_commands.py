@@ -327,19 +327,18 @@ _SIBLING_RUN = {
 
 
 #: Event fields ``watch_line`` shows in its columns; the rest follow as key=value.
-_WATCH_COLUMNS = ("kind", "step", "activity", "attempt")
+_WATCH_COLUMNS = ("kind", "step", "call", "activity", "attempt")
 #: The longest value ``watch_line`` shows of an extra field (``--json`` has them whole).
 _WATCH_VALUE_WIDTH = 80
 
 
 def watch_line(offset: int, event: dict[str, Any]) -> str:
-    """One run-log event for people: offset, step, kind, activity (and its attempt when
-    it is a retry), then any other field as ``key=value``, long values cut."""
-    step = event.get("step")
-    line = (
-        f"{offset:>6}  {'step ' + str(step) if step is not None else '':<8} "
-        f"{event.get('kind', 'event')!s:<15} {event.get('activity', '')}"
-    )
+    """One run-log event for people: offset, step (``call N`` while a call is pending and
+    has no step number yet), kind, activity (and its attempt when it is a retry), then any
+    other field as ``key=value``, long values cut."""
+    step, call = event.get("step"), event.get("call")
+    where = f"step {step}" if step is not None else f"call {call}" if call is not None else ""
+    line = f"{offset:>6}  {where:<8} {event.get('kind', 'event')!s:<15} {event.get('activity', '')}"
     attempt = event.get("attempt")
     if isinstance(attempt, int) and attempt > 1:
         line += f" (attempt {attempt})"
@@ -363,11 +362,11 @@ async def _watch(args: argparse.Namespace) -> int:
     after = first - 1
     while True:
         events = lab.watch(stream, after)
-        for e in events:
+        for e, event in zip(events, await lab.numbered(args.run, events), strict=True):
             if args.json:  # one JSON object a line, so a reader can follow the stream
-                print(json.dumps({"offset": e.offset, **e.event}, sort_keys=True), flush=True)
+                print(json.dumps({"offset": e.offset, **event}, sort_keys=True), flush=True)
             else:
-                print(watch_line(e.offset, e.event), flush=True)
+                print(watch_line(e.offset, event), flush=True)
             after = e.offset
         if not args.follow:
             break

@@ -70,6 +70,15 @@ class Divergence(ValueError):
     boundary, made while inherited calls are still owed. The message names the step."""
 
 
+def stalled_message(step: Step) -> str:
+    """Why a fork that never asks for inherited ``step`` cannot reach its fork point."""
+    return (
+        f"at step {step.index} ({step.activity_type}) the parent had made this call by now "
+        "and the fork has nothing left to wait for without it: its code took another path "
+        "before the fork point"
+    )
+
+
 class PrefixMatcher:
     """The inherited steps of one fork, handed out by key, and delivered in the parent's
     completion order."""
@@ -80,10 +89,14 @@ class PrefixMatcher:
         both = keyed([*prefix, *flying], with_input=exact)
         inherited_ids = {id(s) for s in prefix}
         self._owed = {k: s for k, s in both.items() if id(s) in inherited_ids}
+        self._owed_at = {s.index: k for k, s in self._owed.items()}
         self._flying = {k for k, s in both.items() if id(s) not in inherited_ids}
         self._ranks = sorted(s.index for s in prefix)
         self._delivered = 0
         self._seen: Counter[tuple[str, str]] = Counter()
+        #: inherited steps asked for plus results handed over: moves whenever the fork
+        #: gets nearer its fork point
+        self.progress = 0
 
     def key(self, activity_type: str, input_sha256: str) -> CallKey:
         """The key of the fork's next call of this type and input (counts it)."""
@@ -98,7 +111,11 @@ class PrefixMatcher:
 
     def take(self, key: CallKey) -> Step | None:
         """The inherited step with this key (once), or None."""
-        return self._owed.pop(key, None)
+        step = self._owed.pop(key, None)
+        if step is not None:
+            del self._owed_at[step.index]
+            self.progress += 1
+        return step
 
     def check_live(self, key: CallKey) -> None:
         """Raise :class:`Divergence` unless a call with ``key`` that is not inherited may
@@ -131,6 +148,17 @@ class PrefixMatcher:
 
     def delivered(self) -> None:
         self._delivered += 1
+        self.progress += 1
+
+    def next_unasked(self) -> Step | None:
+        """The inherited step whose result is to be handed over next, while the fork has
+        not asked for it yet (None: it has, or every result was handed over). A fork of
+        the parent's code asks for it as soon as the results before it have arrived; one
+        that has nothing else to wait for and still does not ask never will."""
+        if self.all_delivered:
+            return None
+        key = self._owed_at.get(self._ranks[self._delivered])
+        return self._owed[key] if key is not None else None
 
     @property
     def all_delivered(self) -> bool:

@@ -70,6 +70,20 @@ class Step(BaseModel):
     result_b64: str | None = Field(default=None, repr=False)
 
 
+def step_numbers(steps: list[Step]) -> dict[int, int]:
+    """Each settled call of this run's own (by its place in the scheduling order, as the
+    run log records it) to its step number: calls in parallel are numbered in the order
+    they completed. A call still pending has no number yet (pending calls come after
+    every settled one, so theirs can change), nor has a step served from the parent."""
+    return {
+        s.call: s.index
+        for s in steps
+        if s.call is not None
+        and s.status is not StepStatus.pending
+        and s.origin not in (StepOrigin.inherited, StepOrigin.overridden)
+    }
+
+
 def payload_digest(parts: list[tuple[bytes, bytes]]) -> str:
     """sha256 over a list of payloads given as (encoding, data); codec-decoded bytes."""
     h = hashlib.sha256()

@@ -3,8 +3,9 @@ holds a message its sender's fork has not sent yet.
 
 A team is a set of workflow runs (members) and the messages between them, each placed in
 its sender's and its receiver's history by a :class:`Position`: the number of steps
-(activity calls) the member had scheduled before the event, as ``PrefixEvent.after_step``
-counts, and the event's place among the member's message events after that many steps.
+(activity calls, numbered in the order they completed, as ``forklab steps`` numbers them)
+the member had completed before the event, as ``PrefixEvent.after_step`` counts, and the
+event's place among the member's message events after that many steps.
 A member's :class:`Point` says how much of its history a fork inherits:
 
 - ``Point(step=N, events=k)``: steps 1..N, every message event after fewer than N steps,
@@ -41,12 +42,12 @@ class Position(BaseModel):
     """Where a message event sits in a member's history.
 
     A message an activity carries (an update sent by a step, and its answer) is part of
-    that step: it sits after the message events the member saw before scheduling the
-    step, and a fork holds it exactly when it inherits the step."""
+    that step: it sits after the message events the member saw before the step
+    completed, and a fork holds it exactly when it inherits the step."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    #: steps scheduled before the event; -1 for a child's start (before everything)
+    #: steps completed before the event; -1 for a child's start (before everything)
     after_step: int = Field(ge=-1)
     #: the event's place among the member's message events after the same steps
     seq: int = Field(default=0, ge=0)

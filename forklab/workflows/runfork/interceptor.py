@@ -45,6 +45,7 @@ from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 from forklab.contracts.errors import ForkErrorType
 from forklab.workflows.runfork.fork_memo import memo_value, raw_memo
 from forklab.workflows.runfork.fork_signals import deliver_signals
+from forklab.workflows.runfork.stall_watch import LiveCalls, watched
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
@@ -174,7 +175,8 @@ class _ForkInbound(WorkflowInboundInterceptor):
     def init(self, outbound: WorkflowOutboundInterceptor) -> None:
         self._state = _ForkState()
         self._state.inbound = self.next
-        super().init(_ForkOutbound(outbound, self._state))
+        self._live = LiveCalls(outbound)
+        super().init(_ForkOutbound(self._live, self._state))
 
     async def execute_workflow(self, input: _ExecuteWorkflowInput) -> Any:
         state = self._state
@@ -197,7 +199,12 @@ class _ForkInbound(WorkflowInboundInterceptor):
                 if state.matcher is None:  # keys are counted to find the overridden call
                     exact = marker.boundary is BoundaryMode.exact
                     state.matcher = PrefixMatcher([], [], exact=exact)
-        result = await super().execute_workflow(input)
+        run = super().execute_workflow(input)
+        matcher = state.matcher
+        if matcher is not None and matcher.exact and not matcher.all_delivered:
+            result = await watched(run, matcher, self._live)  # fails a fork that stops short
+        else:
+            result = await run
         if state.matcher is not None and state.matcher.owed:
             # the run ended without asking for every inherited call: its code is not the
             # parent's, and what it did after the boundary is no continuation of it
