@@ -12,6 +12,7 @@ from forklab.experiments.cohort.faults import Fault
 from forklab.experiments.cohort.spec import PromptPatch
 from forklab.experiments.runfork.overrides import ForkSignal, InputOverride, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.experiments.runfork.prefix_messages import PrefixMessage
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.steps import Step, StepOrigin
 
@@ -166,6 +167,9 @@ class PrefixPage(BaseModel):
     #: on the last page: the parent's calls still running when the boundary step completed
     #: (``call_match.in_flight``, results stripped); the fork runs them live
     in_flight: list[Step] = Field(default_factory=list)
+    #: the signals and accepted updates the parent received among this page's steps
+    #: (``prefix_messages.inside``), redelivered at the same points
+    messages: list[PrefixMessage] = Field(default_factory=list)
 
 
 class VerifyForkInput(BaseModel):

@@ -38,6 +38,7 @@ from forklab.contracts.runfork import (
     RunSummary,
     StepDecisionInput,
 )
+from forklab.experiments.runfork.prefix_messages import MessageKind, PrefixMessage
 from forklab.experiments.runfork.receipt import ForkReceipt, PrefixEvent
 from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
 
@@ -45,8 +46,6 @@ from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payl
 _OTHER_INPUTS = {
     "timer_fired_event_attributes": "timer",
     "start_child_workflow_execution_initiated_event_attributes": "child workflow",
-    "workflow_execution_signaled_event_attributes": "signal",
-    "workflow_execution_update_accepted_event_attributes": "update",
     "nexus_operation_scheduled_event_attributes": "nexus operation",
 }
 
@@ -112,6 +111,9 @@ class RunRecord:
     #: the first run id of the chain (Temporal's ``first_execution_run_id``): with the
     #: workflow id and namespace, the chain's identity that no later run shares
     first_run_id: str = ""
+    #: the signals and accepted updates that reached the run (or that its fork prefix
+    #: redelivered), in the order the workflow saw them
+    messages: list[PrefixMessage] = field(default_factory=list)
 
 
 @dataclass
@@ -209,7 +211,7 @@ def parse_run(
         event_count=len(events),
         first_run_id=started.first_execution_run_id,
     )
-    rec.steps, rec.others = parse_events(events, base_step, run_id)
+    rec.steps, rec.others = parse_events(events, base_step, run_id, rec.messages)
     if marker is not None and marker.signals and not marker.continued:
         # delivered by the interceptor at the fork point, so not in history as events: a
         # fork of this fork past that point would not see them again
@@ -243,12 +245,21 @@ def _header_position(a: Any) -> int | None:
 
 
 def parse_events(
-    events: list[HistoryEvent], base_step: int, run_id: str
+    events: list[HistoryEvent],
+    base_step: int,
+    run_id: str,
+    messages: list[PrefixMessage] | None = None,
 ) -> tuple[list[Step], list[PrefixEvent]]:
     """The steps (numbered after ``base_step`` in the order they completed, the pending
     ones last) and other inputs in ``events``: a whole run's history, or its tail from a
-    step's scheduling on."""
+    step's scheduling on. Signals and accepted updates go into ``messages`` too, with
+    their arguments and position (``experiments/runfork/prefix_messages.py``)."""
     done: list[Step] = []
+    found: list[PrefixMessage] = [] if messages is None else messages
+    # steps handed over before the activation of the last completed workflow task, and
+    # of the one before it: a signal arriving now reaches the workflow in the next
+    # activation, after the former; an update accepted now came in the last one
+    task_started = last_task = task_before = 0
     own: dict[int, _Own] = {}
     decided: dict[int, Step] = {}
     order: list[_Own | Step] = []
@@ -329,6 +340,11 @@ def parse_events(
                 )
                 if results and scheduled.get(sid) == FETCH_PREFIX:
                     page = PrefixPage.model_validate_json(results[0].data)
+                    found.extend(page.messages)  # redelivered by the interceptor
+                    others.extend(
+                        PrefixEvent(kind=m.kind.value, after_step=m.position, name=m.name)
+                        for m in page.messages
+                    )
                     done.extend(
                         s
                         if s.origin is StepOrigin.overridden
@@ -356,6 +372,33 @@ def parse_events(
                     child_id=init.workflow_id,
                 )
             )
+        elif kind == "workflow_task_started_event_attributes":
+            task_started = len(done)
+        elif kind == "workflow_task_completed_event_attributes":
+            task_before, last_task = last_task, task_started
+        elif kind == "workflow_execution_signaled_event_attributes":
+            sig = ev.workflow_execution_signaled_event_attributes
+            msg = PrefixMessage(
+                kind=MessageKind.signal,
+                name=sig.signal_name,
+                position=base_step + last_task,
+                args_b64=[_b64(p) for p in sig.input.payloads],
+                headers_b64={k: _b64(v) for k, v in sig.header.fields.items()},
+            )
+            found.append(msg)
+            others.append(PrefixEvent(kind=msg.kind.value, after_step=msg.position, name=msg.name))
+        elif kind == "workflow_execution_update_accepted_event_attributes":
+            req = ev.workflow_execution_update_accepted_event_attributes.accepted_request
+            msg = PrefixMessage(
+                kind=MessageKind.update,
+                name=req.input.name,
+                position=base_step + task_before,
+                args_b64=[_b64(p) for p in req.input.args.payloads],
+                headers_b64={k: _b64(v) for k, v in req.input.header.fields.items()},
+                update_id=req.meta.update_id,
+            )
+            found.append(msg)
+            others.append(PrefixEvent(kind=msg.kind.value, after_step=msg.position, name=msg.name))
         elif kind in _OTHER_INPUTS:
             others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=base_step + len(done)))
         elif kind == "marker_recorded_event_attributes":
@@ -368,6 +411,8 @@ def parse_events(
                         name=_local_activity_type(recorded.details.get("data")),
                     )
                 )
+    found.sort(key=lambda m: m.position)
+    others.sort(key=lambda e: e.after_step)
     for item in order:  # calls still running (or abandoned), in scheduling order
         if isinstance(item, Step):
             if any(d is item for d in decided.values()):

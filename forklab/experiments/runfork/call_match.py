@@ -133,6 +133,11 @@ class PrefixMatcher:
         self._delivered += 1
 
     @property
+    def last_handed_over(self) -> int | None:
+        """The last inherited step handed over (None: none yet)."""
+        return self._ranks[self._delivered - 1] if self._delivered else None
+
+    @property
     def all_delivered(self) -> bool:
         """Every inherited step has been handed over: the fork is at its fork point."""
         return self._delivered == len(self._ranks)

@@ -21,11 +21,17 @@ from forklab.experiments.visible_text import visible
 
 RECEIPT_SCHEMA_VERSION = 1
 
+#: Kinds of ``PrefixEvent`` a fork sees again at the same point when they fall inside its
+#: prefix (the fork interceptor redelivers them): they do not keep a boundary from being
+#: exact. Every other kind inside a prefix does.
+REDELIVERED_KINDS = frozenset({"signal", "update"})
+
 
 class BoundaryMode(StrEnum):
     #: every inherited call must match type and input digest; nothing but activities inside
     exact = "exact"
-    #: type must match; input drift, timers and signals inside the prefix are recorded
+    #: type must match; input drift and what a fork cannot see again inside the prefix are
+    #: recorded
     approximate = "approximate"
     #: nothing is inherited: the fork re-runs live, only the lineage is recorded
     lineage_only = "lineage_only"
@@ -104,7 +110,7 @@ def resolve_boundary(
             cause = f"step {s.index} ({s.activity_type}) never completed (it is {s.status.value})"
             raise BoundaryError(at_step, cause)
     for e in events:
-        if e.after_step < at_step:
+        if e.after_step < at_step and e.kind not in REDELIVERED_KINDS:
             cause = (
                 f"a {e.kind} reached the parent after step {e.after_step}, inside the "
                 "prefix; a fork would not see it again"

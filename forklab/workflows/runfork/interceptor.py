@@ -32,6 +32,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, RetryState
 from temporalio.worker import (
     ContinueAsNewInput,
+    HandleSignalInput,
+    HandleUpdateInput,
     Interceptor,
     StartActivityInput,
     StartChildWorkflowInput,
@@ -44,6 +46,11 @@ from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 
 from forklab.contracts.errors import ForkErrorType
 from forklab.workflows.runfork.fork_signals import deliver_signals
+from forklab.workflows.runfork.prefix_messages import (
+    MESSAGES_PATCH,
+    held_until_fork_point,
+    start_redelivery,
+)
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
@@ -86,6 +93,7 @@ with workflow.unsafe.imports_passed_through():
         policy_for,
         uses_records,
     )
+    from forklab.experiments.runfork.prefix_messages import MessageQueue, PrefixMessage
     from forklab.experiments.runfork.receipt import BoundaryMode
     from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
     from forklab.experiments.validation_text import first_error
@@ -121,6 +129,10 @@ class _ForkState:
         self.matcher: PrefixMatcher | None = None
         #: the inherited steps as fetched (an experiment's tool faults read their results)
         self.inherited: list[Step] = []
+        #: the signals and updates the parent received inside the prefix, to redeliver
+        self.messages = MessageQueue([])
+        #: the prefix is loaded (or there is none) and the fork-point signals are set
+        self.loaded = False
         #: the call still to run with the operator's input (None: none, or done)
         self.input_override: InputOverride | None = None
         #: signals still to deliver at the fork point, and where to deliver them
@@ -134,6 +146,15 @@ class _ForkState:
         #: results (JSON) of each tool's live calls on this fork, oldest first: what an
         #: injected ``stale_data`` fault answers with
         self.tool_results: dict[str, list[Any]] = {}
+
+    def at_fork_point(self) -> bool:
+        """Every inherited result, message and fork-point signal has been handed over."""
+        return (
+            self.loaded
+            and (self.matcher is None or self.matcher.all_delivered)
+            and not self.messages.owed
+            and not self.signals
+        )
 
     def next_index(self) -> int:
         """The next call's place in the chain's scheduling order."""
@@ -187,6 +208,13 @@ class _ForkInbound(WorkflowInboundInterceptor):
             state.lineage_root = marker.lineage_root
             if _inherits(marker):
                 _check_servable(await _load_prefix(state, marker), marker)
+                matcher = state.matcher
+                if matcher is not None and state.messages.owed and workflow.patched(MESSAGES_PATCH):
+                    start_redelivery(
+                        state.messages, lambda: matcher.last_handed_over or marker.base_step
+                    )
+                else:  # recorded before messages were redelivered
+                    state.messages = MessageQueue([])
             if not marker.continued:
                 state.signals = list(marker.signals)
             if state.matcher is None or state.matcher.all_delivered:
@@ -196,7 +224,15 @@ class _ForkInbound(WorkflowInboundInterceptor):
                 if state.matcher is None:  # keys are counted to find the overridden call
                     exact = marker.boundary is BoundaryMode.exact
                     state.matcher = PrefixMatcher([], [], exact=exact)
+        state.loaded = True
         result = await super().execute_workflow(input)
+        if state.messages.owed:
+            raise ApplicationError(
+                f"the fork finished before the point where the parent received its "
+                f"{state.messages.owed} last signals or updates inside the prefix",
+                type=ForkErrorType.prefix_diverged,
+                non_retryable=True,
+            )
         if state.matcher is not None and state.matcher.owed:
             # the run ended without asking for every inherited call: its code is not the
             # parent's, and what it did after the boundary is no continuation of it
@@ -207,6 +243,23 @@ class _ForkInbound(WorkflowInboundInterceptor):
                 non_retryable=True,
             )
         return result
+
+    async def handle_signal(self, input: HandleSignalInput) -> None:
+        await super().handle_signal(await held_until_fork_point(input, self._holding()))
+
+    async def handle_update_handler(self, input: HandleUpdateInput) -> Any:
+        return await super().handle_update_handler(
+            await held_until_fork_point(input, self._holding())
+        )
+
+    def _holding(self) -> Any:
+        """What a live message waits for on a fork that inherits (None: nothing)."""
+        if self._state.at_fork_point():
+            return None
+        marker = current_fork()
+        if marker is None or not _inherits(marker) or not workflow.patched(MESSAGES_PATCH):
+            return None
+        return self._state.at_fork_point
 
 
 async def _deliver_signals(state: _ForkState) -> None:
@@ -304,9 +357,11 @@ async def _load_prefix(state: _ForkState, marker: ForkMarker) -> list[Step]:
     start = marker.base_step + 1
     prefix: list[Step] = []
     flying: list[Step] = []
+    messages: list[PrefixMessage] = []
     while True:
         page = await _fetch_page(marker, start)
         prefix.extend(page.steps)
+        messages.extend(page.messages)
         flying.extend(page.in_flight)
         for s in page.recorded_after:
             state.recorded.setdefault((s.activity_type, s.input_sha256), s)
@@ -314,6 +369,7 @@ async def _load_prefix(state: _ForkState, marker: ForkMarker) -> list[Step]:
             break
         start = page.next_step
     state.inherited = prefix
+    state.messages = MessageQueue(messages)
     if prefix:
         state.matcher = PrefixMatcher(prefix, flying, exact=marker.boundary is BoundaryMode.exact)
     for s in prefix:
@@ -772,8 +828,13 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         """An inherited call's recorded outcome, handed over in the parent's completion
         order: a workflow that waits on calls in parallel sees them finish as the parent
         did, and so takes the same path to the boundary."""
-        if not matcher.turn_of(step):
-            await workflow.wait_condition(lambda: matcher.turn_of(step))
+        messages = self._state.messages
+
+        def turn() -> bool:  # its place among the inherited results and messages
+            return matcher.turn_of(step) and messages.clear_before(step.index)
+
+        if not turn():
+            await workflow.wait_condition(turn)
         matcher.delivered()
         if matcher.all_delivered and self._state.signals:
             await _deliver_signals(self._state)  # the fork point: the last inherited result
