@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+from pydantic import BaseModel
 from temporalio import activity, workflow
+from temporalio.exceptions import ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from sample_workflows import Calls
@@ -122,3 +124,114 @@ class OrderUpdatesWithoutAdd:
     def close(self) -> str:
         self.closed = True
         return "closed"
+
+
+class SleepInput(BaseModel):
+    rounds: int = 4
+    seconds: float = 0.3
+
+
+@workflow.defn(name="SleepForDays")
+class SleepForDaysWorkflow:
+    """samples-python ``sleep_for_days``: send a mail, sleep, again; the sleeps take the
+    three shapes a workflow waits in (``workflow.sleep``, ``asyncio.sleep``, a
+    ``wait_condition`` that times out)."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    @workflow.run
+    async def run(self, inp: SleepInput) -> list[str]:
+        sent: list[str] = []
+        for i in range(inp.rounds):
+            sent.append(
+                await workflow.execute_activity(
+                    "compose_greeting",
+                    f"mail {i}",
+                    result_type=str,
+                    start_to_close_timeout=_TIMEOUT,
+                )
+            )
+            if i % 3 == 0:
+                await workflow.sleep(inp.seconds)
+            elif i % 3 == 1:
+                await asyncio.sleep(inp.seconds)
+            else:
+                try:
+                    await workflow.wait_condition(lambda: self.done, timeout=inp.seconds)
+                except TimeoutError:
+                    sent.append("timed out")
+        return sent
+
+
+@workflow.defn(name="ComposeGreetingChild")
+class ComposeGreetingChild:
+    """samples-python ``hello_child_workflow``'s child; ``fail`` makes it fail."""
+
+    @workflow.run
+    async def run(self, name: str) -> str:
+        if name == "fail":
+            raise ApplicationError("the child refused", type="ChildRefused", non_retryable=True)
+        return await workflow.execute_activity(
+            "compose_greeting", name, result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+
+
+@workflow.defn(name="GreetingParent")
+class GreetingParentWorkflow:
+    """A parent between activities: one child completes, one fails (and the parent goes
+    on), child ids derived from the parent's workflow id as samples do."""
+
+    @workflow.run
+    async def run(self, name: str) -> list[str]:
+        out = [
+            await workflow.execute_activity(
+                "reserve", name, result_type=str, start_to_close_timeout=_TIMEOUT
+            )
+        ]
+        wid = workflow.info().workflow_id
+        out.append(
+            await workflow.execute_child_workflow(
+                ComposeGreetingChild.run, name, id=f"{wid}-child-1"
+            )
+        )
+        out.append(
+            await workflow.execute_activity(
+                "reserve", out[-1], result_type=str, start_to_close_timeout=_TIMEOUT
+            )
+        )
+        try:
+            await workflow.execute_child_workflow(
+                ComposeGreetingChild.run, "fail", id=f"{wid}-child-2"
+            )
+        except ChildWorkflowError as err:
+            out.append(f"child failed: {err.cause}")
+        out.append(
+            await workflow.execute_activity(
+                "confirm", out, result_type=str, start_to_close_timeout=_TIMEOUT
+            )
+        )
+        return out
+
+
+@workflow.defn(name="SlowChildParent")
+class SlowChildParentWorkflow:
+    """Starts a child that is still running while the parent's next steps complete."""
+
+    @workflow.run
+    async def run(self, name: str) -> str:
+        await workflow.execute_activity(
+            "reserve", name, result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+        child = await workflow.start_child_workflow(
+            SleepForDaysWorkflow.run,
+            SleepInput(rounds=1, seconds=1.5),
+            id=f"{workflow.info().workflow_id}-slow",
+        )
+        await workflow.execute_activity(
+            "reserve", "b", result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+        await child
+        return await workflow.execute_activity(
+            "confirm", [], result_type=str, start_to_close_timeout=_TIMEOUT
+        )

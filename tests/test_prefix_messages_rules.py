@@ -106,3 +106,38 @@ def test_a_message_s_position_counts_the_results_of_earlier_activations_only() -
         ("update", 1),
         ("update", 1),
     ]
+
+
+def test_a_child_inside_the_prefix_is_exact_only_when_it_closed_inside_it() -> None:
+    from forklab.experiments.runfork.receipt import (
+        BoundaryError,
+        BoundaryMode,
+        PrefixEvent,
+        resolve_boundary,
+    )
+    from forklab.experiments.runfork.steps import Step, StepStatus
+
+    steps = [
+        Step(index=i, activity_type="t", input_sha256="x", status=StepStatus.completed, run_id="r")
+        for i in range(1, 5)
+    ]
+    child = PrefixEvent(
+        kind="child workflow", after_step=1, name="C", child_id="p-c", closed_after=2
+    )
+    assert resolve_boundary(steps, [child], 3, BoundaryMode.exact).restorable
+    try:
+        resolve_boundary(steps, [child], 2, BoundaryMode.exact)
+    except BoundaryError as exc:
+        assert "child workflow C (p-c), started after step 1, is still running at step 2" in str(
+            exc
+        )
+    else:
+        raise AssertionError("a child running at the boundary forked exactly")
+    ended = child.model_copy(update={"closed_after": None, "ended": "terminated"})
+    approx = resolve_boundary(steps, [ended], 4, BoundaryMode.approximate)
+    assert approx.approximations == [
+        "child workflow C (p-c), started after step 1, ended terminated, which a fork "
+        "cannot be handed"
+    ]
+    timer = PrefixEvent(kind="timer", after_step=1, name="0.3s")
+    assert resolve_boundary(steps, [timer], 4, BoundaryMode.exact).restorable

@@ -113,17 +113,21 @@ async def test_exact_refuses_diverged_input_and_approximate_records_it(
     assert len(trace) == 4
 
 
-async def test_exact_refuses_a_timer_inside_the_prefix(steps_lab: StepsLab) -> None:
+async def test_a_timer_inside_the_prefix_is_inherited_not_started_again(
+    steps_lab: StepsLab,
+) -> None:
     wid = await steps_lab.start(steps=4, sleep_after=2)
     await steps_lab.client.get_workflow_handle(wid).result()
-    with pytest.raises(ForkError, match="step 3: a timer reached the parent after step 2"):
-        await steps_lab.lab.fork(wid, 3)
-    # before the timer the boundary is exact
-    ok = await steps_lab.lab.fork(wid, 2)
-    assert ok.receipt.restorable
-    approx = await steps_lab.lab.fork(wid, 3, boundary=BoundaryMode.approximate)
-    assert not approx.receipt.restorable and "timer" in approx.receipt.why
-    assert len(await approx.handle.result()) == 4
+    fork = await steps_lab.lab.fork(wid, 3)
+    assert fork.receipt.restorable and fork.receipt.approximations == []
+    assert len(await fork.handle.result()) == 4
+    events = (await fork.handle.fetch_history()).events
+    assert not [e for e in events if e.HasField("timer_started_event_attributes")]
+    # before the timer fired the fork starts it itself
+    early = await steps_lab.lab.fork(wid, 2)
+    assert len(await early.handle.result()) == 4
+    events = (await early.handle.fetch_history()).events
+    assert len([e for e in events if e.HasField("timer_started_event_attributes")]) == 1
 
 
 async def test_fork_a_running_then_terminated_parent(steps_lab: StepsLab) -> None:

@@ -38,15 +38,32 @@ from forklab.contracts.runfork import (
     RunSummary,
     StepDecisionInput,
 )
-from forklab.experiments.runfork.prefix_messages import MessageKind, PrefixMessage
+from forklab.experiments.runfork.prefix_messages import (
+    MessageKind,
+    Ordinals,
+    PrefixMessage,
+    timer_name,
+)
 from forklab.experiments.runfork.receipt import ForkReceipt, PrefixEvent
 from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
 
 #: Events that reach a workflow besides activity results; a fork does not see them again.
 _OTHER_INPUTS = {
-    "timer_fired_event_attributes": "timer",
     "start_child_workflow_execution_initiated_event_attributes": "child workflow",
     "nexus_operation_scheduled_event_attributes": "nexus operation",
+}
+
+#: The events that close a child workflow; a fork is served the first two (its result or
+#: failure), and cannot be served a child that ended another way.
+_ENDED = {
+    "child_workflow_execution_canceled_event_attributes": "canceled",
+    "child_workflow_execution_timed_out_event_attributes": "timed out",
+    "child_workflow_execution_terminated_event_attributes": "terminated",
+}
+_CHILD_CLOSED = {
+    "child_workflow_execution_completed_event_attributes",
+    "child_workflow_execution_failed_event_attributes",
+    *_ENDED,
 }
 
 
@@ -260,6 +277,11 @@ def parse_events(
     # of the one before it: a signal arriving now reaches the workflow in the next
     # activation, after the former; an update accepted now came in the last one
     task_started = last_task = task_before = 0
+    # the k-th child of a type the run started (served ones too)
+    ordinals = Ordinals()
+    timers: dict[int, int] = {}
+    #: initiated children: their event in ``others`` and their ordinal
+    children: dict[int, tuple[int, int]] = {}
     own: dict[int, _Own] = {}
     decided: dict[int, Step] = {}
     order: list[_Own | Step] = []
@@ -341,10 +363,10 @@ def parse_events(
                 if results and scheduled.get(sid) == FETCH_PREFIX:
                     page = PrefixPage.model_validate_json(results[0].data)
                     found.extend(page.messages)  # redelivered by the interceptor
-                    others.extend(
-                        PrefixEvent(kind=m.kind.value, after_step=m.position, name=m.name)
-                        for m in page.messages
-                    )
+                    for m in page.messages:
+                        if m.ordinal is not None:
+                            ordinals.take(m.name, m.ordinal)
+                        others.append(_message_event(m))
                     done.extend(
                         s
                         if s.origin is StepOrigin.overridden
@@ -364,6 +386,8 @@ def parse_events(
             finish(mine)
         elif kind == "start_child_workflow_execution_initiated_event_attributes":
             init = ev.start_child_workflow_execution_initiated_event_attributes
+            ordinal = ordinals.next(init.workflow_type.name)
+            children[ev.event_id] = (len(others), ordinal)
             others.append(
                 PrefixEvent(
                     kind=_OTHER_INPUTS[kind],
@@ -372,6 +396,50 @@ def parse_events(
                     child_id=init.workflow_id,
                 )
             )
+        elif kind in _CHILD_CLOSED:
+            attrs = getattr(ev, kind)
+            known = children.pop(attrs.initiated_event_id, None)
+            if known is None:
+                continue
+            at, ordinal = known
+            opened = others[at]
+            position = base_step + len(done)
+            others[at] = opened.model_copy(update={"closed_after": position})
+            if kind == "child_workflow_execution_completed_event_attributes":
+                results = list(attrs.result.payloads)
+                outcome = {"result_b64": _b64(results[0]) if results else None}
+            elif kind == "child_workflow_execution_failed_event_attributes":
+                outcome = {
+                    "failure_b64": base64.b64encode(attrs.failure.SerializeToString()).decode()
+                }
+            else:  # canceled, timed out, terminated: not served (the boundary says why)
+                others[at] = opened.model_copy(update={"ended": _ENDED[kind]})
+                continue
+            found.append(
+                PrefixMessage(
+                    kind=MessageKind.child,
+                    name=opened.name,
+                    position=position,
+                    ordinal=ordinal,
+                    child_id=opened.child_id,
+                    **outcome,
+                )
+            )
+        elif kind == "timer_started_event_attributes":
+            ns = ev.timer_started_event_attributes.start_to_fire_timeout.ToNanoseconds()
+            timers[ev.event_id] = ns
+        elif kind == "timer_fired_event_attributes":
+            ns = timers.pop(ev.timer_fired_event_attributes.started_event_id, -1)
+            if ns < 0:
+                continue
+            msg = PrefixMessage(
+                kind=MessageKind.timer,
+                name=timer_name(ns),
+                position=base_step + len(done),
+                duration_ns=ns,
+            )
+            found.append(msg)
+            others.append(_message_event(msg))
         elif kind == "workflow_task_started_event_attributes":
             task_started = len(done)
         elif kind == "workflow_task_completed_event_attributes":
@@ -386,7 +454,7 @@ def parse_events(
                 headers_b64={k: _b64(v) for k, v in sig.header.fields.items()},
             )
             found.append(msg)
-            others.append(PrefixEvent(kind=msg.kind.value, after_step=msg.position, name=msg.name))
+            others.append(_message_event(msg))
         elif kind == "workflow_execution_update_accepted_event_attributes":
             req = ev.workflow_execution_update_accepted_event_attributes.accepted_request
             msg = PrefixMessage(
@@ -398,7 +466,7 @@ def parse_events(
                 update_id=req.meta.update_id,
             )
             found.append(msg)
-            others.append(PrefixEvent(kind=msg.kind.value, after_step=msg.position, name=msg.name))
+            others.append(_message_event(msg))
         elif kind in _OTHER_INPUTS:
             others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=base_step + len(done)))
         elif kind == "marker_recorded_event_attributes":
@@ -420,6 +488,20 @@ def parse_events(
         elif item.status is StepStatus.pending:
             finish(item)
     return done, others
+
+
+def _message_event(m: PrefixMessage) -> PrefixEvent:
+    """How ``forklab steps`` and the boundary see a message (a child served to a fork is
+    listed where it closed)."""
+    if m.kind is MessageKind.child:
+        return PrefixEvent(
+            kind=m.kind.value,
+            after_step=m.position,
+            name=m.name,
+            child_id=m.child_id,
+            closed_after=m.position,
+        )
+    return PrefixEvent(kind=m.kind.value, after_step=m.position, name=m.name)
 
 
 def _own_step(item: _Own, run_id: str) -> Step:

@@ -29,10 +29,18 @@ class MessageKind(StrEnum):
     #: arguments; its caller got its answer from the parent, so the fork's result goes
     #: nowhere
     update = "update"
+    #: a timer that fired: the fork's matching timer fires here without being started
+    timer = "timer"
+    #: a child workflow that closed: the fork's matching child gets its recorded outcome
+    #: here without being started
+    child = "child workflow"
 
 
 class PrefixMessage(BaseModel):
-    """A signal or accepted update as the parent's history recorded it."""
+    """Something besides an activity result that reached the parent inside the prefix, as
+    its history recorded it: a signal, an accepted update, a timer that fired, a child
+    workflow's outcome. (Timers and children are "messages" in that a fork hands them over
+    at their place among the inherited results, as it does signals.)"""
 
     model_config = ConfigDict(frozen=True)
 
@@ -46,6 +54,22 @@ class PrefixMessage(BaseModel):
     headers_b64: dict[str, str] = Field(default_factory=dict)
     #: the update's id (updates only)
     update_id: str | None = None
+    #: timers: the duration asked for (ns); children: None
+    duration_ns: int | None = None
+    #: children: the k-th child of that workflow type (``name``) the run started: how the
+    #: fork's own child is recognised. (A timer is the oldest one of its duration still
+    #: waiting: timers of one duration fire in the order they were started.)
+    ordinal: int | None = None
+    #: children: the child's workflow id on the parent
+    child_id: str | None = None
+    #: children: the recorded result payload, or the failure (a serialised ``Failure``)
+    result_b64: str | None = None
+    failure_b64: str | None = None
+
+
+def timer_name(duration_ns: int) -> str:
+    """How a timer of ``duration_ns`` is named (in ``forklab steps`` too)."""
+    return f"{duration_ns / 1e9:g}s"
 
 
 def inside(messages: list[PrefixMessage], lo: int, hi: int) -> list[PrefixMessage]:
@@ -85,3 +109,37 @@ class MessageQueue:
     @property
     def pending(self) -> PrefixMessage | None:
         return self._messages[self._next] if self._next < len(self._messages) else None
+
+    def owes_timer(self, duration_ns: int) -> bool:
+        """Whether a timer of this duration is still to fire from the prefix."""
+        return any(
+            m.kind is MessageKind.timer and m.duration_ns == duration_ns
+            for m in self._messages[self._next :]
+        )
+
+    def owes_child(self, workflow_type: str, ordinal: int) -> bool:
+        """Whether the ``ordinal``-th child of ``workflow_type`` closed inside the prefix."""
+        return any(
+            m.kind is MessageKind.child and m.name == workflow_type and m.ordinal == ordinal
+            for m in self._messages[self._next :]
+        )
+
+
+class Ordinals:
+    """Counts the k-th child of a workflow type a run starts. ``take``: the ordinals of
+    children it did not start itself (served from its prefix), so the ones it did start,
+    in the order it started them, get the others."""
+
+    def __init__(self) -> None:
+        self._taken: dict[str, set[int]] = {}
+        self._last: dict[str, int] = {}
+
+    def take(self, name: str, ordinal: int) -> None:
+        self._taken.setdefault(name, set()).add(ordinal)
+
+    def next(self, name: str, skip_taken: bool = True) -> int:
+        k = self._last.get(name, 0) + 1
+        while skip_taken and k in self._taken.get(name, set()):
+            k += 1
+        self._last[name] = k
+        return k

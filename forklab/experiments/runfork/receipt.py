@@ -24,7 +24,9 @@ RECEIPT_SCHEMA_VERSION = 1
 #: Kinds of ``PrefixEvent`` a fork sees again at the same point when they fall inside its
 #: prefix (the fork interceptor redelivers them): they do not keep a boundary from being
 #: exact. Every other kind inside a prefix does.
-REDELIVERED_KINDS = frozenset({"signal", "update"})
+REDELIVERED_KINDS = frozenset({"signal", "update", "timer"})
+#: A child workflow inside a prefix is served its outcome when it closed inside it too.
+CHILD_KIND = "child workflow"
 
 
 class BoundaryMode(StrEnum):
@@ -61,6 +63,11 @@ class PrefixEvent(BaseModel):
     child_id: str | None = None
     #: a local activity or child workflow the fork's policy refused (it never ran)
     blocked: bool = False
+    #: a child workflow: the step after which its result (or failure) reached the run
+    #: (None: it had not closed, or was not served as it ended another way)
+    closed_after: int | None = None
+    #: a child workflow that ended canceled, timed out or terminated
+    ended: str | None = None
 
 
 class Resolution(BaseModel):
@@ -110,14 +117,24 @@ def resolve_boundary(
             cause = f"step {s.index} ({s.activity_type}) never completed (it is {s.status.value})"
             raise BoundaryError(at_step, cause)
     for e in events:
-        if e.after_step < at_step and e.kind not in REDELIVERED_KINDS:
-            cause = (
-                f"a {e.kind} reached the parent after step {e.after_step}, inside the "
-                "prefix; a fork would not see it again"
+        if e.after_step >= at_step or e.kind in REDELIVERED_KINDS:
+            continue
+        if e.kind == CHILD_KIND and e.closed_after is not None and e.closed_after < at_step:
+            continue  # served its recorded outcome
+        cause = (
+            f"a {e.kind} reached the parent after step {e.after_step}, inside the "
+            "prefix; a fork would not see it again"
+        )
+        if e.kind == CHILD_KIND and not e.blocked:
+            child = f"child workflow {e.name} ({e.child_id})"
+            cause = f"{child}, started after step {e.after_step}, " + (
+                f"ended {e.ended}, which a fork cannot be handed"
+                if e.ended
+                else f"is still running at step {at_step}; a fork would start it again"
             )
-            if mode is BoundaryMode.exact:
-                raise BoundaryError(at_step, cause)
-            notes.append(cause)
+        if mode is BoundaryMode.exact:
+            raise BoundaryError(at_step, cause)
+        notes.append(cause)
     why = "every inherited step completed and nothing else happened inside the prefix"
     if notes:
         why = "approximate: " + "; ".join(notes)

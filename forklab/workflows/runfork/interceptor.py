@@ -48,8 +48,8 @@ from forklab.contracts.errors import ForkErrorType
 from forklab.workflows.runfork.fork_signals import deliver_signals
 from forklab.workflows.runfork.prefix_messages import (
     MESSAGES_PATCH,
+    Redelivery,
     held_until_fork_point,
-    start_redelivery,
 )
 
 with workflow.unsafe.imports_passed_through():
@@ -133,6 +133,8 @@ class _ForkState:
         self.messages = MessageQueue([])
         #: the prefix is loaded (or there is none) and the fork-point signals are set
         self.loaded = False
+        #: hands the prefix's messages, timers and children over (None: there are none)
+        self.redelivery: Redelivery | None = None
         #: the call still to run with the operator's input (None: none, or done)
         self.input_override: InputOverride | None = None
         #: signals still to deliver at the fork point, and where to deliver them
@@ -210,9 +212,10 @@ class _ForkInbound(WorkflowInboundInterceptor):
                 _check_servable(await _load_prefix(state, marker), marker)
                 matcher = state.matcher
                 if matcher is not None and state.messages.owed and workflow.patched(MESSAGES_PATCH):
-                    start_redelivery(
+                    state.redelivery = Redelivery(
                         state.messages, lambda: matcher.last_handed_over or marker.base_step
                     )
+                    state.redelivery.start()
                 else:  # recorded before messages were redelivered
                     state.messages = MessageQueue([])
             if not marker.continued:
@@ -720,6 +723,9 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         starts (by its workflow type) and its own calls follow them; every child carries
         its parent's lineage root (the effect ledger's key) in a child marker. The memo the
         workflow gives a child never carries a marker of its own making."""
+        served = self._state.redelivery.child(input) if self._state.redelivery else None
+        if served is not None:  # closed inside the prefix: its recorded outcome
+            return served
         memo = dict(input.memo or {})
         memo.pop(MARKER_MEMO_KEY, None)
         refused = self._refused_by_policy(input.workflow)

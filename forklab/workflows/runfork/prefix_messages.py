@@ -36,14 +36,17 @@ import asyncio
 import base64
 import dataclasses
 import logging
+from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
+from temporalio.api.failure.v1 import Failure
 from temporalio.bridge.proto.workflow_activation import SignalWorkflow
-from temporalio.exceptions import ApplicationError
-from temporalio.worker import HandleSignalInput, HandleUpdateInput
+from temporalio.converter import DefaultFailureConverter
+from temporalio.exceptions import ApplicationError, ChildWorkflowError, RetryState
+from temporalio.worker import HandleSignalInput, HandleUpdateInput, StartChildWorkflowInput
 
 from forklab.contracts.errors import ForkErrorType
 
@@ -51,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from forklab.experiments.runfork.prefix_messages import (
         MessageKind,
         MessageQueue,
+        Ordinals,
         PrefixMessage,
     )
 
@@ -149,16 +153,6 @@ async def _run_update(loop: Any, msg: PrefixMessage, update: HandleUpdateInput) 
         raise _failed(msg, f"its handler raised {type(exc).__name__}") from None
 
 
-async def _redeliver(queue: MessageQueue, handed_over: Callable[[], int]) -> None:
-    while queue.pending is not None:
-        await workflow.wait_condition(lambda: queue.due(handed_over()) is not None)
-        msg = queue.pending
-        if msg is None:
-            return
-        deliver(msg)
-        queue.delivered()
-
-
 async def held_until_fork_point(input: _Input, at_fork_point: Callable[[], bool] | None) -> _Input:
     """A message's handler input once it may run: a redelivered one at once (its header
     removed); a live one on a fork that inherits, once ``at_fork_point()`` (None: the run
@@ -171,9 +165,168 @@ async def held_until_fork_point(input: _Input, at_fork_point: Callable[[], bool]
     return input
 
 
-def start_redelivery(queue: MessageQueue, handed_over: Callable[[], int]) -> None:
-    """Redelivers ``queue``'s messages in order, each once ``handed_over()`` (the last
-    inherited step handed over, chain-wide) reaches its position and the workflow waits."""
-    if queue.pending is not None:
+class _ServedTimer(asyncio.TimerHandle):
+    """A timer the workflow started inside the prefix while one of its duration is still
+    to fire there: no command is sent. It fires when the parent's timer fired, or, once no
+    inherited timer of its duration is left to fire, it becomes a real timer."""
+
+    def __init__(
+        self, loop: Any, delay: float, options: Any, callback: Any, args: Any, context: Any
+    ) -> None:
+        super().__init__(loop.time() + delay, callback, args, loop, context)
+        self._on = (loop, options, callback, tuple(args), context)
+        self.real: Any = None
+
+    def fire(self) -> None:
+        loop, _, callback, args, context = self._on
+        loop.call_soon(callback, *args, context=context)
+
+    def start_real(self, real_timer: Any) -> None:
+        loop, options, callback, args, context = self._on
+        delay = max(0.0, self.when() - loop.time())
+        self.real = real_timer(delay, options, callback, *args, context=context)
+
+    def cancel(self) -> None:
+        # no command to cancel: the SDK's own cancel would look for one
+        if self.real is not None:
+            self.real.cancel()
+        self._cancelled = True
+
+
+class _InheritedChild(workflow.ChildWorkflowHandle[Any, Any]):
+    """A child workflow that closed inside the prefix: not started again; its recorded
+    result (or failure) arrives at its place among the inherited results."""
+
+    def __init__(self, outcome: Coroutine[Any, Any, Any], child_id: str) -> None:
+        super().__init__(outcome)
+        self._child_id = child_id
+
+    @property
+    def id(self) -> str:
+        return self._child_id
+
+    @property
+    def first_execution_run_id(self) -> str | None:
+        return None
+
+    async def signal(self, *args: Any, **kwargs: Any) -> None:
+        raise ApplicationError(
+            f"child workflow {self._child_id[:100]!r} closed on the parent inside the fork's "
+            "prefix: it cannot be signalled",
+            type=ForkErrorType.prefix_diverged,
+            non_retryable=True,
+        )
+
+
+class Redelivery:
+    """Hands the prefix's messages, timers and children over in the parent's order, each
+    once ``handed_over()`` (the last inherited step handed over, chain-wide) reaches its
+    position and the workflow waits; timers and children once the fork asked for them."""
+
+    def __init__(self, queue: MessageQueue, handed_over: Callable[[], int]) -> None:
+        self.queue = queue
+        self._handed_over = handed_over
+        self._timers: dict[int, deque[_ServedTimer]] = {}
+        self._children: dict[tuple[str, int], asyncio.Future[PrefixMessage]] = {}
+        self._ordinals = Ordinals()
+        self._real_timer: Any = None
+
+    def start(self) -> None:
         loop = _loop()
-        _top_level(loop, _redeliver(queue, handed_over), "forklab: redeliver the prefix's messages")
+        self._real_timer = loop._timer_impl
+        loop._timer_impl = self._timer  # workflow.sleep, asyncio.sleep, timeouts
+        _top_level(loop, self._run(), "forklab: redeliver the prefix's messages")
+
+    def _timer(
+        self, delay: float, options: Any, callback: Any, *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        ns = int(delay * 1e9)
+        if not self.queue.owes_timer(ns):
+            return cast(
+                asyncio.TimerHandle,
+                self._real_timer(delay, options, callback, *args, context=context),
+            )
+        served = _ServedTimer(_loop(), delay, options, callback, args, context)
+        self._timers.setdefault(ns, deque()).append(served)
+        return served
+
+    def _waiting_timer(self, ns: int) -> _ServedTimer | None:
+        waiting = self._timers.get(ns)
+        while waiting and waiting[0].cancelled():
+            waiting.popleft()
+        return waiting[0] if waiting else None
+
+    def child(
+        self, input: StartChildWorkflowInput
+    ) -> workflow.ChildWorkflowHandle[Any, Any] | None:
+        """The handle of a child that closed inside the prefix (None: start it)."""
+        ordinal = self._ordinals.next(input.workflow, skip_taken=False)
+        if not self.queue.owes_child(input.workflow, ordinal):
+            return None
+        outcome: asyncio.Future[PrefixMessage] = _loop().create_future()
+        self._children[(input.workflow, ordinal)] = outcome
+        return _InheritedChild(_child_outcome(outcome, input), input.id)
+
+    def _ready(self, msg: PrefixMessage) -> bool:
+        if self.queue.due(self._handed_over()) is None:
+            return False
+        if msg.kind is MessageKind.timer:
+            return self._waiting_timer(msg.duration_ns or 0) is not None
+        if msg.kind is MessageKind.child:
+            return (msg.name, msg.ordinal or 0) in self._children
+        return True
+
+    async def _run(self) -> None:
+        while (msg := self.queue.pending) is not None:
+            await workflow.wait_condition(lambda m=msg: self._ready(m))  # type: ignore[misc]
+            if msg.kind is MessageKind.timer:
+                ns = msg.duration_ns or 0
+                timer = self._waiting_timer(ns)
+                assert timer is not None
+                self._timers[ns].popleft()
+                timer.fire()
+            elif msg.kind is MessageKind.child:
+                self._children.pop((msg.name, msg.ordinal or 0)).set_result(msg)
+            else:
+                deliver(msg)
+            self.queue.delivered()
+            self._start_real_timers()
+
+    def _start_real_timers(self) -> None:
+        """Timers still waiting whose duration has no inherited timer left to fire start
+        for real (the parent's was still running at the boundary, or was cancelled)."""
+        for ns, waiting in self._timers.items():
+            if waiting and not self.queue.owes_timer(ns):
+                for timer in waiting:
+                    if not timer.cancelled():
+                        timer.start_real(self._real_timer)
+                waiting.clear()
+
+
+async def _child_outcome(
+    outcome: asyncio.Future[PrefixMessage], input: StartChildWorkflowInput
+) -> Any:
+    msg = await outcome
+    converter = workflow.payload_converter()
+    if msg.failure_b64 is not None:
+        failure = Failure.FromString(base64.b64decode(msg.failure_b64))
+        error = ChildWorkflowError(
+            "child workflow execution failed",
+            namespace=workflow.info().namespace,
+            workflow_id=input.id,
+            run_id="",
+            workflow_type=input.workflow,
+            initiated_event_id=0,
+            started_event_id=0,
+            retry_state=RetryState.NON_RETRYABLE_FAILURE,
+        )
+        error.__cause__ = DefaultFailureConverter().from_failure(failure, converter)
+        raise error
+    if msg.result_b64 is None:
+        return None
+    payload = _payload(msg.result_b64)
+    return (
+        converter.from_payload(payload, input.ret_type)
+        if input.ret_type
+        else converter.from_payload(payload)
+    )
