@@ -235,3 +235,53 @@ class SlowChildParentWorkflow:
         return await workflow.execute_activity(
             "confirm", [], result_type=str, start_to_close_timeout=_TIMEOUT
         )
+
+
+@workflow.defn(name="IdDerived")
+class IdDerivedWorkflow:
+    """An activity input derived from the workflow id (an order number, as samples derive
+    child ids): a fork, whose workflow id is its own, asks with another input."""
+
+    @workflow.run
+    async def run(self) -> str:
+        first = await workflow.execute_activity(
+            "reserve",
+            f"{workflow.info().workflow_id}-order",
+            result_type=str,
+            start_to_close_timeout=_TIMEOUT,
+        )
+        return await workflow.execute_activity(
+            "confirm", [first], result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+
+
+@workflow.defn(name="ReserveTwice")
+class ReserveTwiceWorkflow:
+    @workflow.run
+    async def run(self) -> str:
+        a = await workflow.execute_activity(
+            "reserve", "a", result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+        b = await workflow.execute_activity(
+            "reserve", "b", result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+        return await workflow.execute_activity(
+            "confirm", [a, b], result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+
+
+@workflow.defn(name="ReserveTwice")
+class ReserveTwiceChanged:
+    """A later build of ``ReserveTwice``: its first reservation asks for another item."""
+
+    @workflow.run
+    async def run(self) -> str:
+        a = await workflow.execute_activity(
+            "reserve", "a2", result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+        b = await workflow.execute_activity(
+            "reserve", "b", result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+        return await workflow.execute_activity(
+            "confirm", [a, b], result_type=str, start_to_close_timeout=_TIMEOUT
+        )

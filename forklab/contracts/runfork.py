@@ -43,6 +43,8 @@ INTERNAL_PREFIX = "forklab."
 FETCH_PREFIX = "forklab.fetch_prefix"
 STEP_DECISION = "forklab.step_decision"
 VERIFY_FORK = "forklab.verify_fork"
+#: The query a fork answers with its :class:`ForkPoint` (``forklab fork`` waits on it).
+FORK_POINT_QUERY = "forklab.fork_point"
 #: Activity types whose input names a model, and the field: ``--model`` rewrites it on
 #: every live call (the OpenAI Agents SDK's model activity and ForkLab's chat call).
 MODEL_FIELDS = {"invoke_model_activity": "model_name", "chat_model": "model"}
@@ -125,6 +127,13 @@ class ForkMarker(BaseModel):
     fork_workflow_id: str | None = None
     start_input_sha256: str | None = None
     issued_at: datetime | None = None
+    #: the builds (Worker Deployment Version, else build id) that recorded the prefix,
+    #: comma-separated (None: the history names none)
+    parent_build: str | None = None
+    #: ``forklab fork --allow-build-change``: a fork running another build whose prefix
+    #: notices the change is served the parent's results matched by type (approximately)
+    #: instead of failing
+    allow_build_change: bool = False
     issuer_key: str | None = None
     signature: str | None = None
     #: a child workflow of a fork (or of any run), named by its parent's workflow id: it
@@ -170,6 +179,19 @@ class PrefixPage(BaseModel):
     #: the signals and accepted updates the parent received among this page's steps
     #: (``prefix_messages.inside``), redelivered at the same points
     messages: list[PrefixMessage] = Field(default_factory=list)
+
+
+class ForkPoint(BaseModel):
+    """Where a running fork stands: whether every inherited result and message has been
+    handed over (it is past its prefix, and its next call is its own), the inherited calls
+    an approximate boundary served although their input differs from the parent's, and the
+    build running it."""
+
+    reached: bool
+    #: one sentence per inherited call served with another input than the parent's
+    drift: list[str] = Field(default_factory=list)
+    #: the Worker Deployment Version or build id of the worker running the fork
+    build: str | None = None
 
 
 class VerifyForkInput(BaseModel):

@@ -131,6 +131,14 @@ class RunRecord:
     #: the signals and accepted updates that reached the run (or that its fork prefix
     #: redelivered), in the order the workflow saw them
     messages: list[PrefixMessage] = field(default_factory=list)
+    #: (steps handed over before the workflow task, the build that completed it)
+    builds: list[tuple[int, str]] = field(default_factory=list)
+
+    def builds_upto(self, at_step: int) -> str | None:
+        """The builds that ran the workflow tasks handing over steps up to ``at_step``,
+        comma-separated, oldest first (None: the history names none)."""
+        seen = [b for n, b in self.builds if n <= at_step]
+        return ", ".join(dict.fromkeys(seen)) or None
 
 
 @dataclass
@@ -228,7 +236,7 @@ def parse_run(
         event_count=len(events),
         first_run_id=started.first_execution_run_id,
     )
-    rec.steps, rec.others = parse_events(events, base_step, run_id, rec.messages)
+    rec.steps, rec.others = parse_events(events, base_step, run_id, rec.messages, rec.builds)
     if marker is not None and marker.signals and not marker.continued:
         # delivered by the interceptor at the fork point, so not in history as events: a
         # fork of this fork past that point would not see them again
@@ -266,6 +274,7 @@ def parse_events(
     base_step: int,
     run_id: str,
     messages: list[PrefixMessage] | None = None,
+    builds: list[tuple[int, str]] | None = None,
 ) -> tuple[list[Step], list[PrefixEvent]]:
     """The steps (numbered after ``base_step`` in the order they completed, the pending
     ones last) and other inputs in ``events``: a whole run's history, or its tail from a
@@ -444,6 +453,9 @@ def parse_events(
             task_started = len(done)
         elif kind == "workflow_task_completed_event_attributes":
             task_before, last_task = last_task, task_started
+            build = _build(ev)
+            if builds is not None and build:
+                builds.append((base_step + task_started, build))
         elif kind == "workflow_execution_signaled_event_attributes":
             sig = ev.workflow_execution_signaled_event_attributes
             msg = PrefixMessage(
@@ -488,6 +500,16 @@ def parse_events(
         elif item.status is StepStatus.pending:
             finish(item)
     return done, others
+
+
+def _build(ev: HistoryEvent) -> str:
+    """The build that completed a workflow task: its Worker Deployment Version, else its
+    build id (the Python SDK's default is a digest of the worker's loaded modules)."""
+    done = ev.workflow_task_completed_event_attributes
+    version = done.deployment_version
+    if version.deployment_name and version.build_id:
+        return f"{version.deployment_name}.{version.build_id}"
+    return version.build_id or done.worker_version.build_id or done.binary_checksum
 
 
 def _message_event(m: PrefixMessage) -> PrefixEvent:

@@ -252,7 +252,8 @@ async def _boundary_at_run_end(
     tail.reverse()
     if _completes_earlier_calls(tail):
         return None  # calls in parallel: the last to complete may be scheduled earlier
-    steps, others = parse_events(tail, at_step - 1, start.run_id)
+    builds: list[tuple[int, str]] = []
+    steps, others = parse_events(tail, at_step - 1, start.run_id, None, builds)
     if len(steps) != 1 or steps[0].status is not StepStatus.completed or others:
         return None
     return RunRecord(
@@ -269,6 +270,7 @@ async def _boundary_at_run_end(
         previous_run_id=start.previous_run_id,
         status="continued_as_new",
         first_run_id=start.first_run_id,
+        builds=builds,
     )
 
 

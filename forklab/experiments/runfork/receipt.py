@@ -40,10 +40,12 @@ class BoundaryMode(StrEnum):
 
 
 class BoundaryError(ValueError):
-    """An ``exact`` (or impossible) boundary; the message names the step and the cause."""
+    """An ``exact`` (or impossible) boundary; the message names the step and the cause (and
+    says "approximately" when the fork was asked approximate)."""
 
-    def __init__(self, step: int, cause: str) -> None:
-        super().__init__(f"cannot fork exactly at step {step}: {cause}")
+    def __init__(self, step: int, cause: str, mode: BoundaryMode = BoundaryMode.exact) -> None:
+        how = "approximately" if mode is BoundaryMode.approximate else "exactly"
+        super().__init__(f"cannot fork {how} at step {step}: {cause}")
         self.step = step
         self.cause = cause
 
@@ -98,6 +100,7 @@ def resolve_boundary(
         raise BoundaryError(
             at_step,
             f"this run starts after step {base_step}; fork the run it came from instead",
+            mode,
         )
     if mode is BoundaryMode.lineage_only:
         return Resolution(
@@ -109,13 +112,15 @@ def resolve_boundary(
         )
     last = steps[-1].index if steps else base_step
     if at_step > last:
-        raise BoundaryError(at_step, f"the run has only {last} steps so far (see `forklab steps`)")
+        raise BoundaryError(
+            at_step, f"the run has only {last} steps so far (see `forklab steps`)", mode
+        )
     prefix = [s for s in steps if s.index <= at_step]
     notes: list[str] = []
     for s in prefix:
         if s.status is not StepStatus.completed and s.status is not StepStatus.blocked:
             cause = f"step {s.index} ({s.activity_type}) never completed (it is {s.status.value})"
-            raise BoundaryError(at_step, cause)
+            raise BoundaryError(at_step, cause, mode)
     for e in events:
         if e.after_step >= at_step or e.kind in REDELIVERED_KINDS:
             continue
@@ -199,6 +204,13 @@ class ForkReceipt(BaseModel):
     input_override: InputOverride | None = None
     #: signals delivered at the fork point
     signals: list[ForkSignal] = Field(default_factory=list)
+    #: the builds (Worker Deployment Version, else build id) that recorded the parent's
+    #: prefix (None: its history names none); the fork's own is in its history and its
+    #: fork point (``forklab fork`` prints both)
+    parent_build: str | None = None
+    #: ``--allow-build-change``: a fork on another build is served the parent's results
+    #: approximately where its prefix notices the change, instead of failing
+    allow_build_change: bool = False
     model: str | None = None
     tool_policies: dict[str, ToolPolicy]
     #: the sealed layer holding the parent's workspace after ``resolved_step`` (the last
@@ -235,6 +247,8 @@ def make_receipt(
     result_override: ResultOverride | None = None,
     input_override: InputOverride | None = None,
     signals: list[ForkSignal] | None = None,
+    parent_build: str | None = None,
+    allow_build_change: bool = False,
 ) -> ForkReceipt:
     return ForkReceipt(
         fork_workflow_id=fork_workflow_id,
@@ -257,6 +271,8 @@ def make_receipt(
         result_override=result_override,
         input_override=input_override,
         signals=signals or [],
+        parent_build=parent_build,
+        allow_build_change=allow_build_change,
         model=model,
         tool_policies=tool_policies,
         workspace_layer_sha256=workspace_layer_sha256,
@@ -341,6 +357,11 @@ def receipt_markdown(r: ForkReceipt, model_in_effect: str | None = None) -> str:
             else "(none)",
         ),
         ("signals", ", ".join(f"`{g.name}`" for g in r.signals) or "(none)"),
+        (
+            "parent build",
+            (f"`{r.parent_build}`" if r.parent_build else "(not recorded)")
+            + ("; a fork on another build may go on approximately" if r.allow_build_change else ""),
+        ),
         ("tool policies", policies),
         (
             "workspace layer",

@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         BASE_STEP_MEMO_KEY,
         CHAIN_HEADER,
         FETCH_PREFIX,
+        FORK_POINT_QUERY,
         INTERNAL_PREFIX,
         LINEAGE_HEADER,
         MARKER_MEMO_KEY,
@@ -70,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
         CohortFork,
         FetchPrefixInput,
         ForkMarker,
+        ForkPoint,
         ModelSwap,
         PrefixPage,
         StepDecisionInput,
@@ -135,6 +137,11 @@ class _ForkState:
         self.loaded = False
         #: hands the prefix's messages, timers and children over (None: there are none)
         self.redelivery: Redelivery | None = None
+        #: inherited calls an approximate boundary served with another input than the
+        #: parent's (one sentence each)
+        self.drift: list[str] = []
+        #: the build running this fork, when it is not one that recorded the prefix
+        self.changed_build: str | None = None
         #: the call still to run with the operator's input (None: none, or done)
         self.input_override: InputOverride | None = None
         #: signals still to deliver at the fork point, and where to deliver them
@@ -205,9 +212,11 @@ class _ForkInbound(WorkflowInboundInterceptor):
         marker = current_fork()
         state.base = _base_step(marker)
         if marker is not None:
+            workflow.set_query_handler(FORK_POINT_QUERY, lambda: _fork_point(state))
             await _verify(marker)
             state.marker = marker
             state.lineage_root = marker.lineage_root
+            state.changed_build = _changed_build(marker)
             if _inherits(marker):
                 _check_servable(await _load_prefix(state, marker), marker)
                 matcher = state.matcher
@@ -239,11 +248,10 @@ class _ForkInbound(WorkflowInboundInterceptor):
         if state.matcher is not None and state.matcher.owed:
             # the run ended without asking for every inherited call: its code is not the
             # parent's, and what it did after the boundary is no continuation of it
-            raise ApplicationError(
+            raise _diverged(
+                state,
                 f"the fork finished without making {state.matcher.owed} of the calls it "
                 "inherited from the parent's steps",
-                type=ForkErrorType.prefix_diverged,
-                non_retryable=True,
             )
         return result
 
@@ -263,6 +271,51 @@ class _ForkInbound(WorkflowInboundInterceptor):
         if marker is None or not _inherits(marker) or not workflow.patched(MESSAGES_PATCH):
             return None
         return self._state.at_fork_point
+
+
+def _current_build() -> str:
+    """The Worker Deployment Version, else the build id, of the worker running this
+    workflow task (as its history records it: deterministic on replay)."""
+    info = workflow.info()
+    version = info.get_current_deployment_version()
+    if version is None:
+        return info.get_current_build_id()
+    if version.deployment_name:
+        return f"{version.deployment_name}.{version.build_id}"
+    return version.build_id
+
+
+def _changed_build(marker: ForkMarker) -> str | None:
+    """This worker's build when it is none of those that recorded the fork's prefix."""
+    build = _current_build()
+    if marker.parent_build is None or not build or build in marker.parent_build.split(", "):
+        return None
+    return build
+
+
+def _fork_point(state: _ForkState) -> dict[str, Any]:
+    build = _current_build() or None
+    point = ForkPoint(reached=state.at_fork_point(), drift=state.drift, build=build)
+    return point.model_dump(mode="json")
+
+
+def _exact(state: _ForkState, marker: ForkMarker) -> bool:
+    """Whether inherited calls are matched with their inputs: under an exact boundary,
+    unless the fork runs another build and was allowed to go on approximately."""
+    allowed = marker.allow_build_change and state.changed_build is not None
+    return marker.boundary is BoundaryMode.exact and not allowed
+
+
+def _diverged(state: _ForkState, why: str) -> ApplicationError:
+    """A divergence, naming the builds when the fork's is not the parent's."""
+    marker = state.marker
+    if state.changed_build is not None and marker is not None:
+        why += (
+            f"; the fork runs build {state.changed_build} and the parent's prefix was "
+            f"recorded by {marker.parent_build}: its workflow code changed (fork with "
+            "--allow-build-change to be served the parent's results approximately)"
+        )
+    return ApplicationError(why, type=ForkErrorType.prefix_diverged, non_retryable=True)
 
 
 async def _deliver_signals(state: _ForkState) -> None:
@@ -374,7 +427,7 @@ async def _load_prefix(state: _ForkState, marker: ForkMarker) -> list[Step]:
     state.inherited = prefix
     state.messages = MessageQueue(messages)
     if prefix:
-        state.matcher = PrefixMatcher(prefix, flying, exact=marker.boundary is BoundaryMode.exact)
+        state.matcher = PrefixMatcher(prefix, flying, exact=_exact(state, marker))
     for s in prefix:
         if s.status is StepStatus.completed:
             state.recorded.setdefault((s.activity_type, s.input_sha256), s)
@@ -560,16 +613,20 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             # the call as the parent's lineage made it (its model swaps up to here)
             model = marker.model_at(index)
             seen = _swap_model(input, model) if model is not None else input
-            key = matcher.key(seen.activity, _input_digest(seen.args))
+            digest = _input_digest(seen.args)
+            key = matcher.key(seen.activity, digest)
             step = matcher.take(key)
             if step is not None:
+                if step.input_sha256 != digest:  # an approximate boundary: say so
+                    state.drift.append(
+                        f"step {step.index} ({step.activity_type[:100]}) was served the "
+                        "parent's result although the fork's input differs from the parent's"
+                    )
                 return workflow.ActivityHandle(self._served(seen, step, matcher))
             try:
                 matcher.check_live(key)
             except Divergence as exc:
-                raise ApplicationError(
-                    str(exc), type=ForkErrorType.prefix_diverged, non_retryable=True
-                ) from None
+                raise _diverged(state, str(exc)) from None
             override = state.input_override
             if override is not None and key == _override_key(override, matcher.exact):
                 # the parent's step N, asked something else: it runs live, whatever policy
