@@ -285,3 +285,25 @@ class ReserveTwiceChanged:
         return await workflow.execute_activity(
             "confirm", [a, b], result_type=str, start_to_close_timeout=_TIMEOUT
         )
+
+
+@workflow.defn(name="SideEffects")
+class SideEffectsWorkflow:
+    """Activity inputs made of ``workflow.uuid4()``, ``workflow.random()`` and
+    ``workflow.now()``, drawn between the steps; one more id after the last step."""
+
+    @workflow.run
+    async def run(self) -> list[str]:
+        out = []
+        for item in (
+            str(workflow.uuid4()),
+            str(workflow.random().randint(0, 10**9)),
+            workflow.now().isoformat(),
+        ):
+            out.append(
+                await workflow.execute_activity(
+                    "reserve", item, result_type=str, start_to_close_timeout=_TIMEOUT
+                )
+            )
+        out.append(str(workflow.uuid4()))
+        return out

@@ -24,6 +24,7 @@ from sample_message_workflows import (
     ComposeGreetingChild,
     GreetingActivities,
     GreetingParentWorkflow,
+    SideEffectsWorkflow,
     SleepForDaysWorkflow,
     SleepInput,
     SlowChildParentWorkflow,
@@ -50,6 +51,7 @@ WORKFLOWS = [
     ComposeGreetingChild,
     GreetingParentWorkflow,
     SlowChildParentWorkflow,
+    SideEffectsWorkflow,
 ]
 
 
@@ -94,7 +96,10 @@ CHILD_STARTED = EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
 async def _record(wl: WaitLab, workflow: Any, arg: Any) -> tuple[str, Any]:
     wid = f"{workflow.__name__[:12].lower()}-{uuid.uuid4().hex[:8]}"
     async with wl.worker(plugin=False):
-        result = await wl.client.execute_workflow(workflow.run, arg, id=wid, task_queue=wl.queue)
+        args = [] if arg is None else [arg]
+        result = await wl.client.execute_workflow(
+            workflow.run, args=args, id=wid, task_queue=wl.queue
+        )
     return wid, result
 
 
@@ -168,3 +173,25 @@ async def test_a_child_running_at_the_boundary_is_refused_before_the_fork_starts
     assert f"{child}, started after step 1, is still running at step 2" in text
     with pytest.raises(RPCError):  # nothing started under the fork's name
         await wait_lab.client.get_workflow_handle(f"{wid}/at-2").describe()
+
+
+async def test_uuid4_random_and_now_in_the_prefix_resolve_as_the_parent_s(
+    wait_lab: WaitLab,
+) -> None:
+    """Each step's input is an id, a random number or the time: an exact fork at every
+    step asks each inherited call with the parent's input (else it would diverge), and
+    the id drawn after the boundary continues the parent's random stream."""
+    wid, expected = await _record(wait_lab, SideEffectsWorkflow, None)
+    async with wait_lab.worker(plugin=True):
+        for n in (1, 2, 3):
+            fork = await wait_lab.lab.fork(wid, n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+            assert await asyncio.wait_for(fork.handle.result(), timeout=60) == expected, n
+            assert wait_lab.calls.of(fork.handle.id) == 3 - n, n
+        await Replayer(
+            workflows=WORKFLOWS,
+            plugins=[ForkLabPlugin(wait_lab.agent.run_log_path)],
+            data_converter=wait_lab.client.data_converter,
+        ).replay_workflow(await wait_lab.history(f"{wid}/at-3"))
+        # a fork of a fork draws the first parent's stream too
+        again = await wait_lab.lab.fork(f"{wid}/at-2", 3, name=f"{wid}/again", tool_policies=LIVE)
+        assert await asyncio.wait_for(again.handle.result(), timeout=60) == expected

@@ -67,7 +67,7 @@ def _events(*kinds: str) -> list[object]:
 def test_a_message_s_position_counts_the_results_of_earlier_activations_only() -> None:
     """The SDK applies an activation's signals and updates before its activity results:
     a signal that arrived with step 1's result reached the workflow before it."""
-    from forklab.activities.runfork.history_events import parse_events
+    from forklab.activities.runfork.history_events import RunInputs, parse_events
 
     events = _events(
         "signal",  # 1: with the start, before anything
@@ -88,8 +88,9 @@ def test_a_message_s_position_counts_the_results_of_earlier_activations_only() -
         "completed",  # 14-16: step 2
         "update",  # 17: accepted in the activation that handed step 2 over
     )
-    found: list[PrefixMessage] = []
-    steps, others = parse_events(events, 0, "run", found)  # type: ignore[arg-type]
+    inputs = RunInputs()
+    steps, others = parse_events(events, 0, "run", inputs)  # type: ignore[arg-type]
+    found = inputs.messages
     assert [s.index for s in steps] == [1, 2]
     assert [(m.name, m.position) for m in found] == [
         ("sig1", 0),

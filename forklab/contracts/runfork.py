@@ -43,6 +43,9 @@ INTERNAL_PREFIX = "forklab."
 FETCH_PREFIX = "forklab.fetch_prefix"
 STEP_DECISION = "forklab.step_decision"
 VERIFY_FORK = "forklab.verify_fork"
+#: Forks whose prefix draws ``workflow.random()`` from its parent's seed and reads its
+#: parent's ``workflow.now()`` (the patch marks their histories).
+SIDE_EFFECTS_PATCH = "forklab-parent-side-effects"
 #: The query a fork answers with its :class:`ForkPoint` (``forklab fork`` waits on it).
 FORK_POINT_QUERY = "forklab.fork_point"
 #: Activity types whose input names a model, and the field: ``--model`` rewrites it on
@@ -179,6 +182,11 @@ class PrefixPage(BaseModel):
     #: the signals and accepted updates the parent received among this page's steps
     #: (``prefix_messages.inside``), redelivered at the same points
     messages: list[PrefixMessage] = Field(default_factory=list)
+    #: steps handed over → the time (ns) of the parent's workflow task that handed the
+    #: last of them over, for this page's steps (and the one before them)
+    clock: dict[int, int] = Field(default_factory=dict)
+    #: the seed of the parent's ``workflow.random()`` (first page only; None: unknown)
+    seed: int | None = None
 
 
 class ForkPoint(BaseModel):

@@ -13,6 +13,7 @@ parsed here comes from history and is treated as untrusted data.
 from __future__ import annotations
 
 import base64
+import bisect
 import dataclasses
 import json
 from collections import OrderedDict
@@ -31,6 +32,7 @@ from forklab.contracts.runfork import (
     MARKER_MEMO_KEY,
     MODEL_FIELDS,
     RECEIPT_MEMO_KEY,
+    SIDE_EFFECTS_PATCH,
     STEP_DECISION,
     STEP_HEADER,
     ForkMarker,
@@ -45,6 +47,7 @@ from forklab.experiments.runfork.prefix_messages import (
     timer_name,
 )
 from forklab.experiments.runfork.receipt import ForkReceipt, PrefixEvent
+from forklab.experiments.runfork.side_effects import randomness_seed
 from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
 
 #: Events that reach a workflow besides activity results; a fork does not see them again.
@@ -128,17 +131,34 @@ class RunRecord:
     #: the first run id of the chain (Temporal's ``first_execution_run_id``): with the
     #: workflow id and namespace, the chain's identity that no later run shares
     first_run_id: str = ""
-    #: the signals and accepted updates that reached the run (or that its fork prefix
-    #: redelivered), in the order the workflow saw them
-    messages: list[PrefixMessage] = field(default_factory=list)
-    #: (steps handed over before the workflow task, the build that completed it)
-    builds: list[tuple[int, str]] = field(default_factory=list)
+    #: what besides its steps reached the run
+    inputs: RunInputs = field(default_factory=lambda: RunInputs())
+    #: the seed of the run's ``workflow.random()`` (None: not known)
+    seed: int | None = None
 
     def builds_upto(self, at_step: int) -> str | None:
         """The builds that ran the workflow tasks handing over steps up to ``at_step``,
         comma-separated, oldest first (None: the history names none)."""
-        seen = [b for n, b in self.builds if n <= at_step]
+        seen = [b for n, b in self.inputs.builds if n <= at_step]
         return ", ".join(dict.fromkeys(seen)) or None
+
+
+@dataclass
+class RunInputs:
+    """What reached a run besides its activity results, as a fork needs it to hand the
+    same things over at the same points."""
+
+    #: the signals, accepted updates, fired timers and closed children that reached the
+    #: run (or that its fork prefix redelivered), in the order the workflow saw them
+    messages: list[PrefixMessage] = field(default_factory=list)
+    #: (steps handed over before the workflow task, the build that completed it)
+    builds: list[tuple[int, str]] = field(default_factory=list)
+    #: steps handed over → the time (ns) of the workflow task that handed the last of them
+    #: over: what ``workflow.now()`` said right after (``side_effects.py``)
+    clock: dict[int, int] = field(default_factory=dict)
+    #: the seed a fork's prefix drew ``workflow.random()`` from (its parent's), when the
+    #: run is such a fork
+    served_seed: int | None = None
 
 
 @dataclass
@@ -236,7 +256,9 @@ def parse_run(
         event_count=len(events),
         first_run_id=started.first_execution_run_id,
     )
-    rec.steps, rec.others = parse_events(events, base_step, run_id, rec.messages, rec.builds)
+    rec.steps, rec.others = parse_events(events, base_step, run_id, rec.inputs)
+    original = started.original_execution_run_id
+    rec.seed = rec.inputs.served_seed or (randomness_seed(original) if original else None)
     if marker is not None and marker.signals and not marker.continued:
         # delivered by the interceptor at the fork point, so not in history as events: a
         # fork of this fork past that point would not see them again
@@ -273,15 +295,20 @@ def parse_events(
     events: list[HistoryEvent],
     base_step: int,
     run_id: str,
-    messages: list[PrefixMessage] | None = None,
-    builds: list[tuple[int, str]] | None = None,
+    inputs: RunInputs | None = None,
 ) -> tuple[list[Step], list[PrefixEvent]]:
     """The steps (numbered after ``base_step`` in the order they completed, the pending
     ones last) and other inputs in ``events``: a whole run's history, or its tail from a
     step's scheduling on. Signals and accepted updates go into ``messages`` too, with
-    their arguments and position (``experiments/runfork/prefix_messages.py``)."""
+    their arguments and position (``experiments/runfork/prefix_messages.py``), with the
+    builds, workflow task times and served seed, into ``inputs``."""
     done: list[Step] = []
-    found: list[PrefixMessage] = [] if messages is None else messages
+    into = inputs if inputs is not None else RunInputs()
+    found = into.messages
+    tasks = _task_starts(events)
+    first = tasks.after(0)
+    if first is not None:
+        into.clock[base_step] = first  # what the run's code saw before any step
     # steps handed over before the activation of the last completed workflow task, and
     # of the one before it: a signal arriving now reaches the workflow in the next
     # activation, after the former; an update accepted now came in the last one
@@ -298,8 +325,10 @@ def parse_events(
     scheduled: dict[int, str] = {}
     calls = base_step  # positions of calls whose header does not say
 
-    def finish(item: _Own | Step) -> None:
+    def finish(item: _Own | Step, at: int | None = None) -> None:
         index = base_step + len(done) + 1
+        if at is not None and (time := tasks.after(at)) is not None:
+            into.clock[index] = time
         if isinstance(item, Step):
             done.append(item.model_copy(update={"index": index}))
         else:
@@ -359,7 +388,7 @@ def parse_events(
             attrs = getattr(ev, kind)
             sid = attrs.scheduled_event_id
             if sid in decided:
-                finish(decided.pop(sid))
+                finish(decided.pop(sid), ev.event_id)
                 continue
             mine = own.pop(sid, None)
             if mine is None:
@@ -372,6 +401,9 @@ def parse_events(
                 if results and scheduled.get(sid) == FETCH_PREFIX:
                     page = PrefixPage.model_validate_json(results[0].data)
                     found.extend(page.messages)  # redelivered by the interceptor
+                    into.clock.update(page.clock)
+                    if page.seed is not None and tasks.patched_side_effects:
+                        into.served_seed = page.seed
                     for m in page.messages:
                         if m.ordinal is not None:
                             ordinals.take(m.name, m.ordinal)
@@ -392,7 +424,7 @@ def parse_events(
             else:
                 mine.status = StepStatus.failed
             mine.duration_ms = (_seconds(ev) - mine.scheduled_s) * 1000
-            finish(mine)
+            finish(mine, ev.event_id)
         elif kind == "start_child_workflow_execution_initiated_event_attributes":
             init = ev.start_child_workflow_execution_initiated_event_attributes
             ordinal = ordinals.next(init.workflow_type.name)
@@ -431,6 +463,7 @@ def parse_events(
                     position=position,
                     ordinal=ordinal,
                     child_id=opened.child_id,
+                    time_ns=tasks.after(ev.event_id),
                     **outcome,
                 )
             )
@@ -446,6 +479,7 @@ def parse_events(
                 name=timer_name(ns),
                 position=base_step + len(done),
                 duration_ns=ns,
+                time_ns=tasks.after(ev.event_id),
             )
             found.append(msg)
             others.append(_message_event(msg))
@@ -454,14 +488,15 @@ def parse_events(
         elif kind == "workflow_task_completed_event_attributes":
             task_before, last_task = last_task, task_started
             build = _build(ev)
-            if builds is not None and build:
-                builds.append((base_step + task_started, build))
+            if build:
+                into.builds.append((base_step + task_started, build))
         elif kind == "workflow_execution_signaled_event_attributes":
             sig = ev.workflow_execution_signaled_event_attributes
             msg = PrefixMessage(
                 kind=MessageKind.signal,
                 name=sig.signal_name,
                 position=base_step + last_task,
+                time_ns=tasks.after(ev.event_id),
                 args_b64=[_b64(p) for p in sig.input.payloads],
                 headers_b64={k: _b64(v) for k, v in sig.header.fields.items()},
             )
@@ -473,6 +508,7 @@ def parse_events(
                 kind=MessageKind.update,
                 name=req.input.name,
                 position=base_step + task_before,
+                time_ns=tasks.before(ev.event_id),
                 args_b64=[_b64(p) for p in req.input.args.payloads],
                 headers_b64={k: _b64(v) for k, v in req.input.header.fields.items()},
                 update_id=req.meta.update_id,
@@ -500,6 +536,44 @@ def parse_events(
         elif item.status is StepStatus.pending:
             finish(item)
     return done, others
+
+
+class _TaskStarts:
+    """The start times of a history's completed workflow tasks: the activation an event
+    reached the workflow in is the first one that started after it."""
+
+    def __init__(self, starts: list[tuple[int, int]], patched_side_effects: bool) -> None:
+        self._ids = [i for i, _ in starts]
+        self._times = [t for _, t in starts]
+        #: the run is a fork that drew its prefix's side effects from its parent
+        self.patched_side_effects = patched_side_effects
+
+    def after(self, event_id: int) -> int | None:
+        at = bisect.bisect_right(self._ids, event_id)
+        return self._times[at] if at < len(self._times) else None
+
+    def before(self, event_id: int) -> int | None:
+        at = bisect.bisect_left(self._ids, event_id) - 1
+        return self._times[at] if at >= 0 else None
+
+
+def _task_starts(events: list[HistoryEvent]) -> _TaskStarts:
+    starts: list[tuple[int, int]] = []
+    started: tuple[int, int] | None = None
+    patched = False
+    for ev in events:
+        kind = ev.WhichOneof("attributes")
+        if kind == "workflow_task_started_event_attributes":
+            started = (ev.event_id, ev.event_time.ToNanoseconds())
+        elif kind == "workflow_task_completed_event_attributes" and started is not None:
+            starts.append(started)
+            started = None
+        elif kind == "marker_recorded_event_attributes":
+            patch = ev.marker_recorded_event_attributes.details.get("patch-data")
+            patched = patched or any(
+                SIDE_EFFECTS_PATCH.encode() in p.data for p in (patch.payloads if patch else [])
+            )
+    return _TaskStarts(starts, patched)
 
 
 def _build(ev: HistoryEvent) -> str:

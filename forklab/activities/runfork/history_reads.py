@@ -21,6 +21,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from forklab.activities.runfork.history_events import (
     TERMINAL_EVENTS,
     ClosedRuns,
+    RunInputs,
     RunRecord,
     RunStart,
     parse_events,
@@ -252,8 +253,8 @@ async def _boundary_at_run_end(
     tail.reverse()
     if _completes_earlier_calls(tail):
         return None  # calls in parallel: the last to complete may be scheduled earlier
-    builds: list[tuple[int, str]] = []
-    steps, others = parse_events(tail, at_step - 1, start.run_id, None, builds)
+    inputs = RunInputs()
+    steps, others = parse_events(tail, at_step - 1, start.run_id, inputs)
     if len(steps) != 1 or steps[0].status is not StepStatus.completed or others:
         return None
     return RunRecord(
@@ -270,7 +271,7 @@ async def _boundary_at_run_end(
         previous_run_id=start.previous_run_id,
         status="continued_as_new",
         first_run_id=start.first_run_id,
-        builds=builds,
+        inputs=inputs,
     )
 
 

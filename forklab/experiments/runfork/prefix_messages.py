@@ -65,6 +65,9 @@ class PrefixMessage(BaseModel):
     #: children: the recorded result payload, or the failure (a serialised ``Failure``)
     result_b64: str | None = None
     failure_b64: str | None = None
+    #: the time (ns) of the parent's workflow task it reached the workflow in: what
+    #: ``workflow.now()`` said there
+    time_ns: int | None = None
 
 
 def timer_name(duration_ns: int) -> str:

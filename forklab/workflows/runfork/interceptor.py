@@ -46,6 +46,7 @@ from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 
 from forklab.contracts.errors import ForkErrorType
 from forklab.workflows.runfork.fork_signals import deliver_signals
+from forklab.workflows.runfork.parent_side_effects import ParentSideEffects
 from forklab.workflows.runfork.prefix_messages import (
     MESSAGES_PATCH,
     Redelivery,
@@ -65,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
         MARKER_MEMO_KEY,
         MODEL_FIELDS,
         MODEL_SEED_HEADER,
+        SIDE_EFFECTS_PATCH,
         STEP_DECISION,
         STEP_HEADER,
         VERIFY_FORK,
@@ -142,6 +144,10 @@ class _ForkState:
         self.drift: list[str] = []
         #: the build running this fork, when it is not one that recorded the prefix
         self.changed_build: str | None = None
+        #: the parent's random seed and clock, while the prefix is handed over
+        self.side_effects: ParentSideEffects | None = None
+        self.seed: int | None = None
+        self.clock: dict[int, int] = {}
         #: the call still to run with the operator's input (None: none, or done)
         self.input_override: InputOverride | None = None
         #: signals still to deliver at the fork point, and where to deliver them
@@ -220,9 +226,14 @@ class _ForkInbound(WorkflowInboundInterceptor):
             if _inherits(marker):
                 _check_servable(await _load_prefix(state, marker), marker)
                 matcher = state.matcher
+                if matcher is not None and workflow.patched(SIDE_EFFECTS_PATCH):
+                    state.side_effects = ParentSideEffects(state.seed, state.clock)
+                    state.side_effects.begin(marker.base_step)
                 if matcher is not None and state.messages.owed and workflow.patched(MESSAGES_PATCH):
                     state.redelivery = Redelivery(
-                        state.messages, lambda: matcher.last_handed_over or marker.base_step
+                        state.messages,
+                        lambda: matcher.last_handed_over or marker.base_step,
+                        state.side_effects,
                     )
                     state.redelivery.start()
                 else:  # recorded before messages were redelivered
@@ -418,6 +429,8 @@ async def _load_prefix(state: _ForkState, marker: ForkMarker) -> list[Step]:
         page = await _fetch_page(marker, start)
         prefix.extend(page.steps)
         messages.extend(page.messages)
+        state.clock.update(page.clock)
+        state.seed = page.seed if page.seed is not None else state.seed
         flying.extend(page.in_flight)
         for s in page.recorded_after:
             state.recorded.setdefault((s.activity_type, s.input_sha256), s)
@@ -899,8 +912,13 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         if not turn():
             await workflow.wait_condition(turn)
         matcher.delivered()
+        side = self._state.side_effects
+        if side is not None:
+            side.at(step.index)
         if matcher.all_delivered and self._state.signals:
             await _deliver_signals(self._state)  # the fork point: the last inherited result
+        if side is not None and self._state.at_fork_point():
+            side.end()
         if step.status is StepStatus.blocked:
             # the parent fork's workflow saw this call fail: so does this one
             raise _inherited_block(input, step)

@@ -49,6 +49,7 @@ from temporalio.exceptions import ApplicationError, ChildWorkflowError, RetrySta
 from temporalio.worker import HandleSignalInput, HandleUpdateInput, StartChildWorkflowInput
 
 from forklab.contracts.errors import ForkErrorType
+from forklab.workflows.runfork.parent_side_effects import ParentSideEffects
 
 with workflow.unsafe.imports_passed_through():
     from forklab.experiments.runfork.prefix_messages import (
@@ -175,6 +176,7 @@ class _ServedTimer(asyncio.TimerHandle):
     ) -> None:
         super().__init__(loop.time() + delay, callback, args, loop, context)
         self._on = (loop, options, callback, tuple(args), context)
+        self._delay = delay
         self.real: Any = None
 
     def fire(self) -> None:
@@ -182,9 +184,10 @@ class _ServedTimer(asyncio.TimerHandle):
         loop.call_soon(callback, *args, context=context)
 
     def start_real(self, real_timer: Any) -> None:
-        loop, options, callback, args, context = self._on
-        delay = max(0.0, self.when() - loop.time())
-        self.real = real_timer(delay, options, callback, *args, context=context)
+        _, options, callback, args, context = self._on
+        # its whole duration (the clock of a prefix is the parent's, not a measure of
+        # how long this timer has waited)
+        self.real = real_timer(self._delay, options, callback, *args, context=context)
 
     def cancel(self) -> None:
         # no command to cancel: the SDK's own cancel would look for one
@@ -223,9 +226,15 @@ class Redelivery:
     once ``handed_over()`` (the last inherited step handed over, chain-wide) reaches its
     position and the workflow waits; timers and children once the fork asked for them."""
 
-    def __init__(self, queue: MessageQueue, handed_over: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        queue: MessageQueue,
+        handed_over: Callable[[], int],
+        side_effects: ParentSideEffects | None = None,
+    ) -> None:
         self.queue = queue
         self._handed_over = handed_over
+        self._side_effects = side_effects
         self._timers: dict[int, deque[_ServedTimer]] = {}
         self._children: dict[tuple[str, int], asyncio.Future[PrefixMessage]] = {}
         self._ordinals = Ordinals()
@@ -279,6 +288,8 @@ class Redelivery:
     async def _run(self) -> None:
         while (msg := self.queue.pending) is not None:
             await workflow.wait_condition(lambda m=msg: self._ready(m))  # type: ignore[misc]
+            if self._side_effects is not None:  # the parent's clock when it got this
+                self._side_effects.at_time(msg.time_ns)
             if msg.kind is MessageKind.timer:
                 ns = msg.duration_ns or 0
                 timer = self._waiting_timer(ns)
