@@ -307,3 +307,26 @@ class SideEffectsWorkflow:
             )
         out.append(str(workflow.uuid4()))
         return out
+
+
+@workflow.defn(name="OrderUpdates")
+class OrderUpdatesBrokenAdd:
+    """The same workflow type, its ``add_item`` now broken (a changed build): it raises
+    an error that is no workflow failure, which fails the workflow task on a real run."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    @workflow.run
+    async def run(self) -> str:
+        await workflow.wait_condition(lambda: self.closed)
+        return "closed"
+
+    @workflow.update
+    def add_item(self, item: str) -> str:
+        raise RuntimeError(f"no stock for {item}")
+
+    @workflow.update
+    def close(self) -> str:
+        self.closed = True
+        return "closed"

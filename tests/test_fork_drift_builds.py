@@ -33,7 +33,7 @@ from temporalio.worker import Worker
 from forklab.activities.runfork.fork_start import ForkError
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.experiments.runfork.policy import ToolPolicy
-from forklab.experiments.runfork.receipt import BoundaryMode
+from forklab.experiments.runfork.receipt import INPUT_DRIFT, BoundaryMode
 from forklab.temporal import ForkLabPlugin
 from forklab.workers.config import ENV, Settings
 from forklab.workers.runfork.agent_config import AgentSettings
@@ -108,6 +108,7 @@ async def test_input_drift_fails_an_exact_fork_at_once_and_is_recorded_approxima
         fork = await drift_lab.lab.fork(
             wid, 1, name=f"{wid}/approx", boundary=BoundaryMode.approximate, tool_policies=LIVE
         )
+        assert not fork.receipt.restorable and fork.receipt.approximations == [INPUT_DRIFT]
         point = await drift_lab.lab.fork_point(fork)
         assert point is not None and point.reached
         assert point.drift == [

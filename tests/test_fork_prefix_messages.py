@@ -22,6 +22,7 @@ from agent_fixtures import Services, agent_settings
 from sample_message_workflows import (
     GreetingActivities,
     GreetingSignalsWorkflow,
+    OrderUpdatesBrokenAdd,
     OrderUpdatesWithoutAdd,
     OrderUpdatesWorkflow,
 )
@@ -232,9 +233,19 @@ async def test_stray_and_malformed_signals_are_handled_as_the_parent_handled_the
         assert msg_lab.calls.of(fork.handle.id) == 0
 
 
-async def test_an_update_the_fork_has_no_handler_for_fails_the_fork(msg_lab: MsgLab) -> None:
-    """The parent accepted ``add_item``; a fork whose code lost that handler fails at once,
-    naming the update and the step, instead of failing its workflow task for ever."""
+@pytest.mark.parametrize(
+    ("changed", "says"),
+    [
+        (OrderUpdatesWithoutAdd, "no update handler of that name"),
+        (OrderUpdatesBrokenAdd, "its handler raised RuntimeError"),
+    ],
+)
+async def test_an_update_the_fork_cannot_hand_over_fails_the_fork(
+    msg_lab: MsgLab, changed: Any, says: str
+) -> None:
+    """The parent accepted ``add_item``; a fork whose code lost that handler, or whose
+    handler raises something that is no workflow failure, fails at once, naming the update
+    and the step, instead of failing its workflow task for ever."""
     wid = f"order-{uuid.uuid4().hex[:8]}"
     async with msg_lab.worker(OrderUpdatesWorkflow, plugin=False):
         handle = await msg_lab.client.start_workflow(
@@ -243,12 +254,12 @@ async def test_an_update_the_fork_has_no_handler_for_fails_the_fork(msg_lab: Msg
         await handle.execute_update(OrderUpdatesWorkflow.add_item, "a")
         await handle.execute_update(OrderUpdatesWorkflow.close)
         await handle.result()
-    async with msg_lab.worker(OrderUpdatesWithoutAdd, plugin=True):
+    async with msg_lab.worker(changed, plugin=True):
         fork = await msg_lab.lab.fork(wid, 2, name=f"{wid}/changed", tool_policies=LIVE)
         with pytest.raises(WorkflowFailureError) as failed:
             await asyncio.wait_for(fork.handle.result(), timeout=60)
     cause = str(failed.value.cause)
     assert "update 'add_item' (after step 0) cannot be redelivered" in cause, cause
-    assert "no update handler of that name" in cause
+    assert says in cause
     assert failed.value.cause.type == ForkErrorType.prefix_diverged  # type: ignore[attr-defined]
     assert msg_lab.calls.of(fork.handle.id) == 0

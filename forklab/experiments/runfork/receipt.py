@@ -25,6 +25,12 @@ RECEIPT_SCHEMA_VERSION = 1
 #: prefix (the fork interceptor redelivers them): they do not keep a boundary from being
 #: exact. Every other kind inside a prefix does.
 REDELIVERED_KINDS = frozenset({"signal", "update", "timer"})
+#: The approximation every approximate prefix may hold, which no history read before the
+#: fork starts can rule out.
+INPUT_DRIFT = (
+    "inherited calls are matched by activity type: one whose input differs from the "
+    "parent's is served the parent's result (the fork lists each at its fork point)"
+)
 #: A child workflow inside a prefix is served its outcome when it closed inside it too.
 CHILD_KIND = "child workflow"
 
@@ -140,6 +146,9 @@ def resolve_boundary(
         if mode is BoundaryMode.exact:
             raise BoundaryError(at_step, cause)
         notes.append(cause)
+    if mode is BoundaryMode.approximate and prefix:
+        # seen only when the fork makes the call: it lists each at its fork point
+        notes.append(INPUT_DRIFT)
     why = "every inherited step completed and nothing else happened inside the prefix"
     if notes:
         why = "approximate: " + "; ".join(notes)
