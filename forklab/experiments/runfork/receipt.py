@@ -149,7 +149,10 @@ def resolve_boundary(
     if mode is BoundaryMode.approximate and prefix:
         # seen only when the fork makes the call: it lists each at its fork point
         notes.append(INPUT_DRIFT)
-    why = "every inherited step completed and nothing else happened inside the prefix"
+    why = (
+        "every inherited step completed, and whatever else reached the parent inside the "
+        "prefix (signals, updates, fired timers, closed children) is handed over again"
+    )
     if notes:
         why = "approximate: " + "; ".join(notes)
     return Resolution(
