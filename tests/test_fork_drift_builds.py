@@ -30,6 +30,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from forklab.activities.runfork.fork_builds import polling_builds
 from forklab.activities.runfork.fork_start import ForkError
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.experiments.runfork.policy import ToolPolicy
@@ -136,8 +137,13 @@ async def test_a_changed_build_the_prefix_notices_fails_unless_allowed(
     wid, expected = await drift_lab.record(ReserveTwiceWorkflow)
     # another build with the same code: the prefix notices nothing
     async with drift_lab.worker(ReserveTwiceWorkflow, plugin=True, build_id="build-2"):
+        for _ in range(100):  # the server lists a poller once its first poll arrives
+            if await polling_builds(drift_lab.client, f"{drift_lab.queue}@forklab"):
+                break
+            await asyncio.sleep(0.05)
         same = await drift_lab.lab.fork(wid, 2, name=f"{wid}/same", tool_policies=LIVE)
         assert same.receipt.parent_build == "build-1" and not same.receipt.allow_build_change
+        assert same.receipt.fork_build == "build-2"  # the workers polling the fork queue
         point = await drift_lab.lab.fork_point(same)
         assert point is not None and point.build == "build-2" and point.drift == []
         assert await same.handle.result() == expected

@@ -29,6 +29,7 @@ from temporalio.common import (
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from forklab.activities.runfork.fork_builds import polling_builds
 from forklab.activities.runfork.fork_keys import issuer_key
 from forklab.activities.runfork.history_events import (
     ClosedRuns,
@@ -330,6 +331,7 @@ class ForkStarter:
                 input_override=asked,
                 signals=signals,
                 parent_build=source.builds_upto(at_step),
+                fork_build=await polling_builds(self.client, fork_task_queue(source.task_queue)),
                 allow_build_change=allow_build_change,
             )
             inherited_swaps = [

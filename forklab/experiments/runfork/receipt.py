@@ -217,9 +217,11 @@ class ForkReceipt(BaseModel):
     #: signals delivered at the fork point
     signals: list[ForkSignal] = Field(default_factory=list)
     #: the builds (Worker Deployment Version, else build id) that recorded the parent's
-    #: prefix (None: its history names none); the fork's own is in its history and its
-    #: fork point (``forklab fork`` prints both)
+    #: prefix (None: its history names none)
     parent_build: str | None = None
+    #: the builds of the workers polling the fork's queue when it started, one of which
+    #: runs it (its history records which on every workflow task; None: none said)
+    fork_build: str | None = None
     #: ``--allow-build-change``: a fork on another build is served the parent's results
     #: approximately where its prefix notices the change, instead of failing
     allow_build_change: bool = False
@@ -260,6 +262,7 @@ def make_receipt(
     input_override: InputOverride | None = None,
     signals: list[ForkSignal] | None = None,
     parent_build: str | None = None,
+    fork_build: str | None = None,
     allow_build_change: bool = False,
 ) -> ForkReceipt:
     return ForkReceipt(
@@ -284,6 +287,7 @@ def make_receipt(
         input_override=input_override,
         signals=signals or [],
         parent_build=parent_build,
+        fork_build=fork_build,
         allow_build_change=allow_build_change,
         model=model,
         tool_policies=tool_policies,
@@ -374,6 +378,7 @@ def receipt_markdown(r: ForkReceipt, model_in_effect: str | None = None) -> str:
             (f"`{r.parent_build}`" if r.parent_build else "(not recorded)")
             + ("; a fork on another build may go on approximately" if r.allow_build_change else ""),
         ),
+        ("fork build", f"`{r.fork_build}`" if r.fork_build else "(none polling yet)"),
         ("tool policies", policies),
         (
             "workspace layer",
