@@ -26,7 +26,7 @@ from sample_message_workflows import (
     OrderUpdatesWithoutAdd,
     OrderUpdatesWorkflow,
 )
-from sample_workflows import Calls
+from sample_workflows import AwaitsApprovalWorkflow, Bank, Calls, TransferDetails
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
@@ -263,3 +263,29 @@ async def test_an_update_the_fork_cannot_hand_over_fails_the_fork(
     assert says in cause
     assert failed.value.cause.type == ForkErrorType.prefix_diverged  # type: ignore[attr-defined]
     assert msg_lab.calls.of(fork.handle.id) == 0
+
+
+async def test_a_transfer_approved_inside_the_prefix_forks_exactly(msg_lab: MsgLab) -> None:
+    """The money-transfer shape that waits for an ``approve`` signal between its withdrawal
+    and its deposit: a fork at the deposit inherits the approval, and nothing runs again."""
+    details = TransferDetails(source="a", target="b", amount=5, reference="t1")
+    wid = f"approve-{uuid.uuid4().hex[:8]}"
+    bank = Bank(msg_lab.calls)
+    worker = dict(
+        task_queue=msg_lab.queue,
+        workflows=[AwaitsApprovalWorkflow],
+        activities=[bank.withdraw, bank.deposit, bank.refund],
+    )
+    async with Worker(msg_lab.client, **worker):  # type: ignore[arg-type]
+        handle = await msg_lab.client.start_workflow(
+            AwaitsApprovalWorkflow.run, details, id=wid, task_queue=msg_lab.queue
+        )
+        await msg_lab.until_steps(wid, 1)
+        await handle.signal(AwaitsApprovalWorkflow.approve)
+        expected = await handle.result()
+    plugin = [msg_lab.plugin()]
+    async with Worker(msg_lab.client, **worker, plugins=plugin):  # type: ignore[arg-type]
+        fork = await msg_lab.lab.fork(wid, 2, name=f"{wid}/at-2")
+        assert fork.receipt.restorable
+        assert await asyncio.wait_for(fork.handle.result(), timeout=60) == expected
+        assert msg_lab.calls.of(fork.handle.id) == 0
