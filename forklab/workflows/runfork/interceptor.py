@@ -45,6 +45,7 @@ from temporalio.worker import (
 from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 
 from forklab.contracts.errors import ForkErrorType
+from forklab.workflows.runfork.fork_builds import changed_build, current_build
 from forklab.workflows.runfork.fork_signals import deliver_signals
 from forklab.workflows.runfork.parent_side_effects import ParentSideEffects
 from forklab.workflows.runfork.prefix_messages import (
@@ -133,7 +134,8 @@ class _ForkState:
         self.matcher: PrefixMatcher | None = None
         #: the inherited steps as fetched (an experiment's tool faults read their results)
         self.inherited: list[Step] = []
-        #: the signals and updates the parent received inside the prefix, to redeliver
+        #: the signals, updates, timer fires and child outcomes the parent received inside
+        #: the prefix, to hand over again
         self.messages = MessageQueue([])
         #: the prefix is loaded (or there is none) and the fork-point signals are set
         self.loaded = False
@@ -222,7 +224,7 @@ class _ForkInbound(WorkflowInboundInterceptor):
             await _verify(marker)
             state.marker = marker
             state.lineage_root = marker.lineage_root
-            state.changed_build = _changed_build(marker)
+            state.changed_build = changed_build(marker.parent_build)
             if _inherits(marker):
                 _check_servable(await _load_prefix(state, marker), marker)
                 matcher = state.matcher
@@ -236,7 +238,7 @@ class _ForkInbound(WorkflowInboundInterceptor):
                         state.side_effects,
                     )
                     state.redelivery.start()
-                else:  # recorded before messages were redelivered
+                else:  # none, or recorded before they were redelivered
                     state.messages = MessageQueue([])
             if not marker.continued:
                 state.signals = list(marker.signals)
@@ -250,11 +252,11 @@ class _ForkInbound(WorkflowInboundInterceptor):
         state.loaded = True
         result = await super().execute_workflow(input)
         if state.messages.owed:
-            raise ApplicationError(
-                f"the fork finished before the point where the parent received its "
-                f"{state.messages.owed} last signals or updates inside the prefix",
-                type=ForkErrorType.prefix_diverged,
-                non_retryable=True,
+            raise _diverged(
+                state,
+                "the fork finished before the points where the parent received the last "
+                f"{state.messages.owed} signals, updates, timer fires or child outcomes of "
+                "the prefix",
             )
         if state.matcher is not None and state.matcher.owed:
             # the run ended without asking for every inherited call: its code is not the
@@ -284,28 +286,8 @@ class _ForkInbound(WorkflowInboundInterceptor):
         return self._state.at_fork_point
 
 
-def _current_build() -> str:
-    """The Worker Deployment Version, else the build id, of the worker running this
-    workflow task (as its history records it: deterministic on replay)."""
-    info = workflow.info()
-    version = info.get_current_deployment_version()
-    if version is None:
-        return info.get_current_build_id()
-    if version.deployment_name:
-        return f"{version.deployment_name}.{version.build_id}"
-    return version.build_id
-
-
-def _changed_build(marker: ForkMarker) -> str | None:
-    """This worker's build when it is none of those that recorded the fork's prefix."""
-    build = _current_build()
-    if marker.parent_build is None or not build or build in marker.parent_build.split(", "):
-        return None
-    return build
-
-
 def _fork_point(state: _ForkState) -> dict[str, Any]:
-    build = _current_build() or None
+    build = current_build() or None
     point = ForkPoint(reached=state.at_fork_point(), drift=state.drift, build=build)
     return point.model_dump(mode="json")
 
