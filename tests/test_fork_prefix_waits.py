@@ -158,6 +158,10 @@ async def test_children_in_the_prefix_are_inherited_with_their_outcome(wait_lab:
             plugins=[ForkLabPlugin(wait_lab.agent.run_log_path)],
             data_converter=wait_lab.client.data_converter,
         ).replay_workflow(await wait_lab.history(f"{wid}/at-3"))
+        # a fork inside a child is a fork of the child's own run (its own workflow id)
+        child = await wait_lab.lab.fork(f"{wid}-child-1", 1, name=f"{wid}/child-at-1")
+        assert await asyncio.wait_for(child.handle.result(), timeout=60) == "Hello, ana"
+        assert wait_lab.calls.of(child.handle.id) == 0
     assert (await wait_lab.history(wid)).events == parent.events
 
 
