@@ -42,7 +42,7 @@ def _events(*kinds: str) -> list[object]:
     from temporalio.api.history.v1 import HistoryEvent
 
     out: list[HistoryEvent] = []
-    scheduled = 0
+    scheduled = timer = 0
     for i, kind in enumerate(kinds, start=1):
         ev = HistoryEvent(event_id=i)
         if kind == "activity":
@@ -54,6 +54,11 @@ def _events(*kinds: str) -> list[object]:
             ev.workflow_task_started_event_attributes.SetInParent()
         elif kind == "completed":
             ev.workflow_task_completed_event_attributes.SetInParent()
+        elif kind == "timer":
+            ev.timer_started_event_attributes.start_to_fire_timeout.FromMilliseconds(300)
+            timer = i
+        elif kind == "fired":
+            ev.timer_fired_event_attributes.started_event_id = timer
         elif kind == "signal":
             ev.workflow_execution_signaled_event_attributes.signal_name = f"sig{i}"
         elif kind == "update":
@@ -145,3 +150,29 @@ def test_a_child_inside_the_prefix_is_exact_only_when_it_closed_inside_it() -> N
     assert not approx.restorable
     timer = PrefixEvent(kind="timer", after_step=1, name="0.3s")
     assert resolve_boundary(steps, [timer], 4, BoundaryMode.exact).restorable
+
+
+def test_in_one_activation_a_signal_comes_before_a_timer_fire() -> None:
+    """The SDK applies an activation's signals before its timer fires and results, even a
+    signal the history records after the fire."""
+    from forklab.activities.runfork.history_events import RunInputs, parse_events
+
+    events = _events(
+        "started",
+        "completed",
+        "activity",  # 1-3: step 1 scheduled
+        "done",
+        "timer",  # 4-5: step 1's result; the workflow sleeps
+        "started",
+        "completed",  # 6-7 (the timer's start is in this task's commands)
+        "fired",
+        "signal",  # 8-9: one activation: the fire, then a signal
+        "started",
+        "completed",  # 10-11
+    )
+    inputs = RunInputs()
+    parse_events(events, 0, "run", inputs)  # type: ignore[arg-type]
+    assert [(m.kind, m.position) for m in inputs.messages] == [
+        (MessageKind.signal, 1),
+        (MessageKind.timer, 1),
+    ]

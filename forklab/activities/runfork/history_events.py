@@ -305,6 +305,14 @@ def parse_events(
     done: list[Step] = []
     into = inputs if inputs is not None else RunInputs()
     found = into.messages
+    # the order the workflow saw them in: by activation; in one, the SDK applies signals
+    # and updates before timer fires and child outcomes; then as the history has them
+    seen: dict[int, tuple[int, int, int]] = {}
+
+    def saw(msg: PrefixMessage, activation: int, resolution: bool) -> None:
+        seen[id(msg)] = (activation, int(resolution), len(seen))
+        found.append(msg)
+
     tasks = _task_starts(events)
     first = tasks.after(0)
     if first is not None:
@@ -400,7 +408,8 @@ def parse_events(
                 )
                 if results and scheduled.get(sid) == FETCH_PREFIX:
                     page = PrefixPage.model_validate_json(results[0].data)
-                    found.extend(page.messages)  # redelivered by the interceptor
+                    for m in page.messages:  # redelivered by the interceptor, first
+                        saw(m, -1, False)
                     into.clock.update(page.clock)
                     if page.seed is not None and tasks.patched_side_effects:
                         into.served_seed = page.seed
@@ -456,17 +465,16 @@ def parse_events(
             else:  # canceled, timed out, terminated: not served (the boundary says why)
                 others[at] = opened.model_copy(update={"ended": _ENDED[kind]})
                 continue
-            found.append(
-                PrefixMessage(
-                    kind=MessageKind.child,
-                    name=opened.name,
-                    position=position,
-                    ordinal=ordinal,
-                    child_id=opened.child_id,
-                    time_ns=tasks.after(ev.event_id),
-                    **outcome,
-                )
+            child = PrefixMessage(
+                kind=MessageKind.child,
+                name=opened.name,
+                position=position,
+                ordinal=ordinal,
+                child_id=opened.child_id,
+                time_ns=tasks.after(ev.event_id),
+                **outcome,
             )
+            saw(child, tasks.activation_after(ev.event_id), True)
         elif kind == "timer_started_event_attributes":
             ns = ev.timer_started_event_attributes.start_to_fire_timeout.ToNanoseconds()
             timers[ev.event_id] = ns
@@ -481,7 +489,7 @@ def parse_events(
                 duration_ns=ns,
                 time_ns=tasks.after(ev.event_id),
             )
-            found.append(msg)
+            saw(msg, tasks.activation_after(ev.event_id), True)
             others.append(_message_event(msg))
         elif kind == "workflow_task_started_event_attributes":
             task_started = len(done)
@@ -500,7 +508,7 @@ def parse_events(
                 args_b64=[_b64(p) for p in sig.input.payloads],
                 headers_b64={k: _b64(v) for k, v in sig.header.fields.items()},
             )
-            found.append(msg)
+            saw(msg, tasks.activation_after(ev.event_id), False)
             others.append(_message_event(msg))
         elif kind == "workflow_execution_update_accepted_event_attributes":
             req = ev.workflow_execution_update_accepted_event_attributes.accepted_request
@@ -513,7 +521,7 @@ def parse_events(
                 headers_b64={k: _b64(v) for k, v in req.input.header.fields.items()},
                 update_id=req.meta.update_id,
             )
-            found.append(msg)
+            saw(msg, tasks.activation_after(ev.event_id) - 1, False)
             others.append(_message_event(msg))
         elif kind in _OTHER_INPUTS:
             others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=base_step + len(done)))
@@ -527,7 +535,7 @@ def parse_events(
                         name=_local_activity_type(recorded.details.get("data")),
                     )
                 )
-    found.sort(key=lambda m: m.position)
+    found.sort(key=lambda m: seen.get(id(m), (-1, 0, 0)))
     others.sort(key=lambda e: e.after_step)
     for item in order:  # calls still running (or abandoned), in scheduling order
         if isinstance(item, Step):
@@ -548,8 +556,12 @@ class _TaskStarts:
         #: the run is a fork that drew its prefix's side effects from its parent
         self.patched_side_effects = patched_side_effects
 
+    def activation_after(self, event_id: int) -> int:
+        """The index of the first completed workflow task that started after the event."""
+        return bisect.bisect_right(self._ids, event_id)
+
     def after(self, event_id: int) -> int | None:
-        at = bisect.bisect_right(self._ids, event_id)
+        at = self.activation_after(event_id)
         return self._times[at] if at < len(self._times) else None
 
     def before(self, event_id: int) -> int | None:
