@@ -442,9 +442,11 @@ class ForkStarter:
             id=fork_id,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             task_queue=fork_task_queue(source.task_queue),
+            # fields at their defaults left out: Temporal warns (on the client's stdout,
+            # which `forklab fork --json` writes to) past 2 KiB of memo
             memo={
-                MARKER_MEMO_KEY: marker.model_dump(mode="json"),
-                RECEIPT_MEMO_KEY: receipt.model_dump(mode="json"),
+                MARKER_MEMO_KEY: marker.model_dump(mode="json", exclude_defaults=True),
+                RECEIPT_MEMO_KEY: receipt.model_dump(mode="json", exclude_defaults=True),
             },
             search_attributes=TypedSearchAttributes(
                 [
