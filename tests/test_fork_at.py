@@ -59,8 +59,8 @@ async def test_fork_at_a_tool_call_and_bad_points_on_the_cli(agent_lab: AgentTes
     assert header.split()[-2:] == ["fork", "call"]
     assert all(" yes " in row for row in rows)  # nothing but activities: every step forks
     # the step before the (last) charge is the boundary; the charge is re-decided live
-    out = forklab(
-        env, "fork", parent.id, "--at", "tool:charge_customer", "--json",
+    out = await asyncio.to_thread(  # it waits for the fork, which the worker here runs
+        forklab, env, "fork", parent.id, "--at", "tool:charge_customer", "--json",
         "--tool-policy", "charge_customer=block",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -94,7 +94,9 @@ async def test_fork_at_a_tool_call_and_bad_points_on_the_cli(agent_lab: AgentTes
         out = forklab(env, "fork", parent.id, *args)
         assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
     # --live-after: the default policy of the fork is live (in the receipt)
-    out = forklab(env, "fork", parent.id, "--at-step", "5", "--live-after", "--json")
+    out = await asyncio.to_thread(
+        forklab, env, "fork", parent.id, "--at-step", "5", "--live-after", "--json"
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["tool_policies"] == {"*": "live"}
 
@@ -155,12 +157,12 @@ async def test_steps_show_timers_and_mark_where_a_fork_is_exact(
     )
     timeline = await lab.timeline(wid)
     assert [(e.kind, e.after_step) for e in timeline.events] == [("timer", 2)]
-    assert [timeline.not_forkable[i] is None for i in (1, 2, 3, 4)] == [True, True, False, False]
-    assert "a timer reached the parent after step 2" in (timeline.not_forkable[3] or "")
+    # a fired timer inside the prefix is inherited: every step forks exactly
+    assert [timeline.not_forkable[i] is None for i in (1, 2, 3, 4)] == [True] * 4
     rows = render_steps(timeline).splitlines()[1:]
     assert [r.split()[0] for r in rows] == ["1", "2", "·", "3", "4"]
     assert rows[2].split() == ["·", "timer"]
-    assert [r.split()[-2] for r in rows if r.split()[0] != "·"] == ["yes", "yes", "no", "no"]
+    assert [r.split()[-2] for r in rows if r.split()[0] != "·"] == ["yes"] * 4
 
 
 async def test_override_result_what_if_the_deposit_had_gone_through(

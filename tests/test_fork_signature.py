@@ -98,6 +98,8 @@ _SIGNED_CHANGES: list[dict[str, Any]] = [
     },
     {"signals": [ForkSignal(name="approve", args=[True])]},
     {"cohort": CohortFork(experiment="exp-1", seed=7, run=0, fork=1, world="brownout")},
+    {"parent_build": "build-2"},
+    {"allow_build_change": True},
 ]
 
 

@@ -22,7 +22,6 @@ from temporalio.worker import Replayer, Worker
 from forklab.activities.runfork.history_events import digest_payloads
 from forklab.activities.runfork.history_reads import locate_step
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
-from forklab.contracts.errors import ForkErrorType
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.steps import StepOrigin, prefix_sha256
@@ -98,32 +97,32 @@ async def test_fork_serves_the_prefix_and_replays_deterministically(steps_lab: S
         ).replay_workflow(history)
 
 
-async def test_exact_refuses_diverged_input_and_approximate_records_it(
+async def test_ids_from_workflow_uuid4_in_the_prefix_fork_exactly(steps_lab: StepsLab) -> None:
+    """The prefix draws ``workflow.uuid4()`` from the parent's seed: the inherited calls
+    ask with the parent's ids (input drift from the workflow id: test_fork_drift_builds)."""
+    wid = await steps_lab.start(steps=4, random_ids=True)
+    parent = await steps_lab.client.get_workflow_handle(wid).result()
+    exact = await steps_lab.lab.fork(wid, 2)
+    assert await exact.handle.result() == parent
+    approx = await steps_lab.lab.fork(wid, 2, boundary=BoundaryMode.approximate)
+    assert await approx.handle.result() == parent
+
+
+async def test_a_timer_inside_the_prefix_is_inherited_not_started_again(
     steps_lab: StepsLab,
 ) -> None:
-    wid = await steps_lab.start(steps=4, random_ids=True)
-    await steps_lab.client.get_workflow_handle(wid).result()
-    exact = await steps_lab.lab.fork(wid, 2)
-    with pytest.raises(WorkflowFailureError) as failure:
-        await exact.handle.result()
-    assert ForkErrorType.prefix_diverged in str(failure.value.cause)
-    assert "step 1" in str(failure.value.cause)
-    approx = await steps_lab.lab.fork(wid, 2, boundary=BoundaryMode.approximate)
-    trace = await approx.handle.result()
-    assert len(trace) == 4
-
-
-async def test_exact_refuses_a_timer_inside_the_prefix(steps_lab: StepsLab) -> None:
     wid = await steps_lab.start(steps=4, sleep_after=2)
     await steps_lab.client.get_workflow_handle(wid).result()
-    with pytest.raises(ForkError, match="step 3: a timer reached the parent after step 2"):
-        await steps_lab.lab.fork(wid, 3)
-    # before the timer the boundary is exact
-    ok = await steps_lab.lab.fork(wid, 2)
-    assert ok.receipt.restorable
-    approx = await steps_lab.lab.fork(wid, 3, boundary=BoundaryMode.approximate)
-    assert not approx.receipt.restorable and "timer" in approx.receipt.why
-    assert len(await approx.handle.result()) == 4
+    fork = await steps_lab.lab.fork(wid, 3)
+    assert fork.receipt.restorable and fork.receipt.approximations == []
+    assert len(await fork.handle.result()) == 4
+    events = (await fork.handle.fetch_history()).events
+    assert not [e for e in events if e.HasField("timer_started_event_attributes")]
+    # before the timer fired the fork starts it itself
+    early = await steps_lab.lab.fork(wid, 2)
+    assert len(await early.handle.result()) == 4
+    events = (await early.handle.fetch_history()).events
+    assert len([e for e in events if e.HasField("timer_started_event_attributes")]) == 1
 
 
 async def test_fork_a_running_then_terminated_parent(steps_lab: StepsLab) -> None:

@@ -44,9 +44,10 @@ async def test_fork_steps_diff_trail_outcome_promote_watch(agent_lab: AgentTestL
     lines = out.stdout.splitlines()
     assert len(lines) == 7 and "chat_model (fast)" in lines[1] and "charge_customer" in lines[4]
 
-    out = forklab(
-        env, "fork", parent.id, "--at-step", "3", "--model", "slow", "--name", f"{parent.id}-slow",
-        "--tool-policy", "charge_customer=block", "--intervention", '{"note": "try slow"}',
+    out = await asyncio.to_thread(  # it waits for the fork, which the worker here runs
+        forklab, env, "fork", parent.id, "--at-step", "3", "--model", "slow",
+        "--name", f"{parent.id}-slow", "--tool-policy", "charge_customer=block",
+        "--intervention", '{"note": "try slow"}',
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     receipt = json.loads(out.stdout.split("\n", 1)[1])

@@ -193,7 +193,7 @@ async def test_a_tampered_layer_refuses_the_fork(ws_lab: AgentTestLab, tmp_path:
     out = forklab(env, "fork", parent_id, "--at-step", "4")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "the workspace layer of that step is unusable" in out.stderr
-    out = forklab(env, "fork", parent_id, "--at-step", "2")
+    out = await asyncio.to_thread(forklab, env, "fork", parent_id, "--at-step", "2")
     assert out.returncode == 0, out.stderr
     receipt = json.loads(out.stdout.split("\n", 1)[1])
     assert receipt["workspace_layer_sha256"] == at_two
@@ -301,7 +301,7 @@ async def test_a_fork_finds_a_layer_written_in_an_earlier_run_of_the_chain(
         assert at[2] is not None
         assert {e.path for e in store.verify(at[2], full=True).entries} >= {"f1.txt", "f2.txt"}
         # the real command finds it too
-        out = forklab(_cli_env(lab), "fork", wid, "--at-step", "4")
+        out = await asyncio.to_thread(forklab, _cli_env(lab), "fork", wid, "--at-step", "4")
         assert out.returncode == 0, out.stderr
         receipt = json.loads(out.stdout.split("\n", 1)[1])
         assert receipt["workspace_layer_sha256"] == at[2]

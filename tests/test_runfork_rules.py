@@ -62,9 +62,12 @@ def test_exact_boundary_errors_name_the_step_and_the_cause() -> None:
         resolve_boundary(_steps(4, pending_at=3), [], 3, BoundaryMode.exact)
     with pytest.raises(BoundaryError, match="only 4 steps"):
         resolve_boundary(_steps(4), [], 5, BoundaryMode.exact)
-    signal = [PrefixEvent(kind="signal", after_step=1)]
-    with pytest.raises(BoundaryError, match="signal reached the parent after step 1"):
+    signal = [PrefixEvent(kind="local activity", after_step=1)]
+    with pytest.raises(BoundaryError, match="local activity reached the parent after step 1"):
         resolve_boundary(_steps(4), signal, 2, BoundaryMode.exact)
+    # signals and updates inside the prefix are redelivered: the boundary stays exact
+    messages = [PrefixEvent(kind="signal", after_step=1), PrefixEvent(kind="update", after_step=0)]
+    assert resolve_boundary(_steps(4), messages, 3, BoundaryMode.exact).restorable
     approx = resolve_boundary(_steps(4), signal, 2, BoundaryMode.approximate)
     assert not approx.restorable and approx.resolved_step == 2
     assert resolve_boundary(_steps(4), signal, 1, BoundaryMode.exact).restorable

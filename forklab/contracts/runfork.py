@@ -12,6 +12,7 @@ from forklab.experiments.cohort.faults import Fault
 from forklab.experiments.cohort.spec import PromptPatch
 from forklab.experiments.runfork.overrides import ForkSignal, InputOverride, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.experiments.runfork.prefix_messages import PrefixMessage
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.steps import Step, StepOrigin
 
@@ -42,6 +43,11 @@ INTERNAL_PREFIX = "forklab."
 FETCH_PREFIX = "forklab.fetch_prefix"
 STEP_DECISION = "forklab.step_decision"
 VERIFY_FORK = "forklab.verify_fork"
+#: Forks whose prefix draws ``workflow.random()`` from its parent's seed and reads its
+#: parent's ``workflow.now()`` (the patch marks their histories).
+SIDE_EFFECTS_PATCH = "forklab-parent-side-effects"
+#: The query a fork answers with its :class:`ForkPoint` (``forklab fork`` waits on it).
+FORK_POINT_QUERY = "forklab.fork_point"
 #: Activity types whose input names a model, and the field: ``--model`` rewrites it on
 #: every live call (the OpenAI Agents SDK's model activity and ForkLab's chat call).
 MODEL_FIELDS = {"invoke_model_activity": "model_name", "chat_model": "model"}
@@ -124,6 +130,13 @@ class ForkMarker(BaseModel):
     fork_workflow_id: str | None = None
     start_input_sha256: str | None = None
     issued_at: datetime | None = None
+    #: the builds (Worker Deployment Version, else build id) that recorded the prefix,
+    #: comma-separated (None: the history names none)
+    parent_build: str | None = None
+    #: ``forklab fork --allow-build-change``: a fork running another build whose prefix
+    #: notices the change is served the parent's results matched by type (approximately)
+    #: instead of failing
+    allow_build_change: bool = False
     issuer_key: str | None = None
     signature: str | None = None
     #: a child workflow of a fork (or of any run), named by its parent's workflow id: it
@@ -166,6 +179,27 @@ class PrefixPage(BaseModel):
     #: on the last page: the parent's calls still running when the boundary step completed
     #: (``call_match.in_flight``, results stripped); the fork runs them live
     in_flight: list[Step] = Field(default_factory=list)
+    #: the signals and accepted updates the parent received among this page's steps
+    #: (``prefix_messages.inside``), redelivered at the same points
+    messages: list[PrefixMessage] = Field(default_factory=list)
+    #: steps handed over → the time (ns) of the parent's workflow task that handed the
+    #: last of them over, for this page's steps (and the one before them)
+    clock: dict[int, int] = Field(default_factory=dict)
+    #: the seed of the parent's ``workflow.random()`` (first page only; None: unknown)
+    seed: int | None = None
+
+
+class ForkPoint(BaseModel):
+    """Where a running fork stands: whether every inherited result and message has been
+    handed over (it is past its prefix, and its next call is its own), the inherited calls
+    an approximate boundary served although their input differs from the parent's, and the
+    build running it."""
+
+    reached: bool
+    #: one sentence per inherited call served with another input than the parent's
+    drift: list[str] = Field(default_factory=list)
+    #: the Worker Deployment Version or build id of the worker running the fork
+    build: str | None = None
 
 
 class VerifyForkInput(BaseModel):

@@ -30,6 +30,7 @@ from forklab.contracts.runfork import (
 from forklab.experiments.runfork.blocked import blocked_message
 from forklab.experiments.runfork.call_match import in_flight
 from forklab.experiments.runfork.overrides import overridden
+from forklab.experiments.runfork.prefix_messages import inside
 from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus
 
 _ISSUERS_HINT = "FORKLAB_FORK_ISSUERS"
@@ -112,7 +113,13 @@ class ForkActivities:
         for s in wanted:
             size += len(s.result_b64 or "") + 400
             if out and size > req.max_bytes:
-                return PrefixPage(steps=out, next_step=s.index)
+                return PrefixPage(
+                    steps=out,
+                    next_step=s.index,
+                    messages=inside(rec.inputs.messages, req.from_step - 1, out[-1].index),
+                    clock=_clock(rec.inputs.clock, req.from_step - 1, out[-1].index),
+                    seed=rec.seed if req.from_step == req.base_step + 1 else None,
+                )
             out.append(s)
         after = [
             s
@@ -126,7 +133,14 @@ class ForkActivities:
                 break
             kept.append(s)
         flying = in_flight(rec.steps, req.upto_step)
-        return PrefixPage(steps=out, recorded_after=kept, in_flight=flying)
+        return PrefixPage(
+            steps=out,
+            recorded_after=kept,
+            in_flight=flying,
+            messages=inside(rec.inputs.messages, req.from_step - 1, req.upto_step),
+            clock=_clock(rec.inputs.clock, req.from_step - 1, req.upto_step),
+            seed=rec.seed if req.from_step == req.base_step + 1 else None,
+        )
 
     @activity.defn(name=STEP_DECISION)
     async def step_decision(self, req: StepDecisionInput) -> StepDecisionInput:
@@ -142,6 +156,11 @@ class ForkActivities:
                 non_retryable=True,
             )
         return req
+
+
+def _clock(clock: dict[int, int], lo: int, hi: int) -> dict[int, int]:
+    """The workflow task times of positions ``lo..hi`` (steps handed over)."""
+    return {n: t for n, t in clock.items() if lo <= n <= hi}
 
 
 def _unverified(why: str) -> ApplicationError:

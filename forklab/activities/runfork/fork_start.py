@@ -30,6 +30,7 @@ from temporalio.common import (
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from forklab.activities.runfork.fork_builds import polling_builds
 from forklab.activities.runfork.fork_keys import issuer_key
 from forklab.activities.runfork.history_events import (
     ClosedRuns,
@@ -223,6 +224,7 @@ class ForkStarter:
         signals: list[ForkSignal] | None = None,
         cohort: CohortFork | None = None,
         search_attributes: Sequence[SearchAttributePair[str]] = (),
+        allow_build_change: bool = False,
     ) -> Fork:
         """Start a fork of ``run`` that inherits steps 1..at_step and continues live.
 
@@ -234,7 +236,9 @@ class ForkStarter:
         ``input_override`` (step, JSON) runs that step, ``at_step + 1``, live with the JSON
         as its input; ``signals`` reach the workflow's handlers at the fork point.
         ``cohort`` marks the fork of an experiment over a cohort (seeds, prompt patch,
-        faults), ``search_attributes`` are added to the fork's own."""
+        faults), ``search_attributes`` are added to the fork's own. The receipt and the
+        marker name the builds that recorded the prefix; ``allow_build_change`` lets a fork
+        on another build whose prefix notices the change go on approximately."""
         fork_id = name or f"{run}--fork-{uuid.uuid4().hex[:8]}"
         if not _NAME.match(fork_id):
             raise ForkError(
@@ -330,6 +334,9 @@ class ForkStarter:
                 result_override=result_override,
                 input_override=asked,
                 signals=signals,
+                parent_build=source.builds_upto(at_step),
+                fork_build=await polling_builds(self.client, fork_task_queue(source.task_queue)),
+                allow_build_change=allow_build_change,
             )
             inherited_swaps = [
                 swap
@@ -359,6 +366,8 @@ class ForkStarter:
                 fork_workflow_id=fork_id,
                 start_input_sha256=digest_payloads(start_input),
                 issued_at=datetime.now(UTC),
+                parent_build=receipt.parent_build,
+                allow_build_change=allow_build_change,
             )
             # signed with this home's issuer key: a worker serves the parent's steps (and
             # the lineage's effects) only to a marker an issuer it trusts made for this run
@@ -437,9 +446,11 @@ class ForkStarter:
             id=fork_id,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             task_queue=fork_task_queue(source.task_queue),
+            # fields at their defaults left out: Temporal warns (on the client's stdout,
+            # which `forklab fork --json` writes to) past 2 KiB of memo
             memo={
-                MARKER_MEMO_KEY: marker.model_dump(mode="json"),
-                RECEIPT_MEMO_KEY: receipt.model_dump(mode="json"),
+                MARKER_MEMO_KEY: marker.model_dump(mode="json", exclude_defaults=True),
+                RECEIPT_MEMO_KEY: receipt.model_dump(mode="json", exclude_defaults=True),
             },
             search_attributes=TypedSearchAttributes(
                 [

@@ -13,6 +13,7 @@ parsed here comes from history and is treated as untrusted data.
 from __future__ import annotations
 
 import base64
+import bisect
 import dataclasses
 import json
 from collections import OrderedDict
@@ -31,6 +32,7 @@ from forklab.contracts.runfork import (
     MARKER_MEMO_KEY,
     MODEL_FIELDS,
     RECEIPT_MEMO_KEY,
+    SIDE_EFFECTS_PATCH,
     STEP_DECISION,
     STEP_HEADER,
     ForkMarker,
@@ -38,16 +40,33 @@ from forklab.contracts.runfork import (
     RunSummary,
     StepDecisionInput,
 )
+from forklab.experiments.runfork.prefix_messages import (
+    MessageKind,
+    Ordinals,
+    PrefixMessage,
+    timer_name,
+)
 from forklab.experiments.runfork.receipt import ForkReceipt, PrefixEvent
+from forklab.experiments.runfork.side_effects import randomness_seed
 from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
 
 #: Events that reach a workflow besides activity results; a fork does not see them again.
 _OTHER_INPUTS = {
-    "timer_fired_event_attributes": "timer",
     "start_child_workflow_execution_initiated_event_attributes": "child workflow",
-    "workflow_execution_signaled_event_attributes": "signal",
-    "workflow_execution_update_accepted_event_attributes": "update",
     "nexus_operation_scheduled_event_attributes": "nexus operation",
+}
+
+#: The events that close a child workflow; a fork is served the first two (its result or
+#: failure), and cannot be served a child that ended another way.
+_ENDED = {
+    "child_workflow_execution_canceled_event_attributes": "canceled",
+    "child_workflow_execution_timed_out_event_attributes": "timed out",
+    "child_workflow_execution_terminated_event_attributes": "terminated",
+}
+_CHILD_CLOSED = {
+    "child_workflow_execution_completed_event_attributes",
+    "child_workflow_execution_failed_event_attributes",
+    *_ENDED,
 }
 
 
@@ -112,6 +131,34 @@ class RunRecord:
     #: the first run id of the chain (Temporal's ``first_execution_run_id``): with the
     #: workflow id and namespace, the chain's identity that no later run shares
     first_run_id: str = ""
+    #: what besides its steps reached the run
+    inputs: RunInputs = field(default_factory=lambda: RunInputs())
+    #: the seed of the run's ``workflow.random()`` (None: not known)
+    seed: int | None = None
+
+    def builds_upto(self, at_step: int) -> str | None:
+        """The builds that ran the workflow tasks handing over steps up to ``at_step``,
+        comma-separated, oldest first (None: the history names none)."""
+        seen = [b for n, b in self.inputs.builds if n <= at_step]
+        return ", ".join(dict.fromkeys(seen)) or None
+
+
+@dataclass
+class RunInputs:
+    """What reached a run besides its activity results, as a fork needs it to hand the
+    same things over at the same points."""
+
+    #: the signals, accepted updates, fired timers and closed children that reached the
+    #: run (or that its fork prefix redelivered), in the order the workflow saw them
+    messages: list[PrefixMessage] = field(default_factory=list)
+    #: (steps handed over before the workflow task, the build that completed it)
+    builds: list[tuple[int, str]] = field(default_factory=list)
+    #: steps handed over → the time (ns) of the workflow task that handed the last of them
+    #: over: what ``workflow.now()`` said right after (``side_effects.py``)
+    clock: dict[int, int] = field(default_factory=dict)
+    #: the seed a fork's prefix drew ``workflow.random()`` from (its parent's), when the
+    #: run is such a fork
+    served_seed: int | None = None
 
 
 @dataclass
@@ -209,7 +256,9 @@ def parse_run(
         event_count=len(events),
         first_run_id=started.first_execution_run_id,
     )
-    rec.steps, rec.others = parse_events(events, base_step, run_id)
+    rec.steps, rec.others = parse_events(events, base_step, run_id, rec.inputs)
+    original = started.original_execution_run_id
+    rec.seed = rec.inputs.served_seed or (randomness_seed(original) if original else None)
     if marker is not None and marker.signals and not marker.continued:
         # delivered by the interceptor at the fork point, so not in history as events: a
         # fork of this fork past that point would not see them again
@@ -243,12 +292,40 @@ def _header_position(a: Any) -> int | None:
 
 
 def parse_events(
-    events: list[HistoryEvent], base_step: int, run_id: str
+    events: list[HistoryEvent],
+    base_step: int,
+    run_id: str,
+    inputs: RunInputs | None = None,
 ) -> tuple[list[Step], list[PrefixEvent]]:
     """The steps (numbered after ``base_step`` in the order they completed, the pending
     ones last) and other inputs in ``events``: a whole run's history, or its tail from a
-    step's scheduling on."""
+    step's scheduling on. Signals and accepted updates go into ``messages`` too, with
+    their arguments and position (``experiments/runfork/prefix_messages.py``), with the
+    builds, workflow task times and served seed, into ``inputs``."""
     done: list[Step] = []
+    into = inputs if inputs is not None else RunInputs()
+    found = into.messages
+    # the order the workflow saw them in: by activation; in one, the SDK applies signals
+    # and updates before timer fires and child outcomes; then as the history has them
+    seen: dict[int, tuple[int, int, int]] = {}
+
+    def saw(msg: PrefixMessage, activation: int, resolution: bool) -> None:
+        seen[id(msg)] = (activation, int(resolution), len(seen))
+        found.append(msg)
+
+    tasks = _task_starts(events)
+    first = tasks.after(0)
+    if first is not None:
+        into.clock[base_step] = first  # what the run's code saw before any step
+    # steps handed over before the activation of the last completed workflow task, and
+    # of the one before it: a signal arriving now reaches the workflow in the next
+    # activation, after the former; an update accepted now came in the last one
+    task_started = last_task = task_before = 0
+    # the k-th child of a type the run started (served ones too)
+    ordinals = Ordinals()
+    timers: dict[int, int] = {}
+    #: initiated children: their event in ``others`` and their ordinal
+    children: dict[int, tuple[int, int]] = {}
     own: dict[int, _Own] = {}
     decided: dict[int, Step] = {}
     order: list[_Own | Step] = []
@@ -256,8 +333,10 @@ def parse_events(
     scheduled: dict[int, str] = {}
     calls = base_step  # positions of calls whose header does not say
 
-    def finish(item: _Own | Step) -> None:
+    def finish(item: _Own | Step, at: int | None = None) -> None:
         index = base_step + len(done) + 1
+        if at is not None and (time := tasks.after(at)) is not None:
+            into.clock[index] = time
         if isinstance(item, Step):
             done.append(item.model_copy(update={"index": index}))
         else:
@@ -317,7 +396,7 @@ def parse_events(
             attrs = getattr(ev, kind)
             sid = attrs.scheduled_event_id
             if sid in decided:
-                finish(decided.pop(sid))
+                finish(decided.pop(sid), ev.event_id)
                 continue
             mine = own.pop(sid, None)
             if mine is None:
@@ -329,6 +408,15 @@ def parse_events(
                 )
                 if results and scheduled.get(sid) == FETCH_PREFIX:
                     page = PrefixPage.model_validate_json(results[0].data)
+                    for m in page.messages:  # redelivered by the interceptor, first
+                        saw(m, -1, False)
+                    into.clock.update(page.clock)
+                    if page.seed is not None and tasks.patched_side_effects:
+                        into.served_seed = page.seed
+                    for m in page.messages:
+                        if m.ordinal is not None:
+                            ordinals.take(m.name, m.ordinal)
+                        others.append(_message_event(m))
                     done.extend(
                         s
                         if s.origin is StepOrigin.overridden
@@ -345,9 +433,11 @@ def parse_events(
             else:
                 mine.status = StepStatus.failed
             mine.duration_ms = (_seconds(ev) - mine.scheduled_s) * 1000
-            finish(mine)
+            finish(mine, ev.event_id)
         elif kind == "start_child_workflow_execution_initiated_event_attributes":
             init = ev.start_child_workflow_execution_initiated_event_attributes
+            ordinal = ordinals.next(init.workflow_type.name)
+            children[ev.event_id] = (len(others), ordinal)
             others.append(
                 PrefixEvent(
                     kind=_OTHER_INPUTS[kind],
@@ -356,6 +446,83 @@ def parse_events(
                     child_id=init.workflow_id,
                 )
             )
+        elif kind in _CHILD_CLOSED:
+            attrs = getattr(ev, kind)
+            known = children.pop(attrs.initiated_event_id, None)
+            if known is None:
+                continue
+            at, ordinal = known
+            opened = others[at]
+            position = base_step + len(done)
+            others[at] = opened.model_copy(update={"closed_after": position})
+            if kind == "child_workflow_execution_completed_event_attributes":
+                results = list(attrs.result.payloads)
+                outcome = {"result_b64": _b64(results[0]) if results else None}
+            elif kind == "child_workflow_execution_failed_event_attributes":
+                outcome = {
+                    "failure_b64": base64.b64encode(attrs.failure.SerializeToString()).decode()
+                }
+            else:  # canceled, timed out, terminated: not served (the boundary says why)
+                others[at] = opened.model_copy(update={"ended": _ENDED[kind]})
+                continue
+            child = PrefixMessage(
+                kind=MessageKind.child,
+                name=opened.name,
+                position=position,
+                ordinal=ordinal,
+                child_id=opened.child_id,
+                time_ns=tasks.after(ev.event_id),
+                **outcome,
+            )
+            saw(child, tasks.activation_after(ev.event_id), True)
+        elif kind == "timer_started_event_attributes":
+            ns = ev.timer_started_event_attributes.start_to_fire_timeout.ToNanoseconds()
+            timers[ev.event_id] = ns
+        elif kind == "timer_fired_event_attributes":
+            ns = timers.pop(ev.timer_fired_event_attributes.started_event_id, -1)
+            if ns < 0:
+                continue
+            msg = PrefixMessage(
+                kind=MessageKind.timer,
+                name=timer_name(ns),
+                position=base_step + len(done),
+                duration_ns=ns,
+                time_ns=tasks.after(ev.event_id),
+            )
+            saw(msg, tasks.activation_after(ev.event_id), True)
+            others.append(_message_event(msg))
+        elif kind == "workflow_task_started_event_attributes":
+            task_started = len(done)
+        elif kind == "workflow_task_completed_event_attributes":
+            task_before, last_task = last_task, task_started
+            build = _build(ev)
+            if build:
+                into.builds.append((base_step + task_started, build))
+        elif kind == "workflow_execution_signaled_event_attributes":
+            sig = ev.workflow_execution_signaled_event_attributes
+            msg = PrefixMessage(
+                kind=MessageKind.signal,
+                name=sig.signal_name,
+                position=base_step + last_task,
+                time_ns=tasks.after(ev.event_id),
+                args_b64=[_b64(p) for p in sig.input.payloads],
+                headers_b64={k: _b64(v) for k, v in sig.header.fields.items()},
+            )
+            saw(msg, tasks.activation_after(ev.event_id), False)
+            others.append(_message_event(msg))
+        elif kind == "workflow_execution_update_accepted_event_attributes":
+            req = ev.workflow_execution_update_accepted_event_attributes.accepted_request
+            msg = PrefixMessage(
+                kind=MessageKind.update,
+                name=req.input.name,
+                position=base_step + task_before,
+                time_ns=tasks.before(ev.event_id),
+                args_b64=[_b64(p) for p in req.input.args.payloads],
+                headers_b64={k: _b64(v) for k, v in req.input.header.fields.items()},
+                update_id=req.meta.update_id,
+            )
+            saw(msg, tasks.activation_after(ev.event_id) - 1, False)
+            others.append(_message_event(msg))
         elif kind in _OTHER_INPUTS:
             others.append(PrefixEvent(kind=_OTHER_INPUTS[kind], after_step=base_step + len(done)))
         elif kind == "marker_recorded_event_attributes":
@@ -368,6 +535,8 @@ def parse_events(
                         name=_local_activity_type(recorded.details.get("data")),
                     )
                 )
+    found.sort(key=lambda m: seen.get(id(m), (-1, 0, 0)))
+    others.sort(key=lambda e: e.after_step)
     for item in order:  # calls still running (or abandoned), in scheduling order
         if isinstance(item, Step):
             if any(d is item for d in decided.values()):
@@ -375,6 +544,72 @@ def parse_events(
         elif item.status is StepStatus.pending:
             finish(item)
     return done, others
+
+
+class _TaskStarts:
+    """The start times of a history's completed workflow tasks: the activation an event
+    reached the workflow in is the first one that started after it."""
+
+    def __init__(self, starts: list[tuple[int, int]], patched_side_effects: bool) -> None:
+        self._ids = [i for i, _ in starts]
+        self._times = [t for _, t in starts]
+        #: the run is a fork that drew its prefix's side effects from its parent
+        self.patched_side_effects = patched_side_effects
+
+    def activation_after(self, event_id: int) -> int:
+        """The index of the first completed workflow task that started after the event."""
+        return bisect.bisect_right(self._ids, event_id)
+
+    def after(self, event_id: int) -> int | None:
+        at = self.activation_after(event_id)
+        return self._times[at] if at < len(self._times) else None
+
+    def before(self, event_id: int) -> int | None:
+        at = bisect.bisect_left(self._ids, event_id) - 1
+        return self._times[at] if at >= 0 else None
+
+
+def _task_starts(events: list[HistoryEvent]) -> _TaskStarts:
+    starts: list[tuple[int, int]] = []
+    started: tuple[int, int] | None = None
+    patched = False
+    for ev in events:
+        kind = ev.WhichOneof("attributes")
+        if kind == "workflow_task_started_event_attributes":
+            started = (ev.event_id, ev.event_time.ToNanoseconds())
+        elif kind == "workflow_task_completed_event_attributes" and started is not None:
+            starts.append(started)
+            started = None
+        elif kind == "marker_recorded_event_attributes":
+            patch = ev.marker_recorded_event_attributes.details.get("patch-data")
+            patched = patched or any(
+                SIDE_EFFECTS_PATCH.encode() in p.data for p in (patch.payloads if patch else [])
+            )
+    return _TaskStarts(starts, patched)
+
+
+def _build(ev: HistoryEvent) -> str:
+    """The build that completed a workflow task: its Worker Deployment Version, else its
+    build id (the Python SDK's default is a digest of the worker's loaded modules)."""
+    done = ev.workflow_task_completed_event_attributes
+    version = done.deployment_version
+    if version.deployment_name and version.build_id:
+        return f"{version.deployment_name}.{version.build_id}"
+    return version.build_id or done.worker_version.build_id or done.binary_checksum
+
+
+def _message_event(m: PrefixMessage) -> PrefixEvent:
+    """How ``forklab steps`` and the boundary see a message (a child served to a fork is
+    listed where it closed)."""
+    if m.kind is MessageKind.child:
+        return PrefixEvent(
+            kind=m.kind.value,
+            after_step=m.position,
+            name=m.name,
+            child_id=m.child_id,
+            closed_after=m.position,
+        )
+    return PrefixEvent(kind=m.kind.value, after_step=m.position, name=m.name)
 
 
 def _own_step(item: _Own, run_id: str) -> Step:

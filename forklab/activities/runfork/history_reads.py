@@ -21,6 +21,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from forklab.activities.runfork.history_events import (
     TERMINAL_EVENTS,
     ClosedRuns,
+    RunInputs,
     RunRecord,
     RunStart,
     parse_events,
@@ -257,8 +258,9 @@ async def _boundary_at_run_end(
     if not found or _completes_earlier_calls(tail):
         return None
     tail.reverse()
+    inputs = RunInputs()
     completions = sum(1 for ev in tail if ev.WhichOneof("attributes") in TERMINAL_EVENTS)
-    steps, others = parse_events(tail, at_step - completions, start.run_id)
+    steps, others = parse_events(tail, at_step - completions, start.run_id, inputs)
     if (
         not steps
         or steps[-1].index != at_step
@@ -280,6 +282,7 @@ async def _boundary_at_run_end(
         previous_run_id=start.previous_run_id,
         status="continued_as_new",
         first_run_id=start.first_run_id,
+        inputs=inputs,
     )
 
 

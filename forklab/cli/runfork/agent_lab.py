@@ -6,12 +6,21 @@ shells around this class. A fork is a new workflow; the parent is only read.
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
+)
+from temporalio.exceptions import ApplicationError, FailureError
 from temporalio.service import RPCError, RPCStatusCode
 
 from forklab.activities.runfork.fork_start import (
@@ -33,6 +42,7 @@ from forklab.activities.runfork.workspace import (
 from forklab.activities.sandbox.workspace import GcResult, layer_lock
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.run_log import LogEvent, RunLog
+from forklab.contracts.runfork import FORK_POINT_QUERY, ForkPoint
 from forklab.experiments.runfork import identity
 from forklab.experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from forklab.experiments.runfork.fork_at import ForkAtError, not_forkable, resolve_at
@@ -177,6 +187,7 @@ class AgentLab:
         result_override: ResultOverride | None = None,
         input_override: tuple[int, Any] | None = None,
         signals: list[ForkSignal] | None = None,
+        allow_build_change: bool = False,
     ) -> Fork:
         """Start a fork of ``run`` that inherits steps 1..at_step and continues live
         (``ForkStarter.fork``, which says what each argument does), after refusing a tool
@@ -198,11 +209,39 @@ class AgentLab:
                 result_override=result_override,
                 input_override=input_override,
                 signals=signals,
+                allow_build_change=allow_build_change,
             )
         except RPCError as exc:
             if exc.status is RPCStatusCode.INVALID_ARGUMENT and "search attribute" in str(exc):
                 raise ForkError(search_attributes_hint(self.client.namespace)) from None
             raise
+
+    async def fork_point(self, fork: Fork, timeout: float = 30.0) -> ForkPoint | None:
+        """Waits until ``fork`` is past its prefix (every inherited result and message
+        handed over): its fork point, with the inherited calls it was served approximately
+        and its build. ``ForkError`` with the fork's own sentence when it closed without
+        completing before that (a prefix that diverged, an update it could not hand over);
+        None when it has not got there within ``timeout`` seconds (no worker with the
+        plugin polls its queue yet, or a long prefix)."""
+        handle = fork.handle
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            status = (await handle.describe()).status
+            closed = status not in (None, WorkflowExecutionStatus.RUNNING)
+            if closed and status is not WorkflowExecutionStatus.COMPLETED:
+                raise ForkError(
+                    f"fork {handle.id} did not get past its prefix: {await _why(handle)}"
+                )
+            try:
+                point = ForkPoint.model_validate(await handle.query(FORK_POINT_QUERY))
+            except (RPCError, WorkflowQueryFailedError, WorkflowQueryRejectedError):
+                point = None  # no workflow task has run yet
+            if point is not None and (point.reached or closed):
+                return point
+            if loop.time() > deadline:
+                return None
+            await asyncio.sleep(0.05)
 
     async def _check_tools(self, run: str, policies: dict[str, ToolPolicy]) -> None:
         """Refuses a policy naming a tool the run never called (a misspelt name would leave
@@ -391,3 +430,15 @@ class AgentLab:
 def _signature(s: Step) -> tuple[str, str, str | None, str]:
     """A step's call and outcome: two runs diverge where these first differ."""
     return (s.activity_type, s.input_sha256, s.result_sha256, s.status.value)
+
+
+async def _why(handle: WorkflowHandle[Any, Any]) -> str:
+    """The sentence a fork that closed without completing failed with."""
+    try:
+        await handle.result()
+    except WorkflowFailureError as exc:
+        cause = exc.cause
+        while cause.__cause__ is not None and not isinstance(cause, ApplicationError):
+            cause = cause.__cause__
+        return cause.message if isinstance(cause, FailureError) else str(cause)
+    return "it closed"

@@ -21,6 +21,7 @@ from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, run, settings_from
 from forklab.cli.runfork.agent_lab import ACTING_KINDS, AgentLab, ForkError, Timeline
 from forklab.cli.runfork.agent_services import agent_settings
+from forklab.contracts.runfork import ForkPoint
 from forklab.experiments.runfork.diff import change_lines
 from forklab.experiments.runfork.overrides import ForkSignal, ResultOverride
 from forklab.experiments.runfork.policy import (
@@ -30,7 +31,7 @@ from forklab.experiments.runfork.policy import (
     parse_policies,
 )
 from forklab.experiments.runfork.promotion import SiblingRun
-from forklab.experiments.runfork.receipt import BoundaryMode, PrefixEvent
+from forklab.experiments.runfork.receipt import BoundaryMode, ForkReceipt, PrefixEvent
 
 BAD_INPUT = 2
 STEPS_HELP = "list the steps of an agent run, its other events and where it forks exactly"
@@ -117,6 +118,7 @@ def _print_json(value: Any) -> None:
 
 @_guard
 async def _fork(args: argparse.Namespace) -> int:
+    wait = finite_number(args.wait, "--wait", 0, 3600)
     intervention = _parse_intervention(args.intervention)
     override = _parse_override(args.override_result)
     asked = _step_json("--override-input", args.override_input)
@@ -151,14 +153,34 @@ async def _fork(args: argparse.Namespace) -> int:
         model=args.model,
         tool_policies=policies,
         boundary=BoundaryMode(args.boundary),
+        allow_build_change=args.allow_build_change,
     )
     started = (
         f"fork {fork.receipt.fork_workflow_id} started (workflow run {fork.handle.result_run_id})"
     )
-    # --json: the receipt alone on stdout (the line that says what happened goes to stderr)
-    print(started, file=sys.stderr if args.json else sys.stdout)
+    # --json: the receipt alone on stdout (what happened goes to stderr)
+    say = sys.stderr if args.json else sys.stdout
+    print(started, file=say)
+    reached = await lab.fork_point(fork, timeout=wait) if wait else None
+    for line in _fork_point_lines(fork.receipt, reached, wait):
+        print(line, file=sys.stderr)  # stdout stays the started line and the receipt
     _print_json(fork.receipt.model_dump(mode="json"))
     return 0
+
+
+def _fork_point_lines(receipt: ForkReceipt, point: ForkPoint | None, wait: float) -> list[str]:
+    """What ``forklab fork`` learnt waiting for the fork to pass its prefix: the calls an
+    approximate boundary served with drifted inputs, and the builds."""
+    if not wait:
+        return []
+    if point is None:
+        return [
+            f"the fork has not passed its prefix after {wait:g} s (is a worker with "
+            "ForkLabPlugin running on the fork queue?); `forklab steps` shows where it is"
+        ]
+    lines = [f"approximately: {d}" for d in point.drift]
+    builds = f"builds: the parent's prefix was recorded by {receipt.parent_build or '(none named)'}"
+    return [*lines, f"{builds}; the fork runs on {point.build or '(none named)'}"]
 
 
 @_guard
@@ -433,6 +455,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "else the fork is refused; approximate: types must match, drift, timers and signals "
         "in the prefix are recorded in the receipt; lineage_only: nothing is inherited, the "
         "fork re-runs live and only its lineage is recorded",
+    )
+    p.add_argument(
+        "--allow-build-change",
+        action="store_true",
+        help="a fork on another build than the parent's whose prefix notices the change is "
+        "served the parent's results approximately instead of failing (kept in the receipt)",
+    )
+    p.add_argument(
+        "--wait",
+        default="30",
+        metavar="SECONDS",
+        help="wait this long for the fork to pass its prefix, and fail (exit 2) with its "
+        "sentence when it fails there; 0: do not wait (default 30)",
     )
     p.add_argument("--json", action="store_true", help="print the receipt only (JSON)")
     add_connection_flags(p)

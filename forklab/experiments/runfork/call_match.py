@@ -161,6 +161,11 @@ class PrefixMatcher:
         return self._owed[key] if key is not None else None
 
     @property
+    def last_handed_over(self) -> int | None:
+        """The last inherited step handed over (None: none yet)."""
+        return self._ranks[self._delivered - 1] if self._delivered else None
+
+    @property
     def all_delivered(self) -> bool:
         """Every inherited step has been handed over: the fork is at its fork point."""
         return self._delivered == len(self._ranks)

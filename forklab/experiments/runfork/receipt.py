@@ -21,21 +21,37 @@ from forklab.experiments.visible_text import visible
 
 RECEIPT_SCHEMA_VERSION = 1
 
+#: Kinds of ``PrefixEvent`` a fork sees again at the same point when they fall inside its
+#: prefix (the fork interceptor redelivers them): they do not keep a boundary from being
+#: exact. Every other kind inside a prefix does.
+REDELIVERED_KINDS = frozenset({"signal", "update", "timer"})
+#: The approximation every approximate prefix may hold, which no history read before the
+#: fork starts can rule out.
+INPUT_DRIFT = (
+    "inherited calls are matched by activity type: one whose input differs from the "
+    "parent's is served the parent's result (the fork lists each at its fork point)"
+)
+#: A child workflow inside a prefix is served its outcome when it closed inside it too.
+CHILD_KIND = "child workflow"
+
 
 class BoundaryMode(StrEnum):
     #: every inherited call must match type and input digest; nothing but activities inside
     exact = "exact"
-    #: type must match; input drift, timers and signals inside the prefix are recorded
+    #: type must match; input drift and what a fork cannot see again inside the prefix are
+    #: recorded
     approximate = "approximate"
     #: nothing is inherited: the fork re-runs live, only the lineage is recorded
     lineage_only = "lineage_only"
 
 
 class BoundaryError(ValueError):
-    """An ``exact`` (or impossible) boundary; the message names the step and the cause."""
+    """An ``exact`` (or impossible) boundary; the message names the step and the cause (and
+    says "approximately" when the fork was asked approximate)."""
 
-    def __init__(self, step: int, cause: str) -> None:
-        super().__init__(f"cannot fork exactly at step {step}: {cause}")
+    def __init__(self, step: int, cause: str, mode: BoundaryMode = BoundaryMode.exact) -> None:
+        how = "approximately" if mode is BoundaryMode.approximate else "exactly"
+        super().__init__(f"cannot fork {how} at step {step}: {cause}")
         self.step = step
         self.cause = cause
 
@@ -55,6 +71,11 @@ class PrefixEvent(BaseModel):
     child_id: str | None = None
     #: a local activity or child workflow the fork's policy refused (it never ran)
     blocked: bool = False
+    #: a child workflow: the step after which its result (or failure) reached the run
+    #: (None: it had not closed, or was not served as it ended another way)
+    closed_after: int | None = None
+    #: a child workflow that ended canceled, timed out or terminated
+    ended: str | None = None
 
 
 class Resolution(BaseModel):
@@ -85,6 +106,7 @@ def resolve_boundary(
         raise BoundaryError(
             at_step,
             f"this run starts after step {base_step}; fork the run it came from instead",
+            mode,
         )
     if mode is BoundaryMode.lineage_only:
         return Resolution(
@@ -96,23 +118,41 @@ def resolve_boundary(
         )
     last = steps[-1].index if steps else base_step
     if at_step > last:
-        raise BoundaryError(at_step, f"the run has only {last} steps so far (see `forklab steps`)")
+        raise BoundaryError(
+            at_step, f"the run has only {last} steps so far (see `forklab steps`)", mode
+        )
     prefix = [s for s in steps if s.index <= at_step]
     notes: list[str] = []
     for s in prefix:
         if s.status is not StepStatus.completed and s.status is not StepStatus.blocked:
             cause = f"step {s.index} ({s.activity_type}) never completed (it is {s.status.value})"
-            raise BoundaryError(at_step, cause)
+            raise BoundaryError(at_step, cause, mode)
     for e in events:
-        if e.after_step < at_step:
-            cause = (
-                f"a {e.kind} reached the parent after step {e.after_step}, inside the "
-                "prefix; a fork would not see it again"
+        if e.after_step >= at_step or e.kind in REDELIVERED_KINDS:
+            continue
+        if e.kind == CHILD_KIND and e.closed_after is not None and e.closed_after < at_step:
+            continue  # served its recorded outcome
+        cause = (
+            f"a {e.kind} reached the parent after step {e.after_step}, inside the "
+            "prefix; a fork would not see it again"
+        )
+        if e.kind == CHILD_KIND and not e.blocked:
+            child = f"child workflow {e.name} ({e.child_id})"
+            cause = f"{child}, started after step {e.after_step}, " + (
+                f"ended {e.ended}, which a fork cannot be handed"
+                if e.ended
+                else f"is still running at step {at_step}; a fork would start it again"
             )
-            if mode is BoundaryMode.exact:
-                raise BoundaryError(at_step, cause)
-            notes.append(cause)
-    why = "every inherited step completed and nothing else happened inside the prefix"
+        if mode is BoundaryMode.exact:
+            raise BoundaryError(at_step, cause)
+        notes.append(cause)
+    if mode is BoundaryMode.approximate and prefix:
+        # seen only when the fork makes the call: it lists each at its fork point
+        notes.append(INPUT_DRIFT)
+    why = (
+        "every inherited step completed, and whatever else reached the parent inside the "
+        "prefix (signals, updates, fired timers, closed children) is handed over again"
+    )
     if notes:
         why = "approximate: " + "; ".join(notes)
     return Resolution(
@@ -176,6 +216,15 @@ class ForkReceipt(BaseModel):
     input_override: InputOverride | None = None
     #: signals delivered at the fork point
     signals: list[ForkSignal] = Field(default_factory=list)
+    #: the builds (Worker Deployment Version, else build id) that recorded the parent's
+    #: prefix (None: its history names none)
+    parent_build: str | None = None
+    #: the builds of the workers polling the fork's queue when it started, one of which
+    #: runs it (its history records which on every workflow task; None: none said)
+    fork_build: str | None = None
+    #: ``--allow-build-change``: a fork on another build is served the parent's results
+    #: approximately where its prefix notices the change, instead of failing
+    allow_build_change: bool = False
     model: str | None = None
     tool_policies: dict[str, ToolPolicy]
     #: the sealed layer holding the parent's workspace after ``resolved_step`` (the last
@@ -212,6 +261,9 @@ def make_receipt(
     result_override: ResultOverride | None = None,
     input_override: InputOverride | None = None,
     signals: list[ForkSignal] | None = None,
+    parent_build: str | None = None,
+    fork_build: str | None = None,
+    allow_build_change: bool = False,
 ) -> ForkReceipt:
     return ForkReceipt(
         fork_workflow_id=fork_workflow_id,
@@ -234,6 +286,9 @@ def make_receipt(
         result_override=result_override,
         input_override=input_override,
         signals=signals or [],
+        parent_build=parent_build,
+        fork_build=fork_build,
+        allow_build_change=allow_build_change,
         model=model,
         tool_policies=tool_policies,
         workspace_layer_sha256=workspace_layer_sha256,
@@ -318,6 +373,12 @@ def receipt_markdown(r: ForkReceipt, model_in_effect: str | None = None) -> str:
             else "(none)",
         ),
         ("signals", ", ".join(f"`{g.name}`" for g in r.signals) or "(none)"),
+        (
+            "parent build",
+            (f"`{r.parent_build}`" if r.parent_build else "(not recorded)")
+            + ("; a fork on another build may go on approximately" if r.allow_build_change else ""),
+        ),
+        ("fork build", f"`{r.fork_build}`" if r.fork_build else "(none polling yet)"),
         ("tool policies", policies),
         (
             "workspace layer",

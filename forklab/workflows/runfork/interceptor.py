@@ -32,6 +32,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, RetryState
 from temporalio.worker import (
     ContinueAsNewInput,
+    HandleSignalInput,
+    HandleUpdateInput,
     Interceptor,
     StartActivityInput,
     StartChildWorkflowInput,
@@ -43,8 +45,15 @@ from temporalio.worker import (
 from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 
 from forklab.contracts.errors import ForkErrorType
+from forklab.workflows.runfork.fork_builds import changed_build, current_build
 from forklab.workflows.runfork.fork_memo import memo_value, raw_memo
 from forklab.workflows.runfork.fork_signals import deliver_signals
+from forklab.workflows.runfork.parent_side_effects import ParentSideEffects
+from forklab.workflows.runfork.prefix_messages import (
+    MESSAGES_PATCH,
+    Redelivery,
+    held_until_fork_point,
+)
 from forklab.workflows.runfork.stall_watch import LiveCalls, watched
 
 with workflow.unsafe.imports_passed_through():
@@ -54,17 +63,20 @@ with workflow.unsafe.imports_passed_through():
         BASE_STEP_MEMO_KEY,
         CHAIN_HEADER,
         FETCH_PREFIX,
+        FORK_POINT_QUERY,
         INTERNAL_PREFIX,
         LINEAGE_HEADER,
         MARKER_MEMO_KEY,
         MODEL_FIELDS,
         MODEL_SEED_HEADER,
+        SIDE_EFFECTS_PATCH,
         STEP_DECISION,
         STEP_HEADER,
         VERIFY_FORK,
         CohortFork,
         FetchPrefixInput,
         ForkMarker,
+        ForkPoint,
         ModelSwap,
         PrefixPage,
         StepDecisionInput,
@@ -88,6 +100,7 @@ with workflow.unsafe.imports_passed_through():
         policy_for,
         uses_records,
     )
+    from forklab.experiments.runfork.prefix_messages import MessageQueue, PrefixMessage
     from forklab.experiments.runfork.receipt import BoundaryMode
     from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
     from forklab.experiments.validation_text import first_error
@@ -123,6 +136,22 @@ class _ForkState:
         self.matcher: PrefixMatcher | None = None
         #: the inherited steps as fetched (an experiment's tool faults read their results)
         self.inherited: list[Step] = []
+        #: the signals, updates, timer fires and child outcomes the parent received inside
+        #: the prefix, to hand over again
+        self.messages = MessageQueue([])
+        #: the prefix is loaded (or there is none) and the fork-point signals are set
+        self.loaded = False
+        #: hands the prefix's messages, timers and children over (None: there are none)
+        self.redelivery: Redelivery | None = None
+        #: inherited calls an approximate boundary served with another input than the
+        #: parent's (one sentence each)
+        self.drift: list[str] = []
+        #: the build running this fork, when it is not one that recorded the prefix
+        self.changed_build: str | None = None
+        #: the parent's random seed and clock, while the prefix is handed over
+        self.side_effects: ParentSideEffects | None = None
+        self.seed: int | None = None
+        self.clock: dict[int, int] = {}
         #: the call still to run with the operator's input (None: none, or done)
         self.input_override: InputOverride | None = None
         #: signals still to deliver at the fork point, and where to deliver them
@@ -136,6 +165,20 @@ class _ForkState:
         #: results (JSON) of each tool's live calls on this fork, oldest first: what an
         #: injected ``stale_data`` fault answers with
         self.tool_results: dict[str, list[Any]] = {}
+
+    def at_fork_point(self) -> bool:
+        """Every inherited result, message and fork-point signal has been handed over."""
+        return (
+            self.loaded
+            and (self.matcher is None or self.matcher.all_delivered)
+            and not self.messages.owed
+            and not self.signals
+        )
+
+    def handing_over(self) -> bool:
+        """A message, timer fire or child outcome of the prefix is due and about to be
+        handed over: the fork is not stuck while it waits for that."""
+        return self.redelivery is not None and self.redelivery.ready_now()
 
     def next_index(self) -> int:
         """The next call's place in the chain's scheduling order."""
@@ -185,11 +228,26 @@ class _ForkInbound(WorkflowInboundInterceptor):
         marker = current_fork()
         state.base = _base_step(marker)
         if marker is not None:
+            workflow.set_query_handler(FORK_POINT_QUERY, lambda: _fork_point(state))
             await _verify(marker)
             state.marker = marker
             state.lineage_root = marker.lineage_root
+            state.changed_build = changed_build(marker.parent_build)
             if _inherits(marker):
                 _check_servable(await _load_prefix(state, marker), marker)
+                matcher = state.matcher
+                if matcher is not None and workflow.patched(SIDE_EFFECTS_PATCH):
+                    state.side_effects = ParentSideEffects(state.seed, state.clock)
+                    state.side_effects.begin(marker.base_step)
+                if matcher is not None and state.messages.owed and workflow.patched(MESSAGES_PATCH):
+                    state.redelivery = Redelivery(
+                        state.messages,
+                        lambda: matcher.last_handed_over or marker.base_step,
+                        state.side_effects,
+                    )
+                    state.redelivery.start()
+                else:  # none, or recorded before they were redelivered
+                    state.messages = MessageQueue([])
             if not marker.continued:
                 state.signals = list(marker.signals)
             if state.matcher is None or state.matcher.all_delivered:
@@ -199,22 +257,72 @@ class _ForkInbound(WorkflowInboundInterceptor):
                 if state.matcher is None:  # keys are counted to find the overridden call
                     exact = marker.boundary is BoundaryMode.exact
                     state.matcher = PrefixMatcher([], [], exact=exact)
+        state.loaded = True
         run = super().execute_workflow(input)
-        matcher = state.matcher
-        if matcher is not None and matcher.exact and not matcher.all_delivered:
-            result = await watched(run, matcher, self._live)  # fails a fork that stops short
+        owed = state.matcher
+        if owed is not None and owed.exact and not owed.all_delivered:
+            # fails a fork that stops short (not while a message of the prefix is handed over)
+            result = await watched(run, owed, self._live, state.handing_over)
         else:
             result = await run
+        if state.messages.owed:
+            raise _diverged(
+                state,
+                "the fork finished before the points where the parent received the last "
+                f"{state.messages.owed} signals, updates, timer fires or child outcomes of "
+                "the prefix",
+            )
         if state.matcher is not None and state.matcher.owed:
             # the run ended without asking for every inherited call: its code is not the
             # parent's, and what it did after the boundary is no continuation of it
-            raise ApplicationError(
+            raise _diverged(
+                state,
                 f"the fork finished without making {state.matcher.owed} of the calls it "
                 "inherited from the parent's steps",
-                type=ForkErrorType.prefix_diverged,
-                non_retryable=True,
             )
         return result
+
+    async def handle_signal(self, input: HandleSignalInput) -> None:
+        await super().handle_signal(await held_until_fork_point(input, self._holding()))
+
+    async def handle_update_handler(self, input: HandleUpdateInput) -> Any:
+        return await super().handle_update_handler(
+            await held_until_fork_point(input, self._holding())
+        )
+
+    def _holding(self) -> Any:
+        """What a live message waits for on a fork that inherits (None: nothing)."""
+        if self._state.at_fork_point():
+            return None
+        marker = current_fork()
+        if marker is None or not _inherits(marker) or not workflow.patched(MESSAGES_PATCH):
+            return None
+        return self._state.at_fork_point
+
+
+def _fork_point(state: _ForkState) -> dict[str, Any]:
+    build = current_build() or None
+    point = ForkPoint(reached=state.at_fork_point(), drift=state.drift, build=build)
+    return point.model_dump(mode="json")
+
+
+def _exact(state: _ForkState, marker: ForkMarker) -> bool:
+    """Whether inherited calls are matched with their inputs: under an exact boundary,
+    unless the fork runs another build and was allowed to go on approximately."""
+    allowed = marker.allow_build_change and state.changed_build is not None
+    return marker.boundary is BoundaryMode.exact and not allowed
+
+
+def _diverged(state: _ForkState, why: str) -> ApplicationError:
+    """A divergence, naming the builds when the fork's is not the parent's."""
+    marker = state.marker
+    if state.changed_build is not None and marker is not None:
+        why += (
+            f"; the fork runs build {state.changed_build} and the parent's prefix was "
+            f"recorded by {marker.parent_build}: its workflow code changed (fork with "
+            "--allow-build-change to be served the parent's results approximately)"
+        )
+    return ApplicationError(why, type=ForkErrorType.prefix_diverged, non_retryable=True)
 
 
 async def _deliver_signals(state: _ForkState) -> None:
@@ -312,9 +420,13 @@ async def _load_prefix(state: _ForkState, marker: ForkMarker) -> list[Step]:
     start = marker.base_step + 1
     prefix: list[Step] = []
     flying: list[Step] = []
+    messages: list[PrefixMessage] = []
     while True:
         page = await _fetch_page(marker, start)
         prefix.extend(page.steps)
+        messages.extend(page.messages)
+        state.clock.update(page.clock)
+        state.seed = page.seed if page.seed is not None else state.seed
         flying.extend(page.in_flight)
         for s in page.recorded_after:
             state.recorded.setdefault((s.activity_type, s.input_sha256), s)
@@ -322,8 +434,9 @@ async def _load_prefix(state: _ForkState, marker: ForkMarker) -> list[Step]:
             break
         start = page.next_step
     state.inherited = prefix
+    state.messages = MessageQueue(messages)
     if prefix:
-        state.matcher = PrefixMatcher(prefix, flying, exact=marker.boundary is BoundaryMode.exact)
+        state.matcher = PrefixMatcher(prefix, flying, exact=_exact(state, marker))
     for s in prefix:
         if s.status is StepStatus.completed:
             state.recorded.setdefault((s.activity_type, s.input_sha256), s)
@@ -509,16 +622,20 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             # the call as the parent's lineage made it (its model swaps up to here)
             model = marker.model_at(index)
             seen = _swap_model(input, model) if model is not None else input
-            key = matcher.key(seen.activity, _input_digest(seen.args))
+            digest = _input_digest(seen.args)
+            key = matcher.key(seen.activity, digest)
             step = matcher.take(key)
             if step is not None:
+                if step.input_sha256 != digest:  # an approximate boundary: say so
+                    state.drift.append(
+                        f"step {step.index} ({step.activity_type[:100]}) was served the "
+                        "parent's result although the fork's input differs from the parent's"
+                    )
                 return workflow.ActivityHandle(self._served(seen, step, matcher))
             try:
                 matcher.check_live(key)
             except Divergence as exc:
-                raise ApplicationError(
-                    str(exc), type=ForkErrorType.prefix_diverged, non_retryable=True
-                ) from None
+                raise _diverged(state, str(exc)) from None
             override = state.input_override
             if override is not None and key == _override_key(override, matcher.exact):
                 # the parent's step N, asked something else: it runs live, whatever policy
@@ -672,6 +789,9 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         starts (by its workflow type) and its own calls follow them; every child carries
         its parent's lineage root (the effect ledger's key) in a child marker. The memo the
         workflow gives a child never carries a marker of its own making."""
+        served = self._state.redelivery.child(input) if self._state.redelivery else None
+        if served is not None:  # closed inside the prefix: its recorded outcome
+            return served
         memo = dict(input.memo or {})
         memo.pop(MARKER_MEMO_KEY, None)
         refused = self._refused_by_policy(input.workflow)
@@ -780,11 +900,21 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         """An inherited call's recorded outcome, handed over in the parent's completion
         order: a workflow that waits on calls in parallel sees them finish as the parent
         did, and so takes the same path to the boundary."""
-        if not matcher.turn_of(step):
-            await workflow.wait_condition(lambda: matcher.turn_of(step))
+        messages = self._state.messages
+
+        def turn() -> bool:  # its place among the inherited results and messages
+            return matcher.turn_of(step) and messages.clear_before(step.index)
+
+        if not turn():
+            await workflow.wait_condition(turn)
         matcher.delivered()
+        side = self._state.side_effects
+        if side is not None:
+            side.at(step.index)
         if matcher.all_delivered and self._state.signals:
             await _deliver_signals(self._state)  # the fork point: the last inherited result
+        if side is not None and self._state.at_fork_point():
+            side.end()
         if step.status is StepStatus.blocked:
             # the parent fork's workflow saw this call fail: so does this one
             raise _inherited_block(input, step)

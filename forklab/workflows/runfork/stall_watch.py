@@ -16,15 +16,17 @@ can do now is done (``SETTLE_PASSES`` passes of the workflow's condition checks,
 only after every ready coroutine has). If the fork has still not asked for it, it never
 will: the run fails as ``fork_prefix_diverged``, naming the step.
 
-Only an exact boundary is watched: under ``approximate`` a prefix may hold timers, whose
-firing (not seen here) may be what makes the workflow ask.
+A message, timer fire or child outcome of the prefix that is due to be handed over
+(``prefix_messages.Redelivery``) counts as progress on its way: the workflow may be
+waiting for it before it asks. Only an exact boundary is watched: under ``approximate``
+the fork's calls may not line up with the parent's at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from temporalio import workflow
@@ -70,12 +72,16 @@ class LiveCalls(WorkflowOutboundInterceptor):
         return self._count(super().start_local_activity(input))
 
 
-async def _stalled(matcher: PrefixMatcher, live: LiveCalls) -> str:
+async def _stalled(
+    matcher: PrefixMatcher, live: LiveCalls, handing_over: Callable[[], bool]
+) -> str:
     """Returns, with the sentence to fail with, once the fork has stopped short of asking
-    for the next inherited call; runs until cancelled otherwise."""
+    for the next inherited call; runs until cancelled otherwise. While ``handing_over()``
+    a message, timer fire or child outcome of the prefix is on its way to the workflow,
+    which may be what it waits for before it asks."""
 
     def waiting() -> bool:
-        return matcher.next_unasked() is not None and live.out == 0
+        return matcher.next_unasked() is not None and live.out == 0 and not handing_over()
 
     def moved(mark: int) -> bool:
         return matcher.progress != mark or waiting()
@@ -95,12 +101,17 @@ async def _stalled(matcher: PrefixMatcher, live: LiveCalls) -> str:
             await workflow.wait_condition(functools.partial(moved, mark))
 
 
-async def watched(main: Coroutine[Any, Any, Any], matcher: PrefixMatcher, live: LiveCalls) -> Any:
+async def watched(
+    main: Coroutine[Any, Any, Any],
+    matcher: PrefixMatcher,
+    live: LiveCalls,
+    handing_over: Callable[[], bool],
+) -> Any:
     """``main`` (the workflow's run), failed as ``fork_prefix_diverged`` if it stops
     short of its fork point. A cancellation of the run reaches ``main`` as it would
     without the watch."""
     run = asyncio.ensure_future(main)
-    watch = asyncio.ensure_future(_stalled(matcher, live))
+    watch = asyncio.ensure_future(_stalled(matcher, live, handing_over))
     try:
         await workflow.wait([run, watch], return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
