@@ -22,7 +22,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from forklab.activities.experiment.approval import ApprovalActivities
+from forklab.activities.experiment.evidence_log import EvidenceActivities
 from forklab.activities.runfork.cohort_forks import CohortActivities
+from forklab.activities.runfork.cohort_plans import CohortPlans
+from forklab.activities.stores.artifacts import LocalArtifactStore
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.ledger import SqliteLedger
 from forklab.contracts.approval import approval_payload, sign
@@ -46,7 +49,13 @@ class CohortLab:
     queue: str
     ledger: SqliteLedger
     registry: ForkRegistry
+    plans: CohortPlans
     key: Ed25519PrivateKey
+
+    def plan_ids(self, artifact: str | None) -> list[str]:
+        """The workflow ids of the stored plan's runs."""
+        assert artifact is not None
+        return [r.workflow_id for r in self.plans.get(artifact).runs]
 
     @property
     def public_key(self) -> str:
@@ -145,13 +154,16 @@ def cohort_spec(cohort: dict[str, Any], worlds: list[dict[str, Any]], **more: An
 
 
 @contextlib.asynccontextmanager
-async def running_cohort_lab(agents: AgentTestLab, tmp_path: Path) -> AsyncIterator[CohortLab]:
+async def running_cohort_lab(
+    agents: AgentTestLab, tmp_path: Path, evidence: EvidenceActivities | None = None
+) -> AsyncIterator[CohortLab]:
     target = agents.client.service_client.config.target_host
     client = await Client.connect(target, data_converter=pydantic_data_converter)
     ledger = SqliteLedger(tmp_path / "ledger.sqlite")
     registry = ForkRegistry(agents.agent.forks_path)
+    plans = CohortPlans(LocalArtifactStore(tmp_path / "artifacts"))
     cohort = CohortActivities(
-        client, registry, agents.agent.home, ledger, tmp_path / "cohort-reports"
+        client, registry, agents.agent.home, ledger, plans, tmp_path / "cohort-reports", evidence
     )
     approval = ApprovalActivities(tmp_path / "keys", allow_unapproved=False)
     queue = f"cohort-test-{uuid.uuid4().hex[:8]}"
@@ -178,5 +190,6 @@ async def running_cohort_lab(agents: AgentTestLab, tmp_path: Path) -> AsyncItera
             queue=queue,
             ledger=ledger,
             registry=registry,
+            plans=plans,
             key=Ed25519PrivateKey.generate(),
         )

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from forklab.experiments.cohort.matrix import MISSING, SUCCESS, WorldCosts
 from forklab.experiments.cohort.noise import NoiseFloor, WorldJudgement, judge_worlds
 from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
+from forklab.experiments.cohort.votes import as_voted, saved_forks
 from forklab.experiments.experiment.spec import Direction, Role
 
 
@@ -37,6 +38,8 @@ class CohortSummary(BaseModel):
     runs: int
     compared_runs: list[int]
     missing_forks: int
+    #: forks not run because their run's majority was decided (``stop_when_decided``)
+    saved_forks: int = 0
     floor: NoiseFloor
     worlds: list[WorldSummary]
 
@@ -69,8 +72,14 @@ def summarise(
             "nothing can be compared"
         )
 
-    def matrix(name: str) -> np.ndarray:
-        return np.array([[c == SUCCESS for c in outcomes[name][i]] for i in complete])
+    k = spec.cohort.forks_per_world
+    voted = spec.cohort.stop_when_decided
+
+    def matrix(name: str, raw: bool = False) -> np.ndarray:
+        rows = [outcomes[name][i] for i in complete]
+        if voted and not raw:
+            rows = [as_voted(row, k) for row in rows]
+        return np.array([[c == SUCCESS for c in row] for row in rows])
 
     base = matrix(spec.baseline.name)
     others = [w for w in spec.worlds if w.role is not Role.baseline]
@@ -78,8 +87,8 @@ def summarise(
         base,
         {w.name: (w.role, _expected(spec, w), matrix(w.name)) for w in others},
         alpha=spec.analysis.alpha,
+        floor_from=matrix(spec.baseline.name, raw=True) if voted else None,
     )
-    k = base.shape[1]
     base_major = base.sum(axis=1) * 2 > k
     summaries: list[WorldSummary] = []
     for world, judgement in zip(others, judged, strict=True):
@@ -100,7 +109,12 @@ def summarise(
             )
         )
     return CohortSummary(
-        runs=runs, compared_runs=complete, missing_forks=missing, floor=floor, worlds=summaries
+        runs=runs,
+        compared_runs=complete,
+        missing_forks=missing,
+        saved_forks=sum(saved_forks(list(outcomes[name])) for name in names),
+        floor=floor,
+        worlds=summaries,
     )
 
 
@@ -130,6 +144,13 @@ def render_markdown(
         f"{floor.flip_rate:.1%} [{floor.ci_low:.1%}, {floor.ci_high:.1%}] over "
         f"{floor.runs} runs.",
     ]
+    if summary.saved_forks:
+        lines += [
+            "",
+            f"{summary.saved_forks} forks were not run: their run's majority in their world "
+            "was decided by the forks before them (the baseline runs every fork; the rate "
+            "test reads every world's forks as voted).",
+        ]
     if summary.missing_forks:
         left = summary.runs - len(summary.compared_runs)
         lines += [

@@ -27,6 +27,7 @@ from forklab.activities.experiment.records import RecordActivities
 from forklab.activities.experiment.workload_bundles import WorkloadBundles
 from forklab.activities.experiment.world_batches import SandboxActivities
 from forklab.activities.runfork.cohort_forks import CohortActivities
+from forklab.activities.runfork.cohort_plans import CohortPlans
 from forklab.activities.sandbox.base import SandboxBackend
 from forklab.activities.sandbox.shared_snapshots import SharedSnapshots
 from forklab.activities.sandbox.workload_calls import WorkloadCalls
@@ -159,14 +160,19 @@ def build_activities(
 
 def cohort_activities(client: Client, settings: Settings) -> list[Callable[..., Any]]:
     """The activities of experiments over cohorts: they read the cohort's histories and
-    start forks through ``client``, and record receipts in the agent home's registry."""
+    start forks through ``client``, record receipts in the agent home's registry, keep
+    plans in the artifact store and rows in the shared ledger."""
     agent = AgentSettings.load(settings)
     cohort = CohortActivities(
         client,
         ForkRegistry(agent.forks_path),
         agent.home,
         ledger(settings),
+        CohortPlans(artifact_store(settings)),
         settings.home / "cohort-reports",
+        EvidenceActivities(
+            artifact_store(settings), settings.home / "braintrust-outbox", braintrust_config()
+        ),
     )
     return [cohort.rehearse, cohort.fork, cohort.cleanup, cohort.analyse, cohort.record_ledger]
 
