@@ -11,9 +11,12 @@ charge, charge blocked) is made twice, with the same concurrency (``--concurrenc
   which also covers the per-fork activities, scoring, the ledger rows, cleanup, the
   analysis and the report.
 
-It prints forks per minute for both and the ratio experiment / bare (goal: at most 1.3).
+The two alternate over ``--repeats`` rounds (bare first in odd rounds, the experiment
+first in even ones), each round printed with the machine's load average beside it. It
+prints forks per minute for both and the ratio experiment / bare per round and their
+median (goal: at most 1.3).
 
-    python bench/cohort_throughput.py [--runs 12] [--concurrency 8]
+    python bench/cohort_throughput.py [--runs 12] [--concurrency 8] [--repeats 4]
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ import asyncio
 import contextlib
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -41,6 +46,8 @@ from temporalio.worker import Worker
 
 from forklab.activities.experiment.approval import ApprovalActivities
 from forklab.activities.runfork.cohort_forks import CohortActivities
+from forklab.activities.runfork.cohort_plans import CohortPlans
+from forklab.activities.stores.artifacts import LocalArtifactStore
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.ledger import SqliteLedger
 from forklab.agents.research import ResearchInput, ResearchPipelineWorkflow
@@ -49,6 +56,7 @@ from forklab.contracts.approval import approval_payload, sign
 from forklab.contracts.search_attributes import EXPERIMENT, RUN_FORK_KEYS, STAGE
 from forklab.experiments.cohort.plan import CohortPlan, fork_policies
 from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
+from forklab.experiments.runfork.policy import DEFAULT_KEY
 from forklab.workers.config import Settings
 from forklab.workers.experiment.worker import workflow_runner
 from forklab.workers.runfork.agent_config import AgentSettings
@@ -58,12 +66,17 @@ from forklab.workers.runfork.model_server import ModelServer
 from forklab.workers.server import temporal_binary
 from forklab.workflows.experiment.cohort_messages import (
     CohortInput,
+    CohortResult,
     CohortStatusView,
 )
 from forklab.workflows.experiment.cohort_workflow import CohortExperimentWorkflow
 from forklab.workflows.experiment.messages import Stage
 
 K = 3
+#: What a bare fork of a research run may name (``AgentLab.fork`` refuses a policy for a
+#: tool the run never called): the experiment's policies for the default, the charge and
+#: the model calls the pipeline makes.
+RESEARCH_TOOLS = frozenset({DEFAULT_KEY, "charge_customer", "chat_model"})
 
 
 def _spec(ids: list[str], concurrency: int) -> CohortExperimentSpec:
@@ -104,7 +117,9 @@ async def _bare(lab: AgentLab, spec: CohortExperimentSpec, at: dict[str, int], n
                 at[run],
                 name=f"bare-{uuid.uuid4().hex[:10]}",
                 model=world.model,
-                tool_policies=fork_policies(plan, world),
+                tool_policies={
+                    t: p for t, p in fork_policies(plan, world).items() if t in RESEARCH_TOOLS
+                },
             )
             with contextlib.suppress(WorkflowFailureError):
                 await made.handle.result()
@@ -114,19 +129,26 @@ async def _bare(lab: AgentLab, spec: CohortExperimentSpec, at: dict[str, int], n
     return time.perf_counter() - began
 
 
-async def _experiment(client: Client, queue: str, spec: CohortExperimentSpec) -> float:
+async def run_approved(
+    client: Client, queue: str, spec: CohortExperimentSpec, **fields: Any
+) -> tuple[float, CohortResult]:
+    """Start ``spec``'s experiment, approve the plan it shows, wait for its result; the
+    seconds from the approval to the result, and the result."""
     key = Ed25519PrivateKey.generate()
     public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
     handle = await client.start_workflow(
         CohortExperimentWorkflow.run,
-        CohortInput(spec=spec, approver_public_key=public),
+        CohortInput(spec=spec, approver_public_key=public, **fields),
         id=f"forklab-{spec.id}",
         task_queue=queue,
+        result_type=CohortResult,
     )
     while True:
         view = await handle.query("status", result_type=CohortStatusView)
         if view.stage is Stage.awaiting_approval:
             break
+        if view.stage is Stage.done:
+            raise RuntimeError(f"the experiment ended before approval: {view.error}")
         await asyncio.sleep(0.05)
     assert view.fingerprint is not None
     payload = approval_payload(
@@ -148,12 +170,16 @@ async def _experiment(client: Client, queue: str, spec: CohortExperimentSpec) ->
         },
     )
     result = await handle.result()
-    elapsed = time.perf_counter() - began
+    return time.perf_counter() - began, result
+
+
+async def _experiment(client: Client, queue: str, spec: CohortExperimentSpec) -> float:
+    elapsed, result = await run_approved(client, queue, spec)
     assert result.forks_done == len(spec.cohort.workflow_ids or []) * 3 * K, result
     return elapsed
 
 
-async def main(runs: int, concurrency: int) -> None:
+async def main(runs: int, concurrency: int, repeats: int) -> None:
     with tempfile.TemporaryDirectory(prefix="forklab-bench-") as tmp:
         home = Path(tmp)
         env = await WorkflowEnvironment.start_local(
@@ -177,7 +203,12 @@ async def main(runs: int, concurrency: int) -> None:
         agents_client = await connect_agents(settings, agent)
         registry = ForkRegistry(agent.forks_path)
         cohort = CohortActivities(
-            env.client, registry, home, SqliteLedger(home / "ledger.sqlite"), home / "reports"
+            env.client,
+            registry,
+            home,
+            SqliteLedger(home / "ledger.sqlite"),
+            CohortPlans(LocalArtifactStore(home / "artifacts")),
+            home / "reports",
         )
         approval = ApprovalActivities(home / "keys", allow_unapproved=False)
         queue = f"bench-cohort-{uuid.uuid4().hex[:8]}"
@@ -222,10 +253,22 @@ async def main(runs: int, concurrency: int) -> None:
                     at[run] = (
                         next(s.index for s in steps if s.activity_type == "charge_customer") - 1
                     )
-                spec = _spec(ids, concurrency)
                 forks = runs * 3 * K
-                bare = await _bare(lab, spec, at, concurrency)
-                experiment = await _experiment(env.client, queue, spec)
+                rounds: list[tuple[float, float, float]] = []
+                for i in range(repeats):
+                    spec = _spec(ids, concurrency)
+                    if i % 2 == 0:
+                        bare = await _bare(lab, spec, at, concurrency)
+                        experiment = await _experiment(env.client, queue, spec)
+                    else:
+                        experiment = await _experiment(env.client, queue, spec)
+                        bare = await _bare(lab, spec, at, concurrency)
+                    rounds.append((bare, experiment, os.getloadavg()[0]))
+                    print(
+                        f"round {i + 1}: bare {bare:.1f} s, experiment {experiment:.1f} s, "
+                        f"ratio {experiment / bare:.2f}, load {rounds[-1][2]:.1f}",
+                        flush=True,
+                    )
         finally:
             model.shutdown()
             effects.shutdown()
@@ -238,18 +281,25 @@ async def main(runs: int, concurrency: int) -> None:
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     )
     print()
-    print("| how | seconds | forks / minute | ratio to bare |")
-    print("|---|---:|---:|---:|")
-    print(f"| bare `AgentLab.fork` | {bare:.1f} | {forks / bare * 60:.0f} | 1.00 |")
     print(
-        f"| experiment (approval to result) | {experiment:.1f} | "
-        f"{forks / experiment * 60:.0f} | {experiment / bare:.2f} |"
+        "| round | first | load (1 min) | bare s (forks/min) | experiment s (forks/min) | ratio |"
     )
+    print("|---:|---|---:|---:|---:|---:|")
+    for i, (bare, experiment, load) in enumerate(rounds):
+        print(
+            f"| {i + 1} | {'bare' if i % 2 == 0 else 'experiment'} | {load:.1f} "
+            f"| {bare:.1f} ({forks / bare * 60:.0f}) "
+            f"| {experiment:.1f} ({forks / experiment * 60:.0f}) | {experiment / bare:.2f} |"
+        )
+    ratios = sorted(e / b for b, e, _ in rounds)
+    print()
+    print(f"median ratio {statistics.median(ratios):.2f} (spread {ratios[0]:.2f}-{ratios[-1]:.2f})")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=12)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args()
-    asyncio.run(main(args.runs, args.concurrency))
+    asyncio.run(main(args.runs, args.concurrency, args.repeats))

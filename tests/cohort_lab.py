@@ -22,9 +22,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from forklab.activities.experiment.approval import ApprovalActivities
+from forklab.activities.experiment.evidence_log import EvidenceActivities
 from forklab.activities.experiment.workload_bundles import WorkloadBundles
 from forklab.activities.runfork.cohort_code import CohortCode
 from forklab.activities.runfork.cohort_forks import CohortActivities
+from forklab.activities.runfork.cohort_plans import CohortPlans
 from forklab.activities.sandbox.cohort_code_calls import CohortCodeCalls
 from forklab.activities.stores.artifacts import LocalArtifactStore
 from forklab.activities.stores.fork_registry import ForkRegistry
@@ -50,9 +52,15 @@ class CohortLab:
     queue: str
     ledger: SqliteLedger
     registry: ForkRegistry
+    plans: CohortPlans
     key: Ed25519PrivateKey
     #: where a test ships the bundle of its own scorer and feature functions
     store: LocalArtifactStore
+
+    def plan_ids(self, artifact: str | None) -> list[str]:
+        """The workflow ids of the stored plan's runs."""
+        assert artifact is not None
+        return [r.workflow_id for r in self.plans.get(artifact).runs]
 
     @property
     def public_key(self) -> str:
@@ -151,7 +159,9 @@ def cohort_spec(cohort: dict[str, Any], worlds: list[dict[str, Any]], **more: An
 
 
 @contextlib.asynccontextmanager
-async def running_cohort_lab(agents: AgentTestLab, tmp_path: Path) -> AsyncIterator[CohortLab]:
+async def running_cohort_lab(
+    agents: AgentTestLab, tmp_path: Path, evidence: EvidenceActivities | None = None
+) -> AsyncIterator[CohortLab]:
     target = agents.client.service_client.config.target_host
     client = await Client.connect(target, data_converter=pydantic_data_converter)
     ledger = SqliteLedger(tmp_path / "ledger.sqlite")
@@ -160,8 +170,16 @@ async def running_cohort_lab(agents: AgentTestLab, tmp_path: Path) -> AsyncItera
     code = CohortCode(
         WorkloadBundles(store, tmp_path / "bundles"), CohortCodeCalls(tmp_path / "code-calls")
     )
+    plans = CohortPlans(store)
     cohort = CohortActivities(
-        client, registry, agents.agent.home, ledger, tmp_path / "cohort-reports", code
+        client,
+        registry,
+        agents.agent.home,
+        ledger,
+        plans,
+        tmp_path / "cohort-reports",
+        evidence,
+        code,
     )
     approval = ApprovalActivities(tmp_path / "keys", allow_unapproved=False)
     queue = f"cohort-test-{uuid.uuid4().hex[:8]}"
@@ -188,6 +206,7 @@ async def running_cohort_lab(agents: AgentTestLab, tmp_path: Path) -> AsyncItera
             queue=queue,
             ledger=ledger,
             registry=registry,
+            plans=plans,
             key=Ed25519PrivateKey.generate(),
             store=store,
         )

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import activity, workflow
+from temporalio.workflow import ParentClosePolicy
 
 
 @activity.defn(name="lookup_customer")
@@ -37,6 +38,35 @@ class OrderDeskWorkflow:
             "status": status,
             "score": 1.0 if status == "shipped" else 0.0,
         }
+
+
+@workflow.defn(name="Courier")
+class CourierWorkflow:
+    """Delivers an order until it is cancelled: a child its parent leaves running."""
+
+    @workflow.run
+    async def run(self, order: str) -> str:
+        await workflow.wait_condition(lambda: False)
+        return order
+
+
+@workflow.defn(name="OrderDispatch")
+class OrderDispatchWorkflow:
+    """Looks the order up, hands it to a courier (a child workflow it abandons: the
+    courier outlives it) and scores itself on the order's status."""
+
+    @workflow.run
+    async def run(self, order: str) -> dict[str, Any]:
+        found = await workflow.execute_activity(
+            lookup_order, order, start_to_close_timeout=timedelta(seconds=30)
+        )
+        await workflow.start_child_workflow(
+            CourierWorkflow.run,
+            order,
+            id=f"{workflow.info().workflow_id}-courier",
+            parent_close_policy=ParentClosePolicy.ABANDON,
+        )
+        return {"status": found.get("status"), "score": 1.0}
 
 
 ACTIVITIES = [lookup_customer, lookup_order]

@@ -77,11 +77,12 @@ async def test_a_cohort_experiment_through_the_cli(
         if view["stage"] == "awaiting_approval":
             break
         await asyncio.sleep(0.2)
-    assert sorted(view["runs"]) == sorted(ids)
+    assert view["runs"] == 4 and view["excluded"] == 0
     assert view["tools"] == {"charge_customer": "block"}
     text = await forklab("cohort", "status", spec["id"])
     assert "charge_customer: block" in text.stdout and view["fingerprint"] in text.stdout
     assert f"(code digest, signed): {view['code_digest']}" in text.stdout
+    assert f"runs: 4; excluded: 0 (plan artifact {view['plan_artifact']})" in text.stdout
     approved = await forklab("cohort", "approve", spec["id"], "--approver", "ops")
     assert approved.returncode == 0, approved.stdout + approved.stderr
     report = await forklab("cohort", "report", spec["id"])

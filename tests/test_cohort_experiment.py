@@ -27,7 +27,6 @@ from temporalio.client import WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
 
-from forklab.activities.runfork.cohort_forks import OUTCOME_ROW
 from forklab.agents.research import ResearchPipelineWorkflow
 from forklab.agents.support import SupportAgentWorkflow, SupportInput
 from forklab.contracts.cohort import cohort_fork_id
@@ -78,7 +77,7 @@ async def test_an_approved_cohort_experiment_measures_the_floor_and_detects_a_ha
     )
     handle = await cohort.start(spec)
     shown = await cohort.until_stage(handle, Stage.awaiting_approval)
-    assert len(shown.runs) == 12 and shown.excluded == {}
+    assert shown.runs == 12 and shown.excluded == 0
     # the signed tool list: the charge tool is blocked (the default for undeclared tools)
     assert shown.tools == {"charge_customer": ToolPolicy.block.value}
     # a run recorded while the plan awaits approval is in no approved plan
@@ -95,7 +94,10 @@ async def test_an_approved_cohort_experiment_measures_the_floor_and_detects_a_ha
     result = await handle.result()
 
     assert result.status is Status.completed, result.error
-    assert sorted(result.runs) == sorted(shown.runs) and late not in result.runs
+    # the workflow carries the plan as a stored digest; the runs are read from the store
+    assert result.plan_artifact == shown.plan_artifact
+    planned = cohort.plan_ids(result.plan_artifact)
+    assert len(planned) == 12 and late not in planned
     assert cohort.registry.children(late) == []
     assert result.forks_done == 12 * 3 * 3 and result.forks_missing == 0
     assert result.cleanup is not None and result.cleanup.remaining == 0
@@ -122,15 +124,19 @@ async def test_an_approved_cohort_experiment_measures_the_floor_and_detects_a_ha
     assert "Noise floor" in report.markdown and "| outage | positive_control |" in report.markdown
     assert (Path(report.report_dir) / "report.md").read_text() == report.markdown
 
-    # ledger: the experiment's row, one per world, one per fork (in the fork registry)
+    # ledger: the experiment's row, one per world, one per fork
     row = cohort.ledger.experiment(spec.id)
     assert row is not None and row.status == "completed"
     assert row.plan_fingerprint == result.fingerprint
-    assert {w.world for w in cohort.ledger.worlds(spec.id)} == {"noop", "outage"}
+    assert {w.world for w in cohort.ledger.worlds(spec.id)} == {"baseline", "noop", "outage"}
     run_key = f"{handle.id}/{handle.result_run_id}"
     fork = cohort_fork_id(run_key, 0, "outage", 2)
-    rows = [d for d in cohort.registry.decisions(fork) if d["kind"] == OUTCOME_ROW]
-    assert len(rows) == 1 and json.loads(rows[0]["note"])["world"] == "outage"
+    forks = cohort.ledger.forks(spec.id, row.run_id)
+    assert len(forks) == 108 and len({f.fork_id for f in forks}) == 108
+    (one,) = [f for f in forks if f.fork_id == fork]
+    assert (one.world, one.run_index, one.fork) == ("outage", 0, 2)
+    assert one.lineage_root and len(one.receipt_sha256) == 64
+    assert sum(f.tokens for f in forks) == result.tokens
     receipt = cohort.registry.receipt(fork)
     assert receipt is not None and receipt.tool_policies["charge_customer"] is ToolPolicy.block
 
@@ -277,9 +283,11 @@ async def test_cancel_mid_experiment_leaves_no_fork_running(cohort: CohortLab) -
 async def test_a_long_experiment_continues_as_new_carrying_its_aggregates(
     cohort: CohortLab,
 ) -> None:
+    """Votes that stop once decided, across continue-as-new: the carry holds aggregates
+    and the plan's digest, never the plan's runs."""
     ids = await cohort.record(["slow"] * 4 + ["medium"] * 2)
     spec = cohort_spec(
-        {"workflow_ids": ids, "limit": 6},
+        {"workflow_ids": ids, "limit": 6, "stop_when_decided": True},
         [
             {
                 "name": "full",
@@ -287,19 +295,43 @@ async def test_a_long_experiment_continues_as_new_carrying_its_aggregates(
                 "prompt_patch": {"text": "Write every section in full."},
             }
         ],
+        budget={"max_forks": 100, "max_concurrent_forks": 4},
     )
-    handle = await cohort.start(spec, history_events=60)
+    handle = await cohort.start(spec, history_events=100)
     await cohort.approve(handle)
     result = await handle.result()
     assert result.status is Status.completed, result.error
     assert result.runs_of_chain > 2  # the history limit made it continue as new
-    assert result.forks_done == 6 * 2 * 3 and result.forks_missing == 0
+    assert result.forks_done + result.forks_saved == 6 * 2 * 3 and result.forks_missing == 0
+    # the baseline runs every fork; a treatment's run stops once its majority is decided
+    assert result.forks_done >= 6 * 3 + 6 * 2
+    assert result.report is not None and result.report.saved_forks == result.forks_saved
     # every fork counted once: the ledger rows match the forks the chain started
     run_key = f"{handle.id}/{handle.result_run_id}"
     started = [e.id async for e in cohort.client.list_workflows(f"ForkLabExperiment = '{run_key}'")]
-    assert len(set(started)) == 36
-    assert result.report is not None
+    assert len(set(started)) == result.forks_done
+    rows = cohort.ledger.forks(spec.id, handle.result_run_id or "")
+    assert sorted(r.fork_id for r in rows) == sorted(set(started))
     assert {w.world for w in result.report.worlds} == {"full"}
+    # no run of the chain carried the plan's runs (their run ids are in the plan, not in
+    # the spec): not in a continue-as-new input, not in an activity's input
+    run_ids = [(await cohort.client.get_workflow_handle(w).describe()).run_id for w in ids]
+    first = cohort.client.get_workflow_handle(handle.id, run_id=handle.result_run_id)
+    history = await first.fetch_history()
+    payloads = [
+        p.data
+        for e in history.events
+        for p in (
+            list(e.workflow_execution_continued_as_new_event_attributes.input.payloads)
+            + list(e.activity_task_scheduled_event_attributes.input.payloads)
+        )
+    ]
+    assert payloads and not any(r.encode() in data for data in payloads for r in run_ids)
+    # every run of the chain stayed under its 100 events, 4 forks at a time
+    lengths = [
+        e.history_length async for e in cohort.client.list_workflows(f"WorkflowId = '{handle.id}'")
+    ]
+    assert len(lengths) == result.runs_of_chain and max(lengths) < 100, lengths
 
 
 async def test_a_start_carrying_a_carry_is_refused(cohort: CohortLab) -> None:
@@ -316,7 +348,7 @@ async def test_a_start_carrying_a_carry_is_refused(cohort: CohortLab) -> None:
         "stage": "running_worlds",
         "message": "",
         "rehearsal": {
-            "plan": {"runs": [], "excluded": [], "tools": {}, "digest": ""},
+            "plan": {"artifact": "0" * 64, "digest": "", "runs": 0, "excluded": 0, "tools": {}},
             "scorer": SCORER,
             "forks": 0,
             "estimated_model_calls": 0,

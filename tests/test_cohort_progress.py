@@ -91,8 +91,10 @@ def test_the_budget_stops_new_forks_once_the_tokens_are_spent() -> None:
     assert cohort_state.budget_refusal(spec, progress) is None
     cohort_state.record(progress, _outcome("baseline", 0, 0, True, tokens=10))
     assert "max_model_tokens" in (cohort_state.budget_refusal(spec, progress) or "")
-    cohort_state.skip(progress, spec, 1, 1)  # job 1: run 0, fork 0, world noop
-    assert progress.outcomes["noop"][0] == "-.." and progress.skipped == 1
+    progress.next_job = 8  # jobs 0..7 started; job 8 (run 0, fork 2, world broken) is not
+    cohort_state.skip_rest(progress, spec, total=9)
+    assert progress.outcomes["broken"][0] == "..-" and progress.skipped == 1
+    assert progress.next_job == 9 and not cohort_state.left(progress, 9)
 
 
 def test_runs_with_a_missing_fork_leave_the_comparison_and_the_report_says_so() -> None:
@@ -143,3 +145,12 @@ def test_fork_ids_are_derived_from_the_experiment_run() -> None:
     assert a == cohort_fork_id("forklab-x/run-1", 3, "noop", 2)
     assert a != cohort_fork_id("forklab-x/run-2", 3, "noop", 2)
     assert a.endswith("-r3-noop-k2")
+
+
+def test_a_run_starts_no_fork_its_running_forks_could_carry_past_the_history_limit() -> None:
+    room = cohort_state.EVENTS_PER_FORK * 13 + cohort_state.RUN_END_EVENTS
+    assert not cohort_state.history_full(4000 - room - 1, running=12, limit=4000)
+    assert cohort_state.history_full(4000 - room, running=12, limit=4000)
+    # the more forks run at once, the earlier a run stops starting them
+    assert cohort_state.history_full(3000, running=200, limit=4000)
+    assert not cohort_state.history_full(3000, running=8, limit=4000)

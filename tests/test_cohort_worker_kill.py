@@ -1,24 +1,40 @@
 """A ``forklab worker`` running a cohort experiment, killed with SIGKILL while its fork
 activities wait on their forks: a new worker takes over, the retried activities find the
 forks already started (their ids are derived from the experiment run) instead of starting
-others, and every fork is counted once."""
+others, and every fork is counted once: in the result and in the shared ledger's fork
+rows, on the SQLite ledger and on PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from agent_fixtures import AgentTestLab
 from orchestration_lab import WorkerProcesses, cli_env, forklab, lab_settings
+from stores_lab import postgres_database
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from forklab.activities.runfork.cohort_forks import OUTCOME_ROW
 from forklab.activities.stores.fork_registry import ForkRegistry
+from forklab.activities.stores.ledger import ForkOutcomeKind
+from forklab.workers.config import Settings
+from forklab.workers.stores import ledger
 from forklab.workflows.experiment.cohort_messages import CohortResult, CohortStatusView
 from forklab.workflows.experiment.messages import Stage, Status, workflow_id
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The worker's ledger: the home's SQLite file (None), or a PostgreSQL database."""
+    if request.param == "sqlite":
+        yield None
+        return
+    with postgres_database() as url:
+        yield url
 
 
 async def test_a_killed_worker_loses_no_fork_and_counts_none_twice(
@@ -26,9 +42,14 @@ async def test_a_killed_worker_loses_no_fork_and_counts_none_twice(
     agent_lab: AgentTestLab,
     tmp_path: Path,
     worker_processes: WorkerProcesses,
+    ledger_url: str | None,
 ) -> None:
+    name = f"killed-cohort-{'postgresql' if ledger_url else 'sqlite'}"
     settings = lab_settings(temporal_env, agent_lab.agent.home)
     env = cli_env(settings)
+    if ledger_url is not None:
+        env["FORKLAB_LEDGER"] = ledger_url
+        settings = Settings.load({"home": settings.home}, env={"FORKLAB_LEDGER": ledger_url})
     ids = []
     for model in ["slow"] * 4 + ["medium"] * 2:
         handle = await agent_lab.start_research(model=model, temperature=1.0)
@@ -36,7 +57,7 @@ async def test_a_killed_worker_loses_no_fork_and_counts_none_twice(
             await handle.result()
         ids.append(handle.id)
     spec = {
-        "id": "killed-cohort",
+        "id": name,
         "hypothesis": {"text": "a stronger model rescues thin reports"},
         "seed": 9,
         "cohort": {
@@ -58,15 +79,13 @@ async def test_a_killed_worker_loses_no_fork_and_counts_none_twice(
     first = worker_processes.start(env, log)
     started = await asyncio.to_thread(forklab, env, "cohort", "start", str(path))
     assert started.returncode == 0, started.stderr
-    handle = temporal_env.client.get_workflow_handle(
-        workflow_id("killed-cohort"), result_type=CohortResult
-    )
+    handle = temporal_env.client.get_workflow_handle(workflow_id(name), result_type=CohortResult)
     for _ in range(600):
         view = await handle.query("status", result_type=CohortStatusView)
         if view.stage is Stage.awaiting_approval:
             break
         await asyncio.sleep(0.1)
-    approved = await asyncio.to_thread(forklab, env, "cohort", "approve", "killed-cohort")
+    approved = await asyncio.to_thread(forklab, env, "cohort", "approve", name)
     assert approved.returncode == 0, approved.stdout + approved.stderr
     for _ in range(600):
         view = await handle.query("status", result_type=CohortStatusView)
@@ -81,9 +100,13 @@ async def test_a_killed_worker_loses_no_fork_and_counts_none_twice(
     assert result.status is Status.completed, result.error
     assert result.forks_done == 36 and result.forks_missing == 0
     registry = ForkRegistry(agent_lab.agent.forks_path)
+    started = {f.fork_workflow_id for run in ids for f in registry.children(run)}
     for run in ids:
-        forks = registry.children(run)
-        assert len(forks) == 6  # 2 worlds x k = 3, none started twice
-        for fork in forks:
-            rows = registry.decisions(fork.fork_workflow_id)
-            assert [d["kind"] for d in rows].count(OUTCOME_ROW) == 1
+        assert len(registry.children(run)) == 6  # 2 worlds x k = 3, none started twice
+    recorded = ledger(settings).experiment(name)
+    assert recorded is not None and recorded.status == "completed"
+    rows = ledger(settings).forks(name, recorded.run_id)
+    # one row per fork, each of a fork that was started, none missing or doubled
+    assert len(rows) == 36 and {r.fork_id for r in rows} == started
+    assert all(r.outcome is not ForkOutcomeKind.missing and r.receipt_sha256 for r in rows)
+    assert sum(r.tokens for r in rows) == result.tokens

@@ -10,9 +10,9 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from forklab.contracts.activity import ActivityRef
+from forklab.contracts.experiment import EvidenceLogResult
 from forklab.experiments.cohort.guard_policy import CohortGuard
 from forklab.experiments.cohort.matrix import WorldCosts
-from forklab.experiments.cohort.plan import CohortPlan, CohortRun
 from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
 from forklab.experiments.runfork.policy import ToolPolicy
 
@@ -44,11 +44,27 @@ class CohortRehearseInput(_Model):
     code_bundle: str | None = None
 
 
+class PlanRef(_Model):
+    """The cohort plan as the workflow holds it: the plan itself (every kept run with its
+    chain, about 400 bytes a run) is in the artifact store under ``artifact``, and the
+    activities that need a run read it from there; the workflow keeps the digests, the
+    counts and the tool list the approver signs."""
+
+    #: sha256 of the stored plan (``forklab.activities.runfork.cohort_plans``)
+    artifact: str = Field(pattern=r"^[0-9a-f]{64}$")
+    #: the cohort digest the plan fingerprint covers (``CohortPlan.digest``)
+    digest: str
+    runs: int = Field(ge=0)
+    excluded: int = Field(ge=0)
+    tools: dict[str, ToolPolicy]
+
+
 class CohortRehearsal(_Model):
     """The plan the approver signs: the cohort (runs, chains, fork steps, prefix digests,
-    exclusions, tools with their policies) and the estimates the capacity check read."""
+    exclusions, tools with their policies; stored, see ``PlanRef``) and the estimates the
+    capacity check read."""
 
-    plan: CohortPlan
+    plan: PlanRef
     scorer: str
     #: the user's code the forks are scored by (None: a shipped scorer, no features)
     code: UserCode | None = None
@@ -64,14 +80,16 @@ class CohortRehearsal(_Model):
 
 
 class ForkJob(_Model):
+    """One fork of the plan: the activity reads run ``run_index`` (and the tool list) from
+    the stored plan ``plan_artifact``."""
+
     experiment_id: str
     run_key: str
     seed: int
+    plan_artifact: str = Field(pattern=r"^[0-9a-f]{64}$")
     run_index: int = Field(ge=0)
-    run: CohortRun
     world: ForkWorld
     fork: int = Field(ge=0)
-    tool_policies: dict[str, ToolPolicy]
     scorer: str
     success_threshold: float
     code: UserCode | None = None
@@ -110,7 +128,7 @@ class ForkCleanupResult(_Model):
 
 class CohortAnalyseInput(_Model):
     spec: CohortExperimentSpec
-    plan: CohortPlan
+    plan_artifact: str = Field(pattern=r"^[0-9a-f]{64}$")
     run_key: str
     workflow_id: str
     #: per world, per run: one character per fork (``SUCCESS``, ``FAILURE``, ``MISSING``)
@@ -142,6 +160,8 @@ class CohortReport(_Model):
     runs: int
     forks_per_world: int
     missing_forks: int
+    #: forks not run because their run's majority was decided (``stop_when_decided``)
+    saved_forks: int = 0
     flip_rate: float
     flip_ci_low: float
     flip_ci_high: float
@@ -165,6 +185,8 @@ class CohortLedgerInput(_Model):
     error: str | None = None
     report: CohortReport | None = None
     plan_digest: str = ""
+    #: what each world's forks spent (the world rows' world-seconds)
+    costs: dict[str, WorldCosts] = Field(default_factory=dict)
 
 
 #: The activities, by typed reference (``forklab.workflows.activity_calls.execute``).
@@ -178,4 +200,7 @@ CLEANUP_FORKS = ActivityRef[ForkCleanupInput, ForkCleanupResult](
 ANALYSE = ActivityRef[CohortAnalyseInput, CohortReport](
     "cohort_analyse", CohortAnalyseInput, CohortReport
 )
-RECORD_LEDGER = ActivityRef[CohortLedgerInput, None]("cohort_ledger", CohortLedgerInput, None)
+#: None when Braintrust is off (or on histories recorded before it reported)
+RECORD_LEDGER = ActivityRef[CohortLedgerInput, EvidenceLogResult | None](
+    "cohort_ledger", CohortLedgerInput, EvidenceLogResult | None
+)

@@ -202,6 +202,11 @@ class EvidenceActivities:
         self._outbox = outbox
         self._config = config
 
+    @property
+    def config(self) -> BraintrustConfig | None:
+        """Braintrust's settings; None when it is off."""
+        return self._config
+
     def pending(self) -> list[Path]:
         if not self._outbox.is_dir():
             return []
@@ -236,9 +241,16 @@ class EvidenceActivities:
         if inp.progress_digest:
             progress = await asyncio.to_thread(read_progress, self._store, inp.progress_digest)
         trace = build_trace(inp, report, sandboxes(progress))
-        name = f"{inp.ledger.experiment_id}__{inp.ledger.run_id}.json".replace("/", "_")
+        name = f"{inp.ledger.experiment_id}__{inp.ledger.run_id}"
+        return await self.send(config, name, trace)
+
+    async def send(self, config: BraintrustConfig, name: str, trace: Trace) -> EvidenceLogResult:
+        """Queue ``trace`` in the outbox under ``name`` (a retried send replaces it), then
+        send every queued trace; what happened, never an exception for Braintrust's sake.
+        Experiments over cohorts send theirs through this too (one outbox)."""
+        path = self._outbox / f"{name}.json".replace("/", "_")
         text = canonical_json(json.loads(trace.model_dump_json()))
-        await asyncio.to_thread(atomic_write, self._outbox / name, text.encode())
+        await asyncio.to_thread(atomic_write, path, text.encode())
         try:
             error = await asyncio.wait_for(
                 asyncio.to_thread(self.drain, config), SEND_BUDGET_SECONDS

@@ -228,11 +228,11 @@ class CohortCode:
         )
 
     async def score(
-        self, job: ForkJob, result: Any, state: Any, steps: Sequence[Step]
+        self, job: ForkJob, workflow_id: str, result: Any, state: Any, steps: Sequence[Step]
     ) -> tuple[float, bool]:
-        """The fork's (score, success): a shipped scorer here, the user's in a box of its
-        own (one fork a box: its answer can be no other fork's). A breach is a
-        ``UserCodeError`` with its sentence."""
+        """The (score, success) of a fork of recorded run ``workflow_id``: a shipped scorer
+        here, the user's in a box of its own (one fork a box: its answer can be no other
+        fork's). A breach is a ``UserCodeError`` with its sentence."""
         shipped = SHIPPED.get(job.scorer)
         if shipped is not None:
             try:
@@ -245,7 +245,7 @@ class CohortCode:
                 "no bundle to run it from"
             )
         files, calls = self._files("cohort.outcome", job.scorer, job.code.bundle)
-        at = f"run {job.run.workflow_id}, world {job.world.name}, fork {job.fork}"
+        at = f"run {workflow_id}, world {job.world.name}, fork {job.fork}"
         item = CodeItem(at, [_json(result), _json(state), [step_view(s) for s in steps]])
         (raw,) = await heartbeat_until(
             asyncio.to_thread(calls.scores, files, job.code.digest, job.scorer, [item])

@@ -8,14 +8,17 @@ Forks are their own workflows on ``<queue>@forklab``, tagged with the experiment
 in the ``ForkLabExperiment`` search attribute: cleanup finds every one of them by that
 tag, whichever activity started it. A fork's workflow id is derived from the experiment's
 run, the cohort run, the world and the fork index, so an attempt retried after its worker
-died finds the fork the earlier attempt started instead of starting a second one.
+died finds the fork the earlier attempt started instead of starting a second one, and
+its row in the shared ledger is written once (the first write stands).
+
+The plan travels as a digest (``cohort_plans``): the rehearsal stores it, each fork and
+the analysis read it back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import time
 from datetime import UTC, datetime
@@ -24,21 +27,32 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.api.common.v1 import Payload
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from forklab.activities.experiment.evidence_log import EvidenceActivities
 from forklab.activities.heartbeat import heartbeat_until
+from forklab.activities.runfork.closed_fork import closed_chain
 from forklab.activities.runfork.cohort_code import CohortCode
+from forklab.activities.runfork.cohort_evidence import cohort_trace
 from forklab.activities.runfork.cohort_overrides import fork_override
+from forklab.activities.runfork.cohort_plans import CohortPlans
 from forklab.activities.runfork.cohort_reads import cohort_ids, read_recorded
 from forklab.activities.runfork.fork_start import ForkError, ForkExists, ForkStarter, final_state
-from forklab.activities.runfork.history_events import chain_steps
-from forklab.activities.runfork.history_reads import RunNotFound, read_chain
+from forklab.activities.runfork.history_events import RunRecord, chain_steps
+from forklab.activities.runfork.history_reads import RunNotFound
 from forklab.activities.sandbox.cohort_code_calls import UserCodeError
+from forklab.activities.stores.artifacts import ArtifactError
 from forklab.activities.stores.fork_registry import ForkRegistry
-from forklab.activities.stores.ledger import ExperimentRecord, Ledger, WorldRecord
+from forklab.activities.stores.ledger import (
+    ExperimentRecord,
+    ForkOutcomeKind,
+    ForkRecord,
+    Ledger,
+    WorldRecord,
+)
 from forklab.contracts.cohort import (
     ANALYSE,
     CLEANUP_FORKS,
@@ -59,11 +73,15 @@ from forklab.contracts.cohort import (
     cohort_fork_id,
 )
 from forklab.contracts.errors import ExperimentErrorType
+from forklab.contracts.experiment import EvidenceLogResult
 from forklab.contracts.runfork import MODEL_FIELDS, CohortFork
 from forklab.contracts.search_attributes import EXPERIMENT
 from forklab.experiments.cohort.plan import (
+    CohortPlan,
+    CohortRun,
     ExcludedRun,
     RecordedRun,
+    fork_policies,
     plan_cohort,
     plan_fingerprint,
 )
@@ -71,8 +89,6 @@ from forklab.experiments.cohort.report import render_markdown, summarise
 from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus
 from forklab.runtime.canon import digest
 
-#: The kind of the fork registry's row that records a fork's outcome in an experiment.
-OUTCOME_ROW = "experiment_outcome"
 #: How long cleanup asks running forks to cancel before it terminates them.
 CANCEL_GRACE_SECONDS = 15.0
 CLEANUP_POLL_SECONDS = 0.5
@@ -121,7 +137,8 @@ def _estimates(recorded: RecordedRun, at_step: int) -> tuple[int, int, float]:
 
 class CohortActivities:
     """Activities of the experiment workflow over a cohort, bound to one namespace's
-    client, the fork registry, the experiment ledger and the reports' folder."""
+    client, the fork registry, the shared experiment ledger, the plans in the artifact
+    store and the reports' folder."""
 
     def __init__(
         self,
@@ -129,16 +146,32 @@ class CohortActivities:
         registry: ForkRegistry,
         home: Path,
         ledger: Ledger,
+        plans: CohortPlans,
         reports_dir: Path,
+        evidence: EvidenceActivities | None = None,
         code: CohortCode | None = None,
     ) -> None:
+        """``evidence``: the evidence log whose outbox sends each experiment's Braintrust
+        spans (``cohort_evidence``) when Braintrust is configured."""
         self._client = client
+        self._evidence = evidence
         #: the spec's scorer and feature function (the user's own in boxes)
         self._code = code or CohortCode()
         self._registry = registry
         self._starter = ForkStarter(client, registry, home)
         self._ledger = ledger
+        self._plans = plans
         self._reports = reports_dir
+
+    def _plan(self, artifact: str) -> CohortPlan:
+        try:
+            return self._plans.get(artifact)
+        except (ArtifactError, ValueError) as exc:
+            raise ApplicationError(
+                f"the cohort plan {artifact[:16]} cannot be read: {exc}",
+                type=ExperimentErrorType.bad_spec,
+                non_retryable=True,
+            ) from None
 
     # --- rehearsal ----------------------------------------------------------------------
     @activity.defn(name=REHEARSE.name)
@@ -201,7 +234,7 @@ class CohortActivities:
             if bad
         ]
         return CohortRehearsal(
-            plan=plan,
+            plan=await asyncio.to_thread(self._plans.put, plan),
             scorer=spec.cohort.outcome,
             code=code,
             forks=forks,
@@ -220,7 +253,11 @@ class CohortActivities:
         Cancelled, it cancels its fork before it ends."""
         fork_id = cohort_fork_id(job.run_key, job.run_index, job.world.name, job.fork)
         began = time.monotonic()
-        starting = asyncio.ensure_future(self._start_or_find(job, fork_id))
+        plan = await asyncio.to_thread(self._plan, job.plan_artifact)
+        if job.run_index >= len(plan.runs):
+            raise _bad_spec(f"the cohort plan has no run #{job.run_index}")
+        run = plan.runs[job.run_index]
+        starting = asyncio.ensure_future(self._start_or_find(job, run, plan, fork_id))
         try:
             handle = await asyncio.shield(starting)
         except asyncio.CancelledError:
@@ -231,15 +268,20 @@ class CohortActivities:
         except (ForkError, RunNotFound) as exc:
             # the fork cannot be made (its boundary, or the recorded run, is gone): no
             # outcome, never a failure
-            return self._outcome(job, fork_id, ForkStatus.error, error=str(exc))
-        try:
-            await heartbeat_until(_closed(handle), lambda: fork_id)
-        except asyncio.CancelledError:
-            await _cancel(handle)
-            raise
-        return await self._score(job, fork_id, time.monotonic() - began)
+            outcome = self._outcome(job, fork_id, ForkStatus.error, error=str(exc))
+        else:
+            try:
+                chain = await heartbeat_until(closed_chain(self._client, handle), lambda: fork_id)
+            except asyncio.CancelledError:
+                await _cancel(handle)
+                raise
+            outcome = await self._score(job, run, chain, fork_id, time.monotonic() - began)
+        await asyncio.to_thread(self._record_fork, job, run, outcome)
+        return outcome
 
-    async def _start_or_find(self, job: ForkJob, fork_id: str) -> WorkflowHandle[Any, Any]:
+    async def _start_or_find(
+        self, job: ForkJob, run: CohortRun, plan: CohortPlan, fork_id: str
+    ) -> WorkflowHandle[Any, Any]:
         """The fork's workflow: started here, or found when an earlier attempt started it
         (its receipt recorded, or only its workflow started before that attempt died)."""
         found = self._client.get_workflow_handle(fork_id)
@@ -247,17 +289,17 @@ class CohortActivities:
             return found
         world = job.world
         intervention = world.intervention.model_dump(mode="json") if world.intervention else None
-        override = fork_override(job.run, world)
+        override = fork_override(run, world)
         try:
             fork = await self._starter.fork(
-                job.run.workflow_id,
+                run.workflow_id,
                 override.at_step,
                 result_override=override.result,
                 input_override=override.input,
                 name=fork_id,
                 intervention=intervention,
                 model=world.model,
-                tool_policies=job.tool_policies,
+                tool_policies=fork_policies(plan, world),
                 requested_by=f"experiment {job.experiment_id}",
                 cohort=CohortFork(
                     experiment=job.run_key,
@@ -277,15 +319,16 @@ class CohortActivities:
             return found
         return fork.handle
 
-    async def _score(self, job: ForkJob, fork_id: str, seconds: float) -> ForkOutcome:
-        chain = await read_chain(self._client, fork_id)
+    async def _score(
+        self, job: ForkJob, run: CohortRun, chain: list[RunRecord], fork_id: str, seconds: float
+    ) -> ForkOutcome:
         last = chain[-1]
         steps = chain_steps(chain)
         completed = last.status == "completed"
         result = last.close.get("result") if completed else None
         state = final_state(chain)
         try:
-            score, success = await self._code.score(job, result, state, steps)
+            score, success = await self._code.score(job, run.workflow_id, result, state, steps)
         except UserCodeError as exc:
             raise _broken(exc) from None
         tokens = sum(
@@ -294,7 +337,7 @@ class CohortActivities:
             if s.activity_type in MODEL_FIELDS
             and s.origin is StepOrigin.own
             and s.status is StepStatus.completed
-            and s.index > job.run.at_step
+            and s.index > run.at_step
         )
         receipt = chain[0].receipt
         marker = chain[0].marker
@@ -309,7 +352,6 @@ class CohortActivities:
             lineage_root=marker.lineage_root if marker else "",
             receipt_sha256=digest(receipt.model_dump(mode="json")) if receipt else "",
         )
-        await asyncio.to_thread(self._record_fork, job, outcome)
         return outcome
 
     def _outcome(
@@ -324,29 +366,35 @@ class CohortActivities:
             **fields,
         )
 
-    def _record_fork(self, job: ForkJob, outcome: ForkOutcome) -> None:
-        """The fork's ledger row, once (a retried attempt finds it written)."""
-        if any(d["kind"] == OUTCOME_ROW for d in self._registry.decisions(outcome.fork_id)):
-            return
-        self._registry.record(
-            outcome.fork_id,
-            OUTCOME_ROW,
-            f"experiment {job.experiment_id}",
-            label="success" if outcome.success else "failure",
-            score=outcome.score,
-            note=json.dumps(
-                {
-                    "experiment": job.run_key,
-                    "run": job.run.workflow_id,
-                    "world": job.world.name,
-                    "fork": job.fork,
-                    "status": outcome.status.value,
-                    "lineage_root": outcome.lineage_root,
-                    "receipt_sha256": outcome.receipt_sha256,
-                    "tokens": outcome.tokens,
-                },
-                sort_keys=True,
-            ),
+    def _record_fork(self, job: ForkJob, run: CohortRun, outcome: ForkOutcome) -> None:
+        """The fork's row in the shared ledger, once: an attempt retried after its worker
+        died (or after the write's answer was lost) finds the row written and keeps it."""
+        kind = (
+            ForkOutcomeKind.missing
+            if outcome.status is ForkStatus.error
+            else ForkOutcomeKind.success
+            if outcome.success
+            else ForkOutcomeKind.failure
+        )
+        self._ledger.record_fork(
+            ForkRecord(
+                experiment_id=job.experiment_id,
+                run_id=job.run_key.rsplit("/", 1)[-1],
+                fork_id=outcome.fork_id,
+                cohort_run=run.workflow_id,
+                run_index=job.run_index,
+                world=job.world.name,
+                fork=job.fork,
+                status=outcome.status.value,
+                outcome=kind,
+                score=outcome.score,
+                tokens=outcome.tokens,
+                seconds=outcome.seconds,
+                lineage_root=outcome.lineage_root,
+                receipt_sha256=outcome.receipt_sha256,
+                error=outcome.error,
+                created_at=datetime.now(UTC),
+            )
         )
 
     # --- cleanup ------------------------------------------------------------------------
@@ -377,7 +425,8 @@ class CohortActivities:
     # --- analysis and ledger ------------------------------------------------------------
     @activity.defn(name=ANALYSE.name)
     async def analyse(self, inp: CohortAnalyseInput) -> CohortReport:
-        spec, plan = inp.spec, inp.plan
+        spec = inp.spec
+        plan = await asyncio.to_thread(self._plan, inp.plan_artifact)
         ids = [r.workflow_id for r in plan.runs]
         try:
             summary = summarise(spec, inp.outcomes, inp.costs, [r.features for r in plan.runs], ids)
@@ -422,6 +471,7 @@ class CohortActivities:
             runs=summary.runs,
             forks_per_world=spec.cohort.forks_per_world,
             missing_forks=summary.missing_forks,
+            saved_forks=summary.saved_forks,
             flip_rate=summary.floor.flip_rate,
             flip_ci_low=summary.floor.ci_low,
             flip_ci_high=summary.floor.ci_high,
@@ -432,13 +482,22 @@ class CohortActivities:
             guard=summary.guard,
         )
         slices = {w: [x.model_dump(mode="json") for x in v] for w, v in summary.slices.items()}
-        await asyncio.to_thread(_write_report, folder, report, inp, slices)
+        await asyncio.to_thread(_write_report, folder, report, inp, plan, slices)
         return report
 
     @activity.defn(name=RECORD_LEDGER.name)
-    async def record_ledger(self, inp: CohortLedgerInput) -> None:
-        """The experiment's row and one row per world; the forks' rows were written as
-        each fork was scored (``OUTCOME_ROW`` in the fork registry)."""
+    async def record_ledger(self, inp: CohortLedgerInput) -> EvidenceLogResult | None:
+        """The experiment's row and one row per world (the forks' rows were written as
+        each fork was scored, ``record_fork``), then the Braintrust spans when it is
+        configured: what became of them, or None when it is not."""
+        await asyncio.to_thread(self._record_rows, inp)
+        evidence = self._evidence
+        if evidence is None or evidence.config is None:
+            return None
+        name = f"cohort__{inp.experiment_id}__{inp.run_id}"
+        return await evidence.send(evidence.config, name, cohort_trace(inp))
+
+    def _record_rows(self, inp: CohortLedgerInput) -> None:
         now = datetime.now(UTC)
         self._ledger.record_experiment(
             ExperimentRecord(
@@ -456,32 +515,36 @@ class CohortActivities:
                 updated_at=now,
             )
         )
-        if inp.report is None:
+        report = inp.report
+        if report is None:
             return
-        for line in inp.report.worlds:
+        base = inp.spec.baseline
+        floor = {
+            "world": base.name,
+            "flip_rate": report.flip_rate,
+            "flip_ci_low": report.flip_ci_low,
+            "flip_ci_high": report.flip_ci_high,
+        }
+        checks = [(base.name, base.role.value, json.dumps(floor, sort_keys=True))]
+        checks += [(w.world, w.role, w.model_dump_json()) for w in report.worlds]
+        for world, role, checks_json in checks:
             self._ledger.record_world(
                 WorldRecord(
                     experiment_id=inp.experiment_id,
                     run_id=inp.run_id,
-                    world=line.world,
-                    role=line.role,
+                    world=world,
+                    role=role,
                     status=inp.status,
                     snapshot_id=inp.plan_digest,
                     code_digest=inp.spec.cohort.outcome,
-                    world_seconds=0.0,
-                    episodes=inp.report.runs,
+                    world_seconds=inp.costs[world].seconds if world in inp.costs else 0.0,
+                    episodes=report.runs,
                     failures=0,
-                    outcomes_digest=inp.report.report_sha256,
-                    checks_json=line.model_dump_json(),
+                    outcomes_digest=report.report_sha256,
+                    checks_json=checks_json,
                     created_at=now,
                 )
             )
-
-
-async def _closed(handle: WorkflowHandle[Any, Any]) -> None:
-    """Wait until the fork's workflow has closed, however it ended."""
-    with contextlib.suppress(WorkflowFailureError):
-        await handle.result()
 
 
 async def _quietly(call: Any) -> None:
@@ -498,7 +561,11 @@ async def _cancel(handle: WorkflowHandle[Any, Any]) -> None:
 
 
 def _write_report(
-    folder: Path, report: CohortReport, inp: CohortAnalyseInput, slices: dict[str, Any]
+    folder: Path,
+    report: CohortReport,
+    inp: CohortAnalyseInput,
+    plan: CohortPlan,
+    slices: dict[str, Any],
 ) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(report.markdown, encoding="utf-8")
@@ -506,9 +573,10 @@ def _write_report(
         "report": report.model_dump(mode="json"),
         "outcomes": inp.outcomes,
         "costs": {k: v.model_dump(mode="json") for k, v in inp.costs.items()},
-        "runs": [r.model_dump(mode="json") for r in inp.plan.runs],
-        "excluded": [e.model_dump(mode="json") for e in inp.plan.excluded],
-        "tools": {t: p.value for t, p in inp.plan.tools.items()},
+        "plan_artifact": inp.plan_artifact,
+        "runs": [r.model_dump(mode="json") for r in plan.runs],
+        "excluded": [e.model_dump(mode="json") for e in plan.excluded],
+        "tools": {t: p.value for t, p in plan.tools.items()},
         "slices": slices,
     }
     (folder / "report.json").write_text(json.dumps(body, indent=2, sort_keys=True), "utf-8")

@@ -4,9 +4,13 @@ One root row per experiment run (hypothesis, plan, budget, approval, report) and
 child row per world (provenance, spend, outcomes digest, checks); every ending (completed,
 refused, rejected, expired, failed, cancelled) writes them. Both writes are upserts on
 their natural key, so an activity retried after a crash rewrites its row instead of
-adding a second one. Two backends keep this contract (:class:`Ledger`): a local SQLite
-file (:class:`SqliteLedger`, the default) and PostgreSQL
-(``forklab.activities.stores.ledger_postgres.PostgresLedger``) for workers on many hosts.
+adding a second one. An experiment over a cohort also writes one row per fork
+(:class:`ForkRecord`: lineage, receipt digest, tokens, outcome) as each fork is scored;
+that write inserts once and never overwrites, so a fork scored again by a retried
+activity keeps the row written first and is never counted twice. Two backends keep this
+contract (:class:`Ledger`): a local SQLite file (:class:`SqliteLedger`, the default) and
+PostgreSQL (``forklab.activities.stores.ledger_postgres.PostgresLedger``) for workers on
+many hosts.
 
 The SQLite file uses WAL so that several worker processes can write at once; each call
 opens its own connection, which keeps the class thread-safe.
@@ -21,12 +25,13 @@ import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
@@ -65,8 +70,30 @@ CREATE TABLE worlds (
 );
 """
 
+_FORKS = """
+CREATE TABLE IF NOT EXISTS forks (
+    experiment_id  TEXT NOT NULL,
+    run_id         TEXT NOT NULL,
+    fork_id        TEXT NOT NULL,
+    cohort_run     TEXT NOT NULL,
+    run_index      INTEGER NOT NULL,
+    world          TEXT NOT NULL,
+    fork           INTEGER NOT NULL,
+    status         TEXT NOT NULL,
+    outcome        TEXT NOT NULL,
+    score          REAL,
+    tokens         INTEGER NOT NULL,
+    seconds        REAL NOT NULL,
+    lineage_root   TEXT NOT NULL,
+    receipt_sha256 TEXT NOT NULL,
+    error          TEXT,
+    created_at     TEXT NOT NULL,
+    PRIMARY KEY (experiment_id, run_id, fork_id)
+)
+"""
+
 #: Upgrades of a ledger file from the version before each key (1 is ``_SCHEMA`` as it was).
-_UPGRADES = {2: "ALTER TABLE experiments ADD COLUMN workload_bundle TEXT"}
+_UPGRADES = {2: "ALTER TABLE experiments ADD COLUMN workload_bundle TEXT", 3: _FORKS}
 
 
 class LedgerError(RuntimeError):
@@ -138,10 +165,43 @@ class WorldRecord(BaseModel):
         return self
 
 
+class ForkOutcomeKind(StrEnum):
+    success = "success"
+    failure = "failure"
+    #: the fork could not be started, read or scored (never counted as a failure)
+    missing = "missing"
+
+
+class ForkRecord(BaseModel):
+    """One fork of an experiment over a cohort: which recorded run and world it forked,
+    its lineage and receipt, what it spent and its outcome."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    experiment_id: str = Field(min_length=1)
+    run_id: str = Field(min_length=1)
+    fork_id: str = Field(min_length=1)
+    cohort_run: str
+    run_index: int = Field(ge=0)
+    world: str = Field(min_length=1)
+    fork: int = Field(ge=0)
+    status: str = Field(min_length=1)
+    outcome: ForkOutcomeKind
+    score: float | None = None
+    tokens: int = Field(ge=0)
+    seconds: float = Field(ge=0)
+    lineage_root: str
+    receipt_sha256: str
+    error: str | None = None
+    created_at: AwareDatetime
+
+
 EXPERIMENT_KEY = ("experiment_id", "run_id")
 WORLD_KEY = ("experiment_id", "run_id", "world")
 EXPERIMENT_COLUMNS = tuple(ExperimentRecord.model_fields)
 WORLD_COLUMNS = tuple(WorldRecord.model_fields)
+FORK_KEY = ("experiment_id", "run_id", "fork_id")
+FORK_COLUMNS = tuple(ForkRecord.model_fields)
 _TIMESTAMPS = frozenset({"created_at", "updated_at"})
 
 
@@ -156,6 +216,25 @@ def upsert_sql(
         f"INSERT INTO {table} ({', '.join(columns)}) "
         f"VALUES ({', '.join(placeholder for _ in columns)}) "
         f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
+    )
+
+
+def insert_once_sql(
+    table: str, columns: tuple[str, ...], key: tuple[str, ...], placeholder: str = "?"
+) -> str:
+    """INSERT, or nothing when a row with the key exists: the first write stands."""
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)}) "
+        f"VALUES ({', '.join(placeholder for _ in columns)}) "
+        f"ON CONFLICT ({', '.join(key)}) DO NOTHING"
+    )
+
+
+def forks_sql(table: str, placeholder: str = "?") -> str:
+    return (
+        f"SELECT {', '.join(FORK_COLUMNS)} FROM {table} "
+        f"WHERE experiment_id = {placeholder} AND run_id = {placeholder} "
+        "ORDER BY run_index, fork, world"
     )
 
 
@@ -191,6 +270,14 @@ class Ledger(Protocol):
 
     def worlds(self, experiment_id: str, run_id: str | None = None) -> list[WorldRecord]:
         """The experiment's world rows (of one run when ``run_id`` is given), oldest first."""
+        ...
+
+    def record_fork(self, row: ForkRecord) -> bool:
+        """Insert the fork's row unless it is there; True when this call wrote it."""
+        ...
+
+    def forks(self, experiment_id: str, run_id: str) -> list[ForkRecord]:
+        """The fork rows of one experiment run, by cohort run, fork index and world."""
         ...
 
 
@@ -263,7 +350,7 @@ class SqliteLedger:
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version == 0:
-                for statement in _SCHEMA.split(";"):
+                for statement in [*_SCHEMA.split(";"), _FORKS]:
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -281,15 +368,17 @@ class SqliteLedger:
             conn.execute("ROLLBACK")
             raise
 
-    def _write(self, sql: str, row: list[Any]) -> None:
+    def _write(self, sql: str, row: list[Any]) -> int:
+        """Run one write in its own transaction; the number of rows it changed."""
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute(sql, row)
+                changed = conn.execute(sql, row).rowcount
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+        return changed
 
     def record_experiment(self, row: ExperimentRecord) -> None:
         self._write(
@@ -313,3 +402,12 @@ class SqliteLedger:
         with self._connect() as conn:
             rows = conn.execute(worlds_sql("worlds", run_id), args).fetchall()
         return [WorldRecord(**from_row(WORLD_COLUMNS, r)) for r in rows]
+
+    def record_fork(self, row: ForkRecord) -> bool:
+        sql = insert_once_sql("forks", FORK_COLUMNS, FORK_KEY)
+        return self._write(sql, to_row(row, FORK_COLUMNS)) == 1
+
+    def forks(self, experiment_id: str, run_id: str) -> list[ForkRecord]:
+        with self._connect() as conn:
+            rows = conn.execute(forks_sql("forks"), [experiment_id, run_id]).fetchall()
+        return [ForkRecord(**from_row(FORK_COLUMNS, r)) for r in rows]

@@ -1,7 +1,8 @@
 """The ledger in PostgreSQL, for workers on many hosts: the SQLite ledger's rows and rules
-(upserts on the natural key that keep the first ``created_at``; nothing is ever deleted)
-in two tables, ``ledger_experiments`` and ``ledger_worlds``, created by migrations of the
-``ledger`` component (see ``forklab.activities.stores.postgres``).
+(upserts on the natural key that keep the first ``created_at``, fork rows written once;
+nothing is ever deleted) in three tables, ``ledger_experiments``, ``ledger_worlds`` and
+``ledger_forks``, created by migrations of the ``ledger`` component (see
+``forklab.activities.stores.postgres``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,15 @@ from pydantic import BaseModel
 from forklab.activities.stores.ledger import (
     EXPERIMENT_COLUMNS,
     EXPERIMENT_KEY,
+    FORK_COLUMNS,
+    FORK_KEY,
     WORLD_COLUMNS,
     WORLD_KEY,
     ExperimentRecord,
+    ForkRecord,
     WorldRecord,
+    forks_sql,
+    insert_once_sql,
     latest_experiment_sql,
     upsert_sql,
     worlds_sql,
@@ -26,6 +32,7 @@ from forklab.activities.stores.postgres import Conn, Migration, PostgresDatabase
 COMPONENT = "ledger"
 EXPERIMENTS = "ledger_experiments"
 WORLDS = "ledger_worlds"
+FORKS = "ledger_forks"
 MIGRATIONS = (
     Migration(
         version=1,
@@ -70,6 +77,31 @@ CREATE TABLE {WORLDS} (
         name="workload bundle digest",
         sql=f"ALTER TABLE {EXPERIMENTS} ADD COLUMN workload_bundle TEXT",
     ),
+    Migration(
+        version=3,
+        name="forks of experiments over cohorts",
+        sql=f"""
+CREATE TABLE {FORKS} (
+    experiment_id  TEXT NOT NULL,
+    run_id         TEXT NOT NULL,
+    fork_id        TEXT NOT NULL,
+    cohort_run     TEXT NOT NULL,
+    run_index      INTEGER NOT NULL,
+    world          TEXT NOT NULL,
+    fork           INTEGER NOT NULL,
+    status         TEXT NOT NULL,
+    outcome        TEXT NOT NULL,
+    score          DOUBLE PRECISION,
+    tokens         BIGINT NOT NULL,
+    seconds        DOUBLE PRECISION NOT NULL,
+    lineage_root   TEXT NOT NULL,
+    receipt_sha256 TEXT NOT NULL,
+    error          TEXT,
+    created_at     TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (experiment_id, run_id, fork_id)
+);
+""",
+    ),
 )
 
 
@@ -86,12 +118,13 @@ class PostgresLedger:
     def location(self) -> str:
         return self._tables.location
 
-    def _write(self, sql: str, values: list[Any]) -> None:
+    def _write(self, sql: str, values: list[Any]) -> int:
+        """One write; the number of rows it changed."""
 
-        def write(conn: Conn) -> None:
-            conn.execute(sql.encode(), values)
+        def write(conn: Conn) -> int:
+            return conn.execute(sql.encode(), values).rowcount
 
-        self._tables.run(write)
+        return self._tables.run(write)
 
     def record_experiment(self, row: ExperimentRecord) -> None:
         sql = upsert_sql(EXPERIMENTS, EXPERIMENT_COLUMNS, EXPERIMENT_KEY, "%s")
@@ -115,3 +148,14 @@ class PostgresLedger:
         args = [experiment_id] if run_id is None else [experiment_id, run_id]
         rows = self._tables.run(lambda conn: conn.execute(sql, args).fetchall())
         return [WorldRecord(**dict(zip(WORLD_COLUMNS, r, strict=True))) for r in rows]
+
+    def record_fork(self, row: ForkRecord) -> bool:
+        sql = insert_once_sql(FORKS, FORK_COLUMNS, FORK_KEY, "%s")
+        values = _values(row, FORK_COLUMNS)
+        values[FORK_COLUMNS.index("outcome")] = row.outcome.value
+        return self._write(sql, values) == 1
+
+    def forks(self, experiment_id: str, run_id: str) -> list[ForkRecord]:
+        sql = forks_sql(FORKS, "%s").encode()
+        rows = self._tables.run(lambda conn: conn.execute(sql, [experiment_id, run_id]).fetchall())
+        return [ForkRecord(**dict(zip(FORK_COLUMNS, r, strict=True))) for r in rows]

@@ -28,13 +28,17 @@ from forklab.activities.experiment.approval_keys import (
     read_private_key,
     write_private_key,
 )
+from forklab.activities.runfork.cohort_plans import CohortPlans
+from forklab.activities.stores.artifacts import ArtifactError
 from forklab.cli.errors import CliError
 from forklab.cli.experiment.cohort_bundle import ship_cohort_code
 from forklab.cli.experiment.specfile import load_cohort_spec
 from forklab.cli.ops_common import add_connection_flags, open_client, run, settings_from
 from forklab.contracts.approval import approval_payload, sign
+from forklab.experiments.cohort.plan import CohortPlan
 from forklab.experiments.cohort.spec import CohortExperimentSpec
 from forklab.workers.config import Settings
+from forklab.workers.stores import artifact_store
 from forklab.workflows.experiment.cohort_messages import (
     STATUS_QUERY,
     WORKFLOW_TYPE,
@@ -159,7 +163,19 @@ async def approve(settings: Settings, experiment: str, approver: str) -> Approva
     return attempt
 
 
-def render_status(view: CohortStatusView) -> str:
+def stored_plan(settings: Settings, view: CohortStatusView) -> CohortPlan | str:
+    """The plan the workflow names by digest, read from the artifact store; or, when this
+    host cannot read it, a sentence saying so."""
+    if view.plan_artifact is None:
+        return "no plan yet"
+    try:
+        return CohortPlans(artifact_store(settings)).get(view.plan_artifact)
+    except (ArtifactError, ValueError) as exc:
+        return f"the plan's runs and exclusions cannot be read here: {exc}"
+
+
+def render_status(view: CohortStatusView, plan: CohortPlan | str | None = None) -> str:
+    """The status; with ``plan`` (``stored_plan``) also every exclusion and its reason."""
     lines = [
         f"experiment {view.experiment_id}: {view.status.value}, stage {view.stage.value}",
         f"  {view.message}",
@@ -168,12 +184,17 @@ def render_status(view: CohortStatusView) -> str:
         lines.append(f"  error: {view.error}")
     if view.fingerprint:
         lines.append(f"  plan fingerprint: {view.fingerprint}")
-        lines.append(f"  runs: {len(view.runs)}; excluded: {len(view.excluded)}")
+        lines.append(
+            f"  runs: {view.runs}; excluded: {view.excluded} (plan artifact {view.plan_artifact})"
+        )
+        if isinstance(plan, str):
+            lines.append(f"    {plan}")
+        elif plan is not None:
+            lines += [f"    excluded {e.workflow_id}: {e.reason}" for e in plan.excluded]
         if view.code_digest:
             lines.append(
                 f"  your scorer and feature functions (code digest, signed): {view.code_digest}"
             )
-        lines += [f"    excluded {wid}: {why}" for wid, why in sorted(view.excluded.items())]
         lines.append("  tools (the approver signs these policies):")
         lines += [f"    {tool}: {policy}" for tool, policy in sorted(view.tools.items())]
         lines.append(
@@ -193,8 +214,12 @@ def _cmd_start(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    view = run(lambda: status_of(settings_from(args), args.experiment))
-    print(view.model_dump_json(indent=2) if args.json else render_status(view))
+    settings = settings_from(args)
+    view = run(lambda: status_of(settings, args.experiment))
+    if args.json:
+        print(view.model_dump_json(indent=2))
+    else:
+        print(render_status(view, stored_plan(settings, view) if view.excluded else None))
     return 0
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 SUCCESS, FAILURE, MISSING = "1", "0", "-"
+#: a fork not run because its run's majority in that world was already decided
+#: (``cohort.stop_when_decided``, ``forklab.experiments.cohort.votes``)
+SAVED = "~"
 
 
 class WorldCosts(BaseModel):

@@ -233,14 +233,17 @@ def judge_worlds(
     worlds: Mapping[str, tuple[Role, Direction, Outcomes | Sequence[Sequence[bool]]]],
     alpha: float = 0.05,
     confidence: float = 0.95,
+    floor_from: Outcomes | Sequence[Sequence[bool]] | None = None,
 ) -> tuple[NoiseFloor, list[WorldJudgement]]:
     """Every non-baseline world against the baseline, Holm-adjusted across them.
 
     ``worlds`` maps a name to (role, the pre-registered direction of its *failure* rate,
     its outcomes). A placebo is as expected inside the floor; a positive control when it
-    harms; a treatment when it moves the expected way beyond the floor.
+    harms; a treatment when it moves the expected way beyond the floor. ``floor_from``:
+    the baseline forks the noise floor is measured on, when the comparisons read the
+    baseline as voted (``forklab.experiments.cohort.votes``).
     """
-    floor = noise_floor(baseline, confidence)
+    floor = noise_floor(baseline if floor_from is None else floor_from, confidence)
     names = list(worlds)
     comparisons = [compare_rates(baseline, worlds[n][2], confidence) for n in names]
     adjusted = holm_adjust([c.rate_p for c in comparisons])

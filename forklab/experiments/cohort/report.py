@@ -26,6 +26,7 @@ from forklab.experiments.cohort.slices import (
     world_slices,
 )
 from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
+from forklab.experiments.cohort.votes import as_voted, saved_forks
 from forklab.experiments.experiment.analysis.slices import SliceEffect, feature_text
 from forklab.experiments.experiment.spec import Direction, Role
 
@@ -46,6 +47,8 @@ class CohortSummary(BaseModel):
     runs: int
     compared_runs: list[int]
     missing_forks: int
+    #: forks not run because their run's majority was decided (``stop_when_decided``)
+    saved_forks: int = 0
     floor: NoiseFloor
     worlds: list[WorldSummary]
     #: per world, its rescues and harms within each slice of the pre-decision features
@@ -87,8 +90,14 @@ def summarise(
             "nothing can be compared"
         )
 
-    def matrix(name: str) -> np.ndarray:
-        return np.array([[c == SUCCESS for c in outcomes[name][i]] for i in complete])
+    k = spec.cohort.forks_per_world
+    voted = spec.cohort.stop_when_decided
+
+    def matrix(name: str, raw: bool = False) -> np.ndarray:
+        rows = [outcomes[name][i] for i in complete]
+        if voted and not raw:
+            rows = [as_voted(row, k) for row in rows]
+        return np.array([[c == SUCCESS for c in row] for row in rows])
 
     base = matrix(spec.baseline.name)
     others = [w for w in spec.worlds if w.role is not Role.baseline]
@@ -96,8 +105,8 @@ def summarise(
         base,
         {w.name: (w.role, _expected(spec, w), matrix(w.name)) for w in others},
         alpha=spec.analysis.alpha,
+        floor_from=matrix(spec.baseline.name, raw=True) if voted else None,
     )
-    k = base.shape[1]
     base_major = base.sum(axis=1) * 2 > k
     summaries: list[WorldSummary] = []
     for world, judgement in zip(others, judged, strict=True):
@@ -141,6 +150,7 @@ def summarise(
         runs=runs,
         compared_runs=complete,
         missing_forks=missing,
+        saved_forks=sum(saved_forks(list(outcomes[name])) for name in names),
         floor=floor,
         worlds=summaries,
         slices=slices,
@@ -174,6 +184,13 @@ def render_markdown(
         f"{floor.flip_rate:.1%} [{floor.ci_low:.1%}, {floor.ci_high:.1%}] over "
         f"{floor.runs} runs.",
     ]
+    if summary.saved_forks:
+        lines += [
+            "",
+            f"{summary.saved_forks} forks were not run: their run's majority in their world "
+            "was decided by the forks before them (the baseline runs every fork; the rate "
+            "test reads every world's forks as voted).",
+        ]
     if summary.missing_forks:
         left = summary.runs - len(summary.compared_runs)
         lines += [

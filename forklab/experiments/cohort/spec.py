@@ -82,6 +82,12 @@ class Cohort(Strict):
         "(failed, last_model_call_before_failure); without it such runs are excluded.",
     )
     forks_per_world: int = Field(default=3, ge=3, le=MAX_FORKS_PER_WORLD)
+    stop_when_decided: bool = Field(
+        default=False,
+        description="Stop forking a run in a non-baseline world once the majority of its "
+        "forks_per_world forks is decided (the baseline runs every fork: it measures the "
+        "noise floor); the rate test then reads every world's votes.",
+    )
     outcome: str = Field(
         pattern=_CALLABLE, max_length=200, description="'module:function' scoring a fork."
     )

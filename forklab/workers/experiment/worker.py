@@ -28,6 +28,7 @@ from forklab.activities.experiment.workload_bundles import WorkloadBundles
 from forklab.activities.experiment.world_batches import SandboxActivities
 from forklab.activities.runfork.cohort_code import CohortCode
 from forklab.activities.runfork.cohort_forks import CohortActivities
+from forklab.activities.runfork.cohort_plans import CohortPlans
 from forklab.activities.sandbox.base import SandboxBackend
 from forklab.activities.sandbox.cohort_code_calls import CohortCodeCalls
 from forklab.activities.sandbox.shared_snapshots import SharedSnapshots
@@ -162,7 +163,8 @@ def build_activities(
 
 def cohort_activities(client: Client, settings: Settings) -> list[Callable[..., Any]]:
     """The activities of experiments over cohorts: they read the cohort's histories and
-    start forks through ``client``, and record receipts in the agent home's registry."""
+    start forks through ``client``, record receipts in the agent home's registry, keep
+    plans in the artifact store and rows in the shared ledger."""
     agent = AgentSettings.load(settings)
     code = CohortCode(
         WorkloadBundles(artifact_store(settings), settings.home / "workload-bundles"),
@@ -174,7 +176,11 @@ def cohort_activities(client: Client, settings: Settings) -> list[Callable[..., 
         ForkRegistry(agent.forks_path),
         agent.home,
         ledger(settings),
+        CohortPlans(artifact_store(settings)),
         settings.home / "cohort-reports",
+        EvidenceActivities(
+            artifact_store(settings), settings.home / "braintrust-outbox", braintrust_config()
+        ),
         code,
     )
     return [cohort.rehearse, cohort.fork, cohort.cleanup, cohort.analyse, cohort.record_ledger]

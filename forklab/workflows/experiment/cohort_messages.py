@@ -2,7 +2,8 @@
 continue-as-new (aggregates, never a list of forks), its status and its result.
 
 The outcomes are a compact matrix: per world, per cohort run, one character per fork
-(``1`` success, ``0`` failure, ``-`` no outcome, ``.`` not run yet), so a 2,000-run ×
+(``1`` success, ``0`` failure, ``-`` no outcome, ``~`` saved: the majority was decided,
+``*`` running, ``.`` not started yet), so a 2,000-run ×
 5-world × k = 3 experiment carries 30,000 characters, whatever happened to each fork.
 """
 
@@ -23,8 +24,10 @@ from forklab.workflows.experiment.messages import (
 
 WORKFLOW_TYPE = "ForkLabCohortExperiment"
 STATUS_QUERY = "status"
-#: a fork not run yet (in the matrix)
+#: a fork not started yet (in the matrix)
 PENDING = "."
+#: a fork running (in the matrix; never across continue-as-new, which waits for them)
+RUNNING = "*"
 
 
 class _Model(BaseModel):
@@ -38,15 +41,20 @@ class CohortProgress(_Model):
     #: the next job (run-major, then fork, then world) not started yet
     next_job: int = 0
     done: int = 0
+    #: jobs set aside until an earlier fork of their run in their world finishes
+    waiting: list[int] = Field(default_factory=list)
     #: forks without an outcome (not started, unreadable) and jobs skipped by the budget
     missing: int = 0
     skipped: int = 0
+    #: forks not run because their run's majority was decided (``stop_when_decided``)
+    saved: int = 0
     tokens: int = 0
     world_seconds: float = 0.0
 
 
 class CohortCarry(_Model):
-    """What continue-as-new hands over: the plan, the approval and the aggregates."""
+    """What continue-as-new hands over: the rehearsal (the plan as a stored digest), the
+    approval and the aggregates; never the plan's runs."""
 
     origin_run_id: str
     runs: int
@@ -66,7 +74,8 @@ class CohortInput(_Model):
     #: the bundle of the user's scorer and feature functions ``forklab cohort start``
     #: shipped through the artifact store (None: the spec names shipped scorers only)
     code_bundle: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    #: continue as new when this run's history passes this many events
+    #: each run of the experiment's chain stays under this many history events: it
+    #: starts no fork its running forks could carry past it, and continues as new
     history_events: int = Field(default=4000, ge=50, le=50_000)
     carry: CohortCarry | None = None
 
@@ -79,12 +88,15 @@ class CohortStatusView(_Model):
     error: str | None
     fingerprint: str | None
     approval: ApprovalState
-    runs: list[str]
-    excluded: dict[str, str]
+    #: the stored plan (``forklab.activities.runfork.cohort_plans``): its runs and exclusions
+    plan_artifact: str | None
+    runs: int
+    excluded: int
     tools: dict[str, str]
     forks_total: int
     forks_done: int
     forks_missing: int
+    forks_saved: int
     running: int
     tokens: int
     runs_of_chain: int
@@ -98,10 +110,14 @@ class CohortResult(_Model):
     status: Status
     error: str | None
     fingerprint: str | None
-    runs: list[str]
+    plan_artifact: str | None
+    runs: int
     report: CohortReport | None
     cleanup: ForkCleanupResult | None
     forks_done: int
     forks_missing: int
+    forks_saved: int
     tokens: int
     runs_of_chain: int
+    #: what became of the Braintrust spans (None: Braintrust is off)
+    evidence_log: str | None = None

@@ -1,15 +1,20 @@
 """The rules over a cohort experiment's progress, apart from the workflow that sequences
-them (tested without a server): which fork job comes next, how an outcome lands in the
-matrix, whether the budget lets another fork start, and the matrix the analysis reads."""
+them (tested without a server): which fork job comes next (and which are saved because
+their run's majority is decided, ``cohort.stop_when_decided``), how an outcome lands in
+the matrix, whether the budget lets another fork start, and the matrix the analysis
+reads."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from forklab.contracts.cohort import ForkOutcome, ForkStatus
-from forklab.experiments.cohort.matrix import FAILURE, MISSING, SUCCESS, WorldCosts
+from forklab.experiments.cohort.matrix import FAILURE, MISSING, SAVED, SUCCESS, WorldCosts
 from forklab.experiments.cohort.spec import CohortExperimentSpec
-from forklab.workflows.experiment.cohort_messages import PENDING, CohortProgress
+from forklab.experiments.cohort.votes import first_deciding_fork, vote_of
+from forklab.experiments.experiment.spec import Role
+from forklab.workflows.experiment.cohort_messages import PENDING, RUNNING, CohortProgress
 
 
 @dataclass(frozen=True)
@@ -17,6 +22,22 @@ class JobPlace:
     run: int
     fork: int
     world: int
+
+
+#: History events a fork still adds once started, at most: its activity's scheduled,
+#: started and completed events and the workflow task that takes the result in (3 events,
+#: shared when several forks finish together).
+EVENTS_PER_FORK = 6
+#: Events a run adds after its last fork: the workflow tasks in flight and ending it, the
+#: continue-as-new event, a patch marker.
+RUN_END_EVENTS = 10
+
+
+def history_full(length: int, running: int, limit: int) -> bool:
+    """Whether a run of the experiment must start no further fork: the forks running and
+    one more would, by finishing, take its history (``length`` events now) past
+    ``limit``. So a run continues as new below ``limit`` however many forks run at once."""
+    return length + EVENTS_PER_FORK * (running + 1) + RUN_END_EVENTS >= limit
 
 
 def job_count(runs: int, worlds: int, forks: int) -> int:
@@ -40,6 +61,72 @@ def opening(spec: CohortExperimentSpec, runs: int) -> CohortProgress:
     )
 
 
+class _Next(Enum):
+    start = "start"
+    #: an earlier fork of the run in this world is still running (or waiting)
+    wait = "wait"
+    #: the run's majority in this world is decided: the fork is not run
+    save = "save"
+
+
+def _next(progress: CohortProgress, spec: CohortExperimentSpec, job: int) -> _Next:
+    k = spec.cohort.forks_per_world
+    place = job_place(job, len(spec.worlds), k)
+    world = spec.worlds[place.world]
+    if (
+        not spec.cohort.stop_when_decided
+        or world.role is Role.baseline
+        or place.fork < first_deciding_fork(k)
+    ):
+        return _Next.start
+    before = progress.outcomes[world.name][place.run][: place.fork]
+    if RUNNING in before or PENDING in before:
+        return _Next.wait
+    return _Next.start if vote_of(before, k) is None else _Next.save
+
+
+def _mark(progress: CohortProgress, spec: CohortExperimentSpec, job: int, mark: str) -> None:
+    place = job_place(job, len(spec.worlds), spec.cohort.forks_per_world)
+    _put(progress, spec.worlds[place.world].name, place.run, place.fork, mark)
+
+
+def take(progress: CohortProgress, spec: CohortExperimentSpec, total: int) -> int | None:
+    """The next job to start now (marked running), or None: none left, or every job left
+    waits on an earlier fork of its run that is still running. Jobs whose run's majority
+    is decided are saved on the way; jobs that must wait are set aside in
+    ``progress.waiting`` (at most the running forks' later forks) and taken first once
+    they can be decided."""
+    for job in list(progress.waiting):
+        step = _next(progress, spec, job)
+        if step is _Next.wait:
+            continue
+        progress.waiting.remove(job)
+        if step is _Next.save:
+            _mark(progress, spec, job, SAVED)
+            progress.saved += 1
+            return take(progress, spec, total)
+        _mark(progress, spec, job, RUNNING)
+        return job
+    while progress.next_job < total:
+        job = progress.next_job
+        progress.next_job += 1
+        step = _next(progress, spec, job)
+        if step is _Next.start:
+            _mark(progress, spec, job, RUNNING)
+            return job
+        if step is _Next.save:
+            _mark(progress, spec, job, SAVED)
+            progress.saved += 1
+        else:
+            progress.waiting.append(job)
+    return None
+
+
+def left(progress: CohortProgress, total: int) -> bool:
+    """Whether jobs remain to start (or to save)."""
+    return progress.next_job < total or bool(progress.waiting)
+
+
 def _put(progress: CohortProgress, world: str, run: int, fork: int, mark: str) -> None:
     row = progress.outcomes[world][run]
     progress.outcomes[world][run] = row[:fork] + mark + row[fork + 1 :]
@@ -48,7 +135,7 @@ def _put(progress: CohortProgress, world: str, run: int, fork: int, mark: str) -
 def record(progress: CohortProgress, outcome: ForkOutcome) -> None:
     """One fork's outcome into the matrix and the world's costs, once."""
     row = progress.outcomes[outcome.world][outcome.run_index]
-    if row[outcome.fork] != PENDING:
+    if row[outcome.fork] not in (PENDING, RUNNING):
         return
     if outcome.status is ForkStatus.error:
         mark = MISSING
@@ -80,17 +167,19 @@ def budget_refusal(spec: CohortExperimentSpec, progress: CohortProgress) -> str 
     return None
 
 
-def skip(progress: CohortProgress, spec: CohortExperimentSpec, job: int, runs: int) -> None:
-    """A job the budget did not let start: its fork has no outcome."""
-    place = job_place(job, len(spec.worlds), spec.cohort.forks_per_world)
-    _put(progress, spec.worlds[place.world].name, place.run, place.fork, MISSING)
-    progress.skipped += 1
-    progress.missing += 1
+def skip_rest(progress: CohortProgress, spec: CohortExperimentSpec, total: int) -> None:
+    """The jobs the budget did not let start (waiting or not reached): no outcome."""
+    for job in [*progress.waiting, *range(progress.next_job, total)]:
+        _mark(progress, spec, job, MISSING)
+        progress.skipped += 1
+        progress.missing += 1
+    progress.waiting.clear()
+    progress.next_job = total
 
 
 def final_matrix(progress: CohortProgress) -> dict[str, list[str]]:
-    """The matrix for the analysis: a fork not run has no outcome."""
+    """The matrix for the analysis: a fork not run (nor saved) has no outcome."""
     return {
-        world: [row.replace(PENDING, MISSING) for row in rows]
+        world: [row.replace(PENDING, MISSING).replace(RUNNING, MISSING) for row in rows]
         for world, rows in progress.outcomes.items()
     }

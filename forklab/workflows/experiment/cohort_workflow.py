@@ -39,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
         ForkStatus,
     )
     from forklab.contracts.errors import ExperimentErrorType
-    from forklab.experiments.cohort.plan import fork_policies
     from forklab.workflows.activity_calls import execute
     from forklab.workflows.experiment import cohort_state, inbox, timeouts
     from forklab.workflows.experiment.approval_gate import Moment
@@ -65,6 +64,9 @@ with workflow.unsafe.imports_passed_through():
 FORK_TIMEOUT = timedelta(hours=2)
 #: A worker that dies mid-fork is noticed within this; the retry finds the same fork.
 FORK_HEARTBEAT_TIMEOUT = timedelta(seconds=15)
+#: Runs stop starting forks while the running ones could still take the history past
+#: ``history_events`` (``cohort_state.history_full``).
+HEADROOM_PATCH = "forklab-cohort-history-headroom"
 _BAD_INPUT = [ValidationError, TypeError]
 
 
@@ -120,6 +122,7 @@ class CohortExperimentWorkflow:
         self._error: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._cleanup: cacts.ForkCleanupResult | None = None
+        self._evidence_log: str | None = None
 
     # --- messages (as ExperimentWorkflow: raw payloads, every attempt recorded) ---------
     @workflow.update(dynamic=True)
@@ -151,12 +154,14 @@ class CohortExperimentWorkflow:
             error=self._error,
             fingerprint=r.fingerprint if r else None,
             approval=self._gate.state,
-            runs=[x.workflow_id for x in r.plan.runs] if r else [],
-            excluded={e.workflow_id: e.reason for e in r.plan.excluded} if r else {},
+            plan_artifact=r.plan.artifact if r else None,
+            runs=r.plan.runs if r else 0,
+            excluded=r.plan.excluded if r else 0,
             tools={t: v.value for t, v in r.plan.tools.items()} if r else {},
             forks_total=r.forks if r else 0,
             forks_done=p.done,
             forks_missing=p.missing,
+            forks_saved=p.saved,
             running=len(self._tasks),
             tokens=p.tokens,
             runs_of_chain=self._runs,
@@ -216,13 +221,16 @@ class CohortExperimentWorkflow:
             status=self._status,
             error=self._error,
             fingerprint=r.fingerprint if r else None,
-            runs=[x.workflow_id for x in r.plan.runs] if r else [],
+            plan_artifact=r.plan.artifact if r else None,
+            runs=r.plan.runs if r else 0,
             report=report,
             cleanup=self._cleanup,
             forks_done=p.done,
             forks_missing=p.missing,
+            forks_saved=p.saved,
             tokens=p.tokens,
             runs_of_chain=self._runs,
+            evidence_log=self._evidence_log,
         )
 
     @property
@@ -253,7 +261,7 @@ class CohortExperimentWorkflow:
             summary=f"rehearse {spec.id}: read the cohort (nothing starts)",
         )
         self._rehearsal = rehearsal
-        self._progress = cohort_state.opening(spec, len(rehearsal.plan.runs))
+        self._progress = cohort_state.opening(spec, rehearsal.plan.runs)
         self._enter(Stage.checking_capacity, "checking the budget against the estimates")
         if not rehearsal.capacity_ok:
             raise _Stop(
@@ -268,7 +276,7 @@ class CohortExperimentWorkflow:
             self._enter(
                 Stage.awaiting_approval,
                 f"awaiting approval of plan {self._rehearsal.fingerprint[:16]} "
-                f"({len(self._rehearsal.plan.runs)} runs, {self._rehearsal.forks} forks)",
+                f"({self._rehearsal.plan.runs} runs, {self._rehearsal.forks} forks)",
             )
             while gate.pending:
                 left = (gate.state.expires_at - workflow.now()).total_seconds()
@@ -289,24 +297,32 @@ class CohortExperimentWorkflow:
 
     # --- forks --------------------------------------------------------------------------
     def _history_full(self) -> bool:
+        """Whether this run starts no further fork (it continues as new once its running
+        forks finish): Temporal suggests it, or the running forks and one more could take
+        the history past ``history_events`` (histories recorded before that rule compare
+        the current length alone)."""
         info = workflow.info()
-        return (
-            info.get_current_history_length() >= self._inp.history_events
-            or info.is_continue_as_new_suggested()
-        )
+        if info.is_continue_as_new_suggested():
+            return True
+        length = info.get_current_history_length()
+        if workflow.patched(HEADROOM_PATCH):
+            return cohort_state.history_full(length, len(self._tasks), self._inp.history_events)
+        return length >= self._inp.history_events
 
     async def _run_forks(self) -> None:
-        """Start the plan's fork jobs in order, at most ``max_concurrent_forks`` at once,
-        while the budget allows; continue as new when the history is full."""
+        """Start the plan's fork jobs in order (saving those whose run's majority is
+        decided, setting aside those that wait on an earlier fork of their run), at most
+        ``max_concurrent_forks`` at once, while the budget allows; continue as new when
+        the history is full."""
         spec, progress = self._spec, self._progress
         assert self._rehearsal is not None
-        plan = self._rehearsal.plan
+        runs = self._rehearsal.plan.runs
         worlds, k = len(spec.worlds), spec.cohort.forks_per_world
-        total = cohort_state.job_count(len(plan.runs), worlds, k)
+        total = cohort_state.job_count(runs, worlds, k)
         limit = spec.budget.max_concurrent_forks
         started_here = 0
-        while progress.next_job < total or self._tasks:
-            while progress.next_job < total and len(self._tasks) < limit:
+        while cohort_state.left(progress, total) or self._tasks:
+            while cohort_state.left(progress, total) and len(self._tasks) < limit:
                 if started_here and self._history_full():
                     break
                 refusal = cohort_state.budget_refusal(spec, progress)
@@ -314,12 +330,11 @@ class CohortExperimentWorkflow:
                     if self._tasks:
                         break  # running forks finish first; their spending decides
                     self._message = f"budget: {refusal}; the remaining forks do not start"
-                    while progress.next_job < total:
-                        cohort_state.skip(progress, spec, progress.next_job, len(plan.runs))
-                        progress.next_job += 1
+                    cohort_state.skip_rest(progress, spec, total)
                     break
-                job = progress.next_job
-                progress.next_job += 1
+                job = cohort_state.take(progress, spec, total)
+                if job is None:
+                    break  # every job left waits on a running fork of its run
                 started_here += 1
                 self._tasks.add(asyncio.create_task(self._fork(job)))
             self._show()
@@ -328,16 +343,14 @@ class CohortExperimentWorkflow:
                 for task in [t for t in self._tasks if t.done()]:
                     self._tasks.discard(task)
                     task.result()
-            if progress.next_job < total and started_here and self._history_full():
+            if cohort_state.left(progress, total) and started_here and self._history_full():
                 await self._continue_as_new()
 
     async def _fork(self, job: int) -> None:
         spec = self._spec
         assert self._rehearsal is not None
-        plan = self._rehearsal.plan
         place = cohort_state.job_place(job, len(spec.worlds), spec.cohort.forks_per_world)
         world = spec.worlds[place.world]
-        run = plan.runs[place.run]
         try:
             outcome = await execute(
                 cacts.RUN_FORK,
@@ -345,11 +358,10 @@ class CohortExperimentWorkflow:
                     experiment_id=spec.id,
                     run_key=self._run_key,
                     seed=spec.seed,
+                    plan_artifact=self._rehearsal.plan.artifact,
                     run_index=place.run,
-                    run=run,
                     world=world,
                     fork=place.fork,
-                    tool_policies=fork_policies(plan, world),
                     scorer=spec.cohort.outcome,
                     success_threshold=spec.cohort.success_threshold,
                     code=self._rehearsal.code,
@@ -358,7 +370,7 @@ class CohortExperimentWorkflow:
                 heartbeat_timeout=FORK_HEARTBEAT_TIMEOUT,
                 retry_policy=timeouts.TRANSIENT_RETRY,
                 cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                summary=f"{run.workflow_id} · {world.name} · fork {place.fork}",
+                summary=f"run #{place.run} · {world.name} · fork {place.fork}",
             )
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
@@ -433,7 +445,7 @@ class CohortExperimentWorkflow:
             cacts.ANALYSE,
             CohortAnalyseInput(
                 spec=self._spec,
-                plan=self._rehearsal.plan,
+                plan_artifact=self._rehearsal.plan.artifact,
                 run_key=self._run_key,
                 workflow_id=workflow.info().workflow_id,
                 outcomes=cohort_state.final_matrix(self._progress),
@@ -447,7 +459,7 @@ class CohortExperimentWorkflow:
     async def _record(self, report: CohortReport | None) -> None:
         self._enter(Stage.recording, "writing the ledger rows")
         r = self._rehearsal
-        await execute(
+        logged = await execute(
             cacts.RECORD_LEDGER,
             CohortLedgerInput(
                 experiment_id=self._spec.id,
@@ -460,11 +472,14 @@ class CohortExperimentWorkflow:
                 error=self._error,
                 report=report,
                 plan_digest=r.plan.digest if r else "",
+                costs=self._progress.costs,
             ),
             start_to_close_timeout=timeouts.SHORT_TIMEOUT,
             retry_policy=timeouts.TRANSIENT_RETRY,
             summary="ledger: the experiment row and one row per world",
         )
+        if logged is not None:
+            self._evidence_log = f"{logged.state.value}: {logged.message}"
 
     def _enter(self, stage: Stage, message: str) -> None:
         self._stage, self._message = stage, message
@@ -477,5 +492,5 @@ class CohortExperimentWorkflow:
         workflow.set_current_details(
             f"**{self._stage.value}**: {self._message}\n\n"
             f"forks {p.done}/{total} done, {len(self._tasks)} running, {p.missing} without "
-            f"an outcome; {p.tokens} tokens"
+            f"an outcome, {p.saved} saved (majority decided); {p.tokens} tokens"
         )

@@ -45,6 +45,7 @@ from temporalio.worker import (
 from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 
 from forklab.contracts.errors import ForkErrorType
+from forklab.workflows.runfork.child_cohort import tagged
 from forklab.workflows.runfork.fork_builds import changed_build, current_build
 from forklab.workflows.runfork.fork_memo import memo_value, raw_memo
 from forklab.workflows.runfork.fork_signals import deliver_signals
@@ -113,6 +114,10 @@ VERIFY_PATCH = "forklab-verify-fork-marker"
 #: Child workflows started with a child marker (the run's lineage root and, on a fork,
 #: its policies); histories recorded before it replay without the patch marker.
 CHILD_PATCH = "forklab-child-marker"
+#: A child of a cohort experiment's fork carries the fork's ``cohort`` part in its marker
+#: and the experiment's search attribute (``child_cohort``); histories of forks recorded
+#: before it started children without them.
+CHILD_COHORT_PATCH = "forklab-child-cohort"
 #: A fork's policies refuse local activities and child workflows (recorded with
 #: ``forklab.step_decision``); forks recorded before it ran them.
 REACH_PATCH = "forklab-policies-reach-local-and-children"
@@ -797,8 +802,15 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         refused = self._refused_by_policy(input.workflow)
         if refused is not None:
             await self._refuse(CHILD_WORKFLOW, input, refused)
+        cohort = self._state.marker.cohort if self._state.marker is not None else None
+        if cohort is not None and workflow.patched(CHILD_COHORT_PATCH):
+            input = dataclasses.replace(
+                input, search_attributes=tagged(input.search_attributes, cohort.experiment)
+            )
+        else:
+            cohort = None
         if workflow.patched(CHILD_PATCH):
-            memo[MARKER_MEMO_KEY] = self._child_marker().model_dump(mode="json")
+            memo[MARKER_MEMO_KEY] = self._child_marker(cohort).model_dump(mode="json")
         return await super().start_child_workflow(dataclasses.replace(input, memo=memo))
 
     def _refused_by_policy(self, name: str) -> ToolPolicy | None:
@@ -875,9 +887,10 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         failure.__cause__ = blocked
         raise failure
 
-    def _child_marker(self) -> ForkMarker:
+    def _child_marker(self, cohort: CohortFork | None) -> ForkMarker:
         """What a child of this run inherits: no steps, the lineage root, and on a fork its
-        policies, intervention and the model its calls would use now."""
+        policies, intervention and the model its calls would use now; on a cohort
+        experiment's fork, its ``cohort`` part."""
         info = workflow.info()
         state = self._state
         marker = state.marker
@@ -893,6 +906,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             model_swaps=[ModelSwap(after_step=0, model=model)] if model is not None else [],
             tool_policies=marker.tool_policies if marker is not None else {},
             intervention=marker.intervention if marker is not None else None,
+            cohort=cohort,
             child_of=info.workflow_id,
         )
 
