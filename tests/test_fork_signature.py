@@ -15,7 +15,7 @@ from forklab.contracts.fork_signature import (
     marker_refusal,
     sign_marker,
 )
-from forklab.contracts.runfork import CohortFork, ForkMarker, ModelSwap
+from forklab.contracts.runfork import CohortFork, ForkMarker, ModelSwap, TeamPart
 from forklab.experiments.runfork.overrides import ForkSignal, InputOverride, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
@@ -100,6 +100,8 @@ _SIGNED_CHANGES: list[dict[str, Any]] = [
     {"cohort": CohortFork(experiment="exp-1", seed=7, run=0, fork=1, world="brownout")},
     {"parent_build": "build-2"},
     {"allow_build_change": True},
+    # a team fork's member: another team fork, or its messages sent elsewhere
+    {"team": TeamPart(team_fork_id="tf-1", addresses={"writer": "elsewhere"})},
 ]
 
 

@@ -14,7 +14,27 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from forklab.activities.runfork.run_context import team_part
+from forklab.contracts.errors import ForkErrorType
 from forklab.contracts.team import TEAM_UPDATE_ACTIVITY, TeamUpdateCall, UpdateSender, update_id
+
+
+def _target(call: TeamUpdateCall) -> str:
+    """Where the update goes: on a team fork's member, to the fork standing for the
+    target (never the original); with no fork there, nowhere (blocked)."""
+    team = team_part()
+    if team is None:
+        return call.target
+    to = team.address(call.target)
+    if to is None:
+        raise ApplicationError(
+            f"update {call.update!r} to {call.target!r} is blocked: it is not a member of "
+            f"team fork {team.team_fork_id!r} with a fork (a send there would reach an "
+            "original, or a workflow outside the fork world)",
+            type=ForkErrorType.team_send_blocked,
+            non_retryable=True,
+        )
+    return to
 
 
 class TeamMessenger:
@@ -29,7 +49,8 @@ class TeamMessenger:
             run_id=info.workflow_run_id or "",
             activity_id=info.activity_id,
         )
-        handle = self._client.get_workflow_handle(call.target)
+        target = _target(call)
+        handle = self._client.get_workflow_handle(target)
         try:
             answer: Any = await handle.execute_update(
                 call.update, call.payload, id=update_id(sender), result_type=dict
@@ -37,18 +58,18 @@ class TeamMessenger:
         except WorkflowUpdateFailedError as exc:
             cause = exc.cause or exc
             raise ApplicationError(
-                f"{call.target!r} refused update {call.update!r}: {cause}", non_retryable=True
+                f"{target!r} refused update {call.update!r}: {cause}", non_retryable=True
             ) from None
         except RPCError as exc:
             if exc.status is RPCStatusCode.NOT_FOUND:
                 raise ApplicationError(
-                    f"no running workflow {call.target!r} to send update {call.update!r} to",
+                    f"no running workflow {target!r} to send update {call.update!r} to",
                     non_retryable=True,
                 ) from None
             raise
         if not isinstance(answer, dict):
             raise ApplicationError(
-                f"update {call.update!r} of {call.target!r} answered a "
+                f"update {call.update!r} of {target!r} answered a "
                 f"{type(answer).__name__}, not an object",
                 non_retryable=True,
             )

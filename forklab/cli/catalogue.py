@@ -111,6 +111,10 @@ CATALOGUE: dict[str, Entry] = {
         "show a team of workflows, its messages and a cut",
         "forklab team researcher-1 --at-step 3",
     ),
+    "fork-team": Entry(
+        "fork a team of workflows at a consistent cut, as one operation",
+        'forklab fork-team team-1-researcher --override-result 3=\'{"content": "…"}\'',
+    ),
     "team-worker": Entry("run the worker of the example team (foreground)", "forklab team-worker"),
     "langgraph-worker": Entry(
         "run the worker of the LangGraph agent (foreground)", "forklab langgraph-worker"

@@ -35,6 +35,7 @@ REGISTRARS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     ("forklab.cli.runfork.agent_services", "register", ("agent-worker",)),
     ("forklab.cli.runfork.team_commands", "register", ("team", "team-worker", "langgraph-worker")),
+    ("forklab.cli.runfork.team_fork_commands", "register", ("fork-team",)),
     ("forklab.cli.doctor_command", "register", ("doctor",)),
     ("forklab.cli.evals_command", "register", ("evals",)),
     ("forklab.cli.runfork.workspace_command", "register_layers", ("layers",)),

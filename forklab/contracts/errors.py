@@ -69,3 +69,8 @@ class ForkErrorType(StrEnum):
     workspace_layer_corrupted = "workspace_layer_corrupted"
     #: a fault an experiment's world injected (a brownout, a tool response it broke)
     injected_fault = "fork_injected_fault"
+    #: a team fork's member whose coordinator never released it (it ran nothing)
+    team_not_released = "fork_team_not_released"
+    #: a team fork's member sent a message to a workflow outside its fork world (an
+    #: original member without a fork, or a workflow outside the team): not delivered
+    team_send_blocked = "fork_team_send_blocked"

@@ -97,6 +97,42 @@ class CohortFork(BaseModel):
     faults: list[Fault] = Field(default_factory=list, max_length=20)
 
 
+#: The signal a team fork's coordinator sends each member fork once every member exists.
+TEAM_RELEASE_SIGNAL = "forklab.team_release"
+#: Activity header carrying a team fork member's addresses (``TeamPart``), read by the
+#: team's messaging activity: an update goes to the receiver's fork, never its original.
+TEAM_HEADER = "forklab-team"
+
+
+class TeamPart(BaseModel):
+    """What a member of a team fork adds to its marker: the team fork it belongs to and
+    where its messages go.
+
+    ``addresses`` maps a workflow id the member's code may name (an original member, or
+    a member of the team fork it was forked from) to the fork that stands for it in this
+    fork world; a send to any other workflow (an original without a fork, a workflow
+    outside the team) is blocked, so nothing a fork sends reaches an original. ``held``:
+    the member runs nothing until the team fork's coordinator (the workflow
+    ``team_fork_id``) releases it, once every member's fork exists."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    team_fork_id: str = Field(min_length=1, max_length=200)
+    addresses: dict[str, str] = Field(default_factory=dict, max_length=200)
+    #: the team's members that have no fork here (frozen, inherited, absent, and the
+    #: originals the members were forked from): no child is ever started under their ids
+    without_fork: list[str] = Field(default_factory=list, max_length=400)
+    held: bool = True
+
+    def address(self, target: str) -> str | None:
+        """Where a send to ``target`` goes in this fork world (None: nowhere)."""
+        if target in self.addresses:
+            return self.addresses[target]
+        if target in self.addresses.values():
+            return target
+        return None
+
+
 class ForkMarker(BaseModel):
     """What makes a workflow a fork: read by the worker interceptor at start."""
 
@@ -122,6 +158,8 @@ class ForkMarker(BaseModel):
     signals: list[ForkSignal] = Field(default_factory=list)
     #: set on the forks an experiment over a cohort starts
     cohort: CohortFork | None = None
+    #: set on the member forks of a team fork (``forklab fork-team``)
+    team: TeamPart | None = None
     #: a later run of the fork (it continued-as-new): nothing to inherit any more
     continued: bool = False
     #: what the issuer's signature binds (``forklab.contracts.fork_signature``): the fork's

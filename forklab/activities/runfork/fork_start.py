@@ -53,6 +53,7 @@ from forklab.contracts.runfork import (
     CohortFork,
     ForkMarker,
     ModelSwap,
+    TeamPart,
     fork_task_queue,
 )
 from forklab.contracts.search_attributes import BOUNDARY, LINEAGE_ROOT, PARENT, RUN
@@ -188,6 +189,23 @@ def final_state(chain: list[RunRecord]) -> Any:
     return close.get("details")
 
 
+def composed_team(team: TeamPart | None, inherited: TeamPart | None) -> TeamPart | None:
+    """``team`` as a member whose parent is itself a team fork's member (``inherited``)
+    must carry it: the code names the ids the parent's code named, so each id the parent
+    addressed to one of its team's forks goes to the fork standing for that fork here, or
+    nowhere when it has none."""
+    if team is None or inherited is None:
+        return team
+    addresses = dict(team.addresses)
+    without = set(team.without_fork) | set(inherited.without_fork)
+    for original, parent_fork in inherited.addresses.items():
+        if parent_fork in team.addresses:
+            addresses.setdefault(original, team.addresses[parent_fork])
+        else:
+            without.add(original)
+    return team.model_copy(update={"addresses": addresses, "without_fork": sorted(without)})
+
+
 class ForkStarter:
     """Starts forks for one namespace (``client``), recording receipts in ``registry``;
     ``home`` holds the fork issuer key every marker is signed with (the workers serving
@@ -223,6 +241,7 @@ class ForkStarter:
         input_override: tuple[int, Any] | None = None,
         signals: list[ForkSignal] | None = None,
         cohort: CohortFork | None = None,
+        team: TeamPart | None = None,
         search_attributes: Sequence[SearchAttributePair[str]] = (),
         allow_build_change: bool = False,
     ) -> Fork:
@@ -236,9 +255,12 @@ class ForkStarter:
         ``input_override`` (step, JSON) runs that step, ``at_step + 1``, live with the JSON
         as its input; ``signals`` reach the workflow's handlers at the fork point.
         ``cohort`` marks the fork of an experiment over a cohort (seeds, prompt patch,
-        faults), ``search_attributes`` are added to the fork's own. The receipt and the
-        marker name the builds that recorded the prefix; ``allow_build_change`` lets a fork
-        on another build whose prefix notices the change go on approximately."""
+        faults), ``team`` the member of a team fork (``forklab fork-team``: held until
+        released, its messages addressed to the team's forks; composed here with the team
+        part of the fork ``run`` is, so a team fork of a team fork addresses the ids its
+        code names), ``search_attributes`` are added to the fork's own. The receipt and
+        the marker name the builds that recorded the prefix; ``allow_build_change`` lets a
+        fork on another build whose prefix notices the change go on approximately."""
         fork_id = name or f"{run}--fork-{uuid.uuid4().hex[:8]}"
         if not _NAME.match(fork_id):
             raise ForkError(
@@ -363,6 +385,7 @@ class ForkStarter:
                 input_override=asked,
                 signals=signals or [],
                 cohort=cohort,
+                team=composed_team(team, first_marker.team if first_marker else None),
                 fork_workflow_id=fork_id,
                 start_input_sha256=digest_payloads(start_input),
                 issued_at=datetime.now(UTC),

@@ -30,6 +30,8 @@ from forklab.contracts.runfork import (
     MODEL_SEED_HEADER,
     STEP_DECISION,
     STEP_HEADER,
+    TEAM_HEADER,
+    TeamPart,
 )
 from forklab.experiments.runfork import identity
 
@@ -41,6 +43,15 @@ _call: contextvars.ContextVar[int | None] = contextvars.ContextVar("forklab_call
 _model_seed: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "forklab_model_seed", default=None
 )
+_team: contextvars.ContextVar[TeamPart | None] = contextvars.ContextVar(
+    "forklab_team", default=None
+)
+
+
+def team_part() -> TeamPart | None:
+    """The addresses of the team fork the calling run is a member of (None: it is none):
+    a message the activity sends goes to the fork standing for its target."""
+    return _team.get()
 
 
 def model_seed() -> int | None:
@@ -104,6 +115,8 @@ class _RunContextInbound(ActivityInboundInterceptor):
         _lineage_root.set(conv.from_payload(root, str) if root is not None else None)
         _chain.set(conv.from_payload(chain, str) if chain is not None else None)
         _call.set(conv.from_payload(step, int) if step is not None else None)
+        team = input.headers.get(TEAM_HEADER)
+        _team.set(TeamPart.model_validate(conv.from_payload(team)) if team is not None else None)
         info = activity.info()
         name = info.activity_type
         # the call's place in the scheduling order: its step number (the order calls

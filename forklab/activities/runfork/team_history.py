@@ -24,9 +24,11 @@ and is treated as untrusted data: names and ids are kept as strings, never inter
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from temporalio.api.common.v1 import Payload
 from temporalio.api.history.v1 import HistoryEvent
@@ -37,17 +39,23 @@ from forklab.activities.runfork.history_events import TERMINAL_EVENTS
 from forklab.contracts.runfork import (
     FETCH_PREFIX,
     INTERNAL_PREFIX,
+    MARKER_MEMO_KEY,
     STEP_DECISION,
+    TEAM_RELEASE_SIGNAL,
     PrefixPage,
     StepDecisionInput,
+    TeamPart,
 )
 from forklab.contracts.team import TEAM_UPDATE_ACTIVITY, TeamUpdateCall, parse_update_id
+from forklab.experiments.runfork.overrides import ForkSignal
 from forklab.experiments.runfork.team_cut import (
+    EdgeTreatment,
     Member,
     Message,
     MessageKind,
     Position,
     Team,
+    TeamCut,
 )
 
 #: A team read by following edges stops growing here.
@@ -78,6 +86,15 @@ class _Send:
     target: str
     name: str
     at: Position
+    #: the signal's arguments as recorded (JSON), or None when they are not JSON
+    args: list[Any] | None = None
+
+
+def _json_args(payloads: Any) -> list[Any] | None:
+    try:
+        return [json.loads(p.data) if p.data else None for p in payloads]
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -119,6 +136,7 @@ class MemberHistory:
     workflow_id: str
     run_id: str
     workflow_type: str
+    task_queue: str = ""
     steps: int = 0
     closed: bool = False
     parent: str | None = None
@@ -148,12 +166,14 @@ def _acting(payloads: Sequence[Payload]) -> bool:
 class _Walker:
     """Counts steps and places message events while one chain's events go by."""
 
-    def __init__(self, member: MemberHistory) -> None:
+    def __init__(self, member: MemberHistory, team: TeamPart | None = None) -> None:
         self.m = member
         self.gap: dict[int, int] = defaultdict(int)
         #: steps scheduled and not yet completed: scheduled event id -> activity id (None
         #: for a call the fork's policy decided, whose messages are not its own)
         self.running: dict[int, str | None] = {}
+        #: the member is a team fork's: its sends went where these addresses say
+        self.team = team
 
     def here(self) -> Position:
         pos = Position(after_step=self.m.steps, seq=self.gap[self.m.steps])
@@ -180,8 +200,9 @@ class _Walker:
             call = TeamUpdateCall.model_validate_json(data)
         except ValueError:
             return  # not ForkLab's form: the receiver's history still names the sender
-        self.m.update_calls.append(_UpdateCall(call.target, call.update, activity_id))
-        self.m.neighbours.add(call.target)
+        target = (self.team.address(call.target) if self.team else None) or call.target
+        self.m.update_calls.append(_UpdateCall(target, call.update, activity_id))
+        self.m.neighbours.add(target)
 
     def event(self, ev: HistoryEvent, scheduled: dict[int, str]) -> None:
         kind = ev.WhichOneof("attributes")
@@ -213,10 +234,13 @@ class _Walker:
         elif kind == "signal_external_workflow_execution_initiated_event_attributes":
             out = ev.signal_external_workflow_execution_initiated_event_attributes
             target = out.workflow_execution.workflow_id
-            m.sends.append(_Send(target=target, name=out.signal_name, at=self.here()))
+            args = _json_args(out.input.payloads)
+            m.sends.append(_Send(target=target, name=out.signal_name, at=self.here(), args=args))
             m.neighbours.add(target)
         elif kind == "workflow_execution_signaled_event_attributes":
             s = ev.workflow_execution_signaled_event_attributes
+            if s.signal_name == TEAM_RELEASE_SIGNAL:
+                return  # a team fork's coordinator releasing this member: no team message
             sender = s.external_workflow_execution.workflow_id or None
             m.received.append(_Receipt(sender=sender, name=s.signal_name, at=self.here()))
             if sender:
@@ -278,11 +302,12 @@ async def read_member(client: Client, workflow_id: str) -> MemberHistory:
         workflow_id=workflow_id,
         run_id=desc.run_id,
         workflow_type=first.workflow_type.name,
+        task_queue=first.task_queue.name,
         parent=first.parent_workflow_execution.workflow_id or None,
     )
     if member.parent:
         member.neighbours.add(member.parent)
-    walker = _Walker(member)
+    walker = _Walker(member, _team_of(first_events[runs[0]]))
     for rid in runs:
         scheduled: dict[int, str] = {}
         history = await client.get_workflow_handle(workflow_id, run_id=rid).fetch_history()
@@ -293,6 +318,20 @@ async def read_member(client: Client, workflow_id: str) -> MemberHistory:
     if member.closed:
         member.end = walker.here()
     return member
+
+
+def _team_of(first: HistoryEvent) -> TeamPart | None:
+    """The team part of the fork marker in a run's first event, when it is a member of a
+    team fork (its update calls name original ids, sent to the forks these map them to).
+    Read for addresses only: a marker that does not parse is no team part."""
+    field = first.workflow_execution_started_event_attributes.memo.fields.get(MARKER_MEMO_KEY)
+    if field is None:
+        return None
+    try:
+        marker = json.loads(field.data)
+        return TeamPart.model_validate(marker.get("team")) if marker.get("team") else None
+    except (ValueError, AttributeError):
+        return None
 
 
 def link(histories: dict[str, MemberHistory]) -> Team:
@@ -449,6 +488,54 @@ async def read_team(
 ) -> Team:
     """The team of ``member``: exactly ``members`` (and ``member``) when given; otherwise
     found by following every message edge from ``member``, up to ``max_members``."""
+    return link(await read_histories(client, member, members, max_members))
+
+
+def delivered_at_start(
+    histories: dict[str, MemberHistory], cut: TeamCut
+) -> dict[str, list[ForkSignal]]:
+    """The signals in flight at ``cut`` that its receivers' forks get at their start,
+    per receiver, in the order the senders sent them, with the arguments the senders'
+    histories recorded. A signal whose arguments cannot be delivered (not JSON, or more
+    than one) refuses the team fork: ``TeamReadError`` naming it."""
+    out: dict[str, list[ForkSignal]] = defaultdict(list)
+    for edge in cut.edges:
+        msg = edge.message
+        if edge.treatment is not EdgeTreatment.delivered_at_start:
+            continue
+        if msg.kind is not MessageKind.signal or msg.sender is None or msg.receiver is None:
+            raise TeamReadError(
+                f"message {msg.id} is in flight at the cut, and only signals can be "
+                "delivered to a fork at its start; cut elsewhere"
+            )
+        send = next(
+            (
+                s
+                for s in histories[msg.sender].sends
+                if s.target == msg.receiver and s.name == msg.name and s.at == msg.sent_at
+            ),
+            None,
+        )
+        if send is None or send.args is None or len(send.args) > 1:
+            raise TeamReadError(
+                f"signal {msg.id} is in flight at the cut, and its recorded arguments "
+                "cannot be delivered to the receiver's fork (one JSON value at most); "
+                "cut elsewhere"
+            )
+        try:
+            out[msg.receiver].append(ForkSignal(name=msg.name, args=send.args))
+        except ValueError:
+            raise TeamReadError(
+                f"signal {msg.id} is in flight at the cut, and its name or arguments "
+                "cannot be given to a fork; cut elsewhere"
+            ) from None
+    return dict(out)
+
+
+async def read_histories(
+    client: Client, member: str, members: list[str] | None = None, max_members: int = MAX_MEMBERS
+) -> dict[str, MemberHistory]:
+    """The histories of ``member``'s team, read as :func:`read_team` says."""
     histories: dict[str, MemberHistory] = {}
     named = [member, *(members or [])]
     queue = list(named)
@@ -470,4 +557,4 @@ async def read_team(
             continue  # a neighbour that does not exist (a signal that failed): outside
         if not explicit:
             queue.extend(sorted(histories[wid].neighbours - set(histories)))
-    return link(histories)
+    return histories

@@ -30,7 +30,7 @@ from forklab.cli.ops_common import (
     settings_from,
     workflow_pollers,
 )
-from forklab.cli.runfork import agent_demo, fleet_demo, workspace_command
+from forklab.cli.runfork import agent_demo, fleet_demo, team_demo, workspace_command
 from forklab.cli.service_commands import (
     claim_ports,
     ensure_server,
@@ -247,3 +247,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     workspace_command.register(scenarios)
     agent_demo.register(scenarios)
     fleet_demo.register(scenarios)
+    team_demo.register(scenarios)

@@ -242,6 +242,13 @@ def _event_row(e: PrefixEvent) -> str:
 
 @_guard
 async def _diff(args: argparse.Namespace) -> int:
+    from forklab.cli.runfork.team_fork_commands import team_trail_or_diff
+
+    if args.b is None:
+        code = await team_trail_or_diff(args, "diff")
+        if code is None:
+            raise CliError(f"{args.a!r} is no team fork: give two runs to diff", code=BAD_INPUT)
+        return code
     lab = await _lab(args)
     d = await lab.diff(args.a, args.b)
     if args.json:
@@ -264,6 +271,11 @@ async def _diff(args: argparse.Namespace) -> int:
 
 @_guard
 async def _trail(args: argparse.Namespace) -> int:
+    from forklab.cli.runfork.team_fork_commands import team_trail_or_diff
+
+    code = await team_trail_or_diff(args, "trail")
+    if code is not None:
+        return code
     lab = await _lab(args)
     trail = await lab.trail(args.run)
     if args.json:
@@ -481,7 +493,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("diff", help="compare two runs' final states")
     p.add_argument("a")
-    p.add_argument("b")
+    p.add_argument("b", nargs="?", help="omitted: A is a team fork, compare each member's fork")
     p.add_argument("--json", action="store_true", help="machine-readable")
     add_connection_flags(p)
     p.set_defaults(func=_runner(_diff))

@@ -9,6 +9,10 @@ plugin interface (``temporalio.plugin.SimplePlugin``):
 - the fork activities (``forklab.verify_fork``, ``forklab.fetch_prefix``,
   ``forklab.step_decision``), the first of which serves a fork only when its marker is
   signed by an issuer the worker trusts (``forklab.workers.runfork.fork_issuers``);
+- a team fork's coordinator (``forklab.workflows.runfork.team_fork``) and its activities,
+  on every worker that runs workflows: ``forklab fork-team`` starts it on the fork queue
+  of the member it forks, where it starts every member's fork held and releases them all
+  together (or none);
 - a second worker with the same configuration on ``q@forklab``: forks start there, so a
   worker without the plugin (a forgotten one, a rolling deploy) never picks one up and
   re-runs its inherited steps live as an ordinary run;
@@ -36,6 +40,7 @@ from temporalio.worker import ReplayerConfig, Worker, WorkerConfig
 
 from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.activities.runfork.run_context import RunContextInterceptor
+from forklab.activities.runfork.team_forks import TeamForkActivities
 from forklab.activities.stores.run_log import RunLog
 from forklab.contracts.runfork import FORK_QUEUE_SUFFIX, fork_task_queue
 from forklab.workers.config import Settings
@@ -44,6 +49,7 @@ from forklab.workers.runfork.fork_issuers import registered_issuers
 from forklab.workflows.runfork.finite_payloads import FinitePayloads
 from forklab.workflows.runfork.interceptor import ForkInterceptor
 from forklab.workflows.runfork.search_attributes import RUN_FORK_KEYS
+from forklab.workflows.runfork.team_fork import TeamForkWorkflow
 
 PLUGIN_NAME = "forklab.ForkLabPlugin"
 _log = logging.getLogger(__name__)
@@ -135,6 +141,15 @@ class ForkLabPlugin(SimplePlugin):
             forks.fetch_prefix,
             forks.step_decision,
         ]
+        if config.get("workflows"):
+            teams = TeamForkActivities(config["client"], self._home)
+            config["workflows"] = [*config["workflows"], TeamForkWorkflow]
+            config["activities"] = [
+                *config["activities"],
+                teams.start_members,
+                teams.abort_members,
+                teams.record,
+            ]
         log = RunLog(self._run_log or self._home / "runlog.sqlite")
         # first in the list: the outbound interceptor listed last runs first, so the fork
         # mechanism sees a call as the worker's own interceptors leave it (LangGraphInputs

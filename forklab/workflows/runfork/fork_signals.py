@@ -8,6 +8,8 @@ same point, and the workflow sees them before it goes on from the boundary.
 
 from __future__ import annotations
 
+import functools
+
 from temporalio import workflow
 from temporalio.common import _type_hints_from_func
 from temporalio.exceptions import ApplicationError
@@ -32,7 +34,11 @@ async def deliver_signals(inbound: WorkflowInboundInterceptor, signals: list[For
                 type=ForkErrorType.marker_invalid,
                 non_retryable=True,
             )
-        types, _ = _type_hints_from_func(handler)
+        # a handler method comes bound (a partial over the workflow object): its
+        # argument types are those of the method, past ``self``
+        types, _ = _type_hints_from_func(
+            handler.func if isinstance(handler, functools.partial) else handler
+        )
         hints = types[: len(sig.args)] if types else None
         args = converter.from_payloads(converter.to_payloads(sig.args), hints) if sig.args else []
         await inbound.handle_signal(HandleSignalInput(signal=sig.name, args=args, headers={}))

@@ -35,6 +35,7 @@ from temporalio.worker import (
     HandleSignalInput,
     HandleUpdateInput,
     Interceptor,
+    SignalExternalWorkflowInput,
     StartActivityInput,
     StartChildWorkflowInput,
     StartLocalActivityInput,
@@ -56,6 +57,7 @@ from forklab.workflows.runfork.prefix_messages import (
     held_until_fork_point,
 )
 from forklab.workflows.runfork.stall_watch import LiveCalls, watched
+from forklab.workflows.runfork.team_messages import Hold, addressed, child_id, held_team
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
@@ -73,6 +75,8 @@ with workflow.unsafe.imports_passed_through():
         SIDE_EFFECTS_PATCH,
         STEP_DECISION,
         STEP_HEADER,
+        TEAM_HEADER,
+        TEAM_RELEASE_SIGNAL,
         VERIFY_FORK,
         CohortFork,
         FetchPrefixInput,
@@ -170,6 +174,18 @@ class _ForkState:
         #: results (JSON) of each tool's live calls on this fork, oldest first: what an
         #: injected ``stale_data`` fault answers with
         self.tool_results: dict[str, list[Any]] = {}
+        #: a team fork's member until its coordinator releases it (None: not read yet)
+        self.hold: Hold | None = None
+        #: the workflow ids of the children this run started (a team member may signal
+        #: them: they are its own, in its fork world)
+        self.children: set[str] = set()
+
+    def held(self) -> Hold:
+        """The run's hold, read once from its marker (released at once for a run that is
+        no team fork's member to be released)."""
+        if self.hold is None:
+            self.hold = Hold(held_team())
+        return self.hold
 
     def at_fork_point(self) -> bool:
         """Every inherited result, message and fork-point signal has been handed over."""
@@ -228,6 +244,7 @@ class _ForkInbound(WorkflowInboundInterceptor):
 
     async def execute_workflow(self, input: _ExecuteWorkflowInput) -> Any:
         state = self._state
+        await state.held().wait()  # a team fork's member runs once every member exists
         info = workflow.info()
         state.lineage_root = lineage_root(info.workflow_id, info.first_execution_run_id)
         marker = current_fork()
@@ -288,9 +305,14 @@ class _ForkInbound(WorkflowInboundInterceptor):
         return result
 
     async def handle_signal(self, input: HandleSignalInput) -> None:
+        if input.signal == TEAM_RELEASE_SIGNAL:  # ForkLab's own: it releases the hold
+            await super().handle_signal(input)
+            return
+        await self._state.held().wait()  # a held member's handlers run nothing yet
         await super().handle_signal(await held_until_fork_point(input, self._holding()))
 
     async def handle_update_handler(self, input: HandleUpdateInput) -> Any:
+        await self._state.held().wait()
         return await super().handle_update_handler(
             await held_until_fork_point(input, self._holding())
         )
@@ -610,7 +632,20 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         headers[LINEAGE_HEADER] = conv.to_payloads([self._state.lineage_root])[0]
         headers[STEP_HEADER] = conv.to_payloads([index])[0]
         headers[CHAIN_HEADER] = conv.to_payloads([workflow.info().first_execution_run_id])[0]
+        team = self._state.marker.team if self._state.marker is not None else None
+        if team is not None:  # the team's messaging activity addresses the team's forks
+            headers[TEAM_HEADER] = conv.to_payloads([team.model_dump(mode="json")])[0]
         return dataclasses.replace(input, headers=headers)
+
+    async def signal_external_workflow(self, input: SignalExternalWorkflowInput) -> None:
+        """On a team fork's member, a signal goes to the fork standing for its target in
+        the fork world, never to an original; one with nowhere to go is blocked."""
+        marker = self._state.marker
+        if marker is not None and marker.team is not None:
+            what = f"signal {input.signal[:100]!r}"
+            to = addressed(marker.team, input.workflow_id, what, self._state.children)
+            input = dataclasses.replace(input, workflow_id=to, workflow_run_id=None)
+        await super().signal_external_workflow(input)
 
     def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
         if input.activity.startswith(INTERNAL_PREFIX):
@@ -809,6 +844,10 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             )
         else:
             cohort = None
+        marker = self._state.marker
+        if marker is not None and marker.team is not None:
+            input = dataclasses.replace(input, id=child_id(marker.team, input.id))
+        self._state.children.add(input.id)
         if workflow.patched(CHILD_PATCH):
             memo[MARKER_MEMO_KEY] = self._child_marker(cohort).model_dump(mode="json")
         return await super().start_child_workflow(dataclasses.replace(input, memo=memo))
@@ -907,6 +946,9 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             tool_policies=marker.tool_policies if marker is not None else {},
             intervention=marker.intervention if marker is not None else None,
             cohort=cohort,
+            team=marker.team.model_copy(update={"held": False})
+            if marker is not None and marker.team is not None
+            else None,
             child_of=info.workflow_id,
         )
 

@@ -1,0 +1,204 @@
+"""Starting a team fork (``forklab fork-team``): read the team, compute the consistent
+cut, plan the group receipt, and hand every member's fork to one coordinator workflow
+(``forklab.workflows.runfork.team_fork``), which starts them all held and releases them
+together, or none.
+
+What each member's fork gets: its point in the cut (``at_step``), the team's model, tool
+policies and intervention, the overrides when it is the requested member, the signals in
+flight at the cut to it (delivered at its start, kept in its receipt's ``signals``), and
+its addresses (``TeamPart``): the forks standing for the members it may message.
+"""
+
+from __future__ import annotations
+
+import getpass
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from forklab.activities.runfork.team_history import (
+    TeamReadError,
+    delivered_at_start,
+    link,
+    read_histories,
+)
+from forklab.activities.stores.team_registry import TeamRegistry
+from forklab.contracts.runfork import TeamPart, fork_task_queue
+from forklab.contracts.team import TEAM_UPDATE_ACTIVITY
+from forklab.contracts.team_fork import (
+    TEAM_FORK_WORKFLOW,
+    MemberFork,
+    TeamForkInput,
+    TeamForkRecord,
+)
+from forklab.experiments.runfork.overrides import ForkSignal, ResultOverride
+from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
+from forklab.experiments.runfork.receipt import BoundaryMode
+from forklab.experiments.runfork.team_cut import TeamCut, TeamCutError, consistent_cut
+from forklab.experiments.runfork.team_receipt import (
+    OverrideKind,
+    SlotRole,
+    TeamOverride,
+    TeamReceipt,
+    plan_team_fork,
+)
+
+
+class TeamForkError(ValueError):
+    """A team fork that cannot be made as asked; the message says which field and why."""
+
+
+@dataclass
+class TeamForkRequest:
+    """What ``forklab fork-team`` asks: the member and step, the team's bounds, and what
+    the forks change (as for a single fork)."""
+
+    member: str
+    at_step: int
+    members: list[str] | None = None
+    freeze: tuple[str, ...] = ()
+    name: str | None = None
+    model: str | None = None
+    tool_policies: dict[str, ToolPolicy] | None = None
+    intervention: dict[str, Any] | None = None
+    boundary: BoundaryMode = BoundaryMode.exact
+    result_override: ResultOverride | None = None
+    input_override: tuple[int, Any] | None = None
+    signals: tuple[ForkSignal, ...] = ()
+    requested_by: str | None = None
+
+
+@dataclass
+class TeamForkStarted:
+    cut: TeamCut
+    plan: TeamReceipt
+    handle: WorkflowHandle[Any, Any]
+
+    async def result(self) -> TeamForkRecord:
+        """The coordinator's record: forked (every member released) or aborted."""
+        record = await self.handle.result()
+        return TeamForkRecord.model_validate(record)
+
+
+def _overrides(req: TeamForkRequest) -> list[TeamOverride]:
+    out: list[TeamOverride] = []
+    if req.result_override is not None:
+        o = req.result_override
+        out.append(
+            TeamOverride(member=req.member, kind=OverrideKind.result, step=o.step, value=o.value)
+        )
+    if req.input_override is not None:
+        step, value = req.input_override
+        out.append(TeamOverride(member=req.member, kind=OverrideKind.input, step=step, value=value))
+    out += [
+        TeamOverride(
+            member=req.member,
+            kind=OverrideKind.signal,
+            name=s.name,
+            value=s.args[0] if s.args else None,
+        )
+        for s in req.signals
+    ]
+    return out
+
+
+def team_part(plan: TeamReceipt, cut: TeamCut) -> TeamPart:
+    """The addresses every member fork of ``plan`` carries."""
+    return TeamPart(
+        team_fork_id=plan.team_fork_id,
+        addresses=plan.addresses,
+        without_fork=sorted(
+            m.workflow_id for m in cut.members if m.workflow_id not in plan.addresses
+        ),
+    )
+
+
+class TeamForkStarter:
+    """Starts team forks for one namespace (``client``); ``teams`` is the registry whose
+    records say which names are taken."""
+
+    def __init__(self, client: Client, teams: TeamRegistry) -> None:
+        self.client = client
+        self.teams = teams
+
+    async def start(self, req: TeamForkRequest) -> TeamForkStarted:
+        """Plans the team fork and starts its coordinator (nothing else starts here)."""
+        name = req.name or f"{req.member}--team-{uuid.uuid4().hex[:8]}"
+        if self.teams.get(name) is not None:
+            raise TeamForkError(f"team fork name {name!r} is taken; choose another")
+        try:
+            histories = await read_histories(self.client, req.member, req.members)
+            team = link(histories)
+            cut = consistent_cut(team, req.member, req.at_step, frozen=req.freeze)
+            inflight = delivered_at_start(histories, cut)
+        except (TeamReadError, TeamCutError) as exc:
+            raise TeamForkError(str(exc)) from None
+        policies = dict(req.tool_policies or {})
+        policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
+        # a member's message to another after the cut is sent again, to the receiver's
+        # fork: served from the original's record, it would never reach the fork
+        policies.setdefault(TEAM_UPDATE_ACTIVITY, ToolPolicy.live)
+        try:
+            plan = plan_team_fork(
+                cut,
+                team_fork_id=name,
+                tool_policies=policies,
+                requested_by=req.requested_by or getpass.getuser(),
+                created_at=datetime.now(UTC),
+                overrides=_overrides(req),
+                intervention=req.intervention,
+                model=req.model,
+            )
+        except ValueError as exc:
+            raise TeamForkError(str(exc)) from None
+        part = team_part(plan, cut)
+        members: list[MemberFork] = []
+        for slot in plan.slots:
+            if slot.role is not SlotRole.forked or slot.fork_workflow_id is None:
+                continue
+            point = cut.of(slot.workflow_id)
+            if point.point.events:
+                raise TeamForkError(
+                    f"the cut places {slot.workflow_id!r} between two messages after its step "
+                    f"{point.point.step} (a parent between its child's start and result); a "
+                    "member is forked at a step: cut another member or step"
+                )
+            asked = slot.workflow_id == req.member
+            members.append(
+                MemberFork(
+                    workflow_id=slot.workflow_id,
+                    fork_workflow_id=slot.fork_workflow_id,
+                    at_step=point.at_step,
+                    boundary=req.boundary,
+                    model=req.model,
+                    tool_policies=policies,
+                    intervention=req.intervention,
+                    result_override=req.result_override if asked else None,
+                    input_override=req.input_override if asked else None,
+                    signals=[*(req.signals if asked else ()), *inflight.get(slot.workflow_id, [])],
+                    team=part,
+                )
+            )
+        queue = fork_task_queue(histories[req.member].task_queue)
+        try:
+            handle = await self.client.start_workflow(
+                TEAM_FORK_WORKFLOW,
+                TeamForkInput(plan=plan, members=members),
+                id=name,
+                task_queue=queue,
+                result_type=TeamForkRecord,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                static_summary=(
+                    f"team fork of {req.member} at step {req.at_step}: {len(members)} member forks"
+                ),
+            )
+        except WorkflowAlreadyStartedError:
+            raise TeamForkError(
+                f"team fork name {name!r} is the id of an existing workflow; choose another"
+            ) from None
+        return TeamForkStarted(cut=cut, plan=plan, handle=handle)

@@ -1,0 +1,162 @@
+"""The activities of a team fork's coordinator: start every member's fork (held), record
+the group receipt, or terminate every member fork the team fork started.
+
+Starting is idempotent: each member's fork has a deterministic id (``<team fork>/<member
+id>``), so an attempt retried after its worker died finds the forks the dead attempt
+started (their receipts recorded, or only their workflows started: ``record_started``
+takes the receipt from the fork's own first event when its marker was signed here for
+that id) and starts only the rest. A fork that cannot be made (its boundary, an id taken
+by another workflow) fails the activity non-retryably, and the coordinator aborts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from forklab.activities.runfork.fork_start import ForkError, ForkStarter
+from forklab.activities.runfork.history_reads import RunNotFound
+from forklab.activities.stores.fork_registry import ForkRegistry
+from forklab.activities.stores.team_registry import TeamRecordConflict, TeamRegistry
+from forklab.contracts.runfork import MARKER_MEMO_KEY
+from forklab.contracts.team_fork import (
+    ABORT_MEMBERS,
+    RECORD_TEAM_FORK,
+    START_MEMBERS,
+    AbortMembers,
+    MemberFork,
+    StartedMembers,
+    TeamForkInput,
+    TeamForkRecord,
+    TeamForkStatus,
+)
+from forklab.experiments.runfork.receipt import ForkReceipt
+
+#: The error type of a team fork whose member cannot be forked (the coordinator aborts).
+TEAM_FORK_REFUSED = "team_fork_refused"
+
+
+class TeamForkActivities:
+    """Bound to one namespace's client and the home whose issuer key signs the forks and
+    whose registry keeps their receipts (the same home ``forklab fork`` uses)."""
+
+    def __init__(self, client: Client, home: Path) -> None:
+        self._client = client
+        self._registry = ForkRegistry(home / "forks.sqlite")
+        self._teams = TeamRegistry(home / "forks.sqlite")
+        self._starter = ForkStarter(client, self._registry, home)
+
+    @activity.defn(name=START_MEMBERS)
+    async def start_members(self, inp: TeamForkInput) -> StartedMembers:
+        """Every member's fork, started held (or found, on a retry), in parallel."""
+        requested_by = inp.plan.requested_by
+        started = await asyncio.gather(
+            *(self._start(m, requested_by) for m in inp.members), return_exceptions=True
+        )
+        receipts: dict[str, ForkReceipt] = {}
+        refused: list[str] = []
+        for member, outcome in zip(inp.members, started, strict=True):
+            if isinstance(outcome, ForkReceipt):
+                receipts[member.workflow_id] = outcome
+            elif isinstance(outcome, (ForkError, RunNotFound)):
+                refused.append(f"{member.workflow_id}: {outcome}")
+            else:
+                raise outcome  # transient (the server, the registry): the attempt retries
+        if refused:
+            raise ApplicationError(
+                "team fork refused: " + "; ".join(refused),
+                type=TEAM_FORK_REFUSED,
+                non_retryable=True,
+            )
+        return StartedMembers(receipts=receipts)
+
+    async def _start(self, m: MemberFork, requested_by: str) -> ForkReceipt:
+        fork_id = m.fork_workflow_id
+        known = self._registry.receipt(fork_id)
+        if known is None:
+            try:
+                await self._starter.fork(
+                    m.workflow_id,
+                    m.at_step,
+                    name=fork_id,
+                    intervention=m.intervention,
+                    model=m.model,
+                    tool_policies=m.tool_policies,
+                    boundary=m.boundary,
+                    requested_by=requested_by,
+                    result_override=m.result_override,
+                    input_override=m.input_override,
+                    signals=m.signals,
+                    team=m.team,
+                )
+            except ForkError:
+                # started by an earlier attempt that died before recording its receipt?
+                # taken only when its marker was signed here for this id; else refused
+                if not await self._exists(fork_id):
+                    raise
+                await self._starter.record_started(fork_id)
+            known = self._registry.receipt(fork_id)
+        if known is None or known.parent_workflow_id != m.workflow_id:
+            raise ForkError(f"fork name {fork_id!r} is another fork's; choose another team name")
+        activity.heartbeat(fork_id)
+        return known
+
+    async def _exists(self, workflow_id: str) -> bool:
+        try:
+            await self._client.get_workflow_handle(workflow_id).describe()
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return True
+
+    @activity.defn(name=ABORT_MEMBERS)
+    async def abort_members(self, inp: AbortMembers) -> TeamForkRecord:
+        """Terminates every member fork this team fork started (a workflow under a member
+        fork's id whose marker names another team fork, or none, is someone else's and
+        left alone), then records the team fork as aborted."""
+        team_fork = inp.plan.team_fork_id
+        terminated: list[str] = []
+        for fork_id in sorted(inp.plan.addresses.values()):
+            activity.heartbeat(fork_id)
+            handle = self._client.get_workflow_handle(fork_id)
+            try:
+                desc = await handle.describe()
+            except RPCError as exc:
+                if exc.status is RPCStatusCode.NOT_FOUND:
+                    continue
+                raise
+            memo = await desc.memo()
+            marker = memo.get(MARKER_MEMO_KEY)
+            team = marker.get("team") if isinstance(marker, dict) else None
+            if not isinstance(team, dict) or team.get("team_fork_id") != team_fork:
+                continue
+            try:
+                await handle.terminate(f"team fork {team_fork} aborted: {inp.reason[:300]}")
+            except RPCError as exc:
+                if exc.status is not RPCStatusCode.NOT_FOUND:
+                    raise
+            terminated.append(fork_id)
+        record = TeamForkRecord(
+            status=TeamForkStatus.aborted,
+            receipt=inp.plan,
+            reason=inp.reason,
+            terminated=terminated,
+        )
+        self._record(record)
+        return record
+
+    @activity.defn(name=RECORD_TEAM_FORK)
+    async def record(self, record: TeamForkRecord) -> None:
+        self._record(record)
+
+    def _record(self, record: TeamForkRecord) -> None:
+        try:
+            self._teams.add(record)
+        except TeamRecordConflict as exc:
+            raise ApplicationError(str(exc), type=TEAM_FORK_REFUSED, non_retryable=True) from None

@@ -1,0 +1,88 @@
+"""The messages of a team fork's coordinator (``forklab.workflows.runfork.team_fork``):
+what it is asked to start, and what it reports.
+
+A team fork is one durable workflow, the coordinator, whose id is the team fork's name.
+It starts every member's fork held, and either releases them all (once every one exists
+and the group receipt is recorded) or terminates every one it started: a team fork is
+never left half started, whoever dies on the way (``forklab fork-team``, a worker)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forklab.contracts.runfork import TeamPart
+from forklab.experiments.runfork.overrides import ForkSignal, ResultOverride
+from forklab.experiments.runfork.policy import ToolPolicy
+from forklab.experiments.runfork.receipt import BoundaryMode, ForkReceipt
+from forklab.experiments.runfork.team_receipt import TeamReceipt
+
+#: The coordinator's workflow type and activities (registered by ``ForkLabPlugin``).
+TEAM_FORK_WORKFLOW = "forklab.TeamFork"
+START_MEMBERS = "forklab.team_start_members"
+ABORT_MEMBERS = "forklab.team_abort_members"
+RECORD_TEAM_FORK = "forklab.team_record"
+
+
+class MemberFork(BaseModel):
+    """One member's fork, as ``ForkStarter.fork`` takes it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workflow_id: str
+    fork_workflow_id: str
+    at_step: int = Field(ge=0)
+    boundary: BoundaryMode = BoundaryMode.exact
+    model: str | None = None
+    tool_policies: dict[str, ToolPolicy] = Field(default_factory=dict)
+    intervention: dict[str, Any] | None = None
+    result_override: ResultOverride | None = None
+    #: (step, JSON): that step runs live with the JSON as its input
+    input_override: tuple[int, Any] | None = None
+    #: the operator's signals and the messages in flight at the cut, in that order
+    signals: list[ForkSignal] = Field(default_factory=list)
+    team: TeamPart
+
+
+class TeamForkInput(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: the group receipt as planned (empty slots)
+    plan: TeamReceipt
+    members: list[MemberFork]
+
+
+class StartedMembers(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    #: original workflow id -> its fork's receipt
+    receipts: dict[str, ForkReceipt]
+
+
+class TeamForkStatus(StrEnum):
+    #: every member's fork exists and was released
+    forked = "forked"
+    #: a member's fork could not be made: every one started was terminated before it ran
+    aborted = "aborted"
+
+
+class TeamForkRecord(BaseModel):
+    """What the registry keeps of a team fork, written once: the final group receipt
+    (member receipts in their slots) or, aborted, the plan and why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: TeamForkStatus
+    receipt: TeamReceipt
+    reason: str | None = None
+    #: aborted: the member forks that had started and were terminated (they ran nothing)
+    terminated: list[str] = Field(default_factory=list)
+
+
+class AbortMembers(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    plan: TeamReceipt
+    reason: str

@@ -1,0 +1,345 @@
+"""Team forks on a real dev server (``forklab fork-team``): the example team recorded,
+then forked as one operation at a consistent cut.
+
+- forking the researcher at its conclusion with an override moves the writer and the
+  reviewer back, forks all three, and the forks message each other (the findings signal
+  and the review update reach the forks, never the originals): the team's verdict flips,
+  the originals' histories are byte for byte the same;
+- forking the writer at step 0 leaves the findings signal in flight: it is delivered to
+  the writer's fork at its start (and kept in its receipt), the researcher is inherited;
+- a frozen member never runs, and a send to it is blocked; so is a send to a workflow
+  outside the named team;
+- a team fork of a team fork addresses the second forks;
+- a member fork that cannot be made aborts the team fork: every member fork started is
+  terminated having run nothing;
+- ``forklab fork-team``, then ``forklab diff`` and ``forklab trail`` of the team fork.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_fixtures import Services, agent_settings
+from helpers import forklab_in_process as forklab
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from forklab.activities.runfork.overrides import make_override
+from forklab.activities.runfork.team_fork_start import (
+    TeamForkError,
+    TeamForkRequest,
+    TeamForkStarter,
+)
+from forklab.activities.stores.team_registry import TeamRegistry
+from forklab.agents.team import CONCLUSION_STEP, ReviewerInput, ReviewerWorkflow
+from forklab.agents.team_start import TeamHandles, start_team
+from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.team_fork import TeamForkRecord, TeamForkStatus
+from forklab.experiments.runfork.team_cut import EdgeTreatment, Point
+from forklab.experiments.runfork.team_receipt import SlotRole
+from forklab.temporal import ensure_search_attributes
+from forklab.workers.config import Settings
+from forklab.workers.runfork.agent_config import AgentSettings
+from forklab.workers.runfork.agent_worker import connect_agents
+from forklab.workers.runfork.team_worker import build_team_worker, team_task_queue
+
+FULL = (
+    "adopt durable execution for every agent workflow, because recorded histories make "
+    "each run replayable, auditable and cheap to fork"
+)
+
+
+@dataclass
+class TeamForkLab:
+    client: Client
+    agent: AgentSettings
+
+    @property
+    def teams(self) -> TeamRegistry:
+        return TeamRegistry(self.agent.forks_path)
+
+    async def record(self, researcher_model: str = "fast") -> TeamHandles:
+        handles = await start_team(
+            self.client,
+            f"team-{uuid.uuid4().hex[:8]}",
+            "durable execution",
+            team_task_queue(self.agent),
+            researcher_model=researcher_model,
+        )
+        await handles.results()
+        return handles
+
+    async def fork(self, req: TeamForkRequest) -> TeamForkRecord:
+        started = await TeamForkStarter(self.client, self.teams).start(req)
+        try:
+            return await asyncio.wait_for(started.result(), timeout=60)
+        except TimeoutError:
+            history = await started.handle.fetch_history()
+            raise AssertionError(f"team fork did not finish: {history.to_json()[-3000:]}") from None
+
+    async def history(self, workflow_id: str) -> bytes:
+        history = await self.client.get_workflow_handle(workflow_id).fetch_history()
+        return b"".join(e.SerializeToString(deterministic=True) for e in history.events)
+
+    async def result(self, workflow_id: str) -> Any:
+        return await asyncio.wait_for(
+            self.client.get_workflow_handle(workflow_id).result(), timeout=120
+        )
+
+    async def exists(self, workflow_id: str) -> bool:
+        try:
+            await self.client.get_workflow_handle(workflow_id).describe()
+        except RPCError:
+            return False
+        return True
+
+
+@pytest.fixture
+async def lab(
+    temporal_env: WorkflowEnvironment, services: Services, tmp_path: Path
+) -> AsyncIterator[TeamForkLab]:
+    agent = agent_settings(services, tmp_path / "home")
+    target = temporal_env.client.service_client.config.target_host
+    settings = Settings.load({"address": target, "home": tmp_path / "home"}, env={})
+    client = await connect_agents(settings, agent)
+    await ensure_search_attributes(client)
+    async with build_team_worker(client, agent):
+        yield TeamForkLab(client=client, agent=agent)
+
+
+def _conclusion(text: str) -> Any:
+    return {"content": text, "model": "override"}
+
+
+async def test_a_team_forked_at_the_conclusion_flips_the_verdict_and_leaves_the_originals(
+    lab: TeamForkLab,
+) -> None:
+    team = await lab.record("fast")
+    ids = team.ids
+    before = {w: await lab.history(w) for w in (ids.researcher, ids.writer, ids.reviewer)}
+    name = f"tf-{uuid.uuid4().hex[:6]}"
+    record = await lab.fork(
+        TeamForkRequest(
+            member=ids.researcher,
+            at_step=CONCLUSION_STEP,
+            name=name,
+            result_override=make_override(CONCLUSION_STEP, _conclusion(FULL)),
+        )
+    )
+    assert record.status is TeamForkStatus.forked
+    receipt = record.receipt
+    # the cut: the findings signal moves the writer back to step 0, the review update the
+    # reviewer; every member is forked (nobody is frozen or whole and closed)
+    assert {c.workflow_id: c.point for c in receipt.cut} == {
+        ids.researcher: Point(step=3),
+        ids.writer: Point(step=0),
+        ids.reviewer: Point(step=0),
+    }
+    assert {s.role for s in receipt.slots} == {SlotRole.forked}
+    assert receipt.addresses == {w: f"{name}/{w}" for w in before}
+    assert all(s.receipt is not None for s in receipt.slots)
+    assert {e.treatment for e in receipt.edges} == {EdgeTreatment.regenerated}
+    # the forks messaged each other: the writer's fork wrote from the overridden
+    # conclusion, the reviewer's fork approved it
+    writer = await lab.result(receipt.addresses[ids.writer])
+    reviewer = await lab.result(receipt.addresses[ids.reviewer])
+    assert writer["conclusion"] == FULL
+    assert reviewer["approved"] is True and writer["review"] == reviewer
+    researcher = await lab.result(receipt.addresses[ids.researcher])
+    assert researcher["conclusion"] == FULL
+    # the originals: byte for byte the same histories (no message reached them)
+    assert {w: await lab.history(w) for w in before} == before
+    assert lab.teams.get(name) == record
+
+
+async def test_a_signal_in_flight_at_the_cut_is_delivered_to_the_fork_at_its_start(
+    lab: TeamForkLab,
+) -> None:
+    team = await lab.record("slow")
+    ids = team.ids
+    before = {w: await lab.history(w) for w in (ids.researcher, ids.writer, ids.reviewer)}
+    name = f"tf-{uuid.uuid4().hex[:6]}"
+    record = await lab.fork(TeamForkRequest(member=ids.writer, at_step=0, name=name, model="fast"))
+    assert record.status is TeamForkStatus.forked
+    receipt = record.receipt
+    roles = {s.workflow_id: s.role for s in receipt.slots}
+    assert roles == {
+        ids.researcher: SlotRole.inherited,
+        ids.writer: SlotRole.forked,
+        ids.reviewer: SlotRole.forked,
+    }
+    findings = next(e for e in receipt.edges if e.message.name == "findings")
+    assert findings.treatment is EdgeTreatment.delivered_at_start
+    writer_slot = receipt.slot(ids.writer)
+    assert writer_slot.receipt is not None
+    assert [s.name for s in writer_slot.receipt.signals] == ["findings"]
+    writer = await lab.result(receipt.addresses[ids.writer])
+    original = await lab.result(ids.writer)
+    # the findings the researcher sent once, delivered again; the draft under `fast`
+    assert writer["conclusion"] == original["conclusion"]
+    assert writer["draft"] != original["draft"]
+    assert ids.researcher not in receipt.addresses
+    assert {w: await lab.history(w) for w in before} == before
+
+
+async def test_a_frozen_member_never_runs_and_a_send_to_it_is_blocked(lab: TeamForkLab) -> None:
+    team = await lab.record("fast")
+    ids = team.ids
+    before = await lab.history(ids.reviewer)
+    name = f"tf-{uuid.uuid4().hex[:6]}"
+    record = await lab.fork(
+        TeamForkRequest(
+            member=ids.researcher, at_step=CONCLUSION_STEP, name=name, freeze=(ids.reviewer,)
+        )
+    )
+    assert record.status is TeamForkStatus.forked
+    assert record.receipt.slot(ids.reviewer).role is SlotRole.frozen
+    assert not await lab.exists(f"{name}/{ids.reviewer}")
+    # the writer's fork asks for a review: the reviewer has no fork, so the update is
+    # blocked (it never reaches the original)
+    with pytest.raises(WorkflowFailureError) as failed:
+        await lab.result(f"{name}/{ids.writer}")
+    assert ForkErrorType.team_send_blocked.value in _causes(failed.value)
+    assert await lab.history(ids.reviewer) == before
+
+
+async def test_a_send_outside_the_named_team_is_blocked(lab: TeamForkLab) -> None:
+    team = await lab.record("fast")
+    ids = team.ids
+    before = await lab.history(ids.reviewer)
+    name = f"tf-{uuid.uuid4().hex[:6]}"
+    record = await lab.fork(
+        TeamForkRequest(
+            member=ids.researcher, at_step=CONCLUSION_STEP, name=name, members=[ids.writer]
+        )
+    )
+    outside = [e for e in record.receipt.edges if e.message.receiver is None]
+    assert [e.treatment for e in outside] == [EdgeTreatment.outside_blocked]
+    with pytest.raises(WorkflowFailureError) as failed:
+        await lab.result(f"{name}/{ids.writer}")
+    assert ForkErrorType.team_send_blocked.value in _causes(failed.value)
+    assert await lab.history(ids.reviewer) == before
+
+
+async def test_a_team_fork_of_a_team_fork_addresses_the_second_forks(lab: TeamForkLab) -> None:
+    team = await lab.record("fast")
+    ids = team.ids
+    first = f"tf-{uuid.uuid4().hex[:6]}"
+    one = await lab.fork(TeamForkRequest(member=ids.researcher, at_step=2, name=first))
+    assert one.status is TeamForkStatus.forked
+    for fork_id in one.receipt.addresses.values():
+        await lab.result(fork_id)
+    forks = {w: one.receipt.addresses[w] for w in (ids.researcher, ids.writer, ids.reviewer)}
+    before = {w: await lab.history(w) for w in (*forks.values(), *forks)}
+    second = f"tf-{uuid.uuid4().hex[:6]}"
+    two = await lab.fork(
+        TeamForkRequest(
+            member=forks[ids.researcher],
+            at_step=CONCLUSION_STEP,
+            name=second,
+            result_override=make_override(CONCLUSION_STEP, _conclusion(FULL)),
+        )
+    )
+    assert two.status is TeamForkStatus.forked
+    # the second team is read from the first forks' histories: their messages connect them
+    assert set(two.receipt.addresses) == set(forks.values())
+    researcher2 = two.receipt.addresses[forks[ids.researcher]]
+    assert researcher2 == f"{second}/{forks[ids.researcher]}"
+    slot = two.receipt.slot(forks[ids.researcher])
+    assert slot.receipt is not None and slot.receipt.lineage == [
+        ids.researcher,
+        forks[ids.researcher],
+    ]
+    reviewer2 = await lab.result(two.receipt.addresses[forks[ids.reviewer]])
+    writer2 = await lab.result(two.receipt.addresses[forks[ids.writer]])
+    assert writer2["conclusion"] == FULL and reviewer2["approved"] is True
+    # neither the first forks nor the originals got a message
+    assert {w: await lab.history(w) for w in before} == before
+
+
+async def test_a_member_that_cannot_be_forked_aborts_the_whole_team(lab: TeamForkLab) -> None:
+    team = await lab.record("fast")
+    ids = team.ids
+    name = f"tf-{uuid.uuid4().hex[:6]}"
+    # someone else's workflow already holds the reviewer's fork id
+    squatter = await lab.client.start_workflow(
+        ReviewerWorkflow.run,
+        ReviewerInput(topic="squat"),
+        id=f"{name}/{ids.reviewer}",
+        task_queue=team_task_queue(lab.agent),
+    )
+    record = await lab.fork(
+        TeamForkRequest(member=ids.researcher, at_step=CONCLUSION_STEP, name=name)
+    )
+    assert record.status is TeamForkStatus.aborted
+    assert record.reason is not None and ids.reviewer in record.reason
+    # the researcher's and writer's forks were started held and terminated: they ran
+    # nothing (no activity of their own in their histories); the squatter is untouched
+    assert sorted(record.terminated) == sorted(f"{name}/{w}" for w in (ids.researcher, ids.writer))
+    for fork_id in record.terminated:
+        history = await lab.client.get_workflow_handle(fork_id).fetch_history()
+        assert not any(
+            e.HasField("activity_task_scheduled_event_attributes") for e in history.events
+        )
+    assert (await squatter.describe()).status is not None
+    assert lab.teams.get(name) == record
+    with pytest.raises(TeamForkError, match="is taken"):
+        await TeamForkStarter(lab.client, lab.teams).start(
+            TeamForkRequest(member=ids.researcher, at_step=CONCLUSION_STEP, name=name)
+        )
+    await squatter.terminate("test over")
+
+
+def _causes(exc: BaseException) -> str:
+    out = []
+    cur: BaseException | None = exc
+    while cur is not None:
+        out.append(f"{getattr(cur, 'type', '')} {cur}")
+        cur = cur.__cause__
+    return " | ".join(out)
+
+
+async def test_forklab_fork_team_then_trail_and_diff_the_team(lab: TeamForkLab) -> None:
+    team = await lab.record("fast")
+    ids = team.ids
+    env = {
+        **os.environ,
+        "FORKLAB_ADDRESS": lab.client.service_client.config.target_host,
+        "FORKLAB_HOME": str(lab.agent.home),
+    }
+    name = f"tf-{uuid.uuid4().hex[:6]}"
+    value = json.dumps(_conclusion(FULL))
+    done = await asyncio.to_thread(
+        forklab, env, "fork-team", ids.researcher, "--override-result", f"3={value}", "--name", name
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"team fork {name}: forked, every member released" in done.stdout
+    assert f"{ids.writer:<34} at step 0 of 2   moved back by signal:findings:" in done.stdout
+    for w in (ids.researcher, ids.writer, ids.reviewer):
+        await lab.result(f"{name}/{w}")
+    diff = await asyncio.to_thread(forklab, env, "diff", name)
+    assert diff.returncode == 0, diff.stderr
+    assert f"{ids.researcher:<34} diverged from step 3, entered through override result" in (
+        diff.stdout
+    )
+    assert f"{ids.writer:<34} diverged from step 1, entered through signal:findings:" in diff.stdout
+    trail = await asyncio.to_thread(forklab, env, "trail", name, "--json")
+    assert json.loads(trail.stdout)["status"] == "forked"
+    # bad requests: one sentence, exit 2, nothing started
+    for argv, says in (
+        (("--at-step", "9"), "the step to cut it at must be 0..3"),
+        (("--at-step", "3", "--freeze", ids.researcher), "cannot also be frozen"),
+        (("--at-step", "3", "--name", name), f"team fork name {name!r} is taken"),
+        ((), "give --at-step N"),
+    ):
+        bad = await asyncio.to_thread(forklab, env, "fork-team", ids.researcher, *argv)
+        assert bad.returncode == 2 and says in bad.stderr, (argv, bad.stderr)
