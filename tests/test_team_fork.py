@@ -7,6 +7,9 @@ then forked as one operation at a consistent cut.
   the originals' histories are byte for byte the same;
 - forking the writer at step 0 leaves the findings signal in flight: it is delivered to
   the writer's fork at its start (and kept in its receipt), the researcher is inherited;
+- forking the writer at step 1 keeps the findings signal inside its prefix: the fork gets
+  it again at the same point (``prefix_messages``), and with nothing changed ends as the
+  original did;
 - a frozen member never runs, and a send to it is blocked; so is a send to a workflow
   outside the named team;
 - a team fork of a team fork addresses the second forks;
@@ -43,6 +46,7 @@ from forklab.activities.stores.team_registry import TeamRegistry
 from forklab.agents.team import CONCLUSION_STEP, ReviewerInput, ReviewerWorkflow
 from forklab.agents.team_start import TeamHandles, start_team
 from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.runfork import FETCH_PREFIX, TEAM_RELEASE_SIGNAL
 from forklab.contracts.team_fork import TeamForkRecord, TeamForkStatus
 from forklab.experiments.runfork.team_cut import EdgeTreatment, Point
 from forklab.experiments.runfork.team_receipt import SlotRole
@@ -188,6 +192,56 @@ async def test_a_signal_in_flight_at_the_cut_is_delivered_to_the_fork_at_its_sta
     assert writer["conclusion"] == original["conclusion"]
     assert writer["draft"] != original["draft"]
     assert ids.researcher not in receipt.addresses
+    assert {w: await lab.history(w) for w in before} == before
+
+
+async def test_a_member_whose_prefix_received_a_signal_gets_it_again_at_the_same_point(
+    lab: TeamForkLab,
+) -> None:
+    team = await lab.record("fast")
+    ids = team.ids
+    before = {w: await lab.history(w) for w in (ids.researcher, ids.writer, ids.reviewer)}
+    name = f"tf-{uuid.uuid4().hex[:6]}"
+    # the writer received the findings, then drafted (step 1): its cut holds the signal
+    record = await lab.fork(TeamForkRequest(member=ids.writer, at_step=1, name=name))
+    assert record.status is TeamForkStatus.forked
+    receipt = record.receipt
+    cut = {c.workflow_id: c.point for c in receipt.cut}
+    assert (cut[ids.writer], cut[ids.reviewer]) == (Point(step=1), Point(step=0))
+    assert {s.workflow_id: s.role for s in receipt.slots} == {
+        ids.researcher: SlotRole.inherited,
+        ids.writer: SlotRole.forked,
+        ids.reviewer: SlotRole.forked,
+    }
+    findings = next(e for e in receipt.edges if e.message.name == "findings")
+    assert findings.treatment is EdgeTreatment.in_prefix
+    writer_slot = receipt.slot(ids.writer)
+    assert writer_slot.receipt is not None and writer_slot.receipt.signals == []
+    fork_id = receipt.addresses[ids.writer]
+    # nothing changed: the fork ends as the original did (its draft, served from the
+    # prefix, waited for the findings: handed over before step 1, as on the original)
+    assert await lab.result(fork_id) == await lab.result(ids.writer)
+    assert await lab.result(receipt.addresses[ids.reviewer]) == await lab.result(ids.reviewer)
+    # the signal came with the prefix, placed after 0 inherited steps, not from a sender
+    history = (await lab.client.get_workflow_handle(fork_id).fetch_history()).events
+    prefix_calls = {
+        e.event_id
+        for e in history
+        if e.activity_task_scheduled_event_attributes.activity_type.name == FETCH_PREFIX
+    }
+    pages = [
+        json.loads(e.activity_task_completed_event_attributes.result.payloads[0].data)
+        for e in history
+        if e.activity_task_completed_event_attributes.scheduled_event_id in prefix_calls
+    ]
+    messages = [(m["name"], m["position"]) for page in pages for m in page["messages"]]
+    assert messages == [("findings", 0)]
+    signalled = [
+        e.workflow_execution_signaled_event_attributes.signal_name
+        for e in history
+        if e.HasField("workflow_execution_signaled_event_attributes")
+    ]
+    assert signalled == [TEAM_RELEASE_SIGNAL]
     assert {w: await lab.history(w) for w in before} == before
 
 

@@ -16,14 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from forklab.contracts.runfork import TeamPart
 from forklab.experiments.runfork.overrides import ForkSignal, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
-from forklab.experiments.runfork.receipt import BoundaryMode, ForkReceipt
+from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.team_receipt import TeamReceipt
 
 #: The coordinator's workflow type and activities (registered by ``ForkLabPlugin``).
 TEAM_FORK_WORKFLOW = "forklab.TeamFork"
-START_MEMBERS = "forklab.team_start_members"
+FORK_MEMBERS = "forklab.team_fork_members"
 ABORT_MEMBERS = "forklab.team_abort_members"
-RECORD_TEAM_FORK = "forklab.team_record"
 
 
 class MemberFork(BaseModel):
@@ -52,13 +51,6 @@ class TeamForkInput(BaseModel):
     #: the group receipt as planned (empty slots)
     plan: TeamReceipt
     members: list[MemberFork]
-
-
-class StartedMembers(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    #: original workflow id -> its fork's receipt
-    receipts: dict[str, ForkReceipt]
 
 
 class TeamForkStatus(StrEnum):

@@ -193,6 +193,9 @@ class TeamForkStarter:
                 task_queue=queue,
                 result_type=TeamForkRecord,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                # a worker of this client on the queue (the API, a test, an experiment's
+                # worker) gets the first task with the start's answer: one round trip less
+                request_eager_start=True,
                 static_summary=(
                     f"team fork of {req.member} at step {req.at_step}: {len(members)} member forks"
                 ),

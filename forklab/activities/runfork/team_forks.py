@@ -1,12 +1,21 @@
-"""The activities of a team fork's coordinator: start every member's fork (held), record
-the group receipt, or terminate every member fork the team fork started.
+"""The activities of a team fork's coordinator: fork the members (start every member's
+fork held, record the group receipt, release every member), or terminate every member fork
+the team fork started.
 
-Starting is idempotent: each member's fork has a deterministic id (``<team fork>/<member
-id>``), so an attempt retried after its worker died finds the forks the dead attempt
-started (their receipts recorded, or only their workflows started: ``record_started``
-takes the receipt from the fork's own first event when its marker was signed here for
-that id) and starts only the rest. A fork that cannot be made (its boundary, an id taken
-by another workflow) fails the activity non-retryably, and the coordinator aborts.
+Forking the members is one activity, so that the coordinator costs one activity and two
+workflow tasks beyond its start: each activity, workflow task and signal from a workflow is
+a round trip through the server, and they were most of a small team fork's time.
+
+It is idempotent: each member's fork has a deterministic id (``<team fork>/<member id>``),
+so an attempt retried after its worker died finds the forks the dead attempt started
+(their receipts recorded, or only their workflows started: ``record_started`` takes the
+receipt from the fork's own first event when its marker was signed here for that id) and
+starts only the rest. A fork that cannot be made (its boundary, an id taken by another
+workflow) fails the activity non-retryably before anything is recorded or released, and
+the coordinator aborts. Once every fork exists, the group receipt is recorded (the same
+record again on a retry changes nothing), then every member released; a retry releases
+them again, which a held member takes as its release and a released one ignores (one that
+already closed is not found, and is left so).
 """
 
 from __future__ import annotations
@@ -23,19 +32,18 @@ from forklab.activities.runfork.fork_start import ForkError, ForkStarter
 from forklab.activities.runfork.history_reads import RunNotFound
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.team_registry import TeamRecordConflict, TeamRegistry
-from forklab.contracts.runfork import MARKER_MEMO_KEY
+from forklab.contracts.runfork import MARKER_MEMO_KEY, TEAM_RELEASE_SIGNAL
 from forklab.contracts.team_fork import (
     ABORT_MEMBERS,
-    RECORD_TEAM_FORK,
-    START_MEMBERS,
+    FORK_MEMBERS,
     AbortMembers,
     MemberFork,
-    StartedMembers,
     TeamForkInput,
     TeamForkRecord,
     TeamForkStatus,
 )
 from forklab.experiments.runfork.receipt import ForkReceipt
+from forklab.experiments.runfork.team_receipt import with_member_receipts
 
 #: The error type of a team fork whose member cannot be forked (the coordinator aborts).
 TEAM_FORK_REFUSED = "team_fork_refused"
@@ -51,9 +59,10 @@ class TeamForkActivities:
         self._teams = TeamRegistry(home / "forks.sqlite")
         self._starter = ForkStarter(client, self._registry, home)
 
-    @activity.defn(name=START_MEMBERS)
-    async def start_members(self, inp: TeamForkInput) -> StartedMembers:
-        """Every member's fork, started held (or found, on a retry), in parallel."""
+    @activity.defn(name=FORK_MEMBERS)
+    async def fork_members(self, inp: TeamForkInput) -> TeamForkRecord:
+        """Every member's fork started held (or found, on a retry), in parallel; then the
+        group receipt recorded and every member released."""
         requested_by = inp.plan.requested_by
         started = await asyncio.gather(
             *(self._start(m, requested_by) for m in inp.members), return_exceptions=True
@@ -73,7 +82,19 @@ class TeamForkActivities:
                 type=TEAM_FORK_REFUSED,
                 non_retryable=True,
             )
-        return StartedMembers(receipts=receipts)
+        record = TeamForkRecord(
+            status=TeamForkStatus.forked, receipt=with_member_receipts(inp.plan, receipts)
+        )
+        self._record(record)
+        await asyncio.gather(*(self._release(f) for f in sorted(inp.plan.addresses.values())))
+        return record
+
+    async def _release(self, fork_id: str) -> None:
+        try:
+            await self._client.get_workflow_handle(fork_id).signal(TEAM_RELEASE_SIGNAL)
+        except RPCError as exc:
+            if exc.status is not RPCStatusCode.NOT_FOUND:  # closed: released by an earlier try
+                raise
 
     async def _start(self, m: MemberFork, requested_by: str) -> ForkReceipt:
         fork_id = m.fork_workflow_id
@@ -150,10 +171,6 @@ class TeamForkActivities:
         )
         self._record(record)
         return record
-
-    @activity.defn(name=RECORD_TEAM_FORK)
-    async def record(self, record: TeamForkRecord) -> None:
-        self._record(record)
 
     def _record(self, record: TeamForkRecord) -> None:
         try:

@@ -24,6 +24,7 @@ and is treated as untrusted data: names and ids are kept as strings, never inter
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -284,20 +285,16 @@ async def read_member(client: Client, workflow_id: str) -> MemberHistory:
         if exc.status is RPCStatusCode.NOT_FOUND:
             raise TeamReadError(f"no workflow {workflow_id!r} in this namespace") from None
         raise
-    runs: list[str] = []
+    # each run's history read once, latest first: its first event names the run before it
+    chain: list[list[HistoryEvent]] = []
     run_id: str | None = desc.run_id
-    first_events: dict[str, HistoryEvent] = {}
     while run_id:
-        runs.append(run_id)
-        async for ev in client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history_events(
-            page_size=1
-        ):
-            first_events[run_id] = ev
-            break
-        started = first_events[run_id].workflow_execution_started_event_attributes
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        chain.append(list(history.events))
+        started = chain[-1][0].workflow_execution_started_event_attributes
         run_id = started.continued_execution_run_id or None
-    runs.reverse()
-    first = first_events[runs[0]].workflow_execution_started_event_attributes
+    chain.reverse()
+    first = chain[0][0].workflow_execution_started_event_attributes
     member = MemberHistory(
         workflow_id=workflow_id,
         run_id=desc.run_id,
@@ -307,11 +304,10 @@ async def read_member(client: Client, workflow_id: str) -> MemberHistory:
     )
     if member.parent:
         member.neighbours.add(member.parent)
-    walker = _Walker(member, _team_of(first_events[runs[0]]))
-    for rid in runs:
+    walker = _Walker(member, _team_of(chain[0][0]))
+    for events in chain:
         scheduled: dict[int, str] = {}
-        history = await client.get_workflow_handle(workflow_id, run_id=rid).fetch_history()
-        for ev in history.events:
+        for ev in events:
             walker.event(ev, scheduled)
         walker.end_run()
     member.closed = desc.status in _CLOSED
@@ -535,26 +531,30 @@ def delivered_at_start(
 async def read_histories(
     client: Client, member: str, members: list[str] | None = None, max_members: int = MAX_MEMBERS
 ) -> dict[str, MemberHistory]:
-    """The histories of ``member``'s team, read as :func:`read_team` says."""
+    """The histories of ``member``'s team, read as :func:`read_team` says: the named
+    members at once, then each ring of neighbours found at once (the reads are round trips
+    to the server; one after another they were most of a small team fork's time)."""
     histories: dict[str, MemberHistory] = {}
+    outside: set[str] = set()
     named = [member, *(members or [])]
-    queue = list(named)
     explicit = members is not None
-    while queue:
-        wid = queue.pop(0)
-        if wid in histories:
-            continue
-        if len(histories) >= max_members:
+    ring = list(dict.fromkeys(named))
+    while ring:
+        if len(histories) + len(ring) > max_members:
             raise TeamReadError(
                 f"the team of {member!r} has more than {max_members} members; name them "
                 "with --members"
             )
-        try:
-            histories[wid] = await read_member(client, wid)
-        except TeamReadError:
-            if wid in named:
-                raise
-            continue  # a neighbour that does not exist (a signal that failed): outside
-        if not explicit:
-            queue.extend(sorted(histories[wid].neighbours - set(histories)))
+        read = await asyncio.gather(*(read_member(client, w) for w in ring), return_exceptions=True)
+        for wid, outcome in zip(ring, read, strict=True):
+            if isinstance(outcome, MemberHistory):
+                histories[wid] = outcome
+            elif isinstance(outcome, TeamReadError) and wid not in named:
+                outside.add(wid)  # a neighbour that does not exist (a signal that failed)
+            else:
+                raise outcome
+        if explicit:
+            break
+        found = {n for wid in ring if wid in histories for n in histories[wid].neighbours}
+        ring = sorted(found - set(histories) - outside)
     return histories

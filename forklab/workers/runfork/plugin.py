@@ -146,9 +146,8 @@ class ForkLabPlugin(SimplePlugin):
             config["workflows"] = [*config["workflows"], TeamForkWorkflow]
             config["activities"] = [
                 *config["activities"],
-                teams.start_members,
+                teams.fork_members,
                 teams.abort_members,
-                teams.record,
             ]
         log = RunLog(self._run_log or self._home / "runlog.sqlite")
         # first in the list: the outbound interceptor listed last runs first, so the fork
