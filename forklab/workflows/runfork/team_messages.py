@@ -21,6 +21,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 from forklab.contracts.errors import ForkErrorType
+from forklab.workflows.runfork.fork_memo import memo_value
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -36,7 +37,10 @@ def held_team() -> TeamPart | None:
     released (its first run; a later run or a child is never held). Read at the start of
     the run, before the marker is verified: a memo that does not parse holds nothing
     here and fails the run where the marker is checked."""
-    raw = workflow.memo().get(MARKER_MEMO_KEY) if workflow.memo() else None
+    try:  # the marker alone (fork_memo: no other memo value is decoded)
+        raw = memo_value(MARKER_MEMO_KEY)
+    except ApplicationError:
+        return None
     if not isinstance(raw, dict) or raw.get("continued") or raw.get("child_of"):
         return None
     try:
