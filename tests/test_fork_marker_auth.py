@@ -8,6 +8,7 @@ steps (its secret topic in the attacker's result) or to wedge.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import uuid
 from datetime import UTC, datetime
@@ -23,9 +24,10 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import RawValue, WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import WorkflowEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
+from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.activities.runfork.fork_keys import issuer_key
 from forklab.activities.runfork.history_events import digest_payloads
 from forklab.activities.runfork.history_reads import latest_start
@@ -33,7 +35,7 @@ from forklab.agents.research import ResearchInput
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.contracts.errors import ForkErrorType
 from forklab.contracts.fork_signature import issuer_public_key, sign_marker
-from forklab.contracts.runfork import FETCH_PREFIX, MARKER_MEMO_KEY, ForkMarker
+from forklab.contracts.runfork import FETCH_PREFIX, MARKER_MEMO_KEY, FetchPrefixInput, ForkMarker
 from forklab.experiments.runfork.identity import lineage_root
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.temporal import ForkLabPlugin
@@ -75,7 +77,9 @@ async def _start(
 
 async def _refusal(handle: WorkflowHandle[Any, Any], error: ForkErrorType) -> str:
     """The one sentence the run failed with (at once, never wedged), after checking that
-    the run read nothing of any parent."""
+    the run was handed nothing of any parent: its one ``forklab.fetch_prefix`` (which
+    verifies the marker before it reads: ``test_the_fetch_refuses_before_it_reads``)
+    failed with the refusal and returned nothing."""
     try:
         await asyncio.wait_for(handle.result(), 30)
     except WorkflowFailureError as exc:
@@ -87,12 +91,19 @@ async def _refusal(handle: WorkflowHandle[Any, Any], error: ForkErrorType) -> st
     assert isinstance(cause, ApplicationError) and cause.type == error, cause
     assert "\n" not in cause.message
     history = await handle.fetch_history()
-    scheduled = [
-        e.activity_task_scheduled_event_attributes.activity_type.name
+    scheduled = {
+        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
         for e in history.events
         if e.HasField("activity_task_scheduled_event_attributes")
-    ]
-    assert FETCH_PREFIX not in scheduled, "the run read its parent's history"
+    }
+    assert list(scheduled.values()).count(FETCH_PREFIX) <= 1
+    for e in history.events:
+        if e.HasField("activity_task_completed_event_attributes"):
+            done = e.activity_task_completed_event_attributes.scheduled_event_id
+            assert scheduled[done] != FETCH_PREFIX, "the run was handed its parent's steps"
+        if e.HasField("activity_task_failed_event_attributes"):
+            failed = e.activity_task_failed_event_attributes
+            assert failed.failure.application_failure_info.type == error.value
     return cause.message
 
 
@@ -150,6 +161,28 @@ async def _real_fork(lab: AgentTestLab, parent: str) -> tuple[str, ForkMarker, l
     start = await latest_start(lab.client, fork.handle.id)
     assert start.marker is not None and start.marker.signature is not None
     return fork.handle.id, start.marker, [RawValue(p) for p in start.input]
+
+
+async def test_the_fetch_refuses_before_it_reads(agent_lab: AgentTestLab) -> None:
+    """``forklab.fetch_prefix`` carrying a marker it cannot verify reads nothing of the
+    parent: the worker's cache of parsed closed runs stays empty, where the same fetch
+    without a marker (a later page, after the first verified) reads and keeps the run."""
+    secret = f"SECRET-{uuid.uuid4().hex[:8]}"
+    wid, run_id, forged = await _finished_parent(agent_lab, secret)
+    forks = ForkActivities(agent_lab.client, agent_lab.agent.home)
+    issuer_key(agent_lab.agent.home)
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, workflow_id=wid, workflow_run_id=run_id)
+    page = FetchPrefixInput(workflow_id=wid, run_id=run_id, from_step=1, upto_step=2)
+    own = Ed25519PrivateKey.generate()
+    for marker in (forged, sign_marker(forged, own)):
+        with pytest.raises(ApplicationError) as refused:
+            await env.run(forks.fetch_prefix, page.model_copy(update={"marker": marker}))
+        assert refused.value.type == ForkErrorType.marker_unverified
+        assert forks.runs.get(wid, run_id, 0) is None, "the fetch read the parent's run"
+    served = await env.run(forks.fetch_prefix, page)
+    assert [s.index for s in served.steps] == [1, 2]
+    assert forks.runs.get(wid, run_id, 0) is not None
 
 
 async def test_a_real_marker_copied_to_another_workflow_id_is_refused(

@@ -78,13 +78,14 @@ async def test_fork_serves_the_prefix_and_replays_deterministically(steps_lab: S
     steps = await steps_lab.lab.steps(fork.handle.id)
     assert [s.origin for s in steps] == [StepOrigin.inherited] * 4 + [StepOrigin.own] * 2
     history = await fork.handle.fetch_history()
-    # only two echo activities ran on the fork, after the one prefix read
+    # only two echo activities ran on the fork, after the one prefix read (which verified
+    # the marker before reading anything)
     scheduled = [
         e.activity_task_scheduled_event_attributes.activity_type.name
         for e in history.events
         if e.HasField("activity_task_scheduled_event_attributes")
     ]
-    assert scheduled == ["forklab.verify_fork", "forklab.fetch_prefix", "echo", "echo"]
+    assert scheduled == ["forklab.fetch_prefix", "echo", "echo"]
     await Replayer(
         workflows=[StepsWorkflow],
         plugins=[ForkLabPlugin(steps_lab.lab.agent.run_log_path)],
@@ -231,7 +232,6 @@ async def test_exact_fork_inside_an_earlier_run_of_a_running_chain(steps_lab: St
         steps_lab.client.get_workflow_handle(fork.handle.id, run_id=x.run_id) for x in fork_chain
     )
     assert await _scheduled(first) == [
-        ("forklab.verify_fork", f"fork: verify the marker for {wid}"),
         ("forklab.fetch_prefix", f"fork of {wid}: inherit steps 4..5"),
         ("echo", "step 6: echo"),
     ]

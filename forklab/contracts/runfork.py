@@ -204,6 +204,9 @@ class FetchPrefixInput(BaseModel):
     max_bytes: int = 1_000_000
     #: served in place of the recorded result of its step
     result_override: ResultOverride | None = None
+    #: on a fork's first run, the first page's: the marker the activity verifies (as
+    #: ``forklab.verify_fork`` does) before it reads anything of the parent
+    marker: ForkMarker | None = None
 
 
 class PrefixPage(BaseModel):

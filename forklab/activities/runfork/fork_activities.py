@@ -23,6 +23,7 @@ from forklab.contracts.runfork import (
     STEP_DECISION,
     VERIFY_FORK,
     FetchPrefixInput,
+    ForkMarker,
     PrefixPage,
     StepDecisionInput,
     VerifyForkInput,
@@ -58,9 +59,15 @@ class ForkActivities:
     @activity.defn(name=VERIFY_FORK)
     async def verify_fork(self, req: VerifyForkInput) -> VerifyForkInput:
         """Refuses (non-retryable, one sentence) a marker this worker cannot verify was
-        issued for the calling run: signed by a trusted key, for this workflow id, this
-        run's recorded start input, shortly before the run started. It reads the run's own
-        first event only; nothing of the parent."""
+        issued for the calling run (``_check_marker``): the check of a fork's first run
+        that inherits nothing (one that inherits has ``forklab.fetch_prefix`` check it)."""
+        await self._check_marker(req.marker)
+        return req
+
+    async def _check_marker(self, marker: ForkMarker) -> None:
+        """Raises ``fork_marker_unverified`` unless ``marker`` is signed by a trusted key,
+        for the calling run's workflow id, its recorded start input, shortly before the
+        run started. It reads the run's own first event only; nothing of the parent."""
         info = activity.info()
         workflow_id, run_id = info.workflow_id or "", info.workflow_run_id or ""
         trusted = self._trusted()
@@ -76,7 +83,7 @@ class ForkActivities:
             raise _unverified(f"cannot read this run's start ({exc})") from None
         started = event.workflow_execution_started_event_attributes
         refusal = marker_refusal(
-            req.marker,
+            marker,
             trusted=trusted,
             workflow_id=workflow_id,
             start_input_sha256=digest_payloads(list(started.input.payloads)),
@@ -84,12 +91,17 @@ class ForkActivities:
         )
         if refusal is not None:
             raise _unverified(refusal)
-        return req
 
     @activity.defn(name=FETCH_PREFIX)
     async def fetch_prefix(self, req: FetchPrefixInput) -> PrefixPage:
         """Steps ``from_step..upto_step`` of the parent's run, with their results, in pages
-        of at most ``max_bytes`` (a Temporal payload must stay small)."""
+        of at most ``max_bytes`` (a Temporal payload must stay small). The first page of a
+        fork's first run carries its marker: verified before anything of the parent is
+        read, and the page must be the prefix the marker names (one activity, where a
+        separate ``forklab.verify_fork`` cost a round trip and a workflow task more)."""
+        if req.marker is not None:
+            await self._check_marker(req.marker)
+            _check_named(req, req.marker)
         try:
             rec = await read_run(
                 self._client, req.workflow_id, req.run_id, req.base_step, self.runs
@@ -161,6 +173,24 @@ class ForkActivities:
 def _clock(clock: dict[int, int], lo: int, hi: int) -> dict[int, int]:
     """The workflow task times of positions ``lo..hi`` (steps handed over)."""
     return {n: t for n, t in clock.items() if lo <= n <= hi}
+
+
+def _check_named(req: FetchPrefixInput, marker: ForkMarker) -> None:
+    """Refuses a page other than the one the verified marker names: another parent, run,
+    boundary or override than the signature binds."""
+    named = (
+        marker.parent_workflow_id,
+        marker.source_run_id,
+        marker.base_step,
+        marker.at_step,
+        marker.result_override,
+    )
+    asked = (req.workflow_id, req.run_id, req.base_step, req.upto_step, req.result_override)
+    if asked != named or req.from_step != marker.base_step + 1:
+        raise _unverified(
+            "the prefix asked for is not the one the fork marker names: start forks with "
+            "`forklab fork`"
+        )
 
 
 def _unverified(why: str) -> ApplicationError:

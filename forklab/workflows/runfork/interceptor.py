@@ -115,6 +115,10 @@ _FORK_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds
 #: Forks whose first run verifies its marker (``forklab.verify_fork``) before anything
 #: else; histories recorded before it replay without that activity.
 VERIFY_PATCH = "forklab-verify-fork-marker"
+#: A fork's first run that inherits has its marker verified by ``forklab.fetch_prefix``
+#: (the first page carries it) instead of a ``forklab.verify_fork`` before the fetch;
+#: histories recorded before it replay with the separate check.
+FETCH_VERIFIES_PATCH = "forklab-fetch-verifies-marker"
 #: Child workflows started with a child marker (the run's lineage root and, on a fork,
 #: its policies); histories recorded before it replay without the patch marker.
 CHILD_PATCH = "forklab-child-marker"
@@ -251,12 +255,15 @@ class _ForkInbound(WorkflowInboundInterceptor):
         state.base = _base_step(marker)
         if marker is not None:
             workflow.set_query_handler(FORK_POINT_QUERY, lambda: _fork_point(state))
-            await _verify(marker)
+            deferred = await _verify(marker)
             state.marker = marker
-            state.lineage_root = marker.lineage_root
+            if not deferred:
+                state.lineage_root = marker.lineage_root
             state.changed_build = changed_build(marker.parent_build)
             if _inherits(marker):
-                _check_servable(await _load_prefix(state, marker), marker)
+                prefix = await _load_prefix(state, marker, deferred)
+                state.lineage_root = marker.lineage_root  # verified by now
+                _check_servable(prefix, marker)
                 matcher = state.matcher
                 if matcher is not None and workflow.patched(SIDE_EFFECTS_PATCH):
                     state.side_effects = ParentSideEffects(state.seed, state.clock)
@@ -362,11 +369,13 @@ def _refused(why: str, error: ForkErrorType = ForkErrorType.marker_unverified) -
     return ApplicationError(why, type=error, non_retryable=True)
 
 
-async def _verify(marker: ForkMarker) -> None:
+async def _verify(marker: ForkMarker) -> bool:
     """Fails the run at once, before anything of the parent is read, unless the marker is
     vouched for: a later run of a fork or a child by the server (it continued-as-new from
     a run, or a run started it, whose own marker this interceptor wrote), a fork's first
-    run by ``forklab.verify_fork`` (signed by an issuer this worker trusts, for this run)."""
+    run by ``forklab.verify_fork`` (signed by an issuer this worker trusts, for this run).
+    True: the check is left to the first ``forklab.fetch_prefix``, which makes it before
+    it reads anything (a fork's first run that inherits)."""
     info = workflow.info()
     if marker.child_of is not None:
         parent = info.parent
@@ -377,16 +386,18 @@ async def _verify(marker: ForkMarker) -> None:
                 f"the fork marker names parent workflow {marker.child_of[:100]!r}, and this "
                 "run was not started by it"
             )
-        return
+        return False
     if marker.continued:
         if not info.continued_run_id:
             raise _refused(
                 "the fork marker says this is a later run of a fork, and this run did not "
                 "continue from one"
             )
-        return
+        return False
+    if _inherits(marker) and workflow.patched(FETCH_VERIFIES_PATCH):
+        return True
     if not workflow.patched(VERIFY_PATCH):
-        return  # recorded before forks were verified
+        return False  # recorded before forks were verified
     try:
         await workflow.execute_activity(
             VERIFY_FORK,
@@ -401,6 +412,7 @@ async def _verify(marker: ForkMarker) -> None:
         if isinstance(cause, ApplicationError) and cause.type == ForkErrorType.marker_unverified:
             raise _refused(f"fork refused: {cause.message}") from None
         raise
+    return False
 
 
 def _check_servable(prefix: list[Step], marker: ForkMarker) -> None:
@@ -441,15 +453,16 @@ def _prefix_summary(marker: ForkMarker, start: int) -> str:
     return f"fork of {marker.parent_workflow_id}: inherit steps {start}..{marker.at_step}{model}"
 
 
-async def _load_prefix(state: _ForkState, marker: ForkMarker) -> list[Step]:
+async def _load_prefix(state: _ForkState, marker: ForkMarker, verify: bool) -> list[Step]:
     """Fetches the inherited steps (and the calls in flight at the boundary) into a
-    matcher that hands them out by what each call is; returns the steps."""
+    matcher that hands them out by what each call is; returns the steps. ``verify``: the
+    first page's fetch verifies the marker first."""
     start = marker.base_step + 1
     prefix: list[Step] = []
     flying: list[Step] = []
     messages: list[PrefixMessage] = []
     while True:
-        page = await _fetch_page(marker, start)
+        page = await _fetch_page(marker, start, verify and start == marker.base_step + 1)
         prefix.extend(page.steps)
         messages.extend(page.messages)
         state.clock.update(page.clock)
@@ -470,9 +483,10 @@ async def _load_prefix(state: _ForkState, marker: ForkMarker) -> list[Step]:
     return prefix
 
 
-async def _fetch_page(marker: ForkMarker, start: int) -> PrefixPage:
-    """One page of the parent's steps; a parent that cannot be read (gone with its
-    retention, never there) fails the fork with the activity's sentence."""
+async def _fetch_page(marker: ForkMarker, start: int, verify: bool) -> PrefixPage:
+    """One page of the parent's steps (``verify``: the marker checked first); a marker
+    the worker cannot verify, or a parent that cannot be read (gone with its retention,
+    never there), fails the fork with the activity's sentence."""
     try:
         page: PrefixPage = await workflow.execute_activity(
             FETCH_PREFIX,
@@ -483,6 +497,7 @@ async def _fetch_page(marker: ForkMarker, start: int) -> PrefixPage:
                 from_step=start,
                 upto_step=marker.at_step,
                 result_override=marker.result_override,
+                marker=marker if verify else None,
             ),
             result_type=PrefixPage,
             start_to_close_timeout=_FORK_ACTIVITY_TIMEOUT,
@@ -493,6 +508,8 @@ async def _fetch_page(marker: ForkMarker, start: int) -> PrefixPage:
         cause = exc.cause
         if isinstance(cause, ApplicationError) and cause.type == ForkErrorType.prefix_unservable:
             raise _refused(cause.message, ForkErrorType.prefix_unservable) from None
+        if isinstance(cause, ApplicationError) and cause.type == ForkErrorType.marker_unverified:
+            raise _refused(f"fork refused: {cause.message}") from None
         raise
     return page
 
