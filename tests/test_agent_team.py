@@ -267,8 +267,16 @@ async def _first_step_done(handle: WorkflowHandle[Any, Any]) -> None:
             history = await handle.fetch_history()
         except RPCError:
             history = None
-        if history is not None and any(
-            e.HasField("activity_task_completed_event_attributes") for e in history.events
+        # the step's result handed to the workflow: a workflow task completed after it (a
+        # signal arriving sooner joins that task, and the SDK applies it before the result)
+        events = list(history.events) if history is not None else []
+        done = [
+            i
+            for i, e in enumerate(events)
+            if e.HasField("activity_task_completed_event_attributes")
+        ]
+        if done and any(
+            e.HasField("workflow_task_completed_event_attributes") for e in events[done[0] :]
         ):
             return
         await asyncio.sleep(0.05)
