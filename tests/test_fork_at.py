@@ -147,6 +147,24 @@ async def test_fork_at_the_failed_step_re_runs_it_live(
     assert calls.counts[(fork.handle.id, "deposit")] == 1
 
 
+async def test_a_fork_that_fails_live_after_its_prefix_got_past_it(
+    plain_lab: tuple[AgentLab, Client, str, Calls],
+) -> None:
+    """A fork that fails after its fork point (every tool blocked: the deposit, then the
+    saga's refund) did get past its prefix: asked once it has closed, as a loaded machine
+    may first ask, ``fork_point`` answers with the point instead of calling it a prefix
+    failure (``forklab fork`` exits 0)."""
+    lab, client, queue, _ = plain_lab
+    wid = f"transfer-{uuid.uuid4().hex[:8]}"
+    details = TransferDetails(source="a", target="b", amount=3, reference="f9")
+    await client.execute_workflow(MoneyTransferWorkflow.run, details, id=wid, task_queue=queue)
+    fork = await lab.fork(wid, 1, tool_policies={"*": ToolPolicy.block})
+    with pytest.raises(WorkflowFailureError):
+        await asyncio.wait_for(fork.handle.result(), timeout=60)
+    point = await lab.fork_point(fork, timeout=30)
+    assert point is not None and point.reached
+
+
 async def test_steps_show_timers_and_mark_where_a_fork_is_exact(
     plain_lab: tuple[AgentLab, Client, str, Calls],
 ) -> None:

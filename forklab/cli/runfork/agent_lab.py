@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,11 @@ class RunDiff:
     common_ancestor: str | None
     divergence_step: int | None
     diff: StateDiff
+
+
+#: How long one question to a fork about its fork point may wait for a worker to answer
+#: (a closed fork with no worker polling its queue would otherwise hold the CLI).
+_QUERY_TIMEOUT = timedelta(seconds=5)
 
 
 class AgentLab:
@@ -229,15 +235,19 @@ class AgentLab:
         while True:
             status = (await handle.describe()).status
             closed = status not in (None, WorkflowExecutionStatus.RUNNING)
+            try:  # a closed fork answers too (its history replayed): it may have failed live
+                point = ForkPoint.model_validate(
+                    await handle.query(FORK_POINT_QUERY, rpc_timeout=_QUERY_TIMEOUT)
+                )
+            except (RPCError, WorkflowQueryFailedError, WorkflowQueryRejectedError):
+                point = None  # no workflow task has run yet
+            if point is not None and point.reached:
+                return point
             if closed and status is not WorkflowExecutionStatus.COMPLETED:
                 raise ForkError(
                     f"fork {handle.id} did not get past its prefix: {await _why(handle)}"
                 )
-            try:
-                point = ForkPoint.model_validate(await handle.query(FORK_POINT_QUERY))
-            except (RPCError, WorkflowQueryFailedError, WorkflowQueryRejectedError):
-                point = None  # no workflow task has run yet
-            if point is not None and (point.reached or closed):
+            if point is not None and closed:
                 return point
             if loop.time() > deadline:
                 return None
