@@ -21,11 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forklab.activities.experiment.runner_bundle import code_digest
-from forklab.activities.files import atomic_write
 from forklab.activities.sandbox.base import Limits, read_box_file
-from forklab.activities.sandbox.confine import run_confined
-from forklab.activities.sandbox.jail import RUNTIME, SCRATCH_INSIDE, Mount, interpreter, sandbox_uid
+from forklab.activities.sandbox.code_box import copy_code, run_program, tail
+from forklab.activities.sandbox.jail import RUNTIME
 from forklab.experiments.experiment.bundle import BundleFile
 from forklab.runtime import strict_json
 from forklab.runtime.cohort_calls import FEATURES, SCORE, check_features, check_score
@@ -38,8 +36,6 @@ CALL_SECONDS = 10.0
 #: runs, so that one box's input stays small).
 ITEMS_PER_BOX = 200
 _PROGRAM = RUNTIME / "cohort_calls.py"
-_PROGRAM_INSIDE = "/.forklab/cohort_calls.py"
-_CODE_INSIDE = "/code"
 
 
 class UserCodeError(ValueError):
@@ -54,11 +50,6 @@ class CodeItem:
 
     at: str
     args: list[Any]
-
-
-def _tail(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "no output"
 
 
 def _checked(field: str, name: str, answer: object, items: Sequence[CodeItem]) -> list[Any]:
@@ -128,40 +119,22 @@ class CohortCodeCalls:
         items: Sequence[CodeItem],
     ) -> list[Any]:
         folder = self.root / f"code-{os.getpid()}-{secrets.token_hex(6)}"
-        code, work = folder / "code", folder / "work"
+        work = folder / "work"
         try:
-            for f in files:
-                (code / f.relpath).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(f.source, code / f.relpath)
-            found = code_digest([BundleFile(f.relpath, code / f.relpath) for f in files])
+            found = copy_code(files, folder / "code")
             if found != digest:
                 raise UserCodeError(
                     f"{field} {name}: the code is now {found[:12]} but the plan named "
                     f"{digest[:12]}; start the experiment again"
                 )
-            work.mkdir()
             request = {
                 "field": field,
                 "callable": name,
                 "seconds": self.call_seconds,
                 "items": [{"at": i.at, "args": i.args} for i in items],
             }
-            atomic_write(work / "in.json", json.dumps(request, allow_nan=False).encode())
-            uid = sandbox_uid(folder.name)
-            if uid is not None:
-                for path in (work, work / "in.json"):
-                    os.chown(path, uid, uid)
-            env = {"PATH": "/usr/bin:/bin", "HOME": SCRATCH_INSIDE, "LC_ALL": "C.UTF-8"}
-            result = run_confined(
-                [str(interpreter()), "-S", "-B", _PROGRAM_INSIDE],
-                mounts=[Mount(code, _CODE_INSIDE), Mount(_PROGRAM, _PROGRAM_INSIDE)],
-                scratch=work,
-                env=env | {"TMPDIR": SCRATCH_INSIDE, "PYTHONPATH": _CODE_INSIDE},
-                fallback_env=env | {"TMPDIR": str(work), "PYTHONPATH": str(code)},
-                limits=self.limits,
-                uid=uid,
-                timeout=self.limits.wall_seconds,
-            )
+            body = json.dumps(request, allow_nan=False).encode()
+            result = run_program(_PROGRAM, [], folder, body, self.limits)
             if result.timed_out:
                 raise UserCodeError(
                     f"{field} {name}: its box ran out of its {self.limits.wall_seconds:g} s "
@@ -170,7 +143,7 @@ class CohortCodeCalls:
             if result.exit_code != 0:
                 raise UserCodeError(
                     f"{field} {name}: its box exited with code {result.exit_code}: "
-                    f"{_tail(result.stderr)}"
+                    f"{tail(result.stderr)}"
                 )
             try:
                 answer = strict_json.loads(read_box_file(work / "out.json"), "out.json")

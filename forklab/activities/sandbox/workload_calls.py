@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from forklab.activities.experiment.runner_bundle import code_digest
-from forklab.activities.files import atomic_write
 from forklab.activities.sandbox.base import ExecResult, Limits, read_box_file
-from forklab.activities.sandbox.confine import run_confined
-from forklab.activities.sandbox.jail import RUNTIME, SCRATCH_INSIDE, Mount, interpreter, sandbox_uid
+from forklab.activities.sandbox.code_box import copy_code, run_program, tail
+from forklab.activities.sandbox.jail import RUNTIME
 from forklab.experiments.experiment.bundle import BundleFile
 from forklab.experiments.experiment.columnar import ColumnBatch, to_columns
 from forklab.experiments.experiment.spec import ExperimentSpec
@@ -34,8 +33,6 @@ from forklab.runtime.worker_calls import PREFIXES_DIR
 #: Limits of one call: a rehearsal or a held-out validation is one process, a few minutes.
 CALL_LIMITS = Limits(memory_mb=1024, cpu_seconds=900, wall_seconds=900, processes=16)
 _PROGRAM = RUNTIME / "worker_calls.py"
-_PROGRAM_INSIDE = "/.forklab/worker_calls.py"
-_CODE_INSIDE = "/code"
 
 
 class WorkloadSpecError(ValueError):
@@ -48,11 +45,6 @@ class WorkloadContractError(WorkloadSpecError):
 
 class WorkloadCallError(RuntimeError):
     """The box crashed, timed out, or answered something that is not a valid answer."""
-
-
-def _tail(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "no output"
 
 
 def _is_rate(value: Any) -> bool:
@@ -211,43 +203,23 @@ class WorkloadCalls:
         ``collect`` reads what else the box wrote, given its answer (a valid one), before
         the folder goes."""
         folder = self.root / f"call-{os.getpid()}-{secrets.token_hex(6)}"
-        code, work = folder / "code", folder / "work"
+        work = folder / "work"
         try:
-            for f in files:
-                (code / f.relpath).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(f.source, code / f.relpath)
-            found = code_digest([BundleFile(f.relpath, code / f.relpath) for f in files])
+            found = copy_code(files, folder / "code")
             if found != expected_digest:
                 raise WorkloadCallError(
                     f"the workload code is now {found[:12]} but the plan ran "
                     f"{expected_digest[:12]}; start the experiment again"
                 )
-            work.mkdir()
-            uid = sandbox_uid(folder.name)
-            atomic_write(work / "in.json", json.dumps(request).encode())
-            if uid is not None:
-                for path in (work, work / "in.json"):
-                    os.chown(path, uid, uid)
-            inside = [str(interpreter()), "-S", "-B"]
-            env = {"PATH": "/usr/bin:/bin", "HOME": SCRATCH_INSIDE, "LC_ALL": "C.UTF-8"}
-            result = run_confined(
-                [*inside, _PROGRAM_INSIDE, op],
-                mounts=[Mount(code, _CODE_INSIDE), Mount(_PROGRAM, _PROGRAM_INSIDE)],
-                scratch=work,
-                env=env | {"TMPDIR": SCRATCH_INSIDE, "PYTHONPATH": _CODE_INSIDE},
-                fallback_env=env | {"TMPDIR": str(work), "PYTHONPATH": str(code)},
-                limits=self.limits,
-                uid=uid,
-                timeout=self.limits.wall_seconds,
-                on_start=started,
-            )
+            body = json.dumps(request).encode()
+            result = run_program(_PROGRAM, [op], folder, body, self.limits, started)
             if result.timed_out:
                 raise WorkloadCallError(
                     f"the {op} box ran out of its {self.limits.wall_seconds:g} s and was killed"
                 )
             if result.exit_code != 0:
                 raise WorkloadCallError(
-                    f"the {op} box exited with code {result.exit_code}: {_tail(result.stderr)}"
+                    f"the {op} box exited with code {result.exit_code}: {tail(result.stderr)}"
                 )
             try:
                 answer = strict_json.loads(read_box_file(work / "out.json"), "out.json")
