@@ -5,6 +5,11 @@ the cut forks every member. Beside it, in the same run and alternating with it: 
 the members one by one (``ForkStarter.fork`` each, one after another) and one single
 fork. Goal: a 3-member team fork within 1.5x a single fork.
 
+Each figure is measured **cold** (every cache of closed runs emptied before each fork:
+the bench's starter's, and the worker's, which the coordinator's member forks and the
+forks' prefixes use) and **warm** (the caches hold the team's runs, as for every team fork
+of a team after its first), the two alternating round by round.
+
     python bench/team_fork.py [--sizes 3 30] [--rounds 5]
 """
 
@@ -17,6 +22,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -27,8 +33,11 @@ from relay_workflow import RelayInput, RelayWorkflow, relay_step
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.activities.runfork.fork_start import ForkStarter
+from forklab.activities.runfork.history_events import ClosedRuns
 from forklab.activities.runfork.team_fork_start import TeamForkRequest, TeamForkStarter
+from forklab.activities.runfork.team_forks import TeamForkActivities
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.team_registry import TeamRegistry
 from forklab.contracts.team_fork import TeamForkStatus
@@ -64,17 +73,49 @@ async def team_fork(client: Client, teams: TeamRegistry, member: str) -> tuple[f
     return time.perf_counter() - began, planned
 
 
-async def one_by_one(starter: ForkStarter, ids: list[str]) -> float:
-    began = time.perf_counter()
+async def one_by_one(starter: ForkStarter, ids: list[str], before: Callable[[], None]) -> float:
+    """Each member forked after the other, the caches emptied (or not) before each fork."""
+    took = 0.0
     for wid in ids:
+        before()
+        began = time.perf_counter()
         await starter.fork(wid, 0)
-    return time.perf_counter() - began
+        took += time.perf_counter() - began
+    return took
 
 
 async def single(starter: ForkStarter, wid: str) -> float:
     began = time.perf_counter()
     await starter.fork(wid, 0)
     return time.perf_counter() - began
+
+
+def cache_emptier(worker: Worker, starter: ForkStarter) -> Callable[[], None]:
+    """Empties every cache of closed runs the forks measured here read through: the
+    bench's starter's and those of the worker's fork and team-fork activities."""
+    owners = [
+        getattr(fn, "__self__", None) for fn in worker.config(active_config=True)["activities"]
+    ]
+
+    def empty() -> None:
+        starter.runs = ClosedRuns()
+        for owner in owners:
+            if isinstance(owner, ForkActivities):
+                owner.runs = ClosedRuns()
+            elif isinstance(owner, TeamForkActivities):
+                owner.starter.runs = ClosedRuns()
+
+    return empty
+
+
+def row(size: int, caches: str, times: dict[str, list[float]]) -> str:
+    s, t, p, e = (statistics.median(times[k]) for k in ("single", "team", "plan", "each"))
+    per_round = [tt / ss for tt, ss in zip(times["team"], times["single"], strict=True)]
+    return (
+        f"{size:>7} {caches:>6} {s * 1000:>10.0f}ms {t * 1000:>8.0f}ms {p * 1000:>10.0f}ms "
+        f"{e * 1000:>9.0f}ms {t / s:>11.2f}x {min(per_round):>6.2f}-{max(per_round):<5.2f} "
+        f"{t / e:>11.2f}x {os.getloadavg()[0]:>5.2f}"
+    )
 
 
 async def main(sizes: list[int], rounds: int) -> None:
@@ -90,28 +131,33 @@ async def main(sizes: list[int], rounds: int) -> None:
         )
         starter = ForkStarter(client, ForkRegistry(home / "forks.sqlite"), home)
         teams = TeamRegistry(home / "forks.sqlite")
+        empty = cache_emptier(worker, starter)
         print(f"load before: {os.getloadavg()[0]:.2f} (1-min average, {os.cpu_count()} cores)")
         print(
-            f"{'members':>7} {'single fork':>12} {'team fork':>10} {'of it: plan':>12} "
-            f"{'one by one':>11} {'team/single':>12} {'team/1-by-1':>12} {'load':>5}"
+            f"{'members':>7} {'caches':>6} {'single fork':>12} {'team fork':>10} "
+            f"{'of it: plan':>12} {'one by one':>11} {'team/single':>12} {'per round':>12} "
+            f"{'team/1-by-1':>12} {'load':>5}"
         )
         async with worker:
             for size in sizes:
                 ids = await record_relay(client, queue, size)
                 await team_fork(client, teams, ids[0])  # warm the paths once
-                t_single, t_team, t_plan, t_each = [], [], [], []
+                times: dict[str, dict[str, list[float]]] = {
+                    c: {"single": [], "team": [], "plan": [], "each": []} for c in ("cold", "warm")
+                }
                 for _ in range(rounds):  # alternating, in one run
-                    t_single.append(await single(starter, ids[0]))
-                    whole, planned = await team_fork(client, teams, ids[0])
-                    t_team.append(whole)
-                    t_plan.append(planned)
-                    t_each.append(await one_by_one(starter, ids))
-                s, t, p, e = (statistics.median(x) for x in (t_single, t_team, t_plan, t_each))
-                print(
-                    f"{size:>7} {s * 1000:>10.0f}ms {t * 1000:>8.0f}ms {p * 1000:>10.0f}ms "
-                    f"{e * 1000:>9.0f}ms "
-                    f"{t / s:>11.2f}x {t / e:>11.2f}x {os.getloadavg()[0]:>5.2f}"
-                )
+                    for caches, before in (("cold", empty), ("warm", lambda: None)):
+                        t = times[caches]
+                        before()
+                        t["single"].append(await single(starter, ids[0]))
+                        before()
+                        whole, planned = await team_fork(client, teams, ids[0])
+                        t["team"].append(whole)
+                        t["plan"].append(planned)
+                        before()
+                        t["each"].append(await one_by_one(starter, ids, before))
+                for caches in ("cold", "warm"):
+                    print(row(size, caches, times[caches]), flush=True)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from forklab.activities.runfork.team_fork_start import (
     TeamForkRequest,
     TeamForkStarter,
 )
+from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.team_registry import TeamRegistry
 from forklab.agents.team import CONCLUSION_STEP, ReviewerInput, ReviewerWorkflow
 from forklab.agents.team_start import TeamHandles, start_team
@@ -163,6 +164,11 @@ async def test_a_team_forked_at_the_conclusion_flips_the_verdict_and_leaves_the_
     # the originals: byte for byte the same histories (no message reached them)
     assert {w: await lab.history(w) for w in before} == before
     assert lab.teams.get(name) == record
+    # every member's fork receipt was recorded with the group receipt, as in its slot
+    forks = ForkRegistry(lab.agent.forks_path)
+    assert {s.fork_workflow_id: forks.receipt(s.fork_workflow_id) for s in receipt.slots} == {
+        s.fork_workflow_id: s.receipt for s in receipt.slots
+    }
 
 
 async def test_a_signal_in_flight_at_the_cut_is_delivered_to_the_fork_at_its_start(

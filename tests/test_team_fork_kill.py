@@ -1,11 +1,11 @@
 """kill -9 of the worker running a team fork: the team ends whole, never half.
 
 The example team is recorded, then ``forklab team-worker`` (a separate process) is the
-only worker when the team fork starts. It is killed with SIGKILL as soon as the
-coordinator's start activity is running, while members' forks are being started. Until a
-new worker comes, every member fork that exists is held: nothing of it ran. The new
-worker retries the start (the dead attempt's forks are found, not started twice), then
-releases the whole team.
+only worker when the team fork starts. It is killed with SIGKILL as soon as it runs the
+coordinator's workflow task, the one whose local activity starts the members' forks. Until
+a new worker comes, every member fork that exists is held: nothing of it ran. The dead
+worker's task times out, the new worker runs the local activity again (the dead attempt's
+forks are found, not started twice), then releases the whole team.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 from agent_fixtures import Services, agent_settings
-from temporalio.api.enums.v1 import EventType, PendingActivityState
+from temporalio.api.enums.v1 import EventType, PendingWorkflowTaskState
 from temporalio.client import Client
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -85,13 +85,16 @@ async def test_kill_9_of_the_worker_during_a_team_fork_leaves_no_half_team(
             TeamForkRequest(member=ids.researcher, at_step=CONCLUSION_STEP, name=name)
         )
         forks = list(started.plan.addresses.values())
-        # kill -9 the only worker as soon as the coordinator is starting the members
+        # kill -9 the only worker as soon as it runs the coordinator's task: the task ends
+        # only once its local activity did, so the members are not all released yet
         for _ in range(2000):
             desc = await started.handle.describe()
-            pending = desc.raw_description.pending_activities
-            if any(p.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED for p in pending):
+            task = desc.raw_description.pending_workflow_task
+            if task.state == PendingWorkflowTaskState.PENDING_WORKFLOW_TASK_STATE_STARTED:
                 break
             await asyncio.sleep(0.005)
+        else:
+            raise AssertionError("the team worker never took the coordinator's task")
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(timeout=30)
     finally:
@@ -112,14 +115,17 @@ async def test_kill_9_of_the_worker_during_a_team_fork_leaves_no_half_team(
             for f in forks
         }
     assert results[record.receipt.addresses[ids.reviewer]]["approved"] is False
-    history = await started.handle.fetch_history()
-    attempts = [
-        e.activity_task_started_event_attributes.attempt
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
-    ]
-    # the start activity's attempt on the killed worker died; a later attempt finished it
-    assert attempts[0] >= 2, attempts
+    events = (await started.handle.fetch_history()).events
+    kinds = [e.event_type for e in events]
+    # the members were forked in a local activity (its marker, no activity task), in the
+    # task after the one the killed worker was running, which timed out
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds, kinds
+    forked_in = next(
+        i
+        for i, e in enumerate(events)
+        if e.marker_recorded_event_attributes.marker_name == "core_local_activity"
+    )
+    assert EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT in kinds[:forked_in], kinds
     # each member ran only after its release, which came after every member existed
     for fork_id in forks:
         events = (await client.get_workflow_handle(fork_id).fetch_history()).events

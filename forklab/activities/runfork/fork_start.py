@@ -244,6 +244,7 @@ class ForkStarter:
         team: TeamPart | None = None,
         search_attributes: Sequence[SearchAttributePair[str]] = (),
         allow_build_change: bool = False,
+        record: bool = True,
     ) -> Fork:
         """Start a fork of ``run`` that inherits steps 1..at_step and continues live.
 
@@ -260,7 +261,10 @@ class ForkStarter:
         part of the fork ``run`` is, so a team fork of a team fork addresses the ids its
         code names), ``search_attributes`` are added to the fork's own. The receipt and
         the marker name the builds that recorded the prefix; ``allow_build_change`` lets a
-        fork on another build whose prefix notices the change go on approximately."""
+        fork on another build whose prefix notices the change go on approximately.
+        ``record=False`` leaves the receipt for the caller to record: a team fork writes
+        its held members' receipts with the group receipt, in one transaction, before any
+        member runs."""
         fork_id = name or f"{run}--fork-{uuid.uuid4().hex[:8]}"
         if not _NAME.match(fork_id):
             raise ForkError(
@@ -403,6 +407,8 @@ class ForkStarter:
                 raise ForkExists(
                     f"fork name {fork_id!r} is the id of an existing workflow; choose another"
                 ) from None
+            if not record:
+                return Fork(receipt=receipt, handle=handle)
             try:
                 await asyncio.to_thread(self.registry.add_receipt, receipt)
             except BaseException:

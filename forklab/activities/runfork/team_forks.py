@@ -2,20 +2,24 @@
 fork held, record the group receipt, release every member), or terminate every member fork
 the team fork started.
 
-Forking the members is one activity, so that the coordinator costs one activity and two
-workflow tasks beyond its start: each activity, workflow task and signal from a workflow is
-a round trip through the server, and they were most of a small team fork's time.
+Forking the members is one activity, which the coordinator runs as a local activity, so
+that a team fork costs its start, one workflow task and this activity's own work: each
+activity dispatch, workflow task and signal from a workflow is a round trip through the
+server, and they were most of a small team fork's time. For the same reason the members'
+fork receipts are not written one by one as each fork starts but in the group receipt's
+write, one transaction: concurrent SQLite writers queue for the file's lock.
 
 It is idempotent: each member's fork has a deterministic id (``<team fork>/<member id>``),
 so an attempt retried after its worker died finds the forks the dead attempt started
-(their receipts recorded, or only their workflows started: ``record_started`` takes the
-receipt from the fork's own first event when its marker was signed here for that id) and
-starts only the rest. A fork that cannot be made (its boundary, an id taken by another
-workflow) fails the activity non-retryably before anything is recorded or released, and
-the coordinator aborts. Once every fork exists, the group receipt is recorded (the same
-record again on a retry changes nothing), then every member released; a retry releases
-them again, which a held member takes as its release and a released one ignores (one that
-already closed is not found, and is left so).
+(their receipts recorded with the group receipt, or only their workflows started:
+``record_started`` takes the receipt from the fork's own first event when its marker was
+signed here for that id) and starts only the rest. A fork that cannot be made (its
+boundary, an id taken by another workflow) fails the activity non-retryably before anything
+is recorded or released, and the coordinator aborts. Once every fork exists, the group
+receipt and the members' receipts are recorded (the same records again on a retry change
+nothing), then every member released; a retry releases them again, which a held member
+takes as its release and a released one ignores (one that already closed is not found, and
+is left so).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from forklab.activities.runfork.fork_start import ForkError, ForkStarter
+from forklab.activities.runfork.fork_start import ForkError, ForkExists, ForkStarter
 from forklab.activities.runfork.history_reads import RunNotFound
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.team_registry import TeamRecordConflict, TeamRegistry
@@ -57,7 +61,8 @@ class TeamForkActivities:
         self._client = client
         self._registry = ForkRegistry(home / "forks.sqlite")
         self._teams = TeamRegistry(home / "forks.sqlite")
-        self._starter = ForkStarter(client, self._registry, home)
+        #: the member forks' starter: its cache of closed runs serves every team fork of this worker
+        self.starter = ForkStarter(client, self._registry, home)
 
     @activity.defn(name=FORK_MEMBERS)
     async def fork_members(self, inp: TeamForkInput) -> TeamForkRecord:
@@ -85,7 +90,7 @@ class TeamForkActivities:
         record = TeamForkRecord(
             status=TeamForkStatus.forked, receipt=with_member_receipts(inp.plan, receipts)
         )
-        self._record(record)
+        await asyncio.to_thread(self._record, record, list(receipts.values()))
         await asyncio.gather(*(self._release(f) for f in sorted(inp.plan.addresses.values())))
         return record
 
@@ -97,44 +102,38 @@ class TeamForkActivities:
                 raise
 
     async def _start(self, m: MemberFork, requested_by: str) -> ForkReceipt:
+        """The member's fork started held, its receipt not yet recorded (that is the group
+        receipt's write); or, on a retry, the fork an earlier attempt started."""
         fork_id = m.fork_workflow_id
-        known = self._registry.receipt(fork_id)
-        if known is None:
-            try:
-                await self._starter.fork(
-                    m.workflow_id,
-                    m.at_step,
-                    name=fork_id,
-                    intervention=m.intervention,
-                    model=m.model,
-                    tool_policies=m.tool_policies,
-                    boundary=m.boundary,
-                    requested_by=requested_by,
-                    result_override=m.result_override,
-                    input_override=m.input_override,
-                    signals=m.signals,
-                    team=m.team,
-                )
-            except ForkError:
-                # started by an earlier attempt that died before recording its receipt?
-                # taken only when its marker was signed here for this id; else refused
-                if not await self._exists(fork_id):
-                    raise
-                await self._starter.record_started(fork_id)
-            known = self._registry.receipt(fork_id)
+        try:
+            fork = await self.starter.fork(
+                m.workflow_id,
+                m.at_step,
+                name=fork_id,
+                intervention=m.intervention,
+                model=m.model,
+                tool_policies=m.tool_policies,
+                boundary=m.boundary,
+                requested_by=requested_by,
+                result_override=m.result_override,
+                input_override=m.input_override,
+                signals=m.signals,
+                team=m.team,
+                record=False,
+            )
+            known: ForkReceipt | None = fork.receipt
+        except ForkExists:
+            # recorded by an earlier attempt, or started by one that died before recording
+            # its receipt: taken only when its marker was signed here for this id
+            known = await asyncio.to_thread(self._registry.receipt, fork_id)
+            if known is None:
+                await self.starter.record_started(fork_id)
+                known = await asyncio.to_thread(self._registry.receipt, fork_id)
         if known is None or known.parent_workflow_id != m.workflow_id:
             raise ForkError(f"fork name {fork_id!r} is another fork's; choose another team name")
-        activity.heartbeat(fork_id)
+        if not activity.info().is_local:  # a local activity's liveness is its workflow task's
+            activity.heartbeat(fork_id)
         return known
-
-    async def _exists(self, workflow_id: str) -> bool:
-        try:
-            await self._client.get_workflow_handle(workflow_id).describe()
-        except RPCError as exc:
-            if exc.status is RPCStatusCode.NOT_FOUND:
-                return False
-            raise
-        return True
 
     @activity.defn(name=ABORT_MEMBERS)
     async def abort_members(self, inp: AbortMembers) -> TeamForkRecord:
@@ -172,8 +171,8 @@ class TeamForkActivities:
         self._record(record)
         return record
 
-    def _record(self, record: TeamForkRecord) -> None:
+    def _record(self, record: TeamForkRecord, receipts: list[ForkReceipt] | None = None) -> None:
         try:
-            self._teams.add(record)
+            self._teams.add(record, receipts or [])
         except TeamRecordConflict as exc:
             raise ApplicationError(str(exc), type=TEAM_FORK_REFUSED, non_retryable=True) from None

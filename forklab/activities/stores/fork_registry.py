@@ -50,6 +50,16 @@ BEGIN SELECT RAISE(ABORT, 'decisions are append-only'); END;
 """
 
 
+def insert_receipt(db: sqlite3.Connection, r: ForkReceipt, *, if_absent: bool = False) -> None:
+    """Adds ``r`` in the transaction ``db`` (of a file with this schema); ``if_absent``
+    leaves a receipt already kept under its fork's id as it is, instead of failing."""
+    verb = "INSERT OR IGNORE" if if_absent else "INSERT"
+    db.execute(
+        f"{verb} INTO receipts VALUES (?, ?, ?, ?)",
+        (r.fork_workflow_id, r.parent_workflow_id, r.lineage_root, r.model_dump_json()),
+    )
+
+
 class ForkRegistry:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -60,10 +70,7 @@ class ForkRegistry:
 
     def add_receipt(self, r: ForkReceipt) -> None:
         with self._tx() as db:
-            db.execute(
-                "INSERT INTO receipts VALUES (?, ?, ?, ?)",
-                (r.fork_workflow_id, r.parent_workflow_id, r.lineage_root, r.model_dump_json()),
-            )
+            insert_receipt(db, r)
 
     def receipt(self, workflow_id: str) -> ForkReceipt | None:
         with self._tx() as db:

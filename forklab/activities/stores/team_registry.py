@@ -8,10 +8,13 @@ retried write of the same record is accepted, another record under the same name
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+from forklab.activities.stores.fork_registry import ForkRegistry, insert_receipt
 from forklab.activities.stores.sqlite_tx import init_schema, transaction
 from forklab.contracts.team_fork import TeamForkRecord
+from forklab.experiments.runfork.receipt import ForkReceipt
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS team_forks (
@@ -34,9 +37,13 @@ class TeamRegistry:
     def __init__(self, path: Path) -> None:
         self.path = path
         init_schema(path, _SCHEMA)
+        ForkRegistry(path)  # the receipts table the members' receipts go to
 
-    def add(self, record: TeamForkRecord) -> None:
-        """Keeps ``record`` (once; the same record again is a retry and changes nothing)."""
+    def add(self, record: TeamForkRecord, receipts: Sequence[ForkReceipt] = ()) -> None:
+        """Keeps ``record`` (once; the same record again is a retry and changes nothing)
+        and, in the same transaction, the member forks' ``receipts`` (each kept once: one a
+        retried attempt recorded already is left as it is). One write, not one per member:
+        concurrent writers queue for the file's lock."""
         name = record.receipt.team_fork_id
         body = record.model_dump_json()
         with transaction(self.path) as db:
@@ -44,6 +51,8 @@ class TeamRegistry:
                 "SELECT record_json FROM team_forks WHERE team_fork_id=?", (name,)
             ).fetchone()
             if row is None:
+                for receipt in receipts:
+                    insert_receipt(db, receipt, if_absent=True)
                 db.execute(
                     "INSERT INTO team_forks VALUES (?, ?, ?)", (name, record.status.value, body)
                 )

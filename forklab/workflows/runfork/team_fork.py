@@ -1,12 +1,16 @@
 """The coordinator of a team fork: one durable workflow per team fork (its id is the team
 fork's name), so that the team is forked whole or not at all.
 
-1. It forks the members in one activity (``team_forks``): every member's fork started
-   held (``team_messages``: a held member runs nothing, not even its own handlers), then,
-   once every one exists, the final group receipt recorded (written once), then every
-   member released with the ``forklab.team_release`` signal. A worker's death only retries
-   the activity: the forks' ids are deterministic, so a retry finds what the dead attempt
-   started, records the same receipt and releases the members again.
+1. It forks the members in one local activity (``team_forks``): every member's fork
+   started held (``team_messages``: a held member runs nothing, not even its own
+   handlers), then, once every one exists, the final group receipt recorded (written
+   once, with the members' fork receipts), then every member released with the
+   ``forklab.team_release`` signal. Local, because an activity's dispatch and the
+   workflow task its completion wakes are two round trips through the server, most of
+   what a small team fork cost beyond its members' forks. A worker's death only retries
+   it: the workflow task it ran in times out, the next worker runs the activity again,
+   and since the forks' ids are deterministic it finds what the dead attempt started,
+   records the same receipt and releases the members again.
 2. If a member's fork cannot be made, the activity fails before recording or releasing
    anything; the coordinator then terminates every member fork it started (none has run
    anything: they were held) and records the team fork as aborted.
@@ -36,6 +40,9 @@ with workflow.unsafe.imports_passed_through():
 
 #: Forking the members reads their histories and starts a workflow each.
 _START_TIMEOUT = timedelta(minutes=5)
+#: Team forks begun before the members were forked in a local activity replay with the
+#: (remote) activity their histories recorded.
+_LOCAL_START_PATCH = "team-fork-local-start"
 #: A worker that dies while forking the members is noticed this soon.
 _HEARTBEAT = timedelta(seconds=5)
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5))
@@ -53,18 +60,31 @@ class TeamForkWorkflow:
 
     @workflow.run
     async def run(self, inp: TeamForkInput) -> TeamForkRecord:
+        summary = f"fork {len(inp.members)} members: start held, record, release"
         try:
-            record: TeamForkRecord = await workflow.execute_activity(
-                FORK_MEMBERS,
-                inp,
-                result_type=TeamForkRecord,
-                start_to_close_timeout=_START_TIMEOUT,
-                heartbeat_timeout=_HEARTBEAT,
-                retry_policy=_RETRY,
-                summary=f"fork {len(inp.members)} members: start held, record, release",
-            )
-        except ActivityError as exc:
-            cause = exc.cause
+            record: TeamForkRecord
+            if workflow.patched(_LOCAL_START_PATCH):
+                record = await workflow.execute_local_activity(
+                    FORK_MEMBERS,
+                    inp,
+                    result_type=TeamForkRecord,
+                    start_to_close_timeout=_START_TIMEOUT,
+                    retry_policy=_RETRY,
+                    summary=summary,
+                )
+            else:
+                record = await workflow.execute_activity(
+                    FORK_MEMBERS,
+                    inp,
+                    result_type=TeamForkRecord,
+                    start_to_close_timeout=_START_TIMEOUT,
+                    heartbeat_timeout=_HEARTBEAT,
+                    retry_policy=_RETRY,
+                    summary=summary,
+                )
+        except (ActivityError, ApplicationError) as exc:
+            # a local activity's failure reaches the workflow as the activity's own error
+            cause = exc.cause if isinstance(exc, ActivityError) else exc
             reason = cause.message if isinstance(cause, ApplicationError) else str(exc)
             aborted: TeamForkRecord = await workflow.execute_activity(
                 ABORT_MEMBERS,
