@@ -36,6 +36,8 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from forklab.activities.runfork.fork_start import ForkStarter
+from forklab.activities.runfork.history_reads import RunNotFound
 from forklab.activities.runfork.overrides import make_override
 from forklab.activities.runfork.team_fork_start import (
     TeamForkError,
@@ -169,6 +171,43 @@ async def test_a_team_forked_at_the_conclusion_flips_the_verdict_and_leaves_the_
     assert {s.fork_workflow_id: forks.receipt(s.fork_workflow_id) for s in receipt.slots} == {
         s.fork_workflow_id: s.receipt for s in receipt.slots
     }
+
+
+async def test_a_member_fork_starts_from_the_run_the_cut_read_and_only_from_its_own(
+    lab: TeamForkLab,
+) -> None:
+    team = await lab.record("fast")
+    ids = team.ids
+    runs = {
+        w: (await lab.client.get_workflow_handle(w).describe()).run_id
+        for w in (ids.researcher, ids.writer, ids.reviewer)
+    }
+    name = f"tf-{uuid.uuid4().hex[:6]}"
+    started = await TeamForkStarter(lab.client, lab.teams).start(
+        TeamForkRequest(member=ids.researcher, at_step=CONCLUSION_STEP, name=name)
+    )
+    # the coordinator is handed each closed member's run: its forks start from it
+    first = (await started.handle.fetch_history()).events[0]
+    handed = first.workflow_execution_started_event_attributes.input.payloads[0].data
+    assert {m["workflow_id"]: m["run_id"] for m in json.loads(handed)["members"]} == runs
+    record = await asyncio.wait_for(started.result(), timeout=60)
+    slots = record.receipt.slots
+    assert {s.workflow_id: s.receipt.parent_run_id for s in slots if s.receipt} == runs
+    # a run handed for a member is read under that member's id: another's is not found
+    starter = ForkStarter(lab.client, ForkRegistry(lab.agent.forks_path), lab.agent.home)
+    with pytest.raises(RunNotFound):
+        await starter.fork(ids.writer, 0, run_id=runs[ids.researcher])
+    # a run that is not closed is located as any fork's parent is
+    running = await lab.client.start_workflow(
+        ReviewerWorkflow.run,
+        ReviewerInput(topic="still running"),
+        id=f"reviewer-{uuid.uuid4().hex[:6]}",
+        task_queue=team_task_queue(lab.agent),
+    )
+    fork = await starter.fork(running.id, 0, run_id=running.result_run_id)
+    assert fork.receipt.parent_run_id == running.result_run_id
+    await fork.handle.terminate("test over")
+    await running.terminate("test over")
 
 
 async def test_a_signal_in_flight_at_the_cut_is_delivered_to_the_fork_at_its_start(

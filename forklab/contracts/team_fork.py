@@ -32,6 +32,10 @@ class MemberFork(BaseModel):
 
     workflow_id: str
     fork_workflow_id: str
+    #: the member's run the cut was computed on, when it had closed and is its chain's
+    #: only run: its fork starts from it without locating the step again (None: located
+    #: as a single fork's is)
+    run_id: str | None = None
     at_step: int = Field(ge=0)
     boundary: BoundaryMode = BoundaryMode.exact
     model: str | None = None

@@ -39,7 +39,13 @@ from forklab.activities.runfork.history_events import (
     digest_payloads,
     run_start,
 )
-from forklab.activities.runfork.history_reads import first_event, latest_start, locate_step
+from forklab.activities.runfork.history_reads import (
+    Located,
+    first_event,
+    latest_start,
+    locate_step,
+    read_run,
+)
 from forklab.activities.runfork.overrides import override_b64
 from forklab.activities.runfork.start_links import forked_from, with_start_links
 from forklab.activities.runfork.workspace import agent_workspaces_root
@@ -245,6 +251,7 @@ class ForkStarter:
         search_attributes: Sequence[SearchAttributePair[str]] = (),
         allow_build_change: bool = False,
         record: bool = True,
+        run_id: str | None = None,
     ) -> Fork:
         """Start a fork of ``run`` that inherits steps 1..at_step and continues live.
 
@@ -264,7 +271,10 @@ class ForkStarter:
         fork on another build whose prefix notices the change go on approximately.
         ``record=False`` leaves the receipt for the caller to record: a team fork writes
         its held members' receipts with the group receipt, in one transaction, before any
-        member runs."""
+        member runs. ``run_id`` names the run of ``run`` to fork when the caller read it
+        closed and the only run of its chain (a team fork's cut was computed on it): it is
+        read (or taken from the cache of closed runs) without asking for the latest run
+        and its first event again; a run that is not so is located as usual."""
         fork_id = name or f"{run}--fork-{uuid.uuid4().hex[:8]}"
         if not _NAME.match(fork_id):
             raise ForkError(
@@ -287,7 +297,9 @@ class ForkStarter:
                 f"--override-result names step {result_override.step} but the fork is at "
                 f"step {at_step}; an override replaces the result of the fork's last step"
             )
-        located = await locate_step(self.client, run, at_step, self.registry, self.runs)
+        located = (
+            await self._closed_run(run, run_id) if run_id is not None else None
+        ) or await locate_step(self.client, run, at_step, self.registry, self.runs)
         source = located.source
         if result_override is not None:
             _check_overridable(source.steps, at_step)
@@ -417,6 +429,17 @@ class ForkStarter:
                 await handle.terminate("forklab fork could not record the fork's receipt")
                 raise
         return Fork(receipt=receipt, handle=handle)
+
+    async def _closed_run(self, run: str, run_id: str) -> Located | None:
+        """Run ``run_id`` of ``run`` as :func:`locate_step` would locate it, when it has
+        closed and no run came before it (a chain of one run holds every step); else None.
+        Its history is the server's for that workflow and run, as any located run's."""
+        source = await read_run(self.client, run, run_id, 0, self.runs)
+        if not source.closed or source.previous_run_id is not None:
+            return None
+        return Located(
+            source=source, marker=source.marker, receipt=source.receipt, latest_run_id=run_id
+        )
 
     async def record_started(self, fork_id: str) -> None:
         """Records the receipt of fork ``fork_id`` when its workflow was started here but

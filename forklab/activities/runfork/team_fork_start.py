@@ -169,10 +169,12 @@ class TeamForkStarter:
                     "member is forked at a step: cut another member or step"
                 )
             asked = slot.workflow_id == req.member
+            read = histories[slot.workflow_id]
             members.append(
                 MemberFork(
                     workflow_id=slot.workflow_id,
                     fork_workflow_id=slot.fork_workflow_id,
+                    run_id=read.run_id if read.closed and read.runs == 1 else None,
                     at_step=point.at_step,
                     boundary=req.boundary,
                     model=req.model,

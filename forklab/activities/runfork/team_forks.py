@@ -109,6 +109,7 @@ class TeamForkActivities:
             fork = await self.starter.fork(
                 m.workflow_id,
                 m.at_step,
+                run_id=m.run_id,
                 name=fork_id,
                 intervention=m.intervention,
                 model=m.model,

@@ -140,6 +140,8 @@ class MemberHistory:
     task_queue: str = ""
     steps: int = 0
     closed: bool = False
+    #: the runs of its continue-as-new chain (1: the latest run is the whole chain)
+    runs: int = 1
     parent: str | None = None
     sends: list[_Send] = field(default_factory=list)
     received: list[_Receipt] = field(default_factory=list)
@@ -300,6 +302,7 @@ async def read_member(client: Client, workflow_id: str) -> MemberHistory:
         run_id=desc.run_id,
         workflow_type=first.workflow_type.name,
         task_queue=first.task_queue.name,
+        runs=len(chain),
         parent=first.parent_workflow_execution.workflow_id or None,
     )
     if member.parent:
