@@ -81,4 +81,4 @@ def test_a_ledger_before_fork_rows_gains_their_table(tmp_path: Path) -> None:
     assert upgraded.experiment("recovery-counter") == experiment()
     assert upgraded.record_fork(fork("f-a")) is True
     with closing(sqlite3.connect(old)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (3,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (4,)
