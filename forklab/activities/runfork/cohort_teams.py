@@ -145,29 +145,48 @@ class ForkedTeam:
     chains: dict[str, list[RunRecord]]
 
     def view(self, team_fork: str, requested: str, result_member: str) -> TeamView:
-        forks = member_forks(team_fork, self.cut)
-        members = []
-        for m in self.cut.members:
-            chain = self.chains.get(m.workflow_id)
-            last = chain[-1] if chain else None
-            completed = last is not None and last.status == "completed"
-            members.append(
-                TeamMemberView(
-                    member=m.workflow_id,
-                    workflow_type=m.workflow_type,
-                    role=m.role,
-                    fork_id=forks.get(m.workflow_id),
-                    status=last.status if last is not None else m.role.value,
-                    result=last.close.get("result") if completed and last else None,
-                    final_state=final_state(chain) if chain else None,
-                )
-            )
-        return TeamView(
-            team_fork=team_fork,
-            requested_member=requested,
-            result_member=result_member,
-            members=members,
+        return team_view(
+            team_fork,
+            requested,
+            result_member,
+            self.cut,
+            self.chains,
+            member_forks(team_fork, self.cut),
         )
+
+
+def team_view(
+    team_fork: str,
+    requested: str,
+    result_member: str,
+    cut: TeamCutPlan,
+    chains: Mapping[str, list[RunRecord]],
+    forks: Mapping[str, str],
+) -> TeamView:
+    """What a scorer is shown of a team: every member's end (``chains``: its fork's, or
+    its recorded run's), its role and fork id (``forks``)."""
+    members = []
+    for m in cut.members:
+        chain = chains.get(m.workflow_id)
+        last = chain[-1] if chain else None
+        completed = last is not None and last.status == "completed"
+        members.append(
+            TeamMemberView(
+                member=m.workflow_id,
+                workflow_type=m.workflow_type,
+                role=m.role,
+                fork_id=forks.get(m.workflow_id),
+                status=last.status if last is not None else m.role.value,
+                result=last.close.get("result") if completed and last else None,
+                final_state=final_state(chain) if chain else None,
+            )
+        )
+    return TeamView(
+        team_fork=team_fork,
+        requested_member=requested,
+        result_member=result_member,
+        members=members,
+    )
 
 
 class CohortTeamForks:

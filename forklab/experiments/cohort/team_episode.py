@@ -146,6 +146,8 @@ class TeamView(_Frozen):
     fork, which member's result is the team's, and every member's end. The scorer's
     ``result`` argument is the result member's result; ``steps`` are its steps."""
 
+    #: the team fork's name ("" for the recorded team, which the rehearsal tries the
+    #: scorer on)
     team_fork: str
     requested_member: str
     result_member: str
