@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from agent_fixtures import AgentTestLab
 from cohort_lab import CohortLab, cohort_spec, running_cohort_lab
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 
-from forklab.agents.team import CONCLUSION_STEP
+from forklab.agents.team import CONCLUSION_STEP, ResearcherInput, ResearcherWorkflow
 from forklab.agents.team_start import TeamHandles, start_team
 from forklab.contracts.cohort import cohort_fork_id
 from forklab.contracts.runfork import fork_task_queue
@@ -74,11 +74,14 @@ async def _history(lab: CohortLab, workflow_id: str) -> bytes:
     return b"".join(e.SerializeToString(deterministic=True) for e in history.events)
 
 
-def _team_spec(teams: list[TeamHandles], *worlds: dict[str, Any], **more: Any) -> Any:
+def _team_spec(
+    teams: list[TeamHandles], *worlds: dict[str, Any], extra: Sequence[str] = (), **more: Any
+) -> Any:
+    ids = [t.ids.researcher for t in teams] + list(extra)
     return cohort_spec(
         {
-            "workflow_ids": [t.ids.researcher for t in teams],
-            "limit": len(teams),
+            "workflow_ids": ids,
+            "limit": len(ids),
             "fork_at": f"step:{CONCLUSION_STEP - 1}",
             "outcome": APPROVED,
             "success_threshold": 1.0,
@@ -104,12 +107,23 @@ async def test_a_cohort_of_teams_forks_each_team_whole_and_scores_the_team(
     rejected = {t.ids.researcher for t in teams if not (await t.reviewer.result())["approved"]}
     assert len(rejected) == 2
     before = {w: await _history(cohort, w) for w in _members(teams)}
-    spec = _team_spec(teams, OVERRIDE, PLACEBO)
+    # a researcher whose writer never existed: its team is itself alone, with no reviewer
+    # whose verdict is the team's result
+    lone = await cohort.client.start_workflow(
+        ResearcherWorkflow.run,
+        ResearcherInput(topic="alone", writer=f"nobody-{uuid.uuid4().hex[:6]}"),
+        id=f"tc-{uuid.uuid4().hex[:8]}-researcher",
+        task_queue=team_task_queue(cohort.agents.agent),
+    )
+    with pytest.raises(WorkflowFailureError):
+        await lone.result()
+    spec = _team_spec(teams, OVERRIDE, PLACEBO, extra=[lone.id])
     handle = await cohort.start(spec)
     shown = await cohort.until_stage(handle, Stage.awaiting_approval)
 
-    # the rehearsal resolved every team and its cuts, and started nothing
-    assert shown.runs == 4 and shown.excluded == 0
+    # the rehearsal resolved every team and its cuts, and started nothing; the team it
+    # cannot score is excluded with the reason, not forked alone
+    assert shown.runs == 4 and shown.excluded == 1
     queue = fork_task_queue(team_task_queue(cohort.agents.agent))
     assert [e async for e in cohort.client.list_workflows(f"TaskQueue = '{queue}'")] == []
     # the signed tool list: the writer's update to the reviewer is live (it reaches the
@@ -118,6 +132,12 @@ async def test_a_cohort_of_teams_forks_each_team_whole_and_scores_the_team(
     assert shown.plan_artifact is not None
     plan = cohort.plans.get(shown.plan_artifact)
     assert plan.digest == cohort_digest(plan)
+    assert [(e.workflow_id, e.reason) for e in plan.excluded] == [
+        (
+            lone.id,
+            "team: 0 members have the result member's type 'TeamReviewer'; exactly one must",
+        )
+    ]
     for run, team in zip(plan.runs, sorted(teams, key=lambda t: t.ids.researcher), strict=True):
         assert run.workflow_id == team.ids.researcher and run.team is not None
         assert run.team.result_member == team.ids.reviewer
