@@ -23,10 +23,12 @@ from typing import Any
 import pytest
 from agent_fixtures import AgentTestLab
 from cohort_lab import CohortLab, cohort_spec, running_cohort_lab
+from cohort_user_code import ship_package
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 
 from forklab.agents.team import CONCLUSION_STEP, ResearcherInput, ResearcherWorkflow
 from forklab.agents.team_start import TeamHandles, start_team
+from forklab.cli.experiment.cohort_commands import render_status
 from forklab.contracts.cohort import cohort_fork_id
 from forklab.contracts.runfork import fork_task_queue
 from forklab.experiments.cohort.plan import cohort_digest
@@ -157,6 +159,13 @@ async def test_a_cohort_of_teams_forks_each_team_whole_and_scores_the_team(
             )
             assert all(m.run_id for m in cut.members)
 
+    # `forklab cohort status` shows every team's cuts, member by member
+    text = render_status(shown, plan)
+    for team in teams:
+        assert f"team of {team.ids.researcher} (result: {team.ids.reviewer}):" in text
+        assert f"cut at {team.ids.researcher} step {CONCLUSION_STEP}:" in text
+        assert f"{team.ids.writer:<34} forked    at step 0" in text
+
     await cohort.approve(handle)
     result = await asyncio.wait_for(handle.result(), timeout=900)
     assert result.status is Status.completed, result.error
@@ -247,3 +256,25 @@ async def test_cancel_mid_experiment_leaves_no_team_member_fork_running(
         assert desc.status is not WorkflowExecutionStatus.RUNNING, wid
     started = [e.id async for e in cohort.client.list_workflows(on_queue)]
     assert any("/" in w for w in started), "no member fork had started"
+
+
+async def test_a_users_scorer_reads_the_teams_view_in_its_box(
+    cohort: CohortLab, tmp_path: Path
+) -> None:
+    teams = await _record(cohort, ["fast", "slow"])
+    spec = _team_spec(teams, OVERRIDE)
+    spec = spec.model_copy(
+        update={
+            "cohort": spec.cohort.model_copy(update={"outcome": "usercode.scoring:team_approved"})
+        }
+    )
+    bundle = ship_package(cohort.store, tmp_path / "src")
+    handle = await cohort.start(spec, code_bundle=bundle)
+    # the rehearsal tried the scorer on the recorded teams' views (it asserts their shape)
+    await cohort.approve(handle)
+    result = await asyncio.wait_for(handle.result(), timeout=900)
+    assert result.status is Status.completed, result.error
+    assert result.forks_missing == 0
+    assert result.report is not None
+    lines = {w.world: w for w in result.report.worlds}
+    assert lines["full"].rescues == 1 and lines["full"].harms == 0

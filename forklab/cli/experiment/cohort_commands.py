@@ -189,7 +189,8 @@ def render_status(view: CohortStatusView, plan: CohortPlan | str | None = None) 
             f"  runs: {view.runs}; excluded: {view.excluded} (plan artifact {view.plan_artifact})"
         )
         if isinstance(plan, str):
-            lines.append(f"    {plan}")
+            if view.excluded:
+                lines.append(f"    {plan}")
         elif plan is not None:
             lines += [f"    excluded {e.workflow_id}: {e.reason}" for e in plan.excluded]
             for r in plan.runs:
