@@ -21,6 +21,7 @@ from forklab.experiments.cohort.plan import (
 )
 from forklab.experiments.cohort.spec import CohortExperimentSpec, parse_cohort_spec
 from forklab.experiments.cohort.team_episode import TeamEpisode, plan_team_cut
+from forklab.experiments.experiment.spec import SpecError
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.steps import Step, StepStatus
 from forklab.experiments.runfork.team_cut import Member, MessageKind, Team, consistent_cut
@@ -202,3 +203,20 @@ def test_the_signed_digest_covers_every_members_cut(field: str) -> None:
         check_digest(forged)
     forged.digest = cohort_digest(forged)
     assert plan_fingerprint(spec, forged) != signed
+
+
+@pytest.mark.parametrize(
+    ("team", "field"),
+    [
+        ({"result_member": "Team Reviewer"}, "cohort.team.result_member"),
+        ({"max_members": 0}, "cohort.team.max_members"),
+        ({"members": ["a"]}, "cohort.team.members"),
+    ],
+)
+def test_a_bad_team_field_is_one_sentence_naming_it(team: dict[str, object], field: str) -> None:
+    raw = json.loads(_spec().model_dump_json())
+    raw["cohort"]["team"] = team
+    with pytest.raises(SpecError) as exc:
+        parse_cohort_spec(json.dumps(raw), "cohort.yaml")
+    text = str(exc.value)
+    assert text.startswith(f"cohort.yaml: field {field}") and "\n" not in text, text
