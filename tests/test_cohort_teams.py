@@ -224,7 +224,18 @@ async def test_cancel_mid_experiment_leaves_no_team_member_fork_running(
         "role": "positive_control",
         "faults": [{"kind": "brownout", "rate": 1.0}],
     }
+    # the requested members by a visibility query over their workflow type
+    query = (
+        f"WorkflowType = 'TeamResearcher' AND TaskQueue = '{team_task_queue(cohort.agents.agent)}'"
+    )
+    for _ in range(200):
+        if len([e async for e in cohort.client.list_workflows(query)]) >= len(teams):
+            break
+        await asyncio.sleep(0.1)
     spec = _team_spec(teams, outage, budget={"max_forks": 100, "max_concurrent_forks": 3})
+    spec = spec.model_copy(
+        update={"cohort": spec.cohort.model_copy(update={"workflow_ids": None, "query": query})}
+    )
     handle = await cohort.start(spec)
     await cohort.approve(handle)
     queue = fork_task_queue(team_task_queue(cohort.agents.agent))
@@ -242,6 +253,7 @@ async def test_cancel_mid_experiment_leaves_no_team_member_fork_running(
         await handle.result()
     view = await cohort.status(handle)
     assert view.status is Status.cancelled and view.forks_done < 24
+    assert view.runs == len(teams)
     # nothing of any team fork runs: neither a member fork nor a coordinator (all on the
     # team's fork queue), found by the queue, not by the tag cleanup used (visibility is
     # eventually consistent: wait until it lists what closed)
