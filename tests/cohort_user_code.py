@@ -108,6 +108,16 @@ def kills_its_box(result, final_state, steps):
     return True
 
 
+def team_approved(result, final_state, steps):
+    """A team's verdict read from its view: the reviewer approved a draft the writer
+    completed, and the scorer's result is the reviewer's own."""
+    members = {m["workflow_type"]: m for m in final_state["members"]}
+    reviewer = members["TeamReviewer"]
+    assert final_state["result_member"] == reviewer["member"] and result == reviewer["result"]
+    assert [s["type"] for s in steps] == ["chat_model"]
+    return members["TeamWriter"]["status"] == "completed" and reviewer["result"]["approved"]
+
+
 def bad_features(steps, decisive):
     return {"ratio": float("inf")}
 

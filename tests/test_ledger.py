@@ -144,6 +144,7 @@ def test_a_ledger_of_schema_1_is_upgraded_in_place(tmp_path: Path) -> None:
     ledger.record_experiment(experiment())
     with closing(sqlite3.connect(old)) as conn:  # back to what schema 1 wrote
         conn.execute("ALTER TABLE experiments DROP COLUMN workload_bundle")
+        conn.execute("DROP TABLE forks")
         conn.execute("PRAGMA user_version = 1")
         conn.commit()
     upgraded = SqliteLedger(old)
@@ -153,7 +154,7 @@ def test_a_ledger_of_schema_1_is_upgraded_in_place(tmp_path: Path) -> None:
         "run-2", workload_bundle="c" * 64
     )
     with closing(sqlite3.connect(old)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (3,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (4,)
 
 
 WRITER = """

@@ -5,6 +5,7 @@ so), and a ledger file of the schema before fork rows gains their table."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
@@ -81,4 +82,34 @@ def test_a_ledger_before_fork_rows_gains_their_table(tmp_path: Path) -> None:
     assert upgraded.experiment("recovery-counter") == experiment()
     assert upgraded.record_fork(fork("f-a")) is True
     with closing(sqlite3.connect(old)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (3,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (4,)
+
+
+def test_a_team_forks_row_names_its_team(any_ledger: Ledger) -> None:
+    team = json.dumps(
+        {
+            "team_fork": "f-t",
+            "requested_member": "t-researcher",
+            "result_member": "t-reviewer",
+            "members": {"t-researcher": "f-t/t-researcher", "t-reviewer": "f-t/t-reviewer"},
+        },
+        sort_keys=True,
+    )
+    row = fork("f-t", cohort_run="t-researcher", team_json=team)
+    assert any_ledger.record_fork(row) is True
+    (back,) = any_ledger.forks("support-fixes", "run-1")
+    assert back == row and json.loads(back.team_json or "")["result_member"] == "t-reviewer"
+
+
+def test_a_ledger_before_team_rows_gains_their_column(tmp_path: Path) -> None:
+    old = tmp_path / "old.sqlite"
+    SqliteLedger(old).record_fork(fork("f-a"))
+    with closing(sqlite3.connect(old)) as conn:  # back to what schema 3 wrote
+        conn.execute("ALTER TABLE forks DROP COLUMN team_json")
+        conn.execute("PRAGMA user_version = 3")
+        conn.commit()
+    upgraded = SqliteLedger(old)
+    assert upgraded.forks("support-fixes", "run-1") == [fork("f-a")]
+    assert upgraded.record_fork(fork("f-b", team_json="{}")) is True
+    with closing(sqlite3.connect(old)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (4,)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forklab.contracts.runfork import TeamPart
+from forklab.contracts.runfork import CohortFork, TeamPart
 from forklab.experiments.runfork.overrides import ForkSignal, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
@@ -47,6 +47,11 @@ class MemberFork(BaseModel):
     #: the operator's signals and the messages in flight at the cut, in that order
     signals: list[ForkSignal] = Field(default_factory=list)
     team: TeamPart
+    #: the fork of an experiment over a cohort of teams: the world's seeds, prompt patch
+    #: and faults (``ForkStarter.fork``'s ``cohort``)
+    cohort: CohortFork | None = None
+    #: the experiment run whose cleanup finds the fork (its ``ForkLabExperiment``)
+    experiment_tag: str | None = None
 
 
 class TeamForkInput(BaseModel):

@@ -33,6 +33,7 @@ from temporalio.client import Client
 from forklab.activities.experiment.runner_bundle import code_digest
 from forklab.activities.experiment.workload_bundles import WorkloadBundleError, WorkloadBundles
 from forklab.activities.heartbeat import heartbeat_until
+from forklab.activities.runfork.cohort_teams import team_view
 from forklab.activities.runfork.fork_start import final_state
 from forklab.activities.runfork.history_events import chain_steps
 from forklab.activities.runfork.history_reads import read_chain
@@ -217,10 +218,20 @@ class CohortCode:
         items = []
         for run in plan.runs[:REHEARSAL_RUNS]:
             chain = await read_chain(client, run.workflow_id)
+            state = final_state(chain)
+            if run.team is not None:
+                # a team is scored on its result member, with every member's end
+                cut = run.team.cuts[0]
+                chains = {
+                    m.workflow_id: await read_chain(client, m.workflow_id) for m in cut.members
+                }
+                chain = chains[run.team.result_member]
+                view = team_view("", run.workflow_id, run.team.result_member, cut, chains, {})
+                state = view.model_dump(mode="json")
             last = chain[-1]
             result = last.close.get("result") if last.status == "completed" else None
             steps = [step_view(s) for s in chain_steps(chain)]
-            args = [_json(result), _json(final_state(chain)), steps]
+            args = [_json(result), _json(state), steps]
             items.append(CodeItem(f"recorded run {run.workflow_id}", args))
         files, calls = self._files("cohort.outcome", spec.cohort.outcome, code.bundle)
         await heartbeat_until(

@@ -40,6 +40,12 @@ from forklab.activities.runfork.cohort_evidence import cohort_trace
 from forklab.activities.runfork.cohort_overrides import fork_override
 from forklab.activities.runfork.cohort_plans import CohortPlans
 from forklab.activities.runfork.cohort_reads import cohort_ids, read_recorded
+from forklab.activities.runfork.cohort_teams import (
+    CohortTeamForks,
+    estimates_of,
+    resolve_teams,
+    team_ledger_json,
+)
 from forklab.activities.runfork.fork_start import ForkError, ForkExists, ForkStarter, final_state
 from forklab.activities.runfork.history_events import RunRecord, chain_steps
 from forklab.activities.runfork.history_reads import RunNotFound
@@ -53,6 +59,7 @@ from forklab.activities.stores.ledger import (
     Ledger,
     WorldRecord,
 )
+from forklab.activities.stores.team_registry import TeamRegistry
 from forklab.contracts.cohort import (
     ANALYSE,
     CLEANUP_FORKS,
@@ -76,16 +83,19 @@ from forklab.contracts.errors import ExperimentErrorType
 from forklab.contracts.experiment import EvidenceLogResult
 from forklab.contracts.runfork import MODEL_FIELDS, CohortFork
 from forklab.contracts.search_attributes import EXPERIMENT
+from forklab.contracts.team import TEAM_UPDATE_ACTIVITY
 from forklab.experiments.cohort.plan import (
     CohortPlan,
     CohortRun,
     ExcludedRun,
     RecordedRun,
+    attach_teams,
     fork_policies,
     plan_cohort,
     plan_fingerprint,
 )
 from forklab.experiments.cohort.report import render_markdown, summarise
+from forklab.experiments.cohort.team_episode import member_forks
 from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus
 from forklab.runtime.canon import digest
 
@@ -159,6 +169,8 @@ class CohortActivities:
         self._code = code or CohortCode()
         self._registry = registry
         self._starter = ForkStarter(client, registry, home)
+        #: whole teams, for a cohort of teams (``cohort.team``)
+        self._teams = CohortTeamForks(client, TeamRegistry(registry.path))
         self._ledger = ledger
         self._plans = plans
         self._reports = reports_dir
@@ -196,13 +208,20 @@ class CohortActivities:
                     )
                 )
         plan = plan_cohort(spec, recorded, missing)
+        by_id = {r.workflow_id: r for r in recorded}
+        members: dict[str, RecordedRun] = {}
+        if spec.cohort.team is not None:
+            teams = await resolve_teams(self._client, spec, plan.runs)
+            members = teams.recorded
+            plan = attach_teams(
+                spec, plan, teams.episodes, teams.member_tools(), TEAM_UPDATE_ACTIVITY
+            )
         if not plan.runs:
             reasons = "; ".join(f"{e.workflow_id}: {e.reason}" for e in plan.excluded[:3])
             raise _bad_spec(
                 f"cohort: no run of the cohort can be forked ({len(plan.excluded)} excluded"
                 f"{': ' + reasons if reasons else ''}); check the query or ids and fork_at"
             )
-        by_id = {r.workflow_id: r for r in recorded}
         try:
             plan = await self._code.rehearse(spec, code, plan, by_id, self._client)
         except UserCodeError as exc:
@@ -211,10 +230,16 @@ class CohortActivities:
         calls = tokens = 0
         seconds = 0.0
         for run in plan.runs:
-            c, t, s = _estimates(by_id[run.workflow_id], run.at_step)
-            calls += c * k * worlds
-            tokens += t * k * worlds
-            seconds += s * k * worlds
+            forked = (
+                [(by_id[run.workflow_id], run.at_step)]
+                if run.team is None
+                else estimates_of(run, members)
+            )
+            for rec, at_step in forked:
+                c, t, s = _estimates(rec, at_step)
+                calls += c * k * worlds
+                tokens += t * k * worlds
+                seconds += s * k * worlds
         forks = len(plan.runs) * k * worlds
         budget = spec.budget
         over = [
@@ -257,6 +282,10 @@ class CohortActivities:
         if job.run_index >= len(plan.runs):
             raise _bad_spec(f"the cohort plan has no run #{job.run_index}")
         run = plan.runs[job.run_index]
+        if run.team is not None:
+            outcome = await self._team_fork(job, run, plan, fork_id, began)
+            await asyncio.to_thread(self._record_fork, job, run, outcome)
+            return outcome
         starting = asyncio.ensure_future(self._start_or_find(job, run, plan, fork_id))
         try:
             handle = await asyncio.shield(starting)
@@ -301,15 +330,7 @@ class CohortActivities:
                 model=world.model,
                 tool_policies=fork_policies(plan, world),
                 requested_by=f"experiment {job.experiment_id}",
-                cohort=CohortFork(
-                    experiment=job.run_key,
-                    seed=job.seed,
-                    run=job.run_index,
-                    fork=job.fork,
-                    world=world.name,
-                    prompt_patch=world.prompt_patch,
-                    faults=world.faults,
-                ),
+                cohort=_cohort_part(job),
                 search_attributes=[SearchAttributePair(EXPERIMENT, job.run_key)],
             )
         except ForkExists:
@@ -318,6 +339,58 @@ class CohortActivities:
             await self._starter.record_started(fork_id)
             return found
         return fork.handle
+
+    async def _team_fork(
+        self, job: ForkJob, run: CohortRun, plan: CohortPlan, fork_id: str, began: float
+    ) -> ForkOutcome:
+        """A world's fork of the run's whole team (``cohort.team``), scored on the team's
+        result: the result member's result, with every member's end as the final state."""
+        assert run.team is not None
+        try:
+            forked = await self._teams.fork(
+                run,
+                job.world,
+                fork_id,
+                fork_policies(plan, job.world),
+                _cohort_part(job),
+                f"experiment {job.experiment_id}",
+            )
+        except (ForkError, RunNotFound) as exc:
+            return self._outcome(job, fork_id, ForkStatus.error, error=str(exc))
+        team = run.team
+        view = forked.view(fork_id, run.workflow_id, team.result_member)
+        chain = forked.chains[team.result_member]
+        last = chain[-1]
+        completed = last.status == "completed"
+        try:
+            score, success = await self._code.score(
+                job,
+                run.workflow_id,
+                last.close.get("result") if completed else None,
+                view.model_dump(mode="json"),
+                chain_steps(chain),
+            )
+        except UserCodeError as exc:
+            raise _broken(exc) from None
+        steps_at = {m.workflow_id: m.at_step for m in forked.cut.members}
+        tokens = sum(
+            _own_tokens(chain_steps(c), steps_at[wid])
+            for wid, c in forked.chains.items()
+            if wid in member_forks(fork_id, forked.cut)
+        )
+        requested = forked.chains.get(run.workflow_id)
+        marker = requested[0].marker if requested else None
+        return self._outcome(
+            job,
+            fork_id,
+            ForkStatus.completed if completed else ForkStatus.failed,
+            score=score,
+            success=success,
+            tokens=tokens,
+            seconds=time.monotonic() - began,
+            lineage_root=marker.lineage_root if marker else "",
+            receipt_sha256=digest(forked.record.receipt.model_dump(mode="json")),
+        )
 
     async def _score(
         self, job: ForkJob, run: CohortRun, chain: list[RunRecord], fork_id: str, seconds: float
@@ -331,14 +404,7 @@ class CohortActivities:
             score, success = await self._code.score(job, run.workflow_id, result, state, steps)
         except UserCodeError as exc:
             raise _broken(exc) from None
-        tokens = sum(
-            _tokens(s)
-            for s in steps
-            if s.activity_type in MODEL_FIELDS
-            and s.origin is StepOrigin.own
-            and s.status is StepStatus.completed
-            and s.index > run.at_step
-        )
+        tokens = _own_tokens(steps, run.at_step)
         receipt = chain[0].receipt
         marker = chain[0].marker
         outcome = self._outcome(
@@ -394,6 +460,9 @@ class CohortActivities:
                 receipt_sha256=outcome.receipt_sha256,
                 error=outcome.error,
                 created_at=datetime.now(UTC),
+                team_json=None
+                if run.team is None
+                else json.dumps(team_ledger_json(run, job.world, outcome.fork_id), sort_keys=True),
             )
         )
 
@@ -437,9 +506,7 @@ class CohortActivities:
         base = spec.baseline.name
         diffs = {
             w.world: {
-                i: "forklab diff "
-                f"{cohort_fork_id(inp.run_key, i, base, 0)} "
-                f"{cohort_fork_id(inp.run_key, i, w.world, 0)}"
+                i: _diff_command(plan.runs[i], inp.run_key, i, base, w.world)
                 for i in w.rescued + w.harmed
             }
             for w in summary.worlds
@@ -545,6 +612,44 @@ class CohortActivities:
                     created_at=now,
                 )
             )
+
+
+def _cohort_part(job: ForkJob) -> CohortFork:
+    """The marker's ``cohort`` part of a fork of ``job``: its seeds' coordinates and the
+    world's prompt patch and faults (on every member's fork, for a team)."""
+    world = job.world
+    return CohortFork(
+        experiment=job.run_key,
+        seed=job.seed,
+        run=job.run_index,
+        fork=job.fork,
+        world=world.name,
+        prompt_patch=world.prompt_patch,
+        faults=world.faults,
+    )
+
+
+def _own_tokens(steps: list[Step], at_step: int) -> int:
+    """The tokens of the model calls a fork made itself after its point ``at_step``."""
+    return sum(
+        _tokens(s)
+        for s in steps
+        if s.activity_type in MODEL_FIELDS
+        and s.origin is StepOrigin.own
+        and s.status is StepStatus.completed
+        and s.index > at_step
+    )
+
+
+def _diff_command(run: CohortRun, run_key: str, index: int, base: str, world: str) -> str:
+    """The command that shows a run's fork pair (baseline fork #0, world fork #0); for a
+    team, the pair of the result member's forks (``forklab diff TEAMFORK`` shows one team
+    fork against its originals, member by member)."""
+    a, b = cohort_fork_id(run_key, index, base, 0), cohort_fork_id(run_key, index, world, 0)
+    if run.team is not None:
+        member = run.team.result_member
+        return f"forklab diff {a}/{member} {b}/{member}"
+    return f"forklab diff {a} {b}"
 
 
 async def _quietly(call: Any) -> None:

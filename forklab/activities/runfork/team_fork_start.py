@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import WorkflowIDReusePolicy
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from forklab.activities.runfork.team_history import (
@@ -28,7 +28,8 @@ from forklab.activities.runfork.team_history import (
     read_histories,
 )
 from forklab.activities.stores.team_registry import TeamRegistry
-from forklab.contracts.runfork import TeamPart, fork_task_queue
+from forklab.contracts.runfork import CohortFork, TeamPart, fork_task_queue
+from forklab.contracts.search_attributes import EXPERIMENT
 from forklab.contracts.team import TEAM_UPDATE_ACTIVITY
 from forklab.contracts.team_fork import (
     TEAM_FORK_WORKFLOW,
@@ -71,6 +72,15 @@ class TeamForkRequest:
     input_override: tuple[int, Any] | None = None
     signals: tuple[ForkSignal, ...] = ()
     requested_by: str | None = None
+    #: a fork of an experiment over a cohort of teams (``cohort.team``): the world's
+    #: seeds, prompt patch and faults, on every member's fork
+    cohort: CohortFork | None = None
+    #: the experiment run whose cleanup must find the coordinator and every member fork
+    #: (its ``ForkLabExperiment`` search attribute)
+    experiment_tag: str | None = None
+    #: the step of every forked member in the cut an approver signed: a team whose cut,
+    #: computed again here, differs is refused
+    expected_cut: dict[str, int] | None = None
 
 
 @dataclass
@@ -118,6 +128,10 @@ def team_part(plan: TeamReceipt, cut: TeamCut) -> TeamPart:
     )
 
 
+def _steps(cut: dict[str, int]) -> str:
+    return ", ".join(f"{w} at {n}" for w, n in sorted(cut.items()))
+
+
 class TeamForkStarter:
     """Starts team forks for one namespace (``client``); ``teams`` is the registry whose
     records say which names are taken."""
@@ -156,6 +170,16 @@ class TeamForkStarter:
             )
         except ValueError as exc:
             raise TeamForkError(str(exc)) from None
+        forked = {
+            s.workflow_id: cut.of(s.workflow_id).at_step
+            for s in plan.slots
+            if s.role is SlotRole.forked
+        }
+        if req.expected_cut is not None and forked != req.expected_cut:
+            raise TeamForkError(
+                f"the team's cut ({_steps(forked)}) differs from the signed plan's "
+                f"({_steps(req.expected_cut)}); rehearse and approve it again"
+            )
         part = team_part(plan, cut)
         members: list[MemberFork] = []
         for slot in plan.slots:
@@ -184,6 +208,8 @@ class TeamForkStarter:
                     input_override=req.input_override if asked else None,
                     signals=[*(req.signals if asked else ()), *inflight.get(slot.workflow_id, [])],
                     team=part,
+                    cohort=req.cohort,
+                    experiment_tag=req.experiment_tag,
                 )
             )
         queue = fork_task_queue(histories[req.member].task_queue)
@@ -195,6 +221,11 @@ class TeamForkStarter:
                 task_queue=queue,
                 result_type=TeamForkRecord,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                search_attributes=TypedSearchAttributes(
+                    []
+                    if req.experiment_tag is None
+                    else [SearchAttributePair(EXPERIMENT, req.experiment_tag)]
+                ),
                 # a worker of this client on the queue (the API, a test, an experiment's
                 # worker) gets the first task with the start's answer: one round trip less
                 request_eager_start=True,

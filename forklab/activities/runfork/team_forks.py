@@ -29,6 +29,7 @@ from pathlib import Path
 
 from temporalio import activity
 from temporalio.client import Client
+from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -37,6 +38,7 @@ from forklab.activities.runfork.history_reads import RunNotFound
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.team_registry import TeamRecordConflict, TeamRegistry
 from forklab.contracts.runfork import MARKER_MEMO_KEY, TEAM_RELEASE_SIGNAL
+from forklab.contracts.search_attributes import EXPERIMENT
 from forklab.contracts.team_fork import (
     ABORT_MEMBERS,
     FORK_MEMBERS,
@@ -120,6 +122,10 @@ class TeamForkActivities:
                 input_override=m.input_override,
                 signals=m.signals,
                 team=m.team,
+                cohort=m.cohort,
+                search_attributes=[]
+                if m.experiment_tag is None
+                else [SearchAttributePair(EXPERIMENT, m.experiment_tag)],
                 record=False,
             )
             known: ForkReceipt | None = fork.receipt

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
@@ -92,8 +92,15 @@ CREATE TABLE IF NOT EXISTS forks (
 )
 """
 
+#: A team fork's row names its team (``ForkRecord.team_json``).
+_FORKS_TEAM = "ALTER TABLE forks ADD COLUMN team_json TEXT"
+
 #: Upgrades of a ledger file from the version before each key (1 is ``_SCHEMA`` as it was).
-_UPGRADES = {2: "ALTER TABLE experiments ADD COLUMN workload_bundle TEXT", 3: _FORKS}
+_UPGRADES = {
+    2: "ALTER TABLE experiments ADD COLUMN workload_bundle TEXT",
+    3: _FORKS,
+    4: _FORKS_TEAM,
+}
 
 
 class LedgerError(RuntimeError):
@@ -194,6 +201,10 @@ class ForkRecord(BaseModel):
     receipt_sha256: str
     error: str | None = None
     created_at: AwareDatetime
+    #: the fork of a whole team (``cohort.team``): the team fork, the requested and result
+    #: members, and each member's fork id (or its role when it has none); None for a run
+    #: forked alone
+    team_json: str | None = None
 
 
 EXPERIMENT_KEY = ("experiment_id", "run_id")
@@ -350,7 +361,7 @@ class SqliteLedger:
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version == 0:
-                for statement in [*_SCHEMA.split(";"), _FORKS]:
+                for statement in [*_SCHEMA.split(";"), _FORKS, _FORKS_TEAM]:
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

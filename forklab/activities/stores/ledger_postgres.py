@@ -102,6 +102,11 @@ CREATE TABLE {FORKS} (
 );
 """,
     ),
+    Migration(
+        version=4,
+        name="the team of a team fork's row",
+        sql=f"ALTER TABLE {FORKS} ADD COLUMN team_json TEXT",
+    ),
 )
 
 

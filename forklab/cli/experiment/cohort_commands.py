@@ -175,7 +175,8 @@ def stored_plan(settings: Settings, view: CohortStatusView) -> CohortPlan | str:
 
 
 def render_status(view: CohortStatusView, plan: CohortPlan | str | None = None) -> str:
-    """The status; with ``plan`` (``stored_plan``) also every exclusion and its reason."""
+    """The status; with ``plan`` (``stored_plan``) also every exclusion and its reason,
+    and each team's signed cuts for a cohort of teams."""
     lines = [
         f"experiment {view.experiment_id}: {view.status.value}, stage {view.stage.value}",
         f"  {view.message}",
@@ -188,9 +189,13 @@ def render_status(view: CohortStatusView, plan: CohortPlan | str | None = None) 
             f"  runs: {view.runs}; excluded: {view.excluded} (plan artifact {view.plan_artifact})"
         )
         if isinstance(plan, str):
-            lines.append(f"    {plan}")
+            if view.excluded:
+                lines.append(f"    {plan}")
         elif plan is not None:
             lines += [f"    excluded {e.workflow_id}: {e.reason}" for e in plan.excluded]
+            for r in plan.runs:
+                if r.team is not None:
+                    lines += [f"    {line}" for line in r.team.lines(r.workflow_id)]
         if view.code_digest:
             lines.append(
                 f"  your scorer and feature functions (code digest, signed): {view.code_digest}"
@@ -219,7 +224,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(view.model_dump_json(indent=2))
     else:
-        print(render_status(view, stored_plan(settings, view) if view.excluded else None))
+        print(render_status(view, stored_plan(settings, view) if view.plan_artifact else None))
     return 0
 
 

@@ -11,7 +11,7 @@ reason and never replaced by another run or forked at another step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,6 +25,7 @@ from forklab.experiments.cohort.fork_point import (
     resolve_fork_point,
 )
 from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
+from forklab.experiments.cohort.team_episode import TeamEpisode
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
 from forklab.experiments.runfork.steps import Step, StepStatus
 from forklab.runtime.canon import digest
@@ -89,6 +90,9 @@ class CohortRun(BaseModel):
     #: the pre-decision features the spec's ``cohort.features`` read at the fork point
     #: (empty without one): what slices and the guard group the runs by
     features: dict[str, Feature] = Field(default_factory=dict)
+    #: with ``cohort.team``: the run's team and its signed cuts (the run is the requested
+    #: member); None for a run forked alone
+    team: TeamEpisode | None = None
 
 
 class ExcludedRun(BaseModel):
@@ -198,7 +202,45 @@ def cohort_digest(plan: CohortPlan) -> str:
     }
     if any(r.features for r in plan.runs):
         covered["features"] = [r.features for r in plan.runs]
+    if any(r.team is not None for r in plan.runs):
+        covered["teams"] = [
+            None if r.team is None else r.team.model_dump(mode="json") for r in plan.runs
+        ]
     return digest(covered)
+
+
+def attach_teams(
+    spec: CohortExperimentSpec,
+    plan: CohortPlan,
+    teams: Mapping[str, TeamEpisode | str],
+    member_tools: Iterable[str],
+    message_tool: str,
+) -> CohortPlan:
+    """The plan of a cohort of teams (``cohort.team``): each kept run with its team's
+    cuts, or excluded with the reason ``teams`` gives for it (never forked alone instead).
+
+    ``member_tools`` are the tools the other members' histories call, added to the signed
+    list; ``message_tool`` (the team's messaging activity) is ``live`` unless the spec
+    names it: a member's message after the cut must reach the receiver's fork (the team
+    fork addresses it there, never to an original), and served from the record it would
+    not."""
+    runs: list[CohortRun] = []
+    excluded = list(plan.excluded)
+    for run in plan.runs:
+        team = teams.get(run.workflow_id, "its team was not read")
+        if isinstance(team, str):
+            excluded.append(ExcludedRun(workflow_id=run.workflow_id, reason=f"team: {team}"))
+            continue
+        runs.append(run.model_copy(update={"team": team}))
+    excluded.sort(key=lambda e: e.workflow_id)
+    tools = dict(plan.tools)
+    for tool in sorted(set(member_tools) - MODEL_ACTIVITY_TYPES):
+        tools.setdefault(tool, spec.policy(tool))
+    if message_tool in tools and message_tool not in spec.tools:
+        tools[message_tool] = ToolPolicy.live
+    out = CohortPlan(runs=runs, excluded=excluded, tools=dict(sorted(tools.items())))
+    out.digest = cohort_digest(out)
+    return out
 
 
 def check_digest(plan: CohortPlan) -> None:

@@ -35,7 +35,14 @@ def final_score(result: Any, final_state: Any, steps: Sequence[Step]) -> float:
     return min(1.0, max(0.0, float(score)))
 
 
+def approved(result: Any, final_state: Any, steps: Sequence[Step]) -> bool:
+    """The result says ``approved: true`` (e.g. the example team's reviewer, the result
+    member of a cohort of teams: ``cohort.team.result_member: TeamReviewer``)."""
+    return isinstance(result, dict) and result.get("approved") is True
+
+
 SHIPPED: dict[str, Scorer] = {
+    "forklab.experiments.cohort.scorers:approved": approved,
     "forklab.experiments.cohort.scorers:completed": completed,
     "forklab.experiments.cohort.scorers:final_score": final_score,
 }

@@ -62,6 +62,25 @@ def _plain(text: str, what: str) -> str:
     return text
 
 
+class TeamEpisodes(Strict):
+    """Make each run of the cohort stand for its team: the episode is the whole team,
+    found from the run (the *requested member*) by the message edges its histories record
+    (``forklab team``), forked at the consistent cut for the run's fork point as
+    ``forklab fork-team`` forks it, and scored on the team's result."""
+
+    result_member: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$",
+        description="The workflow type of the member whose result is the team's result "
+        "(exactly one member of each team must have it); default the requested member.",
+    )
+    max_members: int = Field(
+        default=20, ge=1, le=100, description="A team with more members is excluded."
+    )
+
+
 class Cohort(Strict):
     """The recorded runs that are the experiment's episodes, and where to fork each."""
 
@@ -106,6 +125,11 @@ class Cohort(Strict):
         le=0.5,
         description="The share of the compared runs held out to validate the guard "
         "policy (learned on the others); chosen by the seed and the workflow ids alone.",
+    )
+    team: TeamEpisodes | None = Field(
+        default=None,
+        description="Fork each run's whole team, not the run alone (the query or ids name "
+        "the requested members).",
     )
 
     @field_validator("query")
@@ -387,6 +411,7 @@ __all__ = [
     "ForkWorld",
     "Override",
     "PromptPatch",
+    "TeamEpisodes",
     "parse_any_spec",
     "parse_cohort_spec",
 ]

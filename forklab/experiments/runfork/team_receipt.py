@@ -115,7 +115,8 @@ def member_fork_id(team_fork_id: str, workflow_id: str) -> str:
     return f"{team_fork_id}/{workflow_id}"
 
 
-def _role(cut: MemberCut) -> SlotRole:
+def slot_role(cut: MemberCut) -> SlotRole:
+    """What a team fork does with a member cut so: fork it, keep it, or leave it out."""
     if cut.absent:
         return SlotRole.absent
     if cut.frozen:
@@ -149,7 +150,7 @@ def plan_team_fork(
     slots: list[MemberSlot] = []
     addresses: dict[str, str] = {}
     for m in cut.members:
-        role = _role(m)
+        role = slot_role(m)
         fork_id = member_fork_id(team_fork_id, m.workflow_id) if role is SlotRole.forked else None
         if fork_id is not None:
             addresses[m.workflow_id] = fork_id
