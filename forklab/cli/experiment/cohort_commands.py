@@ -201,7 +201,35 @@ def render_status(view: CohortStatusView, plan: CohortPlan | str | None = None) 
             f"  forks: {view.forks_done}/{view.forks_total} done, {view.running} running, "
             f"{view.forks_missing} without an outcome; {view.tokens} tokens"
         )
+    lines += design_lines(view)
     return "\n".join(lines)
+
+
+def design_lines(view: CohortStatusView) -> list[str]:
+    """A sequential design as the approver signs it (waves, boundaries, the share of the
+    forks it is expected to leave unspent) and its looks so far."""
+    d = view.design
+    if d is None:
+        return []
+    bounds = ", ".join(f"±{c:.3f}" for c in d.bounds)
+    lines = [
+        f"  sequential design (signed with the spec): {d.spending.value} spending, looks "
+        f"after runs {', '.join(map(str, d.wave_ends))} (seeded order); boundaries {bounds}",
+        f"  expected compute saved: {d.saved_if_inert:.0%} of the forks "
+        f"[{d.saved_if_inert_low:.0%}, {d.saved_if_inert_high:.0%}] if every world is inert, "
+        f"{d.saved_if_effect:.0%} [{d.saved_if_effect_low:.0%}, {d.saved_if_effect_high:.0%}] "
+        "if every world moves as expected by the effect the design is powered for",
+    ]
+    for look in view.looks:
+        lines += [
+            f"  look {look.look}: {w.world} {w.rescue} rescued / {w.harm} harmed over "
+            f"{w.episodes} runs, statistic {w.statistic:+.3f} vs ±{w.boundary:.3f}: "
+            f"{w.decision.value}"
+            for w in look.worlds
+        ]
+    if view.looks or view.forks_unspent:
+        lines.append(f"  forks unspent (worlds the design stopped): {view.forks_unspent}")
+    return lines
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
