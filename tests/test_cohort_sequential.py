@@ -9,9 +9,11 @@ and the expected saving the approver sees."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import run_cli
 
 from forklab.activities.runfork.cohort_looks import decide_look, planned_design
 from forklab.contracts.cohort import CohortLookInput, PlannedDesign, WorldCounts
@@ -267,3 +269,28 @@ def test_the_approver_sees_the_design_and_its_expected_saving() -> None:
     # fewer resolved runs than looks: the plan cannot follow the design, capacity refuses
     refusal = planned_design(spec, 3)
     assert isinstance(refusal, str) and "4 looks need at least as many runs" in refusal
+
+
+def test_forklab_plan_of_a_cohort_spec_prints_the_design_and_its_expected_saving(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    spec = tmp_path / "cohort.json"
+    raw = _spec(40, sequential={"looks": 4}).model_dump(mode="json")
+    spec.write_text(json.dumps(raw))
+    code, out, err = run_cli(capsys, "plan", str(spec))
+    assert code == 0, err
+    assert "its rehearsal reads the cohort on the Temporal server" in out
+    assert "at most 40 runs x 4 worlds x 3 forks = 480 forks" in out
+    assert "looks after runs 10, 20, 30, 40 (seeded order)" in out
+    assert "expected compute saved: " in out and "if every world is inert" in out
+    code, out, _ = run_cli(capsys, "plan", str(spec), "--json")
+    shown = json.loads(out)
+    assert code == 0 and shown["design"]["wave_ends"] == [10, 20, 30, 40]
+    expected = planned_design(_spec(40, sequential={"looks": 4}), 40)
+    assert isinstance(expected, PlannedDesign)
+    assert shown["design"] == expected.model_dump(mode="json")
+    # a cohort spec that cannot be read is still one sentence and exit 2
+    raw["analysis"]["sequential"]["looks"] = 41
+    spec.write_text(json.dumps(raw))
+    code, _, err = run_cli(capsys, "plan", str(spec))
+    assert code == 2 and "analysis.sequential.looks: 41 looks need at least as many runs" in err

@@ -32,6 +32,7 @@ from forklab.activities.runfork.cohort_plans import CohortPlans
 from forklab.activities.stores.artifacts import ArtifactError
 from forklab.cli.errors import CliError
 from forklab.cli.experiment.cohort_bundle import ship_cohort_code
+from forklab.cli.experiment.design_text import design_text
 from forklab.cli.experiment.specfile import load_cohort_spec
 from forklab.cli.ops_common import add_connection_flags, open_client, run, settings_from
 from forklab.contracts.approval import approval_payload, sign
@@ -208,18 +209,9 @@ def render_status(view: CohortStatusView, plan: CohortPlan | str | None = None) 
 def design_lines(view: CohortStatusView) -> list[str]:
     """A sequential design as the approver signs it (waves, boundaries, the share of the
     forks it is expected to leave unspent) and its looks so far."""
-    d = view.design
-    if d is None:
+    if view.design is None:
         return []
-    bounds = ", ".join(f"±{c:.3f}" for c in d.bounds)
-    lines = [
-        f"  sequential design (signed with the spec): {d.spending.value} spending, looks "
-        f"after runs {', '.join(map(str, d.wave_ends))} (seeded order); boundaries {bounds}",
-        f"  expected compute saved: {d.saved_if_inert:.0%} of the forks "
-        f"[{d.saved_if_inert_low:.0%}, {d.saved_if_inert_high:.0%}] if every world is inert, "
-        f"{d.saved_if_effect:.0%} [{d.saved_if_effect_low:.0%}, {d.saved_if_effect_high:.0%}] "
-        "if every world moves as expected by the effect the design is powered for",
-    ]
+    lines = [f"  {line}" for line in design_text(view.design)]
     for look in view.looks:
         lines += [
             f"  look {look.look}: {w.world} {w.rescue} rescued / {w.harm} harmed over "
