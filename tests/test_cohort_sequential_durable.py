@@ -15,6 +15,7 @@ import pytest
 from agent_fixtures import AgentTestLab
 from cohort_lab import CohortLab, cohort_spec, running_cohort_lab
 
+from forklab.cli.experiment.cohort_commands import render_status
 from forklab.experiments.cohort.sequential import cohort_design, world_paths_at
 from forklab.experiments.cohort.waves import run_order
 from forklab.experiments.experiment.waves import Decision
@@ -38,6 +39,7 @@ async def test_a_big_effect_stops_for_efficacy_and_starts_no_more_forks(cohort: 
         [
             {"name": "noop", "role": "treatment", "prompt_patch": {"text": "Be yourself."}},
             {"name": "outage", "role": "treatment", "faults": [{"kind": "brownout", "rate": 1.0}]},
+            {"name": "same", "role": "placebo", "prompt_patch": {"text": "Be yourself."}},
         ],
         hypothesis={
             "text": "an outage fails runs; a no-op instruction rescues none",
@@ -50,34 +52,42 @@ async def test_a_big_effect_stops_for_efficacy_and_starts_no_more_forks(cohort: 
     # the approver sees the design over the plan's runs and the compute it should save
     assert shown.design is not None and shown.design.wave_ends == [8, 16]
     assert 0.0 <= shown.design.saved_if_inert <= shown.design.saved_if_inert_high <= 1.0
+    assert "expected compute saved: " in render_status(shown)
     await cohort.approve(handle)
     result = await handle.result()
     assert result.status is Status.completed, result.error
 
     view = await cohort.status(handle)
-    (look,) = view.looks  # both worlds stopped at the first look: no second wave
-    decided = {w.world: w for w in look.worlds}
+    first, second = view.looks
+    decided = {w.world: w for w in first.worlds}
     assert decided["outage"].decision is Decision.efficacy
     assert decided["outage"].harm >= 5 and decided["outage"].statistic <= -2.157
-    # the inert world's decision is the design's own rule on its counts (futility)
+    # the inert treatment's decision is the design's own rule on its counts (futility)
     design = cohort_design(spec, 16)
     assert design is not None
-    (noop,) = world_paths_at(
-        spec, design, {"noop": ([decided["noop"].rescue], [decided["noop"].harm])}
-    )
-    assert decided["noop"].decision is noop.looks[-1].decision is Decision.futility
+    noop = decided["noop"]
+    (path,) = world_paths_at(spec, design, {"noop": ([noop.rescue], [noop.harm])})
+    assert noop.decision is path.looks[-1].decision is Decision.futility
+    # the placebo's check is "inside the noise floor": it runs every wave, with the baseline
+    assert decided["same"].decision is Decision.continue_
+    assert [(w.world, w.decision) for w in second.worlds] == [("same", Decision.completed)]
 
-    # forks actually started in Temporal: every world's forks of the first wave's runs only
+    # forks actually started in Temporal: the stopped worlds' forks of the first wave's
+    # runs only; the baseline's and the placebo's of every run
     run_key = f"{handle.id}/{handle.result_run_id}"
     started = await _started_forks(cohort, run_key)
-    assert len(started) == len(set(started)) == 8 * 3 * 3 == result.forks_done
+    assert len(started) == len(set(started)) == 8 * 4 * 3 + 8 * 2 * 3 == result.forks_done
     wave = set(run_order(spec.seed, 16)[:8])
     rows = cohort.ledger.forks(spec.id, handle.result_run_id or "")
-    assert {r.run_index for r in rows} == wave and len(rows) == 72
-    assert result.forks_unspent == 8 * 3 * 3
+    assert len(rows) == 144
+    for world in ("noop", "outage"):
+        assert {r.run_index for r in rows if r.world == world} == wave
+    for world in ("baseline", "same"):
+        assert {r.run_index for r in rows if r.world == world} == set(range(16))
+    assert result.forks_unspent == 8 * 2 * 3
 
     report = result.report
-    assert report is not None and report.unspent_forks == 72
+    assert report is not None and report.unspent_forks == 48
     paths = {d.world: d for d in report.design}
     assert paths["outage"].stopped is Decision.efficacy and paths["outage"].runs == 8
     assert paths["outage"].verdict == "harms" and paths["outage"].as_expected
@@ -85,6 +95,7 @@ async def test_a_big_effect_stops_for_efficacy_and_starts_no_more_forks(cohort: 
     assert [(x.look, x.decision) for x in paths["outage"].looks] == [(1, Decision.efficacy)]
     assert paths["noop"].stopped is Decision.futility
     assert paths["noop"].verdict == "inside_noise_floor"
+    assert paths["same"].stopped is Decision.completed and paths["same"].unspent_forks == 0
     lines = {w.world: w for w in report.worlds}
     assert lines["outage"].verdict == "harms" and "sequential design" in lines["outage"].text
     assert "## Sequential design" in report.markdown

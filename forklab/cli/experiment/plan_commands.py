@@ -102,11 +102,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("schema", help="print the JSON Schema of an experiment spec")
     p.set_defaults(func=cmd_schema)
-    p = sub.add_parser(
-        "plan",
-        help="rehearse a spec on the local twin (free) and print the report (a cohort spec: "
-        "its sequential design and expected saving)",
-    )
+    p = sub.add_parser("plan", help="rehearse a spec on the local twin (free) and print the report")
     p.add_argument("spec", help="path to the experiment spec (.yaml or .json)")
     p.add_argument("--json", action="store_true", help="print the machine-readable report")
     p.add_argument(
