@@ -14,11 +14,15 @@ from pathlib import Path
 import pytest
 from agent_fixtures import AgentTestLab
 from cohort_lab import CohortLab, cohort_spec, running_cohort_lab
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 from forklab.cli.experiment.cohort_commands import render_status
 from forklab.experiments.cohort.sequential import cohort_design, world_paths_at
 from forklab.experiments.cohort.waves import run_order
 from forklab.experiments.experiment.waves import Decision
+from forklab.workers.experiment.worker import workflow_runner
+from forklab.workflows.experiment.cohort_workflow import CohortExperimentWorkflow
 from forklab.workflows.experiment.messages import Stage, Status
 
 
@@ -100,6 +104,12 @@ async def test_a_big_effect_stops_for_efficacy_and_starts_no_more_forks(cohort: 
     assert lines["outage"].verdict == "harms" and "sequential design" in lines["outage"].text
     assert "## Sequential design" in report.markdown
     assert "| outage | 1 | 8 |" in report.markdown and "| efficacy |" in report.markdown
+    # the history replays on the code as it is (its waves, looks and unspent forks)
+    await Replayer(
+        workflows=[CohortExperimentWorkflow],
+        data_converter=pydantic_data_converter,
+        workflow_runner=workflow_runner(),
+    ).replay_workflow(await handle.fetch_history())
 
 
 async def test_waves_cross_continue_as_new_with_their_looks(cohort: CohortLab) -> None:
