@@ -239,6 +239,8 @@ def test_the_report_shows_each_path_and_the_designs_verdicts() -> None:
     assert paths["patch"].verdict.value == "inside_noise_floor"
     assert paths["noop"].path.stopped is Decision.completed and len(paths["noop"].path.looks) == 2
     assert summary.unspent_forks == 48 and summary.compared_runs == sorted(first)
+    # the noise floor reads every run the baseline ran, not only those every world ran
+    assert summary.floor.runs == 16
     # the verdicts are the design's, never the fixed test's on the runs it chose
     judged = {w.world: w.judgement for w in summary.worlds}
     assert (

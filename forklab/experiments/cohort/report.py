@@ -102,11 +102,17 @@ def summarise(
 
     base = matrix(spec.baseline.name)
     others = [w for w in spec.worlds if w.role is not Role.baseline]
+    floor_from = matrix(spec.baseline.name, raw=True) if voted else None
+    if spec.analysis.sequential is not None:
+        # a design stops worlds, not the baseline's forks: the floor reads every run the
+        # baseline ran, more than every world ran
+        rows = [r for r in outcomes[spec.baseline.name] if MISSING not in r and UNSPENT not in r]
+        floor_from = np.array([[c == SUCCESS for c in row] for row in rows])
     floor, judged = judge_worlds(
         base,
         {w.name: (w.role, expected(spec, w), matrix(w.name)) for w in others},
         alpha=spec.analysis.alpha,
-        floor_from=matrix(spec.baseline.name, raw=True) if voted else None,
+        floor_from=floor_from,
     )
     design = cohort_design(spec, runs)
     paths = [] if design is None else design_paths(spec, design, outcomes, costs)
