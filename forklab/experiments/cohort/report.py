@@ -106,8 +106,8 @@ def summarise(
     if spec.analysis.sequential is not None:
         # a design stops worlds, not the baseline's forks: the floor reads every run the
         # baseline ran, more than every world ran
-        rows = [r for r in outcomes[spec.baseline.name] if MISSING not in r and UNSPENT not in r]
-        floor_from = np.array([[c == SUCCESS for c in row] for row in rows])
+        ran = [r for r in outcomes[spec.baseline.name] if MISSING not in r and UNSPENT not in r]
+        floor_from = np.array([[c == SUCCESS for c in row] for row in ran])
     floor, judged = judge_worlds(
         base,
         {w.name: (w.role, expected(spec, w), matrix(w.name)) for w in others},
