@@ -26,6 +26,7 @@ from forklab.activities.experiment.evidence_log import EvidenceActivities
 from forklab.activities.experiment.workload_bundles import WorkloadBundles
 from forklab.activities.runfork.cohort_code import CohortCode
 from forklab.activities.runfork.cohort_forks import CohortActivities
+from forklab.activities.runfork.cohort_looks import cohort_look
 from forklab.activities.runfork.cohort_plans import CohortPlans
 from forklab.activities.sandbox.cohort_code_calls import CohortCodeCalls
 from forklab.activities.stores.artifacts import LocalArtifactStore
@@ -193,6 +194,7 @@ async def running_cohort_lab(
             cohort.cleanup,
             cohort.analyse,
             cohort.record_ledger,
+            cohort_look,
             approval.approval_policy,
             approval.approver_policy,
             approval.issue_approval_key,

@@ -139,7 +139,10 @@ def test_parse_any_spec_dispatches_and_parse_spec_points_to_the_cohort_reader() 
         ),
         ({"budget": {"max_forks": 100}}, "the cohort's limit allows up to 900 forks"),
         ({"analysis": {"forks_per_checkpoint": 3}}, "cohort.forks_per_world; remove it"),
-        ({"analysis": {"sequential": {"looks": 4}}}, "does not fork in waves; remove it"),
+        (
+            {"analysis": {"sequential": {"looks": 50}}, "cohort__limit": 40},
+            "analysis.sequential.looks: 50 looks need at least as many runs",
+        ),
         ({"hypothesis__expected": {"nope": "decrease"}}, "names unknown world 'nope'"),
         ({"seed": "7"}, "field seed: Input should be a valid integer, not the string '7'"),
     ],

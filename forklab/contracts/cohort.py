@@ -10,10 +10,12 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from forklab.contracts.activity import ActivityRef
-from forklab.contracts.experiment import EvidenceLogResult
+from forklab.contracts.experiment import EvidenceLogResult, LookResult, WorldLook
 from forklab.experiments.cohort.guard_policy import CohortGuard
 from forklab.experiments.cohort.matrix import WorldCosts
 from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
+from forklab.experiments.experiment.spec import Spending
+from forklab.experiments.experiment.waves import Decision
 from forklab.experiments.runfork.policy import ToolPolicy
 
 
@@ -77,6 +79,25 @@ class CohortRehearsal(_Model):
     fingerprint: str
     capacity_ok: bool
     capacity_reason: str = ""
+    #: the sequential design over the plan's runs (None: every world runs every run)
+    design: PlannedDesign | None = None
+
+
+class PlannedDesign(_Model):
+    """A sequential design as the approver sees it: its waves over the plan's runs, the
+    boundary of each look and the share of the forks it is expected to leave unspent
+    (``forklab.experiments.cohort.sequential.planned_saving``)."""
+
+    spending: Spending
+    #: cumulative runs at the end of each wave (the runs in the design's seeded order)
+    wave_ends: list[int]
+    bounds: list[float]
+    saved_if_inert: float
+    saved_if_inert_low: float
+    saved_if_inert_high: float
+    saved_if_effect: float
+    saved_if_effect_low: float
+    saved_if_effect_high: float
 
 
 class ForkJob(_Model):
@@ -136,6 +157,44 @@ class CohortAnalyseInput(_Model):
     costs: dict[str, WorldCosts]
 
 
+class WorldCounts(_Model):
+    """A world's cumulative rescues and harms (by majority, against the baseline) at each
+    look it ran into."""
+
+    rescue: list[int]
+    harm: list[int]
+
+
+class CohortLookInput(_Model):
+    """A sequential design's look ``look`` (0-based) over the plan's ``runs``: the counts
+    of every world still running, up to the end of the look's wave."""
+
+    spec: CohortExperimentSpec
+    runs: int = Field(ge=1)
+    look: int = Field(ge=0, le=49)
+    counts: dict[str, WorldCounts]
+
+
+class DesignLine(_Model):
+    """A world's path through the sequential design (looks: counts, statistic, boundary,
+    decision), its verdict valid for the design and what its stop left unspent."""
+
+    world: str
+    stopped: Decision
+    looks: list[WorldLook]
+    runs: int
+    p_value: float
+    holm_p: float
+    ci_low: float
+    ci_high: float
+    verdict: str
+    as_expected: bool
+    unspent_forks: int
+    unspent_tokens: float
+    unspent_seconds: float
+    text: str
+
+
 class WorldLine(_Model):
     world: str
     role: str
@@ -172,6 +231,10 @@ class CohortReport(_Model):
     #: the guard policy of the gated world, learned and validated on held-out runs (None
     #: without pre-decision features or a treatment)
     guard: CohortGuard | None = None
+    #: with ``analysis.sequential``: every world's path and verdict valid for the design,
+    #: and the forks the design left unspent (every world's, the baseline's too)
+    design: list[DesignLine] = Field(default_factory=list)
+    unspent_forks: int = 0
 
 
 class CohortLedgerInput(_Model):
@@ -200,6 +263,7 @@ CLEANUP_FORKS = ActivityRef[ForkCleanupInput, ForkCleanupResult](
 ANALYSE = ActivityRef[CohortAnalyseInput, CohortReport](
     "cohort_analyse", CohortAnalyseInput, CohortReport
 )
+LOOK = ActivityRef[CohortLookInput, LookResult]("cohort_look", CohortLookInput, LookResult)
 #: None when Braintrust is off (or on histories recorded before it reported)
 RECORD_LEDGER = ActivityRef[CohortLedgerInput, EvidenceLogResult | None](
     "cohort_ledger", CohortLedgerInput, EvidenceLogResult | None

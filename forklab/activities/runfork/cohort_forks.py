@@ -37,6 +37,7 @@ from forklab.activities.heartbeat import heartbeat_until
 from forklab.activities.runfork.closed_fork import closed_chain
 from forklab.activities.runfork.cohort_code import CohortCode
 from forklab.activities.runfork.cohort_evidence import cohort_trace
+from forklab.activities.runfork.cohort_looks import planned_design
 from forklab.activities.runfork.cohort_overrides import fork_override
 from forklab.activities.runfork.cohort_plans import CohortPlans
 from forklab.activities.runfork.cohort_reads import cohort_ids, read_recorded
@@ -71,16 +72,18 @@ from forklab.contracts.cohort import (
     CohortRehearsal,
     CohortRehearseInput,
     CohortReport,
+    DesignLine,
     ForkCleanupInput,
     ForkCleanupResult,
     ForkJob,
     ForkOutcome,
     ForkStatus,
+    PlannedDesign,
     WorldLine,
     cohort_fork_id,
 )
 from forklab.contracts.errors import ExperimentErrorType
-from forklab.contracts.experiment import EvidenceLogResult
+from forklab.contracts.experiment import EvidenceLogResult, WorldLook
 from forklab.contracts.runfork import MODEL_FIELDS, CohortFork
 from forklab.contracts.search_attributes import EXPERIMENT
 from forklab.contracts.team import TEAM_UPDATE_ACTIVITY
@@ -242,9 +245,11 @@ class CohortActivities:
                 seconds += s * k * worlds
         forks = len(plan.runs) * k * worlds
         budget = spec.budget
+        design = planned_design(spec, len(plan.runs))
         over = [
             text
             for text, bad in (
+                (str(design), isinstance(design, str)),
                 (f"{forks} forks over max_forks {budget.max_forks}", forks > budget.max_forks),
                 (
                     f"about {tokens} model tokens over max_model_tokens {budget.max_model_tokens}",
@@ -269,6 +274,7 @@ class CohortActivities:
             fingerprint=plan_fingerprint(spec, plan, code.digest if code else None),
             capacity_ok=not over,
             capacity_reason="; ".join(over),
+            design=design if isinstance(design, PlannedDesign) else None,
         )
 
     # --- one fork -----------------------------------------------------------------------
@@ -547,6 +553,28 @@ class CohortActivities:
             report_dir=str(folder),
             report_sha256=digest({"markdown": markdown}),
             guard=summary.guard,
+            design=[
+                DesignLine(
+                    world=d.path.world,
+                    stopped=d.path.stopped,
+                    looks=[
+                        WorldLook(world=d.path.world, **look.model_dump()) for look in d.path.looks
+                    ],
+                    runs=d.path.episodes,
+                    p_value=d.path.p_value,
+                    holm_p=d.path.holm_p,
+                    ci_low=d.path.ci_low,
+                    ci_high=d.path.ci_high,
+                    verdict=d.verdict.value,
+                    as_expected=d.as_expected,
+                    unspent_forks=d.unspent_forks,
+                    unspent_tokens=d.unspent_tokens,
+                    unspent_seconds=d.unspent_seconds,
+                    text=d.text,
+                )
+                for d in summary.design
+            ],
+            unspent_forks=summary.unspent_forks,
         )
         slices = {w: [x.model_dump(mode="json") for x in v] for w, v in summary.slices.items()}
         await asyncio.to_thread(_write_report, folder, report, inp, plan, slices)

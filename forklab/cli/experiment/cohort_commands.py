@@ -32,6 +32,7 @@ from forklab.activities.runfork.cohort_plans import CohortPlans
 from forklab.activities.stores.artifacts import ArtifactError
 from forklab.cli.errors import CliError
 from forklab.cli.experiment.cohort_bundle import ship_cohort_code
+from forklab.cli.experiment.design_text import design_text
 from forklab.cli.experiment.specfile import load_cohort_spec
 from forklab.cli.ops_common import add_connection_flags, open_client, run, settings_from
 from forklab.contracts.approval import approval_payload, sign
@@ -206,7 +207,26 @@ def render_status(view: CohortStatusView, plan: CohortPlan | str | None = None) 
             f"  forks: {view.forks_done}/{view.forks_total} done, {view.running} running, "
             f"{view.forks_missing} without an outcome; {view.tokens} tokens"
         )
+    lines += design_lines(view)
     return "\n".join(lines)
+
+
+def design_lines(view: CohortStatusView) -> list[str]:
+    """A sequential design as the approver signs it (waves, boundaries, the share of the
+    forks it is expected to leave unspent) and its looks so far."""
+    if view.design is None:
+        return []
+    lines = [f"  {line}" for line in design_text(view.design)]
+    for look in view.looks:
+        lines += [
+            f"  look {look.look}: {w.world} {w.rescue} rescued / {w.harm} harmed over "
+            f"{w.episodes} runs, statistic {w.statistic:+.3f} vs ±{w.boundary:.3f}: "
+            f"{w.decision.value}"
+            for w in look.worlds
+        ]
+    if view.looks or view.forks_unspent:
+        lines.append(f"  forks unspent (worlds the design stopped): {view.forks_unspent}")
+    return lines
 
 
 def _cmd_start(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from forklab.cli.errors import CliError
 from forklab.cli.experiment.report_files import write_report
-from forklab.cli.experiment.specfile import SPEC_EXIT, load_spec, own_import_path
+from forklab.cli.experiment.specfile import SPEC_EXIT, load_spec, names_cohort, own_import_path
 from forklab.experiments.experiment.bundle import BundleError
 from forklab.experiments.experiment.spec import SpecError, json_schema
 from forklab.runtime.contract import ContractViolation
@@ -33,7 +33,14 @@ UNCONFINED_WARNING = (
 def cmd_plan(args: argparse.Namespace) -> int:
     from forklab.cli.experiment.rehearsal import Rehearsal
 
-    spec = load_spec(args.spec)
+    try:
+        spec = load_spec(args.spec)
+    except CliError:
+        if not names_cohort(args.spec):
+            raise
+        from forklab.cli.experiment.cohort_plan import cmd_plan_cohort
+
+        return cmd_plan_cohort(args)
     try:
         # --debug runs in this process, so the traceback shows the workload's own frames.
         processes = 1 if args.debug else args.processes

@@ -15,6 +15,7 @@ from forklab.experiments.experiment.spec import (
     MAX_SPEC_BYTES,
     ExperimentSpec,
     SpecError,
+    load_spec_mapping,
     parse_spec,
 )
 
@@ -69,6 +70,16 @@ def load_spec(path: str) -> ExperimentSpec:
         return parse_spec(text, path)
     except SpecError as exc:
         raise CliError(str(exc), SPEC_EXIT) from None
+
+
+def names_cohort(path: str) -> bool:
+    """Whether the spec file names a ``cohort:`` and no workload (False when it is not a
+    readable mapping: its own reader says why)."""
+    try:
+        raw = load_spec_mapping(read_spec_text(path), path)
+    except (CliError, SpecError):
+        return False
+    return "cohort" in raw and "workload" not in raw
 
 
 def load_cohort_spec(path: str) -> CohortExperimentSpec:

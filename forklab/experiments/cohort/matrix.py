@@ -10,6 +10,9 @@ SUCCESS, FAILURE, MISSING = "1", "0", "-"
 #: a fork not run because its run's majority in that world was already decided
 #: (``cohort.stop_when_decided``, ``forklab.experiments.cohort.votes``)
 SAVED = "~"
+#: a fork not run because a sequential design stopped its world (or, once every other world
+#: stopped, the baseline) before its run's wave (``forklab.experiments.cohort.waves``)
+UNSPENT = "/"
 
 
 class WorldCosts(BaseModel):

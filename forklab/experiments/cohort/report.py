@@ -16,8 +16,9 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from forklab.experiments.cohort.guard_policy import CohortGuard
-from forklab.experiments.cohort.matrix import MISSING, SUCCESS, WorldCosts
+from forklab.experiments.cohort.matrix import MISSING, SUCCESS, UNSPENT, WorldCosts
 from forklab.experiments.cohort.noise import NoiseFloor, WorldJudgement, judge_worlds
+from forklab.experiments.cohort.sequential import DesignPath, cohort_design, design_paths, expected
 from forklab.experiments.cohort.slices import (
     Features,
     cohort_guard,
@@ -25,10 +26,10 @@ from forklab.experiments.cohort.slices import (
     held_out_runs,
     world_slices,
 )
-from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
+from forklab.experiments.cohort.spec import CohortExperimentSpec
 from forklab.experiments.cohort.votes import as_voted, saved_forks
 from forklab.experiments.experiment.analysis.slices import SliceEffect, feature_text
-from forklab.experiments.experiment.spec import Direction, Role
+from forklab.experiments.experiment.spec import Role
 
 
 class WorldSummary(BaseModel):
@@ -55,18 +56,12 @@ class CohortSummary(BaseModel):
     #: (over the compared runs; none without ``cohort.features``)
     slices: dict[str, list[SliceEffect]] = Field(default_factory=dict)
     guard: CohortGuard | None = None
-
-
-def _expected(spec: CohortExperimentSpec, world: ForkWorld) -> Direction:
-    """The pre-registered direction of the world's failure rate: the hypothesis's, else
-    what its role implies (a placebo changes nothing, a positive control raises it)."""
-    if world.name in spec.hypothesis.expected:
-        return spec.hypothesis.expected[world.name]
-    if world.role is Role.positive_control:
-        return Direction.increase
-    if world.role is Role.treatment:
-        return Direction.decrease
-    return Direction.none
+    #: with ``analysis.sequential``: each world's path, verdict valid for the design and
+    #: unspent budget; the forks the design left unspent in every world
+    design: list[DesignPath] = Field(default_factory=list)
+    unspent_forks: int = 0
+    #: runs some world did not run (its design stopped it) and no fork of which is missing
+    unspent_runs: int = 0
 
 
 def summarise(
@@ -82,7 +77,13 @@ def summarise(
     no guard."""
     names = [w.name for w in spec.worlds]
     runs = len(outcomes[spec.baseline.name])
-    complete = [i for i in range(runs) if all(MISSING not in outcomes[name][i] for name in names)]
+    complete = [
+        i
+        for i in range(runs)
+        if all(
+            MISSING not in outcomes[name][i] and UNSPENT not in outcomes[name][i] for name in names
+        )
+    ]
     missing = sum(row.count(MISSING) for name in names for row in outcomes[name])
     if not complete:
         raise ValueError(
@@ -101,12 +102,22 @@ def summarise(
 
     base = matrix(spec.baseline.name)
     others = [w for w in spec.worlds if w.role is not Role.baseline]
+    floor_from = matrix(spec.baseline.name, raw=True) if voted else None
+    if spec.analysis.sequential is not None:
+        # a design stops worlds, not the baseline's forks: the floor reads every run the
+        # baseline ran, more than every world ran
+        ran = [r for r in outcomes[spec.baseline.name] if MISSING not in r and UNSPENT not in r]
+        floor_from = np.array([[c == SUCCESS for c in row] for row in ran])
     floor, judged = judge_worlds(
         base,
-        {w.name: (w.role, _expected(spec, w), matrix(w.name)) for w in others},
+        {w.name: (w.role, expected(spec, w), matrix(w.name)) for w in others},
         alpha=spec.analysis.alpha,
-        floor_from=matrix(spec.baseline.name, raw=True) if voted else None,
+        floor_from=floor_from,
     )
+    design = cohort_design(spec, runs)
+    paths = [] if design is None else design_paths(spec, design, outcomes, costs)
+    if paths:
+        judged = _by_design(judged, paths)
     base_major = base.sum(axis=1) * 2 > k
     summaries: list[WorldSummary] = []
     for world, judgement in zip(others, judged, strict=True):
@@ -155,7 +166,36 @@ def summarise(
         worlds=summaries,
         slices=slices,
         guard=guard,
+        design=paths,
+        unspent_forks=sum(row.count(UNSPENT) for name in names for row in outcomes[name]),
+        unspent_runs=sum(
+            1
+            for i in range(runs)
+            if any(UNSPENT in outcomes[n][i] for n in names)
+            and not any(MISSING in outcomes[n][i] for n in names)
+        ),
     )
+
+
+def _by_design(judged: list[WorldJudgement], paths: list[DesignPath]) -> list[WorldJudgement]:
+    """With a sequential design the verdicts are the design's (its stage-wise p, Holm
+    across the worlds, its repeated interval), never a fixed test on the runs the design
+    chose to run; the fixed comparison stays as the descriptive view."""
+    by_world = {p.path.world: p for p in paths}
+    out = []
+    for j in judged:
+        p = by_world.get(j.world)
+        if p is None:  # a world that never reached a look (every run missing)
+            out.append(j)
+            continue
+        update = {
+            "verdict": p.verdict,
+            "as_expected": p.as_expected,
+            "holm_p": p.path.holm_p,
+            "text": p.text,
+        }
+        out.append(j.model_copy(update=update))
+    return out
 
 
 def _cost(value: float | None, unit: str) -> str:
@@ -192,7 +232,7 @@ def render_markdown(
             "test reads every world's forks as voted).",
         ]
     if summary.missing_forks:
-        left = summary.runs - len(summary.compared_runs)
+        left = summary.runs - len(summary.compared_runs) - summary.unspent_runs
         lines += [
             "",
             f"{summary.missing_forks} forks have no outcome; the {left} runs they belong to "
@@ -200,10 +240,20 @@ def render_markdown(
         ]
     lines += ["", "## Worlds", ""]
     lines += [f"- {w.describe()}" for w in spec.worlds]
+    lines += _design_lines(spec, summary)
     lines += [
         "",
         "## Rescues and harms (majority of the k forks; rate: mean success-rate change)",
         "",
+        *(
+            [
+                f"On the {len(summary.compared_runs)} runs every world ran, as a description; "
+                "the verdicts are the sequential design's (above).",
+                "",
+            ]
+            if summary.design
+            else []
+        ),
         "| world | role | rescued | harmed | unchanged | rate change | Holm p | verdict "
         "| as expected | tokens / rescue | seconds / rescue |",
         "|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|",
@@ -229,6 +279,46 @@ def render_markdown(
             for i in runs:
                 lines.append(f"- {label} {workflow_ids[i]}: `{diff_command[w.world][i]}`")
     return "\n".join(lines) + "\n"
+
+
+def _design_lines(spec: CohortExperimentSpec, summary: CohortSummary) -> list[str]:
+    """The sequential design: its waves, then each world's path (looks: runs, rescues and
+    harms by majority, statistic, boundary, decision) and what its stop left unspent."""
+    seq = spec.analysis.sequential
+    if seq is None or not summary.design:
+        return []
+    lines = [
+        "",
+        "## Sequential design",
+        "",
+        f"{seq.method.value}, {seq.spending.value} α-spending, {seq.looks} looks, "
+        f"α {spec.analysis.alpha}, futility below conditional power {seq.futility}; runs "
+        f"in a seeded order (seed {spec.seed}), compared by the majority of their "
+        f"{spec.cohort.forks_per_world} forks. {summary.unspent_forks} forks were not run: "
+        "the design stopped their world before their run's wave (the baseline stops once "
+        "every other world has).",
+        "",
+        "| world | look | runs | rescued | harmed | statistic | boundary | decision |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for d in summary.design:
+        lines += [
+            f"| {d.path.world} | {look.look} | {look.episodes} | {look.rescue} | {look.harm} "
+            f"| {look.statistic:+.3f} | ±{look.boundary:.3f} | {look.decision.value} |"
+            for look in d.path.looks
+        ]
+    lines += [
+        "",
+        "| world | stopped | runs | unspent forks | unspent tokens (est.) "
+        "| unspent seconds (est.) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {d.path.world} | {d.path.stopped.value} | {d.path.episodes} | {d.unspent_forks} "
+        f"| {d.unspent_tokens:,.0f} | {d.unspent_seconds:,.1f} |"
+        for d in summary.design
+    ]
+    return lines
 
 
 def _slice_lines(summary: CohortSummary) -> list[str]:

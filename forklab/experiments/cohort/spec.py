@@ -346,12 +346,7 @@ class CohortExperimentSpec(Strict):
                 "analysis.forks_per_checkpoint: a cohort sets its forks with "
                 "cohort.forks_per_world; remove it"
             )
-        if self.analysis.sequential is not None:
-            # Fail closed: no approver signs a design the cohort would not follow.
-            raise ValueError(
-                "analysis.sequential: an experiment over a cohort does not fork in waves; "
-                "remove it (workload experiments run sequential designs: forklab start)"
-            )
+        self._check_design()
         for i, world in enumerate(self.worlds):
             for tool, policy in world.tool_policies.items():
                 if policy is ToolPolicy.live and self.policy(tool) is not ToolPolicy.live:
@@ -368,6 +363,19 @@ class CohortExperimentSpec(Strict):
                 "cohort.limit or raise the budget"
             )
         return self
+
+    def _check_design(self) -> None:
+        """A sequential design's waves are waves of runs: one run a wave at least."""
+        seq = self.analysis.sequential
+        if seq is None:
+            return
+        ids = self.cohort.workflow_ids
+        runs = len(ids) if ids is not None else self.cohort.limit
+        if seq.looks > runs:
+            raise ValueError(
+                f"analysis.sequential.looks: {seq.looks} looks need at least as many runs, and "
+                f"the cohort has at most {runs}; lower looks or raise cohort.limit"
+            )
 
     def policy(self, tool: str) -> ToolPolicy:
         """The experiment's policy for ``tool`` (its own entry, else the ``*`` default)."""

@@ -3,15 +3,22 @@ continue-as-new (aggregates, never a list of forks), its status and its result.
 
 The outcomes are a compact matrix: per world, per cohort run, one character per fork
 (``1`` success, ``0`` failure, ``-`` no outcome, ``~`` saved: the majority was decided,
-``*`` running, ``.`` not started yet), so a 2,000-run ×
-5-world × k = 3 experiment carries 30,000 characters, whatever happened to each fork.
+``/`` unspent: a sequential design stopped the world, ``*`` running, ``.`` not started
+yet), so a 2,000-run × 5-world × k = 3 experiment carries 30,000 characters, whatever
+happened to each fork.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forklab.contracts.cohort import CohortRehearsal, CohortReport, ForkCleanupResult
+from forklab.contracts.cohort import (
+    CohortRehearsal,
+    CohortReport,
+    ForkCleanupResult,
+    PlannedDesign,
+)
+from forklab.contracts.experiment import LookResult
 from forklab.experiments.cohort.matrix import WorldCosts
 from forklab.experiments.cohort.spec import CohortExperimentSpec
 from forklab.workflows.experiment.messages import (
@@ -50,6 +57,11 @@ class CohortProgress(_Model):
     saved: int = 0
     tokens: int = 0
     world_seconds: float = 0.0
+    #: forks not run because a sequential design stopped their world (``analysis.sequential``)
+    unspent: int = 0
+    #: a sequential design's looks decided so far, in order (each: the worlds that ran
+    #: into it, with their counts, statistic, boundary and decision)
+    looks: list[LookResult] = Field(default_factory=list)
 
 
 class CohortCarry(_Model):
@@ -100,6 +112,11 @@ class CohortStatusView(_Model):
     running: int
     tokens: int
     runs_of_chain: int
+    #: the sequential design the plan signs (its waves, boundaries and expected saving),
+    #: the forks it left unspent and its looks so far
+    design: PlannedDesign | None = None
+    forks_unspent: int = 0
+    looks: list[LookResult] = Field(default_factory=list)
     #: the code digest of the user's scorer and feature functions the plan runs (None:
     #: shipped scorers only); the fingerprint covers it
     code_digest: str | None = None
@@ -119,5 +136,7 @@ class CohortResult(_Model):
     forks_saved: int
     tokens: int
     runs_of_chain: int
+    #: forks a sequential design left unspent (``analysis.sequential``)
+    forks_unspent: int = 0
     #: what became of the Braintrust spans (None: Braintrust is off)
     evidence_log: str | None = None

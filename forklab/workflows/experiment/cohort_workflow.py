@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from forklab.contracts.cohort import (
         CohortAnalyseInput,
         CohortLedgerInput,
+        CohortLookInput,
         CohortRehearsal,
         CohortRehearseInput,
         CohortReport,
@@ -121,6 +122,9 @@ class CohortExperimentWorkflow:
         self._status = Status.running
         self._error: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: forks this run of the chain started (a run starts one at least before it may
+        #: continue as new, so every run makes progress)
+        self._started = 0
         self._cleanup: cacts.ForkCleanupResult | None = None
         self._evidence_log: str | None = None
 
@@ -166,6 +170,9 @@ class CohortExperimentWorkflow:
             tokens=p.tokens,
             runs_of_chain=self._runs,
             code_digest=r.code.digest if r and r.code else None,
+            design=r.design if r else None,
+            forks_unspent=p.unspent,
+            looks=p.looks,
         )
 
     # --- the run ------------------------------------------------------------------------
@@ -181,7 +188,10 @@ class CohortExperimentWorkflow:
                 await self._await_approval()
             approved = True
             self._enter(Stage.running_worlds, "running the forks")
-            await self._run_forks()
+            if self._spec.analysis.sequential is None:
+                await self._run_forks()
+            else:
+                await self._run_waves()
             await self._clean_up()
             report = await self._analyse()
             self._status = Status.completed
@@ -231,6 +241,7 @@ class CohortExperimentWorkflow:
             tokens=p.tokens,
             runs_of_chain=self._runs,
             evidence_log=self._evidence_log,
+            forks_unspent=p.unspent,
         )
 
     @property
@@ -309,16 +320,15 @@ class CohortExperimentWorkflow:
             return cohort_state.history_full(length, len(self._tasks), self._inp.history_events)
         return length >= self._inp.history_events
 
-    async def _run_forks(self) -> None:
+    async def _run_forks(self, total: int | None = None) -> None:
         """Start the plan's fork jobs in order (saving those whose run's majority is
         decided, setting aside those that wait on an earlier fork of their run), at most
         ``max_concurrent_forks`` at once, while the budget allows; continue as new when
-        the history is full."""
+        the history is full. With ``total``, the jobs before it only (a design's wave)."""
         spec, progress = self._spec, self._progress
         assert self._rehearsal is not None
-        runs = self._rehearsal.plan.runs
-        worlds, k = len(spec.worlds), spec.cohort.forks_per_world
-        total = cohort_state.job_count(runs, worlds, k)
+        if total is None:
+            total = self._job_total()
         limit = spec.budget.max_concurrent_forks
         started_here = 0
         while cohort_state.left(progress, total) or self._tasks:
@@ -336,6 +346,7 @@ class CohortExperimentWorkflow:
                 if job is None:
                     break  # every job left waits on a running fork of its run
                 started_here += 1
+                self._started += 1
                 self._tasks.add(asyncio.create_task(self._fork(job)))
             self._show()
             if self._tasks:
@@ -346,10 +357,63 @@ class CohortExperimentWorkflow:
             if cohort_state.left(progress, total) and started_here and self._history_full():
                 await self._continue_as_new()
 
+    def _job_total(self) -> int:
+        assert self._rehearsal is not None
+        spec = self._spec
+        return cohort_state.job_count(
+            self._rehearsal.plan.runs, len(spec.worlds), spec.cohort.forks_per_world
+        )
+
+    async def _run_waves(self) -> None:
+        """A sequential design: each wave's forks (``_run_forks`` up to the wave's last
+        job), then the look that decides which worlds go on (``cohort_look``: the design's
+        pure rules over the worlds' counts). A stopped world starts no more forks; once
+        every world but the baseline has stopped, no further wave runs and the forks left
+        are unspent. The looks travel in the carry, so a continued run resumes at the first
+        look not yet decided (its wave's forks that ran are not run again)."""
+        spec, progress = self._spec, self._progress
+        waves = len(cohort_state.wave_ends(spec, progress))
+        for look in range(len(progress.looks), waves):
+            if not cohort_state.live(spec, progress):
+                break
+            refusal = cohort_state.budget_refusal(spec, progress)
+            if refusal is not None:
+                self._message = f"budget: {refusal}; the remaining forks do not start"
+                cohort_state.skip_rest(progress, spec, self._job_total())
+                return
+            if self._started and self._history_full():
+                await self._continue_as_new()
+            self._message = f"wave {look + 1} of {waves}: running its forks"
+            await self._run_forks(cohort_state.wave_jobs(spec, progress, look))
+            if self._started and not cohort_state.room_for_look(
+                workflow.info().get_current_history_length(), self._inp.history_events
+            ):
+                await self._continue_as_new()  # the next run decides this look first
+            await self._look(look)
+        cohort_state.leave_unspent(progress, spec, self._job_total())
+
+    async def _look(self, look: int) -> None:
+        """Decide look ``look`` on the counts of the worlds still running."""
+        spec, progress = self._spec, self._progress
+        result = await execute(
+            cacts.LOOK,
+            CohortLookInput(
+                spec=spec,
+                runs=len(progress.outcomes[spec.baseline.name]),
+                look=look,
+                counts=cohort_state.look_input_counts(spec, progress, look),
+            ),
+            start_to_close_timeout=timeouts.ANALYSE_TIMEOUT,
+            retry_policy=timeouts.TRANSIENT_RETRY,
+            summary=f"look {look + 1}: stop for efficacy, futility, or continue",
+        )
+        cohort_state.record_look(progress, result)
+        self._show()
+
     async def _fork(self, job: int) -> None:
         spec = self._spec
         assert self._rehearsal is not None
-        place = cohort_state.job_place(job, len(spec.worlds), spec.cohort.forks_per_world)
+        place = cohort_state.place(spec, self._progress, job)
         world = spec.worlds[place.world]
         try:
             outcome = await execute(
@@ -493,4 +557,9 @@ class CohortExperimentWorkflow:
             f"**{self._stage.value}**: {self._message}\n\n"
             f"forks {p.done}/{total} done, {len(self._tasks)} running, {p.missing} without "
             f"an outcome, {p.saved} saved (majority decided); {p.tokens} tokens"
+            + (
+                f"; {p.unspent} unspent, {len(p.looks)} looks decided (sequential design)"
+                if self._spec.analysis.sequential is not None
+                else ""
+            )
         )
