@@ -130,8 +130,7 @@ async def test_a_fork_at_step_n_starts_from_the_parents_files_at_n(ws_lab: Agent
         "report/research.md": parent_sections["research"].encode(),
         "report/insights.md": parent_sections["insights"].encode(),
     }
-    desc = await fork.handle.describe()
-    assert (await desc.memo_value("forklab_receipt"))["workspace_layer_sha256"] == at_four
+    assert (await lab.lab.chain(fork.handle.id))[0].receipt == fork.receipt
 
     state = await fork.handle.result()
     assert state["status"] == "ok"

@@ -24,7 +24,14 @@ MARKER_MEMO_KEY = "forklab_fork"
 #: chain made before the new run. It indexes the chain: the run holding step N is found
 #: from the runs' first events alone, without reading (or counting) earlier histories.
 BASE_STEP_MEMO_KEY = "forklab_base_step"
-#: Memo key of the receipt (a copy of what the fork receipt file says).
+#: Start header holding the receipt (a copy of what the registry holds), in the fork's
+#: first event: a header, not a memo value, because Temporal warns past 2 KiB of memo on
+#: every start and the marker and the receipt together pass it (an experiment's fork, a
+#: team member's), while headers have no such limit. The Web UI shows the receipt in the
+#: start's details.
+RECEIPT_HEADER = "forklab-receipt"
+#: Memo key of the receipt on forks started before it moved to ``RECEIPT_HEADER``: read
+#: so their histories still show it, never written.
 RECEIPT_MEMO_KEY = "forklab_receipt"
 #: Activity header naming the lineage root (``forklab.experiments.runfork.identity``),
 #: read by the effect ledger.

@@ -54,7 +54,7 @@ from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.contracts.fork_signature import issuer_public_key, marker_refusal, sign_marker
 from forklab.contracts.runfork import (
     MARKER_MEMO_KEY,
-    RECEIPT_MEMO_KEY,
+    RECEIPT_HEADER,
     WORKSPACE_LAYER_FIELD,
     CohortFork,
     ForkMarker,
@@ -492,7 +492,13 @@ class ForkStarter:
         model = marker.model_at(receipt.requested_step + 1)
         # linked to the run it starts from: the Web UI shows that on its first event
         link = forked_from(self.client.namespace, parent, marker.source_run_id)
-        return await with_start_links(self.client, [link]).start_workflow(
+        # the receipt travels in a start header (RECEIPT_HEADER: no memo size warning)
+        receipt_header = Payload(
+            metadata={"encoding": b"json/plain"},
+            data=receipt.model_dump_json(exclude_defaults=True).encode(),
+        )
+        linked = with_start_links(self.client, [link], {RECEIPT_HEADER: receipt_header})
+        return await linked.start_workflow(
             source.workflow_type,
             args=[RawValue(p) for p in start_input],
             id=fork_id,
@@ -500,10 +506,7 @@ class ForkStarter:
             task_queue=fork_task_queue(source.task_queue),
             # fields at their defaults left out: Temporal warns (on the client's stdout,
             # which `forklab fork --json` writes to) past 2 KiB of memo
-            memo={
-                MARKER_MEMO_KEY: marker.model_dump(mode="json", exclude_defaults=True),
-                RECEIPT_MEMO_KEY: receipt.model_dump(mode="json", exclude_defaults=True),
-            },
+            memo={MARKER_MEMO_KEY: marker.model_dump(mode="json", exclude_defaults=True)},
             search_attributes=TypedSearchAttributes(
                 [
                     SearchAttributePair(RUN, fork_id),

@@ -31,6 +31,7 @@ from forklab.contracts.runfork import (
     INTERNAL_PREFIX,
     MARKER_MEMO_KEY,
     MODEL_FIELDS,
+    RECEIPT_HEADER,
     RECEIPT_MEMO_KEY,
     SIDE_EFFECTS_PATCH,
     STEP_DECISION,
@@ -207,7 +208,10 @@ def run_start(event: HistoryEvent, run_id: str) -> RunStart:
     if MARKER_MEMO_KEY in fields and fields[MARKER_MEMO_KEY].data:
         marker = ForkMarker.model_validate_json(fields[MARKER_MEMO_KEY].data)
     receipt = None
-    if RECEIPT_MEMO_KEY in fields and fields[RECEIPT_MEMO_KEY].data:
+    headers = started.header.fields
+    if RECEIPT_HEADER in headers and headers[RECEIPT_HEADER].data:
+        receipt = ForkReceipt.model_validate_json(headers[RECEIPT_HEADER].data)
+    elif RECEIPT_MEMO_KEY in fields and fields[RECEIPT_MEMO_KEY].data:  # an older fork
         receipt = ForkReceipt.model_validate_json(fields[RECEIPT_MEMO_KEY].data)
     previous = started.continued_execution_run_id or None
     base: int | None = None
