@@ -121,9 +121,7 @@ async def _fork_at_every_step(lab: MsgLab, wid: str, script: Script, expected: A
     total = len(parent_steps)
     # where each message really reached the parent: a sender's point is only when it sent,
     # and on a loaded machine a message sent after step k may land after step k + 1
-    recorded = [
-        e for e in (await lab.lab.timeline(wid)).events if e.kind in ("signal", "update")
-    ]
+    recorded = [e for e in (await lab.lab.timeline(wid)).events if e.kind in ("signal", "update")]
     assert len(recorded) == len(script), [e.kind for e in recorded]
     script = [(e.after_step, send) for e, (_, send) in zip(recorded, script, strict=True)]
     for n in range(1, total + 1):

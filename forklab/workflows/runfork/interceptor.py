@@ -47,7 +47,8 @@ from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 
 from forklab.contracts.errors import ForkErrorType
 from forklab.workflows.runfork.child_cohort import tagged
-from forklab.workflows.runfork.fork_builds import changed_build, current_build
+from forklab.workflows.runfork.drift_records import noted_drift
+from forklab.workflows.runfork.fork_builds import changed_build, current_build, unexpected_build
 from forklab.workflows.runfork.fork_memo import memo_value, raw_memo
 from forklab.workflows.runfork.fork_signals import deliver_signals
 from forklab.workflows.runfork.parent_side_effects import ParentSideEffects
@@ -56,7 +57,7 @@ from forklab.workflows.runfork.prefix_messages import (
     Redelivery,
     held_until_fork_point,
 )
-from forklab.workflows.runfork.stall_watch import LiveCalls, watched
+from forklab.workflows.runfork.stall_watch import LiveCalls, Owed, watched
 from forklab.workflows.runfork.team_messages import Hold, addressed, child_id, held_team
 
 with workflow.unsafe.imports_passed_through():
@@ -98,6 +99,7 @@ with workflow.unsafe.imports_passed_through():
     from forklab.experiments.runfork.call_match import CallKey, Divergence, PrefixMatcher
     from forklab.experiments.runfork.identity import lineage_root
     from forklab.experiments.runfork.overrides import ForkSignal, InputOverride
+    from forklab.experiments.runfork.owed import finished_owing
     from forklab.experiments.runfork.policy import (
         Decision,
         ToolPolicy,
@@ -200,11 +202,6 @@ class _ForkState:
             and not self.signals
         )
 
-    def handing_over(self) -> bool:
-        """A message, timer fire or child outcome of the prefix is due and about to be
-        handed over: the fork is not stuck while it waits for that."""
-        return self.redelivery is not None and self.redelivery.ready_now()
-
     def next_index(self) -> int:
         """The next call's place in the chain's scheduling order."""
         self.calls += 1
@@ -260,6 +257,9 @@ class _ForkInbound(WorkflowInboundInterceptor):
             if not deferred:
                 state.lineage_root = marker.lineage_root
             state.changed_build = changed_build(marker.parent_build)
+            surprise = unexpected_build(marker.fork_build, marker.allow_build_change)
+            if surprise is not None and not marker.continued:
+                raise _refused(surprise, ForkErrorType.build_unexpected)
             if _inherits(marker):
                 prefix = await _load_prefix(state, marker, deferred)
                 state.lineage_root = marker.lineage_root  # verified by now
@@ -288,27 +288,14 @@ class _ForkInbound(WorkflowInboundInterceptor):
                     state.matcher = PrefixMatcher([], [], exact=exact)
         state.loaded = True
         run = super().execute_workflow(input)
-        owed = state.matcher
-        if owed is not None and owed.exact and not owed.all_delivered:
-            # fails a fork that stops short (not while a message of the prefix is handed over)
-            result = await watched(run, owed, self._live, state.handing_over)
-        else:
-            result = await run
-        if state.messages.owed:
-            raise _diverged(
-                state,
-                "the fork finished before the points where the parent received the last "
-                f"{state.messages.owed} signals, updates, timer fires or child outcomes of "
-                "the prefix",
-            )
-        if state.matcher is not None and state.matcher.owed:
-            # the run ended without asking for every inherited call: its code is not the
-            # parent's, and what it did after the boundary is no continuation of it
-            raise _diverged(
-                state,
-                f"the fork finished without making {state.matcher.owed} of the calls it "
-                "inherited from the parent's steps",
-            )
+        owed = Owed(state.matcher, state.redelivery)
+        try:
+            # fails a fork that stops short of taking what it owes
+            result = await (watched(run, owed, self._live) if owed.any() else run)
+        except workflow.ContinueAsNewError:
+            _check_nothing_owed(state)
+            raise
+        _check_nothing_owed(state)
         return result
 
     async def handle_signal(self, input: HandleSignalInput) -> None:
@@ -345,6 +332,16 @@ def _exact(state: _ForkState, marker: ForkMarker) -> bool:
     unless the fork runs another build and was allowed to go on approximately."""
     allowed = marker.allow_build_change and state.changed_build is not None
     return marker.boundary is BoundaryMode.exact and not allowed
+
+
+def _check_nothing_owed(state: _ForkState) -> None:
+    """A run that ended (or continued-as-new) before its fork point owes its prefix
+    something: its code is not the parent's, and what it did is no continuation of it."""
+    matcher = state.matcher
+    calls = matcher.owed if matcher is not None else 0
+    if calls or state.messages.owed:
+        first = matcher.first_owed() if matcher is not None else None
+        raise _diverged(state, finished_owing(first, calls, state.messages.pending))
 
 
 def _diverged(state: _ForkState, why: str) -> ApplicationError:
@@ -683,11 +680,8 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             key = matcher.key(seen.activity, digest)
             step = matcher.take(key)
             if step is not None:
-                if step.input_sha256 != digest:  # an approximate boundary: say so
-                    state.drift.append(
-                        f"step {step.index} ({step.activity_type[:100]}) was served the "
-                        "parent's result although the fork's input differs from the parent's"
-                    )
+                if step.input_sha256 != digest:  # an approximate boundary: say and record so
+                    state.drift.append(noted_drift(step, digest))
                 return workflow.ActivityHandle(self._served(seen, step, matcher))
             try:
                 matcher.check_live(key)
