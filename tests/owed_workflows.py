@@ -53,3 +53,32 @@ class OwesWorkflow:
         return await workflow.execute_activity(
             "confirm", [a, b, child], result_type=str, start_to_close_timeout=_TIMEOUT
         )
+
+
+@workflow.defn(name="Owes")
+class OwesWithoutSleepWorkflow:
+    """A later build of ``Owes`` that no longer sleeps between the reservation and the
+    child: a fork of a parent recorded by the earlier build owes a timer it never starts."""
+
+    def __init__(self) -> None:
+        self.approved = False
+
+    @workflow.signal
+    def approve(self) -> None:
+        self.approved = True
+
+    @workflow.run
+    async def run(self) -> str:
+        a = await workflow.execute_activity(
+            "reserve", "a", result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+        child = await workflow.execute_child_workflow(
+            ComposeGreetingChild.run, "kid", id=f"{workflow.info().workflow_id}-kid"
+        )
+        await workflow.wait_condition(lambda: self.approved)
+        b = await workflow.execute_activity(
+            "reserve", "b", result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+        return await workflow.execute_activity(
+            "confirm", [a, b, child], result_type=str, start_to_close_timeout=_TIMEOUT
+        )

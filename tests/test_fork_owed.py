@@ -13,10 +13,11 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agent_fixtures import Services, agent_settings
-from owed_workflows import OwesWorkflow
+from owed_workflows import OwesWithoutSleepWorkflow, OwesWorkflow
 from sample_message_workflows import ComposeGreetingChild, GreetingActivities
 from sample_workflows import Calls
 from temporalio.api.enums.v1 import EventType
@@ -25,6 +26,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from forklab.activities.runfork.fork_builds import polling_builds
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.contracts.errors import ForkErrorType
 from forklab.experiments.runfork.policy import ToolPolicy
@@ -49,13 +51,14 @@ class OwedLab:
         self.calls = Calls()
         self.queue = f"owed-{uuid.uuid4().hex[:8]}"
 
-    def worker(self, plugin: bool) -> Worker:
+    def worker(self, plugin: bool, owes: Any = OwesWorkflow, build_id: str = "build-1") -> Worker:
         return Worker(
             self.client,
             task_queue=self.queue,
-            workflows=[OwesWorkflow, ComposeGreetingChild],
+            workflows=[owes, ComposeGreetingChild],
             activities=GreetingActivities(self.calls).all(),
             plugins=[ForkLabPlugin(self.run_log)] if plugin else [],
+            build_id=build_id,
         )
 
 
@@ -83,7 +86,9 @@ async def _record(ol: OwedLab) -> tuple[str, str]:
         return wid, await handle.result()
 
 
-async def _fails(ol: OwedLab, wid: str, skip: str, boundary: BoundaryMode) -> str:
+async def _fails(
+    ol: OwedLab, wid: str, skip: str, boundary: BoundaryMode, allow_build_change: bool = False
+) -> str:
     fork = await ol.lab.fork(
         wid,
         2,
@@ -91,6 +96,7 @@ async def _fails(ol: OwedLab, wid: str, skip: str, boundary: BoundaryMode) -> st
         boundary=boundary,
         intervention={"skip": skip},
         tool_policies=LIVE,
+        allow_build_change=allow_build_change,
     )
     with pytest.raises(WorkflowFailureError) as failed:
         await asyncio.wait_for(fork.handle.result(), timeout=60)
@@ -131,3 +137,24 @@ async def test_a_fork_that_never_takes_what_it_owes_fails_naming_it(owed_lab: Ow
             "nothing left to wait for without it: its code took another path before the "
             "fork point"
         )
+
+
+async def test_a_changed_build_that_no_longer_starts_an_inherited_timer_fails(
+    owed_lab: OwedLab,
+) -> None:
+    """``--allow-build-change`` lets a fork on another build match its calls by type; a
+    build that no longer sleeps owes the parent's timer fire, and fails naming it and the
+    builds instead of waiting."""
+    wid, _ = await _record(owed_lab)
+    async with owed_lab.worker(plugin=True, owes=OwesWithoutSleepWorkflow, build_id="build-2"):
+        for _ in range(100):  # the server lists a poller once its first poll arrives
+            if await polling_builds(owed_lab.client, f"{owed_lab.queue}@forklab"):
+                break
+            await asyncio.sleep(0.05)
+        said = await _fails(owed_lab, wid, "nothing", BoundaryMode.exact, allow_build_change=True)
+    assert said == (
+        "after step 1 the parent's timer of 0.2s fired, and the fork started no timer of that "
+        "duration and has nothing left to wait for without it: its code took another path "
+        "before the fork point; the fork runs build build-2 and the parent's prefix was "
+        "recorded by build-1: its workflow code changed"
+    )

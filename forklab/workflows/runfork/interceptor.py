@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 from datetime import timedelta
 from typing import Any, cast
@@ -291,7 +292,8 @@ class _ForkInbound(WorkflowInboundInterceptor):
         owed = Owed(state.matcher, state.redelivery)
         try:
             # fails a fork that stops short of taking what it owes
-            result = await (watched(run, owed, self._live) if owed.any() else run)
+            stalls = functools.partial(_diverged, state)
+            result = await (watched(run, owed, self._live, stalls) if owed.any() else run)
         except workflow.ContinueAsNewError:
             _check_nothing_owed(state)
             raise
@@ -350,9 +352,12 @@ def _diverged(state: _ForkState, why: str) -> ApplicationError:
     if state.changed_build is not None and marker is not None:
         why += (
             f"; the fork runs build {state.changed_build} and the parent's prefix was "
-            f"recorded by {marker.parent_build}: its workflow code changed (fork with "
-            "--allow-build-change to be served the parent's results approximately)"
+            f"recorded by {marker.parent_build}: its workflow code changed"
         )
+        if not marker.allow_build_change:
+            why += (
+                " (fork with --allow-build-change to be served the parent's results approximately)"
+            )
     return ApplicationError(why, type=ForkErrorType.prefix_diverged, non_retryable=True)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from temporalio import workflow
@@ -40,7 +40,6 @@ from temporalio.worker import (
     WorkflowOutboundInterceptor,
 )
 
-from forklab.contracts.errors import ForkErrorType
 from forklab.workflows.runfork.prefix_messages import Redelivery
 
 with workflow.unsafe.imports_passed_through():
@@ -148,8 +147,14 @@ async def _stalled(owed: Owed, live: LiveCalls) -> str:
             await workflow.wait_condition(functools.partial(moved, mark))
 
 
-async def watched(main: Coroutine[Any, Any, Any], owed: Owed, live: LiveCalls) -> Any:
-    """``main`` (the workflow's run), failed as ``fork_prefix_diverged`` if it stops
+async def watched(
+    main: Coroutine[Any, Any, Any],
+    owed: Owed,
+    live: LiveCalls,
+    diverged: Callable[[str], ApplicationError],
+) -> Any:
+    """``main`` (the workflow's run), failed with ``diverged(why)`` (a
+    ``fork_prefix_diverged``, naming the builds when the fork's is another) if it stops
     short of its fork point. A cancellation of the run reaches ``main`` as it would
     without the watch."""
     run = asyncio.ensure_future(main)
@@ -162,8 +167,6 @@ async def watched(main: Coroutine[Any, Any, Any], owed: Owed, live: LiveCalls) -
         return await run
     if not run.done():
         run.cancel()
-        raise ApplicationError(
-            watch.result(), type=ForkErrorType.prefix_diverged, non_retryable=True
-        )
+        raise diverged(watch.result())
     watch.cancel()
     return run.result()
