@@ -157,6 +157,11 @@ async def test_input_drift_fails_an_exact_fork_at_once_and_is_recorded_approxima
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
         assert "approximately: step 1 (reserve) was served the parent's result" in out.stderr
+        # what was known before it started, from the receipt
+        assert (
+            f"approximately: step 1: reserve asks with the parent's workflow id {wid!r}"
+            in out.stderr
+        )
         assert "recorded by build-1; the fork runs on build-1" in out.stderr
     # approximate messages say so
     with pytest.raises(ForkError, match="cannot fork approximately at step 9"):
