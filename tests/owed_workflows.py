@@ -13,13 +13,22 @@ from forklab.workflows.runfork.interceptor import current_fork
 _TIMEOUT = timedelta(seconds=30)
 
 
+@workflow.defn(name="OtherChild")
+class OtherChild:
+    """A child the parent never started."""
+
+    @workflow.run
+    async def run(self) -> str:
+        return "other"
+
+
 @workflow.defn(name="Owes")
 class OwesWorkflow:
     """A reservation, a sleep, a child, a wait for ``approve``, a second reservation and
     a confirmation. A fork's intervention ``{"skip": KIND}`` leaves one out, as a changed
-    build or another code path would: ``timer``, ``child``, ``signal`` (the run ends
-    before the point where the parent got the signal), ``call`` (it waits for ever instead
-    of making the second reservation)."""
+    build or another code path would: ``timer``, ``child`` (or ``other-child``: another
+    child in its place), ``signal`` (the run ends before the point where the parent got
+    the signal), ``call`` (it waits for ever instead of making the second reservation)."""
 
     def __init__(self) -> None:
         self.approved = False
@@ -38,7 +47,11 @@ class OwesWorkflow:
         if skip != "timer":
             await workflow.sleep(0.2)
         child = ""
-        if skip != "child":
+        if skip == "other-child":  # another child in place of the parent's
+            child = await workflow.execute_child_workflow(
+                OtherChild.run, id=f"{workflow.info().workflow_id}-other"
+            )
+        elif skip != "child":
             child = await workflow.execute_child_workflow(
                 ComposeGreetingChild.run, "kid", id=f"{workflow.info().workflow_id}-kid"
             )

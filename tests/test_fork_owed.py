@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from agent_fixtures import Services, agent_settings
-from owed_workflows import OwesWithoutSleepWorkflow, OwesWorkflow
+from owed_workflows import OtherChild, OwesWithoutSleepWorkflow, OwesWorkflow
 from sample_message_workflows import ComposeGreetingChild, GreetingActivities
 from sample_workflows import Calls
 from temporalio.api.enums.v1 import EventType
@@ -55,7 +55,7 @@ class OwedLab:
         return Worker(
             self.client,
             task_queue=self.queue,
-            workflows=[owes, ComposeGreetingChild],
+            workflows=[owes, ComposeGreetingChild, OtherChild],
             activities=GreetingActivities(self.calls).all(),
             plugins=[ForkLabPlugin(self.run_log)] if plugin else [],
             build_id=build_id,
@@ -126,6 +126,12 @@ async def test_a_fork_that_never_takes_what_it_owes_fails_naming_it(owed_lab: Ow
             f"after step 1 the parent's child workflow ComposeGreetingChild ({wid}-kid) closed, "
             "and the fork did not start its child #1 of that type and has nothing left to "
             "wait for without it: its code took another path before the fork point"
+        )
+        # another child in its place is not started at all: it would run live
+        assert await _fails(owed_lab, wid, "other-child", exact) == (
+            f"the fork starts child workflow OtherChild ({wid}/skip-other-child-other), which "
+            "the parent had not started by then: its code took another path before the fork "
+            "point"
         )
         assert await _fails(owed_lab, wid, "signal", exact) == (
             "the fork ended before the parent's signal 'approve' (after step 1) was handed "

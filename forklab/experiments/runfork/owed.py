@@ -59,3 +59,13 @@ def finished_owing(next_step: Step | None, owed_steps: int, msg: PrefixMessage |
         f"the fork ended without making step {next_step.index} "
         f"({next_step.activity_type[:100]}), which it inherited{more}: {_OTHER_PATH}"
     )
+
+
+def child_not_inherited(workflow_type: str, child_id: str) -> str:
+    """A child an exact fork starts while it still owes its prefix something: every child
+    the parent started inside an exact prefix closed there and is served, so this one is
+    not the parent's, and would run live before the fork point."""
+    return (
+        f"the fork starts child workflow {workflow_type[:100]} ({child_id[:100]}), which "
+        f"the parent had not started by then: {_OTHER_PATH}"
+    )

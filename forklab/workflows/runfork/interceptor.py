@@ -100,7 +100,7 @@ with workflow.unsafe.imports_passed_through():
     from forklab.experiments.runfork.call_match import CallKey, Divergence, PrefixMatcher
     from forklab.experiments.runfork.identity import lineage_root
     from forklab.experiments.runfork.overrides import ForkSignal, InputOverride
-    from forklab.experiments.runfork.owed import finished_owing
+    from forklab.experiments.runfork.owed import child_not_inherited, finished_owing
     from forklab.experiments.runfork.policy import (
         Decision,
         ToolPolicy,
@@ -129,6 +129,10 @@ CHILD_PATCH = "forklab-child-marker"
 #: and the experiment's search attribute (``child_cohort``); histories of forks recorded
 #: before it started children without them.
 CHILD_COHORT_PATCH = "forklab-child-cohort"
+#: A fork under an exact boundary that starts a child the parent had not started while it
+#: still owes its prefix something fails instead of starting it; forks recorded before
+#: it started such a child.
+UNSERVED_CHILD_PATCH = "forklab-unserved-child-diverges"
 #: A fork's policies refuse local activities and child workflows (recorded with
 #: ``forklab.step_decision``); forks recorded before it ran them.
 REACH_PATCH = "forklab-policies-reach-local-and-children"
@@ -848,6 +852,13 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         served = self._state.redelivery.child(input) if self._state.redelivery else None
         if served is not None:  # closed inside the prefix: its recorded outcome
             return served
+        state = self._state
+        exact = state.matcher is not None and state.matcher.exact
+        owes = exact and Owed(state.matcher, state.redelivery).any()
+        if owes and workflow.patched(UNSERVED_CHILD_PATCH):
+            # every child an exact prefix holds closed inside it and is served: this one
+            # is not the parent's, and would run live inside the prefix
+            raise _diverged(state, child_not_inherited(input.workflow, input.id))
         memo = dict(input.memo or {})
         memo.pop(MARKER_MEMO_KEY, None)
         refused = self._refused_by_policy(input.workflow)
