@@ -27,12 +27,15 @@ from sample_message_workflows import (
 )
 from sample_workflows import Calls
 from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from forklab.activities.runfork.fork_builds import polling_builds
 from forklab.activities.runfork.fork_start import ForkError
 from forklab.cli.runfork.agent_lab import AgentLab
+from forklab.cli.runfork.fork_commands import render_trail
+from forklab.experiments.runfork.approximations import ApproximationKind
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import INPUT_DRIFT, BoundaryMode
 from forklab.temporal import ForkLabPlugin
@@ -100,16 +103,25 @@ async def test_input_drift_fails_an_exact_fork_at_once_and_is_recorded_approxima
         assert out.returncode == 2, (out.stdout, out.stderr)
         said = out.stderr.strip().splitlines()
         assert len(said) == 1, said
+        # refused before it starts, naming the step
         assert said[0].startswith(
-            f"forklab: error: fork {wid}/exact did not get past its prefix: at step 1"
-        )
-        assert "the fork's input differs from the parent's" in said[0]
+            f"forklab: error: cannot fork exactly at step 1: step 1: reserve asks with the "
+            f"parent's workflow id {wid!r} in its input"
+        ), said
+        assert "--boundary approximate" in said[0]
+        with pytest.raises(RPCError):  # no workflow was started
+            await drift_lab.client.get_workflow_handle(f"{wid}/exact").describe()
         assert drift_lab.calls.of(f"{wid}/exact") == 0  # nothing ran live
 
         fork = await drift_lab.lab.fork(
             wid, 1, name=f"{wid}/approx", boundary=BoundaryMode.approximate, tool_policies=LIVE
         )
-        assert not fork.receipt.restorable and fork.receipt.approximations == [INPUT_DRIFT]
+        parent_step = (await drift_lab.lab.steps(wid))[0]
+        assert not fork.receipt.restorable and INPUT_DRIFT in fork.receipt.why
+        [approx] = fork.receipt.approximations
+        assert (approx.kind, approx.step) == (ApproximationKind.input_drift, 1)
+        assert approx.parent_input_sha256 == parent_step.input_sha256
+        assert approx.fork_input_sha256 not in (None, parent_step.input_sha256)
         point = await drift_lab.lab.fork_point(fork)
         assert point is not None and point.reached
         assert point.drift == [
@@ -118,6 +130,26 @@ async def test_input_drift_fails_an_exact_fork_at_once_and_is_recorded_approxima
         ]
         assert await fork.handle.result() == expected
         assert drift_lab.calls.of(fork.handle.id) == 1  # only the confirmation ran
+        # the fork recorded the drift in its own history as it ran: both digests, the
+        # fork's as predicted before it started; the receipt is unchanged
+        trail = await drift_lab.lab.trail(fork.handle.id)
+        assert trail["drift"] == [
+            {
+                "kind": "input_drift",
+                "step": 1,
+                "detail": "reserve was served the parent's result although the fork's input "
+                "differs from the parent's",
+                "parent_input_sha256": parent_step.input_sha256,
+                "fork_input_sha256": approx.fork_input_sha256,
+            }
+        ]
+        assert trail["receipts"][-1] == fork.receipt.model_dump(mode="json")
+        assert trail["build_ran"] == "build-1"
+        shown = render_trail(trail)
+        assert f"approximately: step 1: reserve asks with the parent's workflow id {wid!r}" in shown
+        assert "input drift the fork recorded as it ran:" in shown
+        assert "step 1: reserve was served the parent's result" in shown
+        assert "build: predicted build-1, ran build-1" in shown
 
         out = await asyncio.to_thread(
             forklab, drift_lab.env(), "fork", wid, "--at-step", "1", "--name", f"{wid}/cli",
@@ -125,6 +157,11 @@ async def test_input_drift_fails_an_exact_fork_at_once_and_is_recorded_approxima
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
         assert "approximately: step 1 (reserve) was served the parent's result" in out.stderr
+        # what was known before it started, from the receipt
+        assert (
+            f"approximately: step 1: reserve asks with the parent's workflow id {wid!r}"
+            in out.stderr
+        )
         assert "recorded by build-1; the fork runs on build-1" in out.stderr
     # approximate messages say so
     with pytest.raises(ForkError, match="cannot fork approximately at step 9"):
@@ -167,3 +204,23 @@ async def test_a_changed_build_the_prefix_notices_fails_unless_allowed(
         ]
         assert await allowed.handle.result() == expected
         assert drift_lab.calls.of(allowed.handle.id) == 1
+    # build-2 has stopped (the server still lists it polling): a fork started now expects
+    # build-2, and build-3 picks it up; it fails before any live step, and its trail says
+    # which build ran it. Allowed to, build-3 runs it.
+    late = await drift_lab.lab.fork(wid, 2, name=f"{wid}/late", tool_policies=LIVE)
+    assert late.receipt.fork_build == "build-2"
+    allowed_late = await drift_lab.lab.fork(
+        wid, 2, name=f"{wid}/allowed-late", tool_policies=LIVE, allow_build_change=True
+    )
+    async with drift_lab.worker(ReserveTwiceWorkflow, plugin=True, build_id="build-3"):
+        with pytest.raises(ForkError) as refused:
+            await drift_lab.lab.fork_point(late)
+        assert str(refused.value) == (
+            f"fork {wid}/late did not get past its prefix: fork refused: it was picked up by "
+            "build build-3, and its receipt names build-2 (the builds polling its queue when "
+            "it started); fork again, or with --allow-build-change to let another build run it"
+        )
+        assert drift_lab.calls.of(late.handle.id) == 0
+        assert (await drift_lab.lab.trail(late.handle.id))["build_ran"] == "build-3"
+        assert await allowed_late.handle.result() == expected
+        assert drift_lab.calls.of(allowed_late.handle.id) == 1

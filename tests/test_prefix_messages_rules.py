@@ -115,6 +115,7 @@ def test_a_message_s_position_counts_the_results_of_earlier_activations_only() -
 
 
 def test_a_child_inside_the_prefix_is_exact_only_when_it_closed_inside_it() -> None:
+    from forklab.experiments.runfork.approximations import ApproximationKind
     from forklab.experiments.runfork.receipt import (
         INPUT_DRIFT,
         BoundaryError,
@@ -142,12 +143,16 @@ def test_a_child_inside_the_prefix_is_exact_only_when_it_closed_inside_it() -> N
         raise AssertionError("a child running at the boundary forked exactly")
     ended = child.model_copy(update={"closed_after": None, "ended": "terminated"})
     approx = resolve_boundary(steps, [ended], 4, BoundaryMode.approximate)
-    assert approx.approximations == [
-        "child workflow C (p-c), started after step 1, ended terminated, which a fork "
-        "cannot be handed",
-        INPUT_DRIFT,  # every approximate prefix: drift shows only when the fork asks
+    assert [(a.kind, a.step, a.detail) for a in approx.approximations] == [
+        (
+            ApproximationKind.child_rerun,
+            1,
+            "child workflow C (p-c), started after step 1, ended terminated, which a fork "
+            "cannot be handed",
+        )
     ]
-    assert not approx.restorable
+    # every approximate prefix: other drift shows only when the fork asks
+    assert INPUT_DRIFT in approx.why and not approx.restorable
     timer = PrefixEvent(kind="timer", after_step=1, name="0.3s")
     assert resolve_boundary(steps, [timer], 4, BoundaryMode.exact).restorable
 

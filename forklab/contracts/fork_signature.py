@@ -42,6 +42,8 @@ _SHOWN = 80
 def marker_payload(marker: ForkMarker) -> bytes:
     """The exact bytes an issuer signs: canonical JSON of the marker's signed fields."""
     body = marker.model_dump(mode="json", exclude=_UNSIGNED)
+    if body.get("fork_build") is None:  # markers signed before it was bound verify as they were
+        body.pop("fork_build", None)
     body["purpose"] = PURPOSE
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 

@@ -50,6 +50,9 @@ INTERNAL_PREFIX = "forklab."
 FETCH_PREFIX = "forklab.fetch_prefix"
 STEP_DECISION = "forklab.step_decision"
 VERIFY_FORK = "forklab.verify_fork"
+#: Records, in a fork's own history, an inherited call served although the fork asked
+#: with another input (``approximations.DriftRecord``): append-only, beside the receipt.
+RECORD_DRIFT = "forklab.record_drift"
 #: Forks whose prefix draws ``workflow.random()`` from its parent's seed and reads its
 #: parent's ``workflow.now()`` (the patch marks their histories).
 SIDE_EFFECTS_PATCH = "forklab-parent-side-effects"
@@ -178,6 +181,10 @@ class ForkMarker(BaseModel):
     #: the builds (Worker Deployment Version, else build id) that recorded the prefix,
     #: comma-separated (None: the history names none)
     parent_build: str | None = None
+    #: the builds polling the fork's queue when it started (the receipt's ``fork_build``):
+    #: a fork another build picks up fails before any live step unless
+    #: ``allow_build_change`` (None: none said, nothing checked)
+    fork_build: str | None = None
     #: ``forklab fork --allow-build-change``: a fork running another build whose prefix
     #: notices the change is served the parent's results matched by type (approximately)
     #: instead of failing

@@ -20,6 +20,7 @@ from forklab.contracts.errors import ForkErrorType
 from forklab.contracts.fork_signature import marker_refusal
 from forklab.contracts.runfork import (
     FETCH_PREFIX,
+    RECORD_DRIFT,
     STEP_DECISION,
     VERIFY_FORK,
     FetchPrefixInput,
@@ -28,6 +29,7 @@ from forklab.contracts.runfork import (
     StepDecisionInput,
     VerifyForkInput,
 )
+from forklab.experiments.runfork.approximations import DriftRecord
 from forklab.experiments.runfork.blocked import blocked_message
 from forklab.experiments.runfork.call_match import in_flight
 from forklab.experiments.runfork.overrides import overridden
@@ -153,6 +155,13 @@ class ForkActivities:
             clock=_clock(rec.inputs.clock, req.from_step - 1, req.upto_step),
             seed=rec.seed if req.from_step == req.base_step + 1 else None,
         )
+
+    @activity.defn(name=RECORD_DRIFT)
+    async def record_drift(self, record: DriftRecord) -> DriftRecord:
+        """Puts an inherited call served with a drifted input into the fork's history,
+        where ``forklab trail`` reads it: the receipt, written before the fork ran, cannot
+        say it, and is never changed after the fact."""
+        return record
 
     @activity.defn(name=STEP_DECISION)
     async def step_decision(self, req: StepDecisionInput) -> StepDecisionInput:

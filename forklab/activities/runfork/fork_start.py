@@ -64,6 +64,7 @@ from forklab.contracts.runfork import (
 )
 from forklab.contracts.search_attributes import BOUNDARY, LINEAGE_ROOT, PARENT, RUN
 from forklab.experiments.runfork import identity
+from forklab.experiments.runfork.approximations import Approximation, id_drift
 from forklab.experiments.runfork.call_match import keyed
 from forklab.experiments.runfork.overrides import (
     ForkSignal,
@@ -185,6 +186,21 @@ def _input_override(
                 ordinal=key.ordinal,
             )
     raise ForkError(f"--override-input {step}: the run holding step {at_step} has no step {step}")
+
+
+def _id_drift(
+    source: RunRecord, prefix: list[Step], parent: str, fork_id: str
+) -> list[Approximation]:
+    """The inherited calls whose recorded input holds the parent's workflow id where
+    nothing handed to its workflow did: the fork, under its own id, asks otherwise."""
+    if not prefix or not source.inputs.holding_id:
+        return []
+    handed = [(0, p.data) for p in source.input]
+    handed += [(s.index, base64.b64decode(s.result_b64)) for s in prefix if s.result_b64]
+    handed += [
+        (m.position, base64.b64decode(a)) for m in source.inputs.messages for a in m.args_b64
+    ]
+    return id_drift(prefix, source.inputs.holding_id, handed, parent, fork_id)
 
 
 def final_state(chain: list[RunRecord]) -> Any:
@@ -339,6 +355,14 @@ class ForkStarter:
         ):
             start_run, start_input, base_step = nxt.run_id, nxt.input, resolution.resolved_step
             resolution = resolution.model_copy(update={"prefix": []})  # nothing is served
+        drift = _id_drift(source, resolution.prefix, run, fork_id)
+        if drift:  # known before the fork starts: refused when exact, listed when approximate
+            try:
+                resolution = resolve_boundary(
+                    source.steps, source.others, at_step, boundary, source.base_step, drift
+                )
+            except BoundaryError as exc:
+                raise ForkError(str(exc)) from None
         # from checking the layer until the receipt names it: `layers gc` reads the
         # receipts under the same lock, so it cannot remove the layer in between
         async with self._referencing_layers():
@@ -406,6 +430,7 @@ class ForkStarter:
                 start_input_sha256=digest_payloads(start_input),
                 issued_at=datetime.now(UTC),
                 parent_build=receipt.parent_build,
+                fork_build=receipt.fork_build,
                 allow_build_change=allow_build_change,
             )
             # signed with this home's issuer key: a worker serves the parent's steps (and

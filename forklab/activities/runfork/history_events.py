@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import base64
 import bisect
+import contextlib
 import dataclasses
 import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
@@ -33,6 +35,7 @@ from forklab.contracts.runfork import (
     MODEL_FIELDS,
     RECEIPT_HEADER,
     RECEIPT_MEMO_KEY,
+    RECORD_DRIFT,
     SIDE_EFFECTS_PATCH,
     STEP_DECISION,
     STEP_HEADER,
@@ -41,6 +44,7 @@ from forklab.contracts.runfork import (
     RunSummary,
     StepDecisionInput,
 )
+from forklab.experiments.runfork.approximations import DriftRecord, holds
 from forklab.experiments.runfork.prefix_messages import (
     MessageKind,
     Ordinals,
@@ -160,6 +164,14 @@ class RunInputs:
     #: the seed a fork's prefix drew ``workflow.random()`` from (its parent's), when the
     #: run is such a fork
     served_seed: int | None = None
+    #: the run's workflow id, looked for in its calls' inputs (empty: not looked for)
+    look_for: str = ""
+    #: the steps whose recorded input holds ``look_for``: their input payloads (encoding,
+    #: data), from which a fork's input is predicted (``approximations.id_drift``)
+    holding_id: dict[int, list[tuple[bytes, bytes]]] = field(default_factory=dict)
+    #: the inherited calls this run (a fork) was served with a drifted input, as it
+    #: recorded them (``forklab.record_drift``)
+    drift: list[DriftRecord] = field(default_factory=list)
 
 
 @dataclass
@@ -177,6 +189,8 @@ class _Own:
     result_sha256: str | None = None
     result_b64: str | None = None
     duration_ms: float | None = None
+    #: its input payloads (encoding, data) when they hold the run's workflow id
+    holding_id: list[tuple[bytes, bytes]] | None = None
 
 
 def _seconds(event: HistoryEvent) -> float:
@@ -260,6 +274,7 @@ def parse_run(
         event_count=len(events),
         first_run_id=started.first_execution_run_id,
     )
+    rec.inputs.look_for = workflow_id
     rec.steps, rec.others = parse_events(events, base_step, run_id, rec.inputs)
     original = started.original_execution_run_id
     rec.seed = rec.inputs.served_seed or (randomness_seed(original) if original else None)
@@ -346,6 +361,8 @@ def parse_events(
         else:
             item.index = index
             done.append(_own_step(item, run_id))
+            if item.holding_id is not None:
+                into.holding_id[index] = item.holding_id
 
     for ev in events:
         kind = ev.WhichOneof("attributes")
@@ -383,6 +400,10 @@ def parse_events(
                 decided[ev.event_id] = step
                 order.append(step)
                 continue
+            if name == RECORD_DRIFT:
+                with contextlib.suppress(ValidationError):  # history is untrusted
+                    into.drift.append(DriftRecord.model_validate_json(payloads[0].data))
+                continue
             if name.startswith(INTERNAL_PREFIX):
                 continue
             calls += 1
@@ -394,6 +415,8 @@ def parse_events(
                 scheduled_s=_seconds(ev),
                 scheduled_after=base_step + len(done),
             )
+            if into.look_for and any(holds(p.data, into.look_for) for p in payloads):
+                call.holding_id = [(p.metadata.get("encoding", b""), p.data) for p in payloads]
             own[ev.event_id] = call
             order.append(call)
         elif kind in TERMINAL_EVENTS:

@@ -347,6 +347,13 @@ class AgentLab:
             ],
             "decisions": self.registry.decisions(run),
             "closed_siblings": self.registry.closed_by(run),
+            # what the fork's own history recorded once it ran (the receipt, written
+            # before, never changes): the inherited calls served with a drifted input,
+            # and the build that ran its first workflow task
+            "drift": [
+                d.approximation().model_dump(mode="json") for r in chain for d in r.inputs.drift
+            ],
+            "build_ran": chain[0].inputs.builds[0][1] if chain[0].inputs.builds else None,
         }
 
     def outcome(self, run: str, label: str, score: float | None, by: str | None = None) -> None:

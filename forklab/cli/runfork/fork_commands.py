@@ -22,6 +22,7 @@ from forklab.cli.ops_common import add_connection_flags, run, settings_from
 from forklab.cli.runfork.agent_lab import ACTING_KINDS, AgentLab, ForkError, Timeline
 from forklab.cli.runfork.agent_services import agent_settings
 from forklab.contracts.runfork import ForkPoint
+from forklab.experiments.runfork.approximations import Approximation, ApproximationKind
 from forklab.experiments.runfork.diff import change_lines
 from forklab.experiments.runfork.overrides import ForkSignal, ResultOverride
 from forklab.experiments.runfork.policy import (
@@ -178,7 +179,9 @@ def _fork_point_lines(receipt: ForkReceipt, point: ForkPoint | None, wait: float
             f"the fork has not passed its prefix after {wait:g} s (is a worker with "
             "ForkLabPlugin running on the fork queue?); `forklab steps` shows where it is"
         ]
-    lines = [f"approximately: {d}" for d in point.drift]
+    known = [a for a in receipt.approximations if a.kind is not ApproximationKind.noted]
+    lines = [f"approximately: {a.line()}" for a in known]
+    lines += [f"approximately: {d}" for d in point.drift]
     builds = f"builds: the parent's prefix was recorded by {receipt.parent_build or '(none named)'}"
     return [*lines, f"{builds}; the fork runs on {point.build or '(none named)'}"]
 
@@ -303,6 +306,19 @@ def render_trail(trail: dict[str, Any]) -> str:
             f"  fork {r['fork_workflow_id']} of {r['parent_workflow_id']} at step "
             f"{r['resolved_step']} (asked {r['requested_step']}, boundary {r['boundary']}{model})"
         )
+        lines += [
+            f"    approximately: {Approximation.model_validate(a).line()}"
+            for a in r.get("approximations", [])
+        ]
+    receipt = trail["receipts"][-1] if trail["receipts"] else None
+    if receipt is not None and receipt["fork_workflow_id"] == trail["run"]:
+        lines.append(
+            f"  build: predicted {receipt.get('fork_build') or '(none polling)'}, ran "
+            f"{trail.get('build_ran') or '(not yet)'}"
+        )
+    if trail.get("drift"):
+        lines.append("  input drift the fork recorded as it ran:")
+        lines += [f"    {Approximation.model_validate(d).line()}" for d in trail["drift"]]
     if trail["policy_decisions"]:
         lines.append("  steps not run live:")
         lines += [

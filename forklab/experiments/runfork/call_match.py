@@ -109,6 +109,11 @@ class PrefixMatcher:
         """Inherited steps the fork has not asked for yet."""
         return len(self._owed)
 
+    def first_owed(self) -> Step | None:
+        """The earliest inherited step the fork has not asked for (None: it asked for
+        all)."""
+        return min(self._owed.values(), key=lambda s: s.index, default=None)
+
     def take(self, key: CallKey) -> Step | None:
         """The inherited step with this key (once), or None."""
         step = self._owed.pop(key, None)

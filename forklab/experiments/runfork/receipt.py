@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
+from forklab.experiments.runfork.approximations import Approximation, ApproximationKind, legacy
 from forklab.experiments.runfork.overrides import ForkSignal, InputOverride, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.steps import Step, StepStatus, prefix_sha256
@@ -25,12 +26,16 @@ RECEIPT_SCHEMA_VERSION = 1
 #: prefix (the fork interceptor redelivers them): they do not keep a boundary from being
 #: exact. Every other kind inside a prefix does.
 REDELIVERED_KINDS = frozenset({"signal", "update", "timer"})
-#: The approximation every approximate prefix may hold, which no history read before the
-#: fork starts can rule out.
+#: What an approximate prefix may hold that no history read before the fork starts can
+#: rule out (``why`` says it; each such call is recorded when the fork makes it).
 INPUT_DRIFT = (
     "inherited calls are matched by activity type: one whose input differs from the "
-    "parent's is served the parent's result (the fork lists each at its fork point)"
+    "parent's is served the parent's result, and recorded in the fork's history when it "
+    "is made (`forklab trail`)"
 )
+#: An approximation as a receipt keeps it (receipts written before they were typed held
+#: sentences: read as ``noted``).
+Recorded = Annotated[Approximation, BeforeValidator(legacy)]
 #: A child workflow inside a prefix is served its outcome when it closed inside it too.
 CHILD_KIND = "child workflow"
 
@@ -87,7 +92,7 @@ class Resolution(BaseModel):
     why: str
     prefix: list[Step]
     #: departures an ``approximate`` boundary accepted (each names its step)
-    approximations: list[str] = Field(default_factory=list)
+    approximations: list[Recorded] = Field(default_factory=list)
 
 
 def resolve_boundary(
@@ -96,11 +101,15 @@ def resolve_boundary(
     at_step: int,
     mode: BoundaryMode,
     base_step: int = 0,
+    drift: list[Approximation] | None = None,
 ) -> Resolution:
     """The prefix a fork at ``at_step`` inherits from the run holding ``steps`` (numbered
     from ``base_step + 1``; earlier steps reached it through its input).
 
     Steps base+1..at_step are served from the record; the fork's step at_step+1 runs live.
+    ``drift``: the inherited calls already known to ask with another input on the fork
+    (``approximations.predicted_id_drift``): an exact boundary is refused at the first,
+    an approximate one lists each.
     """
     if at_step < base_step:
         raise BoundaryError(
@@ -122,7 +131,7 @@ def resolve_boundary(
             at_step, f"the run has only {last} steps so far (see `forklab steps`)", mode
         )
     prefix = [s for s in steps if s.index <= at_step]
-    notes: list[str] = []
+    notes: list[Approximation] = []
     for s in prefix:
         if s.status is not StepStatus.completed and s.status is not StepStatus.blocked:
             cause = f"step {s.index} ({s.activity_type}) never completed (it is {s.status.value})"
@@ -136,7 +145,11 @@ def resolve_boundary(
             f"a {e.kind} reached the parent after step {e.after_step}, inside the "
             "prefix; a fork would not see it again"
         )
+        kind = ApproximationKind.not_seen_again
+        if e.kind == "local activity":
+            kind = ApproximationKind.local_activity
         if e.kind == CHILD_KIND and not e.blocked:
+            kind = ApproximationKind.child_rerun
             child = f"child workflow {e.name} ({e.child_id})"
             cause = f"{child}, started after step {e.after_step}, " + (
                 f"ended {e.ended}, which a fork cannot be handed"
@@ -145,20 +158,25 @@ def resolve_boundary(
             )
         if mode is BoundaryMode.exact:
             raise BoundaryError(at_step, cause)
-        notes.append(cause)
-    if mode is BoundaryMode.approximate and prefix:
-        # seen only when the fork makes the call: it lists each at its fork point
-        notes.append(INPUT_DRIFT)
+        notes.append(Approximation(kind=kind, step=e.after_step, detail=cause))
+    for d in drift or []:
+        if mode is BoundaryMode.exact:
+            raise BoundaryError(
+                at_step,
+                f"{d.line()}; fork with --boundary approximate to be served the parent's result",
+            )
+        notes.append(d)
     why = (
         "every inherited step completed, and whatever else reached the parent inside the "
         "prefix (signals, updates, fired timers, closed children) is handed over again"
     )
-    if notes:
-        why = "approximate: " + "; ".join(notes)
+    if mode is BoundaryMode.approximate and prefix:
+        # drift of any origin shows only when the fork makes the call
+        why = "approximate: " + "; ".join([INPUT_DRIFT, *(n.line() for n in notes)])
     return Resolution(
         requested_step=at_step,
         resolved_step=at_step,
-        restorable=not notes,
+        restorable=not notes and not (mode is BoundaryMode.approximate and prefix),
         why=why,
         prefix=prefix,
         approximations=notes,
@@ -208,7 +226,9 @@ class ForkReceipt(BaseModel):
     prefix_sha256: str
     restorable: bool
     why: str
-    approximations: list[str] = Field(default_factory=list)
+    #: each departure an approximate boundary accepted before the fork started, with its
+    #: step and kind (drift seen only once the fork runs: its history, ``forklab trail``)
+    approximations: list[Recorded] = Field(default_factory=list)
     intervention: dict[str, Any] | None = None
     #: the boundary step's result the fork was served instead of the parent's
     result_override: ResultOverride | None = None
@@ -355,6 +375,7 @@ def receipt_markdown(r: ForkReceipt, model_in_effect: str | None = None) -> str:
         ("step", f"requested {r.requested_step}, resolved {r.resolved_step}"),
         ("asked at", f"`{r.requested_point}`" if r.requested_point else "(a step number)"),
         ("boundary", f"{r.boundary.value} (restorable: {r.restorable}; {r.why})"),
+        ("approximations", "; ".join(a.line() for a in r.approximations) or "(none)"),
         ("starts from", f"run `{r.source_run_id}`'s input (state after step {r.base_step})"),
         ("prefix sha256", f"`{r.prefix_sha256}`"),
         ("lineage", " → ".join(f"`{w}`" for w in r.lineage)),

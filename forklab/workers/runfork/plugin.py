@@ -140,6 +140,7 @@ class ForkLabPlugin(SimplePlugin):
             forks.verify_fork,
             forks.fetch_prefix,
             forks.step_decision,
+            forks.record_drift,
         ]
         if config.get("workflows"):
             teams = TeamForkActivities(config["client"], self._home)

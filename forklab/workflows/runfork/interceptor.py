@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 from datetime import timedelta
 from typing import Any, cast
@@ -47,7 +48,8 @@ from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 
 from forklab.contracts.errors import ForkErrorType
 from forklab.workflows.runfork.child_cohort import tagged
-from forklab.workflows.runfork.fork_builds import changed_build, current_build
+from forklab.workflows.runfork.drift_records import noted_drift
+from forklab.workflows.runfork.fork_builds import changed_build, current_build, unexpected_build
 from forklab.workflows.runfork.fork_memo import memo_value, raw_memo
 from forklab.workflows.runfork.fork_signals import deliver_signals
 from forklab.workflows.runfork.parent_side_effects import ParentSideEffects
@@ -56,7 +58,7 @@ from forklab.workflows.runfork.prefix_messages import (
     Redelivery,
     held_until_fork_point,
 )
-from forklab.workflows.runfork.stall_watch import LiveCalls, watched
+from forklab.workflows.runfork.stall_watch import LiveCalls, Owed, watched
 from forklab.workflows.runfork.team_messages import Hold, addressed, child_id, held_team
 
 with workflow.unsafe.imports_passed_through():
@@ -98,6 +100,7 @@ with workflow.unsafe.imports_passed_through():
     from forklab.experiments.runfork.call_match import CallKey, Divergence, PrefixMatcher
     from forklab.experiments.runfork.identity import lineage_root
     from forklab.experiments.runfork.overrides import ForkSignal, InputOverride
+    from forklab.experiments.runfork.owed import child_not_inherited, finished_owing
     from forklab.experiments.runfork.policy import (
         Decision,
         ToolPolicy,
@@ -126,6 +129,10 @@ CHILD_PATCH = "forklab-child-marker"
 #: and the experiment's search attribute (``child_cohort``); histories of forks recorded
 #: before it started children without them.
 CHILD_COHORT_PATCH = "forklab-child-cohort"
+#: A fork under an exact boundary that starts a child the parent had not started while it
+#: still owes its prefix something fails instead of starting it; forks recorded before
+#: it started such a child.
+UNSERVED_CHILD_PATCH = "forklab-unserved-child-diverges"
 #: A fork's policies refuse local activities and child workflows (recorded with
 #: ``forklab.step_decision``); forks recorded before it ran them.
 REACH_PATCH = "forklab-policies-reach-local-and-children"
@@ -200,11 +207,6 @@ class _ForkState:
             and not self.signals
         )
 
-    def handing_over(self) -> bool:
-        """A message, timer fire or child outcome of the prefix is due and about to be
-        handed over: the fork is not stuck while it waits for that."""
-        return self.redelivery is not None and self.redelivery.ready_now()
-
     def next_index(self) -> int:
         """The next call's place in the chain's scheduling order."""
         self.calls += 1
@@ -260,6 +262,9 @@ class _ForkInbound(WorkflowInboundInterceptor):
             if not deferred:
                 state.lineage_root = marker.lineage_root
             state.changed_build = changed_build(marker.parent_build)
+            surprise = unexpected_build(marker.fork_build, marker.allow_build_change)
+            if surprise is not None and not marker.continued:
+                raise _refused(surprise, ForkErrorType.build_unexpected)
             if _inherits(marker):
                 prefix = await _load_prefix(state, marker, deferred)
                 state.lineage_root = marker.lineage_root  # verified by now
@@ -288,27 +293,15 @@ class _ForkInbound(WorkflowInboundInterceptor):
                     state.matcher = PrefixMatcher([], [], exact=exact)
         state.loaded = True
         run = super().execute_workflow(input)
-        owed = state.matcher
-        if owed is not None and owed.exact and not owed.all_delivered:
-            # fails a fork that stops short (not while a message of the prefix is handed over)
-            result = await watched(run, owed, self._live, state.handing_over)
-        else:
-            result = await run
-        if state.messages.owed:
-            raise _diverged(
-                state,
-                "the fork finished before the points where the parent received the last "
-                f"{state.messages.owed} signals, updates, timer fires or child outcomes of "
-                "the prefix",
-            )
-        if state.matcher is not None and state.matcher.owed:
-            # the run ended without asking for every inherited call: its code is not the
-            # parent's, and what it did after the boundary is no continuation of it
-            raise _diverged(
-                state,
-                f"the fork finished without making {state.matcher.owed} of the calls it "
-                "inherited from the parent's steps",
-            )
+        owed = Owed(state.matcher, state.redelivery)
+        try:
+            # fails a fork that stops short of taking what it owes
+            stalls = functools.partial(_diverged, state)
+            result = await (watched(run, owed, self._live, stalls) if owed.any() else run)
+        except workflow.ContinueAsNewError:
+            _check_nothing_owed(state)
+            raise
+        _check_nothing_owed(state)
         return result
 
     async def handle_signal(self, input: HandleSignalInput) -> None:
@@ -347,15 +340,28 @@ def _exact(state: _ForkState, marker: ForkMarker) -> bool:
     return marker.boundary is BoundaryMode.exact and not allowed
 
 
+def _check_nothing_owed(state: _ForkState) -> None:
+    """A run that ended (or continued-as-new) before its fork point owes its prefix
+    something: its code is not the parent's, and what it did is no continuation of it."""
+    matcher = state.matcher
+    calls = matcher.owed if matcher is not None else 0
+    if calls or state.messages.owed:
+        first = matcher.first_owed() if matcher is not None else None
+        raise _diverged(state, finished_owing(first, calls, state.messages.pending))
+
+
 def _diverged(state: _ForkState, why: str) -> ApplicationError:
     """A divergence, naming the builds when the fork's is not the parent's."""
     marker = state.marker
     if state.changed_build is not None and marker is not None:
         why += (
             f"; the fork runs build {state.changed_build} and the parent's prefix was "
-            f"recorded by {marker.parent_build}: its workflow code changed (fork with "
-            "--allow-build-change to be served the parent's results approximately)"
+            f"recorded by {marker.parent_build}: its workflow code changed"
         )
+        if not marker.allow_build_change:
+            why += (
+                " (fork with --allow-build-change to be served the parent's results approximately)"
+            )
     return ApplicationError(why, type=ForkErrorType.prefix_diverged, non_retryable=True)
 
 
@@ -683,11 +689,8 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             key = matcher.key(seen.activity, digest)
             step = matcher.take(key)
             if step is not None:
-                if step.input_sha256 != digest:  # an approximate boundary: say so
-                    state.drift.append(
-                        f"step {step.index} ({step.activity_type[:100]}) was served the "
-                        "parent's result although the fork's input differs from the parent's"
-                    )
+                if step.input_sha256 != digest:  # an approximate boundary: say and record so
+                    state.drift.append(noted_drift(step, digest))
                 return workflow.ActivityHandle(self._served(seen, step, matcher))
             try:
                 matcher.check_live(key)
@@ -849,6 +852,13 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         served = self._state.redelivery.child(input) if self._state.redelivery else None
         if served is not None:  # closed inside the prefix: its recorded outcome
             return served
+        state = self._state
+        exact = state.matcher is not None and state.matcher.exact
+        owes = exact and Owed(state.matcher, state.redelivery).any()
+        if owes and workflow.patched(UNSERVED_CHILD_PATCH):
+            # every child an exact prefix holds closed inside it and is served: this one
+            # is not the parent's, and would run live inside the prefix
+            raise _diverged(state, child_not_inherited(input.workflow, input.id))
         memo = dict(input.memo or {})
         memo.pop(MARKER_MEMO_KEY, None)
         refused = self._refused_by_policy(input.workflow)

@@ -285,6 +285,10 @@ class Redelivery:
             return (msg.name, msg.ordinal or 0) in self._children
         return True
 
+    def due(self) -> PrefixMessage | None:
+        """The next message, once it is due (the steps before it handed over)."""
+        return self.queue.due(self._handed_over())
+
     def ready_now(self) -> bool:
         """The next message is due and can be handed over now."""
         msg = self.queue.pending
