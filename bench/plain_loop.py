@@ -257,6 +257,15 @@ with TwinRehearsal(spec) as twin:
     held_batch = twin.held_out(spec, *ahead) if ahead else None
     pool_wall = time.perf_counter() - wall
 pool = cpu() - start
+# the same on two processes, whatever the load: what the pool itself costs (its start, the
+# chunks' transfer and merge) against one process, in CPU of all the processes
+start, wall = cpu(), time.perf_counter()
+with TwinRehearsal(spec, processes=2) as two:
+    two.outcomes("bench")
+    if ahead:
+        two.held_out(spec, *ahead)
+    two_wall = time.perf_counter() - wall
+two_cpu = cpu() - start
 start = cpu()
 report = build_report(spec, out, "bench", held_out=lambda *request: held_batch)
 analysis = cpu() - start
@@ -266,6 +275,7 @@ report.model_dump_json(indent=2)
 rendered = cpu() - start
 print(json.dumps({"shares": {k: v / total for k, v in shares.items()}, "one": one,
                   "pool": pool, "pool_wall": pool_wall, "processes": twin.processes,
+                  "two": two_cpu, "two_wall": two_wall,
                   "analysis": analysis, "report": rendered}))
 """
 
@@ -320,7 +330,7 @@ def stamp_analysis():  # (imported by the plan itself, after the rehearsal start
 
 
 before(
-    rehearsal.Rehearsal, "report", "analysis and report modules imported (scipy)", stamp_analysis
+    rehearsal.Rehearsal, "report", "analysis and report modules imported", stamp_analysis
 )
 after(twin.TwinRehearsal, "run", "experiment's episodes in (waited for, or run here)", True)
 def stamp_runs():
@@ -395,6 +405,11 @@ def profile(name: str, episodes: int, folder: Path) -> None:
         f"  twin as the plan runs it ({got['processes']} process(es), CPU of all) "
         f"{got['pool']:7.2f}  ({got['pool'] - got['one']:+.2f} against one process; "
         f"{got['pool_wall']:.2f} s wall)"
+    )
+    print(
+        f"  twin on 2 processes, forced (CPU of all)    {got['two']:7.2f}  "
+        f"({got['two'] - got['one']:+.2f} against one process: the pool's start, transfer, "
+        f"merge; {got['two_wall']:.2f} s wall)"
     )
     print(f"  analysis (held-out batch already run)      {got['analysis']:7.2f}")
     print(f"  report (text + JSON)                       {got['report']:7.2f}")
