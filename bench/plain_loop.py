@@ -177,7 +177,9 @@ def compare(name: str, episodes: int, repeat: int, folder: Path) -> bool:
 PROFILE = r"""
 import cProfile, json, os, pstats, resource, sys, time
 
-from forklab.activities.experiment.twin import run_twin, TwinRehearsal
+from forklab.activities.experiment.twin import run_twin, TwinRehearsal, _chunk_args, _pool
+from forklab.experiments.experiment.chunks import run_chunk
+from forklab.experiments.experiment.worlds import spec_world_plans
 from forklab.cli.experiment.specfile import load_spec
 from forklab.experiments.experiment.analysis.build import build_report
 from forklab.experiments.experiment.analysis.held_out_plan import held_out_plan
@@ -197,15 +199,6 @@ def cpu():
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-# 1. the twin in one process under cProfile: where its CPU goes, by stage (shares)
-profile = cProfile.Profile()
-profile.enable()
-for episodes, plans in runs:
-    run_twin(spec, episodes=episodes, worlds=plans, processes=1)
-profile.disable()
-stats = pstats.Stats(profile).stats
-
-
 def stage(file, name):
     if file == module:
         return "workload code"
@@ -214,7 +207,8 @@ def stage(file, name):
             "<method 'update' of '_blake2.blake2b' objects>",
             "<method 'copy' of '_blake2.blake2b' objects>", "<built-in method from_bytes>"):
         return "shock draws"
-    if base == "canon.py" or name in ("_Fork.take", "_exact_key", "_is_flat", "_Fork.__init__") or (
+    if base == "canon.py" or name in ("_Fork.take", "_exact_key", "_is_flat", "_Fork.__init__",
+            "_checked_checkpoint") or (
             "marshal" in name or "sha256" in name or "hexdigest" in name):
         return "checkpoint encode/decode"
     if base == "contract.py" or name == "_checked_features":
@@ -226,24 +220,53 @@ def stage(file, name):
     return None
 
 
-shares = {}
-for (file, line, func), (cc, nc, tt, ct, callers) in stats.items():
-    name = func
-    if file == "~":  # a builtin: its time goes to the stage of whoever called it
-        named = stage(file, name)
-        if named is not None:
-            shares[named] = shares.get(named, 0.0) + tt
+def seconds_by_stage(stats):  # cProfile's own seconds of each function, summed by stage
+    shares = {}
+    for (file, line, func), (cc, nc, tt, ct, callers) in stats.items():
+        name = func
+        if file == "~":  # a builtin: its time goes to the stage of whoever called it
+            named = stage(file, name)
+            if named is not None:
+                shares[named] = shares.get(named, 0.0) + tt
+                continue
+            for (cfile, cline, cfunc), edge in callers.items():
+                key = stage(cfile, cfunc) or "other"
+                shares[key] = shares.get(key, 0.0) + edge[2]
             continue
-        for (cfile, cline, cfunc), edge in callers.items():
-            key = stage(cfile, cfunc) or "other"
-            shares[key] = shares.get(key, 0.0) + edge[2]
-        continue
-    qual = func
-    if file.endswith("runner.py") and func in ("take", "__init__"):
-        qual = "_Fork." + func
-    key = stage(file, qual) or "other"
-    shares[key] = shares.get(key, 0.0) + tt
+        qual = func
+        if file.endswith("runner.py") and func in ("take", "__init__"):
+            qual = "_Fork." + func
+        key = stage(file, qual) or "other"
+        shares[key] = shares.get(key, 0.0) + tt
+    return shares
+
+
+def profiled_chunk(args):  # run_chunk under cProfile, in a pool's process: seconds by stage
+    profile = cProfile.Profile()
+    profile.enable()
+    run_chunk(args)
+    profile.disable()
+    return seconds_by_stage(pstats.Stats(profile).stats)
+
+
+# 1. the twin in one process under cProfile: where its CPU goes, by stage (shares)
+profile = cProfile.Profile()
+profile.enable()
+for episodes, plans in runs:
+    run_twin(spec, episodes=episodes, worlds=plans, processes=1)
+profile.disable()
+shares = seconds_by_stage(pstats.Stats(profile).stats)
 total = sum(shares.values())
+
+# 1b. the experiment's chunks in a pool of two, each process under cProfile (the pool's
+#     processes run ``run_chunk``, as the plan's pool does): their shares, summed
+workers = {}
+with _pool(2) as pool_:
+    chunk_args = _chunk_args(spec, range(spec.episodes), spec_world_plans(spec), 4, True, True)
+    for part in pool_.map(profiled_chunk, chunk_args):
+        for key, value in part.items():
+            workers[key] = workers.get(key, 0.0) + value
+workers_total = sum(workers.values()) or 1.0
 
 # 2. the same, measured (no profiler): the twin on one process, then on the pool with the
 #    held-out chunks, then the analysis and the report
@@ -257,6 +280,15 @@ with TwinRehearsal(spec) as twin:
     held_batch = twin.held_out(spec, *ahead) if ahead else None
     pool_wall = time.perf_counter() - wall
 pool = cpu() - start
+# the same on two processes, whatever the load: what the pool itself costs (its start, the
+# chunks' transfer and merge) against one process, in CPU of all the processes
+start, wall = cpu(), time.perf_counter()
+with TwinRehearsal(spec, processes=2) as two:
+    two.outcomes("bench")
+    if ahead:
+        two.held_out(spec, *ahead)
+    two_wall = time.perf_counter() - wall
+two_cpu = cpu() - start
 start = cpu()
 report = build_report(spec, out, "bench", held_out=lambda *request: held_batch)
 analysis = cpu() - start
@@ -266,6 +298,8 @@ report.model_dump_json(indent=2)
 rendered = cpu() - start
 print(json.dumps({"shares": {k: v / total for k, v in shares.items()}, "one": one,
                   "pool": pool, "pool_wall": pool_wall, "processes": twin.processes,
+                  "two": two_cpu, "two_wall": two_wall,
+                  "workers": {k: v / workers_total for k, v in workers.items()},
                   "analysis": analysis, "report": rendered}))
 """
 
@@ -320,7 +354,7 @@ def stamp_analysis():  # (imported by the plan itself, after the rehearsal start
 
 
 before(
-    rehearsal.Rehearsal, "report", "analysis and report modules imported (scipy)", stamp_analysis
+    rehearsal.Rehearsal, "report", "analysis and report modules imported", stamp_analysis
 )
 after(twin.TwinRehearsal, "run", "experiment's episodes in (waited for, or run here)", True)
 def stamp_runs():
@@ -395,6 +429,14 @@ def profile(name: str, episodes: int, folder: Path) -> None:
         f"  twin as the plan runs it ({got['processes']} process(es), CPU of all) "
         f"{got['pool']:7.2f}  ({got['pool'] - got['one']:+.2f} against one process; "
         f"{got['pool_wall']:.2f} s wall)"
+    )
+    print("  the pool's processes under cProfile (the experiment's chunks, 2 processes):")
+    for stage, share in sorted(got["workers"].items(), key=lambda kv: -kv[1]):
+        print(f"    {stage:<40} {share:6.1%}  (cProfile's share)")
+    print(
+        f"  twin on 2 processes, forced (CPU of all)    {got['two']:7.2f}  "
+        f"({got['two'] - got['one']:+.2f} against one process: the pool's start, transfer, "
+        f"merge; {got['two_wall']:.2f} s wall)"
     )
     print(f"  analysis (held-out batch already run)      {got['analysis']:7.2f}")
     print(f"  report (text + JSON)                       {got['report']:7.2f}")

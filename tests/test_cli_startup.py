@@ -140,3 +140,14 @@ def test_each_commands_help_ends_with_its_example(command: str) -> None:
     text = action.choices[command].format_help()
     assert text.rstrip().endswith(f"example:\n  {CATALOGUE[command].example}")
     assert CATALOGUE[command].example.startswith(("forklab ", "eval ", "FORKLAB_"))
+
+
+def test_plan_runs_and_reports_without_importing_scipy() -> None:
+    """A plan without a sequential design computes every statistic it reports without
+    ``scipy`` (its import alone was a quarter of a second of every ``forklab plan``);
+    a sequential design imports it where it computes its boundaries."""
+    result = probe(["plan", "examples/flaky-tool.yaml", "--json"], ("scipy",), {})
+    assert result["code"] == 0, result["err"]
+    report = json.loads(str(result["out"]))
+    assert report["valid"] is True
+    assert result["loaded"] == [], "forklab plan imported these"

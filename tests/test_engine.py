@@ -3,6 +3,7 @@ forks that never re-run the prefix, memoisation and parallelism that change noth
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import Counter
 from pathlib import Path
@@ -303,6 +304,27 @@ def test_shared_draws_change_no_value_and_fingerprints_see_every_coordinate() ->
     assert other.fingerprint() != alone.fingerprint()
     with pytest.raises(ValueError):
         Shocks(1, 3, draws=draws)  # a table belongs to one (seed, episode)
+
+
+def test_the_coordinate_key_cache_keeps_equal_but_differently_written_coordinates_apart() -> None:
+    """A table keeps each coordinate's key bytes; a coordinate equal to a kept one but
+    written otherwise (``True`` for ``1``, a float, a str subclass) still draws the word
+    of its own text, as ``uniform`` does."""
+    from forklab.runtime.crn import EpisodeDraws
+
+    class Stream(str):
+        def __format__(self, spec: str) -> str:
+            return "other"
+
+    first = EpisodeDraws(5, 6)
+    assert first.word(1, 2, "s") == EpisodeDraws(5, 6).word(1, 2, "s")  # kept, then read
+    for entity, tick, stream in ((True, 2, "s"), (1.0, 2, "s"), (1, 2, Stream("s"))):
+        expected = int.from_bytes(
+            hashlib.blake2b(f"5|6|{entity}|{tick}|{stream}".encode(), digest_size=8).digest(),
+            "little",
+        )
+        assert EpisodeDraws(5, 6).word(entity, tick, stream) == expected  # type: ignore[arg-type]
+        assert expected != first.word(1, 2, "s")
 
 
 def test_untracked_draws_read_the_shared_values_and_know_whether_they_drew() -> None:

@@ -253,44 +253,8 @@ def _prefix_from(
     the checkpoint text (what the worlds fork from), whether that state is shared (kept
     in ``known``: the worlds must copy it, never change it) and whether it is flat.
     """
-    steps = 0
-    try:
-        requested = workload.boundary(state)
-        while workload.cursor(state) < requested and not workload.done(state):
-            steps += 1  # counted first, so a failing step reports its own number
-            workload.step(state, shocks)
-        resolved = workload.cursor(state)
-        ended = workload.done(state)
-    except Exception as exc:
-        raise from_exception(workload, exc, where(episode, None, steps)) from exc
-    if resolved != requested:
-        raise BoundaryMissingError(
-            f"{type(workload).__name__}.boundary() asked for cursor {requested} but the run "
-            f"{'ended' if ended else 'jumped'} at {resolved}; boundary() is defined at "
-            f"{method_place(workload, 'boundary')} ({where(episode, None, steps)})"
-        )
-    key = _exact_key(state) if known.keep else None
-    entry = known.states.get(key) if key is not None else None
-    shared = entry is not None
-    if entry is not None:
-        known.state_hits += 1
-    else:
-        # The text is the checkpoint. Reading it back once both checks the contract (the
-        # state is JSON that reads back equal) and gives the state the worlds fork from.
-        try:
-            text: str | None = canonical_json(state)
-        except (TypeError, ValueError):
-            text = None
-        parsed = None if text is None else parse_canonical(text)
-        if parsed is None or text is None or parsed != state:
-            method = "step" if steps else "initial_state"
-            check_state(workload, state, text, method, where(episode, None, steps))
-        assert text is not None and parsed is not None  # check_state raised otherwise
-        features = _checked_features(workload, state, known, where(episode, None, steps))
-        entry = (text, sha256(text.encode()).hexdigest(), parsed, _is_flat(text), features)
-        if key is not None and len(known.states) < known.keep:
-            known.states[key] = entry
-            shared = True
+    requested, resolved, steps = _to_boundary(workload, episode, state, shocks)
+    entry, shared = _checked_checkpoint(workload, episode, state, steps, known)
     text, digest, parsed, flat, features = entry
     checkpoint: Checkpoint = {
         "episode": episode,
@@ -303,15 +267,77 @@ def _prefix_from(
     return checkpoint, shocks.drawn, parsed, shared, flat
 
 
+def _to_boundary(
+    workload: Workload, episode: int, state: State, shocks: Shocks
+) -> tuple[int, int, int]:
+    """Step ``state`` to its boundary: (the cursor requested, the cursor reached, the steps
+    taken); a run that ended or jumped elsewhere is a ``BoundaryMissingError``."""
+    steps = 0
+    try:
+        requested = workload.boundary(state)
+        cursor, done, step = workload.cursor, workload.done, workload.step
+        while cursor(state) < requested and not done(state):
+            steps += 1  # counted first, so a failing step reports its own number
+            step(state, shocks)
+        resolved = cursor(state)
+        ended = resolved != requested and done(state)
+    except Exception as exc:
+        raise from_exception(workload, exc, where(episode, None, steps)) from exc
+    if resolved != requested:
+        raise BoundaryMissingError(
+            f"{type(workload).__name__}.boundary() asked for cursor {requested} but the run "
+            f"{'ended' if ended else 'jumped'} at {resolved}; boundary() is defined at "
+            f"{method_place(workload, 'boundary')} ({where(episode, None, steps)})"
+        )
+    return requested, resolved, steps
+
+
+#: What a batch works out once per distinct checkpoint state: its canonical text, the
+#: text's sha256, the state read back from it, whether it is flat, its checked features.
+_Entry = tuple[str, str, State, bool, dict[str, Feature]]
+
+
+def _checked_checkpoint(
+    workload: Workload, episode: int, state: State, steps: int, known: _Known
+) -> tuple[_Entry, bool]:
+    """The checkpoint of ``state`` (reached after ``steps`` prefix steps), checked: its
+    text reads back equal and its features are as declared, worked out once per distinct
+    state while ``known`` keeps them. Also whether the entry is shared (kept in
+    ``known``: the worlds must copy its state, never change it)."""
+    key = _exact_key(state) if known.keep else None
+    entry = known.states.get(key) if key is not None else None
+    if entry is not None:
+        known.state_hits += 1
+        return entry, True
+    # The text is the checkpoint. Reading it back once both checks the contract (the
+    # state is JSON that reads back equal) and gives the state the worlds fork from.
+    try:
+        text: str | None = canonical_json(state)
+    except (TypeError, ValueError):
+        text = None
+    parsed = None if text is None else parse_canonical(text)
+    if parsed is None or text is None or parsed != state:
+        method = "step" if steps else "initial_state"
+        check_state(workload, state, text, method, where(episode, None, steps))
+    assert text is not None and parsed is not None  # check_state raised otherwise
+    features = _checked_features(workload, state, known, episode, steps)
+    entry = (text, sha256(text.encode()).hexdigest(), parsed, _is_flat(text), features)
+    if key is not None and len(known.states) < known.keep:
+        known.states[key] = entry
+        return entry, True
+    return entry, False
+
+
 def _checked_features(
-    workload: Workload, state: State, known: _Known, at: str
+    workload: Workload, state: State, known: _Known, episode: int, steps: int
 ) -> dict[str, Feature]:
-    """``features(state)``, checked against ``feature_types`` (once per distinct feature
-    dict while ``known`` keeps them)."""
+    """``features(state)`` at the checkpoint of ``episode`` (after ``steps`` prefix
+    steps), checked against ``feature_types`` (once per distinct feature dict while
+    ``known`` keeps them)."""
     try:
         found = workload.features(state)
     except Exception as exc:
-        raise from_exception(workload, exc, at) from exc
+        raise from_exception(workload, exc, where(episode, None, steps)) from exc
     table = known.features
     fkey = _exact_key(found) if table is not None and type(found) is dict else None
     if fkey is not None:
@@ -321,7 +347,7 @@ def _checked_features(
         if features is not None:
             known.feature_hits += 1
             return features
-    check_features(workload, found, feature_kinds(type(workload)), at)
+    check_features(workload, found, feature_kinds(type(workload)), where(episode, None, steps))
     if fkey is not None:
         assert table is not None
         table[fkey] = found
@@ -599,9 +625,10 @@ def run_batch(
     ]
     # copies[i]: how many states worlds i.. need (the count a fork made at world i hands out)
     copies = [sum(w.forks for w in worlds[i:]) for i in range(len(worlds))]
-    # a reused prefix: its checkpoint, its state when kept in ``known`` (else None: read
-    # back again, since the last world changes the state it is given), whether it is flat
-    prefixes: dict[str, tuple[Checkpoint, State | None, bool]] | None = {} if memo else None
+    # a reused prefix: its checkpoint's entry (``_Entry``; its state only when kept in
+    # ``known``, else None: read back again, since the last world changes the state it is
+    # given) and its requested and resolved cursors
+    prefixes: dict[str, tuple[_Entry, bool, int, int]] | None = {} if memo else None
     continuations: dict[tuple[str, int], tuple[bool, bool, str]] | None = {} if memo else None
     prefix_hits = continuation_hits = continuation_lookups = 0
     saved = [0] * len(worlds)  # forks each world's decided votes did not run
@@ -613,27 +640,27 @@ def run_batch(
             if continuations is not None and not pays(continuation_hits, continuation_lookups):
                 continuations = None
         state, shocks = _start(workload, seed, episode)
-        hit: tuple[Checkpoint, State | None, bool] | None = None
+        hit: tuple[_Entry, bool, int, int] | None = None
         if prefixes is not None:
             key = repr(state)  # exact for JSON values; only needs to be stable in-process
             hit = prefixes.get(key)
         if hit is None:
-            cp, drawn, parsed, shared, flat = _prefix_from(
-                workload, seed, episode, state, shocks, known
-            )
-            if prefixes is not None and not drawn:
-                prefixes[key] = (cp, parsed if shared else None, flat)
+            at, to, steps = _to_boundary(workload, episode, state, shocks)
+            entry, shared = _checked_checkpoint(workload, episode, state, steps, known)
+            if prefixes is not None and not shocks.drawn:
+                prefixes[key] = (entry, shared, at, to)
+            text, sha, parsed, flat, feats = entry
         else:
             prefix_hits += 1
-            cp, kept, flat = hit
-            shared = kept is not None
-            parsed = kept if kept is not None else parse_canonical(cp["state"])
-        sha = cp["sha256"]
+            entry, shared, at, to = hit
+            text, sha, parsed, flat, feats = entry
+            if not shared:
+                parsed = parse_canonical(text)
         tracked = not episode % fingerprint_every
-        requested.append(cp["requested"])
-        resolved.append(cp["resolved"])
+        requested.append(at)
+        resolved.append(to)
         shas.append(sha)
-        features.append(cp["features"])
+        features.append(feats)
         fork: _Fork | None = None
         for index, world, params, add_outcome, add_intervened, add_shocks in plans:
             result = None

@@ -31,7 +31,7 @@ from forklab.experiments.experiment.spec import ExperimentSpec, resolve_workload
 from forklab.experiments.experiment.worlds import spec_world_plans
 from forklab.runtime.file_format import WorldPlan
 
-if TYPE_CHECKING:  # (the analysis imports scipy: a plan starts its processes before that)
+if TYPE_CHECKING:  # (the analysis imports late: a plan starts its processes before that)
     from forklab.experiments.experiment.analysis.guard import HeldOutRunner
 
 #: Below this many world-episodes, starting processes costs more than it saves.

@@ -45,7 +45,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         # --debug runs in this process, so the traceback shows the workload's own frames.
         processes = 1 if args.debug else args.processes
         with Rehearsal(spec, processes=processes, memo=not args.no_memo) as rehearsal:
-            # the analysis and the renderings (numpy, scipy) import while the twin's
+            # the analysis and the renderings (their models) import while the twin's
             # processes run the episodes, from ForkLab's own import path (not the spec's
             # folder, which ``load_spec`` put first)
             with own_import_path():

@@ -14,7 +14,7 @@ from forklab.cli.experiment.workload_files import collect_workload
 from forklab.experiments.experiment.bundle import WorkloadBundle, workload_sources
 from forklab.experiments.experiment.spec import ExperimentSpec
 
-if TYPE_CHECKING:  # (the analysis and the report import scipy; see ``Rehearsal``)
+if TYPE_CHECKING:  # (the analysis and the report import late; see ``Rehearsal``)
     from forklab.experiments.experiment.report.model import Report
 
 
@@ -28,8 +28,8 @@ def workload_code_digest(spec: ExperimentSpec, bundle: WorkloadBundle | None = N
 class Rehearsal:
     """A rehearsal under way: on entry the twin's processes start on every chunk of the
     experiment and the guard's held-out episodes (``TwinRehearsal``), so that whatever the
-    caller imports meanwhile (the analysis and the renderings: numpy and scipy, a good
-    part of a second) costs no time the twin would not take anyway; ``report`` then
+    caller imports meanwhile (the analysis and the renderings: their models, a fifth of
+    a second) costs no time the twin would not take anyway; ``report`` then
     builds the report. The twin runs the workload as imported here; its code digest and
     bundle digest are those of the bundle ``forklab start`` would ship from here
     (``BundleError`` if it could not ship one)."""

@@ -32,7 +32,6 @@ from enum import IntEnum
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel
-from scipy.special import ndtr
 
 from forklab.experiments.experiment.analysis.verdicts import (
     Verdict,
@@ -130,6 +129,9 @@ def statistic(rescue: Ints, harm: Ints) -> Floats:
 def conditional_power(z: Floats, fraction: float, final_bound: float) -> Floats:
     """The chance of crossing the last boundary in the current trend's direction if the
     trend (drift ``|z| / √t``) went on: ``1 − Φ((c_K − |z|/√t) / √(1 − t))``."""
+    # (imported here: ``sequential_bounds`` says why)
+    from scipy.special import ndtr
+
     if fraction >= 1.0:
         return np.where(np.abs(z) >= final_bound, 1.0, 0.0)
     drift = np.abs(z) / math.sqrt(fraction)

@@ -12,7 +12,10 @@ the recursion of Armitage, McPherson & Rowe (1969) on a Simpson grid (Jennison &
 against published boundaries and the exit probabilities against α.
 
 Everything here depends on the design only (fractions, α, spending), so the boundaries are
-known, printed and signed before any episode runs.
+known, printed and signed before any episode runs. ``scipy.special`` is imported where a
+design is computed, not with the module: every ``forklab plan`` imports this module
+(through the report's models) and most run no sequential design, while that import
+alone costs a quarter of a second.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from itertools import pairwise
 
 import numpy as np
 import numpy.typing as npt
-from scipy.special import ndtr, ndtri
 
 from forklab.experiments.experiment.spec import Spending
 
@@ -46,6 +48,8 @@ def alpha_spent(spending: Spending, alpha: float, t: float) -> float:
         return 0.0
     t = min(t, 1.0)
     if spending is Spending.obrien_fleming:
+        from scipy.special import ndtr, ndtri
+
         return float(4.0 * ndtr(ndtri(alpha / 4.0) / math.sqrt(t)))
     return alpha * math.log(1.0 + (math.e - 1.0) * t)
 
@@ -80,6 +84,8 @@ class _Continuation:
 
     def exits(self, t: float, c: float, theta: float) -> tuple[float, float]:
         """P(continue so far, then Z_t ≥ c) and P(continue so far, then Z_t ≤ −c)."""
+        from scipy.special import ndtr
+
         mean, sd = self._shift(t, theta)
         edge = c * math.sqrt(t)
         up = float(np.dot(self.weighted, ndtr((mean - edge) / sd)))
@@ -107,6 +113,7 @@ def efficacy_bounds(fractions: Sequence[float], alpha: float, spending: Spending
     # scipy.optimize costs a tenth of a second to import: only a sequential design needs it,
     # and every `forklab plan` imports this module
     from scipy.optimize import brentq
+    from scipy.special import ndtri
 
     ts = _check_fractions(fractions)
     bounds: list[float] = []
@@ -139,6 +146,8 @@ def exit_probabilities(
 ) -> tuple[Floats, Floats]:
     """Per look: the probability of stopping there above (+c) and below (−c) under drift θ
     (θ = 0 is the null; ``Z`` at the full budget has mean θ)."""
+    from scipy.special import ndtr
+
     ts = _check_fractions(fractions)
     up, down = np.zeros(len(ts)), np.zeros(len(ts))
     state: _Continuation | None = None
@@ -162,6 +171,8 @@ def stagewise_p(fractions: Sequence[float], bounds: Sequence[float], look: int, 
     cs = [float(c) for c in bounds][: look + 1]
     a = abs(z)
     if look == 0:
+        from scipy.special import ndtr
+
         return min(1.0, float(2.0 * ndtr(-a)))
     up, down = exit_probabilities(ts[:-1], cs[:-1], 0.0)
     state = _Continuation.first(ts[0], cs[0], 0.0)

@@ -2,12 +2,13 @@
 
 Each comparison is a paired 2x2 table: ``n11`` both succeed, ``n10`` harm (baseline
 success, world failure), ``n01`` rescue, ``n00`` both fail. Where a well-kept library
-computes a statistic, it is used: ``scipy.special`` gives the binomial tail of McNemar's
-test and the normal quantile (``scipy.special`` rather than ``scipy.stats``, which
-computes both with the same functions but costs several times longer to import on every
-``forklab plan``). Written here is only what SciPy does not offer in the form a paired
-experiment needs, or only behind that import (each function says why); the formulas and
-their sources are in ``docs/analysis.md`` ("The formulas").
+computes a statistic without a heavy import, it is used: the standard library's
+``statistics.NormalDist`` gives the normal quantile. Written here is only what no library
+offers in the form a paired experiment needs, or only behind an import that would cost
+every ``forklab plan`` more than its statistics (``scipy.special`` alone takes a quarter
+of a second: its array-API layer imports every numpy submodule); each function says why.
+The tests compare each against SciPy, statsmodels and exact sums; the formulas and their
+sources are in ``docs/analysis.md`` ("The formulas").
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import pairwise
+from statistics import NormalDist
 
 import numpy as np
 import numpy.typing as npt
-from scipy.special import bdtr, ndtri
 
 __all__ = [
     "bin_bounds",
@@ -58,13 +59,22 @@ def _open_unit(name: str, value: float) -> float:
 # --------------------------------------------------------------------------- normal quantile
 
 
+_STANDARD_NORMAL = NormalDist()
+
+
 def normal_quantile(p: float) -> float:
-    """Inverse of the standard normal CDF (``scipy.special.ndtri``). ``p == 0`` and
-    ``p == 1`` give ``-inf`` and ``+inf``; outside [0, 1] (or NaN) raises ``ValueError``."""
+    """Inverse of the standard normal CDF (``statistics.NormalDist.inv_cdf``, Wichura's
+    AS241, full double precision; the tests compare it with ``scipy.special.ndtri``).
+    ``p == 0`` and ``p == 1`` give ``-inf`` and ``+inf``; outside [0, 1] (or NaN) raises
+    ``ValueError``."""
     x = float(p)
     if not 0.0 <= x <= 1.0:
         raise ValueError(f"p must be within [0, 1], got {p!r}")
-    return float(ndtri(x))
+    if x == 0.0:
+        return -math.inf
+    if x == 1.0:
+        return math.inf
+    return _STANDARD_NORMAL.inv_cdf(x)
 
 
 # --------------------------------------------------------------------------- McNemar test
@@ -73,17 +83,83 @@ def normal_quantile(p: float) -> float:
 def mcnemar_exact_p(b: int, c: int) -> float:
     """Exact two-sided McNemar p-value from ``b`` harms and ``c`` rescues (1 with none).
 
-    The binomial tail is ``scipy.special.bdtr`` (the regularised incomplete beta):
-    O(1) in the number of discordant pairs, within 1e-9 relative of the exact big-integer
-    sum wherever that sum is a normal double (tested up to 20,000 pairs). The exact sum
-    costs ~m^2 bits: minutes at a million discordant pairs.
+    ``2 * P[X <= min(b, c)]`` for X ~ Binomial(b + c, 1/2), capped at 1 (exactly 1 when
+    ``min(b, c)`` is at least half the pairs, rounded down). The tail is
+    ``_half_binomial_cdf``: what ``scipy.special.bdtr`` computes, without its import;
+    within 1e-9 relative of the exact big-integer sum wherever that sum is a normal
+    double (tested up to 20,000 pairs, and against SciPy beyond). The exact sum costs
+    ~m^2 bits: minutes at a million discordant pairs.
     """
     b = _count("b", b)
     c = _count("c", c)
     m = b + c
-    if m == 0:
+    k = min(b, c)
+    if 2 * k + 1 >= m:  # P[X <= k] >= 1/2 (also m == 0): no evidence either way
         return 1.0
-    return min(1.0, 2.0 * float(bdtr(min(b, c), m, 0.5)))
+    return min(1.0, 2.0 * _half_binomial_cdf(k, m))
+
+
+def _half_binomial_cdf(k: int, m: int) -> float:
+    """``P[X <= k]`` for X ~ Binomial(m, 1/2) and ``2k < m``: the term at ``k`` (Loader's
+    saddle-point form, ``_half_binomial_pmf``, accurate to a few ulp however large ``m``),
+    times the sum of the ratios down to the terms that no longer count (they fall
+    faster than geometrically: about ``9 sqrt(m)`` of them at most)."""
+    if k == 0:
+        return math.ldexp(1.0, -m)  # exact: 2**-m
+    term = _half_binomial_pmf(k, m)
+    if term == 0.0:  # below the doubles: so is every smaller term
+        return 0.0
+    total = ratio = 1.0
+    for i in range(k, 0, -1):
+        ratio *= i / (m - i + 1)  # P[X = i - 1] / P[X = k]
+        total += ratio
+        if ratio < total * 1e-17:
+            break
+    return term * total
+
+
+#: ``stirlerr(n)`` below 16 from ``log(n!)`` itself, where the series is not yet exact.
+_STIRLING_SERIES_FROM = 16
+
+
+def _stirlerr(n: int) -> float:
+    """``log(n!) - log(sqrt(2 pi n) (n/e)**n)``, Stirling's error (Loader 2000)."""
+    if n < _STIRLING_SERIES_FROM:
+        return math.lgamma(n + 1.0) - (n + 0.5) * math.log(n) + n - 0.5 * math.log(2 * math.pi)
+    nn = float(n) * n
+    return (
+        1.0 / 12 - (1.0 / 360 - (1.0 / 1260 - (1.0 / 1680 - (1.0 / 1188) / nn) / nn) / nn) / nn
+    ) / n
+
+
+def _bd0(x: float, mean: float) -> float:
+    """``x log(x / mean) + mean - x`` without its cancellation near ``x == mean`` (Loader
+    2000: a series in ``(x - mean) / (x + mean)``)."""
+    if abs(x - mean) < 0.1 * (x + mean):
+        v = (x - mean) / (x + mean)
+        s = (x - mean) * v
+        ej = 2.0 * x * v
+        v2 = v * v
+        j = 1
+        while True:
+            ej *= v2
+            s1 = s + ej / (2 * j + 1)
+            if s1 == s:
+                return s1
+            s = s1
+            j += 1
+    return x * math.log(x / mean) + mean - x
+
+
+def _half_binomial_pmf(k: int, m: int) -> float:
+    """``C(m, k) / 2**m`` for ``0 < k < m`` in Loader's saddle-point form (R's
+    ``dbinom``): Stirling's errors and ``bd0`` keep it to a few ulp where
+    ``lgamma`` differences lose digits in proportion to ``log(m!)``. ``scipy.special``
+    would compute it only behind its import (see the module's docstring)."""
+    half = m / 2.0
+    lc = _stirlerr(m) - _stirlerr(k) - _stirlerr(m - k) - _bd0(k, half) - _bd0(m - k, half)
+    lf = math.log(2 * math.pi) + math.log(k) + math.log1p(-k / m)
+    return math.exp(lc - 0.5 * lf)
 
 
 # --------------------------------------------------------------------------- intervals
