@@ -8,7 +8,9 @@ continue-as-new runs only, cannot hold it; a link on the start request is what T
 offers for "this run comes from that one". The Python SDK (1.35) has no ``links``
 argument on ``start_workflow``, so the fork is started through a client whose service
 client adds the links to that one request: everything else (data converter, codecs,
-interceptors, plugins, the already-started error) is the SDK's own path.
+interceptors, plugins, the already-started error) is the SDK's own path. The same
+request carries the fork's start headers (the prefix page ``forklab fork`` passes): the
+SDK's ``start_workflow`` takes none either.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 import google.protobuf.message
-from temporalio.api.common.v1 import Link
+from temporalio.api.common.v1 import Link, Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.workflowservice.v1 import StartWorkflowExecutionRequest
 from temporalio.client import Client
@@ -41,13 +43,16 @@ def forked_from(namespace: str, workflow_id: str, run_id: str) -> Link:
 
 
 class _LinkingServiceClient(ServiceClient):
-    """``inner`` with ``links`` added to every workflow start it sends (a client made by
-    ``with_start_links`` starts one workflow: the fork)."""
+    """``inner`` with ``links`` and ``headers`` added to every workflow start it sends (a
+    client made by ``with_start_links`` starts one workflow: the fork)."""
 
-    def __init__(self, inner: ServiceClient, links: Sequence[Link]) -> None:
+    def __init__(
+        self, inner: ServiceClient, links: Sequence[Link], headers: Mapping[str, Payload]
+    ) -> None:
         super().__init__(inner.config)
         self._inner = inner
         self._links = list(links)
+        self._headers = dict(headers)
 
     @property
     def worker_service_client(self) -> ServiceClient:  # type: ignore[override]
@@ -72,14 +77,19 @@ class _LinkingServiceClient(ServiceClient):
     ) -> ServiceResponse:
         if isinstance(req, StartWorkflowExecutionRequest):
             req.links.extend(self._links)
+            for key, payload in self._headers.items():
+                req.header.fields[key].CopyFrom(payload)
         return await self._inner._rpc_call(
             rpc, req, resp_type, service=service, retry=retry, metadata=metadata, timeout=timeout
         )
 
 
-def with_start_links(client: Client, links: Sequence[Link]) -> Client:
+def with_start_links(
+    client: Client, links: Sequence[Link], headers: Mapping[str, Payload] | None = None
+) -> Client:
     """``client`` as it was built (namespace, data converter, plugins, interceptors), on
-    the same connection, sending ``links`` with each workflow it starts."""
+    the same connection, sending ``links`` (and ``headers``, as they are: no codec) with
+    each workflow it starts."""
     config = client.config()
-    config["service_client"] = _LinkingServiceClient(client.service_client, links)
+    config["service_client"] = _LinkingServiceClient(client.service_client, links, headers or {})
     return Client(**config)
