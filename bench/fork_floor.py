@@ -22,6 +22,10 @@ Temporal's server times are used for ForkLab and Reset (the activity's completio
 event), the step's own clock for DBOS (the step returns in this process).
 
     python bench/fork_floor.py [--depths 10 1000 10000] [--rounds 3] [--dbos-url URL]
+                               [--no-dbos]
+
+``--no-dbos`` leaves DBOS out (its column shows "—"), for an environment without the
+``dbos`` package (it is not one of ForkLab's extras).
 """
 
 from __future__ import annotations
@@ -156,7 +160,7 @@ async def build(b: Bench, n: int, can_every: int, queue: str) -> str:
 async def depth(
     b: Bench,
     forks: ForkActivities,
-    dbos: DbosSide,
+    dbos: DbosSide | None,
     n: int,
     rounds: int,
     times: dict[tuple[str, int], list[float]],
@@ -168,7 +172,7 @@ async def depth(
     single = await build(b, n, 10**9, queue)
     single_run = (await b.client.get_workflow_handle(single).describe()).run_id
     point = await reset_point(b.client, single, single_run, n)
-    dbos_wid = await asyncio.to_thread(dbos.record, n + 1)
+    dbos_wid = await asyncio.to_thread(dbos.record, n + 1) if dbos is not None else ""
 
     async def forklab(at: int) -> float:
         b.lab.runs = b.lab.starter.runs = ClosedRuns()
@@ -193,13 +197,15 @@ async def depth(
         return await first_step_after(b.client, single, resp.run_id) - started
 
     async def dbos_fork() -> float:
+        assert dbos is not None
         return await asyncio.to_thread(dbos.fork, dbos_wid, n)
 
     sides: list[tuple[str, Callable[[], Awaitable[float]]]] = [
         ("forklab", lambda: forklab(n)),
         ("reset", reset),
-        ("dbos", dbos_fork),
     ]
+    if dbos is not None:
+        sides.append(("dbos", dbos_fork))
     if n > 1:
         sides.insert(1, ("forklab inside", lambda: forklab(n - 1)))
     for r in range(rounds):
@@ -214,7 +220,7 @@ async def depth(
         )
 
 
-async def main(depths: list[int], rounds: int, url: str | None) -> None:
+async def main(depths: list[int], rounds: int, url: str | None, with_dbos: bool) -> None:
     load0 = os.getloadavg()
     times: dict[tuple[str, int], list[float]] = defaultdict(list)
     async with bench_env() as b:
@@ -226,7 +232,7 @@ async def main(depths: list[int], rounds: int, url: str | None) -> None:
             interceptors=[ForkInterceptor()],
             max_concurrent_activities=50,
         )
-        dbos = DbosSide(dbos_url(url, str(b.home)))
+        dbos = DbosSide(dbos_url(url, str(b.home))) if with_dbos else None
         try:
             async with (
                 Worker(b.client, task_queue=queue, **wiring),
@@ -235,7 +241,8 @@ async def main(depths: list[int], rounds: int, url: str | None) -> None:
                 for n in depths:
                     await depth(b, forks, dbos, n, rounds, times)
         finally:
-            dbos.close()
+            if dbos is not None:
+                dbos.close()
     load1 = os.getloadavg()
     med = {k: statistics.median(v) for k, v in times.items()}
     print(
@@ -246,11 +253,12 @@ async def main(depths: list[int], rounds: int, url: str | None) -> None:
     print("{:>6} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>9}".format(*head))
     base = med[("forklab", depths[0])]
     for n in depths:
-        fl, rs, db = med[("forklab", n)], med[("reset", n)], med[("dbos", n)]
+        fl, rs, db = med[("forklab", n)], med[("reset", n)], med.get(("dbos", n))
         inside = med.get(("forklab inside", n))
+        shown_db = f"{db * 1000:.0f}" if db is not None else "—"
         print(
             f"{n:>6} {fl * 1000:>8.0f} {inside * 1000 if inside else 0:>8.0f} "
-            f"{rs * 1000:>8.0f} {db * 1000:>8.0f} {fl / rs:>9.2f} "
+            f"{rs * 1000:>8.0f} {shown_db:>8} {fl / rs:>9.2f} "
             f"{(inside / fl) if inside else 0:>10.2f} {fl / base:>9.2f}"
         )
     for k, v in sorted(times.items()):
@@ -262,5 +270,6 @@ if __name__ == "__main__":
     p.add_argument("--depths", type=int, nargs="+", default=[10, 1000, 10000])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dbos-url", help="DBOS system database (default: SQLite in a temp dir)")
+    p.add_argument("--no-dbos", action="store_true", help="leave DBOS out (not installed)")
     a = p.parse_args()
-    asyncio.run(main(a.depths, a.rounds, a.dbos_url))
+    asyncio.run(main(a.depths, a.rounds, a.dbos_url, not a.no_dbos))

@@ -8,7 +8,9 @@ steps (its secret topic in the attacker's result) or to wedge.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
+import json
 import os
 import uuid
 from datetime import UTC, datetime
@@ -20,6 +22,7 @@ from agent_fixtures import AgentTestLab
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from marker_workloads import FailsInTheMiddleWorkflow, boom, note
 from orchestration_lab import forklab
+from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import RawValue, WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -30,12 +33,21 @@ from temporalio.worker import Worker
 from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.activities.runfork.fork_keys import issuer_key
 from forklab.activities.runfork.history_events import digest_payloads
-from forklab.activities.runfork.history_reads import latest_start
+from forklab.activities.runfork.history_reads import first_event, latest_start
+from forklab.activities.runfork.prefix_page import page_payload, passed_in
+from forklab.activities.runfork.start_links import with_start_links
 from forklab.agents.research import ResearchInput
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.contracts.errors import ForkErrorType
 from forklab.contracts.fork_signature import issuer_public_key, sign_marker
-from forklab.contracts.runfork import FETCH_PREFIX, MARKER_MEMO_KEY, FetchPrefixInput, ForkMarker
+from forklab.contracts.runfork import (
+    FETCH_PREFIX,
+    MARKER_MEMO_KEY,
+    PREFIX_PAGE_HEADER,
+    FetchPrefixInput,
+    ForkMarker,
+    PrefixPage,
+)
 from forklab.experiments.runfork.identity import lineage_root
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.temporal import ForkLabPlugin
@@ -62,10 +74,17 @@ async def _finished_parent(lab: AgentTestLab, secret: str) -> tuple[str, str, Fo
 
 
 async def _start(
-    lab: AgentTestLab, wid: str, args: list[Any], marker: ForkMarker | dict[str, Any]
+    lab: AgentTestLab,
+    wid: str,
+    args: list[Any],
+    marker: ForkMarker | dict[str, Any],
+    page: bytes | None = None,
 ) -> WorkflowHandle[Any, Any]:
+    """A raw start with ``marker`` in its memo (and ``page`` in its start header, where a
+    fork's prefix page travels: an attacker copying a fork's start copies it too)."""
     memo = marker.model_dump(mode="json") if isinstance(marker, ForkMarker) else marker
-    return await lab.client.start_workflow(
+    headers = {PREFIX_PAGE_HEADER: page_payload(page)} if page is not None else {}
+    return await with_start_links(lab.client, [], headers).start_workflow(
         "ResearchPipeline",
         args=args,
         id=wid,
@@ -154,13 +173,19 @@ async def test_a_forged_marker_started_by_hand_is_refused_and_reads_nothing(
     assert agent_lab.charges() == charges
 
 
-async def _real_fork(lab: AgentTestLab, parent: str) -> tuple[str, ForkMarker, list[Any]]:
-    """A fork made by ForkLab, finished: its id, its signed marker and its start input."""
-    fork = await lab.lab.fork(parent, 2, boundary=BoundaryMode.approximate)
+async def _real_fork(
+    lab: AgentTestLab, parent: str, at_step: int = 2
+) -> tuple[str, ForkMarker, list[Any], bytes]:
+    """A fork made by ForkLab, finished: its id, its signed marker (as its memo holds it),
+    its start input and the prefix page passed in its start."""
+    fork = await lab.lab.fork(parent, at_step, boundary=BoundaryMode.approximate)
     await fork.handle.result()
     start = await latest_start(lab.client, fork.handle.id)
     assert start.marker is not None and start.marker.signature is not None
-    return fork.handle.id, start.marker, [RawValue(p) for p in start.input]
+    event = await first_event(lab.client, fork.handle.id, start.run_id)
+    page = passed_in(event.workflow_execution_started_event_attributes)
+    assert page is not None, "forklab fork passed no prefix page"
+    return fork.handle.id, start.marker, [RawValue(p) for p in start.input], page.data
 
 
 async def test_the_fetch_refuses_before_it_reads(agent_lab: AgentTestLab) -> None:
@@ -189,8 +214,8 @@ async def test_a_real_marker_copied_to_another_workflow_id_is_refused(
     agent_lab: AgentTestLab,
 ) -> None:
     parent, _, _ = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
-    _, marker, args = await _real_fork(agent_lab, parent)
-    handle = await _start(agent_lab, f"copy-{uuid.uuid4().hex[:8]}", args, marker)
+    _, marker, args, page = await _real_fork(agent_lab, parent)
+    handle = await _start(agent_lab, f"copy-{uuid.uuid4().hex[:8]}", args, marker, page)
     message = await _refusal(handle, ForkErrorType.marker_unverified)
     assert "the fork marker was issued for workflow" in message and "copied" in message
 
@@ -198,9 +223,9 @@ async def test_a_real_marker_copied_to_another_workflow_id_is_refused(
 async def test_a_real_marker_with_another_input_is_refused(agent_lab: AgentTestLab) -> None:
     """The fork's own id, reused once it closed, with the attacker's input."""
     parent, _, _ = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
-    fork_id, marker, _ = await _real_fork(agent_lab, parent)
+    fork_id, marker, _, page = await _real_fork(agent_lab, parent)
     handle = await _start(
-        agent_lab, fork_id, [ResearchInput(topic="the attacker's", model="slow")], marker
+        agent_lab, fork_id, [ResearchInput(topic="the attacker's", model="slow")], marker, page
     )
     message = await _refusal(handle, ForkErrorType.marker_unverified)
     assert "this run's start input is not the one the fork marker was issued for" in message
@@ -213,7 +238,7 @@ async def test_a_real_marker_retargeted_to_another_parent_is_refused(
     parent, _, _ = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
     secret = f"SECRET-{uuid.uuid4().hex[:8]}"
     other, other_run, _ = await _finished_parent(agent_lab, secret)
-    fork_id, marker, args = await _real_fork(agent_lab, parent)
+    fork_id, marker, args, page = await _real_fork(agent_lab, parent)
     retargeted = marker.model_copy(
         update={
             "parent_workflow_id": other,
@@ -221,10 +246,122 @@ async def test_a_real_marker_retargeted_to_another_parent_is_refused(
             "lineage_root": lineage_root(other, other_run),
         }
     )
-    handle = await _start(agent_lab, fork_id, args, retargeted)
+    handle = await _start(agent_lab, fork_id, args, retargeted, page)
     message = await _refusal(handle, ForkErrorType.marker_unverified)
     assert "signature does not verify" in message
     assert secret.encode() not in _bytes(await handle.fetch_history())
+
+
+def _forged_page(page: bytes, value: str) -> bytes:
+    """``page`` with every inherited step's result replaced by ``value`` (as a JSON string
+    payload): what an attacker holding a real fork's start would serve its own run."""
+    forged = json.loads(page)
+    payload = Payload(metadata={"encoding": b"json/plain"}, data=json.dumps(value).encode())
+    for step in forged["steps"]:
+        step["result_b64"] = base64.b64encode(payload.SerializeToString()).decode()
+    return json.dumps(forged).encode()
+
+
+async def test_a_fork_is_served_the_page_passed_in_its_start_and_reads_nothing(
+    agent_lab: AgentTestLab,
+) -> None:
+    """`forklab fork` passes the prefix page it cut from the run it parsed; the fork's
+    fetch serves it, reading nothing of the parent (the worker's cache of parsed runs stays
+    empty), and it is the very page the fetch would have read."""
+    parent, run_id, _ = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
+    fork_id, marker, _, page = await _real_fork(agent_lab, parent)
+    forks = ForkActivities(agent_lab.client, agent_lab.agent.home)
+    env = ActivityEnvironment()
+    start = await latest_start(agent_lab.client, fork_id)
+    env.info = dataclasses.replace(env.info, workflow_id=fork_id, workflow_run_id=start.run_id)
+    first = FetchPrefixInput(
+        workflow_id=parent,
+        run_id=run_id,
+        from_step=1,
+        upto_step=marker.at_step,
+        marker=marker,
+    )
+    served = await env.run(forks.fetch_prefix, first)
+    assert isinstance(served, RawValue) and served.payload.data == page
+    assert forks.runs.get(parent, run_id, 0) is None, "the fetch read the parent's run"
+    read = await env.run(forks.fetch_prefix, first.model_copy(update={"marker": None}))
+    assert isinstance(read, PrefixPage) and read.steps
+    assert PrefixPage.model_validate_json(page) == read
+
+
+async def test_a_passed_page_altered_or_swapped_after_signing_is_refused(
+    agent_lab: AgentTestLab,
+) -> None:
+    """A real fork's start run again under its own id (once it closed) with its own input
+    and signed marker, and a prefix page that is not the one signed: its results forged,
+    another fork's page (another parent run, another step), or none at all; and a page
+    added to a marker signed without one. Each fails at once, served nothing: the page's
+    digest is part of what the signature covers."""
+    parent, _, _ = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
+    other, _, _ = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
+    fork_id, marker, args, page = await _real_fork(agent_lab, parent)
+    _, _, _, other_run_page = await _real_fork(agent_lab, other)
+    _, _, _, other_step_page = await _real_fork(agent_lab, parent, at_step=1)
+    forged = "FORGED-" + uuid.uuid4().hex[:8]
+    unpaged = sign_marker(
+        marker.model_copy(update={"issued_at": datetime.now(UTC)}),
+        issuer_key(agent_lab.agent.home),
+    )
+    attempts: list[tuple[ForkMarker, bytes | None]] = [
+        (marker, _forged_page(page, forged)),
+        (marker, other_run_page),
+        (marker, other_step_page),
+        (marker, None),
+        (unpaged, page),
+    ]
+    for signed, passed in attempts:
+        handle = await _start(agent_lab, fork_id, args, signed, passed)
+        message = await _refusal(handle, ForkErrorType.marker_unverified)
+        assert "signature does not verify" in message, message
+        assert "prefix page" in message
+
+
+async def test_a_marker_without_a_page_digest_falls_back_to_the_read(
+    agent_lab: AgentTestLab,
+) -> None:
+    """A fork started as before prefix pages were passed (an older `forklab fork`): its
+    marker signs no page digest and its start carries no page; the fetch reads the parent's
+    history and serves its steps."""
+    parent, run_id, marker = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
+    start = await latest_start(agent_lab.client, parent)
+    wid = f"unpaged-{uuid.uuid4().hex[:8]}"
+    old = sign_marker(
+        marker.model_copy(
+            update={
+                "fork_workflow_id": wid,
+                "start_input_sha256": digest_payloads(start.input),
+                "issued_at": datetime.now(UTC),
+            }
+        ),
+        issuer_key(agent_lab.agent.home),
+    )
+    handle = await _start(agent_lab, wid, [RawValue(p) for p in start.input], old)
+    await asyncio.wait_for(handle.result(), 60)
+    history = await handle.fetch_history()
+    assert (
+        PREFIX_PAGE_HEADER
+        not in history.events[0].workflow_execution_started_event_attributes.header.fields
+    )
+    scheduled = {
+        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    }
+    pages = [
+        PrefixPage.model_validate_json(
+            e.activity_task_completed_event_attributes.result.payloads[0].data
+        )
+        for e in history.events
+        if e.HasField("activity_task_completed_event_attributes")
+        and scheduled[e.activity_task_completed_event_attributes.scheduled_event_id] == FETCH_PREFIX
+    ]
+    assert [[s.index for s in p.steps] for p in pages] == [[1, 2]]
+    assert {s.run_id for s in pages[0].steps} == {run_id}
 
 
 async def test_a_marker_used_long_after_it_was_issued_is_refused(agent_lab: AgentTestLab) -> None:

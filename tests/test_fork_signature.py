@@ -12,7 +12,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from forklab.contracts.fork_signature import (
     _UNSIGNED,
     issuer_public_key,
+    marker_payload,
     marker_refusal,
+    prefix_page_sha256,
     sign_marker,
 )
 from forklab.contracts.runfork import CohortFork, ForkMarker, ModelSwap, TeamPart
@@ -103,6 +105,8 @@ _SIGNED_CHANGES: list[dict[str, Any]] = [
     {"allow_build_change": True},
     # a team fork's member: another team fork, or its messages sent elsewhere
     {"team": TeamPart(team_fork_id="tf-1", addresses={"writer": "elsewhere"})},
+    # a prefix page passed in the start where none was (or another page)
+    {"prefix_page_sha256": "e" * 64},
 ]
 
 
@@ -111,8 +115,35 @@ def test_every_signed_field_is_bound(change: dict[str, Any]) -> None:
     altered = MARKER.model_copy(update=change)
     refusal = _refusal(altered, workflow_id=altered.fork_workflow_id)
     assert refusal == (
-        "the fork marker's signature does not verify (the marker was altered or made up)"
+        "the fork marker's signature does not verify (the marker, or the prefix page passed "
+        "with it, was altered or made up)"
     )
+
+
+def test_a_passed_page_is_bound_to_its_prefix_and_cannot_be_dropped() -> None:
+    """The page digest binds the page to the prefix the marker names: the same bytes cut
+    for another run, boundary or override digest differently. A marker signed with a
+    page's digest does not verify without it or with another page's; one that passes no
+    page signs the bytes it signed before the field existed (older issuers verify)."""
+    page = b'{"steps":[]}'
+    digest = prefix_page_sha256(MARKER, page)
+    assert digest != prefix_page_sha256(MARKER, page + b" ")
+    for other in (
+        {"source_run_id": "run-2"},
+        {"at_step": 4},
+        {"base_step": 1},
+        {"parent_workflow_id": "other"},
+        {"result_override": ResultOverride(step=3, value="ok", result_sha256="c" * 64)},
+    ):
+        assert prefix_page_sha256(MARKER.model_copy(update=other), page) != digest, other
+    with_page = sign_marker(MARKER.model_copy(update={"prefix_page_sha256": digest}), KEY)
+    assert _refusal(with_page) is None
+    for taken in (None, prefix_page_sha256(MARKER, b'{"steps":[1]}')):
+        assert "signature does not verify" in (
+            _refusal(with_page.model_copy(update={"prefix_page_sha256": taken})) or ""
+        )
+    assert b"prefix_page_sha256" not in marker_payload(MARKER)
+    assert b"prefix_page_sha256" in marker_payload(with_page)
 
 
 def test_every_marker_field_is_signed_or_set_by_the_server() -> None:

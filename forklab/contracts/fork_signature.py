@@ -5,7 +5,8 @@ effects the ledger then replays to it) only on the word of its ``forklab_fork`` 
 Anyone who may start a workflow writes that memo, so the word must be signed: ``forklab
 fork`` signs every marker with its issuer key (Ed25519), binding the parent run, the
 boundary, the lineage, the policies and intervention, the fork's own workflow id and the
-sha256 of its start input. A worker verifies the signature against the keys it trusts
+sha256 of its start input, and the digest of the prefix page passed in its start when one
+is (``prefix_page_sha256``). A worker verifies the signature against the keys it trusts
 and the binding against what the server recorded for the run: a marker made up, signed
 by another key, copied to another workflow id, started with another input, altered, or
 replayed long after it was issued is refused. Pure and free of I/O; keys are stored in
@@ -15,6 +16,7 @@ replayed long after it was issued is refused. Pure and free of I/O; keys are sto
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta
@@ -36,16 +38,38 @@ CLOCK_SKEW = timedelta(minutes=5)
 #: sets on the fork's later runs and children (the server vouches for those: a run that
 #: continued-as-new, a child of a run).
 _UNSIGNED = {"signature", "continued", "child_of"}
+#: Signed fields left out of the signed bytes while unset: a marker without a prefix page
+#: or a predicted build signs the bytes it signed before the field existed (an older
+#: issuer's marker verifies on a newer worker), and one with it cannot lose it unnoticed.
+_SIGNED_WHEN_SET = {"prefix_page_sha256", "fork_build"}
 _SHOWN = 80
 
 
 def marker_payload(marker: ForkMarker) -> bytes:
     """The exact bytes an issuer signs: canonical JSON of the marker's signed fields."""
     body = marker.model_dump(mode="json", exclude=_UNSIGNED)
-    if body.get("fork_build") is None:  # markers signed before it was bound verify as they were
-        body.pop("fork_build", None)
+    for name in _SIGNED_WHEN_SET:
+        if body.get(name) is None:
+            del body[name]
     body["purpose"] = PURPOSE
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def prefix_page_sha256(marker: ForkMarker, page: bytes) -> str:
+    """The digest a marker signs for the prefix page passed in its fork's start: the page's
+    bytes bound to the prefix the marker names (parent, run, base and boundary, overridden result),
+    so a page cut for another run or boundary never matches, whatever it holds."""
+    names = [
+        marker.parent_workflow_id,
+        marker.source_run_id,
+        marker.base_step,
+        marker.at_step,
+        marker.result_override.result_sha256 if marker.result_override else None,
+    ]
+    h = hashlib.sha256(json.dumps(names, sort_keys=True, separators=(",", ":")).encode())
+    h.update(b"\n")
+    h.update(page)
+    return h.hexdigest()
 
 
 def issuer_public_key(key: Ed25519PrivateKey) -> str:
@@ -82,7 +106,10 @@ def marker_refusal(
             "does not trust (register the issuer's key in FORKLAB_FORK_ISSUERS)"
         )
     if not verify(marker.issuer_key, marker_payload(marker), marker.signature):
-        return "the fork marker's signature does not verify (the marker was altered or made up)"
+        return (
+            "the fork marker's signature does not verify (the marker, or the prefix page "
+            "passed with it, was altered or made up)"
+        )
     if marker.fork_workflow_id != workflow_id:
         return (
             f"the fork marker was issued for workflow {_shown(marker.fork_workflow_id or '')}, "

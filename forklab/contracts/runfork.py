@@ -45,6 +45,10 @@ STEP_HEADER = "forklab-step"
 #: fork only): a header, not a field of the call's input, so the input (and its digest,
 #: which an exact boundary compares) stays what the agent wrote.
 MODEL_SEED_HEADER = "forklab-model-seed"
+#: Workflow start header carrying a fork's prefix page (``forklab fork`` read and parsed
+#: the parent's run to find the step, and passes what ``forklab.fetch_prefix`` would read
+#: again): served only when it matches the digest in the fork's signed marker.
+PREFIX_PAGE_HEADER = "forklab-prefix-page"
 #: ForkLab's own activities; they are not steps of a run.
 INTERNAL_PREFIX = "forklab."
 FETCH_PREFIX = "forklab.fetch_prefix"
@@ -189,6 +193,12 @@ class ForkMarker(BaseModel):
     #: notices the change is served the parent's results matched by type (approximately)
     #: instead of failing
     allow_build_change: bool = False
+    #: the sha256 of the prefix page passed in the fork's start header
+    #: (``PREFIX_PAGE_HEADER``, ``fork_signature.prefix_page_sha256``), which the fetch then
+    #: serves instead of reading the parent's history; None: nothing passed, the fetch
+    #: reads. Signed, but not written to the memo (which Temporal wants under 2 KiB): the
+    #: page stands for it, and a verifier takes it from the page the run's start carries
+    prefix_page_sha256: str | None = None
     issuer_key: str | None = None
     signature: str | None = None
     #: a child workflow of a fork (or of any run), named by its parent's workflow id: it

@@ -8,14 +8,16 @@ from datetime import UTC
 from pathlib import Path
 
 from temporalio import activity
+from temporalio.api.history.v1 import WorkflowExecutionStartedEventAttributes
 from temporalio.client import Client
+from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from forklab.activities.runfork.fork_keys import home_issuer
 from forklab.activities.runfork.history_events import ClosedRuns, digest_payloads
 from forklab.activities.runfork.history_reads import RunNotFound, first_event, read_run
-from forklab.activities.runfork.overrides import override_b64
+from forklab.activities.runfork.prefix_page import as_signed, passed_in, prefix_page
 from forklab.contracts.errors import ForkErrorType
 from forklab.contracts.fork_signature import marker_refusal
 from forklab.contracts.runfork import (
@@ -31,10 +33,7 @@ from forklab.contracts.runfork import (
 )
 from forklab.experiments.runfork.approximations import DriftRecord
 from forklab.experiments.runfork.blocked import blocked_message
-from forklab.experiments.runfork.call_match import in_flight
-from forklab.experiments.runfork.overrides import overridden
-from forklab.experiments.runfork.prefix_messages import inside
-from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus
+from forklab.experiments.runfork.steps import StepOrigin
 
 _ISSUERS_HINT = "FORKLAB_FORK_ISSUERS"
 
@@ -66,10 +65,11 @@ class ForkActivities:
         await self._check_marker(req.marker)
         return req
 
-    async def _check_marker(self, marker: ForkMarker) -> None:
+    async def _check_marker(self, marker: ForkMarker) -> WorkflowExecutionStartedEventAttributes:
         """Raises ``fork_marker_unverified`` unless ``marker`` is signed by a trusted key,
         for the calling run's workflow id, its recorded start input, shortly before the
-        run started. It reads the run's own first event only; nothing of the parent."""
+        run started; returns that start. It reads the run's own first event only; nothing
+        of the parent."""
         info = activity.info()
         workflow_id, run_id = info.workflow_id or "", info.workflow_run_id or ""
         trusted = self._trusted()
@@ -85,7 +85,7 @@ class ForkActivities:
             raise _unverified(f"cannot read this run's start ({exc})") from None
         started = event.workflow_execution_started_event_attributes
         refusal = marker_refusal(
-            marker,
+            as_signed(marker, started),
             trusted=trusted,
             workflow_id=workflow_id,
             start_input_sha256=digest_payloads(list(started.input.payloads)),
@@ -93,17 +93,22 @@ class ForkActivities:
         )
         if refusal is not None:
             raise _unverified(refusal)
+        return started
 
     @activity.defn(name=FETCH_PREFIX)
-    async def fetch_prefix(self, req: FetchPrefixInput) -> PrefixPage:
+    async def fetch_prefix(self, req: FetchPrefixInput) -> PrefixPage | RawValue:
         """Steps ``from_step..upto_step`` of the parent's run, with their results, in pages
         of at most ``max_bytes`` (a Temporal payload must stay small). The first page of a
         fork's first run carries its marker: verified before anything of the parent is
         read, and the page must be the prefix the marker names (one activity, where a
-        separate ``forklab.verify_fork`` cost a round trip and a workflow task more)."""
+        separate ``forklab.verify_fork`` cost a round trip and a workflow task more). The
+        prefix page ``forklab fork`` passed in the fork's start is served as it is, nothing
+        read: its digest is part of what the verified signature covers (``as_signed``)."""
         if req.marker is not None:
-            await self._check_marker(req.marker)
+            passed = passed_in(await self._check_marker(req.marker))
             _check_named(req, req.marker)
+            if passed is not None:  # its digest verified with the marker's signature
+                return RawValue(passed)
         try:
             rec = await read_run(
                 self._client, req.workflow_id, req.run_id, req.base_step, self.runs
@@ -118,43 +123,7 @@ class ForkActivities:
                 type=ForkErrorType.prefix_unservable,
                 non_retryable=True,
             ) from None
-        steps = rec.steps
-        if req.result_override is not None:
-            steps = overridden(steps, req.result_override, override_b64(req.result_override))
-        wanted = [s for s in steps if req.from_step <= s.index <= req.upto_step]
-        out: list[Step] = []
-        size = 0
-        for s in wanted:
-            size += len(s.result_b64 or "") + 400
-            if out and size > req.max_bytes:
-                return PrefixPage(
-                    steps=out,
-                    next_step=s.index,
-                    messages=inside(rec.inputs.messages, req.from_step - 1, out[-1].index),
-                    clock=_clock(rec.inputs.clock, req.from_step - 1, out[-1].index),
-                    seed=rec.seed if req.from_step == req.base_step + 1 else None,
-                )
-            out.append(s)
-        after = [
-            s
-            for s in rec.steps
-            if s.index > req.upto_step and s.status is StepStatus.completed and s.result_b64
-        ]
-        kept: list[Step] = []
-        for s in after:
-            size += len(s.result_b64 or "") + 400
-            if size > req.max_bytes:
-                break
-            kept.append(s)
-        flying = in_flight(rec.steps, req.upto_step)
-        return PrefixPage(
-            steps=out,
-            recorded_after=kept,
-            in_flight=flying,
-            messages=inside(rec.inputs.messages, req.from_step - 1, req.upto_step),
-            clock=_clock(rec.inputs.clock, req.from_step - 1, req.upto_step),
-            seed=rec.seed if req.from_step == req.base_step + 1 else None,
-        )
+        return prefix_page(rec, req)
 
     @activity.defn(name=RECORD_DRIFT)
     async def record_drift(self, record: DriftRecord) -> DriftRecord:
@@ -177,11 +146,6 @@ class ForkActivities:
                 non_retryable=True,
             )
         return req
-
-
-def _clock(clock: dict[int, int], lo: int, hi: int) -> dict[int, int]:
-    """The workflow task times of positions ``lo..hi`` (steps handed over)."""
-    return {n: t for n, t in clock.items() if lo <= n <= hi}
 
 
 def _check_named(req: FetchPrefixInput, marker: ForkMarker) -> None:

@@ -47,16 +47,24 @@ from forklab.activities.runfork.history_reads import (
     read_run,
 )
 from forklab.activities.runfork.overrides import override_b64
+from forklab.activities.runfork.prefix_page import as_signed, page_payload, passed_page
 from forklab.activities.runfork.start_links import forked_from, with_start_links
 from forklab.activities.runfork.workspace import agent_workspaces_root
 from forklab.activities.sandbox.workspace import LayerStore, WorkspaceError, layer_lock
 from forklab.activities.stores.fork_registry import ForkRegistry
-from forklab.contracts.fork_signature import issuer_public_key, marker_refusal, sign_marker
+from forklab.contracts.fork_signature import (
+    issuer_public_key,
+    marker_refusal,
+    prefix_page_sha256,
+    sign_marker,
+)
 from forklab.contracts.runfork import (
     MARKER_MEMO_KEY,
+    PREFIX_PAGE_HEADER,
     RECEIPT_HEADER,
     WORKSPACE_LAYER_FIELD,
     CohortFork,
+    FetchPrefixInput,
     ForkMarker,
     ModelSwap,
     TeamPart,
@@ -72,7 +80,7 @@ from forklab.experiments.runfork.overrides import (
     ResultOverride,
     overridden,
 )
-from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
+from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy, uses_records
 from forklab.experiments.runfork.receipt import (
     BoundaryError,
     BoundaryMode,
@@ -226,6 +234,27 @@ def composed_team(team: TeamPart | None, inherited: TeamPart | None) -> TeamPart
         else:
             without.add(original)
     return team.model_copy(update={"addresses": addresses, "without_fork": sorted(without)})
+
+
+def _passed_prefix(located: Located, marker: ForkMarker, client: Client) -> bytes | None:
+    """The page of the fork's prefix its first ``forklab.fetch_prefix`` would read, cut
+    from the run ``located`` parsed (``prefix_page.passed_page``), to pass in the fork's
+    start. None where the fork's fetch reads instead: it inherits nothing, the run was
+    read from its end only, or the page is not one ``passed_page`` passes."""
+    if client.data_converter.payload_codec is not None or located.tail_only:
+        return None
+    inherits = marker.at_step > marker.base_step or uses_records(marker.tool_policies)
+    if marker.boundary is BoundaryMode.lineage_only or not inherits:
+        return None
+    req = FetchPrefixInput(
+        workflow_id=marker.parent_workflow_id,
+        run_id=marker.source_run_id,
+        base_step=marker.base_step,
+        from_step=marker.base_step + 1,
+        upto_step=marker.at_step,
+        result_override=marker.result_override,
+    )
+    return passed_page(located.source, req)
 
 
 class ForkStarter:
@@ -433,12 +462,18 @@ class ForkStarter:
                 fork_build=receipt.fork_build,
                 allow_build_change=allow_build_change,
             )
+            # the prefix page the fork's fetch would read, cut from the run parsed above and
+            # passed in the fork's start, its digest signed with the marker
+            page = _passed_prefix(located, marker, self.client)
+            if page is not None:
+                digest = prefix_page_sha256(marker, page)
+                marker = marker.model_copy(update={"prefix_page_sha256": digest})
             # signed with this home's issuer key: a worker serves the parent's steps (and
             # the lineage's effects) only to a marker an issuer it trusts made for this run
             marker = sign_marker(marker, issuer_key(self.home))
             try:
                 handle = await self._start_workflow(
-                    source, start_input, marker, receipt, search_attributes
+                    source, start_input, marker, receipt, search_attributes, page
                 )
             except WorkflowAlreadyStartedError:
                 raise ForkExists(
@@ -479,7 +514,7 @@ class ForkStarter:
         start = run_start(event, first_run)
         refusal = (
             marker_refusal(
-                start.marker,
+                as_signed(start.marker, event.workflow_execution_started_event_attributes),
                 trusted={issuer_public_key(issuer_key(self.home)): "this home"},
                 workflow_id=fork_id,
                 start_input_sha256=digest_payloads(start.input),
@@ -504,12 +539,14 @@ class ForkStarter:
         marker: ForkMarker,
         receipt: ForkReceipt,
         extra: Sequence[SearchAttributePair[str]] = (),
+        page: bytes | None = None,
     ) -> WorkflowHandle[Any, Any]:
         """Start the fork under a workflow id never used before: not as a second run of a
         closed workflow (an unrelated run's or an earlier fork's), whose history ``steps``,
         ``diff`` and ``promote`` would then read as this fork's. It starts on the fork
         queue of the parent's (``<queue>@forklab``), which only ``ForkLabPlugin`` workers
-        poll: no worker without the fork interceptor can run it as an ordinary run."""
+        poll: no worker without the fork interceptor can run it as an ordinary run.
+        ``page``: the prefix page passed in its start header (``_passed_prefix``)."""
         fork_id, parent = receipt.fork_workflow_id, marker.parent_workflow_id
         boundary = marker.boundary.value
         # the model the fork's calls after the boundary use: its own swap, else one it
@@ -517,21 +554,21 @@ class ForkStarter:
         model = marker.model_at(receipt.requested_step + 1)
         # linked to the run it starts from: the Web UI shows that on its first event
         link = forked_from(self.client.namespace, parent, marker.source_run_id)
-        # the receipt travels in a start header (RECEIPT_HEADER: no memo size warning)
-        receipt_header = Payload(
-            metadata={"encoding": b"json/plain"},
-            data=receipt.model_dump_json(exclude_defaults=True).encode(),
-        )
-        linked = with_start_links(self.client, [link], {RECEIPT_HEADER: receipt_header})
-        return await linked.start_workflow(
+    PREFIX_PAGE_HEADER,
+    RECEIPT_HEADER,
             source.workflow_type,
             args=[RawValue(p) for p in start_input],
             id=fork_id,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             task_queue=fork_task_queue(source.task_queue),
             # fields at their defaults left out: Temporal warns (on the client's stdout,
-            # which `forklab fork --json` writes to) past 2 KiB of memo
-            memo={MARKER_MEMO_KEY: marker.model_dump(mode="json", exclude_defaults=True)},
+            # which `forklab fork --json` writes to) past 2 KiB of memo; so is the page's
+            # digest, which the page in the start header stands for (``as_signed``)
+            memo={
+                MARKER_MEMO_KEY: marker.model_dump(
+                    mode="json", exclude_defaults=True, exclude={"prefix_page_sha256"}
+                )
+            },
             search_attributes=TypedSearchAttributes(
                 [
                     SearchAttributePair(RUN, fork_id),

@@ -8,7 +8,9 @@ continue-as-new runs only, cannot hold it; a link on the start request is what T
 offers for "this run comes from that one". The Python SDK (1.35) has no ``links``
 argument on ``start_workflow``, so the fork is started through a client whose service
 client adds the links to that one request: everything else (data converter, codecs,
-interceptors, plugins, the already-started error) is the SDK's own path.
+interceptors, plugins, the already-started error) is the SDK's own path. The same
+request carries the fork's start headers (the prefix page ``forklab fork`` passes): the
+SDK's ``start_workflow`` takes none either.
 """
 
 from __future__ import annotations

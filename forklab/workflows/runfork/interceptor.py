@@ -568,6 +568,15 @@ def _inherited_block(input: StartActivityInput, step: Step) -> ActivityError:
     return error
 
 
+def _summarized(input: StartActivityInput, index: int) -> StartActivityInput:
+    """The call with its step in the summary the Web UI shows (unless the workflow gave it
+    one): set only on calls that are scheduled, as a copy of the call costs time for
+    each of a long prefix's served calls."""
+    if input.summary is not None:
+        return input
+    return dataclasses.replace(input, summary=f"step {index}: {input.activity}")
+
+
 def _override_key(override: InputOverride, exact: bool) -> CallKey:
     return CallKey(override.activity_type, override.input_sha256 if exact else "", override.ordinal)
 
@@ -676,10 +685,8 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
         state = self._state
         index = state.next_index()
         marker = state.marker
-        if input.summary is None:
-            input = dataclasses.replace(input, summary=f"step {index}: {input.activity}")
         if marker is None:
-            return super().start_activity(self._headers(input, index))
+            return super().start_activity(self._headers(_summarized(input, index), index))
         matcher = state.matcher
         if matcher is not None and (matcher.owed or state.input_override is not None):
             # the call as the parent's lineage made it (its model swaps up to here)
@@ -692,6 +699,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
                 if step.input_sha256 != digest:  # an approximate boundary: say and record so
                     state.drift.append(noted_drift(step, digest))
                 return workflow.ActivityHandle(self._served(seen, step, matcher))
+            input = _summarized(input, index)  # a call the UI shows (a served one is none)
             try:
                 matcher.check_live(key)
             except Divergence as exc:
@@ -703,6 +711,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
                 asked = dataclasses.replace(input, args=[override.value, *input.args[1:]])
                 return super().start_activity(self._headers(asked, index))
         # not inherited: the call comes after the boundary, whatever its place in the code
+        input = _summarized(input, index)
         after = max(index, marker.at_step + 1) if matcher is not None else index
         model = marker.model_at(after)
         if model is not None:
