@@ -554,8 +554,17 @@ class ForkStarter:
         model = marker.model_at(receipt.requested_step + 1)
         # linked to the run it starts from: the Web UI shows that on its first event
         link = forked_from(self.client.namespace, parent, marker.source_run_id)
-    PREFIX_PAGE_HEADER,
-    RECEIPT_HEADER,
+        # the receipt travels in a start header (RECEIPT_HEADER: no memo size warning),
+        # and the prefix page the fork's fetch would read when one is passed
+        headers = {
+            RECEIPT_HEADER: Payload(
+                metadata={"encoding": b"json/plain"},
+                data=receipt.model_dump_json(exclude_defaults=True).encode(),
+            )
+        }
+        if page is not None:
+            headers[PREFIX_PAGE_HEADER] = page_payload(page)
+        return await with_start_links(self.client, [link], headers).start_workflow(
             source.workflow_type,
             args=[RawValue(p) for p in start_input],
             id=fork_id,

@@ -74,6 +74,7 @@ with workflow.unsafe.imports_passed_through():
         MARKER_MEMO_KEY,
         MODEL_FIELDS,
         MODEL_SEED_HEADER,
+        RECEIPT_HEADER,
         SIDE_EFFECTS_PATCH,
         STEP_DECISION,
         STEP_HEADER,
@@ -180,6 +181,10 @@ class _ForkState:
         self.recorded: dict[tuple[str, str], Step] = {}
         #: steps of the chain before this run
         self.base = 0
+        #: the fork's receipt as its start carried it (``RECEIPT_HEADER``), carried on to
+        #: every later run of its chain, as the memo is: a fork of this fork inside a later
+        #: run reads its lineage there
+        self.receipt_header: Payload | None = None
         self.calls = 0
         self.lineage_root = ""
         #: results (JSON) of each tool's live calls on this fork, oldest first: what an
@@ -250,6 +255,7 @@ class _ForkInbound(WorkflowInboundInterceptor):
 
     async def execute_workflow(self, input: _ExecuteWorkflowInput) -> Any:
         state = self._state
+        state.receipt_header = input.headers.get(RECEIPT_HEADER)
         await state.held().wait()  # a team fork's member runs once every member exists
         info = workflow.info()
         state.lineage_root = lineage_root(info.workflow_id, info.first_execution_run_id)
@@ -1022,4 +1028,7 @@ class _ForkOutbound(WorkflowOutboundInterceptor):
             )
         else:  # only a fork's own (verified) marker goes on: the server vouches for it
             memo.pop(MARKER_MEMO_KEY, None)
-        return super().continue_as_new(dataclasses.replace(input, memo=memo))
+        headers = dict(input.headers)
+        if marker is not None and self._state.receipt_header is not None:
+            headers[RECEIPT_HEADER] = self._state.receipt_header
+        return super().continue_as_new(dataclasses.replace(input, memo=memo, headers=headers))
