@@ -92,7 +92,14 @@ def _spec(ids: list[str], concurrency: int, stop: bool) -> CohortExperimentSpec:
             },
             "tools": {"lookup": "live", "answer": "live"},
             "worlds": WORLDS,
-            "budget": {"max_forks": forks, "max_concurrent_forks": concurrency},
+            # world-seconds a fork: a minute each, so on a loaded machine (a fork here took
+            # 1.5 s of world time at load 15-24) the default 36,000 s does not stop the
+            # forks the scale is about
+            "budget": {
+                "max_forks": forks,
+                "max_concurrent_forks": concurrency,
+                "max_world_seconds": 60.0 * forks,
+            },
             "approval": {"required": True, "expiry_minutes": 600},
         }
     )
@@ -117,13 +124,30 @@ async def _record(env: WorkflowEnvironment, queue: str, runs: int) -> list[str]:
     return ids
 
 
+def _tenths(samples: list[tuple[float, float]]) -> str:
+    """The largest resident memory in each tenth of the sampled time, in MiB."""
+    if not samples:
+        return "-"
+    end = samples[-1][0] or 1.0
+    tenths = [0.0] * 10
+    for t, mib in samples:
+        i = min(int(10 * t / end), 9)
+        tenths[i] = max(tenths[i], mib)
+    return ", ".join(f"{m:.0f}" for m in tenths)
+
+
 async def main(runs: int, concurrency: int, stop: bool) -> None:
     peak = [rss_mib()]
+    #: (seconds since the start, MiB): whether memory levels off or keeps growing
+    samples: list[tuple[float, float]] = []
+    began = time.monotonic()
     sampling = True
 
     async def sample() -> None:
         while sampling:
-            peak[0] = max(peak[0], rss_mib())
+            now = rss_mib()
+            peak[0] = max(peak[0], now)
+            samples.append((time.monotonic() - began, now))
             await asyncio.sleep(0.5)
 
     with tempfile.TemporaryDirectory(prefix="forklab-scale-") as tmp:
@@ -235,6 +259,7 @@ async def main(runs: int, concurrency: int, stop: bool) -> None:
         f"- memory (this process): {before_rss:.0f} MiB before the experiment, "
         f"peak {peak[0]:.0f} MiB"
     )
+    print(f"- memory by tenth of the run (the largest sample in each): {_tenths(samples)}")
     if result.report is not None:
         for line in result.report.worlds:
             print(f"  {line.world}: {line.verdict} ({line.rescues} rescued, {line.harms} harmed)")
