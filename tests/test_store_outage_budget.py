@@ -14,10 +14,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from orchestration_lab import Lab, lab_settings, make_spec
 from stores_lab import S3_ENV, Proxy, make_bucket, moto_server
+from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
 from forklab.activities.sandbox.local import LocalSandboxBackend
@@ -26,9 +28,25 @@ from forklab.workflows.experiment.messages import Status
 
 #: How long one call waits out the outage before its attempt gives up.
 RETRY_SECONDS = 3.0
-#: The outage: longer than one wait, shorter than two attempts' waits.
+#: The outage at least: longer than one wait (it lasts until an attempt gave up).
 OUTAGE_SECONDS = 5.0
 SAMPLE_SECONDS = 0.05
+
+
+def _gave_up(history: WorkflowHistory) -> bool:
+    return any(
+        "unreachable" in e.activity_task_failed_event_attributes.failure.message
+        for e in history.events
+        if e.HasField("activity_task_failed_event_attributes")
+    )
+
+
+async def _until_an_attempt_gave_up(handle: WorkflowHandle[Any, Any], deadline: float) -> None:
+    """Waits until an attempt of the run failed on the unreachable store."""
+    end = time.monotonic() + deadline
+    while not _gave_up(await handle.fetch_history()):
+        assert time.monotonic() < end, "no attempt gave up on the unreachable store"
+        await asyncio.sleep(0.2)
 
 
 class BoxWatcher:
@@ -92,7 +110,10 @@ async def test_an_object_store_outage_during_worlds_is_not_charged_as_compute(
                         assert time.monotonic() < deadline, "no world group started"
                         await asyncio.sleep(0.02)
                     proxy.down()  # the group's results (and the next group's inputs) wait
+                    # at least OUTAGE_SECONDS, and until an attempt gave up waiting: a fixed
+                    # outage can fall between two store calls on a loaded machine
                     await asyncio.sleep(OUTAGE_SECONDS)
+                    await _until_an_attempt_gave_up(handle, deadline=120)
                     proxy.up()
                     result = await asyncio.wait_for(handle.result(), timeout=240)
                 finally:
