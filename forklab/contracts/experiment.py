@@ -6,9 +6,9 @@ and appear only as sha256 digests, so workflow history stays a few hundred bytes
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -16,6 +16,9 @@ from forklab.experiments.experiment.results import Check, InfraUsage, WorldStatu
 from forklab.experiments.experiment.spec import ExperimentSpec, Role
 from forklab.experiments.experiment.waves import Decision, chunk_count, chunk_span, wave_chunks
 from forklab.runtime.file_format import WorldPlan
+
+if TYPE_CHECKING:  # numpy behind it: the CLI's light imports do not load it for a type
+    from forklab.experiments.experiment.sequential import WorldPath
 
 #: How often a long activity heartbeats (well inside the workflow's heartbeat timeouts,
 #: ``forklab.workflows.experiment.timeouts``).
@@ -442,6 +445,28 @@ class LookResult(Model):
 
     look: int
     worlds: list[WorldLook]
+
+    @classmethod
+    def of_paths(cls, look: int, paths: Iterable[WorldPath]) -> LookResult:
+        """Look ``look`` (1-based) of each world's path: the last look it ran into."""
+        return cls(
+            look=look,
+            worlds=[
+                WorldLook(
+                    world=p.world,
+                    look=last.look,
+                    episodes=last.episodes,
+                    rescue=last.rescue,
+                    harm=last.harm,
+                    statistic=last.statistic,
+                    boundary=last.boundary,
+                    conditional_power=last.conditional_power,
+                    decision=last.decision,
+                )
+                for p in paths
+                for last in [p.looks[-1]]
+            ],
+        )
 
 
 class WorldSummary(Model):

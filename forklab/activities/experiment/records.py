@@ -34,7 +34,6 @@ from forklab.contracts.experiment import (
     PrefixRefsInput,
     Progress,
     SaveProgressInput,
-    WorldLook,
     WorldSummary,
 )
 from forklab.contracts.experiment_activities import (
@@ -131,24 +130,7 @@ def look_run(inp: LookInput, store: ArtifactStore) -> LookResult:
             *(b.chunk.stop for b in batches[:-1]),
         ]:
             columns[world.name] = column
-    return LookResult(
-        look=inp.look + 1,
-        worlds=[
-            WorldLook(
-                world=p.world,
-                look=last.look,
-                episodes=last.episodes,
-                rescue=last.rescue,
-                harm=last.harm,
-                statistic=last.statistic,
-                boundary=last.boundary,
-                conditional_power=last.conditional_power,
-                decision=last.decision,
-            )
-            for p in look_paths(inp.spec, design, columns, inp.look)
-            for last in [p.looks[-1]]
-        ],
-    )
+    return LookResult.of_paths(inp.look + 1, look_paths(inp.spec, design, columns, inp.look))
 
 
 def assemble_outcomes(

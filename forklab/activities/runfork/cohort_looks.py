@@ -10,7 +10,7 @@ from temporalio.exceptions import ApplicationError
 
 from forklab.contracts.cohort import LOOK, CohortLookInput, PlannedDesign
 from forklab.contracts.errors import ExperimentErrorType
-from forklab.contracts.experiment import LookResult, WorldLook
+from forklab.contracts.experiment import LookResult
 from forklab.experiments.cohort.sequential import cohort_design, planned_saving, world_paths_at
 from forklab.experiments.cohort.spec import CohortExperimentSpec
 
@@ -33,24 +33,7 @@ def decide_look(inp: CohortLookInput) -> LookResult:
         if len(c.rescue) != inp.look + 1 or len(c.harm) != inp.look + 1:
             raise _bad_spec(f"look {inp.look + 1}: world {world!r} has counts for another look")
         counts[world] = (c.rescue, c.harm)
-    return LookResult(
-        look=inp.look + 1,
-        worlds=[
-            WorldLook(
-                world=p.world,
-                look=last.look,
-                episodes=last.episodes,
-                rescue=last.rescue,
-                harm=last.harm,
-                statistic=last.statistic,
-                boundary=last.boundary,
-                conditional_power=last.conditional_power,
-                decision=last.decision,
-            )
-            for p in world_paths_at(inp.spec, design, counts)
-            for last in [p.looks[-1]]
-        ],
-    )
+    return LookResult.of_paths(inp.look + 1, world_paths_at(inp.spec, design, counts))
 
 
 @activity.defn(name=LOOK.name)
