@@ -101,7 +101,6 @@ _SIGNED_CHANGES: list[dict[str, Any]] = [
     {"signals": [ForkSignal(name="approve", args=[True])]},
     {"cohort": CohortFork(experiment="exp-1", seed=7, run=0, fork=1, world="brownout")},
     {"parent_build": "build-2"},
-    {"fork_build": "build-3"},
     {"allow_build_change": True},
     # a team fork's member: another team fork, or its messages sent elsewhere
     {"team": TeamPart(team_fork_id="tf-1", addresses={"writer": "elsewhere"})},

@@ -71,7 +71,6 @@ class ForkErrorType(StrEnum):
     injected_fault = "fork_injected_fault"
     #: a fork picked up by a build other than those its receipt named (the builds polling
     #: its queue when it started), without ``--allow-build-change``: it ran nothing live
-    build_unexpected = "fork_build_unexpected"
     #: a team fork's member whose coordinator never released it (it ran nothing)
     team_not_released = "fork_team_not_released"
     #: a team fork's member sent a message to a workflow outside its fork world (an

@@ -38,10 +38,10 @@ CLOCK_SKEW = timedelta(minutes=5)
 #: sets on the fork's later runs and children (the server vouches for those: a run that
 #: continued-as-new, a child of a run).
 _UNSIGNED = {"signature", "continued", "child_of"}
-#: Signed fields left out of the signed bytes while unset: a marker without a prefix page
-#: or a predicted build signs the bytes it signed before the field existed (an older
-#: issuer's marker verifies on a newer worker), and one with it cannot lose it unnoticed.
-_SIGNED_WHEN_SET = {"prefix_page_sha256", "fork_build"}
+#: Signed fields left out of the signed bytes while unset: a marker that passes no prefix
+#: page signs the bytes it signed before the field existed (an older issuer's marker
+#: verifies on a newer worker), and one that does cannot lose the field unnoticed.
+_SIGNED_WHEN_SET = {"prefix_page_sha256"}
 _SHOWN = 80
 
 

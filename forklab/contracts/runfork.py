@@ -185,10 +185,6 @@ class ForkMarker(BaseModel):
     #: the builds (Worker Deployment Version, else build id) that recorded the prefix,
     #: comma-separated (None: the history names none)
     parent_build: str | None = None
-    #: the builds polling the fork's queue when it started (the receipt's ``fork_build``):
-    #: a fork another build picks up fails before any live step unless
-    #: ``allow_build_change`` (None: none said, nothing checked)
-    fork_build: str | None = None
     #: ``forklab fork --allow-build-change``: a fork running another build whose prefix
     #: notices the change is served the parent's results matched by type (approximately)
     #: instead of failing

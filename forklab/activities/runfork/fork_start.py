@@ -459,7 +459,6 @@ class ForkStarter:
                 start_input_sha256=digest_payloads(start_input),
                 issued_at=datetime.now(UTC),
                 parent_build=receipt.parent_build,
-                fork_build=receipt.fork_build,
                 allow_build_change=allow_build_change,
             )
             # the prefix page the fork's fetch would read, cut from the run parsed above and

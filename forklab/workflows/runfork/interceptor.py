@@ -49,7 +49,7 @@ from temporalio.worker import ExecuteWorkflowInput as _ExecuteWorkflowInput
 from forklab.contracts.errors import ForkErrorType
 from forklab.workflows.runfork.child_cohort import tagged
 from forklab.workflows.runfork.drift_records import noted_drift
-from forklab.workflows.runfork.fork_builds import changed_build, current_build, unexpected_build
+from forklab.workflows.runfork.fork_builds import changed_build, current_build
 from forklab.workflows.runfork.fork_memo import memo_value, raw_memo
 from forklab.workflows.runfork.fork_signals import deliver_signals
 from forklab.workflows.runfork.parent_side_effects import ParentSideEffects
@@ -268,9 +268,6 @@ class _ForkInbound(WorkflowInboundInterceptor):
             if not deferred:
                 state.lineage_root = marker.lineage_root
             state.changed_build = changed_build(marker.parent_build)
-            surprise = unexpected_build(marker.fork_build, marker.allow_build_change)
-            if surprise is not None and not marker.continued:
-                raise _refused(surprise, ForkErrorType.build_unexpected)
             if _inherits(marker):
                 prefix = await _load_prefix(state, marker, deferred)
                 state.lineage_root = marker.lineage_root  # verified by now
