@@ -372,6 +372,29 @@ def test_the_twin_takes_the_cores_nobody_else_is_running_on(
     assert twin._others_running() >= 0 and 1 <= twin.default_processes() <= usable
 
 
+def test_the_twin_does_not_count_its_own_busy_thread_as_another_s_core() -> None:
+    """The CLI imports the analysis in a thread while the twin starts: that thread is
+    running in every count of ``/proc/loadavg``, and is this process's own."""
+    import threading
+
+    from forklab.activities.experiment import twin
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    try:
+        seen = max(twin._own_running() for _ in range(50))
+    finally:
+        stop.set()
+        thread.join()
+    assert seen >= 2  # the spinning thread and this one, each in its turn on the GIL
+
+
 class DivergentDraws(CounterRecovery):
     """counter-recovery whose ``refresh`` world draws a shock the baseline never draws:
     a broken common-random-numbers design that the validity check must catch."""

@@ -55,7 +55,7 @@ def default_processes() -> int:
     the machine by session (Linux's autogroups, systemd's slices), a second process of
     ours only splits our share with the first, and costs its start and its results'
     transfer. So the twin counts the processes running now besides itself (the kernel's
-    count in ``/proc/loadavg``, taken once) and takes the cores left over."""
+    count in ``/proc/loadavg``) and takes the cores left over."""
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # (no affinity outside Linux)
@@ -63,15 +63,41 @@ def default_processes() -> int:
     return max(1, usable - _others_running())
 
 
+#: How often, and how far apart, the running processes are counted: a kernel thread that
+#: wakes now and then is running in one count and not the next, so one count alone would
+#: take it for a busy core (an idle 2-core machine ran the twin on one), while a process
+#: that keeps a core busy is running in every count.
+RUNNING_COUNTS, RUNNING_GAP = 8, 0.005
+
+
 def _others_running() -> int:
-    """Processes running or ready to run on the machine now, besides this one (0 where
-    the kernel does not say)."""
+    """Threads running or ready to run on the machine in every one of ``RUNNING_COUNTS``
+    counts, besides this process's own (0 where the kernel does not say): the CLI's own
+    threads (it imports the analysis while the twin runs) are not another's busy core."""
+    least: int | None = None
+    for i in range(RUNNING_COUNTS):
+        if i:
+            time.sleep(RUNNING_GAP)
+        try:
+            with open("/proc/loadavg", encoding="ascii") as fh:
+                running = int(fh.read().split()[3].partition("/")[0])
+        except (OSError, ValueError, IndexError):
+            return 0
+        others = running - _own_running()
+        least = others if least is None else min(least, others)
+    return max(0, least or 0)
+
+
+def _own_running() -> int:
+    """This process's threads running or ready to run (itself at least)."""
+    own = 0
     try:
-        with open("/proc/loadavg", encoding="ascii") as fh:
-            running = int(fh.read().split()[3].partition("/")[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-    return max(0, running - 1)
+        for task in os.scandir("/proc/self/task"):
+            with open(os.path.join(task.path, "stat"), encoding="ascii") as fh:
+                own += fh.read().rpartition(")")[2].split()[0] == "R"
+    except (OSError, IndexError):
+        return 1
+    return max(own, 1)
 
 
 def _processes(episodes: int, worlds: Sequence[WorldPlan], asked: int | None) -> int:
