@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cheap_agent import ACTIVITIES, CheapAgentWorkflow
-from cohort_throughput import run_approved
+from cohort_throughput import experiment_worker, run_approved
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -47,10 +47,8 @@ from forklab.activities.stores.ledger import SqliteLedger
 from forklab.contracts.search_attributes import EXPERIMENT, RUN_FORK_KEYS, STAGE
 from forklab.experiments.cohort.spec import CohortExperimentSpec
 from forklab.temporal import ForkLabPlugin
-from forklab.workers.experiment.worker import workflow_runner
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.server import temporal_binary
-from forklab.workflows.experiment.cohort_workflow import CohortExperimentWorkflow
 
 K = 3
 WORLDS = [
@@ -125,15 +123,16 @@ async def _record(env: WorkflowEnvironment, queue: str, runs: int) -> list[str]:
 
 
 def _tenths(samples: list[tuple[float, float]]) -> str:
-    """The largest resident memory in each tenth of the sampled time, in MiB."""
+    """The largest resident memory in each tenth of the sampled time (from the recording
+    of the runs to the report), in MiB; "-" for a tenth without a sample."""
     if not samples:
         return "-"
     end = samples[-1][0] or 1.0
-    tenths = [0.0] * 10
+    tenths: list[float | None] = [None] * 10
     for t, mib in samples:
         i = min(int(10 * t / end), 9)
-        tenths[i] = max(tenths[i], mib)
-    return ", ".join(f"{m:.0f}" for m in tenths)
+        tenths[i] = max(tenths[i] or 0.0, mib)
+    return ", ".join("-" if m is None else f"{m:.0f}" for m in tenths)
 
 
 async def main(runs: int, concurrency: int, stop: bool) -> None:
@@ -179,23 +178,7 @@ async def main(runs: int, concurrency: int, stop: bool) -> None:
                     activities=ACTIVITIES,
                     plugins=[ForkLabPlugin(agent.run_log_path)],
                 ),
-                Worker(
-                    env.client,
-                    task_queue=queue,
-                    workflows=[CohortExperimentWorkflow],
-                    activities=[
-                        cohort.rehearse,
-                        cohort.fork,
-                        cohort.cleanup,
-                        cohort.analyse,
-                        cohort.record_ledger,
-                        approval.approval_policy,
-                        approval.approver_policy,
-                        approval.issue_approval_key,
-                    ],
-                    workflow_runner=workflow_runner(),
-                    max_concurrent_activities=concurrency + 8,
-                ),
+                experiment_worker(env.client, queue, cohort, approval, concurrency),
             ):
                 began = time.perf_counter()
                 ids = await _record(env, agent.agent_task_queue, runs)

@@ -129,6 +129,34 @@ async def _bare(lab: AgentLab, spec: CohortExperimentSpec, at: dict[str, int], n
     return time.perf_counter() - began
 
 
+def experiment_worker(
+    client: Client,
+    queue: str,
+    cohort: CohortActivities,
+    approval: ApprovalActivities,
+    concurrency: int,
+) -> Worker:
+    """The experiment's worker: the cohort workflow and the activities of a run without a
+    sequential design, room for ``concurrency`` forks and the rest."""
+    return Worker(
+        client,
+        task_queue=queue,
+        workflows=[CohortExperimentWorkflow],
+        activities=[
+            cohort.rehearse,
+            cohort.fork,
+            cohort.cleanup,
+            cohort.analyse,
+            cohort.record_ledger,
+            approval.approval_policy,
+            approval.approver_policy,
+            approval.issue_approval_key,
+        ],
+        workflow_runner=workflow_runner(),
+        max_concurrent_activities=concurrency + 8,
+    )
+
+
 async def run_approved(
     client: Client, queue: str, spec: CohortExperimentSpec, **fields: Any
 ) -> tuple[float, CohortResult]:
@@ -215,23 +243,7 @@ async def main(runs: int, concurrency: int, repeats: int) -> None:
         try:
             async with (
                 build_agent_worker(agents_client, agent),
-                Worker(
-                    env.client,
-                    task_queue=queue,
-                    workflows=[CohortExperimentWorkflow],
-                    activities=[
-                        cohort.rehearse,
-                        cohort.fork,
-                        cohort.cleanup,
-                        cohort.analyse,
-                        cohort.record_ledger,
-                        approval.approval_policy,
-                        approval.approver_policy,
-                        approval.issue_approval_key,
-                    ],
-                    workflow_runner=workflow_runner(),
-                    max_concurrent_activities=concurrency + 8,
-                ),
+                experiment_worker(env.client, queue, cohort, approval, concurrency),
             ):
                 handles = [
                     await env.client.start_workflow(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from failed_cohort import failed_plan
 from helpers import run_cli
 
 from forklab.activities.runfork.cohort_looks import decide_look, planned_design
@@ -21,16 +22,12 @@ from forklab.contracts.experiment import LookResult, WorldLook
 from forklab.experiments.cohort.matrix import UNSPENT, WorldCosts
 from forklab.experiments.cohort.plan import (
     CohortPlan,
-    CohortRun,
-    RunStatus,
-    cohort_digest,
     plan_fingerprint,
 )
 from forklab.experiments.cohort.report import render_markdown, summarise
 from forklab.experiments.cohort.spec import CohortExperimentSpec, parse_cohort_spec
 from forklab.experiments.cohort.waves import look_counts, majority, run_order
 from forklab.experiments.experiment.waves import Decision
-from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.workflows.experiment import cohort_state
 from forklab.workflows.experiment.cohort_messages import RUNNING
 
@@ -65,27 +62,7 @@ def _spec(
 
 
 def _plan(runs: int) -> CohortPlan:
-    plan = CohortPlan(
-        runs=[
-            CohortRun(
-                workflow_id=f"r{i}",
-                run_id=f"run-{i}",
-                chain_run_ids=[f"run-{i}"],
-                workflow_type="Agent",
-                status=RunStatus.failed,
-                fork_point="failed",
-                at_step=3,
-                decisive_step=4,
-                prefix_sha256="a" * 64,
-                failed=True,
-            )
-            for i in range(runs)
-        ],
-        excluded=[],
-        tools={"search": ToolPolicy.live},
-    )
-    plan.digest = cohort_digest(plan)
-    return plan
+    return failed_plan(runs, "r")
 
 
 def test_the_design_is_signed_with_the_plan() -> None:

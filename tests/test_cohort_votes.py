@@ -11,16 +11,16 @@ import random
 from pathlib import Path
 
 import pytest
+from failed_cohort import failed_plan
 
 from forklab.activities.runfork.cohort_plans import CohortPlans
 from forklab.activities.stores.artifacts import ArtifactError, LocalArtifactStore
 from forklab.contracts.cohort import ForkOutcome, ForkStatus
 from forklab.experiments.cohort.matrix import SAVED
-from forklab.experiments.cohort.plan import CohortPlan, CohortRun, RunStatus, cohort_digest
+from forklab.experiments.cohort.plan import CohortPlan
 from forklab.experiments.cohort.report import render_markdown, summarise
 from forklab.experiments.cohort.spec import CohortExperimentSpec, parse_cohort_spec
 from forklab.experiments.cohort.votes import as_voted, vote_of
-from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.workflows.experiment import cohort_state
 from forklab.workflows.experiment.cohort_messages import RUNNING
 
@@ -161,27 +161,7 @@ def test_the_report_counts_the_saved_forks_and_measures_the_floor_on_every_basel
 
 
 def _plan(runs: int) -> CohortPlan:
-    plan = CohortPlan(
-        runs=[
-            CohortRun(
-                workflow_id=f"agent-{i}",
-                run_id=f"run-{i}",
-                chain_run_ids=[f"run-{i}"],
-                workflow_type="Agent",
-                status=RunStatus.failed,
-                fork_point="failed",
-                at_step=3,
-                decisive_step=4,
-                prefix_sha256="a" * 64,
-                failed=True,
-            )
-            for i in range(runs)
-        ],
-        excluded=[],
-        tools={"search": ToolPolicy.live},
-    )
-    plan.digest = cohort_digest(plan)
-    return plan
+    return failed_plan(runs, "agent-")
 
 
 def test_the_plan_travels_as_a_digest_and_is_read_back_checked(tmp_path: Path) -> None:
