@@ -2,7 +2,7 @@
 search attribute ``ForkLabExperiment`` (the experiment run's key, as on the fork itself),
 so the experiment's cleanup and cancel, which find forks by that attribute, reach the
 child too, whatever its parent-close policy; the child marker carries the fork's
-``cohort`` part (``forklab.workflows.runfork.interceptor``), so its model calls get the
+``cohort`` part (``forklab.workflows.runfork.child_markers``), so its model calls get the
 world's seeds, prompt patch and faults like its parent's.
 
 The attribute is added to what the workflow asked for, never in place of it: a workflow
