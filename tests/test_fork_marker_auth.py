@@ -32,7 +32,7 @@ from temporalio.worker import Worker
 
 from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.activities.runfork.fork_keys import issuer_key
-from forklab.activities.runfork.history_events import digest_payloads
+from forklab.activities.runfork.history_events import digest_payloads, parse_run
 from forklab.activities.runfork.history_reads import first_event, latest_start
 from forklab.activities.runfork.prefix_page import page_payload, passed_in
 from forklab.activities.runfork.start_links import with_start_links
@@ -50,6 +50,7 @@ from forklab.contracts.runfork import (
 )
 from forklab.experiments.runfork.identity import lineage_root
 from forklab.experiments.runfork.receipt import BoundaryMode
+from forklab.experiments.runfork.steps import StepOrigin
 from forklab.temporal import ForkLabPlugin
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.runfork.fork_issuers import FORK_ISSUERS
@@ -283,10 +284,49 @@ async def test_a_fork_is_served_the_page_passed_in_its_start_and_reads_nothing(
     )
     served = await env.run(forks.fetch_prefix, first)
     assert isinstance(served, RawValue) and served.payload.data == page
+    verdict = await env.run(forks.fetch_prefix, first.model_copy(update={"page_in_start": True}))
+    assert verdict == PrefixPage(steps=[], in_start=True)
     assert forks.runs.get(parent, run_id, 0) is None, "the fetch read the parent's run"
     read = await env.run(forks.fetch_prefix, first.model_copy(update={"marker": None}))
     assert isinstance(read, PrefixPage) and read.steps
     assert PrefixPage.model_validate_json(page) == read
+
+
+async def test_a_fork_holds_its_passed_page_once_and_reads_it_from_its_start(
+    agent_lab: AgentTestLab,
+) -> None:
+    """The real fork's history carries its prefix page in its start alone: its fetch's
+    result is the verdict (``in_start``, no steps), and the steps it inherited, read back
+    from its history as a fork of it reads them, are the page's."""
+    parent, _, _ = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
+    fork_id, _, _, page = await _real_fork(agent_lab, parent)
+    start = await latest_start(agent_lab.client, fork_id)
+    history = await agent_lab.client.get_workflow_handle(
+        fork_id, run_id=start.run_id
+    ).fetch_history()
+    scheduled = {
+        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    }
+    fetched = [
+        e.activity_task_completed_event_attributes.result.payloads[0].data
+        for e in history.events
+        if e.HasField("activity_task_completed_event_attributes")
+        and scheduled[e.activity_task_completed_event_attributes.scheduled_event_id] == FETCH_PREFIX
+    ]
+    assert [PrefixPage.model_validate_json(f) for f in fetched] == [
+        PrefixPage(steps=[], in_start=True)
+    ]
+    inherited = [
+        s
+        for s in parse_run(fork_id, history, 0, start.run_id).steps
+        if s.origin is StepOrigin.inherited
+    ]
+    passed = PrefixPage.model_validate_json(page).steps
+    assert [(s.index, s.result_sha256) for s in inherited] == [
+        (s.index, s.result_sha256) for s in passed
+    ]
 
 
 async def test_a_passed_page_altered_or_swapped_after_signing_is_refused(

@@ -37,6 +37,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from forklab.activities.runfork.fork_start import ForkStarter
+from forklab.activities.runfork.history_events import fetched_page, started_page
 from forklab.activities.runfork.history_reads import RunNotFound
 from forklab.activities.runfork.overrides import make_override
 from forklab.activities.runfork.team_fork_start import (
@@ -274,12 +275,16 @@ async def test_a_member_whose_prefix_received_a_signal_gets_it_again_at_the_same
         for e in history
         if e.activity_task_scheduled_event_attributes.activity_type.name == FETCH_PREFIX
     }
+    # the page its start carries, which its fetch verified (a verdict in its history)
     pages = [
-        json.loads(e.activity_task_completed_event_attributes.result.payloads[0].data)
+        fetched_page(
+            e.activity_task_completed_event_attributes.result.payloads[0].data,
+            started_page(history[0]),
+        )
         for e in history
         if e.activity_task_completed_event_attributes.scheduled_event_id in prefix_calls
     ]
-    messages = [(m["name"], m["position"]) for page in pages for m in page["messages"]]
+    messages = [(m.name, m.position) for page in pages if page for m in page.messages]
     assert messages == [("findings", 0)]
     signalled = [
         e.workflow_execution_signaled_event_attributes.signal_name

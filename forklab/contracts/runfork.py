@@ -227,6 +227,11 @@ class FetchPrefixInput(BaseModel):
     #: on a fork's first run, the first page's: the marker the activity verifies (as
     #: ``forklab.verify_fork`` does) before it reads anything of the parent
     marker: ForkMarker | None = None
+    #: with ``marker``: the fork's start carries its whole prefix (``PREFIX_PAGE_HEADER``),
+    #: and the workflow reads it there; the activity verifies the marker, whose signature
+    #: covers that page, and answers with the verdict alone (``PrefixPage.in_start``), so
+    #: the fork's history holds the page once
+    page_in_start: bool = False
 
 
 class PrefixPage(BaseModel):
@@ -248,6 +253,9 @@ class PrefixPage(BaseModel):
     clock: dict[int, int] = Field(default_factory=dict)
     #: the seed of the parent's ``workflow.random()`` (first page only; None: unknown)
     seed: int | None = None
+    #: the verdict of a fetch asked ``page_in_start``: the marker is verified with the page
+    #: the run's start carries, which is the prefix (this page itself is empty)
+    in_start: bool = False
 
 
 class ForkPoint(BaseModel):

@@ -103,12 +103,24 @@ class ForkActivities:
         read, and the page must be the prefix the marker names (one activity, where a
         separate ``forklab.verify_fork`` cost a round trip and a workflow task more). The
         prefix page ``forklab fork`` passed in the fork's start is served as it is, nothing
-        read: its digest is part of what the verified signature covers (``as_signed``)."""
+        read: its digest is part of what the verified signature covers (``as_signed``); a
+        fork that reads it from its start (``page_in_start``) is answered with the verdict
+        alone."""
         if req.marker is not None:
             passed = passed_in(await self._check_marker(req.marker))
             _check_named(req, req.marker)
             if passed is not None:  # its digest verified with the marker's signature
-                return RawValue(passed)
+                # the workflow reads it from its own start: only the verdict goes back
+                return (
+                    PrefixPage(steps=[], in_start=True) if req.page_in_start else RawValue(passed)
+                )
+            if req.page_in_start:
+                raise ApplicationError(
+                    "fork refused: its prefix cannot be served: the fork's start carries no "
+                    "prefix page",
+                    type=ForkErrorType.prefix_unservable,
+                    non_retryable=True,
+                )
         try:
             rec = await read_run(
                 self._client, req.workflow_id, req.run_id, req.base_step, self.runs

@@ -33,6 +33,7 @@ from forklab.contracts.runfork import (
     INTERNAL_PREFIX,
     MARKER_MEMO_KEY,
     MODEL_FIELDS,
+    PREFIX_PAGE_HEADER,
     RECEIPT_HEADER,
     RECEIPT_MEMO_KEY,
     RECORD_DRIFT,
@@ -297,6 +298,25 @@ def parse_run(
     return rec
 
 
+def started_page(first: HistoryEvent) -> bytes | None:
+    """The JSON of the prefix page a fork's start carries (``PREFIX_PAGE_HEADER``), when
+    ``first`` is the first event of a run that carries one."""
+    if not first.HasField("workflow_execution_started_event_attributes"):
+        return None
+    passed = first.workflow_execution_started_event_attributes.header.fields.get(PREFIX_PAGE_HEADER)
+    return passed.data if passed is not None else None
+
+
+def fetched_page(result: bytes, in_start: bytes | None) -> PrefixPage | None:
+    """The page a ``forklab.fetch_prefix`` result in a fork's history stands for: itself,
+    or — a verdict on the page the fork's start carries (``PrefixPage.in_start``) — that
+    page (``in_start``, from ``started_page``; None when the start carries none)."""
+    page = PrefixPage.model_validate_json(result)
+    if not page.in_start:
+        return page
+    return PrefixPage.model_validate_json(in_start) if in_start is not None else None
+
+
 def _header_position(a: Any) -> int | None:
     """The call position the fork interceptor wrote into a scheduled call's header (None
     when absent or not a positive integer: history is untrusted)."""
@@ -333,6 +353,7 @@ def parse_events(
         found.append(msg)
 
     tasks = _task_starts(events)
+    in_start = started_page(events[0]) if events else None
     first = tasks.after(0)
     if first is not None:
         into.clock[base_step] = first  # what the run's code saw before any step
@@ -433,8 +454,12 @@ def parse_events(
                     if kind == "activity_task_completed_event_attributes"
                     else []
                 )
-                if results and scheduled.get(sid) == FETCH_PREFIX:
-                    page = PrefixPage.model_validate_json(results[0].data)
+                page = (
+                    fetched_page(results[0].data, in_start)
+                    if results and scheduled.get(sid) == FETCH_PREFIX
+                    else None
+                )
+                if page is not None:
                     for m in page.messages:  # redelivered by the interceptor, first
                         saw(m, -1, False)
                     into.clock.update(page.clock)

@@ -6,7 +6,8 @@ the boundary there); reading and parsing it again on the worker is most of what 
 inside a run costs more than one at a run's end. So when the whole prefix fits in one
 page, the starter cuts that page here — the same cut the fetch makes — and passes it in
 the fork's start header (``PREFIX_PAGE_HEADER``), its digest in the signed marker; the
-fetch then verifies the marker and serves the passed page instead of reading. It is
+fetch then verifies the marker and reads nothing, and the workflow takes the page from its
+own start (a fork recorded before that got the page back as the fetch's result). It is
 passed only where the worker's read would give the same page: the run has closed (its
 history is final) and is the one the fork starts from.
 
@@ -30,11 +31,13 @@ from forklab.experiments.runfork.overrides import overridden
 from forklab.experiments.runfork.prefix_messages import inside
 from forklab.experiments.runfork.steps import Step, StepStatus
 
-#: The largest page passed in a fork's start (bytes of JSON). A passed page is in the
-#: fork's history twice (the start header and the fetch's result), so it is kept to half
-#: of Temporal's blob-size warning (512 KiB by default; its limit is 2 MiB); a
-#: prefix past this, or past one fetch page (``FetchPrefixInput.max_bytes``), is read by
-#: the worker instead and is in the history once.
+#: The largest page passed in a fork's start (bytes of JSON): half of Temporal's
+#: blob-size warning (512 KiB by default; its limit is 2 MiB), so that the start, which
+#: also carries the workflow's input and the receipt, stays under it. The page is in the
+#: fork's history once, in its start (the first fetch answers with the marker's verdict
+#: alone: ``FetchPrefixInput.page_in_start``); a prefix past this, or past one fetch page
+#: (``FetchPrefixInput.max_bytes``), is read by the worker instead and is in the history
+#: once too, in the fetches' results.
 MAX_PASSED_BYTES = 256 * 1024
 
 

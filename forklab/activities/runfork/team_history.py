@@ -36,14 +36,13 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from forklab.activities.runfork.history_events import TERMINAL_EVENTS
+from forklab.activities.runfork.history_events import TERMINAL_EVENTS, fetched_page, started_page
 from forklab.contracts.runfork import (
     FETCH_PREFIX,
     INTERNAL_PREFIX,
     MARKER_MEMO_KEY,
     STEP_DECISION,
     TEAM_RELEASE_SIGNAL,
-    PrefixPage,
     StepDecisionInput,
     TeamPart,
 )
@@ -177,6 +176,9 @@ class _Walker:
         self.running: dict[int, str | None] = {}
         #: the member is a team fork's: its sends went where these addresses say
         self.team = team
+        #: the prefix page the run's start carries (``started_page``), which a fetch's
+        #: verdict in its history stands for
+        self.in_start: bytes | None = None
 
     def here(self) -> Position:
         pos = Position(after_step=self.m.steps, seq=self.gap[self.m.steps])
@@ -227,7 +229,9 @@ class _Walker:
             c = ev.activity_task_completed_event_attributes
             if scheduled.get(c.scheduled_event_id) == FETCH_PREFIX and c.result.payloads:
                 try:
-                    page = PrefixPage.model_validate_json(c.result.payloads[0].data)
+                    page = fetched_page(c.result.payloads[0].data, self.in_start)
+                    if page is None:
+                        raise ValueError("a verdict on a page the start does not carry")
                 except ValueError:
                     raise TeamReadError(
                         f"{m.workflow_id!r} holds a fork prefix ForkLab cannot read; "
@@ -310,6 +314,7 @@ async def read_member(client: Client, workflow_id: str) -> MemberHistory:
     walker = _Walker(member, _team_of(chain[0][0]))
     for events in chain:
         scheduled: dict[int, str] = {}
+        walker.in_start = started_page(events[0])
         for ev in events:
             walker.event(ev, scheduled)
         walker.end_run()

@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
     from forklab.contracts.runfork import (
         BASE_STEP_MEMO_KEY,
         FORK_POINT_QUERY,
+        PREFIX_PAGE_HEADER,
         RECEIPT_HEADER,
         SIDE_EFFECTS_PATCH,
         TEAM_RELEASE_SIGNAL,
@@ -70,6 +71,7 @@ class ForkInbound(WorkflowInboundInterceptor):
     async def execute_workflow(self, input: _ExecuteWorkflowInput) -> Any:
         state = self._state
         state.receipt_header = input.headers.get(RECEIPT_HEADER)
+        state.passed_page = input.headers.get(PREFIX_PAGE_HEADER)
         await state.held().wait()  # a team fork's member runs once every member exists
         info = workflow.info()
         state.lineage_root = lineage_root(info.workflow_id, info.first_execution_run_id)

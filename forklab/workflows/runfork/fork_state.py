@@ -66,6 +66,9 @@ class ForkState:
         #: every later run of its chain, as the memo is: a fork of this fork inside a later
         #: run reads its lineage there
         self.receipt_header: Payload | None = None
+        #: the prefix page the fork's start carries (``PREFIX_PAGE_HEADER``; None: none):
+        #: read there once the first fetch has verified the marker that signs it
+        self.passed_page: Payload | None = None
         self.calls = 0
         self.lineage_root = ""
         #: results (JSON) of each tool's live calls on this fork, oldest first: what an

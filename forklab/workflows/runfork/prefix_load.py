@@ -35,6 +35,10 @@ VERIFY_PATCH = "forklab-verify-fork-marker"
 #: (the first page carries it) instead of a ``forklab.verify_fork`` before the fetch;
 #: histories recorded before it replay with the separate check.
 FETCH_VERIFIES_PATCH = "forklab-fetch-verifies-marker"
+#: A fork whose start carries its prefix page reads it there, its first fetch answering
+#: with the marker's verdict alone (the page is in the fork's history once); histories
+#: recorded before it replay with the page in the fetch's result.
+PAGE_IN_START_PATCH = "forklab-page-in-start"
 
 
 def _exact(state: ForkState, marker: ForkMarker) -> bool:
@@ -137,7 +141,11 @@ async def load_prefix(state: ForkState, marker: ForkMarker, verify: bool) -> lis
     flying: list[Step] = []
     messages: list[PrefixMessage] = []
     while True:
-        page = await _fetch_page(marker, start, verify and start == marker.base_step + 1)
+        first = verify and start == marker.base_step + 1
+        in_start = first and state.passed_page is not None and workflow.patched(PAGE_IN_START_PATCH)
+        page = await _fetch_page(marker, start, first, in_start)
+        if page.in_start:
+            page = _started_page(state)
         prefix.extend(page.steps)
         messages.extend(page.messages)
         state.clock.update(page.clock)
@@ -158,10 +166,27 @@ async def load_prefix(state: ForkState, marker: ForkMarker, verify: bool) -> lis
     return prefix
 
 
-async def _fetch_page(marker: ForkMarker, start: int, verify: bool) -> PrefixPage:
-    """One page of the parent's steps (``verify``: the marker checked first); a marker
-    the worker cannot verify, or a parent that cannot be read (gone with its retention,
-    never there), fails the fork with the activity's sentence."""
+def _started_page(state: ForkState) -> PrefixPage:
+    """The prefix page the run's start carries, which the fetch has just verified with the
+    marker that signs its digest."""
+    passed = state.passed_page
+    try:
+        if passed is None:
+            raise ValueError("no page")
+        return PrefixPage.model_validate_json(passed.data)
+    except ValueError:  # pydantic's ValidationError is one
+        raise refused(
+            "fork refused: its prefix cannot be served: the page its start carries does not "
+            "read as one",
+            ForkErrorType.prefix_unservable,
+        ) from None
+
+
+async def _fetch_page(marker: ForkMarker, start: int, verify: bool, in_start: bool) -> PrefixPage:
+    """One page of the parent's steps (``verify``: the marker checked first; ``in_start``:
+    the verdict alone, the page being the run's start's); a marker the worker cannot
+    verify, or a parent that cannot be read (gone with its retention, never there), fails
+    the fork with the activity's sentence."""
     try:
         page: PrefixPage = await workflow.execute_activity(
             FETCH_PREFIX,
@@ -173,6 +198,7 @@ async def _fetch_page(marker: ForkMarker, start: int, verify: bool) -> PrefixPag
                 upto_step=marker.at_step,
                 result_override=marker.result_override,
                 marker=marker if verify else None,
+                page_in_start=in_start,
             ),
             result_type=PrefixPage,
             start_to_close_timeout=FORK_ACTIVITY_TIMEOUT,
