@@ -53,6 +53,7 @@ from forklab.activities.stores.ledger import SqliteLedger
 from forklab.agents.research import ResearchInput, ResearchPipelineWorkflow
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.contracts.approval import approval_payload, sign
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.search_attributes import EXPERIMENT, RUN_FORK_KEYS, STAGE
 from forklab.experiments.cohort.plan import CohortPlan, fork_policies
 from forklab.experiments.cohort.spec import CohortExperimentSpec, ForkWorld
@@ -113,13 +114,15 @@ async def _bare(lab: AgentLab, spec: CohortExperimentSpec, at: dict[str, int], n
     async def one(run: str, world: ForkWorld, fork: int) -> None:
         async with gate:
             made = await lab.fork(
-                run,
-                at[run],
-                name=f"bare-{uuid.uuid4().hex[:10]}",
-                model=world.model,
-                tool_policies={
-                    t: p for t, p in fork_policies(plan, world).items() if t in RESEARCH_TOOLS
-                },
+                ForkRequest(
+                    run=run,
+                    at_step=at[run],
+                    name=f"bare-{uuid.uuid4().hex[:10]}",
+                    model=world.model,
+                    tool_policies={
+                        t: p for t, p in fork_policies(plan, world).items() if t in RESEARCH_TOOLS
+                    },
+                )
             )
             with contextlib.suppress(WorkflowFailureError):
                 await made.handle.result()

@@ -32,6 +32,7 @@ from agent_bench import Bench, bench_env
 from dsl_workflow import BenchDSLWorkflow, DSLActivities, sequence
 from temporalio.worker import Worker
 
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.temporal import ForkLabPlugin
 from forklab.workers.config import ENV
@@ -68,7 +69,7 @@ async def size(
 
     async def api(at: int) -> float:
         t0 = time.perf_counter()
-        fork = await b.lab.fork(parent, at, tool_policies=LIVE)
+        fork = await b.lab.fork(ForkRequest(run=parent, at_step=at, tool_policies=LIVE))
         assert await fork.handle.result() == expected
         return time.perf_counter() - t0
 

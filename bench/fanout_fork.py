@@ -26,6 +26,7 @@ from agent_bench import bench_env
 from fanout_workflow import FanActivities, FanInput, FanOutWorkflow
 from temporalio.worker import Worker
 
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.temporal import ForkLabPlugin
 
@@ -67,7 +68,7 @@ async def main(levels: int, width: int) -> None:
             for level in range(1, levels + 1):
                 for at in (per * level - (width - width // 2) - 1, per * level):
                     t0 = time.perf_counter()
-                    fork = await b.lab.fork(parent, at, tool_policies=LIVE)
+                    fork = await b.lab.fork(ForkRequest(run=parent, at_step=at, tool_policies=LIVE))
                     result = await fork.handle.result()
                     ms = (time.perf_counter() - t0) * 1000
                     ran = acts.executed[fork.handle.id]

@@ -40,6 +40,7 @@ from temporalio.worker import Worker
 from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.activities.runfork.history_events import ClosedRuns
 from forklab.activities.runfork.history_reads import locate_step, read_chain
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.runfork import INTERNAL_PREFIX, fork_task_queue
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.workflows.runfork.interceptor import ForkInterceptor
@@ -109,7 +110,9 @@ async def main(depths: list[int], mid: bool, can_every: int, rounds: int) -> Non
                             b.lab.runs = b.lab.starter.runs = ClosedRuns()
                             forks.runs = ClosedRuns()
                         started = time.time()
-                        fork = await b.lab.fork(wid, at, tool_policies={"*": ToolPolicy.live})
+                        fork = await b.lab.fork(
+                            ForkRequest(run=wid, at_step=at, tool_policies={"*": ToolPolicy.live})
+                        )
                         await fork.handle.result()
                         done = await first_live_step_done(b.client, fork.handle.id)
                         times[cached].append(done - started)

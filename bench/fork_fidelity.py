@@ -28,6 +28,7 @@ from agent_bench import bench_env
 
 from forklab.agents.research import ResearchInput, ResearchPipelineWorkflow
 from forklab.agents.research_score import PIPELINE
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.diff import diff_states
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.workers.config import Settings
@@ -62,7 +63,11 @@ async def main(runs: int, temperature: float, at_step: int) -> None:
             sections = at_step  # steps 1..3 are the first three sections' model calls
             results: dict[str, list[tuple[bool, int]]] = {"fork": [], "rerun": []}
             for i in range(runs):
-                fork = await b.lab.fork(canonical_id, at_step, tool_policies={"*": ToolPolicy.live})
+                fork = await b.lab.fork(
+                    ForkRequest(
+                        run=canonical_id, at_step=at_step, tool_policies={"*": ToolPolicy.live}
+                    )
+                )
                 state = await fork.handle.result()
                 results["fork"].append(
                     (

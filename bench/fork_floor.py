@@ -4,11 +4,11 @@ steps, measured in one run with the three taking turns in every round.
 
 What each forks (each the way its users run long workflows):
 
-- **ForkLab**: ``AgentLab.fork(run, N)`` (the in-process API ``forklab fork`` calls) of
-  ``bench/depth_workflow.py``'s chain of N + 1 steps that continues-as-new every 500
-  steps, so N = 1,000 and 10,000 end a run; also at N - 1, a fork *inside* a run (served
-  499 steps). Both parsed-run caches are emptied before every fork (``fork_depth.py``
-  shows the cached figures).
+- **ForkLab**: ``AgentLab.fork(ForkRequest(run=run, at_step=N))`` (the in-process API
+  ``forklab fork`` calls) of ``bench/depth_workflow.py``'s chain of N + 1 steps that
+  continues-as-new every 500 steps, so N = 1,000 and 10,000 end a run; also at N - 1, a
+  fork *inside* a run (served 499 steps). Both parsed-run caches are emptied before
+  every fork (``fork_depth.py`` shows the cached figures).
 - **Temporal Reset**: ``ResetWorkflowExecution`` of the same workflow as one run of
   N + 1 steps (no continue-as-new, as a Temporal user forking a run with Reset has it),
   to the workflow task that scheduled step N + 1: the new run replays steps 1..N on the
@@ -57,6 +57,7 @@ from temporalio.worker import Worker
 
 from forklab.activities.runfork.fork_activities import ForkActivities
 from forklab.activities.runfork.history_events import ClosedRuns
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.runfork import fork_task_queue
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.workflows.runfork.interceptor import ForkInterceptor
@@ -178,7 +179,7 @@ async def depth(
         b.lab.runs = b.lab.starter.runs = ClosedRuns()
         forks.runs = ClosedRuns()
         started = time.time()
-        fork = await b.lab.fork(chain, at, tool_policies=LIVE)
+        fork = await b.lab.fork(ForkRequest(run=chain, at_step=at, tool_policies=LIVE))
         await fork.handle.result()
         return await first_live_step_done(b.client, fork.handle.id) - started
 

@@ -40,6 +40,7 @@ from forklab.activities.runfork.team_fork_start import TeamForkRequest, TeamFork
 from forklab.activities.runfork.team_forks import TeamForkActivities
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.team_registry import TeamRegistry
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.team_fork import TeamForkStatus
 from forklab.workers.runfork.plugin import ForkLabPlugin
 
@@ -79,14 +80,14 @@ async def one_by_one(starter: ForkStarter, ids: list[str], before: Callable[[], 
     for wid in ids:
         before()
         began = time.perf_counter()
-        await starter.fork(wid, 0)
+        await starter.fork(ForkRequest(run=wid, at_step=0))
         took += time.perf_counter() - began
     return took
 
 
 async def single(starter: ForkStarter, wid: str) -> float:
     began = time.perf_counter()
-    await starter.fork(wid, 0)
+    await starter.fork(ForkRequest(run=wid, at_step=0))
     return time.perf_counter() - began
 
 

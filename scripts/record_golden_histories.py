@@ -34,6 +34,7 @@ from agent_fixtures import running_agent_lab, running_services  # noqa: E402
 from orchestration_lab import Lab, lab_settings, make_spec, start_dev_server  # noqa: E402
 from temporalio.client import WorkflowHandle  # noqa: E402
 
+from forklab.contracts.fork_request import ForkRequest  # noqa: E402
 from forklab.workers.experiment.worker import build_worker, cpu_pool  # noqa: E402
 from forklab.workflows.experiment.messages import Status  # noqa: E402
 
@@ -113,7 +114,7 @@ async def record(home: Path, only: set[str]) -> dict[str, object]:
                     "the research pipeline on the fast model (its report not failed)",
                 )
                 fork = await agents.lab.fork(
-                    parent.id, at_step=3, name="golden-research/slow", model="slow"
+                    ForkRequest(run=parent.id, at_step=3, name="golden-research/slow", model="slow")
                 )
                 await fork.handle.result()
                 await _save(
@@ -124,7 +125,7 @@ async def record(home: Path, only: set[str]) -> dict[str, object]:
                     "a fork of agent_run at step 3 on the slow model",
                 )
                 again = await agents.lab.fork(
-                    fork.handle.id, at_step=4, name="golden-research/slow/again"
+                    ForkRequest(run=fork.handle.id, at_step=4, name="golden-research/slow/again")
                 )
                 await again.handle.result()
                 await _save(

@@ -29,6 +29,7 @@ from temporalio.worker import Replayer, Worker
 from forklab.activities.runfork.overrides import make_override
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
 from forklab.cli.runfork.fork_commands import render_steps
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.overrides import ForkSignal
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.temporal import ForkLabPlugin
@@ -140,7 +141,9 @@ async def test_fork_at_the_failed_step_re_runs_it_live(
     assert (point, at) == ("tool:refund#1", 2)
     with pytest.raises(ForkError, match="no model call precedes the failed step 2"):
         await lab.resolve_at(wid, "last_model_call_before_failure")
-    fork = await lab.fork(wid, 1, point="failed", tool_policies={"*": ToolPolicy.live})
+    fork = await lab.fork(
+        ForkRequest(run=wid, at_step=1, point="failed", tool_policies={"*": ToolPolicy.live})
+    )
     assert await asyncio.wait_for(fork.handle.result(), timeout=60) == result
     assert fork.receipt.requested_point == "failed"
     assert calls.counts[(fork.handle.id, "withdraw")] == 0
@@ -158,7 +161,7 @@ async def test_a_fork_that_fails_live_after_its_prefix_got_past_it(
     wid = f"transfer-{uuid.uuid4().hex[:8]}"
     details = TransferDetails(source="a", target="b", amount=3, reference="f9")
     await client.execute_workflow(MoneyTransferWorkflow.run, details, id=wid, task_queue=queue)
-    fork = await lab.fork(wid, 1, tool_policies={"*": ToolPolicy.block})
+    fork = await lab.fork(ForkRequest(run=wid, at_step=1, tool_policies={"*": ToolPolicy.block}))
     with pytest.raises(WorkflowFailureError):
         await asyncio.wait_for(fork.handle.result(), timeout=60)
     point = await lab.fork_point(fork, timeout=30)
@@ -195,7 +198,7 @@ async def test_override_result_what_if_the_deposit_had_gone_through(
         await client.execute_workflow(MoneyTransferWorkflow.run, details, id=wid, task_queue=queue)
         == "refunded: W-f2 R-f2"
     )
-    fork = await lab.fork(wid, 2, result_override=make_override(2, "D-f2"))
+    fork = await lab.fork(ForkRequest(run=wid, at_step=2, result_override=make_override(2, "D-f2")))
     assert await asyncio.wait_for(fork.handle.result(), timeout=60) == "transferred: W-f2 D-f2"
     assert calls.of(fork.handle.id) == 0
     assert [s.origin for s in await lab.steps(fork.handle.id)] == ["inherited", "overridden"]
@@ -205,11 +208,13 @@ async def test_override_result_what_if_the_deposit_had_gone_through(
     trail = await lab.trail(fork.handle.id)
     assert trail["receipts"][0]["result_override"]["value"] == "D-f2"
     # a fork of the fork inherits the overridden result like any step
-    again = await lab.fork(fork.handle.id, 2, tool_policies={"*": ToolPolicy.live})
+    again = await lab.fork(
+        ForkRequest(run=fork.handle.id, at_step=2, tool_policies={"*": ToolPolicy.live})
+    )
     assert await asyncio.wait_for(again.handle.result(), timeout=60) == "transferred: W-f2 D-f2"
     assert calls.of(again.handle.id) == 0
     with pytest.raises(ForkError, match="the run has no step 7"):
-        await lab.fork(wid, 7, result_override=make_override(7, "x"))
+        await lab.fork(ForkRequest(run=wid, at_step=7, result_override=make_override(7, "x")))
 
 
 async def test_override_input_what_if_the_deposit_had_gone_to_an_open_account(
@@ -222,7 +227,7 @@ async def test_override_input_what_if_the_deposit_had_gone_to_an_open_account(
     details = TransferDetails(source="a", target="closed-b", amount=3, reference="f3")
     await client.execute_workflow(MoneyTransferWorkflow.run, details, id=wid, task_queue=queue)
     fixed = details.model_copy(update={"target": "open-b"}).model_dump()
-    fork = await lab.fork(wid, 1, input_override=(2, fixed))
+    fork = await lab.fork(ForkRequest(run=wid, at_step=1, input_override=(2, fixed)))
     assert await asyncio.wait_for(fork.handle.result(), timeout=60) == "transferred: W-f3 D-f3"
     assert calls.counts[(fork.handle.id, "withdraw")] == 0
     assert calls.counts[(fork.handle.id, "deposit")] == 1
@@ -230,7 +235,7 @@ async def test_override_input_what_if_the_deposit_had_gone_to_an_open_account(
     assert fork.receipt.input_override is not None
     assert fork.receipt.input_override.value["target"] == "open-b"
     with pytest.raises(ForkError, match="names step 3 but the fork is at step 1"):
-        await lab.fork(wid, 1, input_override=(3, fixed))
+        await lab.fork(ForkRequest(run=wid, at_step=1, input_override=(3, fixed)))
 
 
 async def test_a_signal_is_delivered_at_the_fork_point(
@@ -249,7 +254,7 @@ async def test_a_signal_is_delivered_at_the_fork_point(
         if steps and steps[0].status == "completed":
             break
         await asyncio.sleep(0.1)
-    fork = await lab.fork(wid, 1, signals=[ForkSignal(name="approve")])
+    fork = await lab.fork(ForkRequest(run=wid, at_step=1, signals=[ForkSignal(name="approve")]))
     assert await asyncio.wait_for(fork.handle.result(), timeout=60) == "W-s1 D-s1"
     assert calls.of(fork.handle.id) == 1  # the deposit, after the approval
     assert [g.name for g in fork.receipt.signals] == ["approve"]
@@ -261,8 +266,10 @@ async def test_a_signal_is_delivered_at_the_fork_point(
     ).replay_workflow(history)
     # a fork of the fork past that point would not get the signal again: refused exactly
     with pytest.raises(ForkError, match=r"a signal \(given at the fork point\) reached"):
-        await lab.fork(fork.handle.id, 2)
-    wrong = await lab.fork(wid, 1, signals=[ForkSignal(name="approve_all")])
+        await lab.fork(ForkRequest(run=fork.handle.id, at_step=2))
+    wrong = await lab.fork(
+        ForkRequest(run=wid, at_step=1, signals=[ForkSignal(name="approve_all")])
+    )
     with pytest.raises(WorkflowFailureError) as failed:
         await asyncio.wait_for(wrong.handle.result(), timeout=60)
     assert "no signal 'approve_all'" in str(failed.value.cause)

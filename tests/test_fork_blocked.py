@@ -20,6 +20,7 @@ from temporalio.worker import Replayer, Worker
 
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.steps import StepOrigin, StepStatus
 from forklab.temporal import ForkLabPlugin
@@ -62,7 +63,9 @@ async def test_a_blocked_deposit_runs_the_saga_s_refund_on_the_fork(
         activities=activities,
         plugins=[plugin],
     ):
-        fork = await lab.fork(wid, 1, name=f"{wid}/no-deposit", tool_policies=policies)
+        fork = await lab.fork(
+            ForkRequest(run=wid, at_step=1, name=f"{wid}/no-deposit", tool_policies=policies)
+        )
         # the workflow's `except ActivityError:` compensation ran: the money went back
         assert await asyncio.wait_for(fork.handle.result(), timeout=60) == "refunded: W-t1 R-t1"
         assert calls.counts[(fork.handle.id, "refund")] == 1
@@ -85,7 +88,9 @@ async def test_a_blocked_deposit_runs_the_saga_s_refund_on_the_fork(
         assert info.type == ForkErrorType.tool_blocked.value and info.non_retryable
         assert "step 2 (deposit) is blocked on this fork" in failed[0].message
         # a fork of the fork inherits the refusal and takes the same compensation
-        again = await lab.fork(fork.handle.id, 2, name=f"{wid}/again", tool_policies=policies)
+        again = await lab.fork(
+            ForkRequest(run=fork.handle.id, at_step=2, name=f"{wid}/again", tool_policies=policies)
+        )
         assert await asyncio.wait_for(again.handle.result(), timeout=60) == "refunded: W-t1 R-t1"
         assert calls.counts[(again.handle.id, "deposit")] == 0
         await Replayer(

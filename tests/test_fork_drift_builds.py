@@ -35,6 +35,7 @@ from forklab.activities.runfork.fork_builds import polling_builds
 from forklab.activities.runfork.fork_start import ForkError
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.cli.runfork.fork_commands import render_trail
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.approximations import ApproximationKind
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import INPUT_DRIFT, BoundaryMode
@@ -114,7 +115,13 @@ async def test_input_drift_fails_an_exact_fork_at_once_and_is_recorded_approxima
         assert drift_lab.calls.of(f"{wid}/exact") == 0  # nothing ran live
 
         fork = await drift_lab.lab.fork(
-            wid, 1, name=f"{wid}/approx", boundary=BoundaryMode.approximate, tool_policies=LIVE
+            ForkRequest(
+                run=wid,
+                at_step=1,
+                name=f"{wid}/approx",
+                boundary=BoundaryMode.approximate,
+                tool_policies=LIVE,
+            )
         )
         parent_step = (await drift_lab.lab.steps(wid))[0]
         assert not fork.receipt.restorable and INPUT_DRIFT in fork.receipt.why
@@ -165,7 +172,7 @@ async def test_input_drift_fails_an_exact_fork_at_once_and_is_recorded_approxima
         assert "recorded by build-1; the fork runs on build-1" in out.stderr
     # approximate messages say so
     with pytest.raises(ForkError, match="cannot fork approximately at step 9"):
-        await drift_lab.lab.fork(wid, 9, boundary=BoundaryMode.approximate)
+        await drift_lab.lab.fork(ForkRequest(run=wid, at_step=9, boundary=BoundaryMode.approximate))
 
 
 async def test_a_changed_build_the_prefix_notices_fails_unless_allowed(
@@ -178,14 +185,18 @@ async def test_a_changed_build_the_prefix_notices_fails_unless_allowed(
             if await polling_builds(drift_lab.client, f"{drift_lab.queue}@forklab"):
                 break
             await asyncio.sleep(0.05)
-        same = await drift_lab.lab.fork(wid, 2, name=f"{wid}/same", tool_policies=LIVE)
+        same = await drift_lab.lab.fork(
+            ForkRequest(run=wid, at_step=2, name=f"{wid}/same", tool_policies=LIVE)
+        )
         assert same.receipt.parent_build == "build-1" and not same.receipt.allow_build_change
         assert same.receipt.fork_build == "build-2"  # the workers polling the fork queue
         point = await drift_lab.lab.fork_point(same)
         assert point is not None and point.build == "build-2" and point.drift == []
         assert await same.handle.result() == expected
     async with drift_lab.worker(ReserveTwiceChanged, plugin=True, build_id="build-2"):
-        changed = await drift_lab.lab.fork(wid, 2, name=f"{wid}/changed", tool_policies=LIVE)
+        changed = await drift_lab.lab.fork(
+            ForkRequest(run=wid, at_step=2, name=f"{wid}/changed", tool_policies=LIVE)
+        )
         with pytest.raises(ForkError) as refused:
             await drift_lab.lab.fork_point(changed)
         text = str(refused.value)
@@ -194,7 +205,13 @@ async def test_a_changed_build_the_prefix_notices_fails_unless_allowed(
         assert "--allow-build-change" in text
         assert drift_lab.calls.of(changed.handle.id) == 0
         allowed = await drift_lab.lab.fork(
-            wid, 2, name=f"{wid}/allowed", tool_policies=LIVE, allow_build_change=True
+            ForkRequest(
+                run=wid,
+                at_step=2,
+                name=f"{wid}/allowed",
+                tool_policies=LIVE,
+                allow_build_change=True,
+            )
         )
         assert allowed.receipt.allow_build_change
         point = await drift_lab.lab.fork_point(allowed)
@@ -207,7 +224,9 @@ async def test_a_changed_build_the_prefix_notices_fails_unless_allowed(
     # build-2 has stopped (the server still lists it polling): a fork started now expects
     # build-2, and build-3 picks it up (a rolling deploy); the receipt keeps its
     # prediction, the trail says which build ran it
-    late = await drift_lab.lab.fork(wid, 2, name=f"{wid}/late", tool_policies=LIVE)
+    late = await drift_lab.lab.fork(
+        ForkRequest(run=wid, at_step=2, name=f"{wid}/late", tool_policies=LIVE)
+    )
     assert late.receipt.fork_build == "build-2"
     async with drift_lab.worker(ReserveTwiceWorkflow, plugin=True, build_id="build-3"):
         await drift_lab.lab.fork_point(late)

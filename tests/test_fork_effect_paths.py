@@ -31,6 +31,7 @@ from temporalio.worker import Worker
 
 from forklab.agents.tools import EffectTools, LedgerMode
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.temporal import ForkLabPlugin
 from forklab.workers.config import ENV
@@ -88,7 +89,7 @@ async def paths_lab(
 async def test_block_stops_a_charge_made_through_a_local_activity(paths_lab: PathsLab) -> None:
     wid, customer, parent = await paths_lab.run("ChargeViaLocal")
     assert parent["status"] == "charged" and paths_lab.charges(customer) == 1
-    fork = await paths_lab.lab.fork(wid, 1, tool_policies=BLOCK)
+    fork = await paths_lab.lab.fork(ForkRequest(run=wid, at_step=1, tool_policies=BLOCK))
     assert await fork.handle.result() == {"status": "blocked"}
     assert paths_lab.charges(customer) == 1
     # the refusal is recorded where `forklab steps` reads it
@@ -105,7 +106,7 @@ async def test_a_local_charge_on_a_fork_meets_the_lineages_charge(paths_lab: Pat
     """`auto`: the local activity runs (it cannot be served: its input is not recorded),
     with the lineage root, so the effect ledger replays the parent's charge."""
     wid, customer, parent = await paths_lab.run("ChargeViaLocal")
-    fork = await paths_lab.lab.fork(wid, 1)
+    fork = await paths_lab.lab.fork(ForkRequest(run=wid, at_step=1))
     assert await fork.handle.result() == parent
     assert paths_lab.charges(customer) == 1
 
@@ -113,7 +114,7 @@ async def test_a_local_charge_on_a_fork_meets_the_lineages_charge(paths_lab: Pat
 async def test_block_reaches_the_calls_of_a_child_workflow(paths_lab: PathsLab) -> None:
     wid, customer, parent = await paths_lab.run("ChargeViaChild")
     assert parent["status"] == "charged" and paths_lab.charges(customer) == 1
-    fork = await paths_lab.lab.fork(wid, 1, tool_policies=BLOCK)
+    fork = await paths_lab.lab.fork(ForkRequest(run=wid, at_step=1, tool_policies=BLOCK))
     assert await fork.handle.result() == {"status": "blocked"}
     assert paths_lab.charges(customer) == 1
     # the child's own history shows the blocked call, and its lineage is the parent's
@@ -121,7 +122,9 @@ async def test_block_reaches_the_calls_of_a_child_workflow(paths_lab: PathsLab) 
     assert [s.origin for s in await paths_lab.lab.steps(child)] == ["blocked"]
     assert await paths_lab.lab.effect_scope(child) == await paths_lab.lab.effect_scope(wid)
     # a policy may name the child workflow itself: it is not started
-    fork = await paths_lab.lab.fork(wid, 1, tool_policies={"ChargeChild": ToolPolicy.block})
+    fork = await paths_lab.lab.fork(
+        ForkRequest(run=wid, at_step=1, tool_policies={"ChargeChild": ToolPolicy.block})
+    )
     assert await fork.handle.result() == {"status": "child blocked"}
     assert paths_lab.charges(customer) == 1
     out = forklab(paths_lab.env, "steps", fork.handle.id)
@@ -130,7 +133,7 @@ async def test_block_reaches_the_calls_of_a_child_workflow(paths_lab: PathsLab) 
 
 async def test_a_childs_charge_on_a_fork_meets_the_lineages_charge(paths_lab: PathsLab) -> None:
     wid, customer, parent = await paths_lab.run("ChargeViaChild")
-    fork = await paths_lab.lab.fork(wid, 1)
+    fork = await paths_lab.lab.fork(ForkRequest(run=wid, at_step=1))
     assert await fork.handle.result() == parent
     assert paths_lab.charges(customer) == 1
 
@@ -158,7 +161,9 @@ async def test_a_policy_naming_a_tool_the_run_never_called_is_refused(
     """Before: `charge_custmer=block` was accepted and the charge ran under `auto`."""
     wid, _, _ = await paths_lab.run("ChargeViaChild")
     with pytest.raises(ForkError) as refused:
-        await paths_lab.lab.fork(wid, 1, tool_policies={"charge_custmer": ToolPolicy.block})
+        await paths_lab.lab.fork(
+            ForkRequest(run=wid, at_step=1, tool_policies={"charge_custmer": ToolPolicy.block})
+        )
     assert str(refused.value) == (
         f"--tool-policy names 'charge_custmer', which run {wid!r} never called; its tools: "
         "ChargeChild, charge_customer, prepare"

@@ -40,6 +40,7 @@ from temporalio.worker import Replayer, Worker
 
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.steps import StepOrigin
 from forklab.temporal import ForkLabPlugin
@@ -105,7 +106,9 @@ async def _fork_at_every_step(lab: FanLab, wid: str, expected: Any, first: int =
     once."""
     total = len(await lab.lab.steps(wid))
     for n in range(first, total + 1):
-        fork = await lab.lab.fork(wid, n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+        fork = await lab.lab.fork(
+            ForkRequest(run=wid, at_step=n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+        )
         assert await asyncio.wait_for(fork.handle.result(), timeout=90) == expected, n
         assert fork.receipt.restorable and fork.receipt.resolved_step == n
         steps = await lab.lab.steps(fork.handle.id)
@@ -174,7 +177,9 @@ async def test_a_fan_out_of_eight_per_level_forks_at_every_step(fan_lab: FanLab)
         await _fork_at_every_step(fan_lab, wid, expected)
         # a fork of a fork inside a level: inherits its parent's record, runs the rest
         first = f"{wid}/at-5"
-        again = await fan_lab.lab.fork(first, 14, name=f"{first}/at-14", tool_policies=LIVE)
+        again = await fan_lab.lab.fork(
+            ForkRequest(run=first, at_step=14, name=f"{first}/at-14", tool_policies=LIVE)
+        )
         assert await asyncio.wait_for(again.handle.result(), timeout=90) == expected
         assert fan_lab.calls.of(again.handle.id) == 27 - 14
     assert fan_lab.calls.of(wid) == 27
@@ -192,7 +197,9 @@ async def test_ten_levels_of_eight_fork_exactly_at_every_level(fan_lab: FanLab) 
     async with fan_lab.forking_worker(FanOutWorkflow, acts):
         for level in range(1, 11):
             n = 9 * level - (5 if level % 2 else 0)
-            fork = await fan_lab.lab.fork(wid, n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+            fork = await fan_lab.lab.fork(
+                ForkRequest(run=wid, at_step=n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+            )
             assert await asyncio.wait_for(fork.handle.result(), timeout=90) == expected, n
             assert fork.receipt.restorable and fork.receipt.boundary.value == "exact"
             origins = [s.origin for s in await fan_lab.lab.steps(fork.handle.id)]
@@ -209,7 +216,9 @@ async def test_a_fork_whose_code_calls_something_else_inside_a_level_is_refused(
     acts = FanOutActivities(fan_lab.calls).all()
     wid, _ = await fan_lab.record(FanOutWorkflow, FanOutInput(levels=2, width=4), acts)
     async with fan_lab.forking_worker(FanOutChangedWorkflow, acts):
-        fork = await fan_lab.lab.fork(wid, 3, name=f"{wid}/changed", tool_policies=LIVE)
+        fork = await fan_lab.lab.fork(
+            ForkRequest(run=wid, at_step=3, name=f"{wid}/changed", tool_policies=LIVE)
+        )
         with pytest.raises(WorkflowFailureError) as failed:
             await asyncio.wait_for(fork.handle.result(), timeout=60)
     cause = str(failed.value.cause)
@@ -230,12 +239,20 @@ async def test_a_fork_that_never_asks_for_an_inherited_call_fails_instead_of_wai
     assert first.call == 4  # branch 3 completed first
     async with fan_lab.forking_worker(FanOutSkippingWorkflow, acts):
         fork = await fan_lab.lab.fork(
-            wid, 5, name=f"{wid}/skips", intervention={"skip_branch": 3}, tool_policies=LIVE
+            ForkRequest(
+                run=wid,
+                at_step=5,
+                name=f"{wid}/skips",
+                intervention={"skip_branch": 3},
+                tool_policies=LIVE,
+            )
         )
         with pytest.raises(WorkflowFailureError) as failed:
             await asyncio.wait_for(fork.handle.result(), timeout=60)
         # the same fork without the intervention asks for every call, and is not stopped
-        same = await fan_lab.lab.fork(wid, 4, name=f"{wid}/same", tool_policies=LIVE)
+        same = await fan_lab.lab.fork(
+            ForkRequest(run=wid, at_step=4, name=f"{wid}/same", tool_policies=LIVE)
+        )
         assert await asyncio.wait_for(same.handle.result(), timeout=60) == ",".join(
             f"L1.{i}<0>" for i in range(4)
         )

@@ -39,6 +39,7 @@ from forklab.activities.runfork.start_links import with_start_links
 from forklab.agents.research import ResearchInput
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.fork_signature import issuer_public_key, sign_marker
 from forklab.contracts.runfork import (
     FETCH_PREFIX,
@@ -179,7 +180,9 @@ async def _real_fork(
 ) -> tuple[str, ForkMarker, list[Any], bytes]:
     """A fork made by ForkLab, finished: its id, its signed marker (as its memo holds it),
     its start input and the prefix page passed in its start."""
-    fork = await lab.lab.fork(parent, at_step, boundary=BoundaryMode.approximate)
+    fork = await lab.lab.fork(
+        ForkRequest(run=parent, at_step=at_step, boundary=BoundaryMode.approximate)
+    )
     await fork.handle.result()
     start = await latest_start(lab.client, fork.handle.id)
     assert start.marker is not None and start.marker.signature is not None
@@ -532,7 +535,7 @@ async def test_a_worker_with_registered_issuers_serves_only_their_forks(
         issuer_key(worker_home)  # the worker's own home key counts for nothing now
         for home, served in ((operator, True), (stranger, False), (worker_home, False)):
             lab = AgentLab(client, AgentSettings(home=home, agent_task_queue=queue))
-            fork = await lab.fork(parent.id, 1)
+            fork = await lab.fork(ForkRequest(run=parent.id, at_step=1))
             if served:
                 assert await fork.handle.result() == ["note 1"]
                 continue

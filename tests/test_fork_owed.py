@@ -29,6 +29,7 @@ from temporalio.worker import Worker
 from forklab.activities.runfork.fork_builds import polling_builds
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.temporal import ForkLabPlugin
@@ -90,13 +91,15 @@ async def _fails(
     ol: OwedLab, wid: str, skip: str, boundary: BoundaryMode, allow_build_change: bool = False
 ) -> str:
     fork = await ol.lab.fork(
-        wid,
-        2,
-        name=f"{wid}/skip-{skip}",
-        boundary=boundary,
-        intervention={"skip": skip},
-        tool_policies=LIVE,
-        allow_build_change=allow_build_change,
+        ForkRequest(
+            run=wid,
+            at_step=2,
+            name=f"{wid}/skip-{skip}",
+            boundary=boundary,
+            intervention={"skip": skip},
+            tool_policies=LIVE,
+            allow_build_change=allow_build_change,
+        )
     )
     with pytest.raises(WorkflowFailureError) as failed:
         await asyncio.wait_for(fork.handle.result(), timeout=60)
@@ -115,7 +118,9 @@ async def test_a_fork_that_never_takes_what_it_owes_fails_naming_it(owed_lab: Ow
     exact = BoundaryMode.exact
     async with owed_lab.worker(plugin=True):
         # the same fork taking everything it owes reaches the parent's result
-        same = await owed_lab.lab.fork(wid, 2, name=f"{wid}/same", tool_policies=LIVE)
+        same = await owed_lab.lab.fork(
+            ForkRequest(run=wid, at_step=2, name=f"{wid}/same", tool_policies=LIVE)
+        )
         assert await asyncio.wait_for(same.handle.result(), timeout=60) == expected
         assert await _fails(owed_lab, wid, "timer", exact) == (
             "after step 1 the parent's timer of 0.2s fired, and the fork started no timer of "

@@ -37,6 +37,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.temporal import ForkLabPlugin, ensure_search_attributes, search_attributes_hint
 from forklab.workers.config import Settings
@@ -84,7 +85,9 @@ async def _fork_at_every_step(
     total = len(await lab.lab.steps(parent_id))
     assert total >= 2
     for n in range(1, total + 1):
-        fork = await lab.lab.fork(parent_id, n, name=f"{parent_id}/at-{n}", tool_policies=LIVE)
+        fork = await lab.lab.fork(
+            ForkRequest(run=parent_id, at_step=n, name=f"{parent_id}/at-{n}", tool_policies=LIVE)
+        )
         result = await asyncio.wait_for(fork.handle.result(), timeout=60)
         if same_result:
             assert result == expected
@@ -210,7 +213,7 @@ async def test_the_plugin_registers_the_search_attributes_on_first_use(
                 MoneyTransferWorkflow.run, details, id=wid, task_queue=queue
             )
         with pytest.raises(ForkError) as refused:
-            await plugin_lab.lab.fork(wid, 1)
+            await plugin_lab.lab.fork(ForkRequest(run=wid, at_step=1))
         assert str(refused.value) == search_attributes_hint(namespace)
         assert "temporal operator search-attribute create" in str(refused.value)
         async with Worker(
@@ -230,7 +233,9 @@ async def test_the_plugin_registers_the_search_attributes_on_first_use(
             assert {known.custom_attributes[n] for n in names} == {
                 IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
             }
-            fork = await plugin_lab.lab.fork(wid, 1, name=f"{wid}/after", tool_policies=LIVE)
+            fork = await plugin_lab.lab.fork(
+                ForkRequest(run=wid, at_step=1, name=f"{wid}/after", tool_policies=LIVE)
+            )
             assert await fork.handle.result() == "transferred: W-sa D-sa"
     finally:  # leave the session's server as the other tests expect it
         await ensure_search_attributes(client)

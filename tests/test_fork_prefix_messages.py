@@ -36,6 +36,7 @@ from temporalio.worker import Replayer, Worker
 
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.steps import StepOrigin
 from forklab.temporal import ForkLabPlugin
@@ -125,7 +126,9 @@ async def _fork_at_every_step(lab: MsgLab, wid: str, script: Script, expected: A
     assert len(recorded) == len(script), [e.kind for e in recorded]
     script = [(e.after_step, send) for e, (_, send) in zip(recorded, script, strict=True)]
     for n in range(1, total + 1):
-        fork = await lab.lab.fork(wid, n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+        fork = await lab.lab.fork(
+            ForkRequest(run=wid, at_step=n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+        )
         assert fork.receipt.restorable and fork.receipt.approximations == [], n
         # the messages the parent got before step n's result reached it are inherited
         inherited = sum(e.after_step < n for e in recorded)
@@ -176,7 +179,7 @@ async def test_hello_signal_forks_exactly_at_every_step(msg_lab: MsgLab) -> None
         ).replay_workflow(history)
         # a fork of a fork inherits the messages its parent was redelivered
         again = await msg_lab.lab.fork(
-            f"{wid}/at-3", 3, name=f"{wid}/at-3/at-3", tool_policies=LIVE
+            ForkRequest(run=f"{wid}/at-3", at_step=3, name=f"{wid}/at-3/at-3", tool_policies=LIVE)
         )
         await again.handle.signal(GreetingSignalsWorkflow.exit)
         assert await asyncio.wait_for(again.handle.result(), timeout=60) == expected
@@ -226,7 +229,9 @@ async def test_stray_and_malformed_signals_are_handled_as_the_parent_handled_the
         expected = await handle.result()
     assert expected == ["Hello, ana", "Hello, bo"]
     async with msg_lab.worker(GreetingSignalsWorkflow, plugin=True):
-        fork = await msg_lab.lab.fork(wid, 2, name=f"{wid}/at-2", tool_policies=LIVE)
+        fork = await msg_lab.lab.fork(
+            ForkRequest(run=wid, at_step=2, name=f"{wid}/at-2", tool_policies=LIVE)
+        )
         await fork.handle.signal(GreetingSignalsWorkflow.exit)
         assert await asyncio.wait_for(fork.handle.result(), timeout=60) == expected
         assert msg_lab.calls.of(fork.handle.id) == 0
@@ -254,7 +259,9 @@ async def test_an_update_the_fork_cannot_hand_over_fails_the_fork(
         await handle.execute_update(OrderUpdatesWorkflow.close)
         await handle.result()
     async with msg_lab.worker(changed, plugin=True):
-        fork = await msg_lab.lab.fork(wid, 2, name=f"{wid}/changed", tool_policies=LIVE)
+        fork = await msg_lab.lab.fork(
+            ForkRequest(run=wid, at_step=2, name=f"{wid}/changed", tool_policies=LIVE)
+        )
         with pytest.raises(WorkflowFailureError) as failed:
             await asyncio.wait_for(fork.handle.result(), timeout=60)
     cause = str(failed.value.cause)
@@ -284,7 +291,7 @@ async def test_a_transfer_approved_inside_the_prefix_forks_exactly(msg_lab: MsgL
         expected = await handle.result()
     plugin = [msg_lab.plugin()]
     async with Worker(msg_lab.client, **worker, plugins=plugin):  # type: ignore[arg-type]
-        fork = await msg_lab.lab.fork(wid, 2, name=f"{wid}/at-2")
+        fork = await msg_lab.lab.fork(ForkRequest(run=wid, at_step=2, name=f"{wid}/at-2"))
         assert fork.receipt.restorable
         assert await asyncio.wait_for(fork.handle.result(), timeout=60) == expected
         assert msg_lab.calls.of(fork.handle.id) == 0

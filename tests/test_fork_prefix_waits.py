@@ -38,6 +38,7 @@ from temporalio.worker import Replayer, Worker
 
 from forklab.activities.runfork.fork_start import ForkError
 from forklab.cli.runfork.agent_lab import AgentLab
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.steps import StepOrigin
 from forklab.temporal import ForkLabPlugin
@@ -117,7 +118,9 @@ async def test_timers_in_the_prefix_are_inherited_in_every_shape(wait_lab: WaitL
     assert timers == 4
     async with wait_lab.worker(plugin=True):
         for n in range(1, 5):
-            fork = await wait_lab.lab.fork(wid, n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+            fork = await wait_lab.lab.fork(
+                ForkRequest(run=wid, at_step=n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+            )
             assert fork.receipt.restorable and fork.receipt.approximations == [], n
             assert await asyncio.wait_for(fork.handle.result(), timeout=60) == expected, n
             # the timers that fired after steps 1..n-1 are inherited; the rest run
@@ -131,7 +134,9 @@ async def test_timers_in_the_prefix_are_inherited_in_every_shape(wait_lab: WaitL
             data_converter=wait_lab.client.data_converter,
         ).replay_workflow(await wait_lab.history(f"{wid}/at-4"))
         # a fork of a fork inherits the timers its parent was served
-        again = await wait_lab.lab.fork(f"{wid}/at-4", 4, name=f"{wid}/again", tool_policies=LIVE)
+        again = await wait_lab.lab.fork(
+            ForkRequest(run=f"{wid}/at-4", at_step=4, name=f"{wid}/again", tool_policies=LIVE)
+        )
         assert await asyncio.wait_for(again.handle.result(), timeout=60) == expected
         assert await wait_lab.count(again.handle.id, TIMER_STARTED) == 1
     assert (await wait_lab.history(wid)).events == parent.events
@@ -146,7 +151,9 @@ async def test_children_in_the_prefix_are_inherited_with_their_outcome(wait_lab:
     assert len(steps) == 3  # the children's own activity is theirs
     async with wait_lab.worker(plugin=True):
         for n, children in ((1, 2), (2, 1), (3, 0)):
-            fork = await wait_lab.lab.fork(wid, n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+            fork = await wait_lab.lab.fork(
+                ForkRequest(run=wid, at_step=n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+            )
             assert fork.receipt.restorable, n
             assert await asyncio.wait_for(fork.handle.result(), timeout=60) == expected, n
             assert await wait_lab.count(fork.handle.id, CHILD_STARTED) == children, n
@@ -159,7 +166,9 @@ async def test_children_in_the_prefix_are_inherited_with_their_outcome(wait_lab:
             data_converter=wait_lab.client.data_converter,
         ).replay_workflow(await wait_lab.history(f"{wid}/at-3"))
         # a fork inside a child is a fork of the child's own run (its own workflow id)
-        child = await wait_lab.lab.fork(f"{wid}-child-1", 1, name=f"{wid}/child-at-1")
+        child = await wait_lab.lab.fork(
+            ForkRequest(run=f"{wid}-child-1", at_step=1, name=f"{wid}/child-at-1")
+        )
         assert await asyncio.wait_for(child.handle.result(), timeout=60) == "Hello, ana"
         assert wait_lab.calls.of(child.handle.id) == 0
     assert (await wait_lab.history(wid)).events == parent.events
@@ -170,7 +179,7 @@ async def test_a_child_running_at_the_boundary_is_refused_before_the_fork_starts
 ) -> None:
     wid, _ = await _record(wait_lab, SlowChildParentWorkflow, "ana")
     with pytest.raises(ForkError) as refused:
-        await wait_lab.lab.fork(wid, 2, name=f"{wid}/at-2")
+        await wait_lab.lab.fork(ForkRequest(run=wid, at_step=2, name=f"{wid}/at-2"))
     text = str(refused.value)
     assert "cannot fork exactly at step 2" in text
     child = f"child workflow SleepForDays ({wid}-slow)"
@@ -188,7 +197,9 @@ async def test_uuid4_random_and_now_in_the_prefix_resolve_as_the_parent_s(
     wid, expected = await _record(wait_lab, SideEffectsWorkflow, None)
     async with wait_lab.worker(plugin=True):
         for n in (1, 2, 3):
-            fork = await wait_lab.lab.fork(wid, n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+            fork = await wait_lab.lab.fork(
+                ForkRequest(run=wid, at_step=n, name=f"{wid}/at-{n}", tool_policies=LIVE)
+            )
             assert await asyncio.wait_for(fork.handle.result(), timeout=60) == expected, n
             assert wait_lab.calls.of(fork.handle.id) == 3 - n, n
         await Replayer(
@@ -197,5 +208,7 @@ async def test_uuid4_random_and_now_in_the_prefix_resolve_as_the_parent_s(
             data_converter=wait_lab.client.data_converter,
         ).replay_workflow(await wait_lab.history(f"{wid}/at-3"))
         # a fork of a fork draws the first parent's stream too
-        again = await wait_lab.lab.fork(f"{wid}/at-2", 3, name=f"{wid}/again", tool_policies=LIVE)
+        again = await wait_lab.lab.fork(
+            ForkRequest(run=f"{wid}/at-2", at_step=3, name=f"{wid}/again", tool_policies=LIVE)
+        )
         assert await asyncio.wait_for(again.handle.result(), timeout=60) == expected

@@ -19,6 +19,7 @@ from temporalio.worker import Worker
 
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.cli.runfork.fork_commands import render_trail
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.promotion import SiblingRun
 from forklab.temporal import ForkLabPlugin
@@ -81,7 +82,9 @@ async def _family(family: Family, forks: int) -> tuple[str, list[str]]:
         await asyncio.sleep(0.1)
     names = []
     for i in range(forks):
-        fork = await lab.fork(wid, 1, name=f"{wid}/f{i}", tool_policies=LIVE)
+        fork = await lab.fork(
+            ForkRequest(run=wid, at_step=1, name=f"{wid}/f{i}", tool_policies=LIVE)
+        )
         names.append(fork.handle.id)
     return wid, names
 

@@ -13,6 +13,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from test_fork_plugin import LIVE, PluginLab
 
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.runfork import fork_task_queue
 
 pytest_plugins = ["test_fork_plugin"]
@@ -41,7 +42,9 @@ async def test_twenty_forks_beside_a_plain_worker_reexecute_nothing(
             DSLWorkflow.run, dsl_sequence(6), id=wid, task_queue=queue
         )
         forks = [
-            await plugin_lab.lab.fork(wid, 1 + i % 6, name=f"{wid}/f{i}", tool_policies=LIVE)
+            await plugin_lab.lab.fork(
+                ForkRequest(run=wid, at_step=1 + i % 6, name=f"{wid}/f{i}", tool_policies=LIVE)
+            )
             for i in range(20)
         ]
         results = await asyncio.gather(*(f.handle.result() for f in forks))

@@ -23,6 +23,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
 
@@ -88,13 +89,15 @@ async def test_a_fork_in_the_web_ui_names_its_parent_and_the_model_it_ran(
     with pytest.raises(WorkflowFailureError):
         await parent.result()
     fork = await lab.lab.fork(
-        parent.id,
-        at_step=3,
-        name=f"{parent.id}-slow",
-        model="slow",
-        intervention={"why": "thin"},
-        tool_policies={"charge_customer": ToolPolicy.block},
-        requested_by="tester",
+        ForkRequest(
+            run=parent.id,
+            at_step=3,
+            name=f"{parent.id}-slow",
+            model="slow",
+            intervention={"why": "thin"},
+            tool_policies={"charge_customer": ToolPolicy.block},
+            requested_by="tester",
+        )
     )
     await fork.handle.result()
     source_run = fork.receipt.source_run_id
@@ -137,7 +140,7 @@ async def test_a_fork_in_the_web_ui_names_its_parent_and_the_model_it_ran(
 
     # a lineage-only fork inherits nothing, yet its model is swapped after the step asked
     live = await lab.lab.fork(
-        parent.id, at_step=3, model="slow", boundary=BoundaryMode.lineage_only
+        ForkRequest(run=parent.id, at_step=3, model="slow", boundary=BoundaryMode.lineage_only)
     )
     shown = await (await live.handle.describe()).static_summary() or ""
     assert shown.startswith(f"fork of {parent.id} at step 3 (lineage_only): model slow,")

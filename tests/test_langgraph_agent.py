@@ -31,6 +31,7 @@ from forklab.agents.support_graph import SupportGraphInput, SupportGraphWorkflow
 from forklab.agents.tools import LedgerMode
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.steps import StepOrigin
 from forklab.workers.config import Settings
@@ -125,7 +126,9 @@ async def test_the_graph_forks_exactly_at_every_node(graph_lab: GraphLab) -> Non
     recorded = await parent.result()
     before = await _history_bytes(parent)
     for at in (1, 2, 3):
-        fork = await graph_lab.lab.fork(parent.id, at, name=f"{parent.id}/at-{at}")
+        fork = await graph_lab.lab.fork(
+            ForkRequest(run=parent.id, at_step=at, name=f"{parent.id}/at-{at}")
+        )
         assert (fork.receipt.requested_step, fork.receipt.resolved_step) == (at, at)
         result = await fork.handle.result()
         assert result["answer"] == recorded["answer"]
@@ -168,10 +171,12 @@ async def test_a_blocked_tools_node_does_not_send(graph_lab: GraphLab) -> None:
     parent, customer = await graph_lab.run()
     await parent.result()
     fork = await graph_lab.lab.fork(
-        parent.id,
-        1,
-        name=f"{parent.id}/blocked",
-        tool_policies={"support-graph.tools": ToolPolicy.block},
+        ForkRequest(
+            run=parent.id,
+            at_step=1,
+            name=f"{parent.id}/blocked",
+            tool_policies={"support-graph.tools": ToolPolicy.block},
+        )
     )
     with pytest.raises(WorkflowFailureError) as failure:
         await fork.handle.result()
@@ -197,7 +202,9 @@ async def test_without_steady_inputs_the_fork_is_refused_at_the_first_node(
     async with plain:
         parent, _ = await graph_lab.run(queue)
         await parent.result()
-        fork = await graph_lab.lab.fork(parent.id, 2, name=f"{parent.id}/plain")
+        fork = await graph_lab.lab.fork(
+            ForkRequest(run=parent.id, at_step=2, name=f"{parent.id}/plain")
+        )
         with pytest.raises(WorkflowFailureError) as failure:
             await fork.handle.result()
     cause = repr(failure.value.cause)

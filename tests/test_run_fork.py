@@ -13,6 +13,7 @@ from fork_failures import blocked_in
 from temporalio.client import WorkflowFailureError
 
 from forklab.agents.support import SupportAgentWorkflow, SupportInput
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.steps import StepOrigin, prefix_sha256
@@ -41,13 +42,15 @@ async def test_fork_at_step_three_with_slow_model_and_blocked_charge(
     assert charges_before >= 1
     before = await _history_bytes(parent)
     fork = await agent_lab.lab.fork(
-        parent_id,
-        at_step=3,
-        name=f"{parent_id}/slow",
-        model="slow",
-        intervention={"why": "fast writes thin recommendations"},
-        tool_policies={"charge_customer": ToolPolicy.block},
-        requested_by="tester",
+        ForkRequest(
+            run=parent_id,
+            at_step=3,
+            name=f"{parent_id}/slow",
+            model="slow",
+            intervention={"why": "fast writes thin recommendations"},
+            tool_policies={"charge_customer": ToolPolicy.block},
+            requested_by="tester",
+        )
     )
     state = await fork.handle.result()
     assert state["status"] == "ok"
@@ -97,7 +100,7 @@ async def test_auto_replays_the_inherited_charge_and_replay_miss_blocks(
 ) -> None:
     parent_id = await _failed_parent(agent_lab)
     charges = agent_lab.charges()
-    auto = await agent_lab.lab.fork(parent_id, 3, model="slow")
+    auto = await agent_lab.lab.fork(ForkRequest(run=parent_id, at_step=3, model="slow"))
     state = await auto.handle.result()
     assert state["invoice"]["status"] == "charged"  # the parent's recorded charge
     assert agent_lab.charges() == charges
@@ -105,7 +108,9 @@ async def test_auto_replays_the_inherited_charge_and_replay_miss_blocks(
     assert steps[3].origin == StepOrigin.replayed and steps[4].origin == StepOrigin.own
     # replay: a model call with a new model has no recorded twin: blocked, not run
     strict = await agent_lab.lab.fork(
-        parent_id, 3, model="slow", tool_policies={"chat_model": ToolPolicy.replay}
+        ForkRequest(
+            run=parent_id, at_step=3, model="slow", tool_policies={"chat_model": ToolPolicy.replay}
+        )
     )
     with pytest.raises(WorkflowFailureError) as failure:
         await strict.handle.result()
@@ -113,7 +118,12 @@ async def test_auto_replays_the_inherited_charge_and_replay_miss_blocks(
     # live: the charge runs, and the effect ledger (same lineage root, same key and
     # request) returns the recorded effect instead of charging again
     live = await agent_lab.lab.fork(
-        parent_id, 3, model="slow", tool_policies={"charge_customer": ToolPolicy.live}
+        ForkRequest(
+            run=parent_id,
+            at_step=3,
+            model="slow",
+            tool_policies={"charge_customer": ToolPolicy.live},
+        )
     )
     assert (await live.handle.result())["invoice"]["status"] == "charged"
     assert agent_lab.charges() == charges
@@ -123,16 +133,20 @@ async def test_auto_replays_the_inherited_charge_and_replay_miss_blocks(
 
 async def test_lineage_only_reruns_live_and_fork_of_fork(agent_lab: AgentTestLab) -> None:
     parent_id = await _failed_parent(agent_lab)
-    lineage = await agent_lab.lab.fork(parent_id, 3, boundary=BoundaryMode.lineage_only)
+    lineage = await agent_lab.lab.fork(
+        ForkRequest(run=parent_id, at_step=3, boundary=BoundaryMode.lineage_only)
+    )
     with pytest.raises(WorkflowFailureError):
         await lineage.handle.result()  # same model, same verdict, every step re-run
     assert lineage.receipt.resolved_step == 0 and not lineage.receipt.restorable
     assert all(
         s.origin != StepOrigin.inherited for s in await agent_lab.lab.steps(lineage.handle.id)
     )
-    child = await agent_lab.lab.fork(parent_id, 3, model="slow")
+    child = await agent_lab.lab.fork(ForkRequest(run=parent_id, at_step=3, model="slow"))
     child_state = await child.handle.result()
-    grandchild = await agent_lab.lab.fork(child.handle.id, 5, model="candidate")
+    grandchild = await agent_lab.lab.fork(
+        ForkRequest(run=child.handle.id, at_step=5, model="candidate")
+    )
     state = await grandchild.handle.result()
     assert grandchild.receipt.lineage == [parent_id, child.handle.id]
     assert state["sections"]["recommendations"] == child_state["sections"]["recommendations"]
@@ -145,8 +159,8 @@ async def test_promote_closes_siblings_and_outcomes_are_append_only(
     agent_lab: AgentTestLab,
 ) -> None:
     parent_id = await _failed_parent(agent_lab)
-    a = await agent_lab.lab.fork(parent_id, 3, model="slow")
-    b = await agent_lab.lab.fork(parent_id, 3, model="candidate")
+    a = await agent_lab.lab.fork(ForkRequest(run=parent_id, at_step=3, model="slow"))
+    b = await agent_lab.lab.fork(ForkRequest(run=parent_id, at_step=3, model="candidate"))
     await asyncio.gather(a.handle.result(), b.handle.result())
     agent_lab.lab.outcome(a.handle.id, "good", 0.9)
     agent_lab.lab.outcome(a.handle.id, "better", 0.95)
@@ -206,11 +220,13 @@ async def test_support_agent_on_the_agents_sdk_forks_without_resending(
         "invoke_model_activity",
     ]
     # fork after the model chose to send the email: auto replays the recorded send
-    fork = await agent_lab.lab.fork(parent.id, 1)
+    fork = await agent_lab.lab.fork(ForkRequest(run=parent.id, at_step=1))
     assert (await fork.handle.result())["final_output"] == result.final_output
     assert mails() == before + 1
     # block: the tool is refused on the fork and the email is never sent
-    blocked = await agent_lab.lab.fork(parent.id, 1, tool_policies={"email.send": ToolPolicy.block})
+    blocked = await agent_lab.lab.fork(
+        ForkRequest(run=parent.id, at_step=1, tool_policies={"email.send": ToolPolicy.block})
+    )
     try:
         await blocked.handle.result()
     except WorkflowFailureError as exc:
@@ -220,7 +236,7 @@ async def test_support_agent_on_the_agents_sdk_forks_without_resending(
     fork_steps = await agent_lab.lab.steps(blocked.handle.id)
     assert fork_steps[1].origin == StepOrigin.blocked
     # --model swaps the model of every live model call in the SDK's activity input
-    swapped = await agent_lab.lab.fork(parent.id, 2, model="candidate")
+    swapped = await agent_lab.lab.fork(ForkRequest(run=parent.id, at_step=2, model="candidate"))
     await swapped.handle.result()
     labels = [s.label for s in await agent_lab.lab.steps(swapped.handle.id)]
     assert labels[2] == "invoke_model_activity (candidate)"

@@ -23,6 +23,7 @@ from forklab.agents.research import ResearchInput, ResearchPipelineWorkflow
 from forklab.agents.tools import EffectTools, LedgerMode, ModelActivities
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
 from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.runfork import MARKER_MEMO_KEY, RECEIPT_MEMO_KEY
 from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_worker import (
@@ -86,7 +87,7 @@ async def test_a_fork_beside_its_parent_waits_for_the_parents_charge(
             await asyncio.sleep(0.05)
         assert hung.exists(), "the parent never reached its charge"
         # the parent's charge is not recorded yet, so `auto` finds nothing to serve
-        fork = await AgentLab(client, agent).fork(parent_id, 2)
+        fork = await AgentLab(client, agent).fork(ForkRequest(run=parent_id, at_step=2))
         fork_state, parent_state = await asyncio.gather(fork.handle.result(), parent.result())
     assert parent_state["invoice"]["status"] == fork_state["invoice"]["status"] == "charged"
     assert fork_state["invoice"]["effect_id"] == parent_state["invoice"]["effect_id"]
@@ -116,16 +117,16 @@ async def test_a_fork_cannot_take_an_existing_workflows_id(agent_lab: AgentTestL
     await b.result()
     b_run = (await b.describe()).run_id
     with pytest.raises(ForkError, match="is the id of an existing workflow"):
-        await agent_lab.lab.fork(a.id, 2, name=b.id)
+        await agent_lab.lab.fork(ForkRequest(run=a.id, at_step=2, name=b.id))
     assert (await b.describe()).run_id == b_run
     assert agent_lab.lab.registry.receipt(b.id) is None
-    first = await agent_lab.lab.fork(a.id, 2, name=f"{a.id}-try")
+    first = await agent_lab.lab.fork(ForkRequest(run=a.id, at_step=2, name=f"{a.id}-try"))
     await first.handle.result()
     first_run = (await first.handle.describe()).run_id
     c = await agent_lab.start_research(model="slow", topic="charlie")
     await c.result()
     with pytest.raises(ForkError, match="is taken by an earlier fork"):
-        await agent_lab.lab.fork(c.id, 2, name=f"{a.id}-try")
+        await agent_lab.lab.fork(ForkRequest(run=c.id, at_step=2, name=f"{a.id}-try"))
     assert (await first.handle.describe()).run_id == first_run
     receipt = agent_lab.lab.registry.receipt(f"{a.id}-try")
     assert receipt is not None and receipt.parent_workflow_id == a.id
@@ -142,7 +143,7 @@ async def test_a_found_fork_gets_its_receipt_only_when_this_home_signed_it(
     its memo would otherwise put a stranger's run into the fork registry."""
     a = await agent_lab.start_research(model="slow", topic="alpha")
     await a.result()
-    fork = await agent_lab.lab.fork(a.id, 2)
+    fork = await agent_lab.lab.fork(ForkRequest(run=a.id, at_step=2))
     await fork.handle.result()
     lost = ForkRegistry(tmp_path / "lost.sqlite")  # the receipt the dead attempt never wrote
     starter = ForkStarter(agent_lab.client, lost, agent_lab.agent.home)

@@ -22,6 +22,7 @@ from temporalio.worker import Replayer, Worker
 from forklab.activities.runfork.history_events import digest_payloads
 from forklab.activities.runfork.history_reads import locate_step
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.steps import StepOrigin, prefix_sha256
@@ -69,11 +70,13 @@ async def test_fork_serves_the_prefix_and_replays_deterministically(steps_lab: S
     parent = steps_lab.client.get_workflow_handle(wid)
     expected = await parent.result()
     # auto (the default): the tail's calls are identical to the parent's, so replayed
-    auto = await steps_lab.lab.fork(wid, 4)
+    auto = await steps_lab.lab.fork(ForkRequest(run=wid, at_step=4))
     assert await auto.handle.result() == expected
     steps = await steps_lab.lab.steps(auto.handle.id)
     assert [s.origin for s in steps] == [StepOrigin.inherited] * 4 + [StepOrigin.replayed] * 2
-    fork = await steps_lab.lab.fork(wid, 4, tool_policies={"*": ToolPolicy.live})
+    fork = await steps_lab.lab.fork(
+        ForkRequest(run=wid, at_step=4, tool_policies={"*": ToolPolicy.live})
+    )
     assert await fork.handle.result() == expected
     steps = await steps_lab.lab.steps(fork.handle.id)
     assert [s.origin for s in steps] == [StepOrigin.inherited] * 4 + [StepOrigin.own] * 2
@@ -103,9 +106,11 @@ async def test_ids_from_workflow_uuid4_in_the_prefix_fork_exactly(steps_lab: Ste
     ask with the parent's ids (input drift from the workflow id: test_fork_drift_builds)."""
     wid = await steps_lab.start(steps=4, random_ids=True)
     parent = await steps_lab.client.get_workflow_handle(wid).result()
-    exact = await steps_lab.lab.fork(wid, 2)
+    exact = await steps_lab.lab.fork(ForkRequest(run=wid, at_step=2))
     assert await exact.handle.result() == parent
-    approx = await steps_lab.lab.fork(wid, 2, boundary=BoundaryMode.approximate)
+    approx = await steps_lab.lab.fork(
+        ForkRequest(run=wid, at_step=2, boundary=BoundaryMode.approximate)
+    )
     assert await approx.handle.result() == parent
 
 
@@ -114,13 +119,13 @@ async def test_a_timer_inside_the_prefix_is_inherited_not_started_again(
 ) -> None:
     wid = await steps_lab.start(steps=4, sleep_after=2)
     await steps_lab.client.get_workflow_handle(wid).result()
-    fork = await steps_lab.lab.fork(wid, 3)
+    fork = await steps_lab.lab.fork(ForkRequest(run=wid, at_step=3))
     assert fork.receipt.restorable and fork.receipt.approximations == []
     assert len(await fork.handle.result()) == 4
     events = (await fork.handle.fetch_history()).events
     assert not [e for e in events if e.HasField("timer_started_event_attributes")]
     # before the timer fired the fork starts it itself
-    early = await steps_lab.lab.fork(wid, 2)
+    early = await steps_lab.lab.fork(ForkRequest(run=wid, at_step=2))
     assert len(await early.handle.result()) == 4
     events = (await early.handle.fetch_history()).events
     assert len([e for e in events if e.HasField("timer_started_event_attributes")]) == 1
@@ -135,12 +140,12 @@ async def test_fork_a_running_then_terminated_parent(steps_lab: StepsLab) -> Non
             break
         await asyncio.sleep(0.1)
     with pytest.raises(ForkError, match=r"step 4 .*never completed"):
-        await steps_lab.lab.fork(wid, 4)
+        await steps_lab.lab.fork(ForkRequest(run=wid, at_step=4))
     before = list((await parent.fetch_history()).events)
-    running = await steps_lab.lab.fork(wid, 3)
+    running = await steps_lab.lab.fork(ForkRequest(run=wid, at_step=3))
     assert list((await parent.fetch_history()).events) == before  # forking wrote nothing
     await parent.terminate("crash")
-    crashed = await steps_lab.lab.fork(wid, 3)
+    crashed = await steps_lab.lab.fork(ForkRequest(run=wid, at_step=3))
     after = list((await parent.fetch_history()).events)
     assert after[: len(before)] == before and len(after) == len(before) + 1  # + terminated
     for fork in (running, crashed):  # both reach the parent's step 4 (held) live
@@ -160,18 +165,18 @@ async def test_fork_across_continue_as_new_and_fork_of_fork(steps_lab: StepsLab)
     expected = await steps_lab.client.get_workflow_handle(wid).result()
     steps = await steps_lab.lab.steps(wid)
     assert [s.index for s in steps] == list(range(1, 10))
-    fork = await steps_lab.lab.fork(wid, 5)
+    fork = await steps_lab.lab.fork(ForkRequest(run=wid, at_step=5))
     assert fork.receipt.base_step == 3 and fork.receipt.source_run_id != fork.receipt.parent_run_id
     # the second run has closed: a second fork inside it parses it from memory
     assert steps_lab.lab.runs.hits == 0
-    again = await steps_lab.lab.fork(wid, 4)
+    again = await steps_lab.lab.fork(ForkRequest(run=wid, at_step=4))
     assert steps_lab.lab.runs.hits == 1
     assert again.receipt.source_run_id == fork.receipt.source_run_id
     assert len(await again.handle.result()) == len(expected)
     assert await fork.handle.result() == expected
     fork_steps = await steps_lab.lab.steps(fork.handle.id)
     assert [s.index for s in fork_steps][:3] == [4, 5, 6]
-    grandchild = await steps_lab.lab.fork(fork.handle.id, 7)
+    grandchild = await steps_lab.lab.fork(ForkRequest(run=fork.handle.id, at_step=7))
     assert grandchild.receipt.lineage == [wid, fork.handle.id]
     assert await grandchild.handle.result() == expected
 
@@ -207,9 +212,11 @@ async def test_exact_fork_inside_an_earlier_run_of_a_running_chain(steps_lab: St
     # the parent's later runs number their steps after the earlier runs'
     assert await _scheduled(runs[1]) == [("echo", f"step {i}: echo") for i in (4, 5, 6)]
     with pytest.raises(ForkError, match=r"step 8 .*never completed"):
-        await steps_lab.lab.fork(wid, 8)
+        await steps_lab.lab.fork(ForkRequest(run=wid, at_step=8))
     policies = {"*": ToolPolicy.live, "hold": ToolPolicy.block}
-    fork = await steps_lab.lab.fork(wid, 5, tool_policies=policies, intervention={"v": 2})
+    fork = await steps_lab.lab.fork(
+        ForkRequest(run=wid, at_step=5, tool_policies=policies, intervention={"v": 2})
+    )
     r = fork.receipt
     assert r.boundary is BoundaryMode.exact and r.restorable
     assert (r.requested_step, r.resolved_step, r.base_step) == (5, 5, 3)
@@ -240,7 +247,9 @@ async def test_exact_fork_inside_an_earlier_run_of_a_running_chain(steps_lab: St
     parent_first_run = (await steps_lab.lab.chain(wid))[0].run_id
     assert fork_chain[1].marker.lineage_root == f"{wid}@{parent_first_run}"
     # a fork of the fork, inside its later run, is exact too
-    grandchild = await steps_lab.lab.fork(fork.handle.id, 7, tool_policies=policies)
+    grandchild = await steps_lab.lab.fork(
+        ForkRequest(run=fork.handle.id, at_step=7, tool_policies=policies)
+    )
     assert grandchild.receipt.base_step == 6 and grandchild.receipt.lineage == [wid, fork.handle.id]
     with pytest.raises(WorkflowFailureError):
         await grandchild.handle.result()
@@ -264,7 +273,9 @@ async def test_a_run_ending_in_calls_in_parallel_is_read_from_its_end(
     located = await locate_step(steps_lab.client, wid, 6)
     assert located.tail_only and located.histories_read == 0
     assert [s.index for s in located.source.steps] == [4, 5, 6]
-    live = await steps_lab.lab.fork(wid, 6, tool_policies={"*": ToolPolicy.live})
+    live = await steps_lab.lab.fork(
+        ForkRequest(run=wid, at_step=6, tool_policies={"*": ToolPolicy.live})
+    )
     assert (live.receipt.base_step, live.receipt.prefix_sha256) == (6, prefix_sha256([]))
     assert await live.handle.result() == expected
     # inside the run, the whole run is read
@@ -282,7 +293,9 @@ async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
     chain = await steps_lab.lab.chain(wid)
     located = await locate_step(steps_lab.client, wid, 6)  # from the ends of runs 3 and 2
     assert located.tail_only and located.histories_read == 0 and located.starts_read == 2
-    live = await steps_lab.lab.fork(wid, 6, tool_policies={"*": ToolPolicy.live})
+    live = await steps_lab.lab.fork(
+        ForkRequest(run=wid, at_step=6, tool_policies={"*": ToolPolicy.live})
+    )
     r = live.receipt
     assert (r.requested_step, r.resolved_step, r.base_step) == (6, 6, 6) and r.restorable
     assert r.source_run_id == chain[2].run_id
@@ -297,11 +310,13 @@ async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
         (9, StepOrigin.own),
     ]
     # lineage_only inherits nothing: it re-runs the run holding step 6 from its start
-    lineage = await steps_lab.lab.fork(wid, 6, boundary=BoundaryMode.lineage_only)
+    lineage = await steps_lab.lab.fork(
+        ForkRequest(run=wid, at_step=6, boundary=BoundaryMode.lineage_only)
+    )
     assert (lineage.receipt.base_step, lineage.receipt.source_run_id) == (3, chain[1].run_id)
     assert await lineage.handle.result() == expected
     # auto: the parent's own calls after the boundary (its third run) are served
-    auto = await steps_lab.lab.fork(wid, 6)
+    auto = await steps_lab.lab.fork(ForkRequest(run=wid, at_step=6))
     assert await auto.handle.result() == expected
     assert [s.origin for s in await steps_lab.lab.steps(auto.handle.id)] == [
         StepOrigin.replayed
@@ -310,7 +325,7 @@ async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
     timed = await steps_lab.start(steps=6, can_every=3, sleep_after=3)
     await steps_lab.client.get_workflow_handle(timed).result()
     assert not (await locate_step(steps_lab.client, timed, 3)).tail_only
-    inside = await steps_lab.lab.fork(timed, 3)
+    inside = await steps_lab.lab.fork(ForkRequest(run=timed, at_step=3))
     assert inside.receipt.base_step == 0 and inside.receipt.source_run_id == (
         (await steps_lab.lab.chain(timed))[0].run_id
     )
@@ -338,9 +353,11 @@ async def test_a_chain_without_step_counts_in_its_memo_is_located_by_counting(
     ):
         located = await locate_step(steps_lab.client, wid, 5)
         assert located.histories_read == 3 and not located.tail_only
-        inside = await steps_lab.lab.fork(wid, 5)
+        inside = await steps_lab.lab.fork(ForkRequest(run=wid, at_step=5))
         assert inside.receipt.base_step == 3 and await inside.handle.result() == expected
-        at_end = await steps_lab.lab.fork(wid, 6, tool_policies={"*": ToolPolicy.live})
+        at_end = await steps_lab.lab.fork(
+            ForkRequest(run=wid, at_step=6, tool_policies={"*": ToolPolicy.live})
+        )
         chain = await steps_lab.lab.chain(wid)
         assert at_end.receipt.base_step == 6 and at_end.receipt.source_run_id == chain[2].run_id
         assert await at_end.handle.result() == expected

@@ -36,6 +36,7 @@ from forklab.activities.sandbox.workspace import LayerStore, Workspaces, unmount
 from forklab.agents.tools import LedgerMode
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError, workspace_layer_at
 from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.steps import Step, StepOrigin
 from forklab.temporal import ForkLabPlugin
 from forklab.workers.config import ENV, Settings
@@ -122,7 +123,9 @@ async def test_a_fork_at_step_n_starts_from_the_parents_files_at_n(ws_lab: Agent
         assert digest is not None
         store.verify(digest, full=True)
 
-    fork = await lab.lab.fork(parent_id, at_step=4, model="slow", requested_by="tester")
+    fork = await lab.lab.fork(
+        ForkRequest(run=parent_id, at_step=4, model="slow", requested_by="tester")
+    )
     # the receipt carries step 4's layer, which holds exactly the parent's files at step 4
     at_four = after[4]
     assert at_four is not None and fork.receipt.workspace_layer_sha256 == at_four
@@ -152,7 +155,7 @@ async def test_a_fork_at_step_n_starts_from_the_parents_files_at_n(ws_lab: Agent
     assert set(fork_files) == set(parent_files)
     # a fork of the fork finds the layer among inherited steps and among its own
     for at, layer in ((4, at_four), (6, first_own)):
-        again = await lab.lab.fork(fork.handle.id, at_step=at, model="slow")
+        again = await lab.lab.fork(ForkRequest(run=fork.handle.id, at_step=at, model="slow"))
         assert again.receipt.workspace_layer_sha256 == layer
         assert again.receipt.lineage == [parent_id, fork.handle.id]
         assert (await again.handle.result())["workspace_layer"] == state["workspace_layer"]
@@ -175,7 +178,7 @@ async def test_a_tampered_layer_refuses_the_fork(ws_lab: AgentTestLab, tmp_path:
     with victim.open("ab") as fh:
         fh.write(b" tampered")
     with pytest.raises(ForkError, match=f"step 4.*{at_four}.*modified after sealing"):
-        await lab.lab.fork(parent_id, at_step=4, name=f"{parent_id}--tampered")
+        await lab.lab.fork(ForkRequest(run=parent_id, at_step=4, name=f"{parent_id}--tampered"))
     with pytest.raises(RPCError, match="not found"):
         await lab.client.get_workflow_handle(f"{parent_id}--tampered").describe()
     # the real command: exit 2, one line, no workflow; a fork before that step works and
@@ -204,7 +207,9 @@ async def test_a_tampered_layer_refuses_the_fork(ws_lab: AgentTestLab, tmp_path:
     (elsewhere / "fork-issuer").mkdir(parents=True)
     shutil.copy2(issuer_key_path(a.home), issuer_key_path(elsewhere))
     remote = AgentLab(lab.client, a.model_copy(update={"home": elsewhere}))
-    blind = await remote.fork(parent_id, at_step=4, name=f"{parent_id}--blind", model="slow")
+    blind = await remote.fork(
+        ForkRequest(run=parent_id, at_step=4, name=f"{parent_id}--blind", model="slow")
+    )
     assert blind.receipt.workspace_layer_sha256 == at_four
     with pytest.raises(WorkflowFailureError) as failure:
         await blind.handle.result()
@@ -293,7 +298,7 @@ async def test_a_fork_finds_a_layer_written_in_an_earlier_run_of_the_chain(
         at = {i: workspace_layer_at(steps[:i]) for i in range(1, 6)}
         assert at[1] is not None and at[2] not in (None, at[1]) and at[5] == final
         for step, want in ((1, at[1]), (2, at[2]), (3, at[2]), (4, at[2]), (5, final)):
-            fork = await lab.fork(wid, at_step=step)
+            fork = await lab.fork(ForkRequest(run=wid, at_step=step))
             assert fork.receipt.workspace_layer_sha256 == want, step
             assert await fork.handle.result() == final
         store = LayerStore(agent_workspaces_root(agent.home))
@@ -331,7 +336,7 @@ async def test_layers_gc_keeps_every_layer_a_retained_history_names(
         a_final = await lab.client.get_workflow_handle(forked).result()
         a_steps = await lab.steps(forked)
         a_one = workspace_layer_at(a_steps[:1])
-        fork = await lab.fork(forked, at_step=1)
+        fork = await lab.fork(ForkRequest(run=forked, at_step=1))
         assert fork.receipt.workspace_layer_sha256 == a_one
         assert await fork.handle.result() == a_final  # its write was the parent's: replayed
         closed = await run("c", steps=1, write_at=[1])
@@ -352,7 +357,7 @@ async def test_layers_gc_keeps_every_layer_a_retained_history_names(
         p_steps = await reach(ended, 3)
         p_one, p_two = workspace_layer_at(p_steps[:1]), workspace_layer_at(p_steps[:2])
         await lab.client.get_workflow_handle(ended).terminate("test: parent ends")
-        open_fork = await lab.fork(ended, at_step=1)
+        open_fork = await lab.fork(ForkRequest(run=ended, at_step=1))
         fork_steps = await reach(open_fork.handle.id, 3)
         assert fork_steps[1].origin == StepOrigin.replayed
         assert workspace_layer_at(fork_steps) == p_two
@@ -370,9 +375,9 @@ async def test_layers_gc_keeps_every_layer_a_retained_history_names(
             store.verify(digest, full=True)
         # a finished run forks at every step with files after the collection
         for step in (1, 2):
-            again = await lab.fork(forked, at_step=step)
+            again = await lab.fork(ForkRequest(run=forked, at_step=step))
             assert await again.handle.result() == a_final
-        closed_fork = await lab.fork(closed, at_step=1)
+        closed_fork = await lab.fork(ForkRequest(run=closed, at_step=1))
         assert await closed_fork.handle.result() == c_final
 
         await lab.client.get_workflow_handle(held).terminate("test over")

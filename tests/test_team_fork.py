@@ -50,6 +50,7 @@ from forklab.activities.stores.team_registry import TeamRegistry
 from forklab.agents.team import CONCLUSION_STEP, ReviewerInput, ReviewerWorkflow
 from forklab.agents.team_start import TeamHandles, start_team
 from forklab.contracts.errors import ForkErrorType
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.runfork import FETCH_PREFIX, TEAM_RELEASE_SIGNAL
 from forklab.contracts.team_fork import TeamForkRecord, TeamForkStatus
 from forklab.experiments.runfork.team_cut import EdgeTreatment, Point
@@ -197,7 +198,7 @@ async def test_a_member_fork_starts_from_the_run_the_cut_read_and_only_from_its_
     # a run handed for a member is read under that member's id: another's is not found
     starter = ForkStarter(lab.client, ForkRegistry(lab.agent.forks_path), lab.agent.home)
     with pytest.raises(RunNotFound):
-        await starter.fork(ids.writer, 0, run_id=runs[ids.researcher])
+        await starter.fork(ForkRequest(run=ids.writer, at_step=0, run_id=runs[ids.researcher]))
     # a run that is not closed is located as any fork's parent is
     running = await lab.client.start_workflow(
         ReviewerWorkflow.run,
@@ -205,7 +206,7 @@ async def test_a_member_fork_starts_from_the_run_the_cut_read_and_only_from_its_
         id=f"reviewer-{uuid.uuid4().hex[:6]}",
         task_queue=team_task_queue(lab.agent),
     )
-    fork = await starter.fork(running.id, 0, run_id=running.result_run_id)
+    fork = await starter.fork(ForkRequest(run=running.id, at_step=0, run_id=running.result_run_id))
     assert fork.receipt.parent_run_id == running.result_run_id
     await fork.handle.terminate("test over")
     await running.terminate("test over")

@@ -60,18 +60,7 @@ async def _start_as_a_dead_attempt_did(
 ) -> None:
     """One member's fork, started as ``forklab.team_fork_members`` starts it (held)."""
     await ForkStarter(client, ForkRegistry(agent.forks_path), agent.home).fork(
-        m.workflow_id,
-        m.at_step,
-        name=m.fork_workflow_id,
-        intervention=m.intervention,
-        model=m.model,
-        tool_policies=m.tool_policies,
-        boundary=m.boundary,
-        requested_by=requested_by,
-        result_override=m.result_override,
-        input_override=m.input_override,
-        signals=m.signals,
-        team=m.team,
+        m.fork_request(requested_by)
     )
 
 

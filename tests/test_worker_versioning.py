@@ -26,6 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from forklab.cli.runfork.agent_lab import AgentLab
+from forklab.contracts.fork_request import ForkRequest
 from forklab.temporal import ensure_search_attributes
 from forklab.workers.config import ConfigError, Settings
 from forklab.workers.runfork.agent_worker import (
@@ -228,7 +229,9 @@ async def test_an_agent_run_stays_on_its_build_and_its_fork_takes_the_newest(
                 said
                 == f"version {deployment}-agents:v2 is now current (was {deployment}-agents:v1)"
             )
-            fork = await lab.lab.fork(parent.id, at_step=3, model="slow", requested_by="tester")
+            fork = await lab.lab.fork(
+                ForkRequest(run=parent.id, at_step=3, model="slow", requested_by="tester")
+            )
             state = await asyncio.wait_for(fork.handle.result(), timeout=60)
             assert state["status"] == "ok"
     assert await _pinned_build(parent) == "v1" and await _pinned_build(fork.handle) == "v2"

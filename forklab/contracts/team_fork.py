@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.runfork import CohortFork, TeamPart
 from forklab.experiments.runfork.overrides import ForkSignal, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
@@ -26,7 +27,9 @@ ABORT_MEMBERS = "forklab.team_abort_members"
 
 
 class MemberFork(BaseModel):
-    """One member's fork, as ``ForkStarter.fork`` takes it."""
+    """One member's fork: what ``ForkStarter.fork`` is asked for it (``fork_request``).
+    Its fields are the coordinator's recorded input, so they stay as they are rather than
+    a ``ForkRequest`` nested here: a changed shape would not read the recorded ones."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -52,6 +55,26 @@ class MemberFork(BaseModel):
     cohort: CohortFork | None = None
     #: the experiment run whose cleanup finds the fork (its ``ForkLabExperiment``)
     experiment_tag: str | None = None
+
+    def fork_request(self, requested_by: str) -> ForkRequest:
+        """The fork of this member, asked for by ``requested_by`` (the team fork's)."""
+        return ForkRequest(
+            run=self.workflow_id,
+            at_step=self.at_step,
+            run_id=self.run_id,
+            name=self.fork_workflow_id,
+            intervention=self.intervention,
+            model=self.model,
+            tool_policies=self.tool_policies,
+            boundary=self.boundary,
+            requested_by=requested_by,
+            result_override=self.result_override,
+            input_override=self.input_override,
+            signals=self.signals,
+            team=self.team,
+            cohort=self.cohort,
+            experiment_tag=self.experiment_tag,
+        )
 
 
 class TeamForkInput(BaseModel):

@@ -28,7 +28,6 @@ from typing import Any
 from temporalio import activity
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -84,6 +83,7 @@ from forklab.contracts.cohort import (
 )
 from forklab.contracts.errors import ExperimentErrorType
 from forklab.contracts.experiment import EvidenceLogResult, WorldLook
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.runfork import MODEL_FIELDS, CohortFork
 from forklab.contracts.search_attributes import EXPERIMENT
 from forklab.contracts.team import TEAM_UPDATE_ACTIVITY
@@ -327,17 +327,19 @@ class CohortActivities:
         override = fork_override(run, world)
         try:
             fork = await self._starter.fork(
-                run.workflow_id,
-                override.at_step,
-                result_override=override.result,
-                input_override=override.input,
-                name=fork_id,
-                intervention=intervention,
-                model=world.model,
-                tool_policies=fork_policies(plan, world),
-                requested_by=f"experiment {job.experiment_id}",
-                cohort=_cohort_part(job),
-                search_attributes=[SearchAttributePair(EXPERIMENT, job.run_key)],
+                ForkRequest(
+                    run=run.workflow_id,
+                    at_step=override.at_step,
+                    name=fork_id,
+                    intervention=intervention,
+                    model=world.model,
+                    tool_policies=fork_policies(plan, world),
+                    requested_by=f"experiment {job.experiment_id}",
+                    result_override=override.result,
+                    input_override=override.input,
+                    cohort=_cohort_part(job),
+                    experiment_tag=job.run_key,
+                )
             )
         except ForkExists:
             # an earlier attempt started it; its receipt too, unless that attempt died

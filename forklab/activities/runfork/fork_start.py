@@ -14,7 +14,6 @@ import getpass
 import json
 import re
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,6 +51,7 @@ from forklab.activities.runfork.start_links import forked_from, with_start_links
 from forklab.activities.runfork.workspace import agent_workspaces_root
 from forklab.activities.sandbox.workspace import LayerStore, WorkspaceError, layer_lock
 from forklab.activities.stores.fork_registry import ForkRegistry
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.fork_signature import (
     issuer_public_key,
     marker_refusal,
@@ -63,23 +63,17 @@ from forklab.contracts.runfork import (
     PREFIX_PAGE_HEADER,
     RECEIPT_HEADER,
     WORKSPACE_LAYER_FIELD,
-    CohortFork,
     FetchPrefixInput,
     ForkMarker,
     ModelSwap,
     TeamPart,
     fork_task_queue,
 )
-from forklab.contracts.search_attributes import BOUNDARY, LINEAGE_ROOT, PARENT, RUN
+from forklab.contracts.search_attributes import BOUNDARY, EXPERIMENT, LINEAGE_ROOT, PARENT, RUN
 from forklab.experiments.runfork import identity
 from forklab.experiments.runfork.approximations import Approximation, id_drift
 from forklab.experiments.runfork.call_match import keyed
-from forklab.experiments.runfork.overrides import (
-    ForkSignal,
-    InputOverride,
-    ResultOverride,
-    overridden,
-)
+from forklab.experiments.runfork.overrides import InputOverride, overridden
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy, uses_records
 from forklab.experiments.runfork.receipt import (
     BoundaryError,
@@ -276,50 +270,16 @@ class ForkStarter:
         #: closed runs' histories never change: read once, shared with the caller's reads
         self.runs = runs if runs is not None else ClosedRuns()
 
-    async def fork(
-        self,
-        run: str,
-        at_step: int,
-        *,
-        name: str | None = None,
-        intervention: dict[str, Any] | None = None,
-        model: str | None = None,
-        tool_policies: dict[str, ToolPolicy] | None = None,
-        boundary: BoundaryMode = BoundaryMode.exact,
-        requested_by: str | None = None,
-        point: str | None = None,
-        result_override: ResultOverride | None = None,
-        input_override: tuple[int, Any] | None = None,
-        signals: list[ForkSignal] | None = None,
-        cohort: CohortFork | None = None,
-        team: TeamPart | None = None,
-        search_attributes: Sequence[SearchAttributePair[str]] = (),
-        allow_build_change: bool = False,
-        record: bool = True,
-        run_id: str | None = None,
-    ) -> Fork:
-        """Start a fork of ``run`` that inherits steps 1..at_step and continues live.
+    async def fork(self, request: ForkRequest) -> Fork:
+        """Start the fork ``request`` asks for: of its run, inheriting steps 1..at_step
+        and continuing live (``ForkRequest`` says what each field asks).
 
         When the run keeps a workspace, the fork's files start from the layer step
         ``at_step`` left (verified first; a damaged layer refuses the fork), recorded in
-        the receipt's ``workspace_layer_sha256``. ``point`` records the fork point by
-        meaning ``at_step`` was resolved from (``fork_at.resolve_at``). ``result_override``
-        (``make_override``) serves the fork its JSON as step ``at_step``'s result;
-        ``input_override`` (step, JSON) runs that step, ``at_step + 1``, live with the JSON
-        as its input; ``signals`` reach the workflow's handlers at the fork point.
-        ``cohort`` marks the fork of an experiment over a cohort (seeds, prompt patch,
-        faults), ``team`` the member of a team fork (``forklab fork-team``: held until
-        released, its messages addressed to the team's forks; composed here with the team
-        part of the fork ``run`` is, so a team fork of a team fork addresses the ids its
-        code names), ``search_attributes`` are added to the fork's own. The receipt and
-        the marker name the builds that recorded the prefix; ``allow_build_change`` lets a
-        fork on another build whose prefix notices the change go on approximately.
-        ``record=False`` leaves the receipt for the caller to record: a team fork writes
-        its held members' receipts with the group receipt, in one transaction, before any
-        member runs. ``run_id`` names the run of ``run`` to fork when the caller read it
-        closed and the only run of its chain (a team fork's cut was computed on it): it is
-        read (or taken from the cache of closed runs) without asking for the latest run
-        and its first event again; a run that is not so is located as usual."""
+        the receipt's ``workspace_layer_sha256``. The receipt and the marker name the
+        builds that recorded the prefix."""
+        run, at_step, boundary = request.run, request.at_step, request.boundary
+        name, model, result_override = request.name, request.model, request.result_override
         fork_id = name or f"{run}--fork-{uuid.uuid4().hex[:8]}"
         if not _NAME.match(fork_id):
             raise ForkError(
@@ -331,9 +291,9 @@ class ForkStarter:
         # API beside a worker) goes on meanwhile — with the fork itself, once it started
         if await asyncio.to_thread(self.registry.receipt, fork_id) is not None:
             raise ForkExists(f"fork name {fork_id!r} is taken by an earlier fork; choose another")
-        policies = dict(tool_policies or {})
+        policies = dict(request.tool_policies)
         policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
-        if signals and boundary is BoundaryMode.lineage_only:
+        if request.signals and boundary is BoundaryMode.lineage_only:
             raise ForkError("--signal is delivered at the fork point; lineage_only has none")
         if result_override is not None and boundary is BoundaryMode.lineage_only:
             raise ForkError("--override-result needs an inherited prefix; lineage_only has none")
@@ -343,7 +303,7 @@ class ForkStarter:
                 f"step {at_step}; an override replaces the result of the fork's last step"
             )
         located = (
-            await self._closed_run(run, run_id) if run_id is not None else None
+            await self._closed_run(run, request.run_id) if request.run_id is not None else None
         ) or await locate_step(self.client, run, at_step, self.registry, self.runs)
         source = located.source
         if result_override is not None:
@@ -353,8 +313,8 @@ class ForkStarter:
                 steps=overridden(source.steps, result_override, override_b64(result_override)),
             )
         asked = (
-            _input_override(source.steps, at_step, *input_override, boundary)
-            if input_override is not None
+            _input_override(source.steps, at_step, *request.input_override, boundary)
+            if request.input_override is not None
             else None
         )
         try:
@@ -415,19 +375,19 @@ class ForkStarter:
                 source_input_sha256=digest_payloads(start_input),
                 lineage=lineage,
                 boundary=boundary,
-                intervention=intervention,
+                intervention=request.intervention,
                 model=model,
                 tool_policies=policies,
-                requested_by=requested_by or getpass.getuser(),
+                requested_by=request.requested_by or getpass.getuser(),
                 created_at=datetime.now(UTC),
                 workspace_layer_sha256=layer,
-                requested_point=point,
+                requested_point=request.point,
                 result_override=result_override,
                 input_override=asked,
-                signals=signals,
+                signals=request.signals,
                 parent_build=source.builds_upto(at_step),
                 fork_build=await polling_builds(self.client, fork_task_queue(source.task_queue)),
-                allow_build_change=allow_build_change,
+                allow_build_change=request.allow_build_change,
             )
             inherited_swaps = [
                 swap
@@ -449,17 +409,17 @@ class ForkStarter:
                 model=model,
                 model_swaps=inherited_swaps + own_swap,
                 tool_policies=policies,
-                intervention=intervention,
+                intervention=request.intervention,
                 result_override=result_override,
                 input_override=asked,
-                signals=signals or [],
-                cohort=cohort,
-                team=composed_team(team, first_marker.team if first_marker else None),
+                signals=request.signals,
+                cohort=request.cohort,
+                team=composed_team(request.team, first_marker.team if first_marker else None),
                 fork_workflow_id=fork_id,
                 start_input_sha256=digest_payloads(start_input),
                 issued_at=datetime.now(UTC),
                 parent_build=receipt.parent_build,
-                allow_build_change=allow_build_change,
+                allow_build_change=request.allow_build_change,
             )
             # the prefix page the fork's fetch would read, cut from the run parsed above and
             # passed in the fork's start, its digest signed with the marker
@@ -472,13 +432,13 @@ class ForkStarter:
             marker = sign_marker(marker, issuer_key(self.home))
             try:
                 handle = await self._start_workflow(
-                    source, start_input, marker, receipt, search_attributes, page
+                    source, start_input, marker, receipt, request.experiment_tag, page
                 )
             except WorkflowAlreadyStartedError:
                 raise ForkExists(
                     f"fork name {fork_id!r} is the id of an existing workflow; choose another"
                 ) from None
-            if not record:
+            if not request.record:
                 return Fork(receipt=receipt, handle=handle)
             try:
                 await asyncio.to_thread(self.registry.add_receipt, receipt)
@@ -537,7 +497,7 @@ class ForkStarter:
         start_input: list[Payload],
         marker: ForkMarker,
         receipt: ForkReceipt,
-        extra: Sequence[SearchAttributePair[str]] = (),
+        experiment_tag: str | None = None,
         page: bytes | None = None,
     ) -> WorkflowHandle[Any, Any]:
         """Start the fork under a workflow id never used before: not as a second run of a
@@ -545,7 +505,8 @@ class ForkStarter:
         ``diff`` and ``promote`` would then read as this fork's. It starts on the fork
         queue of the parent's (``<queue>@forklab``), which only ``ForkLabPlugin`` workers
         poll: no worker without the fork interceptor can run it as an ordinary run.
-        ``page``: the prefix page passed in its start header (``_passed_prefix``)."""
+        ``page``: the prefix page passed in its start header (``_passed_prefix``);
+        ``experiment_tag``: the experiment run whose cleanup finds the fork."""
         fork_id, parent = receipt.fork_workflow_id, marker.parent_workflow_id
         boundary = marker.boundary.value
         # the model the fork's calls after the boundary use: its own swap, else one it
@@ -583,7 +544,11 @@ class ForkStarter:
                     SearchAttributePair(PARENT, parent),
                     SearchAttributePair(LINEAGE_ROOT, marker.lineage_root),
                     SearchAttributePair(BOUNDARY, boundary),
-                    *extra,
+                    *(
+                        []
+                        if experiment_tag is None
+                        else [SearchAttributePair(EXPERIMENT, experiment_tag)]
+                    ),
                 ]
             ),
             static_summary=fork_summary(receipt, model),

@@ -29,7 +29,6 @@ from pathlib import Path
 
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -38,7 +37,6 @@ from forklab.activities.runfork.history_reads import RunNotFound
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.team_registry import TeamRecordConflict, TeamRegistry
 from forklab.contracts.runfork import MARKER_MEMO_KEY, TEAM_RELEASE_SIGNAL
-from forklab.contracts.search_attributes import EXPERIMENT
 from forklab.contracts.team_fork import (
     ABORT_MEMBERS,
     FORK_MEMBERS,
@@ -109,24 +107,7 @@ class TeamForkActivities:
         fork_id = m.fork_workflow_id
         try:
             fork = await self.starter.fork(
-                m.workflow_id,
-                m.at_step,
-                run_id=m.run_id,
-                name=fork_id,
-                intervention=m.intervention,
-                model=m.model,
-                tool_policies=m.tool_policies,
-                boundary=m.boundary,
-                requested_by=requested_by,
-                result_override=m.result_override,
-                input_override=m.input_override,
-                signals=m.signals,
-                team=m.team,
-                cohort=m.cohort,
-                search_attributes=[]
-                if m.experiment_tag is None
-                else [SearchAttributePair(EXPERIMENT, m.experiment_tag)],
-                record=False,
+                m.fork_request(requested_by).model_copy(update={"record": False})
             )
             known: ForkReceipt | None = fork.receipt
         except ForkExists:

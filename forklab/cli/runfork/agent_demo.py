@@ -28,6 +28,7 @@ from forklab.cli.runfork.agent_services import (
     stop_agent_services,
 )
 from forklab.cli.service_commands import ensure_server, stop_services
+from forklab.contracts.fork_request import ForkRequest
 from forklab.experiments.runfork.diff import change_lines
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.workers.config import Settings
@@ -75,12 +76,14 @@ async def agent_demo(settings: Settings, agent: AgentSettings, yes: bool) -> lis
     events_before = await _event_count(client, run_id)
     print(f"2. fork at step {FORK_AT_STEP} with model `slow` and charge_customer=block")
     fork = await lab.fork(
-        run_id,
-        FORK_AT_STEP,
-        name=f"{run_id}-slow",
-        model="slow",
-        tool_policies={"charge_customer": ToolPolicy.block},
-        requested_by="demo agent",
+        ForkRequest(
+            run=run_id,
+            at_step=FORK_AT_STEP,
+            name=f"{run_id}-slow",
+            model="slow",
+            tool_policies={"charge_customer": ToolPolicy.block},
+            requested_by="demo agent",
+        )
     )
     state = await fork.handle.result()
     new_charges = _charges(agent) - charges_before

@@ -1,4 +1,5 @@
-"""Fork agent runs from Python: ``await AgentLab(client, agent_settings).fork(run, at_step=…)``.
+"""Fork agent runs from Python:
+``await AgentLab(client, agent_settings).fork(ForkRequest(run=…, at_step=…))``.
 
 The CLI commands (``forklab fork|steps|diff|trail|outcome|promote|watch``) are thin
 shells around this class. A fork is a new workflow; the parent is only read.
@@ -43,14 +44,14 @@ from forklab.activities.runfork.workspace import (
 from forklab.activities.sandbox.workspace import GcResult, layer_lock
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.run_log import LogEvent, RunLog
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.runfork import FORK_POINT_QUERY, ForkPoint
 from forklab.experiments.runfork import identity
 from forklab.experiments.runfork.diff import StateDiff, diff_states, divergence_step
 from forklab.experiments.runfork.fork_at import ForkAtError, not_forkable, resolve_at
-from forklab.experiments.runfork.overrides import ForkSignal, ResultOverride
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy, unknown_tools
 from forklab.experiments.runfork.promotion import SiblingRun
-from forklab.experiments.runfork.receipt import BoundaryMode, PrefixEvent
+from forklab.experiments.runfork.receipt import PrefixEvent
 from forklab.experiments.runfork.steps import Step, StepOrigin, step_numbers
 from forklab.workers.runfork.agent_config import AgentSettings
 from forklab.workers.runfork.plugin import search_attributes_hint
@@ -60,6 +61,7 @@ __all__ = [
     "AgentLab",
     "Fork",
     "ForkError",
+    "ForkRequest",
     "RunDiff",
     "final_state",
     "workspace_layer_at",
@@ -178,45 +180,15 @@ class AgentLab:
             not_forkable=refused,
         )
 
-    async def fork(
-        self,
-        run: str,
-        at_step: int,
-        *,
-        name: str | None = None,
-        intervention: dict[str, Any] | None = None,
-        model: str | None = None,
-        tool_policies: dict[str, ToolPolicy] | None = None,
-        boundary: BoundaryMode = BoundaryMode.exact,
-        requested_by: str | None = None,
-        point: str | None = None,
-        result_override: ResultOverride | None = None,
-        input_override: tuple[int, Any] | None = None,
-        signals: list[ForkSignal] | None = None,
-        allow_build_change: bool = False,
-    ) -> Fork:
-        """Start a fork of ``run`` that inherits steps 1..at_step and continues live
-        (``ForkStarter.fork``, which says what each argument does), after refusing a tool
-        policy that names a tool the run never called; a namespace without ForkLab's
-        search attributes is told how to add them."""
-        if any(key != DEFAULT_KEY for key in tool_policies or {}):
-            await self._check_tools(run, dict(tool_policies or {}))
+    async def fork(self, request: ForkRequest) -> Fork:
+        """Start the fork ``request`` asks for (``ForkStarter.fork``; ``ForkRequest`` says
+        what each field does), after refusing a tool policy that names a tool the run
+        never called; a namespace without ForkLab's search attributes is told how to add
+        them."""
+        if any(key != DEFAULT_KEY for key in request.tool_policies):
+            await self._check_tools(request.run, dict(request.tool_policies))
         try:
-            return await self.starter.fork(
-                run,
-                at_step,
-                name=name,
-                intervention=intervention,
-                model=model,
-                tool_policies=tool_policies,
-                boundary=boundary,
-                requested_by=requested_by,
-                point=point,
-                result_override=result_override,
-                input_override=input_override,
-                signals=signals,
-                allow_build_change=allow_build_change,
-            )
+            return await self.starter.fork(request)
         except RPCError as exc:
             if exc.status is RPCStatusCode.INVALID_ARGUMENT and "search attribute" in str(exc):
                 raise ForkError(search_attributes_hint(self.client.namespace)) from None

@@ -21,6 +21,7 @@ from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, run, settings_from
 from forklab.cli.runfork.agent_lab import ACTING_KINDS, AgentLab, ForkError, Timeline
 from forklab.cli.runfork.agent_services import agent_settings
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.runfork import ForkPoint
 from forklab.experiments.runfork.approximations import Approximation, ApproximationKind
 from forklab.experiments.runfork.diff import change_lines
@@ -143,18 +144,20 @@ async def _fork(args: argparse.Namespace) -> int:
             code=BAD_INPUT,
         )
     fork = await lab.fork(
-        args.run,
-        at_step,
-        point=point,
-        result_override=override,
-        input_override=asked,
-        signals=signals,
-        name=args.name,
-        intervention=intervention,
-        model=args.model,
-        tool_policies=policies,
-        boundary=BoundaryMode(args.boundary),
-        allow_build_change=args.allow_build_change,
+        ForkRequest(
+            run=args.run,
+            at_step=at_step,
+            name=args.name,
+            intervention=intervention,
+            model=args.model,
+            tool_policies=policies,
+            boundary=BoundaryMode(args.boundary),
+            point=point,
+            result_override=override,
+            input_override=asked,
+            signals=signals,
+            allow_build_change=args.allow_build_change,
+        )
     )
     started = (
         f"fork {fork.receipt.fork_workflow_id} started (workflow run {fork.handle.result_run_id})"
