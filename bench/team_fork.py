@@ -5,6 +5,10 @@ the cut forks every member. Beside it, in the same run and alternating with it: 
 the members one by one (``ForkStarter.fork`` each, one after another) and one single
 fork. Goal: a 3-member team fork within 1.5x a single fork.
 
+Each measurement starts on a settled worker: the forks the one before it started have
+finished (waited for outside the time measured), so no figure carries the tail of another's
+work on the same two cores.
+
 Each figure is measured **cold** (every cache of closed runs emptied before each fork:
 the bench's starter's, and the worker's, which the coordinator's member forks and the
 forks' prefixes use) and **warm** (the caches hold the team's runs, as for every team fork
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -61,6 +66,18 @@ async def record_relay(client: Client, queue: str, size: int) -> list[str]:
     return ids
 
 
+async def settle(client: Client, fork_ids: list[str]) -> None:
+    """Until the forks a measurement started have closed (a fork of one member alone fails
+    when it signals an original that has closed: that is its end too), outside the time
+    measured."""
+
+    async def closed(fork_id: str) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.get_workflow_handle(fork_id).result(), 30)
+
+    await asyncio.gather(*(closed(f) for f in fork_ids))
+
+
 async def team_fork(client: Client, teams: TeamRegistry, member: str) -> tuple[float, float]:
     """The whole team fork, and its first part: reading the team, the cut, the plan and
     starting the coordinator (the rest is the coordinator's: starts, record, release)."""
@@ -70,25 +87,31 @@ async def team_fork(client: Client, teams: TeamRegistry, member: str) -> tuple[f
     )
     planned = time.perf_counter() - began
     record = await started.result()
+    took = time.perf_counter() - began
     assert record.status is TeamForkStatus.forked, record.reason
-    return time.perf_counter() - began, planned
+    await settle(client, sorted(record.receipt.addresses.values()))
+    return took, planned
 
 
 async def one_by_one(starter: ForkStarter, ids: list[str], before: Callable[[], None]) -> float:
     """Each member forked after the other, the caches emptied (or not) before each fork."""
     took = 0.0
+    forks = []
     for wid in ids:
         before()
         began = time.perf_counter()
-        await starter.fork(ForkRequest(run=wid, at_step=0))
+        forks.append(await starter.fork(ForkRequest(run=wid, at_step=0)))
         took += time.perf_counter() - began
+    await settle(starter.client, [f.handle.id for f in forks])
     return took
 
 
 async def single(starter: ForkStarter, wid: str) -> float:
     began = time.perf_counter()
-    await starter.fork(ForkRequest(run=wid, at_step=0))
-    return time.perf_counter() - began
+    fork = await starter.fork(ForkRequest(run=wid, at_step=0))
+    took = time.perf_counter() - began
+    await settle(starter.client, [fork.handle.id])
+    return took
 
 
 def cache_emptier(worker: Worker, starter: ForkStarter) -> Callable[[], None]:

@@ -48,7 +48,11 @@ _HEARTBEAT = timedelta(seconds=5)
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5))
 
 
-@workflow.defn(name=TEAM_FORK_WORKFLOW)
+# Outside the sandbox: it is ForkLab's own code, deterministic by construction (no clock,
+# randomness or I/O; it only runs activities), and a sandboxed instance's creation — its
+# modules imported anew — was a tenth of a small team fork's time on its first workflow task
+# and again when the forking activity's result completed the coordinator.
+@workflow.defn(name=TEAM_FORK_WORKFLOW, sandboxed=False)
 class TeamForkWorkflow:
     def __init__(self) -> None:
         self._status: TeamForkStatus | None = None
