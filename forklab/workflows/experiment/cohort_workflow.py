@@ -39,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
     from forklab.workflows.activity_calls import execute
     from forklab.workflows.experiment import cohort_state, timeouts
     from forklab.workflows.experiment.approval_gate import Moment
-    from forklab.workflows.experiment.approval_step import ApprovalStep
     from forklab.workflows.experiment.cohort_messages import (
         STATUS_QUERY,
         WORKFLOW_TYPE,
@@ -49,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         CohortResult,
         CohortStatusView,
     )
+    from forklab.workflows.experiment.experiment_run import ExperimentRun
     from forklab.workflows.experiment.gate_opening import BAD_INPUT, check_start, gate_of
     from forklab.workflows.experiment.messages import Stage, Status
     from forklab.workflows.experiment.run_end import Stop, cause
@@ -72,9 +72,10 @@ def _user_code_broke(err: ActivityError) -> bool:
 
 
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=BAD_INPUT)
-class CohortExperimentWorkflow(ApprovalStep):
-    """Orchestrates a cohort experiment (see the module); its message handlers and its
-    approval wait are the workload experiment's (``ApprovalStep``)."""
+class CohortExperimentWorkflow(ExperimentRun[CohortReport]):
+    """Orchestrates a cohort experiment (see the module); the course of its run, its
+    message handlers and its approval wait are the workload experiment's
+    (``ExperimentRun``)."""
 
     @workflow.init
     def __init__(self, inp: CohortInput) -> None:
@@ -96,7 +97,8 @@ class CohortExperimentWorkflow(ApprovalStep):
         self._message = carry.message if carry else "starting"
         self._status = Status.running
         self._error: str | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: the running fork activities, each with its job
+        self._tasks: dict[asyncio.Task[None], int] = {}
         #: forks this run of the chain started (a run starts one at least before it may
         #: continue as new, so every run makes progress)
         self._started = 0
@@ -145,50 +147,21 @@ class CohortExperimentWorkflow(ApprovalStep):
     @workflow.run
     async def run(self, inp: CohortInput) -> CohortResult:
         workflow.upsert_search_attributes([EXPERIMENT.value_set(self._spec.id)])
-        report: CohortReport | None = None
-        approved = inp.carry is not None
-        try:
-            if inp.carry is None:
-                await self._plan_and_approve()
-            else:
-                await self._await_approval()
-            approved = True
-            self._enter(Stage.running_worlds, "running the forks")
-            if self._spec.analysis.sequential is None:
-                await self._run_forks()
-            else:
-                await self._run_waves()
-            await self._clean_up()
-            report = await self._analyse()
-            self._status = Status.completed
-        except Stop as stop:
-            self._status, self._error = stop.status, stop.reason
-            await self._stop_forks()
-        except asyncio.CancelledError:
-            await self._cancelled()
-            raise
-        except ActivityError as err:
-            if isinstance(err.cause, CancelledError):
-                await self._cancelled()
-                raise asyncio.CancelledError from None
-            self._status, self._error = Status.failed, cause(err)
-            await self._stop_forks()
-        await self._clean_up()
-        await self._record(report)
-        self._enter(Stage.done, f"{self._status.value}{': ' + self._error if self._error else ''}")
-        if self._status is Status.failed and not approved:
-            raise ApplicationError(
-                self._error or "failed", type=ExperimentErrorType.failed_before_approval
-            )
+        report = await self._run_to_end(continued=inp.carry is not None)
         return self._result(report)
 
-    async def _cancelled(self) -> None:
-        """The operator cancelled: stop the forks, clean up, record; the caller re-raises."""
-        self._status, self._error = Status.cancelled, "cancelled by the operator"
-        await self._stop_forks()
-        await self._clean_up()
-        await self._record(None)
-        self._enter(Stage.done, "cancelled")
+    def _end(self, status: Status, error: str | None) -> None:
+        self._status, self._error = status, error
+
+    async def _work(self) -> None:
+        self._enter(Stage.running_worlds, "running the forks")
+        if self._spec.analysis.sequential is None:
+            await self._run_forks()
+        else:
+            await self._run_waves()
+
+    async def _conclude(self) -> CohortReport:
+        return await self._analyse()
 
     def _result(self, report: CohortReport | None) -> CohortResult:
         r, p = self._rehearsal, self._progress
@@ -286,13 +259,9 @@ class CohortExperimentWorkflow(ApprovalStep):
                     break  # every job left waits on a running fork of its run
                 started_here += 1
                 self._started += 1
-                self._tasks.add(asyncio.create_task(self._fork(job)))
+                self._tasks[asyncio.create_task(self._fork(job))] = job
             self._show()
-            if self._tasks:
-                await workflow.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
-                for task in [t for t in self._tasks if t.done()]:
-                    self._tasks.discard(task)
-                    task.result()
+            await self._wait_for_tasks(asyncio.FIRST_COMPLETED)
             if cohort_state.left(progress, total) and started_here and self._history_full():
                 await self._continue_as_new()
 
@@ -394,20 +363,8 @@ class CohortExperimentWorkflow(ApprovalStep):
             )
         cohort_state.record(self._progress, outcome)
 
-    async def _stop_forks(self) -> None:
-        """Cancel the fork activities (each cancels its fork) and wait for them."""
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-
     async def _continue_as_new(self) -> None:
-        if self._tasks:
-            await workflow.wait(list(self._tasks))
-            for task in list(self._tasks):
-                self._tasks.discard(task)
-                task.result()
+        await self._wait_for_tasks()
         assert self._rehearsal is not None
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(

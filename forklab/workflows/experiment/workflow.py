@@ -41,9 +41,9 @@ with workflow.unsafe.imports_passed_through():
     from forklab.workflows.activity_calls import execute
     from forklab.workflows.experiment import history, timeouts, views
     from forklab.workflows.experiment.approval_gate import Moment
-    from forklab.workflows.experiment.approval_step import ApprovalStep
     from forklab.workflows.experiment.attempts import failed_attempt
     from forklab.workflows.experiment.budget_ledger import BudgetLedger
+    from forklab.workflows.experiment.experiment_run import ExperimentRun
     from forklab.workflows.experiment.gate_opening import BAD_INPUT, check_start, gate_of
     from forklab.workflows.experiment.messages import (
         STATUS_QUERY,
@@ -64,11 +64,12 @@ with workflow.unsafe.imports_passed_through():
 
 
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=BAD_INPUT)
-class ExperimentWorkflow(ApprovalStep):
+class ExperimentWorkflow(ExperimentRun[AnalysisResult]):
     """A thin orchestrator: the rules live in ``RunState`` (progress), ``ApprovalGate``
     (approval) and ``BudgetLedger`` (budget); the views in ``forklab.workflows.experiment.views``;
-    the message handlers and the approval wait in ``ApprovalStep``. This class sequences the
-    activities and turns their results into changes of that state."""
+    the course of a run, the message handlers and the approval wait in ``ExperimentRun``.
+    This class sequences the activities and turns their results into changes of that
+    state."""
 
     @workflow.init
     def __init__(self, inp: ExperimentInput) -> None:
@@ -126,61 +127,26 @@ class ExperimentWorkflow(ApprovalStep):
     @workflow.run
     async def run(self, inp: ExperimentInput) -> ExperimentResult:
         workflow.upsert_search_attributes([EXPERIMENT.value_set(self._spec.id)])
-        state = self._state
-        analysis: AnalysisResult | None = None
-        approved = inp.carry is not None
-        try:
-            if inp.carry is None:
-                await self._plan_and_approve()
-            else:
-                # Whatever the carry says, the decision is read here: a rejection that
-                # arrived while the previous run was continuing as new stops this one.
-                await self._await_approval()
-            approved = True
-            if self._spec.analysis.sequential is None:
-                self._enter(Stage.running_prefixes, "running each episode's prefix once")
-                await self._run_units(state.prefix_units())
-                self._enter(Stage.running_worlds, "running world batches")
-                await self._run_units(state.world_units())
-            else:
-                await self._run_waves()
-            await self._clean_up()
-            analysis = await self._readout(await self._analyse())
-            state.verdicts = analysis.verdicts
-            state.status = Status.completed
-        except Stop as stop:
-            state.status = stop.status
-            state.error = stop.reason
-            await self._stop_tasks()
-        except asyncio.CancelledError:
-            await self._cancelled()
-            raise
-        except ActivityError as err:
-            if isinstance(err.cause, CancelledError):
-                await self._cancelled()
-                raise asyncio.CancelledError from None
-            state.status = Status.failed
-            state.error = cause(err)
-            await self._stop_tasks()
-        await self._clean_up()
-        await self._record(analysis)
-        self._enter(Stage.done, f"{state.status.value}{': ' + state.error if state.error else ''}")
-        if state.status is Status.failed and not approved:
-            # Nothing was spent: fail the workflow itself, so that the id-reuse policy
-            # (allow duplicate, failed only) lets the operator start it again under its id.
-            raise ApplicationError(
-                state.error or "failed", type=ExperimentErrorType.failed_before_approval
-            )
-        return views.result(state, analysis)
+        analysis = await self._run_to_end(continued=inp.carry is not None)
+        return views.result(self._state, analysis)
 
-    async def _cancelled(self) -> None:
-        """The operator cancelled: stop the batches, clean up, record; the caller re-raises."""
-        self._state.status = Status.cancelled
-        self._state.error = "cancelled by the operator"
-        await self._stop_tasks()
-        await self._clean_up()
-        await self._record(None)
-        self._enter(Stage.done, "cancelled")
+    def _end(self, status: Status, error: str | None) -> None:
+        self._state.status, self._state.error = status, error
+
+    async def _work(self) -> None:
+        state = self._state
+        if self._spec.analysis.sequential is None:
+            self._enter(Stage.running_prefixes, "running each episode's prefix once")
+            await self._run_units(state.prefix_units())
+            self._enter(Stage.running_worlds, "running world batches")
+            await self._run_units(state.world_units())
+        else:
+            await self._run_waves()
+
+    async def _conclude(self) -> AnalysisResult:
+        analysis = await self._readout(await self._analyse())
+        self._state.verdicts = analysis.verdicts
+        return analysis
 
     async def _plan_and_approve(self) -> None:
         spec = self._spec
@@ -273,11 +239,7 @@ class ExperimentWorkflow(ApprovalStep):
                 self._units_started += 1
                 unit = next(units, None)
                 self._show()
-            if self._tasks:
-                await workflow.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
-                for task in [t for t in self._tasks if t.done()]:
-                    del self._tasks[task]
-                    task.result()  # a failed prefix ends the experiment here
+            await self._wait_for_tasks(asyncio.FIRST_COMPLETED)  # a failed prefix ends it here
             if state.unsaved >= SAVE_EVERY and self._history_has_room():
                 await self._save_progress()
             self._show()
@@ -494,14 +456,6 @@ class ExperimentWorkflow(ApprovalStep):
         that no other run (same spec id or not) lists, cleans or reuses them."""
         return f"{workflow.info().workflow_id}/{self._state.origin_run_id}"
 
-    async def _stop_tasks(self) -> None:
-        """Cancel running batches and wait until each has deleted its own sandbox."""
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-
     async def _save_progress(self) -> str | None:
         """Append the records made since the last save to the stored progress (the
         activity merges them; only they travel); returns the progress digest, None if
@@ -520,11 +474,7 @@ class ExperimentWorkflow(ApprovalStep):
         return state.tally.digest
 
     async def _continue_as_new(self) -> None:
-        if self._tasks:
-            await workflow.wait(list(self._tasks))
-            for task in list(self._tasks):
-                del self._tasks[task]
-                task.result()
+        await self._wait_for_tasks()
         state = self._state
         assert state.plan is not None
         await self._save_progress()
