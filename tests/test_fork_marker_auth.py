@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import json
 import os
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -63,16 +65,41 @@ async def _finished_parent(lab: AgentTestLab, secret: str) -> tuple[str, str, Fo
     handle = await lab.start_research(model="slow", topic=secret)
     await handle.result()
     run_id = (await handle.describe()).run_id or ""
-    marker = ForkMarker(
-        parent_workflow_id=handle.id,
+    marker = _approximate_marker(handle.id, run_id, run_id, 2, tool_policies={"*": "auto"})
+    return handle.id, run_id, marker
+
+
+def _approximate_marker(
+    parent: str, run_id: str, first_run_id: str, at_step: int, **fields: Any
+) -> ForkMarker:
+    """An unsigned marker naming ``parent``'s run ``run_id`` (of the chain that began with
+    ``first_run_id``) at ``at_step``, approximate, as an attacker or another issuer than
+    ForkLab's CLI would write it; ``fields``: the rest of it."""
+    return ForkMarker(
+        parent_workflow_id=parent,
         source_run_id=run_id,
         base_step=0,
-        at_step=2,
+        at_step=at_step,
         boundary=BoundaryMode.approximate,
-        lineage_root=lineage_root(handle.id, run_id),
-        tool_policies={"*": "auto"},  # type: ignore[dict-item]
+        lineage_root=lineage_root(parent, first_run_id),
+        **fields,
     )
-    return handle.id, run_id, marker
+
+
+async def _reissued(
+    lab: AgentTestLab, marker: ForkMarker, parent: str, wid: str, issued_at: datetime
+) -> tuple[ForkMarker, list[Any]]:
+    """``marker`` issued for a run ``wid`` that starts with ``parent``'s own input (its
+    digest in the marker), at ``issued_at``, and signed by the lab's home issuer; and that
+    input."""
+    start = await latest_start(lab.client, parent)
+    update = {
+        "fork_workflow_id": wid,
+        "start_input_sha256": digest_payloads(start.input),
+        "issued_at": issued_at,
+    }
+    signed = sign_marker(marker.model_copy(update=update), issuer_key(lab.agent.home))
+    return signed, [RawValue(p) for p in start.input]
 
 
 async def _start(
@@ -101,15 +128,8 @@ async def _refusal(handle: WorkflowHandle[Any, Any], error: ForkErrorType) -> st
     the run was handed nothing of any parent: its one ``forklab.fetch_prefix`` (which
     verifies the marker before it reads: ``test_the_fetch_refuses_before_it_reads``)
     failed with the refusal and returned nothing."""
-    try:
-        await asyncio.wait_for(handle.result(), 30)
-    except WorkflowFailureError as exc:
-        cause = exc.cause
-    except TimeoutError:
-        pytest.fail("the run is still open (wedged)")
-    else:
-        pytest.fail("the run was served and completed")
-    assert isinstance(cause, ApplicationError) and cause.type == error, cause
+    cause = await _failure(handle, "the run was served and completed")
+    assert cause.type == error, cause
     assert "\n" not in cause.message
     history = await handle.fetch_history()
     scheduled = {
@@ -126,6 +146,21 @@ async def _refusal(handle: WorkflowHandle[Any, Any], error: ForkErrorType) -> st
             failed = e.activity_task_failed_event_attributes
             assert failed.failure.application_failure_info.type == error.value
     return cause.message
+
+
+async def _failure(handle: WorkflowHandle[Any, Any], completed: str) -> ApplicationError:
+    """Why the run failed, within 30 s: it must fail, neither stay open (wedged) nor
+    complete (``completed`` says what that would mean)."""
+    try:
+        await asyncio.wait_for(handle.result(), 30)
+    except WorkflowFailureError as exc:
+        cause = exc.cause
+    except TimeoutError:
+        pytest.fail("the run is still open (wedged)")
+    else:
+        pytest.fail(completed)
+    assert isinstance(cause, ApplicationError), cause
+    return cause
 
 
 def _bytes(history: Any) -> bytes:
@@ -371,19 +406,9 @@ async def test_a_marker_without_a_page_digest_falls_back_to_the_read(
     marker signs no page digest and its start carries no page; the fetch reads the parent's
     history and serves its steps."""
     parent, run_id, marker = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
-    start = await latest_start(agent_lab.client, parent)
     wid = f"unpaged-{uuid.uuid4().hex[:8]}"
-    old = sign_marker(
-        marker.model_copy(
-            update={
-                "fork_workflow_id": wid,
-                "start_input_sha256": digest_payloads(start.input),
-                "issued_at": datetime.now(UTC),
-            }
-        ),
-        issuer_key(agent_lab.agent.home),
-    )
-    handle = await _start(agent_lab, wid, [RawValue(p) for p in start.input], old)
+    old, args = await _reissued(agent_lab, marker, parent, wid, datetime.now(UTC))
+    handle = await _start(agent_lab, wid, args, old)
     await asyncio.wait_for(handle.result(), 60)
     history = await handle.fetch_history()
     assert (
@@ -410,19 +435,10 @@ async def test_a_marker_without_a_page_digest_falls_back_to_the_read(
 async def test_a_marker_used_long_after_it_was_issued_is_refused(agent_lab: AgentTestLab) -> None:
     """A marker signed for this very id and input, an hour before the run starts."""
     parent, _, forged = await _finished_parent(agent_lab, f"SECRET-{uuid.uuid4().hex[:8]}")
-    start = await latest_start(agent_lab.client, parent)
     wid = f"late-{uuid.uuid4().hex[:8]}"
-    late = sign_marker(
-        forged.model_copy(
-            update={
-                "fork_workflow_id": wid,
-                "start_input_sha256": digest_payloads(start.input),
-                "issued_at": datetime.fromtimestamp(datetime.now(UTC).timestamp() - 3600, UTC),
-            }
-        ),
-        issuer_key(agent_lab.agent.home),
-    )
-    handle = await _start(agent_lab, wid, [RawValue(p) for p in start.input], late)
+    an_hour_ago = datetime.fromtimestamp(datetime.now(UTC).timestamp() - 3600, UTC)
+    late, args = await _reissued(agent_lab, forged, parent, wid, an_hour_ago)
+    handle = await _start(agent_lab, wid, args, late)
     assert "a marker used again later" in await _refusal(handle, ForkErrorType.marker_unverified)
 
 
@@ -437,18 +453,15 @@ async def test_a_worker_that_trusts_no_issuer_serves_no_fork(agent_lab: AgentTes
     assert "this worker trusts no fork issuer" in message and "FORKLAB_FORK_ISSUERS" in message
 
 
-async def test_a_marker_whose_prefix_holds_a_failed_step_fails_at_once(
-    temporal_env: WorkflowEnvironment, tmp_path: Path
-) -> None:
-    """Before: the run stayed open, its workflow task failing with `Unknown payload
-    encoding <unknown>`. A marker signed by a trusted issuer (ForkLab's CLI refuses such a
-    boundary; another issuer may not) and an unsigned one both fail the run at once; so
-    does a signed one naming a parent run that is not there."""
+@contextlib.asynccontextmanager
+async def _fails_in_the_middle_worker(
+    env: WorkflowEnvironment, home: Path
+) -> AsyncIterator[tuple[Client, str]]:
+    """A worker of ``FailsInTheMiddleWorkflow`` with ForkLab's plugin for ``home`` (which
+    reads the trusted issuers when it is made); its client and task queue."""
     client = await Client.connect(
-        temporal_env.client.service_client.config.target_host,
-        data_converter=pydantic_data_converter,
+        env.client.service_client.config.target_host, data_converter=pydantic_data_converter
     )
-    home = tmp_path / "home"
     queue = f"marker-{uuid.uuid4().hex[:8]}"
     async with Worker(
         client,
@@ -457,6 +470,18 @@ async def test_a_marker_whose_prefix_holds_a_failed_step_fails_at_once(
         activities=[note, boom],
         plugins=[ForkLabPlugin(home=home)],
     ):
+        yield client, queue
+
+
+async def test_a_marker_whose_prefix_holds_a_failed_step_fails_at_once(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """Before: the run stayed open, its workflow task failing with `Unknown payload
+    encoding <unknown>`. A marker signed by a trusted issuer (ForkLab's CLI refuses such a
+    boundary; another issuer may not) and an unsigned one both fail the run at once; so
+    does a signed one naming a parent run that is not there."""
+    home = tmp_path / "home"
+    async with _fails_in_the_middle_worker(temporal_env, home) as (client, queue):
         parent = await client.start_workflow(
             FailsInTheMiddleWorkflow.run, 3, id=f"fails-{uuid.uuid4().hex[:8]}", task_queue=queue
         )
@@ -466,13 +491,11 @@ async def test_a_marker_whose_prefix_holds_a_failed_step_fails_at_once(
         cases = [(True, start.run_id), (False, start.run_id), (True, missing), (True, "x")]
         for signed, run_id in cases:
             wid = f"bad-prefix-{uuid.uuid4().hex[:8]}"
-            marker = ForkMarker(
-                parent_workflow_id=parent.id,
-                source_run_id=run_id,
-                base_step=0,
-                at_step=3,
-                boundary=BoundaryMode.approximate,
-                lineage_root=lineage_root(parent.id, start.first_run_id),
+            marker = _approximate_marker(
+                parent.id,
+                run_id,
+                start.first_run_id,
+                3,
                 fork_workflow_id=wid,
                 start_input_sha256=digest_payloads(start.input),
                 issued_at=datetime.now(UTC),
@@ -486,15 +509,7 @@ async def test_a_marker_whose_prefix_holds_a_failed_step_fails_at_once(
                 task_queue=queue,
                 memo={MARKER_MEMO_KEY: marker.model_dump(mode="json")},
             )
-            try:
-                await asyncio.wait_for(handle.result(), 30)
-            except WorkflowFailureError as exc:
-                cause = exc.cause
-            except TimeoutError:
-                pytest.fail("the run is still open (wedged)")
-            else:
-                pytest.fail("the run was served a failed step and completed")
-            assert isinstance(cause, ApplicationError)
+            cause = await _failure(handle, "the run was served a failed step and completed")
             if run_id != start.run_id:  # a parent run that is not there (retention, a typo)
                 assert cause.type == ForkErrorType.prefix_unservable, cause
                 assert cause.message.startswith("fork refused: its prefix cannot be served: ")
@@ -514,20 +529,9 @@ async def test_a_worker_with_registered_issuers_serves_only_their_forks(
     """Workers on other hosts hold public keys only: the operator's home's issuer key
     (`forklab keys --fork-issuer`) registered in FORKLAB_FORK_ISSUERS. A fork issued from
     another home, and one signed by the worker's own home key, are refused."""
-    client = await Client.connect(
-        temporal_env.client.service_client.config.target_host,
-        data_converter=pydantic_data_converter,
-    )
     operator, stranger, worker_home = tmp_path / "op", tmp_path / "stranger", tmp_path / "w"
     monkeypatch.setenv(FORK_ISSUERS, f"ops {issuer_public_key(issuer_key(operator))}; x {'0' * 64}")
-    queue = f"issuers-{uuid.uuid4().hex[:8]}"
-    async with Worker(
-        client,
-        task_queue=queue,
-        workflows=[FailsInTheMiddleWorkflow],
-        activities=[note, boom],
-        plugins=[ForkLabPlugin(home=worker_home)],
-    ):
+    async with _fails_in_the_middle_worker(temporal_env, worker_home) as (client, queue):
         parent = await client.start_workflow(
             FailsInTheMiddleWorkflow.run, 1, id=f"one-{uuid.uuid4().hex[:8]}", task_queue=queue
         )

@@ -69,6 +69,20 @@ class MsgLab:
             plugins=[self.plugin()] if plugin else [],
         )
 
+    async def record(self, workflow: Any, script: Script, prefix: str) -> tuple[str, Any]:
+        """Run ``workflow`` to its end on a plain worker (no ForkLab plugin), sending the
+        ``script``'s messages at their points: the parent's id and its result."""
+        wid = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        async with self.worker(workflow, plugin=False):
+            handle = await self.client.start_workflow(workflow.run, id=wid, task_queue=self.queue)
+            await _drive(self, handle, script, 0)
+            return wid, await handle.result()
+
+    async def assert_ends_as_parent(self, fork: WorkflowHandle[Any, Any], expected: Any) -> None:
+        """The fork ends with its parent's result, having called no activity: all inherited."""
+        assert await asyncio.wait_for(fork.result(), timeout=60) == expected
+        assert self.calls.of(fork.id) == 0
+
     async def until_steps(self, wid: str, n: int) -> None:
         for _ in range(300):
             steps = await self.lab.steps(wid)
@@ -158,13 +172,7 @@ async def test_hello_signal_forks_exactly_at_every_step(msg_lab: MsgLab) -> None
         (1, await greet("cy")),
         (3, lambda h: h.signal(GreetingSignalsWorkflow.exit)),
     ]
-    wid = f"greet-{uuid.uuid4().hex[:8]}"
-    async with msg_lab.worker(GreetingSignalsWorkflow, plugin=False):
-        handle = await msg_lab.client.start_workflow(
-            GreetingSignalsWorkflow.run, id=wid, task_queue=msg_lab.queue
-        )
-        await _drive(msg_lab, handle, script, 0)
-        expected = await handle.result()
+    wid, expected = await msg_lab.record(GreetingSignalsWorkflow, script, "greet")
     assert expected == ["Hello, ana", "Hello, bo", "Hello, cy"]
     steps = await msg_lab.lab.steps(wid)
     assert len(steps) == 3
@@ -182,8 +190,7 @@ async def test_hello_signal_forks_exactly_at_every_step(msg_lab: MsgLab) -> None
             ForkRequest(run=f"{wid}/at-3", at_step=3, name=f"{wid}/at-3/at-3", tool_policies=LIVE)
         )
         await again.handle.signal(GreetingSignalsWorkflow.exit)
-        assert await asyncio.wait_for(again.handle.result(), timeout=60) == expected
-        assert msg_lab.calls.of(again.handle.id) == 0
+        await msg_lab.assert_ends_as_parent(again.handle, expected)
     assert msg_lab.calls.of(wid) == 3
 
 
@@ -195,13 +202,7 @@ async def test_hello_update_forks_exactly_at_every_step(msg_lab: MsgLab) -> None
         (1, lambda h: h.execute_update(OrderUpdatesWorkflow.add_item, "b")),
         (2, lambda h: h.execute_update(OrderUpdatesWorkflow.close)),
     ]
-    wid = f"order-{uuid.uuid4().hex[:8]}"
-    async with msg_lab.worker(OrderUpdatesWorkflow, plugin=False):
-        handle = await msg_lab.client.start_workflow(
-            OrderUpdatesWorkflow.run, id=wid, task_queue=msg_lab.queue
-        )
-        await _drive(msg_lab, handle, script, 0)
-        expected = await handle.result()
+    wid, expected = await msg_lab.record(OrderUpdatesWorkflow, script, "order")
     assert expected == "confirmed R-a,R-b"
     async with msg_lab.worker(OrderUpdatesWorkflow, plugin=True):
         await _fork_at_every_step(msg_lab, wid, script, expected)
@@ -220,21 +221,14 @@ async def test_stray_and_malformed_signals_are_handled_as_the_parent_handled_the
         (1, lambda h: h.signal(GreetingSignalsWorkflow.submit_greeting, "bo")),
         (2, lambda h: h.signal(GreetingSignalsWorkflow.exit)),
     ]
-    wid = f"stray-{uuid.uuid4().hex[:8]}"
-    async with msg_lab.worker(GreetingSignalsWorkflow, plugin=False):
-        handle = await msg_lab.client.start_workflow(
-            GreetingSignalsWorkflow.run, id=wid, task_queue=msg_lab.queue
-        )
-        await _drive(msg_lab, handle, script, 0)
-        expected = await handle.result()
+    wid, expected = await msg_lab.record(GreetingSignalsWorkflow, script, "stray")
     assert expected == ["Hello, ana", "Hello, bo"]
     async with msg_lab.worker(GreetingSignalsWorkflow, plugin=True):
         fork = await msg_lab.lab.fork(
             ForkRequest(run=wid, at_step=2, name=f"{wid}/at-2", tool_policies=LIVE)
         )
         await fork.handle.signal(GreetingSignalsWorkflow.exit)
-        assert await asyncio.wait_for(fork.handle.result(), timeout=60) == expected
-        assert msg_lab.calls.of(fork.handle.id) == 0
+        await msg_lab.assert_ends_as_parent(fork.handle, expected)
 
 
 @pytest.mark.parametrize(
@@ -250,14 +244,11 @@ async def test_an_update_the_fork_cannot_hand_over_fails_the_fork(
     """The parent accepted ``add_item``; a fork whose code lost that handler, or whose
     handler raises something that is no workflow failure, fails at once, naming the update
     and the step, instead of failing its workflow task for ever."""
-    wid = f"order-{uuid.uuid4().hex[:8]}"
-    async with msg_lab.worker(OrderUpdatesWorkflow, plugin=False):
-        handle = await msg_lab.client.start_workflow(
-            OrderUpdatesWorkflow.run, id=wid, task_queue=msg_lab.queue
-        )
-        await handle.execute_update(OrderUpdatesWorkflow.add_item, "a")
-        await handle.execute_update(OrderUpdatesWorkflow.close)
-        await handle.result()
+    script: Script = [
+        (0, lambda h: h.execute_update(OrderUpdatesWorkflow.add_item, "a")),
+        (0, lambda h: h.execute_update(OrderUpdatesWorkflow.close)),
+    ]
+    wid, _ = await msg_lab.record(OrderUpdatesWorkflow, script, "order")
     async with msg_lab.worker(changed, plugin=True):
         fork = await msg_lab.lab.fork(
             ForkRequest(run=wid, at_step=2, name=f"{wid}/changed", tool_policies=LIVE)
@@ -293,5 +284,4 @@ async def test_a_transfer_approved_inside_the_prefix_forks_exactly(msg_lab: MsgL
     async with Worker(msg_lab.client, **worker, plugins=plugin):  # type: ignore[arg-type]
         fork = await msg_lab.lab.fork(ForkRequest(run=wid, at_step=2, name=f"{wid}/at-2"))
         assert fork.receipt.restorable
-        assert await asyncio.wait_for(fork.handle.result(), timeout=60) == expected
-        assert msg_lab.calls.of(fork.handle.id) == 0
+        await msg_lab.assert_ends_as_parent(fork.handle, expected)

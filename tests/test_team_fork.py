@@ -24,7 +24,7 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,14 +47,14 @@ from forklab.activities.runfork.team_fork_start import (
 )
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.team_registry import TeamRegistry
-from forklab.agents.team import CONCLUSION_STEP, ReviewerInput, ReviewerWorkflow
-from forklab.agents.team_start import TeamHandles, start_team
+from forklab.agents.team import CONCLUSION_STEP, ReviewerInput, ReviewerWorkflow, TeamIds
+from forklab.agents.team_start import start_team
 from forklab.contracts.errors import ForkErrorType
 from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.runfork import FETCH_PREFIX, TEAM_RELEASE_SIGNAL
 from forklab.contracts.team_fork import TeamForkRecord, TeamForkStatus
-from forklab.experiments.runfork.team_cut import EdgeTreatment, Point
-from forklab.experiments.runfork.team_receipt import SlotRole
+from forklab.experiments.runfork.team_cut import EdgeCrossing, EdgeTreatment, Point
+from forklab.experiments.runfork.team_receipt import SlotRole, TeamReceipt
 from forklab.temporal import ensure_search_attributes
 from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
@@ -76,7 +76,8 @@ class TeamForkLab:
     def teams(self) -> TeamRegistry:
         return TeamRegistry(self.agent.forks_path)
 
-    async def record(self, researcher_model: str = "fast") -> TeamHandles:
+    async def record(self, researcher_model: str = "fast") -> TeamIds:
+        """Record the example team to its end; its members' workflow ids."""
         handles = await start_team(
             self.client,
             f"team-{uuid.uuid4().hex[:8]}",
@@ -85,7 +86,7 @@ class TeamForkLab:
             researcher_model=researcher_model,
         )
         await handles.results()
-        return handles
+        return handles.ids
 
     async def fork(self, req: TeamForkRequest) -> TeamForkRecord:
         started = await TeamForkStarter(self.client, self.teams).start(req)
@@ -95,9 +96,22 @@ class TeamForkLab:
             history = await started.handle.fetch_history()
             raise AssertionError(f"team fork did not finish: {history.to_json()[-3000:]}") from None
 
+    async def fork_the_conclusion(self, ids: TeamIds, **fields: Any) -> tuple[str, TeamForkRecord]:
+        """Fork the team at the researcher's conclusion under a new name (``fields``: the
+        rest of the request); the name and the record."""
+        name = _fork_name()
+        request = TeamForkRequest(
+            member=ids.researcher, at_step=CONCLUSION_STEP, name=name, **fields
+        )
+        return name, await self.fork(request)
+
     async def history(self, workflow_id: str) -> bytes:
         history = await self.client.get_workflow_handle(workflow_id).fetch_history()
         return b"".join(e.SerializeToString(deterministic=True) for e in history.events)
+
+    async def histories(self, workflow_ids: Iterable[str]) -> dict[str, bytes]:
+        """Each workflow's history, byte for byte: what a message reaching it would change."""
+        return {w: await self.history(w) for w in workflow_ids}
 
     async def result(self, workflow_id: str) -> Any:
         return await asyncio.wait_for(
@@ -129,20 +143,45 @@ def _conclusion(text: str) -> Any:
     return {"content": text, "model": "override"}
 
 
+def _members(ids: TeamIds) -> tuple[str, str, str]:
+    return ids.researcher, ids.writer, ids.reviewer
+
+
+def _fork_name() -> str:
+    return f"tf-{uuid.uuid4().hex[:6]}"
+
+
+def _writer_side_forked(ids: TeamIds) -> dict[str, SlotRole]:
+    """The slots of a cut at the writer: the researcher, who sent before it, is inherited."""
+    return {
+        ids.researcher: SlotRole.inherited,
+        ids.writer: SlotRole.forked,
+        ids.reviewer: SlotRole.forked,
+    }
+
+
+def _findings(receipt: TeamReceipt) -> EdgeCrossing:
+    return next(e for e in receipt.edges if e.message.name == "findings")
+
+
+async def _assert_the_writers_send_is_blocked(
+    lab: TeamForkLab, name: str, ids: TeamIds, reviewer_before: bytes
+) -> None:
+    """The writer's fork (of team fork ``name``) asks for a review that may reach no
+    reviewer: its send is blocked, and the original reviewer got nothing."""
+    with pytest.raises(WorkflowFailureError) as failed:
+        await lab.result(f"{name}/{ids.writer}")
+    assert ForkErrorType.team_send_blocked.value in _causes(failed.value)
+    assert await lab.history(ids.reviewer) == reviewer_before
+
+
 async def test_a_team_forked_at_the_conclusion_flips_the_verdict_and_leaves_the_originals(
     lab: TeamForkLab,
 ) -> None:
-    team = await lab.record("fast")
-    ids = team.ids
-    before = {w: await lab.history(w) for w in (ids.researcher, ids.writer, ids.reviewer)}
-    name = f"tf-{uuid.uuid4().hex[:6]}"
-    record = await lab.fork(
-        TeamForkRequest(
-            member=ids.researcher,
-            at_step=CONCLUSION_STEP,
-            name=name,
-            result_override=make_override(CONCLUSION_STEP, _conclusion(FULL)),
-        )
+    ids = await lab.record("fast")
+    before = await lab.histories(_members(ids))
+    name, record = await lab.fork_the_conclusion(
+        ids, result_override=make_override(CONCLUSION_STEP, _conclusion(FULL))
     )
     assert record.status is TeamForkStatus.forked
     receipt = record.receipt
@@ -166,7 +205,7 @@ async def test_a_team_forked_at_the_conclusion_flips_the_verdict_and_leaves_the_
     researcher = await lab.result(receipt.addresses[ids.researcher])
     assert researcher["conclusion"] == FULL
     # the originals: byte for byte the same histories (no message reached them)
-    assert {w: await lab.history(w) for w in before} == before
+    assert await lab.histories(before) == before
     assert lab.teams.get(name) == record
     # every member's fork receipt was recorded with the group receipt, as in its slot
     forks = ForkRegistry(lab.agent.forks_path)
@@ -178,15 +217,10 @@ async def test_a_team_forked_at_the_conclusion_flips_the_verdict_and_leaves_the_
 async def test_a_member_fork_starts_from_the_run_the_cut_read_and_only_from_its_own(
     lab: TeamForkLab,
 ) -> None:
-    team = await lab.record("fast")
-    ids = team.ids
-    runs = {
-        w: (await lab.client.get_workflow_handle(w).describe()).run_id
-        for w in (ids.researcher, ids.writer, ids.reviewer)
-    }
-    name = f"tf-{uuid.uuid4().hex[:6]}"
+    ids = await lab.record("fast")
+    runs = {w: (await lab.client.get_workflow_handle(w).describe()).run_id for w in _members(ids)}
     started = await TeamForkStarter(lab.client, lab.teams).start(
-        TeamForkRequest(member=ids.researcher, at_step=CONCLUSION_STEP, name=name)
+        TeamForkRequest(member=ids.researcher, at_step=CONCLUSION_STEP, name=_fork_name())
     )
     # the coordinator is handed each closed member's run: its forks start from it
     first = (await started.handle.fetch_history()).events[0]
@@ -215,21 +249,15 @@ async def test_a_member_fork_starts_from_the_run_the_cut_read_and_only_from_its_
 async def test_a_signal_in_flight_at_the_cut_is_delivered_to_the_fork_at_its_start(
     lab: TeamForkLab,
 ) -> None:
-    team = await lab.record("slow")
-    ids = team.ids
-    before = {w: await lab.history(w) for w in (ids.researcher, ids.writer, ids.reviewer)}
-    name = f"tf-{uuid.uuid4().hex[:6]}"
-    record = await lab.fork(TeamForkRequest(member=ids.writer, at_step=0, name=name, model="fast"))
+    ids = await lab.record("slow")
+    before = await lab.histories(_members(ids))
+    record = await lab.fork(
+        TeamForkRequest(member=ids.writer, at_step=0, name=_fork_name(), model="fast")
+    )
     assert record.status is TeamForkStatus.forked
     receipt = record.receipt
-    roles = {s.workflow_id: s.role for s in receipt.slots}
-    assert roles == {
-        ids.researcher: SlotRole.inherited,
-        ids.writer: SlotRole.forked,
-        ids.reviewer: SlotRole.forked,
-    }
-    findings = next(e for e in receipt.edges if e.message.name == "findings")
-    assert findings.treatment is EdgeTreatment.delivered_at_start
+    assert {s.workflow_id: s.role for s in receipt.slots} == _writer_side_forked(ids)
+    assert _findings(receipt).treatment is EdgeTreatment.delivered_at_start
     writer_slot = receipt.slot(ids.writer)
     assert writer_slot.receipt is not None
     assert [s.name for s in writer_slot.receipt.signals] == ["findings"]
@@ -239,29 +267,22 @@ async def test_a_signal_in_flight_at_the_cut_is_delivered_to_the_fork_at_its_sta
     assert writer["conclusion"] == original["conclusion"]
     assert writer["draft"] != original["draft"]
     assert ids.researcher not in receipt.addresses
-    assert {w: await lab.history(w) for w in before} == before
+    assert await lab.histories(before) == before
 
 
 async def test_a_member_whose_prefix_received_a_signal_gets_it_again_at_the_same_point(
     lab: TeamForkLab,
 ) -> None:
-    team = await lab.record("fast")
-    ids = team.ids
-    before = {w: await lab.history(w) for w in (ids.researcher, ids.writer, ids.reviewer)}
-    name = f"tf-{uuid.uuid4().hex[:6]}"
+    ids = await lab.record("fast")
+    before = await lab.histories(_members(ids))
     # the writer received the findings, then drafted (step 1): its cut holds the signal
-    record = await lab.fork(TeamForkRequest(member=ids.writer, at_step=1, name=name))
+    record = await lab.fork(TeamForkRequest(member=ids.writer, at_step=1, name=_fork_name()))
     assert record.status is TeamForkStatus.forked
     receipt = record.receipt
     cut = {c.workflow_id: c.point for c in receipt.cut}
     assert (cut[ids.writer], cut[ids.reviewer]) == (Point(step=1), Point(step=0))
-    assert {s.workflow_id: s.role for s in receipt.slots} == {
-        ids.researcher: SlotRole.inherited,
-        ids.writer: SlotRole.forked,
-        ids.reviewer: SlotRole.forked,
-    }
-    findings = next(e for e in receipt.edges if e.message.name == "findings")
-    assert findings.treatment is EdgeTreatment.in_prefix
+    assert {s.workflow_id: s.role for s in receipt.slots} == _writer_side_forked(ids)
+    assert _findings(receipt).treatment is EdgeTreatment.in_prefix
     writer_slot = receipt.slot(ids.writer)
     assert writer_slot.receipt is not None and writer_slot.receipt.signals == []
     fork_id = receipt.addresses[ids.writer]
@@ -293,59 +314,39 @@ async def test_a_member_whose_prefix_received_a_signal_gets_it_again_at_the_same
         if e.HasField("workflow_execution_signaled_event_attributes")
     ]
     assert signalled == [TEAM_RELEASE_SIGNAL]
-    assert {w: await lab.history(w) for w in before} == before
+    assert await lab.histories(before) == before
 
 
 async def test_a_frozen_member_never_runs_and_a_send_to_it_is_blocked(lab: TeamForkLab) -> None:
-    team = await lab.record("fast")
-    ids = team.ids
+    ids = await lab.record("fast")
     before = await lab.history(ids.reviewer)
-    name = f"tf-{uuid.uuid4().hex[:6]}"
-    record = await lab.fork(
-        TeamForkRequest(
-            member=ids.researcher, at_step=CONCLUSION_STEP, name=name, freeze=(ids.reviewer,)
-        )
-    )
+    name, record = await lab.fork_the_conclusion(ids, freeze=(ids.reviewer,))
     assert record.status is TeamForkStatus.forked
     assert record.receipt.slot(ids.reviewer).role is SlotRole.frozen
     assert not await lab.exists(f"{name}/{ids.reviewer}")
-    # the writer's fork asks for a review: the reviewer has no fork, so the update is
-    # blocked (it never reaches the original)
-    with pytest.raises(WorkflowFailureError) as failed:
-        await lab.result(f"{name}/{ids.writer}")
-    assert ForkErrorType.team_send_blocked.value in _causes(failed.value)
-    assert await lab.history(ids.reviewer) == before
+    # the reviewer has no fork: the writer's fork's review update never reaches the original
+    await _assert_the_writers_send_is_blocked(lab, name, ids, before)
 
 
 async def test_a_send_outside_the_named_team_is_blocked(lab: TeamForkLab) -> None:
-    team = await lab.record("fast")
-    ids = team.ids
+    ids = await lab.record("fast")
     before = await lab.history(ids.reviewer)
-    name = f"tf-{uuid.uuid4().hex[:6]}"
-    record = await lab.fork(
-        TeamForkRequest(
-            member=ids.researcher, at_step=CONCLUSION_STEP, name=name, members=[ids.writer]
-        )
-    )
+    name, record = await lab.fork_the_conclusion(ids, members=[ids.writer])
     outside = [e for e in record.receipt.edges if e.message.receiver is None]
     assert [e.treatment for e in outside] == [EdgeTreatment.outside_blocked]
-    with pytest.raises(WorkflowFailureError) as failed:
-        await lab.result(f"{name}/{ids.writer}")
-    assert ForkErrorType.team_send_blocked.value in _causes(failed.value)
-    assert await lab.history(ids.reviewer) == before
+    await _assert_the_writers_send_is_blocked(lab, name, ids, before)
 
 
 async def test_a_team_fork_of_a_team_fork_addresses_the_second_forks(lab: TeamForkLab) -> None:
-    team = await lab.record("fast")
-    ids = team.ids
-    first = f"tf-{uuid.uuid4().hex[:6]}"
+    ids = await lab.record("fast")
+    first = _fork_name()
     one = await lab.fork(TeamForkRequest(member=ids.researcher, at_step=2, name=first))
     assert one.status is TeamForkStatus.forked
     for fork_id in one.receipt.addresses.values():
         await lab.result(fork_id)
-    forks = {w: one.receipt.addresses[w] for w in (ids.researcher, ids.writer, ids.reviewer)}
-    before = {w: await lab.history(w) for w in (*forks.values(), *forks)}
-    second = f"tf-{uuid.uuid4().hex[:6]}"
+    forks = {w: one.receipt.addresses[w] for w in _members(ids)}
+    before = await lab.histories([*forks.values(), *forks])
+    second = _fork_name()
     two = await lab.fork(
         TeamForkRequest(
             member=forks[ids.researcher],
@@ -368,13 +369,12 @@ async def test_a_team_fork_of_a_team_fork_addresses_the_second_forks(lab: TeamFo
     writer2 = await lab.result(two.receipt.addresses[forks[ids.writer]])
     assert writer2["conclusion"] == FULL and reviewer2["approved"] is True
     # neither the first forks nor the originals got a message
-    assert {w: await lab.history(w) for w in before} == before
+    assert await lab.histories(before) == before
 
 
 async def test_a_member_that_cannot_be_forked_aborts_the_whole_team(lab: TeamForkLab) -> None:
-    team = await lab.record("fast")
-    ids = team.ids
-    name = f"tf-{uuid.uuid4().hex[:6]}"
+    ids = await lab.record("fast")
+    name = _fork_name()
     # someone else's workflow already holds the reviewer's fork id
     squatter = await lab.client.start_workflow(
         ReviewerWorkflow.run,
@@ -414,14 +414,13 @@ def _causes(exc: BaseException) -> str:
 
 
 async def test_forklab_fork_team_then_trail_and_diff_the_team(lab: TeamForkLab) -> None:
-    team = await lab.record("fast")
-    ids = team.ids
+    ids = await lab.record("fast")
     env = {
         **os.environ,
         "FORKLAB_ADDRESS": lab.client.service_client.config.target_host,
         "FORKLAB_HOME": str(lab.agent.home),
     }
-    name = f"tf-{uuid.uuid4().hex[:6]}"
+    name = _fork_name()
     value = json.dumps(_conclusion(FULL))
     done = await asyncio.to_thread(
         forklab, env, "fork-team", ids.researcher, "--override-result", f"3={value}", "--name", name
@@ -429,7 +428,7 @@ async def test_forklab_fork_team_then_trail_and_diff_the_team(lab: TeamForkLab) 
     assert done.returncode == 0, done.stderr
     assert f"team fork {name}: forked, every member released" in done.stdout
     assert f"{ids.writer:<34} at step 0 of 2   moved back by signal:findings:" in done.stdout
-    for w in (ids.researcher, ids.writer, ids.reviewer):
+    for w in _members(ids):
         await lab.result(f"{name}/{w}")
     diff = await asyncio.to_thread(forklab, env, "diff", name)
     assert diff.returncode == 0, diff.stderr

@@ -15,17 +15,13 @@ but ``workflow.now()``, no randomness.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import ValidationError
-
     from forklab.contracts import cohort as cacts
     from forklab.contracts.cohort import (
         CohortAnalyseInput,
@@ -41,7 +37,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from forklab.contracts.errors import ExperimentErrorType
     from forklab.workflows.activity_calls import execute
-    from forklab.workflows.experiment import cohort_state, inbox, timeouts
+    from forklab.workflows.experiment import cohort_state, timeouts
     from forklab.workflows.experiment.approval_gate import Moment
     from forklab.workflows.experiment.cohort_messages import (
         STATUS_QUERY,
@@ -52,13 +48,10 @@ with workflow.unsafe.imports_passed_through():
         CohortResult,
         CohortStatusView,
     )
-    from forklab.workflows.experiment.gate_opening import check_start, gate_of, open_gate
-    from forklab.workflows.experiment.messages import (
-        ApprovalAttempt,
-        ApprovalStatus,
-        Stage,
-        Status,
-    )
+    from forklab.workflows.experiment.experiment_run import ExperimentRun
+    from forklab.workflows.experiment.gate_opening import BAD_INPUT, check_start, gate_of
+    from forklab.workflows.experiment.messages import Stage, Status
+    from forklab.workflows.experiment.run_end import Stop, cause
     from forklab.workflows.experiment.search_attributes import EXPERIMENT, STAGE
 
 #: One fork: the activity waits for the fork's workflow, heartbeating.
@@ -68,39 +61,22 @@ FORK_HEARTBEAT_TIMEOUT = timedelta(seconds=15)
 #: Runs stop starting forks while the running ones could still take the history past
 #: ``history_events`` (``cohort_state.history_full``).
 HEADROOM_PATCH = "forklab-cohort-history-headroom"
-_BAD_INPUT = [ValidationError, TypeError]
-
-
-class _Stop(Exception):
-    def __init__(self, status: Status, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
-def _cause(err: BaseException) -> str:
-    while isinstance(err, ActivityError) and err.cause is not None:
-        err = err.cause
-    return str(err.message if isinstance(err, ApplicationError) else err)
 
 
 def _user_code_broke(err: ActivityError) -> bool:
-    cause = err.cause
+    inner = err.cause
     return (
-        isinstance(cause, ApplicationError)
-        and cause.type == ExperimentErrorType.workload_contract.value
+        isinstance(inner, ApplicationError)
+        and inner.type == ExperimentErrorType.workload_contract.value
     )
 
 
-def _payloads(args: Sequence[RawValue]) -> list[inbox.Payload]:
-    return [
-        inbox.Payload(encoding=a.payload.metadata.get("encoding", b""), data=a.payload.data)
-        for a in args
-    ]
+@workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=BAD_INPUT)
+class CohortExperimentWorkflow(ExperimentRun[CohortReport]):
+    """Orchestrates a cohort experiment (see the module); the course of its run, its
+    message handlers and its approval wait are the workload experiment's
+    (``ExperimentRun``)."""
 
-
-@workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=_BAD_INPUT)
-class CohortExperimentWorkflow:
     @workflow.init
     def __init__(self, inp: CohortInput) -> None:
         check_start(inp, CohortInput, command="forklab cohort start")
@@ -121,21 +97,13 @@ class CohortExperimentWorkflow:
         self._message = carry.message if carry else "starting"
         self._status = Status.running
         self._error: str | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: the running fork activities, each with its job
+        self._tasks: dict[asyncio.Task[None], int] = {}
         #: forks this run of the chain started (a run starts one at least before it may
         #: continue as new, so every run makes progress)
         self._started = 0
         self._cleanup: cacts.ForkCleanupResult | None = None
         self._evidence_log: str | None = None
-
-    # --- messages (as ExperimentWorkflow: raw payloads, every attempt recorded) ---------
-    @workflow.update(dynamic=True)
-    def message(self, name: str, args: Sequence[RawValue]) -> ApprovalAttempt:
-        return inbox.deliver(self._gate, name, _payloads(args), self._moment())
-
-    @workflow.signal(dynamic=True)
-    def stray_signal(self, name: str, args: Sequence[RawValue]) -> None:
-        inbox.refuse_signal(self._gate, name, self._moment())
 
     def _moment(self) -> Moment:
         return Moment(
@@ -179,50 +147,21 @@ class CohortExperimentWorkflow:
     @workflow.run
     async def run(self, inp: CohortInput) -> CohortResult:
         workflow.upsert_search_attributes([EXPERIMENT.value_set(self._spec.id)])
-        report: CohortReport | None = None
-        approved = inp.carry is not None
-        try:
-            if inp.carry is None:
-                await self._plan_and_approve()
-            else:
-                await self._await_approval()
-            approved = True
-            self._enter(Stage.running_worlds, "running the forks")
-            if self._spec.analysis.sequential is None:
-                await self._run_forks()
-            else:
-                await self._run_waves()
-            await self._clean_up()
-            report = await self._analyse()
-            self._status = Status.completed
-        except _Stop as stop:
-            self._status, self._error = stop.status, stop.reason
-            await self._stop_forks()
-        except asyncio.CancelledError:
-            await self._cancelled()
-            raise
-        except ActivityError as err:
-            if isinstance(err.cause, CancelledError):
-                await self._cancelled()
-                raise asyncio.CancelledError from None
-            self._status, self._error = Status.failed, _cause(err)
-            await self._stop_forks()
-        await self._clean_up()
-        await self._record(report)
-        self._enter(Stage.done, f"{self._status.value}{': ' + self._error if self._error else ''}")
-        if self._status is Status.failed and not approved:
-            raise ApplicationError(
-                self._error or "failed", type=ExperimentErrorType.failed_before_approval
-            )
+        report = await self._run_to_end(continued=inp.carry is not None)
         return self._result(report)
 
-    async def _cancelled(self) -> None:
-        """The operator cancelled: stop the forks, clean up, record; the caller re-raises."""
-        self._status, self._error = Status.cancelled, "cancelled by the operator"
-        await self._stop_forks()
-        await self._clean_up()
-        await self._record(None)
-        self._enter(Stage.done, "cancelled")
+    def _end(self, status: Status, error: str | None) -> None:
+        self._status, self._error = status, error
+
+    async def _work(self) -> None:
+        self._enter(Stage.running_worlds, "running the forks")
+        if self._spec.analysis.sequential is None:
+            await self._run_forks()
+        else:
+            await self._run_waves()
+
+    async def _conclude(self) -> CohortReport:
+        return await self._analyse()
 
     def _result(self, report: CohortReport | None) -> CohortResult:
         r, p = self._rehearsal, self._progress
@@ -251,17 +190,9 @@ class CohortExperimentWorkflow:
 
     async def _plan_and_approve(self) -> None:
         spec = self._spec
-        refusal = await open_gate(
-            self._gate,
-            experiment_id=spec.id,
-            approval_required=spec.approval.required,
-            expiry_minutes=spec.approval.expiry_minutes,
-            request=self._inp.request,
-            requested_by=self._inp.requested_by,
-            versioned=False,
+        await self._open_gate(
+            spec.id, spec.approval, self._inp.request, self._inp.requested_by, versioned=False
         )
-        if refusal is not None:
-            raise _Stop(Status.failed, refusal)
         self._enter(Stage.rehearsing, "reading the cohort and resolving its fork points")
         rehearsal = await execute(
             cacts.REHEARSE,
@@ -275,36 +206,17 @@ class CohortExperimentWorkflow:
         self._progress = cohort_state.opening(spec, rehearsal.plan.runs)
         self._enter(Stage.checking_capacity, "checking the budget against the estimates")
         if not rehearsal.capacity_ok:
-            raise _Stop(
+            raise Stop(
                 Status.refused, f"capacity check refused the plan: {rehearsal.capacity_reason}"
             )
         await self._await_approval()
 
-    async def _await_approval(self) -> None:
-        gate = self._gate
-        if gate.pending:
-            assert gate.state.expires_at is not None and self._rehearsal is not None
-            self._enter(
-                Stage.awaiting_approval,
-                f"awaiting approval of plan {self._rehearsal.fingerprint[:16]} "
-                f"({self._rehearsal.plan.runs} runs, {self._rehearsal.forks} forks)",
-            )
-            while gate.pending:
-                left = (gate.state.expires_at - workflow.now()).total_seconds()
-                try:
-                    await workflow.wait_condition(
-                        lambda: not gate.pending or workflow.info().is_continue_as_new_suggested(),
-                        timeout=timedelta(seconds=max(left, 0.001)),
-                        timeout_summary="approval expiry",
-                    )
-                except TimeoutError:
-                    gate.expire()
-                if gate.pending:
-                    await self._continue_as_new()
-        if gate.state.status is ApprovalStatus.rejected:
-            raise _Stop(Status.rejected, f"rejected by {gate.state.decided_by}")
-        if gate.state.status is ApprovalStatus.expired:
-            raise _Stop(Status.expired, "nobody approved the plan before it expired")
+    def _awaiting(self) -> str:
+        assert self._rehearsal is not None
+        return (
+            f"awaiting approval of plan {self._rehearsal.fingerprint[:16]} "
+            f"({self._rehearsal.plan.runs} runs, {self._rehearsal.forks} forks)"
+        )
 
     # --- forks --------------------------------------------------------------------------
     def _history_full(self) -> bool:
@@ -347,13 +259,9 @@ class CohortExperimentWorkflow:
                     break  # every job left waits on a running fork of its run
                 started_here += 1
                 self._started += 1
-                self._tasks.add(asyncio.create_task(self._fork(job)))
+                self._tasks[asyncio.create_task(self._fork(job))] = job
             self._show()
-            if self._tasks:
-                await workflow.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
-                for task in [t for t in self._tasks if t.done()]:
-                    self._tasks.discard(task)
-                    task.result()
+            await self._wait_for_tasks(asyncio.FIRST_COMPLETED)
             if cohort_state.left(progress, total) and started_here and self._history_full():
                 await self._continue_as_new()
 
@@ -442,7 +350,7 @@ class CohortExperimentWorkflow:
             if _user_code_broke(err):
                 # the scorer broke its contract: final, like a workload's; no outcome of
                 # the experiment is counted from code that answers out of contract
-                raise _Stop(Status.failed, _cause(err)) from None
+                raise Stop(Status.failed, cause(err)) from None
             # a fork whose activity gave up (its attempts spent) has no outcome; the
             # experiment goes on with the others, and the report counts it as missing
             outcome = ForkOutcome(
@@ -451,24 +359,12 @@ class CohortExperimentWorkflow:
                 fork=place.fork,
                 fork_id="",
                 status=ForkStatus.error,
-                error=_cause(err),
+                error=cause(err),
             )
         cohort_state.record(self._progress, outcome)
 
-    async def _stop_forks(self) -> None:
-        """Cancel the fork activities (each cancels its fork) and wait for them."""
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-
     async def _continue_as_new(self) -> None:
-        if self._tasks:
-            await workflow.wait(list(self._tasks))
-            for task in list(self._tasks):
-                self._tasks.discard(task)
-                task.result()
+        await self._wait_for_tasks()
         assert self._rehearsal is not None
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(

@@ -13,9 +13,12 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from forklab.contracts import experiment_activities as acts
     from forklab.contracts.errors import ExperimentErrorType
     from forklab.contracts.experiment import ApproverPolicy, KeyInput, PolicyInput
+    from forklab.experiments.experiment.spec import Approval
     from forklab.workflows.activity_calls import execute
     from forklab.workflows.experiment import timeouts
     from forklab.workflows.experiment.approval_gate import ApprovalGate
@@ -24,6 +27,11 @@ with workflow.unsafe.imports_passed_through():
 #: the patch that added the approver-policy step (workload experiments started before it
 #: replay without it)
 APPROVER_POLICY_PATCH = "approver-policy"
+#: The workflows' ``failure_exception_types``: a start input the workflow cannot read (wrong
+#: schema, a spec out of bounds, binary, two arguments) fails the run at once with the
+#: reason, instead of failing its workflow task forever; nothing has been created at that
+#: point, so there is nothing to clean up.
+BAD_INPUT = [ValidationError, TypeError]
 
 
 def check_start(inp: Any, expected: type, *, command: str) -> None:
@@ -66,18 +74,17 @@ def gate_of(
 
 async def open_gate(
     gate: ApprovalGate,
-    *,
     experiment_id: str,
-    approval_required: bool,
-    expiry_minutes: float,
+    approval: Approval,
     request: SignedRequest | None,
     requested_by: str,
+    *,
     versioned: bool,
 ) -> str | None:
     """Open ``gate`` (or skip it, where the worker's policy lets a spec skip approval);
     the reason the start is refused, or None. ``versioned``: ask for the approver policy
     only under ``APPROVER_POLICY_PATCH`` (a workflow that existed before that step)."""
-    if not approval_required:
+    if not approval.required:
         policy = await execute(
             acts.APPROVAL_POLICY,
             PolicyInput(experiment_id=experiment_id),
@@ -111,7 +118,7 @@ async def open_gate(
     )
     if refusal is not None:
         return refusal
-    gate.state.expires_at = workflow.now() + timedelta(minutes=expiry_minutes)
+    gate.state.expires_at = workflow.now() + timedelta(minutes=approval.expiry_minutes)
     if not gate.state.public_key and not gate.state.approvers:
         issued = await execute(
             acts.ISSUE_APPROVAL_KEY,

@@ -9,18 +9,14 @@ every way out (success, failure, refusal, rejection, expiry, cancellation).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
-from datetime import timedelta
+from collections.abc import Iterator
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import ValidationError
-
     from forklab.contracts import experiment_activities as acts
     from forklab.contracts.errors import ExperimentErrorType
     from forklab.contracts.experiment import (
@@ -43,16 +39,15 @@ with workflow.unsafe.imports_passed_through():
     )
     from forklab.experiments.experiment.worlds import spec_world_plans
     from forklab.workflows.activity_calls import execute
-    from forklab.workflows.experiment import history, inbox, timeouts, views
+    from forklab.workflows.experiment import history, timeouts, views
     from forklab.workflows.experiment.approval_gate import Moment
     from forklab.workflows.experiment.attempts import failed_attempt
     from forklab.workflows.experiment.budget_ledger import BudgetLedger
-    from forklab.workflows.experiment.gate_opening import check_start, gate_of, open_gate
+    from forklab.workflows.experiment.experiment_run import ExperimentRun
+    from forklab.workflows.experiment.gate_opening import BAD_INPUT, check_start, gate_of
     from forklab.workflows.experiment.messages import (
         STATUS_QUERY,
         WORKFLOW_TYPE,
-        ApprovalAttempt,
-        ApprovalStatus,
         BudgetUse,
         Carry,
         ExperimentInput,
@@ -62,45 +57,19 @@ with workflow.unsafe.imports_passed_through():
         Status,
         StatusView,
     )
+    from forklab.workflows.experiment.run_end import Stop, cause
     from forklab.workflows.experiment.run_state import SAVE_EVERY, RunState, Unit
     from forklab.workflows.experiment.search_attributes import EXPERIMENT, STAGE
     from forklab.workflows.experiment.tally import ProgressTally, WorldTally
 
 
-class _Stop(Exception):
-    """Ends the run early with a final status (refused, rejected, expired)."""
-
-    def __init__(self, status: Status, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
-def _payloads(args: Sequence[RawValue]) -> list[inbox.Payload]:
-    return [
-        inbox.Payload(encoding=a.payload.metadata.get("encoding", b""), data=a.payload.data)
-        for a in args
-    ]
-
-
-def _cause(err: BaseException) -> str:
-    """The innermost message of an activity failure: the sentence a person can act on."""
-    while isinstance(err, ActivityError) and err.cause is not None:
-        err = err.cause
-    return str(err.message if isinstance(err, ApplicationError) else err)
-
-
-#: A start input the workflow cannot read (wrong schema, a spec out of bounds, binary, two
-#: arguments) fails the run at once with the reason, instead of failing its workflow task
-#: forever; nothing has been created at that point, so there is nothing to clean up.
-_BAD_INPUT = [ValidationError, TypeError]
-
-
-@workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=_BAD_INPUT)
-class ExperimentWorkflow:
+@workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=BAD_INPUT)
+class ExperimentWorkflow(ExperimentRun[AnalysisResult]):
     """A thin orchestrator: the rules live in ``RunState`` (progress), ``ApprovalGate``
-    (approval) and ``BudgetLedger`` (budget); the views in ``forklab.workflows.experiment.views``.
-    This class sequences the activities and turns their results into changes of that state."""
+    (approval) and ``BudgetLedger`` (budget); the views in ``forklab.workflows.experiment.views``;
+    the course of a run, the message handlers and the approval wait in ``ExperimentRun``.
+    This class sequences the activities and turns their results into changes of that
+    state."""
 
     @workflow.init
     def __init__(self, inp: ExperimentInput) -> None:
@@ -109,7 +78,7 @@ class ExperimentWorkflow:
         self._spec = inp.spec
         carry = inp.carry
         origin_run_id = carry.origin_run_id if carry else workflow.info().run_id
-        gate = gate_of(
+        self._gate = gate_of(
             carry.approval if carry else None,
             run_id=origin_run_id,
             public_key=inp.approver_public_key or "",
@@ -128,7 +97,7 @@ class ExperimentWorkflow:
         )
         self._state = RunState(
             spec=inp.spec,
-            gate=gate,
+            gate=self._gate,  # one gate: the views read it from the state
             ledger=ledger,
             origin_run_id=origin_run_id,
             runs=carry.runs if carry else 1,
@@ -147,19 +116,6 @@ class ExperimentWorkflow:
         #: advances however low the history limit.
         self._units_started = 0
 
-    # --- messages ---------------------------------------------------------------------
-    # Handlers are dynamic and take raw payloads: the SDK decodes nothing a sender wrote,
-    # so no payload (binary, missing, extra, malformed, huge) can fail a workflow task.
-    @workflow.update(dynamic=True)
-    def message(self, name: str, args: Sequence[RawValue]) -> ApprovalAttempt:
-        """``approve`` (signed, see ``ApprovalGate``) and ``reject``; every update, whatever
-        it holds, is answered with the attempt the gate recorded for it."""
-        return inbox.deliver(self._state.gate, name, _payloads(args), self._moment())
-
-    @workflow.signal(dynamic=True)
-    def stray_signal(self, name: str, args: Sequence[RawValue]) -> None:
-        inbox.refuse_signal(self._state.gate, name, self._moment())
-
     def _moment(self) -> Moment:
         return self._state.moment(workflow.now(), workflow.uuid4().hex)
 
@@ -171,75 +127,32 @@ class ExperimentWorkflow:
     @workflow.run
     async def run(self, inp: ExperimentInput) -> ExperimentResult:
         workflow.upsert_search_attributes([EXPERIMENT.value_set(self._spec.id)])
-        state = self._state
-        analysis: AnalysisResult | None = None
-        approved = inp.carry is not None
-        try:
-            if inp.carry is None:
-                await self._plan_and_approve()
-            else:
-                # Whatever the carry says, the decision is read here: a rejection that
-                # arrived while the previous run was continuing as new stops this one.
-                await self._await_approval()
-            approved = True
-            if self._spec.analysis.sequential is None:
-                self._enter(Stage.running_prefixes, "running each episode's prefix once")
-                await self._run_units(state.prefix_units())
-                self._enter(Stage.running_worlds, "running world batches")
-                await self._run_units(state.world_units())
-            else:
-                await self._run_waves()
-            await self._clean_up()
-            analysis = await self._readout(await self._analyse())
-            state.verdicts = analysis.verdicts
-            state.status = Status.completed
-        except _Stop as stop:
-            state.status = stop.status
-            state.error = stop.reason
-            await self._stop_tasks()
-        except asyncio.CancelledError:
-            await self._cancelled()
-            raise
-        except ActivityError as err:
-            if isinstance(err.cause, CancelledError):
-                await self._cancelled()
-                raise asyncio.CancelledError from None
-            state.status = Status.failed
-            state.error = _cause(err)
-            await self._stop_tasks()
-        await self._clean_up()
-        await self._record(analysis)
-        self._enter(Stage.done, f"{state.status.value}{': ' + state.error if state.error else ''}")
-        if state.status is Status.failed and not approved:
-            # Nothing was spent: fail the workflow itself, so that the id-reuse policy
-            # (allow duplicate, failed only) lets the operator start it again under its id.
-            raise ApplicationError(
-                state.error or "failed", type=ExperimentErrorType.failed_before_approval
-            )
-        return views.result(state, analysis)
+        analysis = await self._run_to_end(continued=inp.carry is not None)
+        return views.result(self._state, analysis)
 
-    async def _cancelled(self) -> None:
-        """The operator cancelled: stop the batches, clean up, record; the caller re-raises."""
-        self._state.status = Status.cancelled
-        self._state.error = "cancelled by the operator"
-        await self._stop_tasks()
-        await self._clean_up()
-        await self._record(None)
-        self._enter(Stage.done, "cancelled")
+    def _end(self, status: Status, error: str | None) -> None:
+        self._state.status, self._state.error = status, error
+
+    async def _work(self) -> None:
+        state = self._state
+        if self._spec.analysis.sequential is None:
+            self._enter(Stage.running_prefixes, "running each episode's prefix once")
+            await self._run_units(state.prefix_units())
+            self._enter(Stage.running_worlds, "running world batches")
+            await self._run_units(state.world_units())
+        else:
+            await self._run_waves()
+
+    async def _conclude(self) -> AnalysisResult:
+        analysis = await self._readout(await self._analyse())
+        self._state.verdicts = analysis.verdicts
+        return analysis
 
     async def _plan_and_approve(self) -> None:
         spec = self._spec
-        refusal = await open_gate(
-            self._state.gate,
-            experiment_id=spec.id,
-            approval_required=spec.approval.required,
-            expiry_minutes=spec.approval.expiry_minutes,
-            request=self._inp.request,
-            requested_by=self._inp.requested_by,
-            versioned=True,
+        await self._open_gate(
+            spec.id, spec.approval, self._inp.request, self._inp.requested_by, versioned=True
         )
-        if refusal is not None:
-            raise _Stop(Status.failed, refusal)
         self._enter(Stage.rehearsing, "rehearsing on the local twin (free)")
         rehearsal = await execute(
             acts.REHEARSE,
@@ -282,46 +195,17 @@ class ExperimentWorkflow:
         self._state.plan = Plan(rehearsal=rehearsal, snapshot=snapshot, capacity=capacity)
         self._state.ledger.use.estimated_world_seconds = capacity.estimated_world_seconds
         if not capacity.ok:
-            raise _Stop(Status.refused, f"capacity check refused the plan: {capacity.reason}")
+            raise Stop(Status.refused, f"capacity check refused the plan: {capacity.reason}")
         await self._await_approval()
 
-    async def _await_approval(self) -> None:
-        """Stop unless the plan was approved (or approval was not required), waiting for
-        the decision while it is pending. Every run of a chain passes here, so no run goes
-        on under a rejected or expired decision, e.g. a rejection that arrived while the
-        previous run was continuing as new."""
-        gate = self._state.gate
-        if gate.pending:
-            await self._wait_for_decision()
-        if gate.state.status is ApprovalStatus.rejected:
-            raise _Stop(Status.rejected, f"rejected by {gate.state.decided_by}")
-        if gate.state.status is ApprovalStatus.expired:
-            raise _Stop(Status.expired, "nobody approved the plan before it expired")
-
-    async def _wait_for_decision(self) -> None:
-        """Wait for a decision until expiry. Messages keep arriving meanwhile (each one in
-        history): when Temporal suggests it, continue as new and wait on there."""
-        gate = self._state.gate
-        expires_at = gate.state.expires_at
+    def _awaiting(self) -> str:
+        expires_at = self._gate.state.expires_at
         plan = self._state.plan
         assert expires_at is not None and plan is not None
-        self._enter(
-            Stage.awaiting_approval,
+        return (
             f"awaiting approval of plan {plan.fingerprint[:16]} "
-            f"until {expires_at:%Y-%m-%d %H:%M:%S} UTC",
+            f"until {expires_at:%Y-%m-%d %H:%M:%S} UTC"
         )
-        while gate.pending:
-            left = (expires_at - workflow.now()).total_seconds()
-            try:
-                await workflow.wait_condition(
-                    lambda: not gate.pending or workflow.info().is_continue_as_new_suggested(),
-                    timeout=timedelta(seconds=max(left, 0.001)),
-                    timeout_summary="approval expiry",
-                )
-            except TimeoutError:
-                gate.expire()
-            if gate.pending:
-                await self._continue_as_new()
 
     # --- sandbox work -----------------------------------------------------------------
     async def _run_units(self, units: Iterator[Unit]) -> None:
@@ -355,11 +239,7 @@ class ExperimentWorkflow:
                 self._units_started += 1
                 unit = next(units, None)
                 self._show()
-            if self._tasks:
-                await workflow.wait(list(self._tasks), return_when=asyncio.FIRST_COMPLETED)
-                for task in [t for t in self._tasks if t.done()]:
-                    del self._tasks[task]
-                    task.result()  # a failed prefix ends the experiment here
+            await self._wait_for_tasks(asyncio.FIRST_COMPLETED)  # a failed prefix ends it here
             if state.unsaved >= SAVE_EVERY and self._history_has_room():
                 await self._save_progress()
             self._show()
@@ -436,7 +316,7 @@ class ExperimentWorkflow:
         )
         state.refs.update((r.index, r) for r in refs)
         if first not in state.refs:
-            raise _Stop(
+            raise Stop(
                 Status.failed,
                 f"the stored progress {state.tally.digest} has no prefix of chunk {first}",
             )
@@ -480,7 +360,7 @@ class ExperimentWorkflow:
                     )
                     ledger.charge_dead_attempt(unit.key, failed.burnt)
                     why = (
-                        _cause(err)
+                        cause(err)
                         if failed.final or attempt == timeouts.UNIT_ATTEMPTS
                         else ledger.renew(unit.key)
                     )
@@ -576,14 +456,6 @@ class ExperimentWorkflow:
         that no other run (same spec id or not) lists, cleans or reuses them."""
         return f"{workflow.info().workflow_id}/{self._state.origin_run_id}"
 
-    async def _stop_tasks(self) -> None:
-        """Cancel running batches and wait until each has deleted its own sandbox."""
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-
     async def _save_progress(self) -> str | None:
         """Append the records made since the last save to the stored progress (the
         activity merges them; only they travel); returns the progress digest, None if
@@ -602,11 +474,7 @@ class ExperimentWorkflow:
         return state.tally.digest
 
     async def _continue_as_new(self) -> None:
-        if self._tasks:
-            await workflow.wait(list(self._tasks))
-            for task in list(self._tasks):
-                del self._tasks[task]
-                task.result()
+        await self._wait_for_tasks()
         state = self._state
         assert state.plan is not None
         await self._save_progress()
@@ -734,7 +602,7 @@ class ExperimentWorkflow:
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 raise
-            state.evidence_log = f"not logged: {_cause(err)}"
+            state.evidence_log = f"not logged: {cause(err)}"
 
     # --- what the Web UI shows --------------------------------------------------------
     def _enter(self, stage: Stage, message: str) -> None:
