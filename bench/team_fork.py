@@ -6,8 +6,8 @@ the members one by one (``ForkStarter.fork`` each, one after another) and one si
 fork. Goal: a 3-member team fork within 1.5x a single fork.
 
 Each measurement starts on a settled worker: the forks the one before it started have
-finished (waited for outside the time measured), so no figure carries the tail of another's
-work on the same two cores.
+closed or sit idle, waiting (outside the time measured; the idle ones are then
+terminated), so no figure carries the tail of another's work on the same two cores.
 
 Each figure is measured **cold** (every cache of closed runs emptied before each fork:
 the bench's starter's, and the worker's, which the coordinator's member forks and the
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import statistics
 import sys
@@ -35,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent_bench import bench_env
 from relay_workflow import RelayInput, RelayWorkflow, relay_step
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
 from forklab.activities.runfork.fork_activities import ForkActivities
@@ -67,15 +66,23 @@ async def record_relay(client: Client, queue: str, size: int) -> list[str]:
 
 
 async def settle(client: Client, fork_ids: list[str]) -> None:
-    """Until the forks a measurement started have closed (a fork of one member alone fails
-    when it signals an original that has closed: that is its end too), outside the time
-    measured."""
+    """Until the forks a measurement started are idle — closed, or waiting with no
+    workflow task or activity pending (a member forked alone waits for a signal no one
+    sends) — then the waiting ones terminated; outside the time measured."""
 
-    async def closed(fork_id: str) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(client.get_workflow_handle(fork_id).result(), 30)
+    async def idle(fork_id: str) -> None:
+        handle = client.get_workflow_handle(fork_id)
+        for _ in range(500):
+            desc = await handle.describe()
+            if desc.status is not WorkflowExecutionStatus.RUNNING:
+                return
+            raw = desc.raw_description
+            if not raw.HasField("pending_workflow_task") and not raw.pending_activities:
+                await handle.terminate("team-fork bench: measured")
+                return
+            await asyncio.sleep(0.02)
 
-    await asyncio.gather(*(closed(f) for f in fork_ids))
+    await asyncio.gather(*(idle(f) for f in fork_ids))
 
 
 async def team_fork(client: Client, teams: TeamRegistry, member: str) -> tuple[float, float]:
