@@ -15,6 +15,7 @@ from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.prefix_messages import PrefixMessage
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.steps import Step, StepOrigin
+from forklab.experiments.runfork.team_receipt import member_fork_id
 
 #: Memo key of the fork marker (kept on continue-as-new with ``continued`` set: the later
 #: runs of a fork inherit nothing more, but keep its lineage, policies, model and
@@ -122,27 +123,43 @@ class TeamPart(BaseModel):
     """What a member of a team fork adds to its marker: the team fork it belongs to and
     where its messages go.
 
-    ``addresses`` maps a workflow id the member's code may name (an original member, or
-    a member of the team fork it was forked from) to the fork that stands for it in this
-    fork world; a send to any other workflow (an original without a fork, a workflow
-    outside the team) is blocked, so nothing a fork sends reaches an original. ``held``:
-    the member runs nothing until the team fork's coordinator (the workflow
-    ``team_fork_id``) releases it, once every member's fork exists."""
+    The addresses (``all_addresses``) map a workflow id the member's code may name (an
+    original member, or a member of the team fork it was forked from) to the fork that
+    stands for it in this fork world; a send to any other workflow (an original without a
+    fork, a workflow outside the team) is blocked, so nothing a fork sends reaches an
+    original. ``held``: the member runs nothing until the team fork's coordinator (the
+    workflow ``team_fork_id``) releases it, once every member's fork exists.
+
+    The part travels in every member's memo with its marker, which Temporal wants under
+    2 KiB: the team fork's own members are named once each (``forked``), their forks'
+    ids following from it, so a team of 30 stays under it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     team_fork_id: str = Field(min_length=1, max_length=200)
+    #: the originals this team fork forked: each one's fork is
+    #: ``<team_fork_id>/<original>`` (``member_fork_id``)
+    forked: list[str] = Field(default_factory=list, max_length=200)
+    #: any other id the member's code may name → the fork standing for it (an original of
+    #: the team fork this one was forked from)
     addresses: dict[str, str] = Field(default_factory=dict, max_length=200)
     #: the team's members that have no fork here (frozen, inherited, absent, and the
     #: originals the members were forked from): no child is ever started under their ids
     without_fork: list[str] = Field(default_factory=list, max_length=400)
     held: bool = True
 
+    @property
+    def all_addresses(self) -> dict[str, str]:
+        """Every id the member's code may name → the fork standing for it."""
+        own = {o: member_fork_id(self.team_fork_id, o) for o in self.forked}
+        return {**own, **self.addresses}
+
     def address(self, target: str) -> str | None:
         """Where a send to ``target`` goes in this fork world (None: nowhere)."""
-        if target in self.addresses:
-            return self.addresses[target]
-        if target in self.addresses.values():
+        addresses = self.all_addresses
+        if target in addresses:
+            return addresses[target]
+        if target in addresses.values():
             return target
         return None
 

@@ -220,13 +220,14 @@ def composed_team(team: TeamPart | None, inherited: TeamPart | None) -> TeamPart
     nowhere when it has none."""
     if team is None or inherited is None:
         return team
+    own = team.all_addresses
     addresses = dict(team.addresses)
     without = set(team.without_fork) | set(inherited.without_fork)
-    for original, parent_fork in inherited.addresses.items():
-        if parent_fork in team.addresses:
-            addresses.setdefault(original, team.addresses[parent_fork])
-        else:
+    for original, parent_fork in inherited.all_addresses.items():
+        if parent_fork not in own:
             without.add(original)
+        elif original not in own:
+            addresses.setdefault(original, own[parent_fork])
     return team.model_copy(update={"addresses": addresses, "without_fork": sorted(without)})
 
 

@@ -46,6 +46,7 @@ from forklab.experiments.runfork.team_receipt import (
     SlotRole,
     TeamOverride,
     TeamReceipt,
+    member_fork_id,
     plan_team_fork,
 )
 
@@ -118,10 +119,13 @@ def _overrides(req: TeamForkRequest) -> list[TeamOverride]:
 
 
 def team_part(plan: TeamReceipt, cut: TeamCut) -> TeamPart:
-    """The addresses every member fork of ``plan`` carries."""
+    """The addresses every member fork of ``plan`` carries (each of its members named
+    once: ``TeamPart.forked``)."""
+    team = plan.team_fork_id
     return TeamPart(
-        team_fork_id=plan.team_fork_id,
-        addresses=plan.addresses,
+        team_fork_id=team,
+        forked=sorted(o for o, f in plan.addresses.items() if f == member_fork_id(team, o)),
+        addresses={o: f for o, f in plan.addresses.items() if f != member_fork_id(team, o)},
         without_fork=sorted(
             m.workflow_id for m in cut.members if m.workflow_id not in plan.addresses
         ),

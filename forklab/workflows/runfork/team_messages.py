@@ -91,7 +91,7 @@ def child_id(team: TeamPart, target: str) -> str:
     of the team; a new id the member's code chose stays (the child is new in this fork
     world); the id of a member without a fork is blocked (a child started there would be
     a new run under an original's id)."""
-    if target in team.addresses or target in team.without_fork:
+    if target in team.all_addresses or target in team.without_fork:
         return _to(team, target, "a child workflow")
     return target
 
