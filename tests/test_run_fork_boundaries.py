@@ -14,11 +14,14 @@ import pytest
 from agent_fixtures import Services, agent_settings
 from fork_failures import blocked_error
 from fork_workloads import StepsInput, StepsWorkflow, echo, hold
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
+from forklab.activities.runfork import history_reads
 from forklab.activities.runfork.history_events import digest_payloads
 from forklab.activities.runfork.history_reads import locate_step
 from forklab.cli.runfork.agent_lab import AgentLab, ForkError
@@ -280,6 +283,39 @@ async def test_a_run_ending_in_calls_in_parallel_is_read_from_its_end(
     assert await live.handle.result() == expected
     # inside the run, the whole run is read
     assert not (await locate_step(steps_lab.client, wid, 5)).tail_only
+
+
+async def test_a_run_end_longer_than_a_page_is_read_page_by_page(
+    steps_lab: StepsLab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 16 ends the parent's second run, 8 calls in parallel, and a reverse page is
+    made 2 batches (``TAIL_PAGE_BATCHES``; the scheduling of the 8, their completions and
+    the last workflow task are at least 3): one page does not reach back to the
+    scheduling, so the tail is read on, page by page — still not the whole run — and the
+    fork starts from the next run's input, served nothing."""
+    monkeypatch.setattr(history_reads, "TAIL_PAGE_BATCHES", 2)
+    wid = await steps_lab.start(steps=24, can_every=8, parallel=8)
+    expected = await steps_lab.client.get_workflow_handle(wid).result()
+    second = (await steps_lab.lab.chain(wid))[1]
+    page = await steps_lab.client.workflow_service.get_workflow_execution_history_reverse(
+        GetWorkflowExecutionHistoryReverseRequest(
+            namespace=steps_lab.client.namespace,
+            execution=WorkflowExecution(workflow_id=wid, run_id=second.run_id),
+            maximum_page_size=history_reads.TAIL_PAGE_BATCHES,
+        )
+    )
+    scheduled = [
+        e for e in page.history.events if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert len(scheduled) < 8 and page.next_page_token, "one page holds the whole tail"
+    located = await locate_step(steps_lab.client, wid, 16)
+    assert located.tail_only and located.histories_read == 0
+    assert [s.index for s in located.source.steps] == list(range(9, 17))
+    live = await steps_lab.lab.fork(
+        ForkRequest(run=wid, at_step=16, tool_policies={"*": ToolPolicy.live})
+    )
+    assert (live.receipt.base_step, live.receipt.prefix_sha256) == (16, prefix_sha256([]))
+    assert await live.handle.result() == expected
 
 
 async def test_a_boundary_that_ends_a_run_starts_from_the_next_runs_input(
