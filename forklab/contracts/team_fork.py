@@ -9,15 +9,11 @@ never left half started, whoever dies on the way (``forklab fork-team``, a worke
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forklab.contracts.fork_request import ForkRequest
-from forklab.contracts.runfork import CohortFork, TeamPart
-from forklab.experiments.runfork.overrides import ForkSignal, ResultOverride
-from forklab.experiments.runfork.policy import ToolPolicy
-from forklab.experiments.runfork.receipt import BoundaryMode
+from forklab.contracts.fork_request import ForkOptions, ForkRequest
+from forklab.contracts.runfork import TeamPart
 from forklab.experiments.runfork.team_receipt import TeamReceipt
 
 #: The coordinator's workflow type and activities (registered by ``ForkLabPlugin``).
@@ -26,12 +22,12 @@ FORK_MEMBERS = "forklab.team_fork_members"
 ABORT_MEMBERS = "forklab.team_abort_members"
 
 
-class MemberFork(BaseModel):
-    """One member's fork: what ``ForkStarter.fork`` is asked for it (``fork_request``).
-    Its fields are the coordinator's recorded input, so they stay as they are rather than
-    a ``ForkRequest`` nested here: a changed shape would not read the recorded ones."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class MemberFork(ForkOptions):
+    """One member's fork: what ``ForkStarter.fork`` is asked for it (``fork_request``),
+    changed as its ``ForkOptions`` say (the overrides only on the requested member's; its
+    signals are the operator's and the messages in flight at the cut, in that order). Its
+    fields are the coordinator's recorded input, so they stay flat rather than a
+    ``ForkRequest`` nested here: a changed shape would not read the recorded ones."""
 
     workflow_id: str
     fork_workflow_id: str
@@ -40,21 +36,7 @@ class MemberFork(BaseModel):
     #: as a single fork's is)
     run_id: str | None = None
     at_step: int = Field(ge=0)
-    boundary: BoundaryMode = BoundaryMode.exact
-    model: str | None = None
-    tool_policies: dict[str, ToolPolicy] = Field(default_factory=dict)
-    intervention: dict[str, Any] | None = None
-    result_override: ResultOverride | None = None
-    #: (step, JSON): that step runs live with the JSON as its input
-    input_override: tuple[int, Any] | None = None
-    #: the operator's signals and the messages in flight at the cut, in that order
-    signals: list[ForkSignal] = Field(default_factory=list)
     team: TeamPart
-    #: the fork of an experiment over a cohort of teams: the world's seeds, prompt patch
-    #: and faults (``ForkStarter.fork``'s ``cohort``)
-    cohort: CohortFork | None = None
-    #: the experiment run whose cleanup finds the fork (its ``ForkLabExperiment``)
-    experiment_tag: str | None = None
 
     def fork_request(self, requested_by: str) -> ForkRequest:
         """The fork of this member, asked for by ``requested_by`` (the team fork's)."""
@@ -63,17 +45,9 @@ class MemberFork(BaseModel):
             at_step=self.at_step,
             run_id=self.run_id,
             name=self.fork_workflow_id,
-            intervention=self.intervention,
-            model=self.model,
-            tool_policies=self.tool_policies,
-            boundary=self.boundary,
             requested_by=requested_by,
-            result_override=self.result_override,
-            input_override=self.input_override,
-            signals=self.signals,
             team=self.team,
-            cohort=self.cohort,
-            experiment_tag=self.experiment_tag,
+            **self.options(),
         )
 
 

@@ -322,25 +322,8 @@ class CohortActivities:
         found = self._client.get_workflow_handle(fork_id)
         if self._registry.receipt(fork_id) is not None:
             return found
-        world = job.world
-        intervention = world.intervention.model_dump(mode="json") if world.intervention else None
-        override = fork_override(run, world)
         try:
-            fork = await self._starter.fork(
-                ForkRequest(
-                    run=run.workflow_id,
-                    at_step=override.at_step,
-                    name=fork_id,
-                    intervention=intervention,
-                    model=world.model,
-                    tool_policies=fork_policies(plan, world),
-                    requested_by=f"experiment {job.experiment_id}",
-                    result_override=override.result,
-                    input_override=override.input,
-                    cohort=_cohort_part(job),
-                    experiment_tag=job.run_key,
-                )
-            )
+            fork = await self._starter.fork(_world_fork(job, run, plan, fork_id))
         except ForkExists:
             # an earlier attempt started it; its receipt too, unless that attempt died
             # between the two (recorded now from the fork's own start)
@@ -355,14 +338,7 @@ class CohortActivities:
         result: the result member's result, with every member's end as the final state."""
         assert run.team is not None
         try:
-            forked = await self._teams.fork(
-                run,
-                job.world,
-                fork_id,
-                fork_policies(plan, job.world),
-                _cohort_part(job),
-                f"experiment {job.experiment_id}",
-            )
+            forked = await self._teams.fork(run, _world_fork(job, run, plan, fork_id))
         except (ForkError, RunNotFound) as exc:
             return self._outcome(job, fork_id, ForkStatus.error, error=str(exc))
         team = run.team
@@ -642,6 +618,28 @@ class CohortActivities:
                     created_at=now,
                 )
             )
+
+
+def _world_fork(job: ForkJob, run: CohortRun, plan: CohortPlan, fork_id: str) -> ForkRequest:
+    """The fork ``fork_id`` of ``run`` in the job's world: its point and override, the
+    world's intervention, model and tool policies, the cohort part and the experiment
+    run's tag. For a team, the fork of its requested member, from which the team fork is
+    asked for (named ``fork_id`` too; its members' forks are ``<fork_id>/<member id>``)."""
+    world = job.world
+    override = fork_override(run, world)
+    return ForkRequest(
+        run=run.workflow_id,
+        at_step=override.at_step,
+        name=fork_id,
+        intervention=world.intervention.model_dump(mode="json") if world.intervention else None,
+        model=world.model,
+        tool_policies=fork_policies(plan, world),
+        requested_by=f"experiment {job.experiment_id}",
+        result_override=override.result,
+        input_override=override.input,
+        cohort=_cohort_part(job),
+        experiment_tag=job.run_key,
+    )
 
 
 def _cohort_part(job: ForkJob) -> CohortFork:

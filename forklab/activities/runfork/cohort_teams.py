@@ -23,7 +23,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from forklab.activities.heartbeat import heartbeat_until
 from forklab.activities.runfork.closed_fork import closed_chain
-from forklab.activities.runfork.cohort_overrides import ForkOverride, fork_override
+from forklab.activities.runfork.cohort_overrides import fork_override
 from forklab.activities.runfork.cohort_reads import read_recorded
 from forklab.activities.runfork.fork_start import ForkError, final_state
 from forklab.activities.runfork.history_events import RunRecord
@@ -35,7 +35,7 @@ from forklab.activities.runfork.team_fork_start import (
 )
 from forklab.activities.runfork.team_history import TeamReadError, link, read_histories
 from forklab.activities.stores.team_registry import TeamRegistry
-from forklab.contracts.runfork import CohortFork
+from forklab.contracts.fork_request import ForkRequest
 from forklab.contracts.team_fork import TeamForkRecord, TeamForkStatus
 from forklab.experiments.cohort.fork_point import MODEL_ACTIVITY_TYPES
 from forklab.experiments.cohort.plan import CLOSED, CohortRun, RecordedRun
@@ -48,7 +48,6 @@ from forklab.experiments.cohort.team_episode import (
     member_forks,
     plan_team_cut,
 )
-from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.team_cut import TeamCutError, consistent_cut
 from forklab.experiments.runfork.team_receipt import SlotRole
 
@@ -197,28 +196,20 @@ class CohortTeamForks:
         self._client = client
         self._starter = TeamForkStarter(client, teams)
 
-    async def fork(
-        self,
-        run: CohortRun,
-        world: ForkWorld,
-        team_fork: str,
-        policies: dict[str, ToolPolicy],
-        cohort: CohortFork,
-        requested_by: str,
-    ) -> ForkedTeam:
+    async def fork(self, run: CohortRun, asked: ForkRequest) -> ForkedTeam:
         """Start the world's team fork (or find the one an earlier attempt started), wait
         for the coordinator and then for every member fork to close, with heartbeats.
-        Cancelled, it cancels the coordinator and every member fork. A team that cannot
-        be forked (its cut differs from the signed one, a member's boundary is refused,
-        the coordinator aborted) is a ``ForkError``: no outcome, never a failure."""
-        assert run.team is not None
-        override = fork_override(run, world)
-        cut = run.team.cut_at(override.at_step)
+        ``asked`` is the world's fork of the run, its requested member: the team fork
+        takes its name, step and options. Cancelled, it cancels the coordinator and every
+        member fork. A team that cannot be forked (its cut differs from the signed one, a
+        member's boundary is refused, the coordinator aborted) is a ``ForkError``: no
+        outcome, never a failure."""
+        assert run.team is not None and asked.name is not None
+        team_fork = asked.name
+        cut = run.team.cut_at(asked.at_step)
         forks = member_forks(team_fork, cut)
         try:
-            handle = await self._start_or_find(
-                run, world, team_fork, override, cut, policies, cohort, requested_by
-            )
+            handle = await self._start_or_find(team_fork, asked, cut)
             raw = await heartbeat_until(handle.result(), lambda: team_fork)
             record = TeamForkRecord.model_validate(raw)
             if record.status is not TeamForkStatus.forked:
@@ -249,35 +240,20 @@ class CohortTeamForks:
         return ForkedTeam(record=record, cut=cut, chains=chains)
 
     async def _start_or_find(
-        self,
-        run: CohortRun,
-        world: ForkWorld,
-        team_fork: str,
-        override: ForkOverride,
-        cut: TeamCutPlan,
-        policies: dict[str, ToolPolicy],
-        cohort: CohortFork,
-        requested_by: str,
+        self, team_fork: str, asked: ForkRequest, cut: TeamCutPlan
     ) -> WorkflowHandle[Any, Any]:
         found = self._client.get_workflow_handle(team_fork)
         if await _exists(found):
             return found
-        intervention = world.intervention.model_dump(mode="json") if world.intervention else None
         try:
             started = await self._starter.start(
                 TeamForkRequest(
-                    member=run.workflow_id,
-                    at_step=override.at_step,
+                    member=asked.run,
+                    at_step=asked.at_step,
                     name=team_fork,
-                    model=world.model,
-                    tool_policies=policies,
-                    intervention=intervention,
-                    result_override=override.result,
-                    input_override=override.input,
-                    requested_by=requested_by,
-                    cohort=cohort,
-                    experiment_tag=cohort.experiment,
+                    requested_by=asked.requested_by,
                     expected_cut=cut.forked(),
+                    **asked.options(),
                 )
             )
         except TeamForkError as exc:

@@ -28,7 +28,8 @@ from forklab.activities.runfork.team_history import (
     read_histories,
 )
 from forklab.activities.stores.team_registry import TeamRegistry
-from forklab.contracts.runfork import CohortFork, TeamPart, fork_task_queue
+from forklab.contracts.fork_request import ForkOptions
+from forklab.contracts.runfork import TeamPart, fork_task_queue
 from forklab.contracts.search_attributes import EXPERIMENT
 from forklab.contracts.team import TEAM_UPDATE_ACTIVITY
 from forklab.contracts.team_fork import (
@@ -37,9 +38,7 @@ from forklab.contracts.team_fork import (
     TeamForkInput,
     TeamForkRecord,
 )
-from forklab.experiments.runfork.overrides import ForkSignal, ResultOverride
 from forklab.experiments.runfork.policy import DEFAULT_KEY, ToolPolicy
-from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.team_cut import TeamCut, TeamCutError, consistent_cut
 from forklab.experiments.runfork.team_receipt import (
     OverrideKind,
@@ -55,30 +54,22 @@ class TeamForkError(ValueError):
     """A team fork that cannot be made as asked; the message says which field and why."""
 
 
-@dataclass
-class TeamForkRequest:
+class TeamForkRequest(ForkOptions):
     """What ``forklab fork-team`` asks: the member and step, the team's bounds, and what
-    the forks change (as for a single fork)."""
+    the forks change (``ForkOptions``, as for a single fork: the model, tool policies,
+    intervention, boundary, cohort and experiment tag on every member's fork; the
+    overrides and signals on the requested member's). The experiment tag also marks the
+    coordinator, so that the experiment run's cleanup finds it too."""
 
     member: str
     at_step: int
     members: list[str] | None = None
     freeze: tuple[str, ...] = ()
+    #: the team fork's name, the coordinator's id (None: ``<member>--team-<8 hex>``); its
+    #: members' forks are ``<name>/<member id>``
     name: str | None = None
-    model: str | None = None
-    tool_policies: dict[str, ToolPolicy] | None = None
-    intervention: dict[str, Any] | None = None
-    boundary: BoundaryMode = BoundaryMode.exact
-    result_override: ResultOverride | None = None
-    input_override: tuple[int, Any] | None = None
-    signals: tuple[ForkSignal, ...] = ()
+    #: who asked, for the group receipt (None: the user running this process)
     requested_by: str | None = None
-    #: a fork of an experiment over a cohort of teams (``cohort.team``): the world's
-    #: seeds, prompt patch and faults, on every member's fork
-    cohort: CohortFork | None = None
-    #: the experiment run whose cleanup must find the coordinator and every member fork
-    #: (its ``ForkLabExperiment`` search attribute)
-    experiment_tag: str | None = None
     #: the step of every forked member in the cut an approver signed: a team whose cut,
     #: computed again here, differs is refused
     expected_cut: dict[str, int] | None = None
@@ -156,7 +147,7 @@ class TeamForkStarter:
             inflight = delivered_at_start(histories, cut)
         except (TeamReadError, TeamCutError) as exc:
             raise TeamForkError(str(exc)) from None
-        policies = dict(req.tool_policies or {})
+        policies = dict(req.tool_policies)
         policies.setdefault(DEFAULT_KEY, ToolPolicy.auto)
         # a member's message to another after the cut is sent again, to the receiver's
         # fork: served from the original's record, it would never reach the fork
@@ -185,6 +176,12 @@ class TeamForkStarter:
                 f"({_steps(req.expected_cut)}); rehearse and approve it again"
             )
         part = team_part(plan, cut)
+        # what every member's fork changes; the overrides and signals asked for are the
+        # requested member's alone
+        requested = ForkOptions(**req.options(tool_policies=policies))
+        others = requested.model_copy(
+            update={"result_override": None, "input_override": None, "signals": []}
+        )
         members: list[MemberFork] = []
         for slot in plan.slots:
             if slot.role is not SlotRole.forked or slot.fork_workflow_id is None:
@@ -196,7 +193,7 @@ class TeamForkStarter:
                     f"{point.point.step} (a parent between its child's start and result); a "
                     "member is forked at a step: cut another member or step"
                 )
-            asked = slot.workflow_id == req.member
+            own = requested if slot.workflow_id == req.member else others
             read = histories[slot.workflow_id]
             members.append(
                 MemberFork(
@@ -204,16 +201,8 @@ class TeamForkStarter:
                     fork_workflow_id=slot.fork_workflow_id,
                     run_id=read.run_id if read.closed and read.runs == 1 else None,
                     at_step=point.at_step,
-                    boundary=req.boundary,
-                    model=req.model,
-                    tool_policies=policies,
-                    intervention=req.intervention,
-                    result_override=req.result_override if asked else None,
-                    input_override=req.input_override if asked else None,
-                    signals=[*(req.signals if asked else ()), *inflight.get(slot.workflow_id, [])],
                     team=part,
-                    cohort=req.cohort,
-                    experiment_tag=req.experiment_tag,
+                    **own.options(signals=[*own.signals, *inflight.get(slot.workflow_id, [])]),
                 )
             )
         queue = fork_task_queue(histories[req.member].task_queue)

@@ -21,7 +21,7 @@ from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags, run, settings_from
 from forklab.cli.runfork.agent_lab import ACTING_KINDS, AgentLab, ForkError, Timeline
 from forklab.cli.runfork.agent_services import agent_settings
-from forklab.contracts.fork_request import ForkRequest
+from forklab.contracts.fork_request import ForkOptions, ForkRequest
 from forklab.contracts.runfork import ForkPoint
 from forklab.experiments.runfork.approximations import Approximation, ApproximationKind
 from forklab.experiments.runfork.diff import change_lines
@@ -114,13 +114,10 @@ def _parse_override(text: str | None) -> ResultOverride | None:
         raise CliError(str(exc), code=BAD_INPUT) from None
 
 
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, sort_keys=True, default=str))
-
-
-@_guard
-async def _fork(args: argparse.Namespace) -> int:
-    wait = finite_number(args.wait, "--wait", 0, 3600)
+def fork_options(args: argparse.Namespace) -> ForkOptions:
+    """What ``forklab fork`` and ``forklab fork-team`` ask the fork to change
+    (``--intervention``, ``--model``, the overrides, ``--signal``, ``--tool-policy``,
+    ``--live-after``, ``--boundary``); one line, exit 2, on bad input."""
     intervention = _parse_intervention(args.intervention)
     override = _parse_override(args.override_result)
     asked = _step_json("--override-input", args.override_input)
@@ -128,12 +125,43 @@ async def _fork(args: argparse.Namespace) -> int:
     given = list(args.tool_policy or [])
     if args.live_after and not any(p.partition("=")[0].strip() == DEFAULT_KEY for p in given):
         given.append(f"{DEFAULT_KEY}={ToolPolicy.live.value}")
-    policies: dict[str, ToolPolicy] = parse_policies(given)
-    at_step = None if args.at_step is None else whole_number(args.at_step, "--at-step")
-    if at_step is None and override is not None:
-        at_step = override.step
-    if at_step is None and asked is not None:
-        at_step = asked[0] - 1
+    try:
+        policies = parse_policies(given)
+    except PolicyError as exc:
+        raise CliError(str(exc), code=BAD_INPUT) from None
+    return ForkOptions(
+        intervention=intervention,
+        model=args.model,
+        tool_policies=policies,
+        boundary=BoundaryMode(args.boundary),
+        result_override=override,
+        input_override=asked,
+        signals=signals,
+    )
+
+
+def step_asked(args: argparse.Namespace, options: ForkOptions) -> int | None:
+    """``--at-step N``, or the step an override implies: N for ``--override-result N=``
+    (the fork is at N), N-1 for ``--override-input N=`` (step N runs live); None when
+    neither says."""
+    if args.at_step is not None:
+        return whole_number(args.at_step, "--at-step")
+    if options.result_override is not None:
+        return options.result_override.step
+    if options.input_override is not None:
+        return options.input_override[0] - 1
+    return None
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+@_guard
+async def _fork(args: argparse.Namespace) -> int:
+    wait = finite_number(args.wait, "--wait", 0, 3600)
+    changes = fork_options(args)
+    at_step = step_asked(args, changes)
     lab = await _lab(args)
     point: str | None = None
     if args.at is not None:
@@ -148,15 +176,9 @@ async def _fork(args: argparse.Namespace) -> int:
             run=args.run,
             at_step=at_step,
             name=args.name,
-            intervention=intervention,
-            model=args.model,
-            tool_policies=policies,
-            boundary=BoundaryMode(args.boundary),
             point=point,
-            result_override=override,
-            input_override=asked,
-            signals=signals,
             allow_build_change=args.allow_build_change,
+            **changes.options(),
         )
     )
     started = (

@@ -18,46 +18,19 @@ from forklab.activities.runfork.team_fork_start import (
     TeamForkStarter,
 )
 from forklab.activities.stores.team_registry import TeamRegistry
-from forklab.cli.arguments import whole_number
 from forklab.cli.errors import CliError
 from forklab.cli.ops_common import add_connection_flags
 from forklab.cli.runfork.agent_lab import AgentLab
-from forklab.cli.runfork.fork_commands import (
-    BAD_INPUT,
-    _lab,
-    _parse_intervention,
-    _parse_override,
-    _parse_signal,
-    _runner,
-    _step_json,
-)
+from forklab.cli.runfork.fork_commands import BAD_INPUT, _lab, _runner, fork_options, step_asked
 from forklab.contracts.team_fork import TeamForkRecord, TeamForkStatus
-from forklab.experiments.runfork.policy import (
-    DEFAULT_KEY,
-    PolicyError,
-    ToolPolicy,
-    parse_policies,
-)
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.team_receipt import SlotRole, TeamReceipt
 
 
 def request_from(args: argparse.Namespace) -> TeamForkRequest:
     """The team fork ``args`` ask for (one line, exit 2, on bad input)."""
-    override = _parse_override(args.override_result)
-    asked = _step_json("--override-input", args.override_input)
-    given = list(args.tool_policy or [])
-    if args.live_after and not any(p.partition("=")[0].strip() == DEFAULT_KEY for p in given):
-        given.append(f"{DEFAULT_KEY}={ToolPolicy.live.value}")
-    try:
-        policies = parse_policies(given)
-    except PolicyError as exc:
-        raise CliError(str(exc), code=BAD_INPUT) from None
-    at_step = None if args.at_step is None else whole_number(args.at_step, "--at-step")
-    if at_step is None and override is not None:
-        at_step = override.step
-    if at_step is None and asked is not None:
-        at_step = asked[0] - 1
+    changes = fork_options(args)
+    at_step = step_asked(args, changes)
     if at_step is None:
         raise CliError(
             "give --at-step N, --override-result N=JSON or --override-input N=JSON",
@@ -69,13 +42,7 @@ def request_from(args: argparse.Namespace) -> TeamForkRequest:
         members=args.members,
         freeze=tuple(args.freeze or ()),
         name=args.name,
-        model=args.model,
-        tool_policies=policies,
-        intervention=_parse_intervention(args.intervention),
-        boundary=BoundaryMode(args.boundary),
-        result_override=override,
-        input_override=asked,
-        signals=tuple(_parse_signal(t) for t in args.signal or []),
+        **changes.options(),
     )
 
 
