@@ -56,12 +56,22 @@ MEMBER_FIELDS = {
 }
 
 
+def _as_recorded(written: dict[str, Any]) -> dict[str, Any]:
+    """``written`` without the team part's ``forked``, added since the golden history was
+    recorded (its members' addresses are all written out there, and read as such)."""
+    team = written.get("team")
+    if not isinstance(team, dict):
+        return written
+    assert team.get("forked") == []
+    return {**written, "team": {k: v for k, v in team.items() if k != "forked"}}
+
+
 def test_a_recorded_member_reads_and_writes_the_same_fields() -> None:
     assert set(MemberFork.model_fields) == MEMBER_FIELDS
     recorded = _recorded_members()
     assert len(recorded) == 3
     for raw in recorded:
-        written = MemberFork.model_validate(raw).model_dump(mode="json")
+        written = _as_recorded(MemberFork.model_validate(raw).model_dump(mode="json"))
         assert {k: written[k] for k in raw} == raw
         assert {k: written[k] for k in MEMBER_FIELDS - set(raw)} == dict.fromkeys(
             MEMBER_FIELDS - set(raw)
@@ -71,7 +81,7 @@ def test_a_recorded_member_reads_and_writes_the_same_fields() -> None:
 def test_a_recorded_member_asks_for_its_fork_with_its_options() -> None:
     for raw in _recorded_members():
         asked = MemberFork.model_validate(raw).fork_request("team fork tf")
-        fields = asked.model_dump(mode="json")
+        fields = _as_recorded(asked.model_dump(mode="json"))
         renamed = {"workflow_id": "run", "fork_workflow_id": "name"}
         assert {renamed.get(k, k): v for k, v in raw.items()} == {
             k: fields[k] for k in (renamed.get(k, k) for k in raw)
