@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +97,20 @@ _CLOSE_EVENTS = {
 
 def digest_payloads(payloads: list[Payload]) -> str:
     return payload_digest([(p.metadata.get("encoding", b""), p.data) for p in payloads])
+
+
+def detached(payloads: Iterable[Payload]) -> list[Payload]:
+    """Copies of ``payloads`` that hold nothing of the message they came from. A payload
+    read out of a parsed history is a view into it (protobuf's upb runtime keeps a
+    message's whole arena alive while any part of it is referenced), so a record that
+    kept one would keep the run's whole history in memory: a cached closed run
+    (``ClosedRuns``) would weigh its history, not what it keeps."""
+    copies = []
+    for p in payloads:
+        copy = Payload()
+        copy.CopyFrom(p)
+        copies.append(copy)
+    return copies
 
 
 def _b64(payload: Payload) -> str:
@@ -242,7 +257,7 @@ def run_start(event: HistoryEvent, run_id: str) -> RunStart:
         base,
         marker,
         receipt,
-        list(started.input.payloads),
+        detached(started.input.payloads),
         started.workflow_type.name,
         started.task_queue.name,
         started.first_execution_run_id,
@@ -265,7 +280,7 @@ def parse_run(
         run_id=run_id,
         workflow_type=started.workflow_type.name,
         task_queue=started.task_queue.name,
-        input=list(started.input.payloads),
+        input=start.input,
         base_step=base_step,
         steps=[],
         others=[],
@@ -695,11 +710,24 @@ def _json(p: Payload) -> Any:
         return None
 
 
+def kept_bytes(rec: RunRecord) -> int:
+    """About what a parsed run keeps in memory: its steps (with their recorded results),
+    its input and the messages a fork would be served. The history it was parsed from is
+    not kept (``detached``). The constants are a run's and a step's Python objects as
+    measured on a cohort's runs (docs/benchmarks/cohort-scale.md: 4.8 KB a run of two
+    steps)."""
+    steps = sum(len(s.result_b64 or "") + 800 for s in rec.steps)
+    messages = sum(len(m.model_dump_json(exclude_defaults=True)) + 200 for m in rec.inputs.messages)
+    inputs = sum(p.ByteSize() for p in rec.input)
+    holding = sum(len(d) for held in rec.inputs.holding_id.values() for _, d in held)
+    return 2500 + steps + messages + inputs + holding
+
+
 class ClosedRuns:
-    """Parsed runs that have closed, least recently used out past ``max_bytes`` of
-    results: a closed run's history never changes, so forks of one parent run (several
-    steps, several interventions) read and parse it once per process. A run still running
-    is never kept."""
+    """Parsed runs that have closed, least recently used out past ``max_bytes`` of what
+    they keep (``kept_bytes``): a closed run's history never changes, so forks of one
+    parent run (several steps, several interventions) read and parse it once per process.
+    A run still running is never kept."""
 
     def __init__(self, max_bytes: int = 64 << 20) -> None:
         self.max_bytes = max_bytes
@@ -719,7 +747,7 @@ class ClosedRuns:
     def put(self, rec: RunRecord, base_step: int) -> None:
         if not rec.closed:
             return
-        size = sum(len(s.result_b64 or "") + 400 for s in rec.steps)
+        size = kept_bytes(rec)
         key = (rec.workflow_id, rec.run_id, base_step)
         if size > self.max_bytes or key in self._runs:
             return
