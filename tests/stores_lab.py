@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import boto3
 import psycopg
+from free_ports import free_port
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -27,12 +28,6 @@ S3_ENV = {
     "AWS_SECRET_ACCESS_KEY": "forklab-test-secret",
     "AWS_REGION": "us-east-1",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

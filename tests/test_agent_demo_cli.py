@@ -5,32 +5,26 @@ the fork stay true after the demo stopped the server it started (they say to sta
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from free_ports import free_port
+
 FORKLAB = str(Path(sys.executable).parent / "forklab")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_the_agent_demo_shows_the_diffs_values_and_the_web_ui_links(tmp_path: Path) -> None:
-    ui = _free_port()
+    ui = free_port()
     env = {
         **os.environ,
         "FORKLAB_HOME": str(tmp_path / "home"),
-        "FORKLAB_ADDRESS": f"127.0.0.1:{_free_port()}",
+        "FORKLAB_ADDRESS": f"127.0.0.1:{free_port()}",
         "FORKLAB_UI_PORT": str(ui),
-        "FORKLAB_HTTP_PORT": str(_free_port()),
-        "FORKLAB_METRICS_PORT": str(_free_port()),
-        "FORKLAB_MODEL_PORT": str(_free_port()),
-        "FORKLAB_EFFECTS_PORT": str(_free_port()),
+        "FORKLAB_HTTP_PORT": str(free_port()),
+        "FORKLAB_METRICS_PORT": str(free_port()),
+        "FORKLAB_MODEL_PORT": str(free_port()),
+        "FORKLAB_EFFECTS_PORT": str(free_port()),
         "FORKLAB_AGENT_TASK_QUEUE": "forklab-agent-demo-test",
     }
     demo = subprocess.run(

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from free_ports import free_port
 from helpers import forklab_in_process as forklab
 from orchestration_lab import FORKLAB, cli_env, make_spec
 from temporalio.client import Client
@@ -48,12 +49,6 @@ pytestmark = pytest.mark.skipif(
 )
 LIMIT = 2  # max_concurrent_sandboxes
 BUDGET = 400.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def descendants(pid: int) -> set[int]:

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from stores_lab import free_port
+from free_ports import free_port
 
 from forklab.cli.catalogue import CATALOGUE
 from forklab.cli.errors import CliError

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from agent_fixtures import AgentTestLab, Services, running_agent_lab
+from free_ports import free_port
 from orchestration_lab import temporal_path
 from PIL import Image
-from stores_lab import free_port
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from stores_lab import free_port
+from free_ports import free_port
 
 from forklab.workers.config import Settings
 from forklab.workers.ports import holder, listening_inodes

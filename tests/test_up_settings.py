@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from stores_lab import free_port
+from free_ports import free_port
 
 from forklab.workers.config import Settings
 from forklab.workers.server import ServerError, start_server

@@ -16,6 +16,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+from free_ports import free_port
 from helpers import CliResult
 from helpers import forklab_in_process as forklab_in
 from orchestration_lab import Lab, cli_env, make_spec
@@ -24,13 +25,6 @@ from forklab.cli.ops_common import POLLER_GONE, live_pollers, workflow_pollers
 from forklab.workflows.experiment.messages import Stage, Status, workflow_id
 
 FORKLAB = str(Path(sys.executable).parent / "forklab")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 #: The flagship demo's story must fit one screen (issue 36: ≤ 40 lines).
