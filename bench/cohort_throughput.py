@@ -139,18 +139,14 @@ def experiment_worker(
     approval: ApprovalActivities,
     concurrency: int,
 ) -> Worker:
-    """The experiment's worker: the cohort workflow and the activities of a run without a
-    sequential design, room for ``concurrency`` forks and the rest."""
+    """The experiment's worker: the cohort workflow and its activities, room for
+    ``concurrency`` forks and the rest."""
     return Worker(
         client,
         task_queue=queue,
         workflows=[CohortExperimentWorkflow],
         activities=[
-            cohort.rehearse,
-            cohort.fork,
-            cohort.cleanup,
-            cohort.analyse,
-            cohort.record_ledger,
+            *cohort.activities(),
             approval.approval_policy,
             approval.approver_policy,
             approval.issue_approval_key,

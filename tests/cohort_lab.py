@@ -26,7 +26,6 @@ from forklab.activities.experiment.evidence_log import EvidenceActivities
 from forklab.activities.experiment.workload_bundles import WorkloadBundles
 from forklab.activities.runfork.cohort_code import CohortCode
 from forklab.activities.runfork.cohort_forks import CohortActivities
-from forklab.activities.runfork.cohort_looks import cohort_look
 from forklab.activities.runfork.cohort_plans import CohortPlans
 from forklab.activities.sandbox.cohort_code_calls import CohortCodeCalls
 from forklab.activities.stores.artifacts import LocalArtifactStore
@@ -189,12 +188,7 @@ async def running_cohort_lab(
         task_queue=queue,
         workflows=[CohortExperimentWorkflow],
         activities=[
-            cohort.rehearse,
-            cohort.fork,
-            cohort.cleanup,
-            cohort.analyse,
-            cohort.record_ledger,
-            cohort_look,
+            *cohort.activities(),
             approval.approval_policy,
             approval.approver_policy,
             approval.issue_approval_key,

@@ -21,6 +21,7 @@ import asyncio
 import base64
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from forklab.activities.heartbeat import heartbeat_until
 from forklab.activities.runfork.closed_fork import closed_chain
 from forklab.activities.runfork.cohort_code import CohortCode
 from forklab.activities.runfork.cohort_evidence import cohort_trace
-from forklab.activities.runfork.cohort_looks import planned_design
+from forklab.activities.runfork.cohort_looks import cohort_look, planned_design
 from forklab.activities.runfork.cohort_overrides import fork_override
 from forklab.activities.runfork.cohort_plans import CohortPlans
 from forklab.activities.runfork.cohort_reads import cohort_ids, read_recorded
@@ -177,6 +178,18 @@ class CohortActivities:
         self._ledger = ledger
         self._plans = plans
         self._reports = reports_dir
+
+    def activities(self) -> list[Callable[..., Any]]:
+        """What a worker running the cohort workflow registers: these activities and the
+        look that decides a sequential design's worlds (``cohort_look``)."""
+        return [
+            self.rehearse,
+            self.fork,
+            self.cleanup,
+            self.analyse,
+            self.record_ledger,
+            cohort_look,
+        ]
 
     def _plan(self, artifact: str) -> CohortPlan:
         try:

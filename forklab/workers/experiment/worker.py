@@ -28,7 +28,6 @@ from forklab.activities.experiment.workload_bundles import WorkloadBundles
 from forklab.activities.experiment.world_batches import SandboxActivities
 from forklab.activities.runfork.cohort_code import CohortCode
 from forklab.activities.runfork.cohort_forks import CohortActivities
-from forklab.activities.runfork.cohort_looks import cohort_look
 from forklab.activities.runfork.cohort_plans import CohortPlans
 from forklab.activities.sandbox.base import SandboxBackend
 from forklab.activities.sandbox.cohort_code_calls import CohortCodeCalls
@@ -184,14 +183,7 @@ def cohort_activities(client: Client, settings: Settings) -> list[Callable[..., 
         ),
         code,
     )
-    return [
-        cohort.rehearse,
-        cohort.fork,
-        cohort.cleanup,
-        cohort.analyse,
-        cohort.record_ledger,
-        cohort_look,
-    ]
+    return cohort.activities()
 
 
 def workflow_runner() -> SandboxedWorkflowRunner:
