@@ -32,6 +32,7 @@ from forklab.activities.stores.artifacts import LocalArtifactStore
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.ledger import SqliteLedger
 from forklab.contracts.approval import approval_payload, sign
+from forklab.contracts.cohort import CohortReport
 from forklab.experiments.cohort.spec import CohortExperimentSpec, parse_cohort_spec
 from forklab.workers.experiment.worker import workflow_runner
 from forklab.workflows.experiment.cohort_messages import (
@@ -61,6 +62,11 @@ class CohortLab:
         """The workflow ids of the stored plan's runs."""
         assert artifact is not None
         return [r.workflow_id for r in self.plans.get(artifact).runs]
+
+    def markdown(self, report: CohortReport) -> str:
+        """The report's Markdown, from the store the analysis wrote it to."""
+        assert report.markdown_artifact is not None and report.markdown is None
+        return self.store.get_bytes(report.markdown_artifact).decode()
 
     @property
     def public_key(self) -> str:

@@ -70,3 +70,12 @@ class OrderDispatchWorkflow:
 
 
 ACTIVITIES = [lookup_customer, lookup_order]
+#: The order desk's tools, both live on its forks.
+ORDER_TOOLS = {"lookup_order": "live", "lookup_customer": "live"}
+#: A positive control for the order desk: every live order lookup loses its status, so
+#: every fork of a run that succeeded fails.
+ORDER_DRIFT = {
+    "name": "drift",
+    "role": "positive_control",
+    "faults": [{"kind": "schema_drift", "rate": 1.0, "tools": ["lookup_order"], "field": "status"}],
+}

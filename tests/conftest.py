@@ -129,6 +129,21 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     await env.shutdown()
 
 
+@pytest.fixture(scope="module")
+async def small_blob_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A dev server whose payload limit is ``SMALL_BLOB_LIMIT`` bytes (one per module)."""
+    from orchestration_lab import SMALL_BLOB_LIMIT, start_dev_server
+
+    env = await start_dev_server(
+        "--dynamic-config-value",
+        f"limit.blobSize.error={SMALL_BLOB_LIMIT}",
+        "--dynamic-config-value",
+        f"limit.blobSize.warn={SMALL_BLOB_LIMIT}",
+    )
+    yield env
+    await env.shutdown()
+
+
 @pytest.fixture
 def worker_processes() -> Iterator[WorkerProcesses]:
     """``forklab worker`` processes the test starts; any still running at the end is

@@ -119,6 +119,12 @@ async def start_dev_server(*extra: str) -> WorkflowEnvironment:
     )
 
 
+#: The payload limit of a small-blob server: Temporal refuses any single payload (an
+#: activity's input or result, a run's input or result) above it. Its default is 2 MiB;
+#: lowered so that a payload growing with what an experiment does hits it within a test.
+SMALL_BLOB_LIMIT = 12_000
+
+
 def make_spec(**fields: Any) -> ExperimentSpec:
     """A small ``Toy`` experiment; ``fields`` override top-level spec fields and
     ``params`` the workload params."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from agent_fixtures import AgentTestLab
 from cohort_lab import SCORER, CohortLab, cohort_spec, running_cohort_lab
-from cohort_workflows import ACTIVITIES, OrderDeskWorkflow
+from cohort_workflows import ACTIVITIES, ORDER_DRIFT, ORDER_TOOLS, OrderDeskWorkflow
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from temporalio.client import WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -121,8 +121,9 @@ async def test_an_approved_cohort_experiment_measures_the_floor_and_detects_a_ha
     # every harmed run names the fork pair to read
     for command in lines["outage"].harmed:
         assert command.startswith("forklab diff cohort-")
-    assert "Noise floor" in report.markdown and "| outage | positive_control |" in report.markdown
-    assert (Path(report.report_dir) / "report.md").read_text() == report.markdown
+    markdown = cohort.markdown(report)
+    assert "Noise floor" in markdown and "| outage | positive_control |" in markdown
+    assert (Path(report.report_dir) / "report.md").read_text() == markdown
 
     # ledger: the experiment's row, one per world, one per fork
     row = cohort.ledger.experiment(spec.id)
@@ -178,21 +179,8 @@ async def test_a_tool_fault_on_a_third_party_workflow_is_detected(cohort: Cohort
                 "fork_at": "tool:lookup_order#1",
                 "success_threshold": 1.0,
             },
-            [
-                {
-                    "name": "drift",
-                    "role": "positive_control",
-                    "faults": [
-                        {
-                            "kind": "schema_drift",
-                            "rate": 1.0,
-                            "tools": ["lookup_order"],
-                            "field": "status",
-                        }
-                    ],
-                }
-            ],
-            tools={"lookup_order": "live", "lookup_customer": "live"},
+            [ORDER_DRIFT],
+            tools=ORDER_TOOLS,
         )
         handle = await cohort.start(spec)
         await cohort.approve(handle)

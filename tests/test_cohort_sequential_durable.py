@@ -102,8 +102,9 @@ async def test_a_big_effect_stops_for_efficacy_and_starts_no_more_forks(cohort: 
     assert paths["same"].stopped is Decision.completed and paths["same"].unspent_forks == 0
     lines = {w.world: w for w in report.worlds}
     assert lines["outage"].verdict == "harms" and "sequential design" in lines["outage"].text
-    assert "## Sequential design" in report.markdown
-    assert "| outage | 1 | 8 |" in report.markdown and "| efficacy |" in report.markdown
+    markdown = cohort.markdown(report)
+    assert "## Sequential design" in markdown
+    assert "| outage | 1 | 8 |" in markdown and "| efficacy |" in markdown
     # the history replays on the code as it is (its waves, looks and unspent forks)
     await Replayer(
         workflows=[CohortExperimentWorkflow],

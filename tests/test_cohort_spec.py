@@ -11,6 +11,7 @@ import pytest
 from forklab.experiments.cohort.faults import Brownout, SchemaDrift
 from forklab.experiments.cohort.fork_point import ForkPointKind
 from forklab.experiments.cohort.spec import (
+    MAX_CARRIED_BYTES,
     CohortExperimentSpec,
     parse_any_spec,
     parse_cohort_spec,
@@ -144,6 +145,12 @@ def test_parse_any_spec_dispatches_and_parse_spec_points_to_the_cohort_reader() 
             "analysis.sequential.looks: 50 looks need at least as many runs",
         ),
         ({"hypothesis__expected": {"nope": "decrease"}}, "names unknown world 'nope'"),
+        (
+            # 5 worlds' outcomes of 100,000 runs would not fit a continue-as-new
+            {"cohort__limit": 100_000, "budget": {"max_forks": 1_500_000}},
+            "field cohort.limit: 100000 runs x 5 worlds x 3 forks would carry about 3.0 MB "
+            "through each continue-as-new",
+        ),
         ({"seed": "7"}, "field seed: Input should be a valid integer, not the string '7'"),
     ],
 )
@@ -156,6 +163,44 @@ def test_a_bad_cohort_spec_is_one_sentence_naming_the_field(
     assert message in text
     assert text.startswith("spec.yaml: ")
     assert "\n" not in text
+
+
+def test_a_cohort_that_fits_a_continue_as_new_is_accepted_up_to_its_limit() -> None:
+    """The bound is on what is carried, not on the runs: 100,000 runs in two worlds fit."""
+    spec = parse_cohort_spec(
+        _with(
+            cohort__limit=100_000,
+            budget={"max_forks": 600_000},
+            worlds=[
+                {"name": "baseline", "role": "baseline"},
+                {"name": "bigger", "role": "treatment", "model": "slow"},
+            ],
+            hypothesis__expected={"bigger": "decrease"},
+        ),
+        "spec.yaml",
+    )
+    assert 1_200_000 < spec.carried_bytes() <= MAX_CARRIED_BYTES
+
+
+def test_a_long_list_of_ids_given_as_a_workflow_input_is_refused_by_what_it_carries() -> None:
+    """A spec file stops at 256 KiB; a spec given as a workflow's input does not, and a
+    list of ids counts with the outcomes in what each continue-as-new carries."""
+    raw = json.loads(
+        _with(
+            cohort__query=None,
+            cohort__workflow_ids=[f"support-run-{i:08d}" for i in range(70_000)],
+            cohort__limit=70_000,
+            budget={"max_forks": 1_050_000},
+        )
+    )
+    with pytest.raises(ValueError) as info:
+        CohortExperimentSpec.model_validate(raw)
+    assert (
+        "cohort.workflow_ids: 70000 runs x 5 worlds x 3 forks would carry about 3.7 MB "
+        "through each continue-as-new (the spec and the outcome of every fork), over the "
+        "1.5 MB an experiment may carry under Temporal's 2 MB payload limit; split the "
+        "cohort into several experiments, or name it by a query"
+    ) in str(info.value)
 
 
 def test_a_schema_drift_fault_reads_with_its_params() -> None:

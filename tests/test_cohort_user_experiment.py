@@ -106,7 +106,7 @@ async def test_user_code_slices_a_guard_and_override_worlds(
     lines = {w.world: w for w in report.worlds}
     assert lines["fixed"].harms == 0 and lines["asked"].harms == 0
 
-    text = report.markdown
+    text = cohort.markdown(report)
     assert "- fixed (treatment): override the decisive step's result with {" in text
     assert "- asked (treatment): override the decisive step's input with {" in text
     assert "## Slices by the pre-decision features" in text

@@ -29,7 +29,14 @@ from forklab.workflows.experiment.workflow import ExperimentWorkflow
 # (which touch the file system at import) and the worker wiring through instead of
 # re-importing them there.
 with workflow.unsafe.imports_passed_through():
-    from orchestration_lab import Lab, lab_settings, make_spec, science, start_dev_server
+    from orchestration_lab import (
+        SMALL_BLOB_LIMIT,
+        Lab,
+        lab_settings,
+        make_spec,
+        science,
+        start_dev_server,
+    )
 
     from bench.campaign import chain_runs
     from forklab.activities.experiment.approval_keys import new_private_key, public_key_hex
@@ -46,25 +53,6 @@ async def eager_env() -> AsyncIterator[WorkflowEnvironment]:
     """A dev server that suggests continue-as-new after 30 history events."""
     env = await start_dev_server(
         "--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=30"
-    )
-    yield env
-    await env.shutdown()
-
-
-#: The payload limit of the small-blob server: Temporal refuses any single payload (an
-#: activity's input or result, a run's input) above it. Its default is 2 MiB; lowered here
-#: so that a payload growing with the number of chunks hits it within a test's size.
-SMALL_BLOB_LIMIT = 12_000
-
-
-@pytest.fixture(scope="module")
-async def small_blob_env() -> AsyncIterator[WorkflowEnvironment]:
-    """A dev server whose payload limit is ``SMALL_BLOB_LIMIT`` bytes."""
-    env = await start_dev_server(
-        "--dynamic-config-value",
-        f"limit.blobSize.error={SMALL_BLOB_LIMIT}",
-        "--dynamic-config-value",
-        f"limit.blobSize.warn={SMALL_BLOB_LIMIT}",
     )
     yield env
     await env.shutdown()

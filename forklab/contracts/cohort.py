@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from forklab.contracts.activity import ActivityRef
 from forklab.contracts.experiment import EvidenceLogResult, LookResult, WorldLook
@@ -195,6 +195,14 @@ class DesignLine(_Model):
     text: str
 
 
+#: The rescued and harmed runs a report's world line names. The line travels in
+#: payloads (the analysis' result, the ledger's input, the experiment's result), which
+#: Temporal refuses above its limit (2 MB by default) and a workflow task that sends one
+#: fails for ever: the lines must not grow with the harm an experiment finds. Every run
+#: is named in the stored report (``CohortReport.markdown_artifact``, ``report.json``).
+LISTED_RUNS = 20
+
+
 class WorldLine(_Model):
     world: str
     role: str
@@ -209,7 +217,9 @@ class WorldLine(_Model):
     cost_per_rescue_tokens: float | None
     cost_per_rescue_seconds: float | None
     text: str
-    #: ``forklab diff`` of each rescued and harmed run's fork pair (baseline, world)
+    #: ``forklab diff`` of the rescued and harmed runs' fork pairs (baseline, world): the
+    #: first ``LISTED_RUNS`` of each (``rescues`` and ``harms`` count them all; the stored
+    #: report lists every one)
     rescued: list[str] = Field(default_factory=list)
     harmed: list[str] = Field(default_factory=list)
 
@@ -225,7 +235,12 @@ class CohortReport(_Model):
     flip_ci_low: float
     flip_ci_high: float
     worlds: list[WorldLine]
-    markdown: str
+    #: the report's Markdown in the artifact store (it names every rescued and harmed run,
+    #: so it grows with them: it is not carried in the payload)
+    markdown_artifact: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    #: the Markdown itself, in a report recorded before it moved to the artifact store (an
+    #: experiment's history holds the report as its analysis returned it)
+    markdown: str | None = None
     report_dir: str
     report_sha256: str
     #: the guard policy of the gated world, learned and validated on held-out runs (None
@@ -235,6 +250,12 @@ class CohortReport(_Model):
     #: and the forks the design left unspent (every world's, the baseline's too)
     design: list[DesignLine] = Field(default_factory=list)
     unspent_forks: int = 0
+
+    @model_validator(mode="after")
+    def _one_markdown(self) -> CohortReport:
+        if (self.markdown is None) == (self.markdown_artifact is None):
+            raise ValueError("a report holds its Markdown or names it in the artifact store")
+        return self
 
 
 class CohortLedgerInput(_Model):

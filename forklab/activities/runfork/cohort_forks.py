@@ -22,6 +22,7 @@ import base64
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ from forklab.activities.stores.team_registry import TeamRegistry
 from forklab.contracts.cohort import (
     ANALYSE,
     CLEANUP_FORKS,
+    LISTED_RUNS,
     RECORD_LEDGER,
     REHEARSE,
     RUN_FORK,
@@ -509,6 +511,14 @@ class CohortActivities:
             for w in summary.worlds
         }
         markdown = render_markdown(spec, summary, ids, diffs)
+        markdown_artifact = await asyncio.to_thread(self._plans.store.put_bytes, markdown.encode())
+        listed = {
+            w.world: {
+                "rescued": [diffs[w.world][i] for i in w.rescued],
+                "harmed": [diffs[w.world][i] for i in w.harmed],
+            }
+            for w in summary.worlds
+        }
         lines = [
             WorldLine(
                 world=w.world,
@@ -524,8 +534,8 @@ class CohortActivities:
                 cost_per_rescue_tokens=w.cost_per_rescue_tokens,
                 cost_per_rescue_seconds=w.cost_per_rescue_seconds,
                 text=w.judgement.text,
-                rescued=[diffs[w.world][i] for i in w.rescued],
-                harmed=[diffs[w.world][i] for i in w.harmed],
+                rescued=listed[w.world]["rescued"][:LISTED_RUNS],
+                harmed=listed[w.world]["harmed"][:LISTED_RUNS],
             )
             for w in summary.worlds
         ]
@@ -540,7 +550,7 @@ class CohortActivities:
             flip_ci_low=summary.floor.ci_low,
             flip_ci_high=summary.floor.ci_high,
             worlds=lines,
-            markdown=markdown,
+            markdown_artifact=markdown_artifact,
             report_dir=str(folder),
             report_sha256=digest({"markdown": markdown}),
             guard=summary.guard,
@@ -568,7 +578,8 @@ class CohortActivities:
             unspent_forks=summary.unspent_forks,
         )
         slices = {w: [x.model_dump(mode="json") for x in v] for w, v in summary.slices.items()}
-        await asyncio.to_thread(_write_report, folder, report, inp, plan, slices)
+        files = ReportFiles(markdown=markdown, listed=listed, slices=slices)
+        await asyncio.to_thread(_write_report, folder, report, inp, plan, files)
         return report
 
     @activity.defn(name=RECORD_LEDGER.name)
@@ -706,15 +717,26 @@ async def _cancel(handle: WorkflowHandle[Any, Any]) -> None:
     await _quietly(handle.cancel())
 
 
+@dataclass(frozen=True)
+class ReportFiles:
+    """What the report's files hold beyond the report itself: its Markdown, every rescued
+    and harmed run's ``forklab diff`` per world (the report's lines name the first
+    ``LISTED_RUNS``), and the slices."""
+
+    markdown: str
+    listed: dict[str, dict[str, list[str]]]
+    slices: dict[str, Any]
+
+
 def _write_report(
     folder: Path,
     report: CohortReport,
     inp: CohortAnalyseInput,
     plan: CohortPlan,
-    slices: dict[str, Any],
+    files: ReportFiles,
 ) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "report.md").write_text(report.markdown, encoding="utf-8")
+    (folder / "report.md").write_text(files.markdown, encoding="utf-8")
     body = {
         "report": report.model_dump(mode="json"),
         "outcomes": inp.outcomes,
@@ -723,6 +745,7 @@ def _write_report(
         "runs": [r.model_dump(mode="json") for r in plan.runs],
         "excluded": [e.model_dump(mode="json") for e in plan.excluded],
         "tools": {t: p.value for t, p in plan.tools.items()},
-        "slices": slices,
+        "slices": files.slices,
+        "listed": files.listed,
     }
     (folder / "report.json").write_text(json.dumps(body, indent=2, sort_keys=True), "utf-8")

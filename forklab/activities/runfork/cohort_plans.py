@@ -30,6 +30,11 @@ class CohortPlans:
         self._cache: OrderedDict[str, CohortPlan] = OrderedDict()
         self._lock = Lock()
 
+    @property
+    def store(self) -> ArtifactStore:
+        """The store the plans are kept in; an experiment's report is kept beside its plan."""
+        return self._store
+
     def put(self, plan: CohortPlan) -> PlanRef:
         check_digest(plan)
         artifact = self._store.put_json(plan.model_dump(mode="json"))

@@ -36,6 +36,7 @@ from forklab.cli.experiment.design_text import design_text
 from forklab.cli.experiment.specfile import load_cohort_spec
 from forklab.cli.ops_common import add_connection_flags, open_client, run, settings_from
 from forklab.contracts.approval import approval_payload, sign
+from forklab.contracts.cohort import CohortReport
 from forklab.experiments.cohort.plan import CohortPlan
 from forklab.experiments.cohort.spec import CohortExperimentSpec
 from forklab.workers.config import Settings
@@ -263,16 +264,32 @@ async def _result(settings: Settings, experiment: str) -> CohortResult:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    result = run(lambda: _result(settings_from(args), args.experiment))
+    settings = settings_from(args)
+    result = run(lambda: _result(settings, args.experiment))
     if args.json:
         print(result.model_dump_json(indent=2))
         return 0
     if result.report is None:
         print(f"experiment {args.experiment}: {result.status.value}; no report ({result.error})")
         return 1
-    print(result.report.markdown)
+    print(report_markdown(settings, args.experiment, result.report))
     print(f"report: {result.report.report_dir}/report.md")
     return 0
+
+
+def report_markdown(settings: Settings, experiment: str, report: CohortReport) -> str:
+    """The report's Markdown, read from the artifact store its analysis wrote it to (a
+    report recorded before the Markdown moved there holds it itself)."""
+    if report.markdown is not None:
+        return report.markdown
+    assert report.markdown_artifact is not None  # the report's own check: one of the two
+    try:
+        return artifact_store(settings).get_bytes(report.markdown_artifact).decode()
+    except ArtifactError as exc:
+        raise CliError(
+            f"experiment {experiment}'s report cannot be read from this host's artifact "
+            f"store ({exc}); point FORKLAB_ARTIFACTS at the store its worker writes to"
+        ) from None
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:

@@ -45,6 +45,16 @@ MAX_COHORT = 100_000
 MAX_FORKS_PER_WORLD = 99
 MAX_FORKS = 10_000_000
 MAX_QUERY = 2000
+#: What a run of the experiment's chain may hand the next through continue-as-new: the
+#: spec and the outcome matrix grow with the cohort, and Temporal refuses a payload over
+#: its limit (2 MB by default), which fails the workflow task for ever, mid-experiment.
+#: Room is left for what ``carried_bytes`` does not count exactly.
+MAX_CARRIED_BYTES = 1_500_000
+#: The carried state beside the spec, the matrix and the looks (the rehearsal's
+#: reference, the approval, costs, counters, the jobs set aside): under 2 KB measured.
+CARRIED_STATE_BYTES = 16_000
+#: A world's look in the carried state (its counts, statistic, boundary and decision).
+CARRIED_LOOK_BYTES = 400
 _NAME = 64
 _CALLABLE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -347,6 +357,7 @@ class CohortExperimentSpec(Strict):
                 "cohort.forks_per_world; remove it"
             )
         self._check_design()
+        self._check_carry()
         for i, world in enumerate(self.worlds):
             for tool, policy in world.tool_policies.items():
                 if policy is ToolPolicy.live and self.policy(tool) is not ToolPolicy.live:
@@ -363,6 +374,39 @@ class CohortExperimentSpec(Strict):
                 "cohort.limit or raise the budget"
             )
         return self
+
+    def carried_bytes(self) -> int:
+        """An upper bound on what a run of the experiment's chain carries into the next:
+        the spec's JSON, every run's outcomes in every world (one character a fork, in a
+        JSON string), a sequential design's looks, and the rest of the state."""
+        ids = self.cohort.workflow_ids
+        runs = len(ids) if ids is not None else self.cohort.limit
+        seq = self.analysis.sequential
+        looks = seq.looks * len(self.worlds) * CARRIED_LOOK_BYTES if seq is not None else 0
+        matrix = len(self.worlds) * (runs * (self.cohort.forks_per_world + 3) + 2 * _NAME)
+        return len(self.model_dump_json()) + matrix + looks + CARRIED_STATE_BYTES
+
+    def _check_carry(self) -> None:
+        """A cohort whose state would not fit a continue-as-new is refused before it
+        starts, not when its first run of the chain ends."""
+        carried = self.carried_bytes()
+        if carried <= MAX_CARRIED_BYTES:
+            return
+        ids = self.cohort.workflow_ids
+        field = "cohort.workflow_ids" if ids is not None else "cohort.limit"
+        runs = len(ids) if ids is not None else self.cohort.limit
+        raise ValueError(
+            f"{field}: {runs} runs x {len(self.worlds)} worlds x "
+            f"{self.cohort.forks_per_world} forks would carry about {carried / 1e6:.1f} MB "
+            f"through each continue-as-new (the spec and the outcome of every fork), over "
+            f"the {MAX_CARRIED_BYTES / 1e6:.1f} MB an experiment may carry under Temporal's "
+            "2 MB payload limit; "
+            + (
+                "split the cohort into several experiments, or name it by a query"
+                if ids is not None
+                else "lower cohort.limit and split the cohort into several experiments"
+            )
+        )
 
     def _check_design(self) -> None:
         """A sequential design's waves are waves of runs: one run a wave at least."""
