@@ -1,9 +1,11 @@
 """Team-fork latency: the time from asking for a team fork to every member's fork
 started and released (``TeamForkStarter.start`` to the coordinator's result), for a relay
 team of 3 and of 30 members (``relay_workflow.py``) forked at member 0's step 0, where
-the cut forks every member. Beside it, in the same run and alternating with it: forking
-the members one by one (``ForkStarter.fork`` each, one after another) and one single
-fork. Goal: a 3-member team fork within 1.5x a single fork.
+the cut forks every member. Beside it, in the same run and alternating with it: the same team
+fork with the members named (``--members``: the team read in one round, where found from
+member 0 a relay is read ring by ring), forking the members one by one
+(``ForkStarter.fork`` each, one after another) and one single fork. Goal: a 3-member
+team fork within 1.5x a single fork.
 
 Each measurement starts on a settled worker: the forks the one before it started have
 closed or sit idle, waiting (outside the time measured; the idle ones are then
@@ -85,12 +87,19 @@ async def settle(client: Client, fork_ids: list[str]) -> None:
     await asyncio.gather(*(idle(f) for f in fork_ids))
 
 
-async def team_fork(client: Client, teams: TeamRegistry, member: str) -> tuple[float, float]:
+async def team_fork(
+    client: Client, teams: TeamRegistry, member: str, members: list[str] | None = None
+) -> tuple[float, float]:
     """The whole team fork, and its first part: reading the team, the cut, the plan and
-    starting the coordinator (the rest is the coordinator's: starts, record, release)."""
+    starting the coordinator (the rest is the coordinator's: starts, record, release).
+    With ``members`` the team is named (``--members``) and read in one round; without, it
+    is found from ``member`` by its message edges, a round of reads for each ring of
+    neighbours: a relay of n members is n rounds."""
     began = time.perf_counter()
     started = await TeamForkStarter(client, teams).start(
-        TeamForkRequest(member=member, at_step=0, name=f"tf-{uuid.uuid4().hex[:8]}")
+        TeamForkRequest(
+            member=member, at_step=0, members=members, name=f"tf-{uuid.uuid4().hex[:8]}"
+        )
     )
     planned = time.perf_counter() - began
     record = await started.result()
@@ -140,12 +149,15 @@ def cache_emptier(worker: Worker, starter: ForkStarter) -> Callable[[], None]:
 
 
 def row(size: int, caches: str, times: dict[str, list[float]]) -> str:
-    s, t, p, e = (statistics.median(times[k]) for k in ("single", "team", "plan", "each"))
+    s, t, p, n, e = (
+        statistics.median(times[k]) for k in ("single", "team", "plan", "named", "each")
+    )
     per_round = [tt / ss for tt, ss in zip(times["team"], times["single"], strict=True)]
     return (
         f"{size:>7} {caches:>6} {s * 1000:>10.0f}ms {t * 1000:>8.0f}ms {p * 1000:>10.0f}ms "
-        f"{e * 1000:>9.0f}ms {t / s:>11.2f}x {min(per_round):>6.2f}-{max(per_round):<5.2f} "
-        f"{t / e:>11.2f}x {os.getloadavg()[0]:>5.2f}"
+        f"{n * 1000:>9.0f}ms {e * 1000:>9.0f}ms {t / s:>11.2f}x "
+        f"{min(per_round):>6.2f}-{max(per_round):<5.2f} {n / s:>11.2f}x {t / e:>11.2f}x "
+        f"{os.getloadavg()[0]:>5.2f}"
     )
 
 
@@ -166,15 +178,16 @@ async def main(sizes: list[int], rounds: int) -> None:
         print(f"load before: {os.getloadavg()[0]:.2f} (1-min average, {os.cpu_count()} cores)")
         print(
             f"{'members':>7} {'caches':>6} {'single fork':>12} {'team fork':>10} "
-            f"{'of it: plan':>12} {'one by one':>11} {'team/single':>12} {'per round':>12} "
-            f"{'team/1-by-1':>12} {'load':>5}"
+            f"{'of it: plan':>12} {'named':>11} {'one by one':>11} {'team/single':>12} "
+            f"{'per round':>12} {'named/single':>12} {'team/1-by-1':>12} {'load':>5}"
         )
         async with worker:
             for size in sizes:
                 ids = await record_relay(client, queue, size)
                 await team_fork(client, teams, ids[0])  # warm the paths once
                 times: dict[str, dict[str, list[float]]] = {
-                    c: {"single": [], "team": [], "plan": [], "each": []} for c in ("cold", "warm")
+                    c: {"single": [], "team": [], "plan": [], "named": [], "each": []}
+                    for c in ("cold", "warm")
                 }
                 for _ in range(rounds):  # alternating, in one run
                     for caches, before in (("cold", empty), ("warm", lambda: None)):
@@ -185,6 +198,8 @@ async def main(sizes: list[int], rounds: int) -> None:
                         whole, planned = await team_fork(client, teams, ids[0])
                         t["team"].append(whole)
                         t["plan"].append(planned)
+                        before()
+                        t["named"].append((await team_fork(client, teams, ids[0], ids[1:]))[0])
                         before()
                         t["each"].append(await one_by_one(starter, ids, before))
                 for caches in ("cold", "warm"):
