@@ -87,7 +87,7 @@ from forklab.contracts.cohort import (
 from forklab.contracts.errors import ExperimentErrorType
 from forklab.contracts.experiment import EvidenceLogResult, WorldLook
 from forklab.contracts.fork_request import ForkRequest
-from forklab.contracts.runfork import MODEL_FIELDS, CohortFork
+from forklab.contracts.runfork import MODEL_FIELDS, CohortFork, ForkMarker
 from forklab.contracts.search_attributes import EXPERIMENT
 from forklab.contracts.team import TEAM_UPDATE_ACTIVITY
 from forklab.experiments.cohort.plan import (
@@ -358,19 +358,6 @@ class CohortActivities:
             return self._outcome(job, fork_id, ForkStatus.error, error=str(exc))
         team = run.team
         view = forked.view(fork_id, run.workflow_id, team.result_member)
-        chain = forked.chains[team.result_member]
-        last = chain[-1]
-        completed = last.status == "completed"
-        try:
-            score, success = await self._code.score(
-                job,
-                run.workflow_id,
-                last.close.get("result") if completed else None,
-                view.model_dump(mode="json"),
-                chain_steps(chain),
-            )
-        except UserCodeError as exc:
-            raise _broken(exc) from None
         steps_at = {m.workflow_id: m.at_step for m in forked.cut.members}
         tokens = sum(
             _own_tokens(chain_steps(c), steps_at[wid])
@@ -378,35 +365,59 @@ class CohortActivities:
             if wid in member_forks(fork_id, forked.cut)
         )
         requested = forked.chains.get(run.workflow_id)
-        marker = requested[0].marker if requested else None
-        return self._outcome(
+        return await self._scored(
             job,
+            run,
             fork_id,
-            ForkStatus.completed if completed else ForkStatus.failed,
-            score=score,
-            success=success,
+            forked.chains[team.result_member],
+            view.model_dump(mode="json"),
             tokens=tokens,
             seconds=time.monotonic() - began,
-            lineage_root=marker.lineage_root if marker else "",
-            receipt_sha256=digest(forked.record.receipt.model_dump(mode="json")),
+            marker=requested[0].marker if requested else None,
+            receipt=forked.record.receipt.model_dump(mode="json"),
         )
 
     async def _score(
         self, job: ForkJob, run: CohortRun, chain: list[RunRecord], fork_id: str, seconds: float
     ) -> ForkOutcome:
+        receipt = chain[0].receipt
+        return await self._scored(
+            job,
+            run,
+            fork_id,
+            chain,
+            final_state(chain),
+            tokens=_own_tokens(chain_steps(chain), run.at_step),
+            seconds=seconds,
+            marker=chain[0].marker,
+            receipt=receipt.model_dump(mode="json") if receipt else None,
+        )
+
+    async def _scored(
+        self,
+        job: ForkJob,
+        run: CohortRun,
+        fork_id: str,
+        chain: list[RunRecord],
+        state: Any,
+        *,
+        tokens: int,
+        seconds: float,
+        marker: ForkMarker | None,
+        receipt: dict[str, Any] | None,
+    ) -> ForkOutcome:
+        """The outcome of a fork whose scored chain (a run's fork, or a team fork's result
+        member) has closed: the spec's scorer over its result, ``state`` and steps."""
         last = chain[-1]
-        steps = chain_steps(chain)
         completed = last.status == "completed"
         result = last.close.get("result") if completed else None
-        state = final_state(chain)
         try:
-            score, success = await self._code.score(job, run.workflow_id, result, state, steps)
+            score, success = await self._code.score(
+                job, run.workflow_id, result, state, chain_steps(chain)
+            )
         except UserCodeError as exc:
             raise _broken(exc) from None
-        tokens = _own_tokens(steps, run.at_step)
-        receipt = chain[0].receipt
-        marker = chain[0].marker
-        outcome = self._outcome(
+        return self._outcome(
             job,
             fork_id,
             ForkStatus.completed if completed else ForkStatus.failed,
@@ -415,9 +426,8 @@ class CohortActivities:
             tokens=tokens,
             seconds=seconds,
             lineage_root=marker.lineage_root if marker else "",
-            receipt_sha256=digest(receipt.model_dump(mode="json")) if receipt else "",
+            receipt_sha256=digest(receipt) if receipt is not None else "",
         )
-        return outcome
 
     def _outcome(
         self, job: ForkJob, fork_id: str, status: ForkStatus, **fields: Any
