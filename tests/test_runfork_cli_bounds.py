@@ -50,3 +50,27 @@ def test_bad_arguments_are_one_line_and_exit_2(
     code, out, err = run_cli(capsys, *argv, *CLOSED)
     assert code == 2 and out == ""
     assert len(err.splitlines()) == 1 and err.startswith("forklab: error: ") and says in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["fork", "r", "--at-step", "1"],
+        ["fork-team", "r", "--at-step", "1"],
+        ["team", "r"],
+        ["steps", "r"],
+        ["trail", "r"],
+    ],
+)
+def test_a_run_fork_command_that_cannot_reach_temporal_says_so_in_one_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Past its arguments, every run-fork command connects the same way (``plain_client``)
+    and, with nothing listening, says where it looked and what to do, in one line."""
+    code, out, err = run_cli(capsys, *argv, *CLOSED)
+    assert code == 1 and out == "", (code, out, err)
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("forklab: error: cannot reach Temporal at 127.0.0.1:1 ("), err
+    assert err.rstrip().endswith(
+        "start it with `forklab up` or point FORKLAB_ADDRESS at your server"
+    ), err

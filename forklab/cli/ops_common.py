@@ -143,6 +143,13 @@ def check_reachable(settings: Settings) -> None:
         )
 
 
+def command(
+    fn: Callable[[argparse.Namespace], Awaitable[_T]],
+) -> Callable[[argparse.Namespace], _T]:
+    """A command's ``func``: its coroutine run on the parsed arguments."""
+    return lambda args: run(lambda: fn(args))
+
+
 async def open_client(settings: Settings) -> Client:
     check_reachable(settings)
     from forklab.workers.client import connect
@@ -150,10 +157,29 @@ async def open_client(settings: Settings) -> Client:
     try:
         return await connect(settings)
     except RuntimeError as exc:
-        raise CliError(
-            f"cannot reach Temporal at {settings.address} ({str(exc).splitlines()[0]}); "
-            "start it with `forklab up` or point FORKLAB_ADDRESS at your server"
-        ) from None
+        raise _unreachable(settings, exc) from None
+
+
+async def plain_client(settings: Settings) -> Client:
+    """A client with the pydantic converter alone, for the run-fork commands: they start
+    forks with the parent's raw input payloads, so they need neither an agent framework
+    nor its converter (nor their import time)."""
+    from temporalio.client import Client
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    try:
+        return await Client.connect(
+            settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
+        )
+    except RuntimeError as exc:
+        raise _unreachable(settings, exc) from None
+
+
+def _unreachable(settings: Settings, exc: RuntimeError) -> CliError:
+    return CliError(
+        f"cannot reach Temporal at {settings.address} ({str(exc).splitlines()[0]}); "
+        "start it with `forklab up` or point FORKLAB_ADDRESS at your server"
+    )
 
 
 async def experiment_handle(

@@ -17,10 +17,9 @@ import urllib.request
 from typing import Any
 
 from temporalio.client import Client, WorkflowFailureError
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from forklab.cli.errors import CliError
-from forklab.cli.ops_common import add_connection_flags, run, settings_from
+from forklab.cli.ops_common import add_connection_flags, plain_client, run, settings_from
 from forklab.cli.runfork.agent_lab import AgentLab
 from forklab.cli.runfork.agent_services import (
     agent_settings,
@@ -51,9 +50,7 @@ async def _event_count(client: Client, workflow_id: str) -> int:
 
 async def agent_demo(settings: Settings, agent: AgentSettings, yes: bool) -> list[str]:
     """Run the story; returns the workflow ids worth opening in the Web UI afterwards."""
-    client = await Client.connect(
-        settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
-    )
+    client = await plain_client(settings)
     lab = AgentLab(client, agent)
     run_id = f"research-demo-{int(time.time())}"
     print(f"1. research pipeline {run_id} with model `fast`")

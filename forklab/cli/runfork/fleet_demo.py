@@ -19,12 +19,11 @@ import contextlib
 import sys
 import time
 
-from temporalio.client import Client, WorkflowFailureError
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.client import WorkflowFailureError
 
 from forklab.cli.errors import CliError
 from forklab.cli.experiment.cohort_commands import approve, render_status, start_spec, status_of
-from forklab.cli.ops_common import add_connection_flags, run, settings_from
+from forklab.cli.ops_common import add_connection_flags, plain_client, run, settings_from
 from forklab.cli.runfork.agent_services import (
     agent_settings,
     ensure_agent_services,
@@ -82,9 +81,7 @@ def fleet_spec(run_ids: list[str], stamp: int) -> CohortExperimentSpec:
 async def record_cohort(
     settings: Settings, agent: AgentSettings, runs: int, stamp: int
 ) -> list[str]:
-    client = await Client.connect(
-        settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
-    )
+    client = await plain_client(settings)
     handles = []
     for i in range(runs):
         handles.append(
@@ -132,9 +129,7 @@ async def fleet_demo(settings: Settings, agent: AgentSettings, runs: int, yes: b
             return 0
     attempt = await approve(settings, spec.id, "demo fleet --yes" if yes else "demo fleet")
     print(f"3. {'approved' if attempt.accepted else 'refused'}: {attempt.reason}")
-    client = await Client.connect(
-        settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
-    )
+    client = await plain_client(settings)
     handle = client.get_workflow_handle(workflow_id(spec.id), result_type=CohortResult)
     result = await handle.result()
     if result.report is None:

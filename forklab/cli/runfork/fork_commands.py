@@ -11,14 +11,11 @@ import re
 import sys
 from typing import Any
 
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-
 from forklab.activities.runfork.history_reads import RunNotFound
 from forklab.activities.runfork.overrides import make_override
 from forklab.cli.arguments import finite_number, json_object, json_value, whole_number
 from forklab.cli.errors import CliError
-from forklab.cli.ops_common import add_connection_flags, run, settings_from
+from forklab.cli.ops_common import add_connection_flags, command, plain_client, settings_from
 from forklab.cli.runfork.agent_lab import ACTING_KINDS, AgentLab, ForkError, Timeline
 from forklab.cli.runfork.agent_services import agent_settings
 from forklab.contracts.fork_request import ForkOptions, ForkRequest
@@ -41,21 +38,10 @@ PROMOTE_HELP = "promote a fork; its siblings are closed (append-only), running o
 WATCH_POLL_SECONDS = 0.5
 
 
-async def _lab(args: argparse.Namespace) -> AgentLab:
+async def open_lab(args: argparse.Namespace) -> AgentLab:
+    """The lab of the settings ``args`` name, on a plain client (``plain_client``)."""
     settings = settings_from(args)
-    agent = agent_settings(settings)
-    try:
-        # a plain client: forks are started with the parent's raw input payloads, so the
-        # CLI needs neither the agent framework nor its converter (nor their import time)
-        client = await Client.connect(
-            settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
-        )
-    except RuntimeError as exc:
-        raise CliError(
-            f"cannot reach Temporal at {settings.address} ({str(exc).splitlines()[0]}); "
-            "start it with `forklab up`"
-        ) from None
-    return AgentLab(client, agent)
+    return AgentLab(await plain_client(settings), agent_settings(settings))
 
 
 def _guard(fn: Any) -> Any:
@@ -162,7 +148,7 @@ async def _fork(args: argparse.Namespace) -> int:
     wait = finite_number(args.wait, "--wait", 0, 3600)
     changes = fork_options(args)
     at_step = step_asked(args, changes)
-    lab = await _lab(args)
+    lab = await open_lab(args)
     point: str | None = None
     if args.at is not None:
         point, at_step = await lab.resolve_at(args.run, args.at)
@@ -213,7 +199,7 @@ def _fork_point_lines(receipt: ForkReceipt, point: ForkPoint | None, wait: float
 
 @_guard
 async def _steps(args: argparse.Namespace) -> int:
-    lab = await _lab(args)
+    lab = await open_lab(args)
     timeline = await lab.timeline(args.run)
     if args.json:
         _print_json(
@@ -277,7 +263,7 @@ async def _diff(args: argparse.Namespace) -> int:
         if code is None:
             raise CliError(f"{args.a!r} is no team fork: give two runs to diff", code=BAD_INPUT)
         return code
-    lab = await _lab(args)
+    lab = await open_lab(args)
     d = await lab.diff(args.a, args.b)
     if args.json:
         _print_json(
@@ -304,7 +290,7 @@ async def _trail(args: argparse.Namespace) -> int:
     code = await team_trail_or_diff(args, "trail")
     if code is not None:
         return code
-    lab = await _lab(args)
+    lab = await open_lab(args)
     trail = await lab.trail(args.run)
     if args.json:
         _print_json(trail)
@@ -362,7 +348,7 @@ def render_trail(trail: dict[str, Any]) -> str:
 @_guard
 async def _outcome(args: argparse.Namespace) -> int:
     score = None if args.score is None else finite_number(args.score, "--score")
-    lab = await _lab(args)
+    lab = await open_lab(args)
     await lab.steps(args.run)  # the run must exist
     by = getpass.getuser()
     lab.outcome(args.run, args.label, score, by)
@@ -375,7 +361,7 @@ async def _outcome(args: argparse.Namespace) -> int:
 
 @_guard
 async def _promote(args: argparse.Namespace) -> int:
-    lab = await _lab(args)
+    lab = await open_lab(args)
     by = getpass.getuser()
     promotion = await lab.promote(args.run, by, keep_running=args.keep_running)
     if args.json:
@@ -431,7 +417,7 @@ def watch_line(offset: int, event: dict[str, Any]) -> str:
 @_guard
 async def _watch(args: argparse.Namespace) -> int:
     first = whole_number(args.from_offset, "--from")
-    lab = await _lab(args)
+    lab = await open_lab(args)
     await lab.is_closed(args.run)  # the run must exist
     stream = await lab.run_stream(args.run)  # its latest chain's, not an earlier one's
     after = first - 1
@@ -452,10 +438,6 @@ async def _watch(args: argparse.Namespace) -> int:
     # where to go on from: a message, on stderr, so that stdout stays the events alone
     print(f"next offset: {after + 1}", file=sys.stderr)
     return 0
-
-
-def _runner(fn: Any) -> Any:
-    return lambda args: run(lambda: fn(args))
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -524,26 +506,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the receipt only (JSON)")
     add_connection_flags(p)
-    p.set_defaults(func=_runner(_fork))
+    p.set_defaults(func=command(_fork))
 
     p = sub.add_parser("steps", help=STEPS_HELP)
     p.add_argument("run")
     p.add_argument("--json", action="store_true", help="machine-readable")
     add_connection_flags(p)
-    p.set_defaults(func=_runner(_steps))
+    p.set_defaults(func=command(_steps))
 
     p = sub.add_parser("diff", help="compare two runs' final states")
     p.add_argument("a")
     p.add_argument("b", nargs="?", help="omitted: A is a team fork, compare each member's fork")
     p.add_argument("--json", action="store_true", help="machine-readable")
     add_connection_flags(p)
-    p.set_defaults(func=_runner(_diff))
+    p.set_defaults(func=command(_diff))
 
     p = sub.add_parser("trail", help="lineage, receipts, policy decisions and ledger of a run")
     p.add_argument("run")
     p.add_argument("--json", action="store_true", help="machine-readable (all of it)")
     add_connection_flags(p)
-    p.set_defaults(func=_runner(_trail))
+    p.set_defaults(func=command(_trail))
 
     p = sub.add_parser("outcome", help="record an outcome (append-only)")
     p.add_argument("run")
@@ -551,7 +533,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--score", help="a finite number")
     p.add_argument("--json", action="store_true", help="print the recorded outcome (JSON)")
     add_connection_flags(p)
-    p.set_defaults(func=_runner(_outcome))
+    p.set_defaults(func=command(_outcome))
 
     p = sub.add_parser("promote", help=PROMOTE_HELP)
     p.add_argument("run")
@@ -562,7 +544,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the promotion (JSON)")
     add_connection_flags(p)
-    p.set_defaults(func=_runner(_promote))
+    p.set_defaults(func=command(_promote))
 
     p = sub.add_parser("watch", help="print a run's event log from an offset")
     p.add_argument("run")
@@ -570,4 +552,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--follow", action="store_true", help="keep waiting until the run closes")
     p.add_argument("--json", action="store_true", help="one JSON object per event (JSON lines)")
     add_connection_flags(p)
-    p.set_defaults(func=_runner(_watch))
+    p.set_defaults(func=command(_watch))

@@ -9,15 +9,11 @@ import argparse
 import json
 from typing import Any
 
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-
 from forklab.activities.runfork.team_history import TeamReadError, read_team
 from forklab.cli.arguments import whole_number
 from forklab.cli.errors import CliError
-from forklab.cli.ops_common import add_connection_flags, run, settings_from
+from forklab.cli.ops_common import add_connection_flags, command, plain_client, run, settings_from
 from forklab.experiments.runfork.team_cut import Message, Position, TeamCut, TeamCutError
-from forklab.workers.config import Settings
 from forklab.workers.runfork.agent_config import AgentSettings
 
 BAD_INPUT = 2
@@ -53,25 +49,13 @@ def _cut_lines(cut: TeamCut) -> list[str]:
     return lines
 
 
-async def _client(settings: Settings) -> Client:
-    try:
-        return await Client.connect(
-            settings.address, namespace=settings.namespace, data_converter=pydantic_data_converter
-        )
-    except RuntimeError as exc:
-        raise CliError(
-            f"cannot reach Temporal at {settings.address} ({str(exc).splitlines()[0]}); "
-            "start it with `forklab up`"
-        ) from None
-
-
 async def _team(args: argparse.Namespace) -> int:
     from forklab.experiments.runfork.team_cut import consistent_cut
 
     if args.at_step is None and (args.member or args.freeze):
         raise CliError("--member and --freeze need --at-step N", code=BAD_INPUT)
     at_step = None if args.at_step is None else whole_number(args.at_step, "--at-step")
-    client = await _client(settings_from(args))
+    client = await plain_client(settings_from(args))
     try:
         team = await read_team(client, args.run, members=args.members)
         cut = (
@@ -147,7 +131,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--freeze", nargs="+", metavar="WID", help="members never continued")
     p.add_argument("--json", action="store_true", help="print the team (and cut) as JSON")
     add_connection_flags(p)
-    p.set_defaults(func=lambda args: run(lambda: _team(args)))
+    p.set_defaults(func=command(_team))
     for kind, what in (("team", "the example team"), ("langgraph", "the LangGraph agent")):
         w = sub.add_parser(f"{kind}-worker", help=f"run the worker of {what} (foreground)")
         add_connection_flags(w)

@@ -19,9 +19,9 @@ from forklab.activities.runfork.team_fork_start import (
 )
 from forklab.activities.stores.team_registry import TeamRegistry
 from forklab.cli.errors import CliError
-from forklab.cli.ops_common import add_connection_flags
+from forklab.cli.ops_common import add_connection_flags, command
 from forklab.cli.runfork.agent_lab import AgentLab
-from forklab.cli.runfork.fork_commands import BAD_INPUT, _lab, _runner, fork_options, step_asked
+from forklab.cli.runfork.fork_commands import BAD_INPUT, fork_options, open_lab, step_asked
 from forklab.contracts.team_fork import TeamForkRecord, TeamForkStatus
 from forklab.experiments.runfork.receipt import BoundaryMode
 from forklab.experiments.runfork.team_receipt import SlotRole, TeamReceipt
@@ -81,7 +81,7 @@ def record_lines(record: TeamForkRecord) -> list[str]:
 
 
 async def _client_and_teams(args: argparse.Namespace) -> tuple[AgentLab, Client, TeamRegistry]:
-    lab = await _lab(args)
+    lab = await open_lab(args)
     return lab, lab.client, TeamRegistry(lab.agent.forks_path)
 
 
@@ -207,4 +207,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the team fork's record (JSON)")
     add_connection_flags(p)
-    p.set_defaults(func=_runner(_fork_team))
+    p.set_defaults(func=command(_fork_team))
