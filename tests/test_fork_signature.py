@@ -17,7 +17,7 @@ from forklab.contracts.fork_signature import (
     prefix_page_sha256,
     sign_marker,
 )
-from forklab.contracts.runfork import CohortFork, ForkMarker, ModelSwap, TeamPart
+from forklab.contracts.runfork import CohortFork, ForkMarker, ModelSwap, TeamPart, release_digest
 from forklab.experiments.runfork.overrides import ForkSignal, InputOverride, ResultOverride
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.receipt import BoundaryMode
@@ -143,6 +143,49 @@ def test_a_passed_page_is_bound_to_its_prefix_and_cannot_be_dropped() -> None:
         )
     assert b"prefix_page_sha256" not in marker_payload(MARKER)
     assert b"prefix_page_sha256" in marker_payload(with_page)
+
+
+#: A member's marker as the code before release tokens signed it (key bytes 0..31): its
+#: signature, recorded from that code, must verify on this one.
+_OLD_KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+_OLD_MEMBER = ForkMarker(
+    parent_workflow_id="researcher",
+    source_run_id="run-1",
+    base_step=0,
+    at_step=2,
+    boundary=BoundaryMode.exact,
+    lineage_root="researcher@run-1",
+    fork_workflow_id="tf-1/researcher",
+    start_input_sha256="a" * 64,
+    issued_at=NOW,
+    team=TeamPart(team_fork_id="tf-1", forked=["researcher", "writer"], without_fork=["reviewer"]),
+    issuer_key=issuer_public_key(_OLD_KEY),
+    signature="8a78134abffcc90d263b76f449c2c2e9c32f6013c056c8e6427e03387fc17112"
+    "707e0b266300e236def159b02c5ae8ed44306244b92147e0fa1f90918250b70b",
+)
+
+
+def test_a_members_release_digest_is_bound_and_an_older_member_still_verifies() -> None:
+    """The digest of the team fork's release token is signed with the member's marker: a
+    marker whose digest was swapped (to release it with a token of one's own) or dropped
+    (to make it take any release) does not verify. A member signed before the digest
+    existed signs the bytes it signed then."""
+    old = {"trusted": {issuer_public_key(_OLD_KEY): "ops"}, "workflow_id": "tf-1/researcher"}
+    assert _refusal(_OLD_MEMBER, **old) is None
+    assert _OLD_MEMBER.team is not None
+    team = _OLD_MEMBER.team.model_copy(update={"release_sha256": release_digest("t" * 64)})
+    member = sign_marker(_OLD_MEMBER.model_copy(update={"team": team}), _OLD_KEY)
+    assert _refusal(member, **old) is None
+    for digest in (release_digest("mine"), None):
+        swapped = member.model_copy(
+            update={"team": team.model_copy(update={"release_sha256": digest})}
+        )
+        assert "signature does not verify" in (_refusal(swapped, **old) or ""), digest
+    assert b"release_sha256" not in marker_payload(_OLD_MEMBER)
+    assert b"release_sha256" in marker_payload(member)
+    # a release is anyone's signal: whatever string it carries has a digest (a lone
+    # surrogate, which a plain JSON decoder lets through, raised in the held member's handler)
+    assert release_digest("\ud800") != team.release_sha256
 
 
 def test_every_marker_field_is_signed_or_set_by_the_server() -> None:

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from forklab.activities.runfork.fork_start import composed_team
 from forklab.activities.runfork.team_fork_start import team_part
 from forklab.contracts.fork_signature import sign_marker
-from forklab.contracts.runfork import ForkMarker, TeamPart
+from forklab.contracts.runfork import ForkMarker, TeamPart, release_digest
 from forklab.experiments.runfork.policy import ToolPolicy
 from forklab.experiments.runfork.prefix_messages import MessageKind
 from forklab.experiments.runfork.receipt import BoundaryMode
@@ -53,7 +53,8 @@ def test_a_member_of_a_30_member_team_carries_a_marker_under_the_memo_warning() 
         requested_by="oncall-engineer",
         created_at=datetime(2026, 1, 1, tzinfo=UTC),
     )
-    part = team_part(plan, cut)
+    # as the coordinator starts each member: with the digest of the team fork's release token
+    part = team_part(plan, cut).model_copy(update={"release_sha256": release_digest("t" * 64)})
     assert len(plan.addresses) == 30
     assert {o: part.address(o) for o in plan.addresses} == plan.addresses
     assert all(part.address(f) == f for f in plan.addresses.values())

@@ -42,6 +42,8 @@ _UNSIGNED = {"signature", "continued", "child_of"}
 #: page signs the bytes it signed before the field existed (an older issuer's marker
 #: verifies on a newer worker), and one that does cannot lose the field unnoticed.
 _SIGNED_WHEN_SET = {"prefix_page_sha256"}
+#: The same, in the team part: a member's marker from before releases carried a token.
+_TEAM_SIGNED_WHEN_SET = {"release_sha256"}
 _SHOWN = 80
 
 
@@ -51,6 +53,11 @@ def marker_payload(marker: ForkMarker) -> bytes:
     for name in _SIGNED_WHEN_SET:
         if body.get(name) is None:
             del body[name]
+    team = body.get("team")
+    if isinstance(team, dict):
+        for name in _TEAM_SIGNED_WHEN_SET:
+            if team.get(name) is None:
+                del team[name]
     body["purpose"] = PURPOSE
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 

@@ -3,6 +3,7 @@ fork marker a fork carries in its memo."""
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from typing import Any
 
@@ -112,8 +113,20 @@ class CohortFork(BaseModel):
     faults: list[Fault] = Field(default_factory=list, max_length=20)
 
 
-#: The signal a team fork's coordinator sends each member fork once every member exists.
+#: The signal a team fork's coordinator sends each member fork once every member exists;
+#: its one argument is the team fork's release token.
 TEAM_RELEASE_SIGNAL = "forklab.team_release"
+
+
+def release_digest(token: str) -> str:
+    """What a member's marker signs of its team fork's release token (``TeamPart``). Any
+    string has one: a release is anyone's signal, and a lone surrogate that a JSON decoder
+    lets through must not fail the held member's workflow task."""
+    return hashlib.sha256(
+        b"forklab-team-release\n" + token.encode("utf-8", "surrogatepass")
+    ).hexdigest()
+
+
 #: Activity header carrying a team fork member's addresses (``TeamPart``), read by the
 #: team's messaging activity: an update goes to the receiver's fork, never its original.
 TEAM_HEADER = "forklab-team"
@@ -147,6 +160,11 @@ class TeamPart(BaseModel):
     #: originals the members were forked from): no child is ever started under their ids
     without_fork: list[str] = Field(default_factory=list, max_length=400)
     held: bool = True
+    #: the digest (``release_digest``) of the token its coordinator's release carries: a
+    #: held member takes a release only with that token, so nobody else's
+    #: ``forklab.team_release`` lets it run before its whole team exists (None: a member
+    #: forked before releases carried a token, which takes any)
+    release_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @property
     def all_addresses(self) -> dict[str, str]:

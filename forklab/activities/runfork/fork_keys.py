@@ -11,6 +11,8 @@ share the home); a deployment registers the keys of the hosts that issue forks i
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 from pathlib import Path
 
@@ -65,3 +67,17 @@ def home_issuer(home: Path) -> dict[str, str]:
         return {issuer_public_key(read_private_key(path)): f"the key in {path}"}
     except KeyFileError:
         return {}
+
+
+def team_release_token(key: Ed25519PrivateKey, team_fork_id: str) -> str:
+    """The token team fork ``team_fork_id``'s release carries: a keyed digest of its id
+    under this home's issuer key. The worker that starts the members (or, after it died,
+    the next one on this home) can compute it and release them; what is recorded (their
+    markers' ``release_sha256``) does not give it away."""
+    raw = key.private_bytes(
+        serialization.Encoding.Raw,
+        serialization.PrivateFormat.Raw,
+        serialization.NoEncryption(),
+    )
+    message = b"forklab-team-release-token\n" + team_fork_id.encode()
+    return hmac.new(raw, message, hashlib.sha256).hexdigest()

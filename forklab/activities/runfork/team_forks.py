@@ -17,8 +17,10 @@ signed here for that id) and starts only the rest. A fork that cannot be made (i
 boundary, an id taken by another workflow) fails the activity non-retryably before anything
 is recorded or released, and the coordinator aborts. Once every fork exists, the group
 receipt and the members' receipts are recorded (the same records again on a retry change
-nothing), then every member released; a retry releases them again, which a held member
-takes as its release and a released one ignores (one that already closed is not found, and
+nothing), then every member released with the team fork's token
+(``fork_keys.team_release_token``: each member's signed marker names its digest, so it
+takes no one else's release); a retry releases them again, which a held member takes as
+its release and a released one ignores (one that already closed is not found, and
 is left so).
 """
 
@@ -32,11 +34,12 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from forklab.activities.runfork.fork_keys import issuer_key, team_release_token
 from forklab.activities.runfork.fork_start import ForkError, ForkExists, ForkStarter
 from forklab.activities.runfork.history_reads import RunNotFound
 from forklab.activities.stores.fork_registry import ForkRegistry
 from forklab.activities.stores.team_registry import TeamRecordConflict, TeamRegistry
-from forklab.contracts.runfork import MARKER_MEMO_KEY, TEAM_RELEASE_SIGNAL
+from forklab.contracts.runfork import MARKER_MEMO_KEY, TEAM_RELEASE_SIGNAL, release_digest
 from forklab.contracts.team_fork import (
     ABORT_MEMBERS,
     FORK_MEMBERS,
@@ -59,6 +62,7 @@ class TeamForkActivities:
 
     def __init__(self, client: Client, home: Path) -> None:
         self._client = client
+        self._home = home
         self._registry = ForkRegistry(home / "forks.sqlite")
         self._teams = TeamRegistry(home / "forks.sqlite")
         #: the member forks' starter: its cache of closed runs serves every team fork of this worker
@@ -69,8 +73,10 @@ class TeamForkActivities:
         """Every member's fork started held (or found, on a retry), in parallel; then the
         group receipt recorded and every member released."""
         requested_by = inp.plan.requested_by
+        token = team_release_token(issuer_key(self._home), inp.plan.team_fork_id)
         started = await asyncio.gather(
-            *(self._start(m, requested_by) for m in inp.members), return_exceptions=True
+            *(self._start(m, requested_by, release_digest(token)) for m in inp.members),
+            return_exceptions=True,
         )
         receipts: dict[str, ForkReceipt] = {}
         refused: list[str] = []
@@ -91,23 +97,27 @@ class TeamForkActivities:
             status=TeamForkStatus.forked, receipt=with_member_receipts(inp.plan, receipts)
         )
         await asyncio.to_thread(self._record, record, list(receipts.values()))
-        await asyncio.gather(*(self._release(f) for f in sorted(inp.plan.addresses.values())))
+        await asyncio.gather(
+            *(self._release(f, token) for f in sorted(inp.plan.addresses.values()))
+        )
         return record
 
-    async def _release(self, fork_id: str) -> None:
+    async def _release(self, fork_id: str, token: str) -> None:
         try:
-            await self._client.get_workflow_handle(fork_id).signal(TEAM_RELEASE_SIGNAL)
+            await self._client.get_workflow_handle(fork_id).signal(TEAM_RELEASE_SIGNAL, token)
         except RPCError as exc:
             if exc.status is not RPCStatusCode.NOT_FOUND:  # closed: released by an earlier try
                 raise
 
-    async def _start(self, m: MemberFork, requested_by: str) -> ForkReceipt:
-        """The member's fork started held, its receipt not yet recorded (that is the group
-        receipt's write); or, on a retry, the fork an earlier attempt started."""
+    async def _start(self, m: MemberFork, requested_by: str, release: str) -> ForkReceipt:
+        """The member's fork started held, taking a release only with the token whose
+        digest is ``release``, its receipt not yet recorded (that is the group receipt's
+        write); or, on a retry, the fork an earlier attempt started."""
         fork_id = m.fork_workflow_id
+        team = m.team.model_copy(update={"release_sha256": release})
         try:
             fork = await self.starter.fork(
-                m.fork_request(requested_by).model_copy(update={"record": False})
+                m.fork_request(requested_by).model_copy(update={"record": False, "team": team})
             )
             known: ForkReceipt | None = fork.receipt
         except ForkExists:

@@ -3,9 +3,11 @@ released, and its messages are addressed to the team's forks, never to the origi
 
 - **Held.** A member fork starts held: before anything runs (no activity, no handler of
   the workflow's own), it waits for the coordinator's ``forklab.team_release`` signal,
-  sent once every member's fork exists. A member the coordinator never releases (the
-  team fork was aborted, or its coordinator is gone) fails after :data:`HOLD_TIMEOUT`
-  having run nothing. So a team fork runs either whole or not at all.
+  sent once every member's fork exists, and takes it only with the team fork's token
+  (``TeamPart.release_sha256``): anyone may signal, only the coordinator knows the
+  token. A member the coordinator never releases (the team fork was aborted, or its
+  coordinator is gone) fails after :data:`HOLD_TIMEOUT` having run nothing. So a team
+  fork runs either whole or not at all.
 - **Addressed.** A signal the member sends (``signal_external_workflow``), a child it
   starts and, through the ``forklab-team`` activity header, an update its activities
   send (``team.send_update``), go to the fork that stands for the target in this fork
@@ -16,6 +18,7 @@ released, and its messages are addressed to the team's forks, never to the origi
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
@@ -26,7 +29,12 @@ from forklab.workflows.runfork.fork_memo import memo_value
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from forklab.contracts.runfork import MARKER_MEMO_KEY, TEAM_RELEASE_SIGNAL, TeamPart
+    from forklab.contracts.runfork import (
+        MARKER_MEMO_KEY,
+        TEAM_RELEASE_SIGNAL,
+        TeamPart,
+        release_digest,
+    )
 
 #: How long a member fork waits for its team fork's release before it gives up.
 HOLD_TIMEOUT = timedelta(minutes=10)
@@ -59,8 +67,14 @@ class Hold:
         if team is not None:
             workflow.set_signal_handler(TEAM_RELEASE_SIGNAL, self._release)
 
-    def _release(self) -> None:
-        self.released = True
+    def _release(self, *args: Any) -> None:
+        """Taken with the token whose digest the marker names, and only then: a release
+        from anyone but the coordinator is ignored (a member whose marker names none, from
+        before releases carried one, takes any)."""
+        expected = self.team.release_sha256 if self.team is not None else None
+        token = args[0] if len(args) == 1 else None
+        if expected is None or (isinstance(token, str) and release_digest(token) == expected):
+            self.released = True
 
     async def wait(self) -> None:
         """Until released; a member never released fails, having run nothing."""
