@@ -330,3 +330,57 @@ class OrderUpdatesBrokenAdd:
     def close(self) -> str:
         self.closed = True
         return "closed"
+
+
+class NotifyInput(BaseModel):
+    #: the workflow told of each reservation (a ``GreetingSignals`` run)
+    receiver: str
+    items: list[str]
+    #: a signal that fails (its target is not running) is caught and the run goes on
+    tolerate_failure: bool = False
+
+
+@workflow.defn(name="NotifyReservations")
+class NotifyReservationsWorkflow:
+    """Reserves each item and tells another workflow of it by a signal (the SDK's
+    ``get_external_workflow_handle(...).signal``), then confirms: with two items, a step,
+    a signal sent, a step, a signal sent, a step."""
+
+    @workflow.run
+    async def run(self, inp: NotifyInput) -> str:
+        reserved: list[str] = []
+        receiver = workflow.get_external_workflow_handle(inp.receiver)
+        for item in inp.items:
+            reserved.append(
+                await workflow.execute_activity(
+                    "reserve", item, result_type=str, start_to_close_timeout=_TIMEOUT
+                )
+            )
+            try:
+                await receiver.signal("submit_greeting", reserved[-1])
+            except Exception:
+                if not inp.tolerate_failure:
+                    raise
+                reserved.append("unsent")
+        return await workflow.execute_activity(
+            "confirm", reserved, result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+
+
+@workflow.defn(name="CancelsAnother")
+class CancelsAnotherWorkflow:
+    """Reserves, asks another workflow to cancel
+    (``get_external_workflow_handle(...).cancel()``), reserves again and confirms."""
+
+    @workflow.run
+    async def run(self, receiver: str) -> str:
+        first = await workflow.execute_activity(
+            "reserve", "a", result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+        await workflow.get_external_workflow_handle(receiver).cancel()
+        second = await workflow.execute_activity(
+            "reserve", "b", result_type=str, start_to_close_timeout=_TIMEOUT
+        )
+        return await workflow.execute_activity(
+            "confirm", [first, second], result_type=str, start_to_close_timeout=_TIMEOUT
+        )

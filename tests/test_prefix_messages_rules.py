@@ -9,6 +9,14 @@ from forklab.experiments.runfork.prefix_messages import (
     PrefixMessage,
     inside,
 )
+from forklab.experiments.runfork.steps import Step, StepStatus
+
+
+def _four_steps() -> list[Step]:
+    return [
+        Step(index=i, activity_type="t", input_sha256="x", status=StepStatus.completed, run_id="r")
+        for i in range(1, 5)
+    ]
 
 
 def _msg(position: int, name: str = "s") -> PrefixMessage:
@@ -123,12 +131,8 @@ def test_a_child_inside_the_prefix_is_exact_only_when_it_closed_inside_it() -> N
         PrefixEvent,
         resolve_boundary,
     )
-    from forklab.experiments.runfork.steps import Step, StepStatus
 
-    steps = [
-        Step(index=i, activity_type="t", input_sha256="x", status=StepStatus.completed, run_id="r")
-        for i in range(1, 5)
-    ]
+    steps = _four_steps()
     child = PrefixEvent(
         kind="child workflow", after_step=1, name="C", child_id="p-c", closed_after=2
     )
@@ -155,6 +159,34 @@ def test_a_child_inside_the_prefix_is_exact_only_when_it_closed_inside_it() -> N
     assert INPUT_DRIFT in approx.why and not approx.restorable
     timer = PrefixEvent(kind="timer", after_step=1, name="0.3s")
     assert resolve_boundary(steps, [timer], 4, BoundaryMode.exact).restorable
+
+
+def test_a_signal_sent_inside_the_prefix_is_inherited_only_once_acknowledged_there() -> None:
+    """A send acknowledged inside the prefix is not sent again; one acknowledged at or after
+    the boundary would be, so it is refused, approximate too: it would reach a workflow
+    outside the fork."""
+    from forklab.experiments.runfork.receipt import (
+        SENT_SIGNAL_KIND,
+        BoundaryError,
+        BoundaryMode,
+        PrefixEvent,
+        resolve_boundary,
+    )
+
+    steps = _four_steps()
+    sent = PrefixEvent(kind=SENT_SIGNAL_KIND, after_step=1, name="go", child_id="w", closed_after=2)
+    assert resolve_boundary(steps, [sent], 3, BoundaryMode.exact).restorable
+    assert resolve_boundary(steps, [sent], 1, BoundaryMode.exact).restorable  # sent after it
+    for mode in (BoundaryMode.exact, BoundaryMode.approximate):
+        try:
+            resolve_boundary(steps, [sent], 2, mode)
+        except BoundaryError as exc:
+            assert str(exc).endswith(
+                "at step 2: signal 'go' to w, sent after step 1, was not acknowledged by step 2; "
+                "a fork would send it again"
+            ), exc
+        else:
+            raise AssertionError(f"a send acknowledged past the boundary forked ({mode})")
 
 
 def test_in_one_activation_a_signal_comes_before_a_timer_fire() -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from temporalio.api.common.v1 import Payload, Payloads
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, SignalExternalWorkflowExecutionFailedCause
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 
@@ -53,7 +53,12 @@ from forklab.experiments.runfork.prefix_messages import (
     PrefixMessage,
     timer_name,
 )
-from forklab.experiments.runfork.receipt import ForkReceipt, PrefixEvent
+from forklab.experiments.runfork.receipt import (
+    CANCEL_REQUEST_KIND,
+    SENT_SIGNAL_KIND,
+    ForkReceipt,
+    PrefixEvent,
+)
 from forklab.experiments.runfork.side_effects import randomness_seed
 from forklab.experiments.runfork.steps import Step, StepOrigin, StepStatus, payload_digest
 
@@ -376,17 +381,45 @@ def parse_events(
     # of the one before it: a signal arriving now reaches the workflow in the next
     # activation, after the former; an update accepted now came in the last one
     task_started = last_task = task_before = 0
-    # the k-th child of a type the run started (served ones too)
+    # the k-th child of a type the run started, the k-th signal of a name it sent (served
+    # ones too)
     ordinals = Ordinals()
+    sent_ordinals = Ordinals()
     timers: dict[int, int] = {}
-    #: initiated children: their event in ``others`` and their ordinal
+    #: initiated children and signals sent: their event in ``others`` and their ordinal
     children: dict[int, tuple[int, int]] = {}
+    sent: dict[int, tuple[int, int]] = {}
     own: dict[int, _Own] = {}
     decided: dict[int, Step] = {}
     order: list[_Own | Step] = []
     others: list[PrefixEvent] = []
     scheduled: dict[int, str] = {}
     calls = base_step  # positions of calls whose header does not say
+
+    def resolved(
+        kind: MessageKind, known: tuple[int, int], ev: HistoryEvent, **outcome: Any
+    ) -> None:
+        """The child or the signal sent at ``others[at]`` closed with ``ev``: listed where,
+        and handed to a fork there as a message (``known``: its place and ordinal)."""
+        at, ordinal = known
+        opened = others[at]
+        position = base_step + len(done)
+        others[at] = opened.model_copy(update={"closed_after": position})
+        msg = PrefixMessage(
+            kind=kind,
+            name=opened.name,
+            position=position,
+            ordinal=ordinal,
+            child_id=opened.child_id,
+            time_ns=tasks.after(ev.event_id),
+            **outcome,
+        )
+        saw(msg, tasks.activation_after(ev.event_id), True)
+
+    def ended(known: tuple[int, int], how: str) -> None:
+        """The child or the signal sent at ``others[at]`` ended unserved (the boundary says
+        why)."""
+        others[known[0]] = others[known[0]].model_copy(update={"ended": how})
 
     def finish(item: _Own | Step, at: int | None = None) -> None:
         index = base_step + len(done) + 1
@@ -482,7 +515,8 @@ def parse_events(
                         into.served_seed = page.seed
                     for m in page.messages:
                         if m.ordinal is not None:
-                            ordinals.take(m.name, m.ordinal)
+                            served = m.kind is MessageKind.sent_signal
+                            (sent_ordinals if served else ordinals).take(m.name, m.ordinal)
                         others.append(_message_event(m))
                     done.extend(
                         s
@@ -518,30 +552,49 @@ def parse_events(
             known = children.pop(attrs.initiated_event_id, None)
             if known is None:
                 continue
-            at, ordinal = known
-            opened = others[at]
-            position = base_step + len(done)
-            others[at] = opened.model_copy(update={"closed_after": position})
             if kind == "child_workflow_execution_completed_event_attributes":
                 results = list(attrs.result.payloads)
-                outcome = {"result_b64": _b64(results[0]) if results else None}
+                resolved(
+                    MessageKind.child, known, ev, result_b64=_b64(results[0]) if results else None
+                )
             elif kind == "child_workflow_execution_failed_event_attributes":
-                outcome = {
-                    "failure_b64": base64.b64encode(attrs.failure.SerializeToString()).decode()
-                }
-            else:  # canceled, timed out, terminated: not served (the boundary says why)
-                others[at] = opened.model_copy(update={"ended": _ENDED[kind]})
-                continue
-            child = PrefixMessage(
-                kind=MessageKind.child,
-                name=opened.name,
-                position=position,
-                ordinal=ordinal,
-                child_id=opened.child_id,
-                time_ns=tasks.after(ev.event_id),
-                **outcome,
+                failure = base64.b64encode(attrs.failure.SerializeToString()).decode()
+                resolved(MessageKind.child, known, ev, failure_b64=failure)
+            else:  # canceled, timed out, terminated: not served
+                ended(known, _ENDED[kind])
+        elif kind == "signal_external_workflow_execution_initiated_event_attributes":
+            out = ev.signal_external_workflow_execution_initiated_event_attributes
+            ordinal = sent_ordinals.next(out.signal_name)
+            sent[ev.event_id] = (len(others), ordinal)
+            others.append(
+                PrefixEvent(
+                    kind=SENT_SIGNAL_KIND,
+                    after_step=base_step + len(done),
+                    name=out.signal_name,
+                    child_id=out.workflow_execution.workflow_id,
+                )
             )
-            saw(child, tasks.activation_after(ev.event_id), True)
+        elif kind == "external_workflow_execution_signaled_event_attributes":
+            acked = ev.external_workflow_execution_signaled_event_attributes
+            known = sent.pop(acked.initiated_event_id, None)
+            if known is not None:
+                resolved(MessageKind.sent_signal, known, ev)
+        elif kind == "signal_external_workflow_execution_failed_event_attributes":
+            failed = ev.signal_external_workflow_execution_failed_event_attributes
+            known = sent.pop(failed.initiated_event_id, None)
+            if known is not None:
+                cause = SignalExternalWorkflowExecutionFailedCause.Name(failed.cause)
+                why = cause.removeprefix("SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED_CAUSE_")
+                ended(known, f"failed ({why.lower().replace('_', ' ')})")
+        elif kind == "request_cancel_external_workflow_execution_initiated_event_attributes":
+            asked = ev.request_cancel_external_workflow_execution_initiated_event_attributes
+            others.append(
+                PrefixEvent(
+                    kind=CANCEL_REQUEST_KIND,
+                    after_step=base_step + len(done),
+                    child_id=asked.workflow_execution.workflow_id,
+                )
+            )
         elif kind == "timer_started_event_attributes":
             ns = ev.timer_started_event_attributes.start_to_fire_timeout.ToNanoseconds()
             timers[ev.event_id] = ns
@@ -668,7 +721,7 @@ def _build(ev: HistoryEvent) -> str:
 def _message_event(m: PrefixMessage) -> PrefixEvent:
     """How ``forklab steps`` and the boundary see a message (a child served to a fork is
     listed where it closed)."""
-    if m.kind is MessageKind.child:
+    if m.kind is MessageKind.child or m.kind is MessageKind.sent_signal:
         return PrefixEvent(
             kind=m.kind.value,
             after_step=m.position,

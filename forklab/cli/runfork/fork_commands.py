@@ -30,7 +30,13 @@ from forklab.experiments.runfork.policy import (
     parse_policies,
 )
 from forklab.experiments.runfork.promotion import SiblingRun
-from forklab.experiments.runfork.receipt import BoundaryMode, ForkReceipt, PrefixEvent
+from forklab.experiments.runfork.receipt import (
+    CANCEL_REQUEST_KIND,
+    SENT_SIGNAL_KIND,
+    BoundaryMode,
+    ForkReceipt,
+    PrefixEvent,
+)
 
 BAD_INPUT = 2
 STEPS_HELP = "list the steps of an agent run, its other events and where it forks exactly"
@@ -223,7 +229,8 @@ async def _steps(args: argparse.Namespace) -> int:
 def render_steps(timeline: Timeline) -> str:
     """``forklab steps`` for people: a row per step (``fork`` says whether ``--at-step``
     there forks exactly), and, between them, the timers, children, signals, updates and
-    local activities that reached the run after the step above. Local activities and
+    local activities that reached the run after the step above, and the signals and
+    cancel requests it sent other workflows (each naming the workflow). Local activities and
     child workflows are no steps (a fork cannot serve them), but a fork's policies reach
     them: each has a row of its own, saying whether the fork refused it."""
     lines = [f"{'step':>5}  {'origin':<9} {'status':<9} {'ms':>8}  input sha256  fork  call"]
@@ -244,6 +251,10 @@ def render_steps(timeline: Timeline) -> str:
 
 
 def _event_row(e: PrefixEvent) -> str:
+    if e.kind == SENT_SIGNAL_KIND:  # what reached another workflow, and which
+        return f"{'':>5}  · signal {e.name[:100]!r} sent to {(e.child_id or '?')[:100]}"
+    if e.kind == CANCEL_REQUEST_KIND:
+        return f"{'':>5}  · cancel requested of {(e.child_id or '?')[:100]}"
     if e.kind not in ACTING_KINDS:
         return f"{'':>5}  {'· ' + e.kind}"
     origin = "local" if e.kind == "local activity" else "child"

@@ -25,21 +25,25 @@ def _what(msg: PrefixMessage) -> str:
         return f"timer of {name}"
     if msg.kind is MessageKind.child:
         return f"child workflow {name} ({(msg.child_id or '')[:100]})"
+    if msg.kind is MessageKind.sent_signal:
+        return f"signal {name!r} to {(msg.child_id or '')[:100]}"
     return f"{msg.kind.value} {name!r}"
 
 
 def message_not_taken(msg: PrefixMessage) -> str:
-    """A due timer fire or child outcome the fork never asked for (it started no timer of
-    that duration, or not its k-th child of that type), with nothing left to wait for."""
-    asked = (
-        "started no timer of that duration"
-        if msg.kind is MessageKind.timer
-        else f"did not start its child #{msg.ordinal or 1} of that type"
-    )
+    """A due timer fire, child outcome or acknowledgement of a signal sent that the fork
+    never asked for (it started no timer of that duration, not its k-th child of that
+    type, or did not make its k-th send of that name), with nothing left to wait for."""
+    if msg.kind is MessageKind.timer:
+        happened, asked = "fired", "started no timer of that duration"
+    elif msg.kind is MessageKind.sent_signal:
+        happened = "was acknowledged"
+        asked = f"did not send its signal #{msg.ordinal or 1} of that name"
+    else:
+        happened, asked = "closed", f"did not start its child #{msg.ordinal or 1} of that type"
     return (
-        f"after step {msg.position} the parent's {_what(msg)} "
-        f"{'fired' if msg.kind is MessageKind.timer else 'closed'}, and the fork {asked} "
-        f"and has nothing left to wait for without it: {_OTHER_PATH}"
+        f"after step {msg.position} the parent's {_what(msg)} {happened}, and the fork "
+        f"{asked} and has nothing left to wait for without it: {_OTHER_PATH}"
     )
 
 
@@ -58,6 +62,16 @@ def finished_owing(next_step: Step | None, owed_steps: int, msg: PrefixMessage |
     return (
         f"the fork ended without making step {next_step.index} "
         f"({next_step.activity_type[:100]}), which it inherited{more}: {_OTHER_PATH}"
+    )
+
+
+def signal_not_inherited(name: str, target: str) -> str:
+    """A signal an exact fork sends another workflow while it still owes its prefix
+    something, which is not one the parent sent there (those are not sent again): it
+    would reach its target before the fork point."""
+    return (
+        f"the fork sends signal {name[:100]!r} to {target[:100]}, which the parent had not "
+        f"sent by then: {_OTHER_PATH}"
     )
 
 

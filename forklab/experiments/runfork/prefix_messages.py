@@ -34,6 +34,9 @@ class MessageKind(StrEnum):
     #: a child workflow that closed: the fork's matching child gets its recorded outcome
     #: here without being started
     child = "child workflow"
+    #: a signal the run sent another workflow, acknowledged: the fork's matching send (the
+    #: k-th of that name) is not sent again, and completes here
+    sent_signal = "signal sent"
 
 
 class PrefixMessage(BaseModel):
@@ -56,11 +59,12 @@ class PrefixMessage(BaseModel):
     update_id: str | None = None
     #: timers: the duration asked for (ns); children: None
     duration_ns: int | None = None
-    #: children: the k-th child of that workflow type (``name``) the run started: how the
-    #: fork's own child is recognised. (A timer is the oldest one of its duration still
-    #: waiting: timers of one duration fire in the order they were started.)
+    #: children: the k-th child of that workflow type (``name``) the run started; signals
+    #: sent: the k-th signal of that name it sent: how the fork's own is recognised. (A
+    #: timer is the oldest one of its duration still waiting: timers of one duration fire
+    #: in the order they were started.)
     ordinal: int | None = None
-    #: children: the child's workflow id on the parent
+    #: children: the child's workflow id on the parent; signals sent: the workflow signalled
     child_id: str | None = None
     #: children: the recorded result payload, or the failure (a serialised ``Failure``)
     result_b64: str | None = None
@@ -122,8 +126,16 @@ class MessageQueue:
 
     def owes_child(self, workflow_type: str, ordinal: int) -> bool:
         """Whether the ``ordinal``-th child of ``workflow_type`` closed inside the prefix."""
+        return self._owes(MessageKind.child, workflow_type, ordinal)
+
+    def owes_sent_signal(self, name: str, ordinal: int) -> bool:
+        """Whether the ``ordinal``-th signal ``name`` the run sent was acknowledged inside
+        the prefix."""
+        return self._owes(MessageKind.sent_signal, name, ordinal)
+
+    def _owes(self, kind: MessageKind, name: str, ordinal: int) -> bool:
         return any(
-            m.kind is MessageKind.child and m.name == workflow_type and m.ordinal == ordinal
+            m.kind is kind and m.name == name and m.ordinal == ordinal
             for m in self._messages[self._next :]
         )
 

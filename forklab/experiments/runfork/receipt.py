@@ -24,7 +24,8 @@ RECEIPT_SCHEMA_VERSION = 1
 
 #: Kinds of ``PrefixEvent`` a fork sees again at the same point when they fall inside its
 #: prefix (the fork interceptor redelivers them): they do not keep a boundary from being
-#: exact. Every other kind inside a prefix does.
+#: exact. Every other kind inside a prefix does, but a child that closed inside it and a
+#: signal sent that was acknowledged there (``CHILD_KIND``, ``SENT_SIGNAL_KIND``).
 REDELIVERED_KINDS = frozenset({"signal", "update", "timer"})
 #: What an approximate prefix may hold that no history read before the fork starts can
 #: rule out (``why`` says it; each such call is recorded when the fork makes it).
@@ -38,6 +39,12 @@ INPUT_DRIFT = (
 Recorded = Annotated[Approximation, BeforeValidator(legacy)]
 #: A child workflow inside a prefix is served its outcome when it closed inside it too.
 CHILD_KIND = "child workflow"
+#: A signal the run sent another workflow inside a prefix is not sent again when it was
+#: acknowledged inside it too.
+SENT_SIGNAL_KIND = "signal sent"
+#: A cancellation the run asked of another workflow: the SDK gives an interceptor no hold
+#: on it, so a fork's code would ask it again.
+CANCEL_REQUEST_KIND = "cancel request"
 
 
 class BoundaryMode(StrEnum):
@@ -70,16 +77,18 @@ class PrefixEvent(BaseModel):
     kind: str
     after_step: int
     #: the local activity's type or the child workflow's type (for ``forklab steps`` and
-    #: the tool names a fork's policies may name); empty for the other kinds
+    #: the tool names a fork's policies may name), a signal's name; empty for the others
     name: str = ""
-    #: the child workflow's id
+    #: the child workflow's id; a signal sent: the workflow it was sent to
     child_id: str | None = None
     #: a local activity or child workflow the fork's policy refused (it never ran)
     blocked: bool = False
-    #: a child workflow: the step after which its result (or failure) reached the run
-    #: (None: it had not closed, or was not served as it ended another way)
+    #: a child workflow: the step after which its result (or failure) reached the run; a
+    #: signal sent: the step after which it was acknowledged (None: it had not closed, or
+    #: was not served as it ended another way)
     closed_after: int | None = None
-    #: a child workflow that ended canceled, timed out or terminated
+    #: a child workflow that ended canceled, timed out or terminated; a signal sent that
+    #: failed
     ended: str | None = None
 
 
@@ -139,8 +148,31 @@ def resolve_boundary(
     for e in events:
         if e.after_step >= at_step or e.kind in REDELIVERED_KINDS:
             continue
-        if e.kind == CHILD_KIND and e.closed_after is not None and e.closed_after < at_step:
+        if e.kind in (CHILD_KIND, SENT_SIGNAL_KIND) and (
+            e.closed_after is not None and e.closed_after < at_step
+        ):
             continue  # served its recorded outcome
+        if e.kind == CANCEL_REQUEST_KIND:
+            raise BoundaryError(
+                at_step,
+                f"the run asked {(e.child_id or '')[:100]} to cancel after step {e.after_step}, "
+                "inside the prefix; a fork's code would ask it again (nothing holds such a "
+                f"request back): fork at step {e.after_step} or before",
+                mode,
+            )
+        if e.kind == SENT_SIGNAL_KIND:
+            # sent again, it would reach a workflow outside the fork: refused either way
+            raise BoundaryError(
+                at_step,
+                f"signal {e.name[:100]!r} to {(e.child_id or '')[:100]}, sent after step "
+                f"{e.after_step}, "
+                + (
+                    f"{e.ended}, which a fork cannot be handed"
+                    if e.ended
+                    else f"was not acknowledged by step {at_step}; a fork would send it again"
+                ),
+                mode,
+            )
         cause = (
             f"a {e.kind} reached the parent after step {e.after_step}, inside the "
             "prefix; a fork would not see it again"

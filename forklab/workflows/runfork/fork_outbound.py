@@ -54,7 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from forklab.experiments.runfork.blocked import CHILD_WORKFLOW, LOCAL_ACTIVITY
     from forklab.experiments.runfork.call_match import CallKey, Divergence
     from forklab.experiments.runfork.overrides import InputOverride
-    from forklab.experiments.runfork.owed import child_not_inherited
+    from forklab.experiments.runfork.owed import child_not_inherited, signal_not_inherited
     from forklab.experiments.runfork.policy import Decision, decide, policy_for
     from forklab.experiments.runfork.steps import StepOrigin
 
@@ -70,6 +70,8 @@ CHILD_COHORT_PATCH = "forklab-child-cohort"
 #: still owes its prefix something fails instead of starting it; forks recorded before
 #: it started such a child.
 UNSERVED_CHILD_PATCH = "forklab-unserved-child-diverges"
+#: The same for a signal to another workflow; forks recorded before it sent it.
+UNSERVED_SIGNAL_PATCH = "forklab-unserved-signal-diverges"
 
 
 def _override_key(override: InputOverride, exact: bool) -> CallKey:
@@ -82,8 +84,24 @@ class ForkOutbound(WorkflowOutboundInterceptor):
         self._state = state
 
     async def signal_external_workflow(self, input: SignalExternalWorkflowInput) -> None:
-        """On a team fork's member, a signal goes to the fork standing for its target in
-        the fork world, never to an original; one with nowhere to go is blocked."""
+        """A signal the parent sent inside the prefix (and its target acknowledged there)
+        is not sent again: the send completes where the parent's acknowledgement came. An
+        exact fork that sends another while it still owes its prefix something fails: it
+        would reach its target before the fork point. Past it, on a team fork's member, a
+        signal goes to the fork standing for its target in the fork world, never to an
+        original; one with nowhere to go is blocked."""
+        state = self._state
+        served = state.redelivery.sent_signal(input.signal) if state.redelivery else None
+        if served is not None:
+            await served
+            return
+        exact = state.matcher is not None and state.matcher.exact
+        if (
+            exact
+            and Owed(state.matcher, state.redelivery).any()
+            and workflow.patched(UNSERVED_SIGNAL_PATCH)
+        ):
+            raise diverged(state, signal_not_inherited(input.signal, input.workflow_id))
         marker = self._state.marker
         if marker is not None and marker.team is not None:
             what = f"signal {input.signal[:100]!r}"

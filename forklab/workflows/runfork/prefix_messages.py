@@ -1,4 +1,5 @@
-"""Redelivering the signals and updates a fork's parent received inside the prefix.
+"""Redelivering the signals and updates a fork's parent received inside the prefix, and
+the fires, outcomes and acknowledgements of the timers, children and signals it sent there.
 
 Each message reaches the workflow's own handler through the same paths a real one takes
 (the worker's interceptor chain, the handler's argument types, a dynamic handler when the
@@ -238,6 +239,8 @@ class Redelivery:
         self._timers: dict[int, deque[_ServedTimer]] = {}
         self._children: dict[tuple[str, int], asyncio.Future[PrefixMessage]] = {}
         self._ordinals = Ordinals()
+        self._sent: dict[tuple[str, int], asyncio.Future[PrefixMessage]] = {}
+        self._sent_ordinals = Ordinals()
         self._real_timer: Any = None
 
     def start(self) -> None:
@@ -276,6 +279,17 @@ class Redelivery:
         self._children[(input.workflow, ordinal)] = outcome
         return _InheritedChild(_child_outcome(outcome, input), input.id)
 
+    def sent_signal(self, name: str) -> Coroutine[Any, Any, None] | None:
+        """What the fork's send of signal ``name`` awaits instead of sending it, when the
+        parent's matching send (the k-th of that name) was acknowledged inside the prefix:
+        it completes there. None: send it."""
+        ordinal = self._sent_ordinals.next(name, skip_taken=False)
+        if not self.queue.owes_sent_signal(name, ordinal):
+            return None
+        acknowledged: asyncio.Future[PrefixMessage] = _loop().create_future()
+        self._sent[(name, ordinal)] = acknowledged
+        return _acknowledged(acknowledged)
+
     def _ready(self, msg: PrefixMessage) -> bool:
         if self.queue.due(self._handed_over()) is None:
             return False
@@ -283,6 +297,8 @@ class Redelivery:
             return self._waiting_timer(msg.duration_ns or 0) is not None
         if msg.kind is MessageKind.child:
             return (msg.name, msg.ordinal or 0) in self._children
+        if msg.kind is MessageKind.sent_signal:
+            return (msg.name, msg.ordinal or 0) in self._sent
         return True
 
     def due(self) -> PrefixMessage | None:
@@ -307,6 +323,8 @@ class Redelivery:
                 timer.fire()
             elif msg.kind is MessageKind.child:
                 self._children.pop((msg.name, msg.ordinal or 0)).set_result(msg)
+            elif msg.kind is MessageKind.sent_signal:
+                self._sent.pop((msg.name, msg.ordinal or 0)).set_result(msg)
             else:
                 deliver(msg)
             self.queue.delivered()
@@ -321,6 +339,10 @@ class Redelivery:
                     if not timer.cancelled():
                         timer.start_real(self._real_timer)
                 waiting.clear()
+
+
+async def _acknowledged(acknowledged: asyncio.Future[PrefixMessage]) -> None:
+    await acknowledged
 
 
 async def _child_outcome(
