@@ -379,12 +379,16 @@ class CohortExperimentSpec(Strict):
         """An upper bound on what a run of the experiment's chain carries into the next:
         the spec's JSON, every run's outcomes in every world (one character a fork, in a
         JSON string), a sequential design's looks, and the rest of the state."""
-        ids = self.cohort.workflow_ids
-        runs = len(ids) if ids is not None else self.cohort.limit
         seq = self.analysis.sequential
         looks = seq.looks * len(self.worlds) * CARRIED_LOOK_BYTES if seq is not None else 0
-        matrix = len(self.worlds) * (runs * (self.cohort.forks_per_world + 3) + 2 * _NAME)
+        per_world = self._runs() * (self.cohort.forks_per_world + 3) + 2 * _NAME
+        matrix = len(self.worlds) * per_world
         return len(self.model_dump_json()) + matrix + looks + CARRIED_STATE_BYTES
+
+    def _runs(self) -> int:
+        """The runs the cohort holds at most: the ids it names, or its query's limit."""
+        ids = self.cohort.workflow_ids
+        return len(ids) if ids is not None else self.cohort.limit
 
     def _check_carry(self) -> None:
         """A cohort whose state would not fit a continue-as-new is refused before it
@@ -394,9 +398,8 @@ class CohortExperimentSpec(Strict):
             return
         ids = self.cohort.workflow_ids
         field = "cohort.workflow_ids" if ids is not None else "cohort.limit"
-        runs = len(ids) if ids is not None else self.cohort.limit
         raise ValueError(
-            f"{field}: {runs} runs x {len(self.worlds)} worlds x "
+            f"{field}: {self._runs()} runs x {len(self.worlds)} worlds x "
             f"{self.cohort.forks_per_world} forks would carry about {carried / 1e6:.1f} MB "
             f"through each continue-as-new (the spec and the outcome of every fork), over "
             f"the {MAX_CARRIED_BYTES / 1e6:.1f} MB an experiment may carry under Temporal's "
